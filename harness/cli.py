@@ -1,0 +1,185 @@
+"""The ``idrs-bench`` command line: run, results, plugins."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from harness import __version__
+from harness.errors import IdrsError
+
+DEFAULT_DB = Path("idrs-bench.sqlite")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "handler"):
+        parser.print_help()
+        return 2
+    try:
+        return args.handler(args)
+    except IdrsError as exc:
+        Console(stderr=True).print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        return 2
+    except KeyboardInterrupt:
+        Console(stderr=True).print("interrupted; `idrs-bench run` again resumes where it stopped")
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="idrs-bench", description="Benchmark input-dependent randomized smoothing, soundly."
+    )
+    parser.add_argument("--version", action="version", version=f"idrs-bench {__version__}")
+    sub = parser.add_subparsers(title="commands")
+
+    run = sub.add_parser("run", help="run (or resume) a benchmark and print its results")
+    run.add_argument("spec", nargs="?", help="benchmark TOML file (default: the built-in quick benchmark)")
+    run.add_argument("--db", type=Path, default=DEFAULT_DB, help=f"results database (default {DEFAULT_DB})")
+    run.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None, help="override the spec's device")
+    run.add_argument("--data-root", help="folder with dataset files")
+    run.add_argument("--download", action="store_true", help="let torchvision download a missing dataset")
+    run.add_argument("--cache-dir", type=Path, help="where trained base models are cached")
+    run.add_argument("--quiet", action="store_true", help="no progress bars")
+    run.set_defaults(handler=_run)
+
+    results = sub.add_parser("results", help="summary metrics of a run")
+    results.add_argument("run", nargs="?", help="run id or unique prefix (default: the latest)")
+    results.add_argument("--db", type=Path, default=DEFAULT_DB)
+    results.add_argument("--json", action="store_true", help="machine-readable output")
+    results.set_defaults(handler=_results)
+
+    plugins = sub.add_parser("plugins", help="list loaded plugins and what they provide")
+    plugins.add_argument("--json", action="store_true", help="machine-readable output")
+    plugins.set_defaults(handler=_plugins)
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    from harness.progress import Progress
+    from harness.runner import RunOptions, run_benchmark
+    from harness.spec import DEFAULT_BENCHMARK, load_spec
+
+    spec = load_spec(args.spec or DEFAULT_BENCHMARK)
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise IdrsError("--device cuda, but no CUDA device is available; use --device cpu or auto")
+    options = RunOptions(
+        db=args.db, device=args.device, data_root=args.data_root,
+        download=args.download, cache_dir=args.cache_dir,
+    )  # fmt: skip
+    _warn_plugin_failures()
+    run_id = run_benchmark(spec, options, Progress(enabled=not args.quiet))
+    _print_results(args.db, run_id, as_json=False)
+    return 0
+
+
+def _results(args: argparse.Namespace) -> int:
+    if not args.db.is_file():
+        raise IdrsError(f"results database {str(args.db)!r} not found; run a benchmark first or pass --db")
+    _print_results(args.db, args.run, as_json=args.json)
+    return 0
+
+
+def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
+    from harness.results import summarize
+    from harness.store import ResultStore
+
+    store = ResultStore(db)
+    try:
+        run = store.run(run_id)
+        rows = summarize(store.certificates(run["run_id"]))
+        failures = store.failures(run["run_id"])
+    finally:
+        store.close()
+    if as_json:
+        out = {
+            "run_id": run["run_id"],
+            "name": run["name"],
+            "model_hash": run["model_hash"],
+            "device": run["device"],
+            "protocol": run["config"]["protocol"],
+            "methods": rows,
+            "failures": failures,
+        }
+        print(json.dumps(out, indent=2))
+        return
+    protocol = run["config"]["protocol"]
+    console = _console()
+    title = (
+        f"run {run['run_id'][:12]} · {escape(run['name'])} · {escape(run['config']['dataset']['name'])} · "
+        f"model {run['model_hash'][:12]} · n0={protocol['n0']} n={protocol['n']} "
+        f"α={protocol['alpha']} · {run['device']}"
+    )
+    table = Table(title=title)
+    radii = list(rows[0]["certified_accuracy"]) if rows else []
+    for column in ("method", "setting", "inputs", "clean acc", *[f"cert@{r}" for r in radii],
+                   "ACR", "abstain", "misclass", "mean σ", "s/input"):  # fmt: skip
+        table.add_column(column, justify="left" if column in ("method", "setting") else "right")
+    for row in rows:
+        table.add_row(
+            escape(row["method"]), escape(row["setting"]), str(row["inputs"]),
+            f"{row['clean_accuracy']:.3f}",
+            *[f"{row['certified_accuracy'][r]:.3f}" for r in radii],
+            f"{row['acr']:.3f}", f"{row['abstention_rate']:.3f}",
+            f"{row['misclassification_rate']:.3f}", f"{row['mean_sigma']:.3f}",
+            f"{row['seconds_per_input']:.3f}",
+        )  # fmt: skip
+    console.print(table)
+    for failure in failures:
+        console.print(
+            f"[red]failed:[/red] {escape(failure['method'])} ({escape(failure['setting'])}): "
+            f"{escape(failure['error'].splitlines()[0])}"
+        )
+
+
+def _console() -> Console:
+    """Stdout; wide enough for the results table when it is not a terminal."""
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+def _warn_plugin_failures() -> None:
+    from harness.plugins import get_plugin_manager
+
+    manager = get_plugin_manager()
+    manager.registry  # noqa: B018 - building it records registration failures
+    for failure in manager.failures:
+        Console(stderr=True).print(
+            f"[yellow]warning:[/yellow] plugin {escape(failure.plugin)} failed: {escape(failure.error)}"
+        )
+
+
+def _plugins(args: argparse.Namespace) -> int:
+    from harness.plugins import get_plugin_manager
+
+    manager = get_plugin_manager()
+    rows = manager.describe()
+    failures = [{"plugin": f.plugin, "error": f.error} for f in manager.failures]
+    if args.json:
+        print(json.dumps({"plugins": rows, "failures": failures}, indent=2))
+        return 0
+    table = Table(title="idrs-bench plugins")
+    for column in ("plugin", "version", "hooks", "provides"):
+        table.add_column(column)
+    for row in rows:
+        provides = "\n".join(f"{kind}: {', '.join(names)}" for kind, names in row["provides"].items())
+        hooks = "\n".join(h.removeprefix("idrs_register_") for h in row["hooks"])
+        table.add_row(escape(row["name"]), escape(row["version"]), hooks, escape(provides))
+    console = _console()
+    console.print(table)
+    for failure in failures:
+        console.print(f"[red]failed to load[/red] {escape(failure['plugin'])}: {escape(failure['error'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

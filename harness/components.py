@@ -1,0 +1,155 @@
+"""The typed components a plugin registers, and the interfaces they build.
+
+Each ``idrs_register_*`` hook receives a ``register`` callback and calls it with one
+of the ``*Spec`` dataclasses below. A spec is cheap to create (no torch work); its
+callable builds the actual object when a benchmark needs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+    from harness.certificate import Certificate
+    from harness.data import Dataset
+    from harness.progress import Progress
+    from harness.protocol import CertificationProtocol
+    from harness.regularity import Regularity
+    from harness.sampling import SamplingEngine
+
+
+@runtime_checkable
+class SigmaProvider(Protocol):
+    """σ(x) > 0 for a batch, plus the regularity a certificate may rely on."""
+
+    regularity: Regularity
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """Map inputs of shape [B, *input_shape] to σ of shape [B] (same device)."""
+        ...
+
+
+@runtime_checkable
+class Certifier(Protocol):
+    """Certifies a batch of inputs whose σ(x) the runner has already computed."""
+
+    def certify(
+        self, x: torch.Tensor, sigma: torch.Tensor, input_ids: Sequence[int]
+    ) -> Iterator[Certificate]:
+        """Yield one certificate per input, in any order, as soon as each is final."""
+        ...
+
+
+@dataclass
+class BuildContext:
+    """Everything a σ-provider or certifier factory may use for one benchmark."""
+
+    dataset: Dataset
+    model: torch.nn.Module
+    device: torch.device
+    seed: int
+    protocol: CertificationProtocol
+    engine: SamplingEngine
+    progress: Progress
+
+
+@dataclass
+class TrainContext:
+    """What a trainer may use: where to train, the seed, and a progress reporter."""
+
+    device: torch.device
+    seed: int
+    progress: Progress
+
+
+@dataclass(frozen=True)
+class SigmaProviderSpec:
+    """``build(context, params) -> SigmaProvider``."""
+
+    name: str
+    build: Callable[[BuildContext, Mapping[str, Any]], SigmaProvider]
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class CertifierSpec:
+    """``build(context, params) -> Certifier``."""
+
+    name: str
+    build: Callable[[BuildContext, Mapping[str, Any]], Certifier]
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    """``train(model, dataset, params, context)`` trains ``model`` in place.
+
+    ``defaults`` lists every parameter the trainer accepts with its default value.
+    """
+
+    name: str
+    train: Callable[[torch.nn.Module, Dataset, Mapping[str, Any], TrainContext], None]
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A named composition: one σ-provider, one certifier, their default parameters.
+
+    ``defaults`` lists every parameter a benchmark setting may override; both the
+    σ-provider and the certifier receive the merged parameters.
+    """
+
+    name: str
+    sigma_provider: str
+    certifier: str
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """``load(data_root, **family_args) -> Dataset``.
+
+    A name ending in ``-N`` (e.g. ``cone-N``) declares a family: ``cone-60`` loads
+    with ``dim=60``.
+    """
+
+    name: str
+    load: Callable[..., Dataset]
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """``build(input_shape, num_classes, params) -> torch.nn.Module`` (logits)."""
+
+    name: str
+    build: Callable[[tuple[int, ...], int, Mapping[str, Any]], torch.nn.Module]
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    """A soundness check: ``run(...)`` audits a method's certificates."""
+
+    name: str
+    run: Callable[..., Any]
+    description: str = ""
+
+
+COMPONENT_KINDS: dict[str, type] = {
+    "sigma_providers": SigmaProviderSpec,
+    "trainers": TrainerSpec,
+    "certifiers": CertifierSpec,
+    "methods": MethodSpec,
+    "datasets": DatasetSpec,
+    "models": ModelSpec,
+    "checks": CheckSpec,
+}

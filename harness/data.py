@@ -1,0 +1,37 @@
+"""The in-memory dataset every component sees."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Dataset:
+    """Train and test tensors; inputs are float32 of shape [N, *input_shape].
+
+    Image datasets hold pixels in [0, 1] and are never normalized outside the model:
+    noise is added in input space.
+    """
+
+    name: str
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    num_classes: int
+    class_names: tuple[str, ...] = field(default=())
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.train_x.shape[1:])
+
+    @property
+    def dim(self) -> int:
+        return int(self.train_x[0].numel())
+
+    def test_subset(self, every: int = 1, count: int | None = None) -> torch.Tensor:
+        """Indices of every ``every``-th test point, the first ``count`` of them."""
+        indices = torch.arange(0, len(self.test_x), every)
+        return indices if count is None else indices[:count]

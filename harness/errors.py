@@ -1,0 +1,38 @@
+"""User-facing errors: one clear line that names the problem and the fix."""
+
+from __future__ import annotations
+
+
+class IdrsError(Exception):
+    """An error the CLI prints as one line (no traceback) and exits non-zero."""
+
+
+class UnknownNameError(IdrsError, KeyError):
+    """A method, dataset, architecture, ... that no loaded plugin provides."""
+
+    def __init__(self, kind: str, name: str, available: list[str]) -> None:
+        names = ", ".join(sorted(available)) or "(none loaded)"
+        super().__init__(f"unknown {kind} {name!r}; available: {names}")
+
+    def __str__(self) -> str:  # KeyError would otherwise repr() the message
+        return str(self.args[0])
+
+
+class DuplicateNameError(IdrsError):
+    """Two plugins registered a component of the same kind under the same name."""
+
+
+class ParameterError(IdrsError, ValueError):
+    """An invalid parameter value (sigma <= 0, alpha outside (0, 1), n0 > n, ...)."""
+
+
+class DatasetMissingError(IdrsError, FileNotFoundError):
+    """A dataset's files are not found where they were looked for."""
+
+
+class ModelOutputError(IdrsError, FloatingPointError):
+    """The base model produced NaN or infinite outputs."""
+
+
+class SpecError(IdrsError):
+    """A benchmark specification (TOML) is malformed or inconsistent."""

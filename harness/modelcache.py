@@ -1,0 +1,76 @@
+"""Base models trained once and cached by a content hash of everything that made them.
+
+Every method of a benchmark certifies the identical weights; the hash is printed in
+results and leaderboards. Checkpoints are state dicts loaded with
+``torch.load(..., weights_only=True)``: nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.components import TrainContext
+from harness.data import Dataset
+from harness.plugins import Registry
+from harness.progress import Progress
+from harness.spec import ModelConfig, content_hash
+
+CACHE_ENV_VAR = "IDRS_BENCH_CACHE"
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_ENV_VAR, Path.home() / ".cache" / "idrs-bench")) / "models"
+
+
+def model_recipe(config: ModelConfig, dataset: Dataset, registry: Registry) -> dict[str, Any]:
+    """What makes the model, with every default filled in (the input to its hash)."""
+    arch = registry.get("models", config.architecture)
+    trainer = registry.get("trainers", config.trainer)
+    return {
+        "format": 1,
+        "dataset": dataset.name,
+        "input_shape": list(dataset.input_shape),
+        "num_classes": dataset.num_classes,
+        "architecture": config.architecture,
+        "architecture_params": {**arch.defaults, **config.architecture_params},
+        "trainer": config.trainer,
+        "trainer_params": {**trainer.defaults, **config.trainer_params},
+        "seed": config.seed,
+    }
+
+
+def obtain_model(
+    config: ModelConfig,
+    dataset: Dataset,
+    registry: Registry,
+    device: torch.device,
+    progress: Progress,
+    cache_dir: Path | None = None,
+) -> tuple[torch.nn.Module, str]:
+    """The cached model for ``config`` (trained now if missing) and its content hash."""
+    recipe = model_recipe(config, dataset, registry)
+    digest = content_hash(recipe)
+    cache_dir = cache_dir or default_cache_dir()
+    path = cache_dir / f"{digest}.pt"
+    torch.manual_seed(config.seed)  # the initial weights are part of the recipe
+    arch = registry.get("models", config.architecture)
+    model = arch.build(dataset.input_shape, dataset.num_classes, recipe["architecture_params"])
+    if path.is_file():
+        model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        progress.log(f"base model {digest[:12]} loaded from {path}")
+    else:
+        trainer = registry.get("trainers", config.trainer)
+        context = TrainContext(device=device, seed=config.seed, progress=progress)
+        trainer.train(model, dataset, recipe["trainer_params"], context)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save({k: v.cpu() for k, v in model.state_dict().items()}, tmp)
+        tmp.replace(path)  # atomic: an interrupted save leaves no half checkpoint
+        path.with_suffix(".json").write_text(json.dumps(recipe, indent=2, sort_keys=True))
+        progress.log(f"base model {digest[:12]} trained and cached at {path}")
+    return model.to(device).eval(), digest

@@ -1,0 +1,164 @@
+"""Runs a benchmark: one shared base model, every method and setting, resumably.
+
+The unit of work is (run, method, setting, shard of test inputs): a finished shard is
+never redone, and inside an unfinished one only the inputs without a stored
+certificate are certified. A method that fails is recorded and reported; the other
+methods go on.
+"""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from harness import __version__
+from harness.components import BuildContext
+from harness.data import Dataset
+from harness.errors import IdrsError
+from harness.modelcache import obtain_model
+from harness.plugins import PluginManager, get_plugin_manager
+from harness.progress import Progress
+from harness.sampling import SamplingEngine, resolve_device
+from harness.spec import BenchmarkSpec, content_hash, setting_key, validate
+from harness.store import ResultStore
+
+
+@dataclass
+class RunOptions:
+    db: Path
+    device: str | None = None
+    data_root: str | None = None
+    download: bool = False
+    cache_dir: Path | None = None
+
+
+def library_versions() -> dict[str, str]:
+    import numpy
+    import scipy
+
+    return {
+        "idrs-bench": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "scipy": scipy.__version__,
+    }
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def load_dataset(spec: BenchmarkSpec, manager: PluginManager, options: RunOptions) -> Dataset:
+    registry = manager.registry
+    dataset_spec = registry.get("datasets", spec.dataset.name)
+    family = registry.family_args("datasets", spec.dataset.name)
+    return dataset_spec.load(
+        data_root=options.data_root, download=options.download, seed=spec.seed, **family
+    )
+
+
+def run_benchmark(
+    spec: BenchmarkSpec,
+    options: RunOptions,
+    progress: Progress,
+    manager: PluginManager | None = None,
+) -> str:
+    """Run (or resume) ``spec``; returns the run id."""
+    manager = manager or get_plugin_manager()
+    registry = manager.registry
+    validate(spec, registry)
+    device = resolve_device(options.device or spec.device)
+    dataset = load_dataset(spec, manager, options)
+    model, model_hash = obtain_model(
+        spec.model, dataset, registry, device, progress, options.cache_dir
+    )
+    config = spec.to_dict()
+    run_id = content_hash({"spec": config, "device": str(device), "model": model_hash})
+    store = ResultStore(options.db)
+    try:
+        if not store.begin_run(
+            run_id, spec.name, config, library_versions(), git_commit(), str(device),
+            spec.seed, model_hash,
+        ):  # fmt: skip
+            progress.log(f"resuming run {run_id[:12]}")
+        test_ids = dataset.test_subset(spec.dataset.test_every, spec.dataset.test_count).tolist()
+        engine = SamplingEngine(
+            model, dataset.num_classes, device, spec.protocol.batch_size, spec.seed
+        )
+        context = BuildContext(
+            dataset=dataset,
+            model=model,
+            device=device,
+            seed=spec.seed,
+            protocol=spec.protocol,
+            engine=engine,
+            progress=progress,
+        )
+        for method in spec.methods:
+            for setting in method.settings:
+                _certify_setting(store, run_id, spec, context, method.name, setting, test_ids, registry)
+        store.finish_run(run_id)
+    finally:
+        store.close()
+    return run_id
+
+
+def _certify_setting(store, run_id, spec, context, method_name, setting, test_ids, registry):
+    key = setting_key(setting)
+    shards = [test_ids[i : i + spec.shard_size] for i in range(0, len(test_ids), spec.shard_size)]
+    finished = store.finished_shards(run_id, method_name, key)
+    if len(finished) == len(shards):
+        return
+    store.clear_failures(run_id, method_name, key)
+    stored = store.stored_inputs(run_id, method_name, key)
+    remaining = sum(1 for s, ids in enumerate(shards) if s not in finished for i in ids if i not in stored)
+    try:
+        method = registry.get("methods", method_name)
+        params = {**method.defaults, **setting}
+        provider = registry.get("sigma_providers", method.sigma_provider).build(context, params)
+        certifier = registry.get("certifiers", method.certifier).build(context, params)
+        labels = context.dataset.test_y
+        with context.progress.task(f"{method_name} {key}", total=remaining, unit="inputs") as advance:
+            for shard, ids in enumerate(shards):
+                if shard in finished:
+                    continue
+                todo = [i for i in ids if i not in stored]
+                if todo:
+                    x = context.dataset.test_x[todo].to(context.device)
+                    sigma = _checked_sigma(provider(x), len(todo), method.sigma_provider)
+                    for cert in certifier.certify(x, sigma, todo):
+                        store.add_certificate(run_id, method_name, key, shard, int(labels[cert.input_id]), cert)
+                        advance(1)
+                store.finish_shard(run_id, method_name, key, shard)
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # a failing plugin is reported; the benchmark goes on
+        message = f"{type(exc).__name__}: {exc}"
+        if not isinstance(exc, IdrsError):
+            message += "\n" + traceback.format_exc(limit=-3)
+        store.record_failure(run_id, method_name, key, message)
+        context.progress.log(f"[red]method {method_name} ({key}) failed:[/red] {message.splitlines()[0]}")
+
+
+def _checked_sigma(sigma: torch.Tensor, count: int, provider: str) -> torch.Tensor:
+    if sigma.shape != (count,):
+        raise IdrsError(f"σ-provider {provider!r} returned shape {tuple(sigma.shape)}, expected ({count},)")
+    if not bool(torch.isfinite(sigma).all()) or not bool((sigma > 0).all()):
+        raise IdrsError(f"σ-provider {provider!r} returned a σ that is not positive and finite")
+    return sigma

@@ -1,0 +1,289 @@
+"""The Monte Carlo sampling engine (DESIGN §5): the hot path of certification.
+
+A batch of noisy samples mixes many inputs, each with its own σ(x). Noise is drawn on
+the model's device in *blocks* of :data:`NOISE_BLOCK` samples; block b of input i in
+stream s is drawn from a generator seeded by a hash of (seed, s, i, b) alone. The
+noise for sample j of an input is therefore row j mod NOISE_BLOCK of block
+j div NOISE_BLOCK, whatever the batch size, the other inputs in the batch, or the
+order of work. Class counts (hard smoothing) or probability sums (soft smoothing)
+are accumulated on the device and copied back once per input, when it is done.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from harness.errors import ModelOutputError
+
+NOISE_BLOCK = 256
+"""Samples per independently seeded noise block (part of the reproducibility contract)."""
+
+STREAM_SELECTION = 0
+"""Noise stream of CERTIFY's n0 selection samples."""
+STREAM_ESTIMATION = 1
+"""Noise stream of CERTIFY's n estimation samples (also used by PREDICT)."""
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(z: int) -> int:
+    z = (z + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def noise_seed(seed: int, stream: int, input_id: int, block: int) -> int:
+    """The generator seed of one noise block: a 63-bit hash of its four coordinates."""
+    z = 0
+    for part in (seed, stream, input_id, block):
+        z = _splitmix64(z ^ (part & _MASK64))
+    return z >> 1
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``auto`` picks cuda when available, else cpu."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+@dataclass
+class SoftStats:
+    """Soft smoothing evidence of one input: per-class sums of probabilities and squares."""
+
+    num: int
+    sums: np.ndarray
+    sums_sq: np.ndarray
+
+    @property
+    def means(self) -> np.ndarray:
+        return self.sums / self.num
+
+
+@dataclass
+class _Job:
+    x: torch.Tensor
+    sigma: float
+    input_id: int
+    num: int
+    done: int = 0
+    block_index: int = -1
+    block: torch.Tensor | None = None
+
+
+class SamplingEngine:
+    """Counts the base model's predictions under Gaussian noise x + σ(x)·ε.
+
+    :param model: the base classifier (logits), already on ``device`` and in eval mode.
+    :param num_classes: size of the count vectors.
+    :param batch_size: noisy samples per forward pass.
+    :param seed: the run's seed; noise is a function of (seed, stream, input id, index).
+    :param noise_threads: threads that draw noise blocks in parallel (CPU only);
+        defaults to torch's intra-op thread count.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        num_classes: int,
+        device: torch.device,
+        batch_size: int = 1024,
+        seed: int = 0,
+        noise_threads: int | None = None,
+    ) -> None:
+        self.model = model
+        self.num_classes = num_classes
+        self.device = torch.device(device)
+        self.batch_size = batch_size
+        self.seed = seed
+        threads = (
+            1
+            if self.device.type != "cpu"
+            else (noise_threads or torch.get_num_threads())
+        )
+        self._pool = ThreadPoolExecutor(threads) if threads > 1 else None
+        self._local = threading.local()
+
+    def counts(
+        self,
+        x: torch.Tensor,
+        sigma: Sequence[float] | torch.Tensor,
+        input_ids: Sequence[int],
+        num: int,
+        stream: int,
+    ) -> np.ndarray:
+        """Hard smoothing: counts [B, C] of argmax f(x_i + σ_i ε) over ``num`` samples each."""
+        out = np.zeros((len(input_ids), self.num_classes), dtype=np.int64)
+        for index, counts in self.run(x, sigma, input_ids, num, stream, soft=False):
+            out[index] = counts
+        return out
+
+    def soft_stats(
+        self,
+        x: torch.Tensor,
+        sigma: Sequence[float] | torch.Tensor,
+        input_ids: Sequence[int],
+        num: int,
+        stream: int,
+    ) -> list[SoftStats]:
+        """Soft smoothing: per-class sums of softmax f(x_i + σ_i ε) and of their squares."""
+        out: list[SoftStats] = [None] * len(input_ids)  # type: ignore[list-item]
+        for index, result in self.run(x, sigma, input_ids, num, stream, soft=True):
+            out[index] = result
+        return out
+
+    def run(
+        self,
+        x: torch.Tensor,
+        sigma: Sequence[float] | torch.Tensor,
+        input_ids: Sequence[int],
+        num: int,
+        stream: int,
+        soft: bool = False,
+    ) -> Iterator[tuple[int, np.ndarray | SoftStats]]:
+        """Sample ``num`` noisy copies of every input; yield (index, result) as each finishes.
+
+        Inputs are consumed in order, so they finish one after another and a caller can
+        store each result at once (nothing is lost but the inputs in flight).
+        """
+        if len(x) != len(input_ids):
+            raise ValueError(f"{len(x)} inputs but {len(input_ids)} input ids")
+        sigmas = torch.as_tensor(sigma, dtype=torch.float64).flatten().tolist()
+        if len(sigmas) != len(input_ids):
+            raise ValueError(
+                f"{len(input_ids)} inputs but {len(sigmas)} values of sigma"
+            )
+        x = x.to(self.device, torch.float32)
+        jobs = [
+            _Job(x[i], float(s), int(i_id), num)
+            for i, (s, i_id) in enumerate(zip(sigmas, input_ids, strict=True))
+        ]
+        classes = self.num_classes
+        acc = torch.zeros(
+            len(jobs),
+            classes,
+            device=self.device,
+            dtype=torch.float64 if soft else torch.int64,
+        )
+        acc_sq = torch.zeros_like(acc) if soft else None
+        finite = torch.ones((), dtype=torch.bool, device=self.device)
+        buffer = torch.empty((self.batch_size, *x.shape[1:]), device=self.device)
+        cursor = 0
+        with torch.inference_mode():
+            while cursor < len(jobs):
+                segments = self._plan_batch(jobs, cursor)
+                blocks = self._draw_blocks(jobs, segments, stream)
+                fill = 0
+                for index, start, take in segments:
+                    job = jobs[index]
+                    block = blocks[index, start // NOISE_BLOCK]
+                    offset = start % NOISE_BLOCK
+                    torch.add(
+                        job.x,
+                        block[offset : offset + take],
+                        alpha=job.sigma,
+                        out=buffer[fill : fill + take],
+                    )
+                    job.done = start + take
+                    job.block_index, job.block = start // NOISE_BLOCK, block
+                    fill += take
+                logits = self.model(buffer[:fill])
+                finite &= torch.isfinite(logits).all()
+                rows = torch.repeat_interleave(
+                    torch.tensor([i for i, _, _ in segments], device=self.device),
+                    torch.tensor([t for _, _, t in segments], device=self.device),
+                )
+                if soft:
+                    probs = torch.softmax(logits.double(), dim=1)
+                    acc.index_add_(0, rows, probs)
+                    acc_sq.index_add_(0, rows, probs * probs)
+                else:
+                    flat = rows * classes + logits.argmax(dim=1)
+                    acc.view(-1).index_add_(0, flat, torch.ones_like(flat))
+                while cursor < len(jobs) and jobs[cursor].done == jobs[cursor].num:
+                    if not bool(finite):
+                        raise ModelOutputError(
+                            "the base model returned NaN or infinite logits on noisy inputs; "
+                            "check the model checkpoint and that inputs are in its expected range"
+                        )
+                    jobs[cursor].block = None
+                    if soft:
+                        yield (
+                            cursor,
+                            SoftStats(
+                                num,
+                                acc[cursor].cpu().numpy(),
+                                acc_sq[cursor].cpu().numpy(),
+                            ),
+                        )
+                    else:
+                        yield cursor, acc[cursor].cpu().numpy()
+                    cursor += 1
+
+    def _plan_batch(self, jobs: list[_Job], cursor: int) -> list[tuple[int, int, int]]:
+        """(job index, first sample, number of samples) segments filling one batch.
+
+        No segment crosses a noise block, so each is a slice of one block.
+        """
+        segments = []
+        room = self.batch_size
+        index = cursor
+        done = jobs[cursor].done
+        while room > 0 and index < len(jobs):
+            job = jobs[index]
+            if done == job.num:
+                index += 1
+                done = jobs[index].done if index < len(jobs) else 0
+                continue
+            take = min(room, job.num - done, NOISE_BLOCK - done % NOISE_BLOCK)
+            segments.append((index, done, take))
+            done += take
+            room -= take
+        return segments
+
+    def _draw_blocks(
+        self, jobs: list[_Job], segments: list[tuple[int, int, int]], stream: int
+    ) -> dict[tuple[int, int], torch.Tensor]:
+        """The noise block of every segment, keyed by (job index, block index).
+
+        A job's partly used block is kept from the previous batch; the others are
+        drawn, in parallel threads on CPU.
+        """
+        blocks = {}
+        draws = []
+        for index, start, _ in segments:
+            key = (index, start // NOISE_BLOCK)
+            if key in blocks or key in draws:
+                continue
+            job = jobs[index]
+            if job.block_index == key[1]:
+                blocks[key] = job.block
+            else:
+                draws.append(key)
+        if self._pool is not None and len(draws) > 1:
+            drawn = self._pool.map(
+                lambda key: self._draw(jobs[key[0]], key[1], stream), draws
+            )
+        else:
+            drawn = (self._draw(jobs[i], b, stream) for i, b in draws)
+        blocks.update(zip(draws, drawn, strict=True))
+        return blocks
+
+    def _draw(self, job: _Job, block_index: int, stream: int) -> torch.Tensor:
+        generator = getattr(self._local, "generator", None)
+        if generator is None:
+            generator = self._local.generator = torch.Generator(device=self.device)
+        generator.manual_seed(noise_seed(self.seed, stream, job.input_id, block_index))
+        return torch.randn(
+            (NOISE_BLOCK, *job.x.shape),
+            generator=generator,
+            device=self.device,
+            dtype=job.x.dtype,
+        )

@@ -1,0 +1,208 @@
+"""Benchmark specifications: a TOML file, parsed and checked before any work starts.
+
+Example (the built-in default benchmark is ``harness/benchmarks/quick.toml``)::
+
+    name = "quick"
+    seed = 0
+
+    [dataset]
+    name = "fashion-mnist"
+    test_every = 50        # every k-th test point ...
+    test_count = 100       # ... at most this many
+
+    [model]
+    architecture = "mlp"
+    trainer = "gaussian-augmentation"
+    trainer_params = { sigma = 0.25, epochs = 5 }
+
+    [certification]
+    n0 = 100
+    n = 2000
+    alpha = 0.001
+    batch_size = 1024
+
+    [[methods]]
+    name = "cohen"
+    settings = [{ sigma = 0.12 }, { sigma = 0.25 }, { sigma = 0.5 }]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.errors import ParameterError, SpecError
+from harness.plugins import Registry
+from harness.protocol import CertificationProtocol
+
+BENCHMARKS_DIR = Path(__file__).parent / "benchmarks"
+DEFAULT_BENCHMARK = BENCHMARKS_DIR / "quick.toml"
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    name: str
+    test_every: int = 1
+    test_count: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything that makes the base model; its content hash names the cached weights."""
+
+    architecture: str
+    trainer: str
+    seed: int = 0
+    architecture_params: dict[str, Any] = field(default_factory=dict)
+    trainer_params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    name: str
+    settings: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class BenchmarkSpec:
+    name: str
+    dataset: DataConfig
+    model: ModelConfig
+    protocol: CertificationProtocol
+    methods: list[MethodConfig]
+    seed: int = 0
+    device: str = "auto"
+    shard_size: int = 32
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def setting_key(params: dict[str, Any]) -> str:
+    """The canonical name of a method setting, e.g. ``sigma=0.25``."""
+    return ",".join(f"{k}={params[k]}" for k in sorted(params)) or "default"
+
+
+def content_hash(obj: Any) -> str:
+    """SHA-256 of the canonical JSON of ``obj`` (sorted keys), as hex."""
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def load_spec(path: str | Path) -> BenchmarkSpec:
+    """Parse a benchmark TOML file (not yet checked against the loaded plugins)."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"benchmark file {str(path)!r} not found")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{path} is not valid TOML: {exc}") from None
+    return parse_spec(raw, default_name=path.stem)
+
+
+def _table(raw: dict, key: str, where: str, allowed: set[str]) -> dict:
+    value = raw.get(key)
+    if not isinstance(value, dict):
+        raise SpecError(f"{where}: missing table [{key}]")
+    unknown = set(value) - allowed
+    if unknown:
+        raise SpecError(
+            f"{where}: unknown key(s) {sorted(unknown)} in [{key}]; allowed: {sorted(allowed)}"
+        )
+    return value
+
+
+def _typed(value: Any, kind: type | tuple[type, ...], what: str) -> Any:
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise SpecError(f"{what} has the wrong type: {value!r}")
+    return value
+
+
+def parse_spec(raw: dict[str, Any], default_name: str = "benchmark") -> BenchmarkSpec:
+    where = "benchmark"
+    top = {"name", "seed", "device", "shard_size", "dataset", "model", "certification", "methods"}
+    unknown = set(raw) - top
+    if unknown:
+        raise SpecError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(top)}")
+    data = _table(raw, "dataset", where, {"name", "test_every", "test_count"})
+    model = _table(
+        raw, "model", where, {"architecture", "trainer", "seed", "architecture_params", "trainer_params"}
+    )
+    cert = raw.get("certification", {})
+    allowed_cert = {"n0", "n", "alpha", "batch_size"}
+    if set(cert) - allowed_cert:
+        raise SpecError(f"{where}: unknown key(s) {sorted(set(cert) - allowed_cert)} in [certification]")
+    methods = raw.get("methods")
+    if not isinstance(methods, list) or not methods:
+        raise SpecError(f"{where}: needs at least one [[methods]] entry with a name")
+    method_configs = []
+    for entry in methods:
+        if not isinstance(entry, dict) or "name" not in entry:
+            raise SpecError(f"{where}: every [[methods]] entry needs a name")
+        if set(entry) - {"name", "settings"}:
+            raise SpecError(f"method {entry['name']!r}: unknown key(s) {sorted(set(entry) - {'name', 'settings'})}")
+        settings = entry.get("settings", [{}])
+        if not isinstance(settings, list) or not all(isinstance(s, dict) for s in settings):
+            raise SpecError(f"method {entry['name']!r}: settings must be a list of tables")
+        method_configs.append(MethodConfig(_typed(entry["name"], str, "method name"), settings))
+    test_count = data.get("test_count")
+    spec = BenchmarkSpec(
+        name=_typed(raw.get("name", default_name), str, "name"),
+        seed=_typed(raw.get("seed", 0), int, "seed"),
+        device=_typed(raw.get("device", "auto"), str, "device"),
+        shard_size=_typed(raw.get("shard_size", 32), int, "shard_size"),
+        dataset=DataConfig(
+            name=_typed(data.get("name"), str, "dataset.name"),
+            test_every=_typed(data.get("test_every", 1), int, "dataset.test_every"),
+            test_count=None if test_count is None else _typed(test_count, int, "dataset.test_count"),
+        ),
+        model=ModelConfig(
+            architecture=_typed(model.get("architecture"), str, "model.architecture"),
+            trainer=_typed(model.get("trainer"), str, "model.trainer"),
+            seed=_typed(model.get("seed", 0), int, "model.seed"),
+            architecture_params=_typed(model.get("architecture_params", {}), dict, "model.architecture_params"),
+            trainer_params=_typed(model.get("trainer_params", {}), dict, "model.trainer_params"),
+        ),
+        protocol=_protocol(cert),
+        methods=method_configs,
+    )
+    if spec.dataset.test_every < 1 or (spec.dataset.test_count is not None and spec.dataset.test_count < 1):
+        raise SpecError("dataset.test_every and dataset.test_count must be >= 1")
+    if spec.shard_size < 1:
+        raise SpecError("shard_size must be >= 1")
+    return spec
+
+
+def _protocol(cert: dict[str, Any]) -> CertificationProtocol:
+    try:
+        return CertificationProtocol(**cert)
+    except TypeError as exc:
+        raise SpecError(f"[certification]: {exc}") from None
+
+
+def validate(spec: BenchmarkSpec, registry: Registry) -> None:
+    """Check every name and parameter against the loaded plugins (before any work)."""
+    registry.get("datasets", spec.dataset.name)
+    model_spec = registry.get("models", spec.model.architecture)
+    _check_keys(spec.model.architecture_params, model_spec.defaults, f"architecture {model_spec.name!r}")
+    trainer = registry.get("trainers", spec.model.trainer)
+    _check_keys(spec.model.trainer_params, trainer.defaults, f"trainer {trainer.name!r}")
+    for method in spec.methods:
+        method_spec = registry.get("methods", method.name)
+        registry.get("sigma_providers", method_spec.sigma_provider)
+        registry.get("certifiers", method_spec.certifier)
+        for setting in method.settings:
+            _check_keys(setting, method_spec.defaults, f"method {method.name!r}")
+
+
+def _check_keys(given: dict[str, Any], known: dict[str, Any], owner: str) -> None:
+    unknown = set(given) - set(known)
+    if unknown:
+        raise ParameterError(
+            f"unknown parameter(s) {sorted(unknown)} for {owner}; known: {sorted(known) or 'none'}"
+        )

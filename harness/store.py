@@ -1,0 +1,193 @@
+"""Results in SQLite (DESIGN §10): runs, one row per certified input, finished shards.
+
+Every certificate is committed as soon as it exists (INSERT OR IGNORE on its primary
+key), and a shard is marked finished once all its inputs are stored, so a killed run
+loses at most the inputs in flight and a rerun neither duplicates nor repeats work.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from harness.certificate import Certificate
+from harness.errors import IdrsError
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    created TEXT NOT NULL,
+    finished TEXT,
+    config TEXT NOT NULL,
+    versions TEXT NOT NULL,
+    git_commit TEXT,
+    device TEXT NOT NULL,
+    seed INTEGER NOT NULL,
+    model_hash TEXT
+);
+CREATE TABLE IF NOT EXISTS certificates (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    method TEXT NOT NULL,
+    setting TEXT NOT NULL,
+    input_id INTEGER NOT NULL,
+    shard INTEGER NOT NULL,
+    label INTEGER NOT NULL,
+    prediction INTEGER NOT NULL,
+    predict INTEGER NOT NULL,
+    radius REAL NOT NULL,
+    p_lower REAL NOT NULL,
+    sigma REAL NOT NULL,
+    alpha REAL NOT NULL,
+    counts_selection TEXT,
+    counts_estimation TEXT,
+    seconds REAL NOT NULL,
+    evidence TEXT NOT NULL,
+    PRIMARY KEY (run_id, method, setting, input_id)
+);
+CREATE TABLE IF NOT EXISTS shards (
+    run_id TEXT NOT NULL,
+    method TEXT NOT NULL,
+    setting TEXT NOT NULL,
+    shard INTEGER NOT NULL,
+    finished TEXT NOT NULL,
+    PRIMARY KEY (run_id, method, setting, shard)
+);
+CREATE TABLE IF NOT EXISTS failures (
+    run_id TEXT NOT NULL,
+    method TEXT NOT NULL,
+    setting TEXT NOT NULL,
+    error TEXT NOT NULL,
+    at TEXT NOT NULL
+);
+"""
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+class ResultStore:
+    """A SQLite results database (created on first use)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(self.path)
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def begin_run(
+        self,
+        run_id: str,
+        name: str,
+        config: dict[str, Any],
+        versions: dict[str, str],
+        git_commit: str | None,
+        device: str,
+        seed: int,
+        model_hash: str,
+    ) -> bool:
+        """Record a run unless it exists; True when it is new."""
+        with self.db:
+            cursor = self.db.execute(
+                "INSERT OR IGNORE INTO runs (run_id, name, created, config, versions, git_commit,"
+                " device, seed, model_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (run_id, name, _now(), json.dumps(config, sort_keys=True), json.dumps(versions),
+                 git_commit, device, seed, model_hash),
+            )  # fmt: skip
+        return cursor.rowcount == 1
+
+    def finish_run(self, run_id: str) -> None:
+        with self.db:
+            self.db.execute("UPDATE runs SET finished = ? WHERE run_id = ?", (_now(), run_id))
+
+    def add_certificate(
+        self, run_id: str, method: str, setting: str, shard: int, label: int, cert: Certificate
+    ) -> None:
+        with self.db:
+            self.db.execute(
+                "INSERT OR IGNORE INTO certificates VALUES"
+                " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    run_id, method, setting, cert.input_id, shard, label, cert.prediction,
+                    cert.predict, cert.radius, cert.p_lower, cert.sigma, cert.alpha,
+                    json.dumps(cert.counts_selection), json.dumps(cert.counts_estimation),
+                    cert.seconds, json.dumps(cert.evidence, default=float),
+                ),
+            )  # fmt: skip
+
+    def finish_shard(self, run_id: str, method: str, setting: str, shard: int) -> None:
+        with self.db:
+            self.db.execute(
+                "INSERT OR IGNORE INTO shards VALUES (?, ?, ?, ?, ?)",
+                (run_id, method, setting, shard, _now()),
+            )
+
+    def finished_shards(self, run_id: str, method: str, setting: str) -> set[int]:
+        rows = self.db.execute(
+            "SELECT shard FROM shards WHERE run_id = ? AND method = ? AND setting = ?",
+            (run_id, method, setting),
+        )
+        return {r[0] for r in rows}
+
+    def stored_inputs(self, run_id: str, method: str, setting: str) -> set[int]:
+        rows = self.db.execute(
+            "SELECT input_id FROM certificates WHERE run_id = ? AND method = ? AND setting = ?",
+            (run_id, method, setting),
+        )
+        return {r[0] for r in rows}
+
+    def record_failure(self, run_id: str, method: str, setting: str, error: str) -> None:
+        with self.db:
+            self.db.execute(
+                "INSERT INTO failures VALUES (?, ?, ?, ?, ?)", (run_id, method, setting, error, _now())
+            )
+
+    def clear_failures(self, run_id: str, method: str, setting: str) -> None:
+        with self.db:
+            self.db.execute(
+                "DELETE FROM failures WHERE run_id = ? AND method = ? AND setting = ?",
+                (run_id, method, setting),
+            )
+
+    def failures(self, run_id: str) -> list[dict[str, Any]]:
+        rows = self.db.execute("SELECT * FROM failures WHERE run_id = ? ORDER BY at", (run_id,))
+        return [dict(r) for r in rows]
+
+    def run(self, run_id: str | None = None) -> dict[str, Any]:
+        """The run ``run_id`` (a unique prefix is enough), or the latest run."""
+        if run_id is None:
+            row = self.db.execute("SELECT * FROM runs ORDER BY created DESC, rowid DESC LIMIT 1").fetchone()
+            if row is None:
+                raise IdrsError(f"no runs in {self.path}; start one with `idrs-bench run`")
+        else:
+            rows = self.db.execute("SELECT * FROM runs WHERE run_id LIKE ?", (run_id + "%",)).fetchall()
+            if len(rows) != 1:
+                known = [r[0][:12] for r in self.db.execute("SELECT run_id FROM runs")]
+                what = "no run" if not rows else "more than one run"
+                raise IdrsError(f"{what} matches {run_id!r} in {self.path}; runs: {', '.join(known) or 'none'}")
+            row = rows[0]
+        out = dict(row)
+        out["config"] = json.loads(out["config"])
+        out["versions"] = json.loads(out["versions"])
+        return out
+
+    def certificates(self, run_id: str) -> Iterable[dict[str, Any]]:
+        rows = self.db.execute(
+            "SELECT * FROM certificates WHERE run_id = ? ORDER BY method, setting, input_id", (run_id,)
+        )
+        for row in rows:
+            out = dict(row)
+            for key in ("counts_selection", "counts_estimation", "evidence"):
+                out[key] = json.loads(out[key]) if out[key] is not None else None
+            yield out

@@ -1,0 +1,24 @@
+"""Built-in datasets: ``fashion-mnist`` (IDX files) and the synthetic ``cone-N``."""
+
+from __future__ import annotations
+
+from harness import hookimpl
+from harness.components import DatasetSpec
+
+
+def _fashion_mnist(data_root=None, download: bool = False, seed: int = 0, **_):
+    from plugins.datasets.fashion_mnist import load_fashion_mnist
+
+    return load_fashion_mnist(data_root, download)
+
+
+def _cone(data_root=None, download: bool = False, seed: int = 0, dim: int = 2, **_):
+    from plugins.datasets.cone import load_cone
+
+    return load_cone(dim, seed)
+
+
+@hookimpl
+def idrs_register_datasets(register) -> None:
+    register(DatasetSpec("fashion-mnist", _fashion_mnist, "Fashion-MNIST 28×28 grey images"))
+    register(DatasetSpec("cone-N", _cone, "Súkeník et al. App. A.5 cone vs. rest, N dimensions"))

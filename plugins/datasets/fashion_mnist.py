@@ -1,0 +1,89 @@
+"""Fashion-MNIST (Xiao et al. 2017) from its IDX files.
+
+Looked for in ``data_root`` (the files themselves, or a ``fashion-mnist`` or
+torchvision ``FashionMNIST/raw`` folder under it), then where Debian's package
+``dataset-fashion-mnist`` installs them, then (only when asked) by torchvision's
+download.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from harness.data import Dataset
+from harness.errors import DatasetMissingError
+from plugins.datasets.idx import read_idx
+
+DEBIAN_LOCATION = Path("/usr/share/datasets/fashion-mnist")
+FILES = {
+    "train_x": "train-images-idx3-ubyte",
+    "train_y": "train-labels-idx1-ubyte",
+    "test_x": "t10k-images-idx3-ubyte",
+    "test_y": "t10k-labels-idx1-ubyte",
+}
+CLASS_NAMES = (
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+    "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+)  # fmt: skip
+
+
+def _find(folder: Path, stem: str) -> Path | None:
+    for name in (stem, stem + ".gz"):
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def candidate_folders(data_root: str | Path | None) -> list[Path]:
+    folders = []
+    if data_root is not None:
+        root = Path(data_root)
+        folders += [root, root / "fashion-mnist", root / "FashionMNIST" / "raw"]
+    folders.append(DEBIAN_LOCATION)
+    return folders
+
+
+def load_fashion_mnist(data_root: str | Path | None = None, download: bool = False) -> Dataset:
+    """Train (60,000) and test (10,000) images as [N, 1, 28, 28] floats in [0, 1]."""
+    for folder in candidate_folders(data_root):
+        paths = {key: _find(folder, stem) for key, stem in FILES.items()}
+        if all(paths.values()):
+            break
+    else:
+        if not download:
+            looked = ", ".join(str(f) for f in candidate_folders(data_root))
+            raise DatasetMissingError(
+                f"fashion-mnist not found (looked in {looked}); either pass --data-root DIR "
+                "with the four IDX files, or install Debian's package "
+                "(apt-get install dataset-fashion-mnist), or pass --download to let "
+                "torchvision fetch it where the network allows"
+            )
+        folder = _download(data_root)
+        paths = {key: _find(folder, stem) for key, stem in FILES.items()}
+    arrays = {key: read_idx(path) for key, path in paths.items()}
+
+    import torch
+
+    def images(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(a.astype(np.float32) / 255.0).unsqueeze(1)
+
+    return Dataset(
+        name="fashion-mnist",
+        train_x=images(arrays["train_x"]),
+        train_y=torch.from_numpy(arrays["train_y"].astype(np.int64)),
+        test_x=images(arrays["test_x"]),
+        test_y=torch.from_numpy(arrays["test_y"].astype(np.int64)),
+        num_classes=10,
+        class_names=CLASS_NAMES,
+    )
+
+
+def _download(data_root: str | Path | None) -> Path:
+    from torchvision.datasets import FashionMNIST
+
+    root = Path(data_root or Path.home() / ".cache" / "idrs-bench" / "data")
+    for train in (True, False):
+        FashionMNIST(str(root), train=train, download=True)
+    return root / "FashionMNIST" / "raw"
