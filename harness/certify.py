@@ -39,7 +39,9 @@ class HardSmoothingCertifier:
     ) -> Iterator[Certificate]:
         sigma_values = torch.as_tensor(sigma).double().cpu().numpy()
         start = time.perf_counter()
-        selection = self.engine.counts(x, sigma_values, input_ids, self.protocol.n0, STREAM_SELECTION)
+        selection = self.engine.counts(
+            x, sigma_values, input_ids, self.protocol.n0, STREAM_SELECTION
+        )
         share = (time.perf_counter() - start) / max(len(input_ids), 1)
         last = time.perf_counter()
         runs = self.engine.run(x, sigma_values, input_ids, self.protocol.n, STREAM_ESTIMATION)

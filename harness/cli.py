@@ -26,10 +26,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except IdrsError as exc:
-        Console(stderr=True).print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        Console(stderr=True, soft_wrap=True).print(
+            f"[red]error:[/red] {escape(str(exc))}", highlight=False
+        )
         return 2
     except KeyboardInterrupt:
-        Console(stderr=True).print("interrupted; `idrs-bench run` again resumes where it stopped")
+        Console(stderr=True, soft_wrap=True).print(
+            "interrupted; `idrs-bench run` again resumes where it stopped"
+        )
         return 130
 
 
@@ -41,11 +45,19 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(title="commands")
 
     run = sub.add_parser("run", help="run (or resume) a benchmark and print its results")
-    run.add_argument("spec", nargs="?", help="benchmark TOML file (default: the built-in quick benchmark)")
-    run.add_argument("--db", type=Path, default=DEFAULT_DB, help=f"results database (default {DEFAULT_DB})")
-    run.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None, help="override the spec's device")
+    run.add_argument(
+        "spec", nargs="?", help="benchmark TOML file (default: the built-in quick benchmark)"
+    )
+    run.add_argument(
+        "--db", type=Path, default=DEFAULT_DB, help=f"results database (default {DEFAULT_DB})"
+    )
+    run.add_argument(
+        "--device", choices=("auto", "cpu", "cuda"), default=None, help="override the spec's device"
+    )
     run.add_argument("--data-root", help="folder with dataset files")
-    run.add_argument("--download", action="store_true", help="let torchvision download a missing dataset")
+    run.add_argument(
+        "--download", action="store_true", help="let torchvision download a missing dataset"
+    )
     run.add_argument("--cache-dir", type=Path, help="where trained base models are cached")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.set_defaults(handler=_run)
@@ -72,7 +84,9 @@ def _run(args: argparse.Namespace) -> int:
         import torch
 
         if not torch.cuda.is_available():
-            raise IdrsError("--device cuda, but no CUDA device is available; use --device cpu or auto")
+            raise IdrsError(
+                "--device cuda, but no CUDA device is available; use --device cpu or auto"
+            )
     options = RunOptions(
         db=args.db, device=args.device, data_root=args.data_root,
         download=args.download, cache_dir=args.cache_dir,
@@ -85,7 +99,9 @@ def _run(args: argparse.Namespace) -> int:
 
 def _results(args: argparse.Namespace) -> int:
     if not args.db.is_file():
-        raise IdrsError(f"results database {str(args.db)!r} not found; run a benchmark first or pass --db")
+        raise IdrsError(
+            f"results database {str(args.db)!r} not found; run a benchmark first or pass --db"
+        )
     _print_results(args.db, args.run, as_json=args.json)
     return 0
 
@@ -153,7 +169,7 @@ def _warn_plugin_failures() -> None:
     manager = get_plugin_manager()
     manager.registry  # noqa: B018 - building it records registration failures
     for failure in manager.failures:
-        Console(stderr=True).print(
+        Console(stderr=True, soft_wrap=True).print(
             f"[yellow]warning:[/yellow] plugin {escape(failure.plugin)} failed: {escape(failure.error)}"
         )
 
@@ -171,13 +187,17 @@ def _plugins(args: argparse.Namespace) -> int:
     for column in ("plugin", "version", "hooks", "provides"):
         table.add_column(column)
     for row in rows:
-        provides = "\n".join(f"{kind}: {', '.join(names)}" for kind, names in row["provides"].items())
+        provides = "\n".join(
+            f"{kind}: {', '.join(names)}" for kind, names in row["provides"].items()
+        )
         hooks = "\n".join(h.removeprefix("idrs_register_") for h in row["hooks"])
         table.add_row(escape(row["name"]), escape(row["version"]), hooks, escape(provides))
     console = _console()
     console.print(table)
     for failure in failures:
-        console.print(f"[red]failed to load[/red] {escape(failure['plugin'])}: {escape(failure['error'])}")
+        console.print(
+            f"[red]failed to load[/red] {escape(failure['plugin'])}: {escape(failure['error'])}"
+        )
     return 0
 
 

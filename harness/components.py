@@ -102,7 +102,9 @@ class MethodSpec:
     """A named composition: one σ-provider, one certifier, their default parameters.
 
     ``defaults`` lists every parameter a benchmark setting may override; both the
-    σ-provider and the certifier receive the merged parameters.
+    σ-provider and the certifier receive the merged parameters. ``check(params)``,
+    if given, raises :class:`~harness.errors.ParameterError` for invalid values; it
+    runs before any work starts.
     """
 
     name: str
@@ -110,6 +112,7 @@ class MethodSpec:
     certifier: str
     defaults: Mapping[str, Any] = field(default_factory=dict)
     description: str = ""
+    check: Callable[[Mapping[str, Any]], None] | None = None
 
 
 @dataclass(frozen=True)

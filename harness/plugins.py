@@ -189,7 +189,7 @@ class PluginManager:
         self.failures = [f for f in self.failures if not f.error.startswith("register: ")]
         for kind in COMPONENT_KINDS:
             caller = getattr(self.pm.hook, f"idrs_register_{kind}")
-            for impl in reversed(caller.get_hookimpls()):  # registration order
+            for impl in caller.get_hookimpls():  # in registration order
 
                 def register(spec: Any, _plugin: str = impl.plugin_name, _kind: str = kind) -> None:
                     registry.add(_kind, spec, _plugin)

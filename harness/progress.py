@@ -22,10 +22,12 @@ class Progress:
 
     def __init__(self, enabled: bool = True, console: Console | None = None) -> None:
         self.enabled = enabled
-        self.console = console or Console(stderr=True)
+        self.console = console or Console(stderr=True, soft_wrap=True)
 
     @contextmanager
-    def task(self, description: str, total: float, unit: str = "it") -> Iterator[Callable[[float], None]]:
+    def task(
+        self, description: str, total: float, unit: str = "it"
+    ) -> Iterator[Callable[[float], None]]:
         """A bar with count, rate and ETA; yields ``advance(amount)``."""
         if not self.enabled:
             yield lambda amount=1: None
@@ -52,5 +54,10 @@ class Progress:
             yield advance
 
     def log(self, message: str) -> None:
+        """Information (shown only when enabled)."""
         if self.enabled:
             self.console.print(message)
+
+    def warn(self, message: str) -> None:
+        """A problem the user must see, even when progress is disabled."""
+        self.console.print(f"[yellow]warning:[/yellow] {message}")

@@ -17,7 +17,9 @@ from harness.certificate import ABSTAIN
 RADII = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
-def summarize(certificates: Iterable[dict[str, Any]], radii: Sequence[float] = RADII) -> list[dict[str, Any]]:
+def summarize(
+    certificates: Iterable[dict[str, Any]], radii: Sequence[float] = RADII
+) -> list[dict[str, Any]]:
     """One row of metrics per (method, setting), in order of first appearance."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for row in certificates:
@@ -25,7 +27,9 @@ def summarize(certificates: Iterable[dict[str, Any]], radii: Sequence[float] = R
     return [_summarize_group(m, s, rows, radii) for (m, s), rows in groups.items()]
 
 
-def _summarize_group(method: str, setting: str, rows: list[dict], radii: Sequence[float]) -> dict[str, Any]:
+def _summarize_group(
+    method: str, setting: str, rows: list[dict], radii: Sequence[float]
+) -> dict[str, Any]:
     count = len(rows)
     correct = [r for r in rows if r["prediction"] == r["label"]]
     return {
@@ -38,9 +42,8 @@ def _summarize_group(method: str, setting: str, rows: list[dict], radii: Sequenc
         },
         "acr": sum(r["radius"] for r in correct) / count,
         "abstention_rate": sum(r["prediction"] == ABSTAIN for r in rows) / count,
-        "misclassification_rate": sum(
-            r["prediction"] not in (ABSTAIN, r["label"]) for r in rows
-        ) / count,
+        "misclassification_rate": sum(r["prediction"] not in (ABSTAIN, r["label"]) for r in rows)
+        / count,
         "mean_sigma": sum(r["sigma"] for r in rows) / count,
         "seconds_per_input": sum(r["seconds"] for r in rows) / count,
     }

@@ -112,7 +112,9 @@ def run_benchmark(
         )
         for method in spec.methods:
             for setting in method.settings:
-                _certify_setting(store, run_id, spec, context, method.name, setting, test_ids, registry)
+                _certify_setting(
+                    store, run_id, spec, context, method.name, setting, test_ids, registry
+                )
         store.finish_run(run_id)
     finally:
         store.close()
@@ -127,14 +129,18 @@ def _certify_setting(store, run_id, spec, context, method_name, setting, test_id
         return
     store.clear_failures(run_id, method_name, key)
     stored = store.stored_inputs(run_id, method_name, key)
-    remaining = sum(1 for s, ids in enumerate(shards) if s not in finished for i in ids if i not in stored)
+    remaining = sum(
+        1 for s, ids in enumerate(shards) if s not in finished for i in ids if i not in stored
+    )
     try:
         method = registry.get("methods", method_name)
         params = {**method.defaults, **setting}
         provider = registry.get("sigma_providers", method.sigma_provider).build(context, params)
         certifier = registry.get("certifiers", method.certifier).build(context, params)
         labels = context.dataset.test_y
-        with context.progress.task(f"{method_name} {key}", total=remaining, unit="inputs") as advance:
+        with context.progress.task(
+            f"{method_name} {key}", total=remaining, unit="inputs"
+        ) as advance:
             for shard, ids in enumerate(shards):
                 if shard in finished:
                     continue
@@ -143,7 +149,9 @@ def _certify_setting(store, run_id, spec, context, method_name, setting, test_id
                     x = context.dataset.test_x[todo].to(context.device)
                     sigma = _checked_sigma(provider(x), len(todo), method.sigma_provider)
                     for cert in certifier.certify(x, sigma, todo):
-                        store.add_certificate(run_id, method_name, key, shard, int(labels[cert.input_id]), cert)
+                        store.add_certificate(
+                            run_id, method_name, key, shard, int(labels[cert.input_id]), cert
+                        )
                         advance(1)
                 store.finish_shard(run_id, method_name, key, shard)
     except KeyboardInterrupt:
@@ -153,12 +161,14 @@ def _certify_setting(store, run_id, spec, context, method_name, setting, test_id
         if not isinstance(exc, IdrsError):
             message += "\n" + traceback.format_exc(limit=-3)
         store.record_failure(run_id, method_name, key, message)
-        context.progress.log(f"[red]method {method_name} ({key}) failed:[/red] {message.splitlines()[0]}")
+        context.progress.warn(f"method {method_name} ({key}) failed: {message.splitlines()[0]}")
 
 
 def _checked_sigma(sigma: torch.Tensor, count: int, provider: str) -> torch.Tensor:
     if sigma.shape != (count,):
-        raise IdrsError(f"σ-provider {provider!r} returned shape {tuple(sigma.shape)}, expected ({count},)")
+        raise IdrsError(
+            f"σ-provider {provider!r} returned shape {tuple(sigma.shape)}, expected ({count},)"
+        )
     if not bool(torch.isfinite(sigma).all()) or not bool((sigma > 0).all()):
         raise IdrsError(f"σ-provider {provider!r} returned a σ that is not positive and finite")
     return sigma

@@ -103,13 +103,11 @@ class SamplingEngine:
         self.device = torch.device(device)
         self.batch_size = batch_size
         self.seed = seed
-        threads = (
-            1
-            if self.device.type != "cpu"
-            else (noise_threads or torch.get_num_threads())
-        )
+        threads = 1 if self.device.type != "cpu" else (noise_threads or torch.get_num_threads())
         self._pool = ThreadPoolExecutor(threads) if threads > 1 else None
         self._local = threading.local()
+        self._buffer: torch.Tensor | None = None
+        self._free_blocks: list[torch.Tensor] = []
 
     def counts(
         self,
@@ -157,9 +155,7 @@ class SamplingEngine:
             raise ValueError(f"{len(x)} inputs but {len(input_ids)} input ids")
         sigmas = torch.as_tensor(sigma, dtype=torch.float64).flatten().tolist()
         if len(sigmas) != len(input_ids):
-            raise ValueError(
-                f"{len(input_ids)} inputs but {len(sigmas)} values of sigma"
-            )
+            raise ValueError(f"{len(input_ids)} inputs but {len(sigmas)} values of sigma")
         x = x.to(self.device, torch.float32)
         jobs = [
             _Job(x[i], float(s), int(i_id), num)
@@ -167,16 +163,13 @@ class SamplingEngine:
         ]
         classes = self.num_classes
         acc = torch.zeros(
-            len(jobs),
-            classes,
-            device=self.device,
-            dtype=torch.float64 if soft else torch.int64,
+            len(jobs), classes, device=self.device, dtype=torch.float64 if soft else torch.int64
         )
         acc_sq = torch.zeros_like(acc) if soft else None
         finite = torch.ones((), dtype=torch.bool, device=self.device)
-        buffer = torch.empty((self.batch_size, *x.shape[1:]), device=self.device)
+        buffer = self._batch_buffer(x.shape[1:])
         cursor = 0
-        with torch.inference_mode():
+        with torch.no_grad():
             while cursor < len(jobs):
                 segments = self._plan_batch(jobs, cursor)
                 blocks = self._draw_blocks(jobs, segments, stream)
@@ -186,14 +179,14 @@ class SamplingEngine:
                     block = blocks[index, start // NOISE_BLOCK]
                     offset = start % NOISE_BLOCK
                     torch.add(
-                        job.x,
-                        block[offset : offset + take],
-                        alpha=job.sigma,
+                        job.x, block[offset : offset + take], alpha=job.sigma,
                         out=buffer[fill : fill + take],
-                    )
+                    )  # fmt: skip
                     job.done = start + take
                     job.block_index, job.block = start // NOISE_BLOCK, block
                     fill += take
+                kept = {id(jobs[i].block) for i, _, _ in segments if jobs[i].done < jobs[i].num}
+                self._free_blocks.extend(b for b in blocks.values() if id(b) not in kept)
                 logits = self.model(buffer[:fill])
                 finite &= torch.isfinite(logits).all()
                 rows = torch.repeat_interleave(
@@ -217,15 +210,18 @@ class SamplingEngine:
                     if soft:
                         yield (
                             cursor,
-                            SoftStats(
-                                num,
-                                acc[cursor].cpu().numpy(),
-                                acc_sq[cursor].cpu().numpy(),
-                            ),
+                            SoftStats(num, acc[cursor].cpu().numpy(), acc_sq[cursor].cpu().numpy()),
                         )
                     else:
                         yield cursor, acc[cursor].cpu().numpy()
                     cursor += 1
+
+    def _batch_buffer(self, shape: torch.Size) -> torch.Tensor:
+        """The batch of noisy inputs, allocated once (fresh pages are costly to touch)."""
+        if self._buffer is None or self._buffer.shape[1:] != shape:
+            self._buffer = torch.empty((self.batch_size, *shape), device=self.device)
+            self._free_blocks = []
+        return self._buffer
 
     def _plan_batch(self, jobs: list[_Job], cursor: int) -> list[tuple[int, int, int]]:
         """(job index, first sample, number of samples) segments filling one batch.
@@ -267,23 +263,25 @@ class SamplingEngine:
                 blocks[key] = job.block
             else:
                 draws.append(key)
+        shape = (NOISE_BLOCK, *jobs[segments[0][0]].x.shape)
+        empty = [
+            self._free_blocks.pop() if self._free_blocks else torch.empty(shape, device=self.device)
+            for _ in draws
+        ]
         if self._pool is not None and len(draws) > 1:
-            drawn = self._pool.map(
-                lambda key: self._draw(jobs[key[0]], key[1], stream), draws
+            drawn = list(
+                self._pool.map(lambda k, t: self._draw(jobs[k[0]], t, k[1], stream), draws, empty)
             )
         else:
-            drawn = (self._draw(jobs[i], b, stream) for i, b in draws)
+            drawn = [
+                self._draw(jobs[k[0]], t, k[1], stream) for k, t in zip(draws, empty, strict=True)
+            ]
         blocks.update(zip(draws, drawn, strict=True))
         return blocks
 
-    def _draw(self, job: _Job, block_index: int, stream: int) -> torch.Tensor:
+    def _draw(self, job: _Job, block: torch.Tensor, block_index: int, stream: int) -> torch.Tensor:
         generator = getattr(self._local, "generator", None)
         if generator is None:
             generator = self._local.generator = torch.Generator(device=self.device)
         generator.manual_seed(noise_seed(self.seed, stream, job.input_id, block_index))
-        return torch.randn(
-            (NOISE_BLOCK, *job.x.shape),
-            generator=generator,
-            device=self.device,
-            dtype=job.x.dtype,
-        )
+        return block.normal_(generator=generator)

@@ -118,7 +118,7 @@ def _table(raw: dict, key: str, where: str, allowed: set[str]) -> dict:
 
 
 def _typed(value: Any, kind: type | tuple[type, ...], what: str) -> Any:
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise SpecError(f"{what} has the wrong type: {value!r}")
     return value
 
@@ -131,12 +131,17 @@ def parse_spec(raw: dict[str, Any], default_name: str = "benchmark") -> Benchmar
         raise SpecError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(top)}")
     data = _table(raw, "dataset", where, {"name", "test_every", "test_count"})
     model = _table(
-        raw, "model", where, {"architecture", "trainer", "seed", "architecture_params", "trainer_params"}
+        raw,
+        "model",
+        where,
+        {"architecture", "trainer", "seed", "architecture_params", "trainer_params"},
     )
     cert = raw.get("certification", {})
     allowed_cert = {"n0", "n", "alpha", "batch_size"}
     if set(cert) - allowed_cert:
-        raise SpecError(f"{where}: unknown key(s) {sorted(set(cert) - allowed_cert)} in [certification]")
+        raise SpecError(
+            f"{where}: unknown key(s) {sorted(set(cert) - allowed_cert)} in [certification]"
+        )
     methods = raw.get("methods")
     if not isinstance(methods, list) or not methods:
         raise SpecError(f"{where}: needs at least one [[methods]] entry with a name")
@@ -145,7 +150,9 @@ def parse_spec(raw: dict[str, Any], default_name: str = "benchmark") -> Benchmar
         if not isinstance(entry, dict) or "name" not in entry:
             raise SpecError(f"{where}: every [[methods]] entry needs a name")
         if set(entry) - {"name", "settings"}:
-            raise SpecError(f"method {entry['name']!r}: unknown key(s) {sorted(set(entry) - {'name', 'settings'})}")
+            raise SpecError(
+                f"method {entry['name']!r}: unknown key(s) {sorted(set(entry) - {'name', 'settings'})}"
+            )
         settings = entry.get("settings", [{}])
         if not isinstance(settings, list) or not all(isinstance(s, dict) for s in settings):
             raise SpecError(f"method {entry['name']!r}: settings must be a list of tables")
@@ -159,19 +166,25 @@ def parse_spec(raw: dict[str, Any], default_name: str = "benchmark") -> Benchmar
         dataset=DataConfig(
             name=_typed(data.get("name"), str, "dataset.name"),
             test_every=_typed(data.get("test_every", 1), int, "dataset.test_every"),
-            test_count=None if test_count is None else _typed(test_count, int, "dataset.test_count"),
+            test_count=None
+            if test_count is None
+            else _typed(test_count, int, "dataset.test_count"),
         ),
         model=ModelConfig(
             architecture=_typed(model.get("architecture"), str, "model.architecture"),
             trainer=_typed(model.get("trainer"), str, "model.trainer"),
             seed=_typed(model.get("seed", 0), int, "model.seed"),
-            architecture_params=_typed(model.get("architecture_params", {}), dict, "model.architecture_params"),
+            architecture_params=_typed(
+                model.get("architecture_params", {}), dict, "model.architecture_params"
+            ),
             trainer_params=_typed(model.get("trainer_params", {}), dict, "model.trainer_params"),
         ),
         protocol=_protocol(cert),
         methods=method_configs,
     )
-    if spec.dataset.test_every < 1 or (spec.dataset.test_count is not None and spec.dataset.test_count < 1):
+    if spec.dataset.test_every < 1 or (
+        spec.dataset.test_count is not None and spec.dataset.test_count < 1
+    ):
         raise SpecError("dataset.test_every and dataset.test_count must be >= 1")
     if spec.shard_size < 1:
         raise SpecError("shard_size must be >= 1")
@@ -189,7 +202,9 @@ def validate(spec: BenchmarkSpec, registry: Registry) -> None:
     """Check every name and parameter against the loaded plugins (before any work)."""
     registry.get("datasets", spec.dataset.name)
     model_spec = registry.get("models", spec.model.architecture)
-    _check_keys(spec.model.architecture_params, model_spec.defaults, f"architecture {model_spec.name!r}")
+    _check_keys(
+        spec.model.architecture_params, model_spec.defaults, f"architecture {model_spec.name!r}"
+    )
     trainer = registry.get("trainers", spec.model.trainer)
     _check_keys(spec.model.trainer_params, trainer.defaults, f"trainer {trainer.name!r}")
     for method in spec.methods:
@@ -198,6 +213,8 @@ def validate(spec: BenchmarkSpec, registry: Registry) -> None:
         registry.get("certifiers", method_spec.certifier)
         for setting in method.settings:
             _check_keys(setting, method_spec.defaults, f"method {method.name!r}")
+            if method_spec.check is not None:
+                method_spec.check({**method_spec.defaults, **setting})
 
 
 def _check_keys(given: dict[str, Any], known: dict[str, Any], owner: str) -> None:

@@ -150,7 +150,8 @@ class ResultStore:
     def record_failure(self, run_id: str, method: str, setting: str, error: str) -> None:
         with self.db:
             self.db.execute(
-                "INSERT INTO failures VALUES (?, ?, ?, ?, ?)", (run_id, method, setting, error, _now())
+                "INSERT INTO failures VALUES (?, ?, ?, ?, ?)",
+                (run_id, method, setting, error, _now()),
             )
 
     def clear_failures(self, run_id: str, method: str, setting: str) -> None:
@@ -167,15 +168,21 @@ class ResultStore:
     def run(self, run_id: str | None = None) -> dict[str, Any]:
         """The run ``run_id`` (a unique prefix is enough), or the latest run."""
         if run_id is None:
-            row = self.db.execute("SELECT * FROM runs ORDER BY created DESC, rowid DESC LIMIT 1").fetchone()
+            row = self.db.execute(
+                "SELECT * FROM runs ORDER BY created DESC, rowid DESC LIMIT 1"
+            ).fetchone()
             if row is None:
                 raise IdrsError(f"no runs in {self.path}; start one with `idrs-bench run`")
         else:
-            rows = self.db.execute("SELECT * FROM runs WHERE run_id LIKE ?", (run_id + "%",)).fetchall()
+            rows = self.db.execute(
+                "SELECT * FROM runs WHERE run_id LIKE ?", (run_id + "%",)
+            ).fetchall()
             if len(rows) != 1:
                 known = [r[0][:12] for r in self.db.execute("SELECT run_id FROM runs")]
                 what = "no run" if not rows else "more than one run"
-                raise IdrsError(f"{what} matches {run_id!r} in {self.path}; runs: {', '.join(known) or 'none'}")
+                raise IdrsError(
+                    f"{what} matches {run_id!r} in {self.path}; runs: {', '.join(known) or 'none'}"
+                )
             row = rows[0]
         out = dict(row)
         out["config"] = json.loads(out["config"])
@@ -184,7 +191,8 @@ class ResultStore:
 
     def certificates(self, run_id: str) -> Iterable[dict[str, Any]]:
         rows = self.db.execute(
-            "SELECT * FROM certificates WHERE run_id = ? ORDER BY method, setting, input_id", (run_id,)
+            "SELECT * FROM certificates WHERE run_id = ? ORDER BY method, setting, input_id",
+            (run_id,),
         )
         for row in rows:
             out = dict(row)

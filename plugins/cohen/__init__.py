@@ -18,6 +18,7 @@ from harness.components import (
     TrainContext,
     TrainerSpec,
 )
+from harness.protocol import check_sigma
 
 TRAINER_DEFAULTS = {"sigma": 0.25, "epochs": 10, "batch_size": 128, "lr": 1e-3}
 
@@ -38,7 +39,6 @@ def train_gaussian_augmentation(model, dataset, params: Mapping[str, Any], conte
     """Gaussian augmentation with constant σ (Cohen et al. 2019, §4)."""
     import torch
 
-    from harness.protocol import check_sigma
     from harness.training import train_with_gaussian_augmentation
 
     sigma = check_sigma(params["sigma"])
@@ -84,5 +84,6 @@ def idrs_register_methods(register) -> None:
             certifier="cohen",
             defaults={"sigma": 0.25},
             description="Cohen et al. (2019): constant σ",
+            check=lambda params: check_sigma(params["sigma"]),
         )
     )

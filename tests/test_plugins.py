@@ -1,0 +1,141 @@
+"""The plugin manager: registration, providers, duplicates, broken plugins, listing."""
+
+import importlib.metadata
+import json
+import types
+
+import pytest
+
+from harness import hookimpl
+from harness.cli import main
+from harness.components import MethodSpec
+from harness.errors import DuplicateNameError, UnknownNameError
+from harness.plugins import PluginManager
+
+
+def _method_plugin(name: str):
+    module = types.ModuleType(f"plugin_{name.replace('-', '_')}")
+
+    @hookimpl
+    def idrs_register_methods(register):
+        register(
+            MethodSpec(name, sigma_provider="constant", certifier="cohen", defaults={"sigma": 0.5})
+        )
+
+    module.idrs_register_methods = idrs_register_methods
+    return module
+
+
+def test_builtins_are_registered_with_their_provider(manager):
+    registry = manager.registry
+    assert "cohen" in registry.names("methods")
+    assert registry.provider("methods", "cohen") == "cohen"
+    assert registry.provider("datasets", "fashion-mnist") == "datasets"
+    assert set(registry.names("models")) >= {"mlp", "cnn"}
+    assert manager.failures == []
+
+
+def test_family_names_resolve(manager):
+    assert manager.registry.get("datasets", "cone-60").name == "cone-N"
+    assert manager.registry.family_args("datasets", "cone-60") == {"dim": 60}
+
+
+def test_temporary_plugin_registered_and_unregistered(manager):
+    manager.register(_method_plugin("my-method"), name="mine", version="1.2")
+    assert manager.registry.provider("methods", "my-method") == "mine"
+    assert {"name": "mine", "version": "1.2", "hooks": ["idrs_register_methods"],
+            "provides": {"methods": ["my-method"]}} in manager.describe()  # fmt: skip
+    manager.unregister("mine")
+    with pytest.raises(UnknownNameError, match="unknown method 'my-method'; available: cohen"):
+        manager.registry.get("methods", "my-method")
+
+
+def test_duplicate_name_is_rejected_naming_both_providers(manager):
+    manager.register(_method_plugin("cohen"), name="impostor")
+    registry = manager.registry
+    # the first provider keeps the name; the duplicate is reported, naming both
+    assert registry.provider("methods", "cohen") == "cohen"
+    [failure] = manager.failures
+    assert failure.plugin == "impostor"
+    assert "'cohen'" in failure.error and "'impostor'" in failure.error
+    assert "DuplicateNameError" in failure.error
+    with pytest.raises(DuplicateNameError, match="by plugin 'a' and by plugin 'b'"):
+        from harness.plugins import Registry
+
+        r = Registry()
+        spec = MethodSpec("x", "constant", "cohen")
+        r.add("methods", spec, "a")
+        r.add("methods", spec, "b")
+
+
+class _FakeEntryPoint:
+    def __init__(self, name, target):
+        self.name, self._target, self.dist = name, target, None
+
+    def load(self):
+        if isinstance(self._target, Exception):
+            raise self._target
+        return self._target
+
+
+def _fake_entry_points(monkeypatch, eps):
+    monkeypatch.setattr(
+        importlib.metadata, "entry_points", lambda group: eps if group == "idrs_bench" else []
+    )
+
+
+def test_broken_entry_point_is_reported_and_the_rest_works(monkeypatch, capsys):
+    _fake_entry_points(
+        monkeypatch,
+        [_FakeEntryPoint("broken", ImportError("no module named 'nonexistent'")),
+         _FakeEntryPoint("good", _method_plugin("good-method"))],
+    )  # fmt: skip
+    manager = PluginManager()
+    assert [(f.plugin, f.error) for f in manager.failures] == [
+        ("broken", "ImportError: no module named 'nonexistent'")
+    ]
+    assert "good-method" in manager.registry.names("methods")
+    assert "cohen" in manager.registry.names("methods")
+
+
+def test_environment_variable_restricts_external_plugins(monkeypatch):
+    _fake_entry_points(
+        monkeypatch,
+        [
+            _FakeEntryPoint("one", _method_plugin("one")),
+            _FakeEntryPoint("two", _method_plugin("two")),
+        ],
+    )
+    monkeypatch.setenv("IDRS_BENCH_PLUGINS", "two")
+    assert "one" not in PluginManager().registry.names("methods")
+    assert "two" in PluginManager().registry.names("methods")
+    monkeypatch.setenv("IDRS_BENCH_PLUGINS", "")
+    assert PluginManager().registry.names("methods") == ["cohen"]
+
+
+def test_a_plugin_whose_register_hook_raises_does_not_break_the_others(manager):
+    module = types.ModuleType("raising")
+
+    @hookimpl
+    def idrs_register_methods(register):
+        raise RuntimeError("boom")
+
+    module.idrs_register_methods = idrs_register_methods
+    manager.register(module, name="raising")
+    assert "cohen" in manager.registry.names("methods")
+    assert manager.failures[0].plugin == "raising" and "boom" in manager.failures[0].error
+
+
+def test_plugins_command_lists_plugins_as_json(capsys):
+    assert main(["plugins", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    by_name = {p["name"]: p for p in out["plugins"]}
+    assert by_name["cohen"]["provides"]["methods"] == ["cohen"]
+    assert "idrs_register_certifiers" in by_name["cohen"]["hooks"]
+    assert by_name["cohen"]["version"]
+
+
+def test_plugins_command_renders_a_table(capsys):
+    assert main(["plugins"]) == 0
+    out = capsys.readouterr().out
+    assert "cohen" in out and "fashion-mnist" in out

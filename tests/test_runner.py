@@ -1,0 +1,155 @@
+"""The runner: resumable runs, a failing method, the default benchmark, results."""
+
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.progress import Progress
+from harness.runner import RunOptions, run_benchmark
+from harness.spec import DEFAULT_BENCHMARK, parse_spec
+
+TINY = """
+name = "tiny"
+seed = 3
+shard_size = 8
+
+[dataset]
+name = "cone-10"
+test_count = 48
+
+[model]
+architecture = "mlp"
+trainer = "gaussian-augmentation"
+architecture_params = {{ width = 32 }}
+trainer_params = {{ sigma = 0.5, epochs = 2 }}
+
+[certification]
+n0 = 50
+n = {n}
+alpha = 0.001
+batch_size = 512
+
+[[methods]]
+name = "cohen"
+settings = [{{ sigma = 0.5 }}, {{ sigma = 1.0 }}]
+"""
+
+COMPARED = "method, setting, input_id, shard, label, prediction, predict, radius, p_lower, sigma, counts_selection, counts_estimation"
+
+
+def _rows(db: Path) -> list[tuple]:
+    with sqlite3.connect(db) as con:
+        return con.execute(
+            f"SELECT {COMPARED} FROM certificates ORDER BY method, setting, input_id"
+        ).fetchall()
+
+
+def _count(db: Path) -> int:
+    try:
+        with sqlite3.connect(db, timeout=1) as con:
+            return con.execute("SELECT COUNT(*) FROM certificates").fetchone()[0]
+    except sqlite3.OperationalError:
+        return 0
+
+
+def test_interrupted_run_resumes_without_loss_or_duplicates(tmp_path):
+    spec = tmp_path / "tiny.toml"
+    spec.write_text(TINY.format(n=40000))
+    command = [sys.executable, "-m", "harness.cli", "run", str(spec), "--quiet"]
+    # the uninterrupted reference (it also trains and caches the shared base model)
+    subprocess.run(
+        [*command, "--db", str(tmp_path / "ref.sqlite")], check=True, capture_output=True
+    )
+    reference = _rows(tmp_path / "ref.sqlite")
+    assert len(reference) == 2 * 48
+
+    db = tmp_path / "killed.sqlite"
+    proc = subprocess.Popen(
+        [*command, "--db", str(db)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.time() + 120
+    while _count(db) < 12 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    at_kill = _count(db)
+    assert 12 <= at_kill < len(reference), "the run was not interrupted mid-way"
+
+    subprocess.run([*command, "--db", str(db)], check=True, capture_output=True)
+    resumed = _rows(db)
+    assert len(resumed) == len(set((r[0], r[1], r[2]) for r in resumed)) == len(reference)
+    assert resumed == reference
+    # a third invocation finds nothing to do and adds nothing
+    subprocess.run([*command, "--db", str(db)], check=True, capture_output=True)
+    assert _rows(db) == reference
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 1
+
+
+def test_a_failing_method_is_reported_and_the_rest_goes_on(tmp_path, manager, capsys):
+    import types
+
+    from harness import hookimpl
+    from harness.components import CertifierSpec, MethodSpec
+
+    plugin = types.ModuleType("failing")
+
+    class Failing:
+        def certify(self, x, sigma, ids):
+            raise RuntimeError("certifier exploded")
+
+    @hookimpl
+    def idrs_register_certifiers(register):
+        register(CertifierSpec("failing", lambda context, params: Failing()))
+
+    @hookimpl
+    def idrs_register_methods(register):
+        register(MethodSpec("failing", "constant", "failing", {"sigma": 0.5}))
+
+    plugin.idrs_register_certifiers = idrs_register_certifiers
+    plugin.idrs_register_methods = idrs_register_methods
+    manager.register(plugin, name="failing")
+    raw = tomllib.loads(TINY.format(n=200))
+    raw["methods"].insert(0, {"name": "failing"})
+    db = tmp_path / "r.sqlite"
+    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), Progress(enabled=False), manager)
+    assert main(["results", run_id[:8], "--db", str(db), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [m["method"] for m in out["methods"]] == ["cohen", "cohen"]
+    assert out["failures"][0]["method"] == "failing"
+    assert "certifier exploded" in out["failures"][0]["error"]
+
+
+def test_default_benchmark_smoke_on_a_tiny_subset(tmp_path, capsys):
+    raw = tomllib.loads(DEFAULT_BENCHMARK.read_text())
+    raw["dataset"]["test_count"] = 4
+    raw["certification"].update(n0=20, n=200)
+    raw["model"]["trainer_params"]["epochs"] = 1
+    spec = tmp_path / "quick-tiny.toml"
+    import tomli_w
+
+    spec.write_text(tomli_w.dumps(raw))
+    db = tmp_path / "q.sqlite"
+    assert main(["run", str(spec), "--db", str(db), "--quiet"]) == 0
+    table = capsys.readouterr().out
+    assert "sigma=0.12" in table and "sigma=0.5" in table and "cert@0.5" in table
+    assert main(["results", "--db", str(db), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = {m["setting"]: m for m in out["methods"]}
+    assert set(rows) == {"sigma=0.12", "sigma=0.25", "sigma=0.5"}
+    for setting, row in rows.items():
+        assert row["inputs"] == 4
+        assert row["mean_sigma"] == pytest.approx(float(setting.split("=")[1]))
+        assert 0 <= row["certified_accuracy"]["0"] <= 1
+        # with n = 200 at alpha = 0.001, p_A_lower <= 0.001^(1/200): no radius can be larger
+        from scipy.stats import norm
+
+        assert row["acr"] <= row["mean_sigma"] * norm.ppf(0.001 ** (1 / 200)) + 1e-12

@@ -1,0 +1,121 @@
+"""The sampling engine: reproducible noise, counts, soft statistics, NaN outputs."""
+
+import numpy as np
+import pytest
+import torch
+
+from harness.errors import ModelOutputError
+from harness.sampling import NOISE_BLOCK, SamplingEngine, noise_seed
+
+
+class RecordingModel(torch.nn.Module):
+    """Records every noisy row it sees; predicts the sign of the first coordinate's noise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[torch.Tensor] = []
+
+    def forward(self, x):
+        self.rows.append(x.clone())
+        return torch.stack([torch.zeros(len(x)), x[:, 0] - x[:, 0].round()], dim=1)
+
+
+def _noise_by_input(x, sigma, batch_size, num, ids, order=None):
+    """Run the engine and recover each input's noise sequence from the recorded rows."""
+    model = RecordingModel()
+    engine = SamplingEngine(model, 2, torch.device("cpu"), batch_size=batch_size, seed=11)
+    order = list(range(len(ids))) if order is None else order
+    engine.counts(x[order], sigma[order], [ids[i] for i in order], num, stream=1)
+    rows = torch.cat(model.rows)
+    # inputs are far apart (x_i = 1000·i), so each row belongs to the nearest input
+    owner = torch.cdist(rows, x).argmin(dim=1)
+    return {ids[i]: (rows[owner == i] - x[i]) / sigma[i] for i in range(len(ids))}
+
+
+def test_noise_is_identical_for_any_batch_size_and_batch_composition():
+    d, num = 5, 2 * NOISE_BLOCK + 37
+    x = torch.arange(4, dtype=torch.float32)[:, None].repeat(1, d) * 1000
+    sigma = torch.tensor([0.5, 1.0, 2.0, 0.25])
+    ids = [3, 17, 99, 4]
+    reference = _noise_by_input(x, sigma, 4096, num, ids)
+    for batch_size in (1, 7, 4096):
+        got = _noise_by_input(x, sigma, batch_size, num, ids)
+        for i in ids:
+            assert torch.equal(got[i], reference[i]), (batch_size, i)
+    alone = _noise_by_input(x[1:2], sigma[1:2], 7, num, ids[1:2])
+    assert torch.equal(alone[17], reference[17])
+    shuffled = _noise_by_input(x, sigma, 100, num, ids, order=[2, 0, 3, 1])
+    assert all(torch.equal(shuffled[i], reference[i]) for i in ids)
+    # different inputs get different noise, and the noise looks standard normal
+    assert not torch.equal(reference[3], reference[17])
+    pooled = torch.cat(list(reference.values())).flatten()
+    assert abs(pooled.mean()) < 0.1 and abs(pooled.std() - 1) < 0.1
+
+
+def test_noise_seed_separates_coordinates():
+    seeds = {noise_seed(0, s, i, b) for s in range(2) for i in range(50) for b in range(50)}
+    assert len(seeds) == 2 * 50 * 50
+    assert all(0 <= s < 2**63 for s in seeds)
+
+
+def test_counts_agree_across_batch_sizes_up_to_near_ties():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5)
+    ).eval()
+    x = torch.rand(9, 20)
+    sigma = torch.linspace(0.1, 1.0, 9)
+    results = [
+        SamplingEngine(model, 5, torch.device("cpu"), batch_size=b, seed=2).counts(
+            x, sigma, list(range(9)), 1000, stream=0
+        )
+        for b in (1, 7, 4096)
+    ]
+    for counts in results:
+        assert counts.sum(axis=1).tolist() == [1000] * 9
+        # a float forward pass may flip an argmax at an exact near-tie: allow a handful
+        assert np.abs(counts - results[0]).sum() <= 4
+
+
+def test_counts_match_exact_probability_of_a_linear_classifier():
+    from scipy.stats import binomtest, norm
+
+    from tests.conftest import LinearModel
+
+    w = torch.zeros(10)
+    w[0] = 1.0
+    model = LinearModel(w, 0.0)
+    x = torch.zeros(3, 10)
+    x[:, 0] = torch.tensor([0.0, 0.3, -0.5])
+    sigma = torch.tensor([1.0, 0.5, 1.0])
+    counts = SamplingEngine(model, 2, torch.device("cpu"), seed=5).counts(
+        x, sigma, [0, 1, 2], 20000, 1
+    )
+    for i in range(3):
+        p = norm.cdf(float(x[i, 0] / sigma[i]))
+        assert binomtest(int(counts[i, 1]), 20000, p).pvalue > 1e-4
+
+
+def test_soft_statistics_are_probability_sums():
+    torch.manual_seed(1)
+    model = torch.nn.Linear(6, 3).eval()
+    x = torch.rand(4, 6)
+    engine = SamplingEngine(model, 3, torch.device("cpu"), batch_size=50, seed=0)
+    stats = engine.soft_stats(x, torch.full((4,), 0.3), [0, 1, 2, 3], 300, stream=1)
+    for s in stats:
+        assert s.num == 300
+        assert s.sums.sum() == pytest.approx(300.0)
+        assert np.all(s.sums_sq <= s.sums + 1e-12) and np.all(s.sums_sq >= s.sums**2 / 300 - 1e-9)
+    # hard counts are the argmax of the same logits: the class with most mass agrees often
+    hard = engine.counts(x, torch.full((4,), 0.3), [0, 1, 2, 3], 300, stream=1)
+    assert (hard.argmax(1) == np.array([s.sums.argmax() for s in stats])).mean() >= 0.75
+
+
+def test_nan_model_outputs_are_a_clear_error():
+    class NaNModel(torch.nn.Module):
+        def forward(self, x):
+            return torch.full((len(x), 2), float("nan"))
+
+    engine = SamplingEngine(NaNModel(), 2, torch.device("cpu"), seed=0)
+    with pytest.raises(ModelOutputError, match="NaN"):
+        engine.counts(torch.zeros(2, 3), [0.5, 0.5], [0, 1], 10, stream=0)
