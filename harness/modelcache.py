@@ -37,7 +37,11 @@ def model_recipe(config: ModelConfig, dataset: Dataset, registry: Registry) -> d
         "input_shape": list(dataset.input_shape),
         "num_classes": dataset.num_classes,
         "architecture": config.architecture,
-        "architecture_params": {**arch.defaults, **config.architecture_params},
+        "architecture_params": {
+            **arch.defaults,
+            **registry.family_args("models", config.architecture),
+            **config.architecture_params,
+        },
         "trainer": config.trainer,
         "trainer_params": {**trainer.defaults, **config.trainer_params},
         "seed": config.seed,

@@ -33,6 +33,7 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "cohen": "plugins.cohen",
     "datasets": "plugins.datasets",
     "models": "plugins.models",
+    "soundness": "harness.soundness",
 }
 
 _SINGULAR = {

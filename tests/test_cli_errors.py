@@ -39,8 +39,11 @@ def _run(tmp_path, capsys, **overrides):
     ("overrides", "message"),
     [
         ({"method": "nope"}, "unknown method 'nope'; available: cohen"),
-        ({"dataset": "nope"}, "unknown dataset 'nope'; available: cone-N, fashion-mnist"),
-        ({"arch": "resnet"}, "unknown architecture 'resnet'; available: cnn, mlp"),
+        ({"dataset": "nope"}, "unknown dataset 'nope'; available: ball-N, cone-N, fashion-mnist"),
+        (
+            {"arch": "resnet"},
+            "unknown architecture 'resnet'; available: ball-N, cnn, linear-N, mlp",
+        ),
         ({"alpha": 1.5}, "alpha must lie in (0, 1), got 1.5"),
         ({"alpha": 0.0}, "alpha must lie in (0, 1), got 0.0"),
         ({"n0": 50, "n": 20}, "n0 (50) must not exceed n (20)"),

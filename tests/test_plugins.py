@@ -31,7 +31,8 @@ def test_builtins_are_registered_with_their_provider(manager):
     assert "cohen" in registry.names("methods")
     assert registry.provider("methods", "cohen") == "cohen"
     assert registry.provider("datasets", "fashion-mnist") == "datasets"
-    assert set(registry.names("models")) >= {"mlp", "cnn"}
+    assert set(registry.names("models")) >= {"mlp", "cnn", "linear-N", "ball-N"}
+    assert registry.provider("models", "ball-N") == "soundness"
     assert manager.failures == []
 
 

@@ -1,0 +1,55 @@
+"""Soundness audits of certificates (DESIGN §8), registered as a built-in plugin.
+
+Besides the checks, this plugin registers the analytic base classifiers the checks
+rely on (``linear-N``, ``ball-N``), the matching ``ball-N`` dataset, and the trainer
+``none`` for models that need no training.
+"""
+
+from __future__ import annotations
+
+from harness import hookimpl
+from harness.components import DatasetSpec, ModelSpec, TrainerSpec
+
+
+def _build_linear(input_shape, num_classes, params):
+    from harness.soundness.analytic import build_linear
+
+    return build_linear(input_shape, num_classes, params)
+
+
+def _build_ball(input_shape, num_classes, params):
+    from harness.soundness.analytic import build_ball
+
+    return build_ball(input_shape, num_classes, params)
+
+
+def _load_ball(data_root=None, download=False, seed=0, dim=2, **_):
+    from harness.soundness.analytic import load_ball_dataset
+
+    return load_ball_dataset(dim, seed)
+
+
+def _no_training(model, dataset, params, context) -> None:
+    """Analytic models are exact; there is nothing to train."""
+
+
+@hookimpl
+def idrs_register_models(register) -> None:
+    register(
+        ModelSpec(
+            "linear-N", _build_linear, {"offset": 0.0}, "f(x) = [x_1 > offset], exact smoothing"
+        )
+    )
+    register(
+        ModelSpec("ball-N", _build_ball, {"radius": 1.0}, "f(x) = [‖x‖ <= radius], exact smoothing")
+    )
+
+
+@hookimpl
+def idrs_register_datasets(register) -> None:
+    register(DatasetSpec("ball-N", _load_ball, "points inside/outside the unit ball, N dimensions"))
+
+
+@hookimpl
+def idrs_register_trainers(register) -> None:
+    register(TrainerSpec("none", _no_training, {}, "no training (analytic models)"))
