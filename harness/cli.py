@@ -68,6 +68,20 @@ def _parser() -> argparse.ArgumentParser:
     results.add_argument("--json", action="store_true", help="machine-readable output")
     results.set_defaults(handler=_results)
 
+    check = sub.add_parser("check", help="audit the certificates of a finished run")
+    check.add_argument("run", nargs="?", help="run id or unique prefix (default: the latest)")
+    check.add_argument("--db", type=Path, default=DEFAULT_DB)
+    check.add_argument("--method", help="audit only this method")
+    check.add_argument(
+        "--budget", choices=("small", "full"), default="small", help="how hard to search"
+    )
+    check.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None)
+    check.add_argument("--data-root", help="folder with dataset files")
+    check.add_argument("--cache-dir", type=Path, help="where trained base models are cached")
+    check.add_argument("--quiet", action="store_true", help="no progress bars")
+    check.add_argument("--json", action="store_true", help="machine-readable output")
+    check.set_defaults(handler=_check)
+
     plugins = sub.add_parser("plugins", help="list loaded plugins and what they provide")
     plugins.add_argument("--json", action="store_true", help="machine-readable output")
     plugins.set_defaults(handler=_plugins)
@@ -94,6 +108,42 @@ def _run(args: argparse.Namespace) -> int:
     _warn_plugin_failures()
     run_id = run_benchmark(spec, options, Progress(enabled=not args.quiet))
     _print_results(args.db, run_id, as_json=False)
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from harness.progress import Progress
+    from harness.runner import RunOptions
+    from harness.soundness.runner import run_checks
+    from harness.soundness.verdict import overall
+
+    if not args.db.is_file():
+        raise IdrsError(
+            f"results database {str(args.db)!r} not found; run a benchmark first or pass --db"
+        )
+    options = RunOptions(
+        db=args.db, device=args.device, data_root=args.data_root, cache_dir=args.cache_dir
+    )
+    results = run_checks(args.db, args.run, options, Progress(enabled=not args.quiet and not args.json),
+                         method=args.method, budget=args.budget)  # fmt: skip
+    if args.json:
+        print(json.dumps([
+            {"method": m, "setting": s, "verdict": str(overall(rs)),
+             "checks": [{"check": r.check, "verdict": str(r.verdict), "summary": r.summary,
+                         "evidence": r.evidence, "flags": r.flags} for r in rs]}
+            for (m, s), rs in results.items()
+        ], indent=2, default=str))  # fmt: skip
+        return 0
+    table = Table(title=f"soundness checks ({args.budget} budget)")
+    for column in ("method", "setting", "verdict", "check", "result", "evidence"):
+        table.add_column(column)
+    for (method, setting), rs in results.items():
+        for k, r in enumerate(rs):
+            flags = f" [{', '.join(r.flags)}]" if r.flags else ""
+            table.add_row(escape(method) if k == 0 else "", escape(setting) if k == 0 else "",
+                          (str(overall(rs)) + flags) if k == 0 else "", r.check, str(r.verdict),
+                          escape(r.summary))  # fmt: skip
+    _console().print(table)
     return 0
 
 

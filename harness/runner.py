@@ -21,7 +21,7 @@ from harness.components import BuildContext
 from harness.data import Dataset
 from harness.errors import IdrsError
 from harness.modelcache import obtain_model
-from harness.plugins import PluginManager, get_plugin_manager
+from harness.plugins import PluginManager, Registry, get_plugin_manager
 from harness.progress import Progress
 from harness.sampling import SamplingEngine, resolve_device
 from harness.spec import BenchmarkSpec, content_hash, setting_key, validate
@@ -64,13 +64,52 @@ def git_commit() -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def load_dataset(spec: BenchmarkSpec, manager: PluginManager, options: RunOptions) -> Dataset:
-    registry = manager.registry
+def load_dataset(spec: BenchmarkSpec, registry: Registry, options: RunOptions) -> Dataset:
     dataset_spec = registry.get("datasets", spec.dataset.name)
     family = registry.family_args("datasets", spec.dataset.name)
     return dataset_spec.load(
         data_root=options.data_root, download=options.download, seed=spec.seed, **family
     )
+
+
+@dataclass
+class Prepared:
+    """A benchmark ready to certify: its dataset, shared base model and build context."""
+
+    spec: BenchmarkSpec
+    dataset: Dataset
+    model_hash: str
+    context: BuildContext
+    registry: Registry
+    run_id: str
+
+
+def prepare(
+    spec: BenchmarkSpec,
+    options: RunOptions,
+    progress: Progress,
+    manager: PluginManager | None = None,
+) -> Prepared:
+    """Check the spec, load the dataset, train or load the base model, build the engine."""
+    registry = (manager or get_plugin_manager()).registry
+    validate(spec, registry)
+    device = resolve_device(options.device or spec.device)
+    dataset = load_dataset(spec, registry, options)
+    model, model_hash = obtain_model(
+        spec.model, dataset, registry, device, progress, options.cache_dir
+    )
+    engine = SamplingEngine(model, dataset.num_classes, device, spec.protocol.batch_size, spec.seed)
+    context = BuildContext(
+        dataset=dataset,
+        model=model,
+        device=device,
+        seed=spec.seed,
+        protocol=spec.protocol,
+        engine=engine,
+        progress=progress,
+    )
+    run_id = content_hash({"spec": spec.to_dict(), "device": str(device), "model": model_hash})
+    return Prepared(spec, dataset, model_hash, context, registry, run_id)
 
 
 def run_benchmark(
@@ -80,40 +119,22 @@ def run_benchmark(
     manager: PluginManager | None = None,
 ) -> str:
     """Run (or resume) ``spec``; returns the run id."""
-    manager = manager or get_plugin_manager()
-    registry = manager.registry
-    validate(spec, registry)
-    device = resolve_device(options.device or spec.device)
-    dataset = load_dataset(spec, manager, options)
-    model, model_hash = obtain_model(
-        spec.model, dataset, registry, device, progress, options.cache_dir
-    )
-    config = spec.to_dict()
-    run_id = content_hash({"spec": config, "device": str(device), "model": model_hash})
+    prepared = prepare(spec, options, progress, manager)
+    run_id, context = prepared.run_id, prepared.context
     store = ResultStore(options.db)
     try:
         if not store.begin_run(
-            run_id, spec.name, config, library_versions(), git_commit(), str(device),
-            spec.seed, model_hash,
+            run_id, spec.name, spec.to_dict(), library_versions(), git_commit(),
+            str(context.device), spec.seed, prepared.model_hash,
         ):  # fmt: skip
             progress.log(f"resuming run {run_id[:12]}")
-        test_ids = dataset.test_subset(spec.dataset.test_every, spec.dataset.test_count).tolist()
-        engine = SamplingEngine(
-            model, dataset.num_classes, device, spec.protocol.batch_size, spec.seed
-        )
-        context = BuildContext(
-            dataset=dataset,
-            model=model,
-            device=device,
-            seed=spec.seed,
-            protocol=spec.protocol,
-            engine=engine,
-            progress=progress,
-        )
+        test_ids = prepared.dataset.test_subset(
+            spec.dataset.test_every, spec.dataset.test_count
+        ).tolist()
         for method in spec.methods:
             for setting in method.settings:
                 _certify_setting(
-                    store, run_id, spec, context, method.name, setting, test_ids, registry
+                    store, run_id, spec, context, method.name, setting, test_ids, prepared.registry
                 )
         store.finish_run(run_id)
     finally:

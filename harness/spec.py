@@ -223,3 +223,17 @@ def _check_keys(given: dict[str, Any], known: dict[str, Any], owner: str) -> Non
         raise ParameterError(
             f"unknown parameter(s) {sorted(unknown)} for {owner}; known: {sorted(known) or 'none'}"
         )
+
+
+def spec_from_dict(config: dict[str, Any]) -> BenchmarkSpec:
+    """Inverse of :meth:`BenchmarkSpec.to_dict` (a stored run's config)."""
+    return BenchmarkSpec(
+        name=config["name"],
+        dataset=DataConfig(**config["dataset"]),
+        model=ModelConfig(**config["model"]),
+        protocol=CertificationProtocol(**config["protocol"]),
+        methods=[MethodConfig(**m) for m in config["methods"]],
+        seed=config["seed"],
+        device=config["device"],
+        shard_size=config["shard_size"],
+    )

@@ -57,6 +57,19 @@ CREATE TABLE IF NOT EXISTS shards (
     finished TEXT NOT NULL,
     PRIMARY KEY (run_id, method, setting, shard)
 );
+CREATE TABLE IF NOT EXISTS checks (
+    run_id TEXT NOT NULL,
+    method TEXT NOT NULL,
+    setting TEXT NOT NULL,
+    check_name TEXT NOT NULL,
+    verdict TEXT NOT NULL,
+    summary TEXT NOT NULL,
+    evidence TEXT NOT NULL,
+    flags TEXT NOT NULL,
+    budget TEXT NOT NULL,
+    at TEXT NOT NULL,
+    PRIMARY KEY (run_id, method, setting, check_name)
+);
 CREATE TABLE IF NOT EXISTS failures (
     run_id TEXT NOT NULL,
     method TEXT NOT NULL,
@@ -65,6 +78,13 @@ CREATE TABLE IF NOT EXISTS failures (
     at TEXT NOT NULL
 );
 """
+
+
+def _jsonable(value: Any) -> Any:
+    """numpy scalars and arrays, tensors and the like as plain JSON values."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
 
 
 def _now() -> str:
@@ -122,7 +142,7 @@ class ResultStore:
                     run_id, method, setting, cert.input_id, shard, label, cert.prediction,
                     cert.predict, cert.radius, cert.p_lower, cert.sigma, cert.alpha,
                     json.dumps(cert.counts_selection), json.dumps(cert.counts_estimation),
-                    cert.seconds, json.dumps(cert.evidence, default=float),
+                    cert.seconds, json.dumps(cert.evidence, default=_jsonable),
                 ),
             )  # fmt: skip
 
@@ -164,6 +184,28 @@ class ResultStore:
     def failures(self, run_id: str) -> list[dict[str, Any]]:
         rows = self.db.execute("SELECT * FROM failures WHERE run_id = ? ORDER BY at", (run_id,))
         return [dict(r) for r in rows]
+
+    def add_check(self, run_id: str, method: str, setting: str, result: Any, budget: str) -> None:
+        """Store a :class:`harness.soundness.verdict.CheckResult`, replacing an earlier one."""
+        with self.db:
+            self.db.execute(
+                "INSERT OR REPLACE INTO checks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (run_id, method, setting, result.check, str(result.verdict), result.summary,
+                 json.dumps(result.evidence, default=_jsonable, sort_keys=True),
+                 json.dumps(result.flags), budget, _now()),
+            )  # fmt: skip
+
+    def checks(self, run_id: str) -> list[dict[str, Any]]:
+        rows = self.db.execute(
+            "SELECT * FROM checks WHERE run_id = ? ORDER BY method, setting, check_name", (run_id,)
+        )
+        out = []
+        for row in rows:
+            item = dict(row)
+            item["evidence"] = json.loads(item["evidence"])
+            item["flags"] = json.loads(item["flags"])
+            out.append(item)
+        return out
 
     def run(self, run_id: str | None = None) -> dict[str, Any]:
         """The run ``run_id`` (a unique prefix is enough), or the latest run."""

@@ -8,7 +8,7 @@ rely on (``linear-N``, ``ball-N``), the matching ``ball-N`` dataset, and the tra
 from __future__ import annotations
 
 from harness import hookimpl
-from harness.components import DatasetSpec, ModelSpec, TrainerSpec
+from harness.components import CheckSpec, DatasetSpec, ModelSpec, TrainerSpec
 
 
 def _build_linear(input_shape, num_classes, params):
@@ -53,3 +53,23 @@ def idrs_register_datasets(register) -> None:
 @hookimpl
 def idrs_register_trainers(register) -> None:
     register(TrainerSpec("none", _no_training, {}, "no training (analytic models)"))
+
+
+def _sigma_regularity(audit):
+    from harness.soundness.sigma_regularity import check_sigma_regularity
+
+    return check_sigma_regularity(audit)
+
+
+def _counterexamples(audit):
+    from harness.soundness.counterexamples import check_counterexamples
+
+    return check_counterexamples(audit)
+
+
+@hookimpl
+def idrs_register_checks(register) -> None:
+    register(CheckSpec("sigma-regularity", _sigma_regularity, "S2: σ(x) as regular as declared"))
+    register(
+        CheckSpec("counterexamples", _counterexamples, "S4: concrete violations of certificates")
+    )

@@ -1,0 +1,78 @@
+"""What a soundness check receives: one (run, method, setting) rebuilt from the store."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from harness.components import BuildContext, MethodSpec
+from harness.data import Dataset
+from harness.plugins import Registry
+from harness.protocol import CertificationProtocol
+from harness.sampling import SamplingEngine
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How hard the checks search; ``small`` fits in the default benchmark's time."""
+
+    name: str
+    coverage_trials: int  # S1: certified trial points per analytic classifier
+    coverage_n: int  # S1: Monte Carlo samples per trial certificate
+    pairs: int  # S2: random pairs per evaluated input
+    ascent_steps: int  # S2/S3: projected gradient steps
+    audited_inputs: int  # S2/S3/S4c: how many of the run's certificates are audited
+    attack_steps: int  # S4c: PGD steps on the smoothed classifier
+    attack_samples: int  # S4c: noise samples per attack step / confirmation samples / 10
+    orders: int  # S4d: input orders replayed for memory certifiers
+
+
+BUDGETS = {
+    "small": Budget("small", coverage_trials=200, coverage_n=200, pairs=8, ascent_steps=10,
+                    audited_inputs=16, attack_steps=10, attack_samples=64, orders=20),
+    "full": Budget("full", coverage_trials=1000, coverage_n=1000, pairs=32, ascent_steps=50,
+                   audited_inputs=200, attack_steps=50, attack_samples=256, orders=100),
+}  # fmt: skip
+
+
+@dataclass
+class Audit:
+    """One method at one setting of a finished run, ready to be audited.
+
+    ``certificates`` are the stored rows (dicts with input_id, label, prediction,
+    radius, p_lower, sigma, alpha, counts, evidence); ``inputs`` holds the certified
+    inputs in the same order.
+    """
+
+    run_id: str
+    method: MethodSpec
+    setting: str
+    params: Mapping[str, Any]
+    context: BuildContext
+    sigma_provider: Any
+    certifier: Any
+    certificates: list[dict[str, Any]]
+    inputs: torch.Tensor
+    budget: Budget
+    registry: Registry
+
+    def rebuild(self, dataset: Dataset, model: torch.nn.Module, protocol: CertificationProtocol):
+        """The same method and setting on another dataset and base model (for S1).
+
+        Returns (σ-provider, certifier, context).
+        """
+        engine = SamplingEngine(model, dataset.num_classes, self.context.device, protocol.batch_size,
+                                self.context.seed)  # fmt: skip
+        context = replace(
+            self.context, dataset=dataset, model=model, protocol=protocol, engine=engine
+        )
+        provider = self.registry.get("sigma_providers", self.method.sigma_provider).build(
+            context, self.params
+        )
+        certifier = self.registry.get("certifiers", self.method.certifier).build(
+            context, self.params
+        )
+        return provider, certifier, context

@@ -1,0 +1,96 @@
+"""Runs the registered soundness checks on a finished run and stores their verdicts."""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Iterator
+
+import torch
+
+from harness.errors import IdrsError
+from harness.plugins import PluginManager, get_plugin_manager
+from harness.progress import Progress
+from harness.runner import RunOptions, prepare
+from harness.soundness.audit import BUDGETS, Audit
+from harness.soundness.verdict import CheckResult, Verdict
+from harness.spec import setting_key, spec_from_dict
+from harness.store import ResultStore
+
+
+def audits(
+    store: ResultStore,
+    run_id: str | None,
+    options: RunOptions,
+    progress: Progress,
+    manager: PluginManager,
+    method: str | None = None,
+    budget: str = "small",
+) -> Iterator[Audit]:
+    """One :class:`Audit` per (method, setting) of the run that has certificates."""
+    if budget not in BUDGETS:
+        raise IdrsError(f"unknown budget {budget!r}; choose one of {sorted(BUDGETS)}")
+    run = store.run(run_id)
+    spec = spec_from_dict(run["config"])
+    methods = [m.name for m in spec.methods]
+    if method is not None and method not in methods:
+        raise IdrsError(
+            f"run {run['run_id'][:12]} has no method {method!r}; it has {', '.join(methods)}"
+        )
+    device = options.device or run["device"]
+    prepared = prepare(spec, RunOptions(**{**vars(options), "device": device}), progress, manager)
+    if prepared.model_hash != run["model_hash"]:
+        raise IdrsError("the base model recipe changed since the run; rerun the benchmark")
+    rows = list(store.certificates(run["run_id"]))
+    for config in spec.methods:
+        if method is not None and config.name != method:
+            continue
+        method_spec = prepared.registry.get("methods", config.name)
+        for setting in config.settings:
+            key = setting_key(setting)
+            certs = [r for r in rows if r["method"] == config.name and r["setting"] == key]
+            if not certs:
+                continue
+            params = {**method_spec.defaults, **setting}
+            context = prepared.context
+            provider = prepared.registry.get("sigma_providers", method_spec.sigma_provider).build(
+                context, params
+            )
+            certifier = prepared.registry.get("certifiers", method_spec.certifier).build(
+                context, params
+            )
+            inputs = prepared.dataset.test_x[torch.tensor([r["input_id"] for r in certs])]
+            yield Audit(run["run_id"], method_spec, key, params, context, provider, certifier, certs,
+                        inputs, BUDGETS[budget], prepared.registry)  # fmt: skip
+
+
+def run_checks(
+    db, run_id: str | None, options: RunOptions, progress: Progress,
+    manager: PluginManager | None = None, method: str | None = None, budget: str = "small",
+) -> dict[tuple[str, str], list[CheckResult]]:  # fmt: skip
+    """Run every registered check on every (method, setting); store and return the results."""
+    manager = manager or get_plugin_manager()
+    checks = [manager.registry.get("checks", n) for n in manager.registry.names("checks")]
+    store = ResultStore(db)
+    out: dict[tuple[str, str], list[CheckResult]] = {}
+    try:
+        for audit in audits(store, run_id, options, progress, manager, method, budget):
+            results = []
+            with progress.task(
+                f"checks {audit.method.name} {audit.setting}", len(checks), "checks"
+            ) as advance:
+                for check in checks:
+                    try:
+                        result = check.run(audit)
+                    except Exception as exc:  # a broken check is reported, the others go on
+                        result = CheckResult(
+                            check.name, Verdict.NOT_APPLICABLE, f"check failed: {type(exc).__name__}: {exc}",
+                            {"traceback": traceback.format_exc(limit=-3)},
+                        )  # fmt: skip
+                        progress.warn(f"check {check.name} failed on {audit.method.name}: {exc}")
+                    store.add_check(audit.run_id, audit.method.name, audit.setting, result, budget)
+                    results.append(result)
+                    advance(1)
+            out[audit.method.name, audit.setting] = results
+    finally:
+        store.close()
+    return out
