@@ -67,8 +67,15 @@ def _counterexamples(audit):
     return check_counterexamples(audit)
 
 
+def _coverage(audit):
+    from harness.soundness.coverage import check_coverage
+
+    return check_coverage(audit)
+
+
 @hookimpl
 def idrs_register_checks(register) -> None:
+    register(CheckSpec("coverage", _coverage, "S1: failures on exact smoothed classifiers vs α"))
     register(CheckSpec("sigma-regularity", _sigma_regularity, "S2: σ(x) as regular as declared"))
     register(
         CheckSpec("counterexamples", _counterexamples, "S4: concrete violations of certificates")

@@ -1,0 +1,206 @@
+"""The leaderboard as markdown (GitHub-flavoured: tables and footnotes).
+
+Layout: a title; per table (one per dataset and base model) the protocol of each run,
+a headline sentence, the verified-sound rows ranked, then under their own heading
+the rows whose radii are not certified (a check found a problem, or none ran), the
+plots, the failures and each run's spec; the verdict footnotes and the metric legend
+close the document. All text from plugins and specs goes through
+:func:`~harness.leaderboard.escape.md_text`; numbers use fixed formats; nothing
+depends on the time of rendering, so the same stored runs give the same bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+from harness.leaderboard.board import Board, Row, Table
+from harness.leaderboard.escape import md_code, md_fence, md_text
+from harness.leaderboard.metrics import Metric, certified_key, metric_catalog
+from harness.leaderboard.plots import certified_plot_name, classwise_plot_name
+from harness.leaderboard.protocol import run_protocol
+from harness.leaderboard.reproduce import spec_toml
+from harness.leaderboard.verdicts import NOT_CHECKED
+
+
+def fmt(metric: Metric, value: Any) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.{metric.digits}f}" if metric.digits is not None else f"{value:.3g}"
+
+
+def _params(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k} = {params[k]}" for k in sorted(params)) or "defaults"
+
+
+def _protocol_table(p: dict[str, Any]) -> list[str]:
+    count = "all" if p["test_count"] is None else f"at most {p['test_count']}"
+    versions = ", ".join(f"{k} {v}" for k, v in p["versions"].items())
+    items = [
+        ("run", f"{md_code(p['run_id'])} ({md_text(p['name'])})"),
+        ("dataset", md_text(p["dataset"])),
+        ("test subset", f"test points 0, k, 2k, … with k = {p['test_every']}, {count}: "
+                        f"{p['inputs']} inputs"),
+        ("certification", f"n0 = {p['n0']}, n = {p['n']}, α = {p['alpha']:g}, "
+                          f"batch size {p['batch_size']}"),
+        ("base model", f"{md_text(p['architecture'])} ({md_text(_params(p['architecture_params']))})"),
+        ("trainer", f"{md_text(p['trainer'])} ({md_text(_params(p['trainer_params']))})"),
+        ("model hash", md_code(p["model_hash"] or "unknown")),
+        ("seeds", f"certification {p['seed']}, model {p['model_seed']}"),
+        ("device", md_text(p["device"])),
+        ("versions", md_text(versions)),
+        ("git commit", md_code(p["git_commit"]) if p["git_commit"] else "unknown"),
+        ("date", f"started {md_text(p['created'])}, finished {md_text(p['finished'] or 'never')}"),
+        ("reproduce", f"{md_code(p['command'])} at that commit, with the spec below"),
+    ]  # fmt: skip
+    return ["| | |", "|:--|:--|", *[f"| {k} | {v} |" for k, v in items]]
+
+
+def _row_name(row: Row) -> str:
+    return f"{md_text(row.method)} ({md_text(row.setting)})"
+
+
+def _headline(table: Table) -> str:
+    radius = table.headline_radius
+    key = certified_key(radius)
+    if table.sound_rows:
+        best = table.sound_rows[0]
+        return (
+            f"**Headline.** Among verified-sound rows, {_row_name(best)} leads at radius "
+            f"{radius:g} with certified accuracy {best.metrics[key]:.3f} "
+            f"(ACR {best.metrics['acr']:.3f})."
+        )
+    if table.other_rows:
+        best = table.other_rows[0]
+        return (
+            f"**Headline.** No row is verified sound. Among the others, {_row_name(best)} "
+            f"claims the highest certified accuracy at radius {radius:g}, "
+            f"{best.metrics[key]:.3f}, which is not certified."
+        )
+    return "**Headline.** No method produced certificates."
+
+
+class _Footnotes:
+    """Numbered verdict footnotes in order of first reference."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def add(self, row: Row) -> str:
+        label = f"v{len(self.lines) + 1}"
+        parts = []
+        for check in row.checks:
+            budget = f" (budget {md_text(check['budget'])})" if check.get("budget") else ""
+            flags = f" Flags: {md_text(', '.join(check['flags']))}." if check["flags"] else ""
+            parts.append(
+                f"{md_text(check['check'])}{budget}: **{md_text(check['verdict'])}**, "
+                f"{md_text(check['summary'])}{flags}"
+            )
+        self.lines.append(
+            f"[^{label}]: {_row_name(row)}, verdict **{md_text(row.verdict)}**. "
+            + " · ".join(parts)
+        )
+        return f"[^{label}]"
+
+
+def _metric_table(
+    rows: list[Row], table: Table, catalog: list[Metric], notes: _Footnotes
+) -> list[str]:
+    with_run = len(table.runs) > 1
+    head = ["#", *(["run"] if with_run else []), "method", "setting",
+            *[m.header for m in catalog], "verdict"]  # fmt: skip
+    align = ["--:", *([":--"] if with_run else []), ":--", ":--",
+             *["--:" for _ in catalog], ":--"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
+    for rank, row in enumerate(rows, 1):
+        verdict = md_text(row.verdict)
+        if row.verdict != NOT_CHECKED:
+            verdict += " " + notes.add(row)
+        cells = [str(rank), *([md_code(row.run_id[:12])] if with_run else []),
+                 md_text(row.method), md_text(row.setting),
+                 *[fmt(m, row.metrics.get(m.key)) for m in catalog], verdict]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _table_section(table: Table, stem: str | None, notes: _Footnotes) -> list[str]:
+    catalog = metric_catalog(table.radii)
+    title = f"{md_text(table.dataset)} · {md_text(table.architecture)} · model {md_code(table.model_hash[:12])}"
+    out = [f"## {table.index}. {title}", ""]
+    for run in table.runs:
+        p = run_protocol(run, stem)
+        out += [f"### Protocol of run {md_code(run.run_id[:12])}", "", *_protocol_table(p), ""]
+    out += [_headline(table), ""]
+    out += ["### Verified sound", ""]
+    if table.sound_rows:
+        out += [*_metric_table(table.sound_rows, table, catalog, notes), ""]
+    else:
+        out += ["No row of this table is verified sound.", ""]
+    out += [
+        "### Not verified sound: these radii are not certified",
+        "",
+        "A soundness check found a problem with these rows, or none has run, so their radii "
+        "are claims, not certificates.",
+        "",
+    ]
+    if table.other_rows:
+        out += [*_metric_table(table.other_rows, table, catalog, notes), ""]
+    else:
+        out += ["None.", ""]
+    if stem is not None and table.rows:
+        certified = quote(certified_plot_name(stem, table))
+        classwise = quote(classwise_plot_name(stem, table))
+        out += [
+            f"![certified accuracy vs radius, table {table.index}]({certified})",
+            "",
+            f"![class-wise accuracy, table {table.index}]({classwise})",
+            "",
+        ]
+    if table.failures:
+        out += ["### Failures", ""]
+        for f in table.failures:
+            first = f["error"].splitlines()[0] if f["error"] else ""
+            out.append(f"- {md_text(f['method'])} ({md_text(f['setting'])}): {md_text(first)}")
+        out.append("")
+    for run in table.runs:
+        text = spec_toml(run.run["config"])
+        fence = md_fence(text)
+        name = run_protocol(run, stem)["spec_file"]
+        out += [f"### Spec of run {md_code(run.run_id[:12])} ({md_text(name)})", "",
+                f"{fence}toml", text.rstrip("\n"), fence, ""]  # fmt: skip
+    return out
+
+
+def _legend(board: Board) -> list[str]:
+    radii = sorted({r for t in board.tables for r in t.radii})
+    out = ["## Columns", ""]
+    for metric in metric_catalog(radii):
+        direction = {True: "higher is better", False: "lower is better", None: "descriptive"}[
+            metric.higher_is_better
+        ]
+        out.append(f"- **{md_text(metric.header)}**: {md_text(metric.description)} ({direction}).")
+    out += [
+        "- **verdict**: the worst verdict of the soundness checks of the row (footnote: each "
+        "check's verdict and summary); only `sound` rows are ranked as certified.",
+        "",
+    ]
+    return out
+
+
+def render_markdown(board: Board, stem: str | None) -> str:
+    """The board as markdown; ``stem`` names the plot and spec files (None: no plots)."""
+    notes = _Footnotes()
+    out = [
+        f"# Leaderboard: {md_text(board.title)}",
+        "",
+        "Rendered by `idrs-bench leaderboard` from the stored run(s) "
+        + ", ".join(md_code(run.run_id[:12]) for run in board.runs)
+        + "; `idrs-bench leaderboard --verify` re-renders it from them and compares.",
+        "",
+    ]
+    for table in board.tables:
+        out += _table_section(table, stem, notes)
+    out += _legend(board)
+    if notes.lines:
+        out += [*notes.lines, ""]
+    return "\n".join(out).rstrip("\n") + "\n"

@@ -1,0 +1,49 @@
+"""The protocol of a stored run as a leaderboard states it (header, JSON, CSV, compare)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.leaderboard.reproduce import run_command, spec_filename
+from harness.leaderboard.source import StoredRun
+
+
+def run_protocol(run: StoredRun, stem: str | None) -> dict[str, Any]:
+    """Everything that fixes what a run measured, and how to run it again.
+
+    ``stem`` names the board, whose folder holds the run's spec file (None: no file
+    is written, and the command names ``SPEC.toml``, the spec shown on the board).
+    """
+    row, config = run.run, run.run["config"]
+    dataset, model, protocol = config["dataset"], config["model"], config["protocol"]
+    counts = {}
+    for cert in run.certificates:
+        key = (cert["method"], cert["setting"])
+        counts[key] = counts.get(key, 0) + 1
+    spec_file = "SPEC.toml" if stem is None else spec_filename(stem, row["run_id"])
+    return {
+        "run_id": row["run_id"],
+        "name": row["name"],
+        "dataset": dataset["name"],
+        "test_every": dataset.get("test_every", 1),
+        "test_count": dataset.get("test_count"),
+        "inputs": max(counts.values(), default=0),
+        "n0": protocol["n0"],
+        "n": protocol["n"],
+        "alpha": protocol["alpha"],
+        "batch_size": protocol.get("batch_size"),
+        "architecture": model["architecture"],
+        "architecture_params": model.get("architecture_params", {}),
+        "trainer": model["trainer"],
+        "trainer_params": model.get("trainer_params", {}),
+        "model_seed": model.get("seed", 0),
+        "model_hash": row["model_hash"],
+        "seed": row["seed"],
+        "device": row["device"],
+        "versions": dict(sorted(row["versions"].items())),
+        "git_commit": row["git_commit"],
+        "created": row["created"],
+        "finished": row["finished"],
+        "spec_file": spec_file,
+        "command": run_command(spec_file, row["device"]),
+    }
