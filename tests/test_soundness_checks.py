@@ -60,7 +60,7 @@ def _check(tmp_path, manager, raw) -> dict:
 def test_doubled_radius_is_violated_by_coverage(tmp_path, manager):
     manager.register(_doubled_plugin(), name="doubled")
     results = _check(tmp_path, manager, _ball_spec(0, [{"name": "doubled"}]))
-    [(key, checks)] = results.items()
+    [(_, checks)] = results.items()
     by_name = {r.check: r for r in checks}
     assert by_name["coverage"].verdict == Verdict.VIOLATED
     assert by_name["coverage"].evidence["linear"]["failures"] > 10
@@ -84,7 +84,7 @@ def test_intersecting_pairs_against_brute_force():
     x = torch.tensor(rng.normal(size=(30, 3)))
     r = torch.tensor(rng.uniform(0, 1, 30))
     p = torch.tensor(rng.integers(0, 3, 30))
-    i, j, dist, _ = intersecting_pairs(x, r, p)
+    i, j, _, _ = intersecting_pairs(x, r, p)
     expected = {(a, b) for a in range(30) for b in range(a + 1, 30)
                 if p[a] != p[b] and np.linalg.norm(x[a] - x[b]) < r[a] + r[b]}  # fmt: skip
     assert set(zip(i.tolist(), j.tolist(), strict=True)) == expected
