@@ -2,13 +2,24 @@
 
 (a) Two certified inputs with different predictions whose certified balls intersect:
 a point in both balls would have to be classified as both, so one certificate is false.
+(b) On the analytic ``ball-N`` base model: a point inside a certified ball whose exact
+smoothed prediction (with the method's σ at that point) differs from the certified one.
+(c) An ℓ2 PGD attack on the smoothed classifier inside each audited certified ball,
+σ(x1) recomputed by the method at x1, every candidate confirmed by a fresh Monte Carlo
+estimate whose Clopper–Pearson upper bound on the certified class is below 1/2.
+(d) Memory-based certifiers: the spread of certified accuracy over input orders is
+reported as the flag ``order-dependent``.
 """
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 
 from harness.certificate import ABSTAIN
+from harness.soundness.analytic import BallClassifier
 from harness.soundness.audit import Audit
 from harness.soundness.verdict import CheckResult, Verdict
 
@@ -32,28 +43,192 @@ def intersecting_pairs(points: torch.Tensor, radii: torch.Tensor, predictions: t
 
 def check_counterexamples(audit: Audit) -> CheckResult:
     certs = audit.certificates
+    gen = torch.Generator().manual_seed(audit.context.seed + 5)
+    evidence: dict = {}
+    found: list[str] = []
+    pairs = _intersections(certs, audit.inputs)
+    evidence["intersections"] = pairs
+    if pairs["count"]:
+        e = pairs["example"]
+        found.append(
+            f"{pairs['count']} pairs of certified balls with different predictions intersect, e.g. inputs "
+            f"{e['inputs'][0]} and {e['inputs'][1]} at distance {e['distance']:.4g} with radii "
+            f"{e['radii'][0]:.4g} and {e['radii'][1]:.4g}"
+        )
+    model = audit.context.model
+    if isinstance(model, BallClassifier):
+        flips = []
+        for c, x in zip(certs, audit.inputs, strict=True):
+            if c["prediction"] != ABSTAIN and c["radius"] > 0:
+                flip = ball_flip(
+                    audit.sigma_provider,
+                    model,
+                    x.to(audit.context.device),
+                    c["radius"],
+                    c["prediction"],
+                    gen,
+                )
+                if flip is not None:
+                    flips.append({"input_id": c["input_id"], "radius": c["radius"], **flip})
+        evidence["exact_flips"] = {"count": len(flips), "examples": flips[:3]}
+        if flips:
+            f = flips[0]
+            found.append(
+                f"{len(flips)} certified balls contain a point with another exact smoothed prediction, e.g. "
+                f"input {f['input_id']} (radius {f['radius']:.4g}) at distance {f['distance']:.4g}, σ there "
+                f"{f['sigma']:.4g}, exact P(inside) {f['exact_p_inside']:.4g}"
+            )
+    flags = []
+    if getattr(audit.certifier, "order_dependent", False):
+        flags.append("order-dependent")
+        evidence["attack"] = "not applicable: memory certificates depend on the order of inputs"
+    else:
+        confirmed, attacked = attack_certificates(audit, gen)
+        evidence["attack"] = {
+            "attacked": attacked,
+            "confirmed": len(confirmed),
+            "examples": confirmed[:3],
+        }
+        if confirmed:
+            c = confirmed[0]
+            found.append(
+                f"PGD found {len(confirmed)} confirmed points, e.g. input {c['input_id']}: at distance "
+                f"{c['distance']:.4g} < radius {c['radius']:.4g}, σ {c['sigma_at_point']:.4g}, the certified "
+                f"class has probability <= {c['upper_bound_certified_class']:.3g} ({c['samples']} fresh samples)"
+            )
+    if found:
+        return CheckResult(NAME, Verdict.VIOLATED, "; ".join(found), evidence, flags)
+    return CheckResult(NAME, Verdict.SOUND, "no counterexample found", evidence, flags)
+
+
+def _intersections(certs: list[dict], inputs: torch.Tensor) -> dict:
     keep = [k for k, c in enumerate(certs) if c["prediction"] != ABSTAIN and c["radius"] > 0]
-    evidence: dict = {"certificates": len(keep)}
-    if len(keep) >= 2:
-        index = torch.tensor(keep)
-        radii = torch.tensor([certs[k]["radius"] for k in keep], dtype=torch.float64)
-        preds = torch.tensor([certs[k]["prediction"] for k in keep])
-        i, j, dist, _ = intersecting_pairs(audit.inputs[index].cpu(), radii, preds)
-        evidence["intersecting_pairs"] = len(i)
-        if len(i):
-            a, b = keep[int(i[0])], keep[int(j[0])]
-            evidence["example"] = {
-                "inputs": [certs[a]["input_id"], certs[b]["input_id"]],
-                "predictions": [certs[a]["prediction"], certs[b]["prediction"]],
-                "radii": [certs[a]["radius"], certs[b]["radius"]],
-                "distance": float(dist[0]),
-            }
-            return CheckResult(
-                NAME, Verdict.VIOLATED,
-                f"{len(i)} pairs of certified balls with different predictions intersect, e.g. inputs "
-                f"{certs[a]['input_id']} and {certs[b]['input_id']} at distance {float(dist[0]):.4g} "
-                f"with radii {certs[a]['radius']:.4g} and {certs[b]['radius']:.4g}", evidence,
-            )  # fmt: skip
-    return CheckResult(
-        NAME, Verdict.SOUND, "no intersecting certified balls with different predictions", evidence
+    if len(keep) < 2:
+        return {"certificates": len(keep), "count": 0}
+    radii = torch.tensor([certs[k]["radius"] for k in keep], dtype=torch.float64)
+    preds = torch.tensor([certs[k]["prediction"] for k in keep])
+    i, j, dist, _ = intersecting_pairs(inputs[torch.tensor(keep)].cpu(), radii, preds)
+    out: dict = {"certificates": len(keep), "count": len(i)}
+    if len(i):
+        a, b = keep[int(i[0])], keep[int(j[0])]
+        out["example"] = {
+            "inputs": [certs[a]["input_id"], certs[b]["input_id"]],
+            "predictions": [certs[a]["prediction"], certs[b]["prediction"]],
+            "radii": [certs[a]["radius"], certs[b]["radius"]],
+            "distance": float(dist[0]),
+        }
+    return out
+
+
+def ball_flip(
+    provider, model, center: torch.Tensor, radius: float, prediction: int, gen: torch.Generator
+):
+    """A point of B(center, radius) whose exact smoothed prediction on the ball classifier
+    ``model`` (with the method's own σ there) is not ``prediction``, or None.
+
+    Searched on rays from the center at 8 fractions of the radius: every angle of a
+    48-gon in 2-D; in more dimensions the rays towards and away from the ball's centre
+    and 46 random directions.
+    """
+    dim = center.numel()
+    flat = center.flatten().double()
+    if dim == 2:
+        angles = torch.linspace(0, 2 * math.pi, 49, dtype=torch.float64)[:-1]
+        directions = torch.stack([torch.cos(angles), torch.sin(angles)], dim=1)
+    else:
+        radial = flat / flat.norm().clamp_min(1e-12)
+        rand = torch.randn(46, dim, generator=gen, dtype=torch.float64)
+        directions = torch.cat([radial[None], -radial[None], rand / rand.norm(dim=1, keepdim=True)])
+    fractions = torch.linspace(0, 1, 9, dtype=torch.float64)
+    points = (flat + radius * fractions[:, None, None] * directions.to(flat.device)[None]).reshape(
+        -1, dim
     )
+    points = points.float().view(-1, *center.shape)
+    with torch.no_grad():
+        sigma = provider(points.to(center.device)).double().cpu().numpy()
+    inside = model.smoothed_probability(points.cpu().numpy(), sigma)
+    flipped = np.nonzero((inside > 0.5).astype(int) != prediction)[0]
+    if not len(flipped):
+        return None
+    k = int(flipped[0])
+    return {"point": points[k].flatten().tolist(), "sigma": float(sigma[k]), "exact_p_inside": float(inside[k]),
+            "distance": float((points[k].double().flatten() - flat.cpu()).norm())}  # fmt: skip
+
+
+STREAM_CONFIRM = 3
+"""Noise stream of the fresh Monte Carlo estimates that confirm attack candidates."""
+
+
+def attack_certificates(audit: Audit, gen: torch.Generator) -> tuple[list[dict], int]:
+    """S4c: PGD inside the audited certified balls; returns (confirmed violations, attacked)."""
+    budget, certs = audit.budget, audit.certificates
+    chosen = [k for k, c in enumerate(certs) if c["prediction"] != ABSTAIN and c["radius"] > 0]
+    chosen = chosen[: budget.audited_inputs]
+    if not chosen:
+        return [], 0
+    engine = getattr(audit.certifier, "engine", audit.context.engine)
+    model, device, provider = engine.model, audit.context.device, audit.sigma_provider
+    x0 = audit.inputs[torch.tensor(chosen)].to(device, torch.float32)
+    radius = torch.tensor([certs[k]["radius"] for k in chosen], device=device)
+    target = torch.tensor([certs[k]["prediction"] for k in chosen], device=device)
+    shape = (-1,) + (1,) * (x0.dim() - 1)
+    x1 = x0.clone()
+    step = 2.5 * radius / max(budget.attack_steps, 1)
+    for _ in range(budget.attack_steps):
+        x1 = x1.detach().requires_grad_(True)
+        with torch.enable_grad():
+            sigma = provider(x1)
+            if not sigma.requires_grad:
+                sigma = sigma.detach()
+            eps = torch.randn((budget.attack_samples, *x1.shape), generator=gen).to(device)
+            noisy = (x1[None] + sigma.float().view(1, *shape) * eps).reshape(-1, *x1.shape[1:])
+            probs = (
+                torch.softmax(model(noisy), dim=-1).view(budget.attack_samples, len(x1), -1).mean(0)
+            )
+            own = probs.gather(1, target[:, None]).squeeze(1)
+            other = probs.scatter(1, target[:, None], -1.0).max(dim=1).values
+            margin = torch.log(own.clamp_min(1e-12)) - torch.log(other.clamp_min(1e-12))
+            (grad,) = torch.autograd.grad(margin.sum(), x1)
+        with torch.no_grad():
+            g = grad.flatten(1)
+            g = g / g.norm(dim=1, keepdim=True).clamp_min(1e-12)
+            x1 = x1 - step.view(shape) * g.view_as(x1)
+            delta = (x1 - x0).flatten(1)
+            scale = (radius / delta.norm(dim=1).clamp_min(1e-12)).clamp(max=1.0)
+            x1 = x0 + (delta * scale[:, None]).view_as(x0)
+    return _confirm(audit, engine, x0, x1.detach(), chosen, target), len(chosen)
+
+
+def _confirm(audit, engine, x0, x1, chosen, target) -> list[dict]:
+    """Fresh Monte Carlo at each candidate x1: is the certified class's probability < 1/2?"""
+    from harness.stats import clopper_pearson_upper
+
+    certs, budget = audit.certificates, audit.budget
+    level = audit.context.protocol.alpha / len(chosen)  # union bound over the candidates
+    num = 16 * budget.attack_samples
+    with torch.no_grad():
+        sigma = audit.sigma_provider(x1).double().cpu()
+    ids = [certs[k]["input_id"] for k in chosen]
+    found = []
+    if getattr(audit.certifier, "smoothing", "hard") == "soft":
+        from harness.stats import hoeffding_upper
+
+        stats = engine.soft_stats(x1, sigma, ids, num, STREAM_CONFIRM)
+        uppers = [
+            float(hoeffding_upper(s.means[int(t)], num, level))
+            for s, t in zip(stats, target, strict=True)
+        ]
+    else:
+        counts = engine.counts(x1, sigma, ids, num, STREAM_CONFIRM)
+        uppers = [
+            clopper_pearson_upper(int(c[int(t)]), num, level)
+            for c, t in zip(counts, target, strict=True)
+        ]
+    for k, upper in enumerate(uppers):
+        if upper < 0.5:
+            found.append({
+                "input_id": ids[k], "certified_class": int(target[k]), "radius": certs[chosen[k]]["radius"],
+                "distance": float((x1[k] - x0[k]).flatten().norm()), "sigma_at_point": float(sigma[k]),
+                "upper_bound_certified_class": upper, "samples": num, "level": level,
+            })  # fmt: skip
+    return found

@@ -9,7 +9,7 @@ has an exact smoothed prediction other than ĉ:
   distance |x0_1 − 1/2|;
 - ``ball-2``, f = [‖x‖ <= 1]: the exact smoothed prediction at x uses the method's own
   σ(x) in χ²_2(1/σ(x)²; ‖x‖²/σ(x)²) > 1/2, searched on a polar grid of B(x0, R)
-  (the boundary circle densely, the interior coarsely).
+  (:func:`harness.soundness.counterexamples.ball_flip`).
 
 A valid certificate fails with probability at most α, so the number of failures among
 the certified trials is tested against Binomial(certified, α) (one-sided); a p-value
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 from scipy import stats
 
@@ -29,11 +28,11 @@ from harness.data import Dataset
 from harness.protocol import CertificationProtocol
 from harness.soundness.analytic import BallClassifier, LinearClassifier, load_ball_dataset
 from harness.soundness.audit import Audit
+from harness.soundness.counterexamples import ball_flip
 from harness.soundness.verdict import CheckResult, Verdict
 
 NAME = "coverage"
 P_THRESHOLD = 1e-3
-ANGLES, STEPS = 48, 8
 
 
 def _linear_dataset(dim: int, shape: tuple[int, ...], seed: int, count: int) -> Dataset:
@@ -80,25 +79,14 @@ def _ball_failures(audit: Audit) -> tuple[int, int, dict | None]:
     )
     model = BallClassifier(2, 1.0)
     provider, certs, x = _certify(audit, dataset, model)
-    if not certs:
-        return 0, 0, None
-    angles = torch.linspace(0, 2 * math.pi, ANGLES + 1)[:-1]
-    circle = torch.stack([torch.cos(angles), torch.sin(angles)], dim=1).to(x.device)
+    gen = torch.Generator().manual_seed(audit.context.seed + 13)
     failures, example = 0, None
     for c in certs:
-        fractions = torch.linspace(1 / STEPS, 1.0, STEPS, device=x.device)
-        points = x[c.input_id] + (c.radius * fractions[:, None, None] * circle[None]).reshape(-1, 2)
-        points = torch.cat([x[c.input_id : c.input_id + 1], points]).float()
-        with torch.no_grad():
-            sigma = provider(points).double().cpu().numpy()
-        inside = model.smoothed_probability(points.cpu().numpy(), sigma)
-        flipped = np.nonzero((inside > 0.5).astype(int) != c.prediction)[0]
-        if len(flipped):
+        flip = ball_flip(provider, model, x[c.input_id], c.radius, c.prediction, gen)
+        if flip is not None:
             failures += 1
-            k = int(flipped[0])
             example = example or {"model": "ball-2", "input": x[c.input_id].tolist(), "radius": c.radius,
-                                  "prediction": c.prediction, "point": points[k].tolist(),
-                                  "sigma_at_point": float(sigma[k]), "exact_p_inside": float(inside[k])}  # fmt: skip
+                                  "prediction": c.prediction, **flip}  # fmt: skip
     return failures, len(certs), example
 
 

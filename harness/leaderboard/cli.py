@@ -1,0 +1,87 @@
+"""``idrs-bench leaderboard``: render a board from stored runs, or verify a committed one.
+
+    idrs-bench leaderboard [RUN ...] [--db PATH] [--out leaderboards/NAME.md] [--no-plots]
+    idrs-bench leaderboard --verify leaderboards/NAME.md [--db PATH]
+
+Without ``--out`` the markdown goes to stdout (no files are written). ``RUN`` is a run
+id or a unique prefix (default: the latest run), or a run export ``*.run.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from harness.errors import IdrsError
+
+
+def add_leaderboard_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the ``leaderboard`` subcommand to ``idrs-bench``'s subparsers."""
+    from harness.cli import DEFAULT_DB
+
+    parser = sub.add_parser(
+        "leaderboard", help="render a leaderboard (markdown, plots, JSON, CSV) from stored runs"
+    )
+    parser.add_argument(
+        "runs", nargs="*", metavar="RUN",
+        help="run ids or unique prefixes, or run exports (*.run.json); default: the latest run",
+    )  # fmt: skip
+    parser.add_argument(
+        "--db", type=Path, default=None,
+        help=f"results database (default {DEFAULT_DB}; with --verify: the board's NAME.run.json)",
+    )  # fmt: skip
+    parser.add_argument("--out", type=Path, help="write NAME.md and its files (default: stdout)")
+    parser.add_argument("--no-plots", action="store_true", help="do not draw the PNG plots")
+    parser.add_argument(
+        "--verify", type=Path, metavar="BOARD.md",
+        help="re-render a committed board from its stored runs and fail if it differs",
+    )  # fmt: skip
+    parser.set_defaults(handler=leaderboard_command, default_db=DEFAULT_DB)
+    return parser
+
+
+def resolve_runs(names: list[str], db: Path):
+    """Runs named by id/prefix (in ``db``) or by run-export path, in the given order."""
+    from harness.leaderboard.source import load_runs, read_export
+
+    runs = []
+    for name in names or [None]:
+        if name is not None and name.endswith(".json"):
+            runs += read_export(Path(name))
+        else:
+            runs += load_runs(db, None if name is None else [name])
+    if len({run.run_id for run in runs}) != len(runs):
+        raise IdrsError("the same run is named twice")
+    return runs
+
+
+def leaderboard_command(args: argparse.Namespace) -> int:
+    if args.verify is not None:
+        if args.runs or args.out:
+            raise IdrsError("--verify takes only the board (and optionally --db)")
+        from harness.leaderboard.verify import verify_board
+
+        problems = verify_board(args.verify, args.db)
+        if problems:
+            for problem in problems:
+                sys.stdout.write(problem if problem.endswith("\n") else problem + "\n")
+            print(
+                f"{args.verify}: differs from its re-rendering ({len(problems)} file(s)); "
+                "re-render it with `idrs-bench leaderboard RUN --out ...` and commit the result"
+            )
+            return 1
+        print(f"{args.verify}: verified (re-rendered identically from the stored runs)")
+        return 0
+    runs = resolve_runs(args.runs, args.db or args.default_db)
+    if args.out is None:
+        from harness.leaderboard.board import build_board
+        from harness.leaderboard.markdown import render_markdown
+
+        sys.stdout.write(render_markdown(build_board(runs), None))
+        return 0
+    from harness.leaderboard.render import write_board
+
+    for path in write_board(runs, args.out, plots=not args.no_plots):
+        print(f"wrote {path}")
+    return 0

@@ -1,0 +1,128 @@
+"""JSON Schema (draft 2020-12) of a board's ``NAME.json`` (format ``idrs-bench/leaderboard/1``)."""
+
+from __future__ import annotations
+
+_NUMBER_OR_NULL = {"type": ["number", "null"]}
+
+_PROTOCOL = {
+    "type": "object",
+    "required": [
+        "run_id", "name", "dataset", "test_every", "test_count", "inputs", "n0", "n", "alpha",
+        "batch_size", "architecture", "architecture_params", "trainer", "trainer_params",
+        "model_seed", "model_hash", "seed", "device", "versions", "git_commit", "created",
+        "finished", "spec_file", "command",
+    ],
+    "properties": {
+        "run_id": {"type": "string"},
+        "name": {"type": "string"},
+        "dataset": {"type": "string"},
+        "test_every": {"type": "integer", "minimum": 1},
+        "test_count": {"type": ["integer", "null"]},
+        "inputs": {"type": "integer", "minimum": 0},
+        "n0": {"type": "integer", "minimum": 1},
+        "n": {"type": "integer", "minimum": 1},
+        "alpha": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+        "batch_size": {"type": ["integer", "null"]},
+        "architecture": {"type": "string"},
+        "architecture_params": {"type": "object"},
+        "trainer": {"type": "string"},
+        "trainer_params": {"type": "object"},
+        "model_seed": {"type": "integer"},
+        "model_hash": {"type": ["string", "null"]},
+        "seed": {"type": "integer"},
+        "device": {"type": "string"},
+        "versions": {"type": "object", "additionalProperties": {"type": "string"}},
+        "git_commit": {"type": ["string", "null"]},
+        "created": {"type": "string"},
+        "finished": {"type": ["string", "null"]},
+        "spec_file": {"type": "string"},
+        "command": {"type": "string"},
+    },
+}  # fmt: skip
+
+_ROW = {
+    "type": "object",
+    "required": [
+        "table", "section", "rank", "run_id", "dataset", "model_hash", "method", "setting",
+        "verdict", "sound", "inputs", "clean_accuracy", "acr", "abstention_rate",
+        "misclassification_rate", "classwise_accuracy_min", "classwise_accuracy_max",
+        "classwise_accuracy_std", "mean_sigma", "seconds_per_input", "classwise_accuracy",
+    ],
+    "properties": {
+        "table": {"type": "integer", "minimum": 1},
+        "section": {"enum": ["sound", "not-certified"]},
+        "rank": {"type": "integer", "minimum": 1},
+        "run_id": {"type": "string"},
+        "method": {"type": "string"},
+        "setting": {"type": "string"},
+        "verdict": {"type": "string"},
+        "sound": {"type": "boolean"},
+        "inputs": {"type": "integer", "minimum": 1},
+        "classwise_accuracy": {
+            "type": "object",
+            "patternProperties": {"^-?[0-9]+$": {"type": "number", "minimum": 0, "maximum": 1}},
+            "additionalProperties": False,
+        },
+    },
+    "patternProperties": {
+        "^(clean_accuracy|certified_accuracy@.+|abstention_rate|misclassification_rate"
+        "|classwise_accuracy_(min|max|std))$": {"type": ["number", "null"], "minimum": 0,
+                                                 "maximum": 1},
+        "^(acr|mean_sigma|seconds_per_input)$": {"type": "number", "minimum": 0},
+    },
+}  # fmt: skip
+
+BOARD_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "idrs-bench leaderboard",
+    "type": "object",
+    "required": ["format", "title", "runs", "metrics", "tables", "rows", "failures"],
+    "additionalProperties": False,
+    "properties": {
+        "format": {"const": "idrs-bench/leaderboard/1"},
+        "title": {"type": "string"},
+        "runs": {"type": "array", "items": _PROTOCOL, "minItems": 1},
+        "metrics": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["key", "header", "higher_is_better", "description"],
+                "additionalProperties": False,
+                "properties": {
+                    "key": {"type": "string"},
+                    "header": {"type": "string"},
+                    "higher_is_better": {"type": ["boolean", "null"]},
+                    "description": {"type": "string"},
+                },
+            },
+        },
+        "tables": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["index", "dataset", "architecture", "model_hash", "radii",
+                             "headline_radius", "runs", "plots"],
+                "properties": {
+                    "index": {"type": "integer", "minimum": 1},
+                    "radii": {"type": "array", "items": {"type": "number", "minimum": 0}},
+                    "headline_radius": {"type": "number", "minimum": 0},
+                    "runs": {"type": "array", "items": {"type": "string"}},
+                    "plots": {
+                        "type": "object",
+                        "required": ["certified_accuracy", "classwise_accuracy"],
+                        "additionalProperties": {"type": "string", "pattern": "\\.png$"},
+                    },
+                },
+            },
+        },
+        "rows": {"type": "array", "items": _ROW},
+        "failures": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["run_id", "method", "setting", "error"],
+                "additionalProperties": {"type": "string"},
+            },
+        },
+    },
+}  # fmt: skip
