@@ -12,7 +12,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness import __version__
+from harness.compare import add_compare_parser
 from harness.errors import IdrsError
+from harness.leaderboard import add_leaderboard_parser
 
 DEFAULT_DB = Path("idrs-bench.sqlite")
 
@@ -85,6 +87,9 @@ def _parser() -> argparse.ArgumentParser:
     plugins = sub.add_parser("plugins", help="list loaded plugins and what they provide")
     plugins.add_argument("--json", action="store_true", help="machine-readable output")
     plugins.set_defaults(handler=_plugins)
+
+    add_leaderboard_parser(sub)
+    add_compare_parser(sub)
     return parser
 
 

@@ -9,8 +9,9 @@ test subset, n0, n, α, base-model hash, certification and model seeds, architec
 and trainer (with their parameters). Devices may differ (CPU vs GPU is a common
 comparison); that is noted, not warned about.
 
-A run is a run id or unique prefix in a results database, or a run export
-(``*.run.json``, as committed beside a leaderboard).
+A run is a run id or unique prefix in a results database, a run export
+(``*.run.json``, as committed beside a leaderboard), or a results database file (its
+latest run), e.g. ``idrs-bench compare cpu.sqlite gpu.sqlite``.
 """
 
 from __future__ import annotations
@@ -76,10 +77,10 @@ def compare_runs(a, b) -> Comparison:
     catalog = metric_catalog(radii)
 
     def groups(run) -> dict[tuple[str, str], list[dict[str, Any]]]:
-        out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        by_row: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for cert in run.certificates:
-            out.setdefault((cert["method"], cert["setting"]), []).append(cert)
-        return out
+            by_row.setdefault((cert["method"], cert["setting"]), []).append(cert)
+        return by_row
 
     def verdict(run, key) -> str:
         return row_verdict([c for c in run.checks if (c["method"], c["setting"]) == key])
@@ -117,10 +118,15 @@ def comparison_json(comparison: Comparison) -> str:
         "warnings": comparison.warnings,
         "notes": comparison.notes,
         "rows": [
-            {"method": r.method, "setting": r.setting, "verdict_a": r.verdicts[0],
-             "verdict_b": r.verdicts[1], "metrics": r.metrics}
+            {
+                "method": r.method,
+                "setting": r.setting,
+                "verdict_a": r.verdicts[0],
+                "verdict_b": r.verdicts[1],
+                "metrics": r.metrics,
+            }
             for r in comparison.rows
-        ],  # fmt: skip
+        ],
     }
     return json.dumps(data, indent=2, sort_keys=True, allow_nan=False)
 
@@ -147,10 +153,14 @@ def print_comparison(comparison: Comparison) -> None:
         err.print(f"note: {escape(note)}", highlight=False)
     table = Table(title=f"A = run {comparison.run_a[:12]} · B = run {comparison.run_b[:12]}")
     for column in ("method", "setting", "metric", "A", "B", "B − A"):
-        table.add_column(column, justify="left" if column in ("method", "setting", "metric") else "right")
+        table.add_column(
+            column, justify="left" if column in ("method", "setting", "metric") else "right"
+        )
     for row in comparison.rows:
         va, vb = (v or "–" for v in row.verdicts)
-        table.add_row(escape(row.method), escape(row.setting), "verdict", escape(va), escape(vb), "")
+        table.add_row(
+            escape(row.method), escape(row.setting), "verdict", escape(va), escape(vb), ""
+        )
         for m in row.metrics:
             table.add_row("", "", m["header"], _number(m["a"]), _number(m["b"]),
                           _number(m["diff"], signed=True))  # fmt: skip
@@ -163,9 +173,15 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPars
     from harness.cli import DEFAULT_DB
 
     parser = sub.add_parser("compare", help="per-row metric differences of two runs")
-    parser.add_argument("run_a", metavar="RUN_A", help="run id or unique prefix, or a *.run.json")
-    parser.add_argument("run_b", metavar="RUN_B", help="run id or unique prefix, or a *.run.json")
-    parser.add_argument("--db", type=Path, default=DEFAULT_DB, help=f"results database (default {DEFAULT_DB})")
+    parser.add_argument(
+        "run_a", metavar="RUN_A", help="run id or prefix, *.run.json, or a database"
+    )
+    parser.add_argument(
+        "run_b", metavar="RUN_B", help="run id or prefix, *.run.json, or a database"
+    )
+    parser.add_argument(
+        "--db", type=Path, default=DEFAULT_DB, help=f"results database (default {DEFAULT_DB})"
+    )
     parser.add_argument("--db-b", type=Path, help="results database of RUN_B (default: --db)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(handler=compare_command)

@@ -4,7 +4,9 @@
     idrs-bench leaderboard --verify leaderboards/NAME.md [--db PATH]
 
 Without ``--out`` the markdown goes to stdout (no files are written). ``RUN`` is a run
-id or a unique prefix (default: the latest run), or a run export ``*.run.json``.
+id or a unique prefix in ``--db`` (default: the latest run there), a run export
+``*.run.json`` (all its runs), or another results database (its latest run), so that
+runs of several benchmarks make one board, one table per dataset and base model.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ def add_leaderboard_parser(sub: argparse._SubParsersAction) -> argparse.Argument
     )
     parser.add_argument(
         "runs", nargs="*", metavar="RUN",
-        help="run ids or unique prefixes, or run exports (*.run.json); default: the latest run",
+        help="run id or unique prefix (in --db), run export (*.run.json), or results database "
+        "(its latest run); default: the latest run in --db",
     )  # fmt: skip
     parser.add_argument(
         "--db", type=Path, default=None,
@@ -42,13 +45,17 @@ def add_leaderboard_parser(sub: argparse._SubParsersAction) -> argparse.Argument
 
 
 def resolve_runs(names: list[str], db: Path):
-    """Runs named by id/prefix (in ``db``) or by run-export path, in the given order."""
+    """Runs in the given order, each named by an id or unique prefix in ``db``, by a run
+    export (``*.json``: all its runs), or by a results database (its latest run)."""
     from harness.leaderboard.source import load_runs, read_export
 
     runs = []
     for name in names or [None]:
-        if name is not None and name.endswith(".json"):
-            runs += read_export(Path(name))
+        path = None if name is None else Path(name)
+        if path is not None and path.suffix == ".json":
+            runs += read_export(path)
+        elif path is not None and path.is_file():
+            runs += load_runs(path)
         else:
             runs += load_runs(db, None if name is None else [name])
     if len({run.run_id for run in runs}) != len(runs):

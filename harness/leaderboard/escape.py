@@ -30,10 +30,10 @@ _ENTITIES = {"<": "&lt;", ">": "&gt;", "&": "&amp;"}
 _WWW = re.compile(r"(www)\\?\.", re.IGNORECASE)
 
 
-def _flatten(text: object) -> str:
+def flatten(text: object) -> str:
     """``str(text)`` with every control, line- or paragraph-separator character as a space."""
     out = []
-    for char in str(text):
+    for char in str(text).replace("\r\n", "\n"):
         category = unicodedata.category(char)
         out.append(" " if category in ("Cc", "Zl", "Zp") else char)
     return "".join(out)
@@ -42,7 +42,7 @@ def _flatten(text: object) -> str:
 def md_text(text: object) -> str:
     """``text`` as literal markdown text: it renders as itself and cannot break a table."""
     out = []
-    for char in _flatten(text):
+    for char in flatten(text):
         if char in _ENTITIES:
             out.append(_ENTITIES[char])
         elif char in _BACKSLASHED:
@@ -54,7 +54,7 @@ def md_text(text: object) -> str:
 
 def md_code(text: object) -> str:
     """``text`` as an inline code span that is safe inside a GFM table cell."""
-    flat = _flatten(text).replace("|", "\\|")
+    flat = flatten(text).replace("|", "\\|")
     longest = max((len(run) for run in re.findall(r"`+", flat)), default=0)
     fence = "`" * (longest + 1)
     pad = " " if flat.startswith("`") or flat.endswith("`") or not flat.strip() else ""

@@ -26,7 +26,7 @@ from harness.leaderboard.verdicts import NOT_CHECKED
 def fmt(metric: Metric, value: Any) -> str:
     if value is None:
         return "–"
-    return f"{value:.{metric.digits}f}" if metric.digits is not None else f"{value:.3g}"
+    return f"{value:.{metric.digits}f}" if metric.digits is not None else f"{value:#.3g}"
 
 
 def _params(params: dict[str, Any]) -> str:
@@ -34,6 +34,8 @@ def _params(params: dict[str, Any]) -> str:
 
 
 def _protocol_table(p: dict[str, Any]) -> list[str]:
+    alpha = md_text(f"{p['alpha']:g}")
+    p = {k: md_text(v) if isinstance(v, int) else v for k, v in p.items()}  # ints from a spec
     count = "all" if p["test_count"] is None else f"at most {p['test_count']}"
     versions = ", ".join(f"{k} {v}" for k, v in p["versions"].items())
     items = [
@@ -41,7 +43,7 @@ def _protocol_table(p: dict[str, Any]) -> list[str]:
         ("dataset", md_text(p["dataset"])),
         ("test subset", f"test points 0, k, 2k, … with k = {p['test_every']}, {count}: "
                         f"{p['inputs']} inputs"),
-        ("certification", f"n0 = {p['n0']}, n = {p['n']}, α = {p['alpha']:g}, "
+        ("certification", f"n0 = {p['n0']}, n = {p['n']}, α = {alpha}, "
                           f"batch size {p['batch_size']}"),
         ("base model", f"{md_text(p['architecture'])} ({md_text(_params(p['architecture_params']))})"),
         ("trainer", f"{md_text(p['trainer'])} ({md_text(_params(p['trainer_params']))})"),
@@ -50,7 +52,8 @@ def _protocol_table(p: dict[str, Any]) -> list[str]:
         ("device", md_text(p["device"])),
         ("versions", md_text(versions)),
         ("git commit", md_code(p["git_commit"]) if p["git_commit"] else "unknown"),
-        ("date", f"started {md_text(p['created'])}, finished {md_text(p['finished'] or 'never')}"),
+        ("date", f"started {md_code(p['created'])}, finished "
+                 + (md_code(p["finished"]) if p["finished"] else "never")),
         ("reproduce", f"{md_code(p['command'])} at that commit, with the spec below"),
     ]  # fmt: skip
     return ["| | |", "|:--|:--|", *[f"| {k} | {v} |" for k, v in items]]
@@ -91,14 +94,15 @@ class _Footnotes:
         parts = []
         for check in row.checks:
             budget = f" (budget {md_text(check['budget'])})" if check.get("budget") else ""
-            flags = f" Flags: {md_text(', '.join(check['flags']))}." if check["flags"] else ""
+            flags = f" (flags: {md_text(', '.join(check['flags']))})" if check["flags"] else ""
+            summary = f", {md_text(check['summary'])}" if check["summary"] else ""
             parts.append(
-                f"{md_text(check['check'])}{budget}: **{md_text(check['verdict'])}**, "
-                f"{md_text(check['summary'])}{flags}"
+                f"{md_text(check['check'])}{budget}: **{md_text(check['verdict'])}**{summary}{flags}"
             )
         self.lines.append(
             f"[^{label}]: {_row_name(row)}, verdict **{md_text(row.verdict)}**. "
             + " · ".join(parts)
+            + "."
         )
         return f"[^{label}]"
 
@@ -108,7 +112,7 @@ def _metric_table(
 ) -> list[str]:
     with_run = len(table.runs) > 1
     head = ["#", *(["run"] if with_run else []), "method", "setting",
-            *[m.header for m in catalog], "verdict"]  # fmt: skip
+            *[md_text(m.header) for m in catalog], "verdict"]  # fmt: skip
     align = ["--:", *([":--"] if with_run else []), ":--", ":--",
              *["--:" for _ in catalog], ":--"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]

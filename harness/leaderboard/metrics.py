@@ -26,7 +26,7 @@ class Metric:
     header: str
     higher_is_better: bool | None  # None: descriptive, neither better nor worse
     description: str
-    digits: int | None = 3  # fixed decimals in markdown; None: 3 significant digits
+    digits: int | None = 3  # fixed decimals in markdown; None: 3 significant digits (#.3g)
 
 
 def certified_key(radius: float) -> str:

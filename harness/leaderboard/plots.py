@@ -17,6 +17,7 @@ import bisect
 from pathlib import Path
 
 from harness.leaderboard.board import Row, Table
+from harness.leaderboard.escape import flatten
 
 _RC = {"text.parse_math": False, "text.usetex": False, "font.size": 9}
 _PNG_METADATA = {"Software": None}
@@ -31,10 +32,10 @@ def classwise_plot_name(stem: str, table: Table) -> str:
 
 
 def row_label(row: Row, with_run: bool) -> str:
-    label = f"{row.method} ({row.setting})"
+    label = flatten(f"{row.method} ({row.setting})")
     if with_run:
         label += f" [{row.run_id[:8]}]"
-    return label if row.sound else label + " - not certified"
+    return label if row.sound else label + " (not certified)"
 
 
 def _curve(row: Row, grid: list[float]) -> list[float]:
@@ -57,7 +58,7 @@ def write_certified_plot(table: Table, path: Path, title: str) -> None:
         fig = Figure(figsize=(9, 4.8), dpi=100)
         FigureCanvasAgg(fig)
         ax = fig.add_subplot()
-        colors = matplotlib.colormaps["tab20"].colors
+        colors = matplotlib.colormaps["tab10" if len(rows) <= 10 else "tab20"].colors
         for i, row in enumerate(rows):
             ax.step(grid, _curve(row, grid), where="post", color=colors[i % len(colors)],
                     linestyle="-" if row.sound else "--", label=row_label(row, with_run))  # fmt: skip
@@ -65,7 +66,7 @@ def write_certified_plot(table: Table, path: Path, title: str) -> None:
         ax.set_ylim(0, 1.02)
         ax.set_xlabel("radius (ℓ2)")
         ax.set_ylabel("certified accuracy")
-        ax.set_title(title)
+        ax.set_title(flatten(f"certified accuracy · {title}"))
         ax.grid(alpha=0.3)
         if rows:
             ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
@@ -85,8 +86,9 @@ def write_classwise_plot(table: Table, path: Path, title: str) -> None:
               for row in rows]  # fmt: skip
     with_run = len(table.runs) > 1
     with matplotlib.rc_context(_RC):
-        fig = Figure(figsize=(2.5 + 0.55 * max(len(classes), 2), 1.6 + 0.32 * max(len(rows), 1)),
-                     dpi=100)  # fmt: skip
+        labels = [row_label(row, with_run) for row in rows]
+        width = 2.5 + 0.55 * max(len(classes), 2) + 0.065 * max(map(len, labels), default=0)
+        fig = Figure(figsize=(max(width, 6.0), 1.6 + 0.32 * max(len(rows), 1)), dpi=100)
         FigureCanvasAgg(fig)
         ax = fig.add_subplot()
         if rows and classes:
@@ -98,8 +100,8 @@ def write_classwise_plot(table: Table, path: Path, title: str) -> None:
                                 color="black" if value > 0.6 else "white")  # fmt: skip
             fig.colorbar(image, ax=ax, label="clean accuracy")
         ax.set_xticks(range(len(classes)), [str(c) for c in classes])
-        ax.set_yticks(range(len(rows)), [row_label(row, with_run) for row in rows])
+        ax.set_yticks(range(len(rows)), labels)
         ax.set_xlabel("class")
-        ax.set_title(title)
+        fig.suptitle(flatten(f"class-wise clean accuracy · {title}"))
         fig.tight_layout()
         fig.savefig(path, format="png", metadata=_PNG_METADATA)

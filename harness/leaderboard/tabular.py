@@ -85,10 +85,14 @@ def board_json(board: Board, stem: str) -> str:
         "title": board.title,
         "runs": [run_protocol(run, stem) for run in board.runs],
         "metrics": [
-            {"key": m.key, "header": m.header, "higher_is_better": m.higher_is_better,
-             "description": m.description}
+            {
+                "key": m.key,
+                "header": m.header,
+                "higher_is_better": m.higher_is_better,
+                "description": m.description,
+            }
             for m in catalog
-        ],  # fmt: skip
+        ],
         "tables": [
             {
                 "index": t.index,

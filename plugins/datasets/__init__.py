@@ -1,4 +1,4 @@
-"""Built-in datasets: ``fashion-mnist`` (IDX files) and the synthetic ``cone-N``."""
+"""Built-in datasets: ``fashion-mnist`` (IDX files), the synthetic ``cone-N`` and ``gauss-mix``."""
 
 from __future__ import annotations
 
@@ -22,3 +22,6 @@ def _cone(data_root=None, download: bool = False, seed: int = 0, dim: int = 2, *
 def idrs_register_datasets(register) -> None:
     register(DatasetSpec("fashion-mnist", _fashion_mnist, "Fashion-MNIST 28×28 grey images"))
     register(DatasetSpec("cone-N", _cone, "Súkeník et al. App. A.5 cone vs. rest, N dimensions"))
+    from plugins.datasets.gauss_mix import register_gauss_mix  # Mohapatra et al. 2021 §3.1
+
+    register_gauss_mix(register)

@@ -1,0 +1,82 @@
+"""The shipped benchmark files, and a real (tiny) run rendered into a board and verified."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from harness.leaderboard.cli import add_leaderboard_parser
+from harness.progress import Progress
+from harness.runner import RunOptions, run_benchmark
+from harness.spec import BENCHMARKS_DIR, load_spec, parse_spec, validate
+
+SHIPPED = ["fashion-mnist", "cone-2", "cone-60", "cone-400", "hidden-cost"]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_benchmark_parses_and_validates(name, manager):
+    spec = load_spec(BENCHMARKS_DIR / f"{name}.toml")
+    validate(spec, manager.registry)
+    assert spec.name == name
+    methods = {m.name: m.settings for m in spec.methods}
+    assert "cohen" in methods
+
+
+def test_benchmark_parameters_follow_the_issue_and_the_papers():
+    fmnist = load_spec(BENCHMARKS_DIR / "fashion-mnist.toml")
+    assert (fmnist.dataset.test_every, fmnist.dataset.test_count) == (20, 500)
+    assert (fmnist.protocol.n, fmnist.protocol.alpha) == (100_000, 0.001)
+    assert [s["sigma"] for s in fmnist.methods[0].settings] == [0.12, 0.25, 0.5]
+    hidden = load_spec(BENCHMARKS_DIR / "hidden-cost.toml")
+    sigmas = [s["sigma"] for s in hidden.methods[0].settings]
+    assert (min(sigmas), max(sigmas), hidden.dataset.name) == (0.12, 2.0, "gauss-mix")
+    # Súkeník App. A.5: the constant σ of each dimension
+    for n, sigma in ((2, 0.5), (60, 1.0), (400, 2.0)):
+        cone = load_spec(BENCHMARKS_DIR / f"cone-{n}.toml")
+        assert cone.dataset.name == f"cone-{n}" and cone.methods[0].settings == [{"sigma": sigma}]
+
+
+def _cli(argv):
+    parser = argparse.ArgumentParser()
+    add_leaderboard_parser(parser.add_subparsers())
+    args = parser.parse_args(["leaderboard", *argv])
+    return args.handler(args)
+
+
+def test_a_tiny_hidden_cost_run_renders_and_verifies(tmp_path, manager, capsys):
+    raw = tomllib.loads((BENCHMARKS_DIR / "hidden-cost.toml").read_text())
+    raw["dataset"]["test_count"] = 8
+    raw["certification"].update(n0=20, n=200, batch_size=200)
+    raw["model"]["trainer_params"].update(epochs=1)
+    raw["methods"][0]["settings"] = [{"sigma": 0.25}, {"sigma": 2.0}]
+    db = tmp_path / "r.sqlite"
+    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), Progress(enabled=False), manager)
+    out = tmp_path / "leaderboards" / "hidden-cost.md"
+    assert _cli([run_id[:10], "--db", str(db), "--out", str(out)]) == 0
+    assert _cli(["--verify", str(out)]) == 0
+    assert _cli(["--verify", str(out), "--db", str(db)]) == 0
+    data = json.loads((out.parent / "hidden-cost.json").read_text())
+    assert {r["setting"] for r in data["rows"]} == {"sigma=0.25", "sigma=2.0"}
+    assert all(r["inputs"] == 8 for r in data["rows"])
+    assert data["runs"][0]["run_id"] == run_id
+    text = out.read_text()
+    assert "## 1. gauss-mix · mlp" in text and "not checked" in text
+    capsys.readouterr()
+
+
+PUBLISHED = sorted(
+    p for p in (Path(__file__).parent.parent / "leaderboards").glob("*.md") if p.name != "README.md"
+)
+
+
+@pytest.mark.skipif(not PUBLISHED, reason="no published board yet")
+@pytest.mark.parametrize("board", PUBLISHED, ids=lambda p: p.name)
+def test_published_boards_verify(board):
+    """``idrs-bench leaderboard --verify`` on every committed board (from its run export)."""
+    from harness.leaderboard.verify import verify_board
+
+    assert verify_board(board) == []
