@@ -34,6 +34,8 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "datasets": "plugins.datasets",
     "models": "plugins.models",
     "soundness": "harness.soundness",
+    "sukenik": "plugins.sukenik",
+    "chen": "plugins.chen",
 }
 
 _SINGULAR = {

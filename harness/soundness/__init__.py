@@ -73,8 +73,16 @@ def _coverage(audit):
     return check_coverage(audit)
 
 
+def _justification(audit):
+    from harness.soundness.justification import check_justification
+
+    return check_justification(audit)
+
+
 @hookimpl
 def idrs_register_checks(register) -> None:
+    register(CheckSpec("worst-case-justification", _justification,
+                       "S3: the worst σ inside each certified ball still certifies (Súkeník Thm 2.3)"))  # fmt: skip
     register(CheckSpec("coverage", _coverage, "S1: failures on exact smoothed classifiers vs α"))
     register(CheckSpec("sigma-regularity", _sigma_regularity, "S2: σ(x) as regular as declared"))
     register(

@@ -9,7 +9,9 @@ has an exact smoothed prediction other than ĉ:
   distance |x0_1 − 1/2|;
 - ``ball-2``, f = [‖x‖ <= 1]: the exact smoothed prediction at x uses the method's own
   σ(x) in χ²_2(1/σ(x)²; ‖x‖²/σ(x)²) > 1/2, searched on a polar grid of B(x0, R)
-  (:func:`harness.soundness.counterexamples.ball_flip`).
+  (:func:`harness.soundness.counterexamples.ball_flip`). Memory certificates keep σ
+  constant inside each certified ball (Alfarra et al., App. C), so their balls are
+  checked against the smoothed classifier at that constant σ.
 
 A valid certificate fails with probability at most α, so the number of failures among
 the certified trials is tested against Binomial(certified, α) (one-sided); a p-value
@@ -54,6 +56,8 @@ def _certify(audit: Audit, dataset: Dataset, model: torch.nn.Module):
     with torch.no_grad():
         sigma = provider(x)
     certs = sorted(certifier.certify(x, sigma, list(range(len(x)))), key=lambda c: c.input_id)
+    if getattr(certifier, "order_dependent", False):
+        provider = None  # memory certificates: σ is constant inside each ball
     return provider, [c for c in certs if c.prediction != ABSTAIN and c.radius > 0], x
 
 
@@ -82,7 +86,8 @@ def _ball_failures(audit: Audit) -> tuple[int, int, dict | None]:
     gen = torch.Generator().manual_seed(audit.context.seed + 13)
     failures, example = 0, None
     for c in certs:
-        flip = ball_flip(provider, model, x[c.input_id], c.radius, c.prediction, gen)
+        sigma_of = provider or (lambda points, s=c.sigma: torch.full((len(points),), s, dtype=torch.float64))
+        flip = ball_flip(sigma_of, model, x[c.input_id], c.radius, c.prediction, gen)
         if flip is not None:
             failures += 1
             example = example or {"model": "ball-2", "input": x[c.input_id].tolist(), "radius": c.radius,

@@ -18,6 +18,7 @@ from harness.components import (
     TrainContext,
     TrainerSpec,
 )
+from harness.errors import ParameterError
 from harness.protocol import check_sigma
 
 TRAINER_DEFAULTS = {"sigma": 0.25, "epochs": 10, "batch_size": 128, "lr": 1e-3}
@@ -36,12 +37,14 @@ def _cohen_certifier(context: BuildContext, params: Mapping[str, Any]):
 
 
 def train_gaussian_augmentation(model, dataset, params: Mapping[str, Any], context: TrainContext):
-    """Gaussian augmentation with constant σ (Cohen et al. 2019, §4)."""
+    """Gaussian augmentation with constant σ (Cohen et al. 2019, §4); σ = 0 trains on clean data."""
     import torch
 
     from harness.training import train_with_gaussian_augmentation
 
-    sigma = check_sigma(params["sigma"])
+    sigma = params["sigma"]
+    if not isinstance(sigma, int | float) or sigma < 0:
+        raise ParameterError(f"training sigma must be >= 0 (0 trains without noise), got {sigma!r}")
     train_with_gaussian_augmentation(
         model,
         dataset,

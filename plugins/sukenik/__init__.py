@@ -1,0 +1,122 @@
+"""Súkeník, Kuvshinov & Günnemann (2022): semi-elastic input-dependent smoothing.
+
+Registers the σ-provider ``sukenik-knn`` (eq. 1), the certifier ``sukenik`` (Alg. 3
+with Thm 3.2), the trainers ``sukenik-augmentation`` (App. E.4) and
+``sukenik-increased`` (App. E.6.3), and the method ``sukenik``. The ξ functions and the
+certified radius live in :mod:`harness.worstcase` (the soundness checks use them too)
+and are re-exported here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from harness import hookimpl
+from harness.components import CertifierSpec, MethodSpec, SigmaProviderSpec, TrainerSpec
+from harness.errors import ParameterError
+from harness.protocol import check_sigma
+
+_WORSTCASE_EXPORTS = (
+    "xi_greater", "xi_less", "xi", "certified_radius", "cohen_radius", "min_sigma_ratio",
+    "max_sigma_ratio", "min_sigma_ratio_simple", "practical_sigma_ratio_threshold",
+    "practical_sigma_ratio_threshold_upper",
+)  # fmt: skip
+METHOD_DEFAULTS = {"sigma": 0.25, "rate": 0.01, "k": 20, "m": "min", "max_ratio": 0.0}
+_M_CACHE: dict[tuple, float] = {}
+
+
+def __getattr__(name: str):
+    """Lazy re-exports of the ξ functions (keeps scipy out of plugin import time)."""
+    if name in _WORSTCASE_EXPORTS:
+        import harness.worstcase
+
+        return getattr(harness.worstcase, name)
+    raise AttributeError(name)
+
+
+def check_params(params: Mapping[str, Any]) -> None:
+    check_sigma(params["sigma"])
+    if not isinstance(params["rate"], int | float) or params["rate"] < 0:
+        raise ParameterError(f"rate must be a number >= 0, got {params['rate']!r}")
+    if not isinstance(params["k"], int) or params["k"] < 1:
+        raise ParameterError(f"k must be an integer >= 1, got {params['k']!r}")
+    if not (isinstance(params["m"], int | float) or params["m"] in ("min", "median")):
+        raise ParameterError(f"m must be a number, 'min' or 'median'; got {params['m']!r}")
+    if not isinstance(params["max_ratio"], int | float) or params["max_ratio"] < 0:
+        raise ParameterError(f"max_ratio must be >= 0 (0 = no clamp), got {params['max_ratio']!r}")
+
+
+def _knn_sigma(context, params: Mapping[str, Any]):
+    from plugins.sukenik.knn_sigma import KnnSigma, propose_m
+
+    train = context.dataset.train_x.to(context.device)
+    m = params["m"]
+    if isinstance(m, str):
+        key = (context.dataset.name, len(train), params["k"], m)
+        if key not in _M_CACHE:
+            _M_CACHE[key] = propose_m(train, int(params["k"]), m)
+        m = _M_CACHE[key]
+    return KnnSigma(train, float(params["sigma"]), float(params["rate"]), int(params["k"]), float(m),
+                    float(params["max_ratio"]))  # fmt: skip
+
+
+def _certifier(context, params: Mapping[str, Any]):
+    from plugins.sukenik.certifier import SukenikCertifier
+
+    return SukenikCertifier(
+        context.engine, context.protocol, float(params["rate"]), context.dataset.dim
+    )
+
+
+def _train_input_dependent(model, dataset, params, context):
+    from plugins.sukenik.training import train_input_dependent
+
+    train_input_dependent(model, dataset, params, context)
+
+
+def _train_increased(model, dataset, params, context):
+    from plugins.sukenik.training import train_constant_increased
+
+    train_constant_increased(model, dataset, params, context)
+
+
+_TRAIN_DEFAULTS = {
+    "sigma": 0.25,
+    "trr": 0.0,
+    "k": 20,
+    "m": "min",
+    "epochs": 10,
+    "batch_size": 128,
+    "lr": 1e-3,
+}
+
+
+@hookimpl
+def idrs_register_sigma_providers(register) -> None:
+    register(
+        SigmaProviderSpec(
+            "sukenik-knn", _knn_sigma, "σ_b exp(r(mean kNN distance − m)), r-semi-elastic"
+        )
+    )
+
+
+@hookimpl
+def idrs_register_certifiers(register) -> None:
+    register(
+        CertifierSpec("sukenik", _certifier, "CERTIFY with the semi-elastic radius of Thm 3.2")
+    )
+
+
+@hookimpl
+def idrs_register_trainers(register) -> None:
+    register(TrainerSpec("sukenik-augmentation", _train_input_dependent, _TRAIN_DEFAULTS,
+                         "Gaussian augmentation with σ(x) at train rate trr (App. E.4)"))  # fmt: skip
+    register(TrainerSpec("sukenik-increased", _train_increased, {**_TRAIN_DEFAULTS, "rate": 0.01},
+                         "constant augmentation at C·σ_b, C = median exp(r(d̄ − m)) (App. E.6.3)"))  # fmt: skip
+
+
+@hookimpl
+def idrs_register_methods(register) -> None:
+    register(MethodSpec("sukenik", "sukenik-knn", "sukenik", METHOD_DEFAULTS,
+                        "Súkeník et al. (2022): kNN σ(x), semi-elastic certificate", check_params))  # fmt: skip

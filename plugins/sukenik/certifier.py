@@ -1,0 +1,20 @@
+"""CERTIFY of Súkeník et al. (2022), Alg. 3: Cohen's protocol with the radius of Thm 3.2."""
+
+from __future__ import annotations
+
+import numpy as np
+from harness.worstcase import certified_radius
+
+from harness.certify import HardSmoothingCertifier
+
+
+class SukenikCertifier(HardSmoothingCertifier):
+    """n0 samples select ĉ_A, n samples give p_A_lower at σ0 = σ(x0); abstain if p_A_lower <= 1/2;
+    else CR = sup{R : ξ>(R, σ0, σ0 e^(−rR)) < 1/2 and ξ<(R, σ0, σ0 e^(rR)) < 1/2} (Thm 3.2)."""
+
+    def __init__(self, engine, protocol, rate: float, dim: int) -> None:
+        super().__init__(engine, protocol)
+        self.rate, self.dim = rate, dim
+
+    def radius(self, p_lower: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+        return np.asarray(certified_radius(p_lower, sigma, self.rate, self.dim))

@@ -1,0 +1,79 @@
+"""The kNN σ-provider of Súkeník et al. (2022), eq. (1): exactness and semi-elasticity."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from harness.regularity import SemiElastic
+from plugins.sukenik.knn_sigma import TRAIN_CHUNK, KnnSigma, knn_mean_distance, propose_m
+
+
+def _brute_force(queries, train, k, exclude_self=False):
+    d = np.linalg.norm(
+        queries.numpy()[:, None, :].astype(np.float64) - train.numpy()[None].astype(np.float64),
+        axis=2,
+    )
+    d.sort(axis=1)
+    return d[:, 1 : k + 1].mean(1) if exclude_self else d[:, :k].mean(1)
+
+
+def test_knn_mean_distance_is_exact_across_chunks():
+    gen = torch.Generator().manual_seed(0)
+    train = torch.rand(TRAIN_CHUNK + 300, 5, generator=gen)
+    queries = torch.rand(17, 5, generator=gen)
+    got = knn_mean_distance(queries, train, 7).numpy()
+    assert np.allclose(got, _brute_force(queries, train, 7), rtol=1e-12, atol=1e-12)
+    own = knn_mean_distance(train[:9], train, 4, exclude_self=True).numpy()
+    assert np.allclose(own, _brute_force(train[:9], train, 4, exclude_self=True), rtol=1e-12)
+
+
+def test_sigma_formula_and_clamp():
+    gen = torch.Generator().manual_seed(1)
+    train = torch.rand(200, 3, generator=gen)
+    x = torch.rand(6, 3, generator=gen) * 4
+    provider = KnnSigma(train, sigma_b=0.5, rate=0.3, k=5, m=0.2)
+    expected = 0.5 * np.exp(0.3 * (_brute_force(x, train, 5) - 0.2))
+    assert np.allclose(provider(x).numpy(), expected, rtol=1e-12)
+    assert provider.regularity == SemiElastic(0.3)
+    clamped = KnnSigma(train, sigma_b=0.5, rate=0.3, k=5, m=0.2, max_ratio=1.1)(x).numpy()
+    assert np.allclose(clamped, np.minimum(expected, 0.55), rtol=1e-12)
+
+
+def test_propose_m_rules():
+    gen = torch.Generator().manual_seed(2)
+    train = torch.rand(300, 4, generator=gen)
+    d = _brute_force(train, train, 6, exclude_self=True)
+    assert propose_m(train, 6, "min", sample=300) == pytest.approx(d.min(), rel=1e-5)
+    assert propose_m(train, 6, "median", sample=300) == pytest.approx(np.median(d), rel=1e-3)
+
+
+@pytest.mark.parametrize("max_ratio", [0.0, 1.05])
+def test_semi_elasticity_holds_under_random_pairs_and_gradient_ascent(max_ratio):
+    gen = torch.Generator().manual_seed(3)
+    rate = 0.2
+    train = torch.rand(500, 10, generator=gen)
+    provider = KnnSigma(train, 0.5, rate, k=20, m=0.5, max_ratio=max_ratio)
+    x0 = torch.rand(32, 10, generator=gen, dtype=torch.float64)
+    worst = 0.0
+    for scale in (1e-3, 1e-2, 0.1, 1.0, 3.0):
+        d = torch.randn(32, 10, generator=gen, dtype=torch.float64)
+        x1 = x0 + scale * d / d.norm(dim=1, keepdim=True)
+        q = (torch.log(provider(x1)) - torch.log(provider(x0))).abs() / scale
+        worst = max(worst, float(q.max()))
+    # gradient ascent on the quotient
+    x1 = (x0 + 0.05 * torch.randn(32, 10, generator=gen, dtype=torch.float64)).requires_grad_(True)
+    s0 = provider(x0).detach()
+    for _ in range(50):
+        q = (torch.log(provider(x1)) - torch.log(s0)).abs() / (x1 - x0).norm(dim=1)
+        worst = max(worst, float(q.detach().max()))
+        (g,) = torch.autograd.grad(q.sum(), x1)
+        x1 = (
+            (x1 + 0.01 * g / g.norm(dim=1, keepdim=True).clamp_min(1e-12))
+            .detach()
+            .requires_grad_(True)
+        )
+    assert worst <= rate * (1 + 1e-9)
+    assert worst > 0.5 * rate  # the search does reach near the bound (it could fail)
+    assert math.isfinite(worst)
