@@ -1,0 +1,85 @@
+"""The sukenik method next to cohen on the identical base model, and its certificate."""
+
+import json
+import sqlite3
+
+import numpy as np
+import pytest
+from scipy.stats import norm
+
+from harness.cli import main
+from harness.progress import Progress
+from harness.protocol import CertificationProtocol
+from harness.runner import RunOptions, run_benchmark
+from harness.spec import parse_spec
+from harness.worstcase import certified_radius
+from plugins.sukenik.certifier import SukenikCertifier
+
+
+def test_sukenik_and_cohen_certify_the_same_cached_fashion_mnist_model(tmp_path, manager, capsys):
+    raw = {
+        "name": "fm-tiny",
+        "dataset": {"name": "fashion-mnist", "test_every": 1000, "test_count": 3},
+        "model": {"architecture": "mlp", "trainer": "gaussian-augmentation",
+                  "trainer_params": {"sigma": 0.25, "epochs": 1}},
+        "certification": {"n0": 20, "n": 200, "alpha": 0.001},
+        "methods": [{"name": "cohen", "settings": [{"sigma": 0.25}]},
+                    {"name": "sukenik", "settings": [{"sigma": 0.25}]}],
+    }  # fmt: skip
+    db = tmp_path / "fm.sqlite"
+    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), Progress(enabled=False), manager)
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 1
+        rows = con.execute(
+            "SELECT method, input_id, sigma, radius, p_lower FROM certificates"
+        ).fetchall()
+    by_method = {m: [r for r in rows if r[0] == m] for m in ("cohen", "sukenik")}
+    assert (
+        [r[1] for r in by_method["cohen"]]
+        == [r[1] for r in by_method["sukenik"]]
+        == [0, 1000, 2000]
+    )
+    for _, _, sigma, radius, p_lower in by_method["sukenik"]:
+        assert sigma >= 0.25 * (1 - 1e-12)  # m = the minimum kNN distance: σ(x) >= σ_b mostly
+        if radius > 0:
+            assert radius <= sigma * norm.ppf(p_lower) * (1 + 1e-12)  # never above Cohen (Thm B.6)
+    assert main(["results", run_id[:10], "--db", str(db), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {m["method"] for m in out["methods"]} == {"cohen", "sukenik"}
+
+
+def test_certificate_uses_the_thm_3_2_radius():
+    certifier = SukenikCertifier(
+        None, CertificationProtocol(n0=10, n=1000, alpha=0.001), rate=0.01, dim=784
+    )
+    cert = certifier.from_counts(1, 0.3, np.array([0, 10]), np.array([40, 960]))
+    assert cert.prediction == 1
+    assert cert.radius == pytest.approx(
+        float(certified_radius(cert.p_lower, 0.3, 0.01, 784)), rel=1e-12
+    )
+    assert 0 < cert.radius < 0.3 * norm.ppf(cert.p_lower)
+    zero_rate = SukenikCertifier(None, certifier.protocol, rate=0.0, dim=784).from_counts(
+        1, 0.3, np.array([0, 10]), np.array([40, 960])
+    )
+    assert zero_rate.radius == 0.3 * norm.ppf(zero_rate.p_lower)  # r = 0 is Cohen exactly
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("sigma = 0.5, rate = -0.1", "rate must be a number >= 0"),
+        ("sigma = 0.5, k = 0", "k must be an integer >= 1"),
+        ('sigma = 0.5, m = "mean"', "m must be a number, 'min' or 'median'"),
+        ("sigma = 0.0", "sigma must be a positive number"),
+    ],
+)
+def test_invalid_parameters_are_rejected_before_work(tmp_path, capsys, setting, message):
+    from tests.test_cli_errors import BASE
+
+    spec = tmp_path / "s.toml"
+    text = BASE.format(
+        dataset="cone-4", arch="mlp", n0=10, n=20, alpha=0.01, method="sukenik", sigma=0.5
+    )
+    spec.write_text(text.replace("{ sigma = 0.5 }", "{ " + setting + " }"))
+    assert main(["run", str(spec), "--db", str(tmp_path / "r.sqlite"), "--quiet"]) == 2
+    assert message in capsys.readouterr().err
