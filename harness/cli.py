@@ -130,7 +130,7 @@ def _check(args: argparse.Namespace) -> int:
         db=args.db, device=args.device, data_root=args.data_root, cache_dir=args.cache_dir
     )
     results = run_checks(args.db, args.run, options, Progress(enabled=not args.quiet and not args.json),
-                         method=args.method, budget=args.budget)  # fmt: skip
+                         method=args.method, budget=args.budget, orders=args.orders)  # fmt: skip
     if args.json:
         print(json.dumps([
             {"method": m, "setting": s, "verdict": str(overall(rs)),
@@ -162,13 +162,13 @@ def _results(args: argparse.Namespace) -> int:
 
 
 def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
-    from harness.results import summarize
+    from harness.results import RADII, summarize
     from harness.store import ResultStore
 
     store = ResultStore(db)
     try:
         run = store.run(run_id)
-        rows = summarize(store.certificates(run["run_id"]))
+        rows = summarize(store.certificates(run["run_id"]), run["config"].get("radii", RADII))
         failures = store.failures(run["run_id"])
     finally:
         store.close()

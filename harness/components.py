@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
     from harness.certificate import Certificate
     from harness.data import Dataset
+    from harness.plugins import Registry
     from harness.progress import Progress
     from harness.protocol import CertificationProtocol
     from harness.regularity import Regularity
@@ -46,7 +47,12 @@ class Certifier(Protocol):
 
 @dataclass
 class BuildContext:
-    """Everything a σ-provider or certifier factory may use for one benchmark."""
+    """Everything a σ-provider or certifier factory may use for one benchmark.
+
+    ``run_id``, ``method`` and ``setting`` name the work the components are built for
+    (set by the runner; a certifier with state, such as a memory, keys it by them), and
+    ``registry`` resolves components by name (e.g. a wrapped certifier).
+    """
 
     dataset: Dataset
     model: torch.nn.Module
@@ -55,6 +61,10 @@ class BuildContext:
     protocol: CertificationProtocol
     engine: SamplingEngine
     progress: Progress
+    registry: Registry | None = None
+    run_id: str | None = None
+    method: str | None = None
+    setting: str | None = None
 
 
 @dataclass

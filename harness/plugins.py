@@ -36,6 +36,8 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "soundness": "harness.soundness",
     "sukenik": "plugins.sukenik",
     "chen": "plugins.chen",
+    "alfarra": "plugins.alfarra",
+    "lipschitz": "plugins.lipschitz",
 }
 
 _SINGULAR = {

@@ -12,7 +12,7 @@ import platform
 import subprocess
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -108,8 +108,10 @@ def prepare(
         protocol=spec.protocol,
         engine=engine,
         progress=progress,
+        registry=registry,
     )
     run_id = content_hash({"spec": spec.to_dict(), "device": str(device), "model": model_hash})
+    context.run_id = run_id
     return Prepared(spec, dataset, model_hash, context, registry, run_id)
 
 
@@ -157,6 +159,7 @@ def _certify_setting(store, run_id, spec, context, method_name, setting, test_id
     try:
         method = registry.get("methods", method_name)
         params = {**method.defaults, **setting}
+        context = replace(context, method=method_name, setting=key)
         provider = registry.get("sigma_providers", method.sigma_provider).build(context, params)
         certifier = registry.get("certifiers", method.certifier).build(context, params)
         labels = context.dataset.test_y

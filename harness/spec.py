@@ -38,6 +38,7 @@ from typing import Any
 from harness.errors import ParameterError, SpecError
 from harness.plugins import Registry
 from harness.protocol import CertificationProtocol
+from harness.results import RADII
 
 BENCHMARKS_DIR = Path(__file__).parent / "benchmarks"
 DEFAULT_BENCHMARK = BENCHMARKS_DIR / "quick.toml"
@@ -77,6 +78,8 @@ class BenchmarkSpec:
     seed: int = 0
     device: str = "auto"
     shard_size: int = 32
+    radii: tuple[float, ...] = RADII
+    headline_radius: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -125,7 +128,8 @@ def _typed(value: Any, kind: type | tuple[type, ...], what: str) -> Any:
 
 def parse_spec(raw: dict[str, Any], default_name: str = "benchmark") -> BenchmarkSpec:
     where = "benchmark"
-    top = {"name", "seed", "device", "shard_size", "dataset", "model", "certification", "methods"}
+    top = {"name", "seed", "device", "shard_size", "radii", "headline_radius", "dataset", "model",
+           "certification", "methods"}  # fmt: skip
     unknown = set(raw) - top
     if unknown:
         raise SpecError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(top)}")
@@ -181,7 +185,13 @@ def parse_spec(raw: dict[str, Any], default_name: str = "benchmark") -> Benchmar
         ),
         protocol=_protocol(cert),
         methods=method_configs,
+        radii=_radii(raw.get("radii", RADII)),
+        headline_radius=raw.get("headline_radius"),
     )
+    if spec.headline_radius is not None and (
+        not isinstance(spec.headline_radius, int | float) or spec.headline_radius < 0
+    ):
+        raise SpecError(f"headline_radius must be a number >= 0, got {spec.headline_radius!r}")
     if spec.dataset.test_every < 1 or (
         spec.dataset.test_count is not None and spec.dataset.test_count < 1
     ):
@@ -189,6 +199,14 @@ def parse_spec(raw: dict[str, Any], default_name: str = "benchmark") -> Benchmar
     if spec.shard_size < 1:
         raise SpecError("shard_size must be >= 1")
     return spec
+
+
+def _radii(value: Any) -> tuple[float, ...]:
+    if not isinstance(value, list | tuple) or not value or not all(
+        isinstance(r, int | float) and not isinstance(r, bool) and r >= 0 for r in value
+    ):
+        raise SpecError(f"radii must be a non-empty list of numbers >= 0, got {value!r}")
+    return tuple(sorted({float(r) for r in value}))
 
 
 def _protocol(cert: dict[str, Any]) -> CertificationProtocol:
@@ -236,4 +254,6 @@ def spec_from_dict(config: dict[str, Any]) -> BenchmarkSpec:
         seed=config["seed"],
         device=config["device"],
         shard_size=config["shard_size"],
+        radii=tuple(config.get("radii", RADII)),
+        headline_radius=config.get("headline_radius"),
     )

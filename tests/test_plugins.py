@@ -47,7 +47,7 @@ def test_temporary_plugin_registered_and_unregistered(manager):
     assert {"name": "mine", "version": "1.2", "hooks": ["idrs_register_methods"],
             "provides": {"methods": ["my-method"]}} in manager.describe()  # fmt: skip
     manager.unregister("mine")
-    with pytest.raises(UnknownNameError, match="unknown method 'my-method'; available: cohen"):
+    with pytest.raises(UnknownNameError, match="unknown method 'my-method'; available: alfarra-ds, "):
         manager.registry.get("methods", "my-method")
 
 
@@ -111,7 +111,8 @@ def test_environment_variable_restricts_external_plugins(monkeypatch):
     assert "one" not in PluginManager().registry.names("methods")
     assert "two" in PluginManager().registry.names("methods")
     monkeypatch.setenv("IDRS_BENCH_PLUGINS", "")
-    assert PluginManager().registry.names("methods") == ["cohen"]
+    assert "one" not in PluginManager().registry.names("methods")
+    assert "cohen" in PluginManager().registry.names("methods")
 
 
 def test_a_plugin_whose_register_hook_raises_does_not_break_the_others(manager):

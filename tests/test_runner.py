@@ -14,7 +14,7 @@ import pytest
 from harness.cli import main
 from harness.progress import Progress
 from harness.runner import RunOptions, run_benchmark
-from harness.spec import DEFAULT_BENCHMARK, parse_spec
+from harness.spec import DEFAULT_BENCHMARK, parse_spec, setting_key
 
 TINY = """
 name = "tiny"
@@ -143,13 +143,15 @@ def test_default_benchmark_smoke_on_a_tiny_subset(tmp_path, capsys):
     assert "sigma=0.12" in table and "sigma=0.5" in table and "cert@0.5" in table
     assert main(["results", "--db", str(db), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    rows = {m["setting"]: m for m in out["methods"]}
-    assert set(rows) == {"sigma=0.12", "sigma=0.25", "sigma=0.5"}
-    for setting, row in rows.items():
-        assert row["inputs"] == 4
-        assert row["mean_sigma"] == pytest.approx(float(setting.split("=")[1]))
-        assert 0 <= row["certified_accuracy"]["0"] <= 1
-        # with n = 200 at alpha = 0.001, p_A_lower <= 0.001^(1/200): no radius can be larger
-        from scipy.stats import norm
+    rows = {(m["method"], m["setting"]): m for m in out["methods"]}
+    expected = {(m["name"], setting_key(s)) for m in raw["methods"] for s in m["settings"]}
+    assert set(rows) == expected and not out["failures"]
+    from scipy.stats import norm
 
+    for (method, setting), row in rows.items():
+        assert row["inputs"] == 4
+        assert 0 <= row["certified_accuracy"]["0"] <= 1
+        if method == "cohen":
+            assert row["mean_sigma"] == pytest.approx(float(setting.split("=")[1]))
+            # with n = 200 at alpha = 0.001, p_A_lower <= 0.001^(1/200): no radius can be larger
         assert row["acr"] <= row["mean_sigma"] * norm.ppf(0.001 ** (1 / 200)) + 1e-12

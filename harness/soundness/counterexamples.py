@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from harness.certificate import ABSTAIN
+from harness.results import RADII
 from harness.soundness.analytic import BallClassifier
 from harness.soundness.audit import Audit
 from harness.soundness.verdict import CheckResult, Verdict
@@ -34,7 +35,8 @@ def intersecting_pairs(points: torch.Tensor, radii: torch.Tensor, predictions: t
     flat = points.flatten(1).double()
     dist = torch.cdist(flat, flat)
     overlap = radii[:, None] + radii[None, :] - dist
-    mask = (predictions[:, None] != predictions[None, :]) & (overlap > 0)
+    # balls that only touch do not intersect (open balls); allow rounding of d − R_i
+    mask = (predictions[:, None] != predictions[None, :]) & (overlap > 1e-9 * (1 + dist))
     mask &= torch.triu(torch.ones_like(mask), diagonal=1)
     i, j = torch.nonzero(mask, as_tuple=True)
     order = torch.argsort(overlap[i, j], descending=True)
@@ -58,10 +60,12 @@ def check_counterexamples(audit: Audit) -> CheckResult:
     model = audit.context.model
     if isinstance(model, BallClassifier):
         flips = []
+        memory = getattr(audit.certifier, "ball_sigmas", None)
+        ball_sigma = memory(certs) if memory else None
         for c, x in zip(certs, audit.inputs, strict=True):
             if c["prediction"] != ABSTAIN and c["radius"] > 0:
                 flip = ball_flip(
-                    audit.sigma_provider,
+                    sigma_in_ball(audit.sigma_provider, ball_sigma, c["input_id"]),
                     model,
                     x.to(audit.context.device),
                     c["radius"],
@@ -82,6 +86,12 @@ def check_counterexamples(audit: Audit) -> CheckResult:
     if getattr(audit.certifier, "order_dependent", False):
         flags.append("order-dependent")
         evidence["attack"] = "not applicable: memory certificates depend on the order of inputs"
+        if hasattr(audit.certifier, "order_spread"):
+            spread = audit.certifier.order_spread(certs, dict(zip([c["input_id"] for c in certs], audit.inputs, strict=True)),
+                                                  audit.budget.orders, RADII, audit.context.seed)  # fmt: skip
+            evidence["order_spread"] = {
+                k: spread[k] for k in ("orders", "radii", "min", "median", "max", "recorded")
+            }
     else:
         confirmed, attacked = attack_certificates(audit, gen)
         evidence["attack"] = {
@@ -118,6 +128,14 @@ def _intersections(certs: list[dict], inputs: torch.Tensor) -> dict:
             "distance": float(dist[0]),
         }
     return out
+
+
+def sigma_in_ball(provider, ball_sigma: dict[int, float] | None, input_id: int):
+    """σ at the points of a certified ball: the method's σ(x), or for memory
+    certificates the constant σ of the ball (``ball_sigma`` by input id)."""
+    if ball_sigma is None:
+        return provider
+    return lambda points: torch.full((len(points),), ball_sigma[input_id], dtype=torch.float64)
 
 
 def ball_flip(

@@ -30,7 +30,7 @@ from harness.data import Dataset
 from harness.protocol import CertificationProtocol
 from harness.soundness.analytic import BallClassifier, LinearClassifier, load_ball_dataset
 from harness.soundness.audit import Audit
-from harness.soundness.counterexamples import ball_flip
+from harness.soundness.counterexamples import ball_flip, sigma_in_ball
 from harness.soundness.verdict import CheckResult, Verdict
 
 NAME = "coverage"
@@ -56,9 +56,10 @@ def _certify(audit: Audit, dataset: Dataset, model: torch.nn.Module):
     with torch.no_grad():
         sigma = provider(x)
     certs = sorted(certifier.certify(x, sigma, list(range(len(x)))), key=lambda c: c.input_id)
-    if getattr(certifier, "order_dependent", False):
-        provider = None  # memory certificates: σ is constant inside each ball
-    return provider, [c for c in certs if c.prediction != ABSTAIN and c.radius > 0], x
+    ball_sigma = None
+    if hasattr(certifier, "ball_sigmas"):  # memory certificates: σ is constant inside each ball
+        ball_sigma = certifier.ball_sigmas([vars(c) for c in certs])
+    return provider, ball_sigma, [c for c in certs if c.prediction != ABSTAIN and c.radius > 0], x
 
 
 def _linear_failures(audit: Audit) -> tuple[int, int, dict | None]:
@@ -66,7 +67,7 @@ def _linear_failures(audit: Audit) -> tuple[int, int, dict | None]:
     dim = math.prod(shape)
     dataset = _linear_dataset(dim, shape, audit.context.seed + 11, audit.budget.coverage_trials)
     model = LinearClassifier(dim, offset=0.5)
-    _, certs, x = _certify(audit, dataset, model)
+    _, _, certs, x = _certify(audit, dataset, model)
     failures, example = 0, None
     for c in certs:
         signed = float(x[c.input_id].flatten()[0]) - 0.5
@@ -82,11 +83,11 @@ def _ball_failures(audit: Audit) -> tuple[int, int, dict | None]:
         2, seed=audit.context.seed + 13, test_size=audit.budget.coverage_trials // 2
     )
     model = BallClassifier(2, 1.0)
-    provider, certs, x = _certify(audit, dataset, model)
+    provider, ball_sigma, certs, x = _certify(audit, dataset, model)
     gen = torch.Generator().manual_seed(audit.context.seed + 13)
     failures, example = 0, None
     for c in certs:
-        sigma_of = provider or (lambda points, s=c.sigma: torch.full((len(points),), s, dtype=torch.float64))
+        sigma_of = sigma_in_ball(provider, ball_sigma, c.input_id)
         flip = ball_flip(sigma_of, model, x[c.input_id], c.radius, c.prediction, gen)
         if flip is not None:
             failures += 1

@@ -32,7 +32,9 @@ NAME = "worst-case-justification"
 TOLERANCE = 1e-9  # ξ = 1/2 exactly at Cohen's radius; allow rounding, never more
 
 
-def sigma_extremes(provider, x0: torch.Tensor, radius: torch.Tensor, steps: int, gen: torch.Generator):
+def sigma_extremes(
+    provider, x0: torch.Tensor, radius: torch.Tensor, steps: int, gen: torch.Generator
+):
     """Smallest and largest σ(x1) found in each ball B(x0_i, R_i), with their distances."""
     flat = x0.flatten(1)
     dim = flat.shape[1]
@@ -46,7 +48,9 @@ def sigma_extremes(provider, x0: torch.Tensor, radius: torch.Tensor, steps: int,
                 s = provider((flat + d).view_as(x0)).double()
             lo, hi = torch.minimum(lo, s), torch.maximum(hi, s)
     for sign in (1.0, -1.0):
-        x1 = (flat + 1e-3 * torch.randn(flat.shape, generator=gen).to(flat.device) / math.sqrt(dim)).view_as(x0)
+        x1 = (
+            flat + 1e-3 * torch.randn(flat.shape, generator=gen).to(flat.device) / math.sqrt(dim)
+        ).view_as(x0)
         for _ in range(steps):
             x1 = x1.detach().requires_grad_(True)
             with torch.enable_grad():
@@ -77,7 +81,11 @@ def check_justification(audit: Audit) -> CheckResult:
         hypotheses = dict(certifier.hypotheses())
         failed = [name for name, holds in hypotheses.items() if not holds]
         verdict = Verdict.UNJUSTIFIED if failed else Verdict.SOUND
-        summary = f"hypotheses not met: {', '.join(failed)}" if failed else "all hypotheses of the theorem hold"
+        summary = (
+            f"hypotheses not met: {', '.join(failed)}"
+            if failed
+            else "all hypotheses of the theorem hold"
+        )
         return CheckResult(NAME, verdict, summary, {"hypotheses": hypotheses})
     certs = audit.certificates
     chosen = [k for k, c in enumerate(certs) if c["prediction"] != ABSTAIN and c["radius"] > 0]

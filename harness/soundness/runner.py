@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Iterator
+from dataclasses import replace
 
 import torch
 
@@ -25,10 +26,14 @@ def audits(
     manager: PluginManager,
     method: str | None = None,
     budget: str = "small",
+    orders: int | None = None,
 ) -> Iterator[Audit]:
     """One :class:`Audit` per (method, setting) of the run that has certificates."""
     if budget not in BUDGETS:
         raise IdrsError(f"unknown budget {budget!r}; choose one of {sorted(BUDGETS)}")
+    if orders is not None and orders < 1:
+        raise IdrsError(f"--orders must be >= 1, got {orders}")
+    limits = BUDGETS[budget] if orders is None else replace(BUDGETS[budget], orders=orders)
     run = store.run(run_id)
     spec = spec_from_dict(run["config"])
     methods = [m.name for m in spec.methods]
@@ -51,7 +56,7 @@ def audits(
             if not certs:
                 continue
             params = {**method_spec.defaults, **setting}
-            context = prepared.context
+            context = replace(prepared.context, method=config.name, setting=key)
             provider = prepared.registry.get("sigma_providers", method_spec.sigma_provider).build(
                 context, params
             )
@@ -60,12 +65,13 @@ def audits(
             )
             inputs = prepared.dataset.test_x[torch.tensor([r["input_id"] for r in certs])]
             yield Audit(run["run_id"], method_spec, key, params, context, provider, certifier, certs,
-                        inputs, BUDGETS[budget], prepared.registry)  # fmt: skip
+                        inputs, limits, prepared.registry)  # fmt: skip
 
 
 def run_checks(
     db, run_id: str | None, options: RunOptions, progress: Progress,
     manager: PluginManager | None = None, method: str | None = None, budget: str = "small",
+    orders: int | None = None,
 ) -> dict[tuple[str, str], list[CheckResult]]:  # fmt: skip
     """Run every registered check on every (method, setting); store and return the results."""
     manager = manager or get_plugin_manager()
@@ -73,7 +79,7 @@ def run_checks(
     store = ResultStore(db)
     out: dict[tuple[str, str], list[CheckResult]] = {}
     try:
-        for audit in audits(store, run_id, options, progress, manager, method, budget):
+        for audit in audits(store, run_id, options, progress, manager, method, budget, orders):
             results = []
             with progress.task(
                 f"checks {audit.method.name} {audit.setting}", len(checks), "checks"

@@ -1,0 +1,162 @@
+"""Alfarra et al. (2022), "Data Dependent Randomized Smoothing" (UAI), with its critique.
+
+Registers the σ-provider ``alfarra-opt`` (OptimizeSigma, Alg. 1), the trainer
+``alfarra-ds`` (Alg. 2), the certifier wrapper ``memory`` (memory-based
+certification, Alg. 3 / App. C) and the methods ``alfarra-ds`` (σ(x) from OptimizeSigma,
+then Cohen's CERTIFY at σ(x) with no memory, as the paper's first version certified)
+and ``alfarra-ds-memory`` (the same through ``memory``). Both methods are unsound as
+certificates of a fixed classifier: σ(x) is unregularized (Súkeník et al. 2022, App.
+C.2); the memory only makes one run's certificates mutually consistent, and its
+answers depend on the input order (:func:`plugins.alfarra.order.replay_orders`).
+
+Noise streams used here (see :mod:`harness.sampling`): 100 = OptimizeSigma at
+certification (keyed by a content hash of x), 101 = OptimizeSigma in training (keyed
+by the training example index). CERTIFY itself uses the core's streams 0 and 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from harness import hookimpl
+from harness.components import (
+    BuildContext,
+    CertifierSpec,
+    MethodSpec,
+    SigmaProviderSpec,
+    TrainContext,
+    TrainerSpec,
+)
+from harness.errors import ParameterError
+from harness.protocol import check_sigma
+
+OPTIMIZER_DEFAULTS = {"sigma": 0.25, "steps": 100, "samples": 1, "beta": 1e-4, "sigma_min": 1e-3}
+"""Alg. 1 with the paper's values (§4: β = 1e-4, K = 100, M = 1; σ_0 = the training σ)."""
+
+TRAINER_DEFAULTS = {
+    "sigma": 0.25,
+    "epochs": 10,
+    "batch_size": 128,
+    "lr": 1e-3,
+    "warmup_epochs": 2,
+    "steps": 1,
+    "samples": 1,
+    "beta": 1e-4,
+    "sigma_min": 1e-3,
+}
+"""Alg. 2: K = 0 for the first quarter of the epochs, then K = 1 (§4.1, 50 of 200 epochs)."""
+
+MEMORY_DEFAULTS = {"memory_certifier": "cohen"}
+"""The certifier wrapped by ``memory`` (any registered certifier but ``memory``)."""
+
+
+def check_optimizer(params: Mapping[str, Any]) -> None:
+    """Parameters of ``alfarra-opt``: σ_0 > 0, K >= 0, M >= 1, β >= 0, σ_min > 0."""
+    from plugins.alfarra.optimize_sigma import check_optimizer_params
+
+    check_sigma(params["sigma"])
+    check_optimizer_params(params["steps"], params["samples"], params["beta"], params["sigma_min"])
+
+
+def check_memory_method(params: Mapping[str, Any]) -> None:
+    check_optimizer(params)
+    inner = params["memory_certifier"]
+    if not isinstance(inner, str) or inner == "memory":
+        raise ParameterError(
+            f"memory_certifier must name a registered certifier other than 'memory', got {inner!r}"
+        )
+
+
+def _optimized_sigma(context: BuildContext, params: Mapping[str, Any]):
+    from plugins.alfarra.optimize_sigma import OptimizedSigma
+
+    check_optimizer(params)
+    return OptimizedSigma(
+        context.model, params["sigma"], params["steps"], params["samples"], float(params["beta"]),
+        float(params["sigma_min"]), context.seed, max_batch=context.protocol.batch_size,
+    )  # fmt: skip
+
+
+def _memory_certifier(context: BuildContext, params: Mapping[str, Any]):
+    from harness.plugins import get_plugin_manager
+    from plugins.alfarra.certifier import MemoryCertifier
+    from plugins.alfarra.memory import Memory
+    from plugins.alfarra.memory_store import MemoryLog, default_memory_dir, memory_key
+
+    params = {**MEMORY_DEFAULTS, **params}
+    name = params["memory_certifier"]
+    if name == "memory":
+        raise ParameterError("the memory certifier cannot wrap itself; set memory_certifier")
+    registry = getattr(context, "registry", None) or get_plugin_manager().registry
+    inner = registry.get("certifiers", name).build(context, params)
+    memory = Memory(context.device)
+    log = MemoryLog(default_memory_dir() / "memory.sqlite", memory_key(context, name, params))
+    restored = log.restore(memory)
+    if restored:
+        context.progress.log(f"memory: continuing with {restored} certified inputs ({log.path})")
+    return MemoryCertifier(inner, memory, log)
+
+
+def _train_alfarra_ds(model, dataset, params: Mapping[str, Any], context: TrainContext) -> None:
+    from plugins.alfarra.training import train_alfarra_ds
+
+    train_alfarra_ds(model, dataset, params, context)
+
+
+@hookimpl
+def idrs_register_sigma_providers(register) -> None:
+    register(
+        SigmaProviderSpec(
+            "alfarra-opt",
+            _optimized_sigma,
+            "σ(x) by K steps of gradient ascent on the soft radius (Alfarra et al. Alg. 1)",
+        )
+    )
+
+
+@hookimpl
+def idrs_register_trainers(register) -> None:
+    register(
+        TrainerSpec(
+            "alfarra-ds",
+            _train_alfarra_ds,
+            TRAINER_DEFAULTS,
+            "Gaussian augmentation with per-example σ from OptimizeSigma (Alfarra et al. Alg. 2)",
+        )
+    )
+
+
+@hookimpl
+def idrs_register_certifiers(register) -> None:
+    register(
+        CertifierSpec(
+            "memory",
+            _memory_certifier,
+            "wraps memory_certifier; balls of different classes never meet (Alfarra et al. Alg. 3)",
+        )
+    )
+
+
+@hookimpl
+def idrs_register_methods(register) -> None:
+    register(
+        MethodSpec(
+            "alfarra-ds",
+            sigma_provider="alfarra-opt",
+            certifier="cohen",
+            defaults=dict(OPTIMIZER_DEFAULTS),
+            description="Alfarra et al. (2022): OptimizeSigma, then Cohen's CERTIFY at σ(x)",
+            check=check_optimizer,
+        )
+    )
+    register(
+        MethodSpec(
+            "alfarra-ds-memory",
+            sigma_provider="alfarra-opt",
+            certifier="memory",
+            defaults={**OPTIMIZER_DEFAULTS, **MEMORY_DEFAULTS},
+            description="Alfarra et al. (2022): alfarra-ds with memory-based certification",
+            check=check_memory_method,
+        )
+    )

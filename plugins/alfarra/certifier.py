@@ -1,0 +1,109 @@
+"""The certifier wrapper ``memory``: any certifier followed by Alg. 3 (Alfarra et al. 2022, App. C).
+
+The inner certifier's certificates are put through the memory in the order of the
+inputs it was given (the runner's order of test inputs), whatever order the inner
+certifier yields them in. Each certificate records in its evidence
+
+- ``memory_position``: its place in the memory (the input order of the run);
+- ``memory_raw_prediction``, ``memory_raw_radius``, ``memory_raw_predict``: the inner
+  certificate before the memory adjusted it (for :func:`plugins.alfarra.order.replay_orders`);
+- ``memory_action``: ``kept``, ``inside`` (LargestInSubset: prediction and PREDICT's
+  answer replaced by the enclosing ball's class) or ``shrunk`` (LargestOutSubset);
+- ``memory_decided_by``: the input ids of the memory entries that changed it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from harness.certificate import Certificate
+from harness.components import Certifier
+from harness.errors import IdrsError
+from plugins.alfarra.memory import INSIDE, Memory, MemoryEntry
+from plugins.alfarra.memory_store import MemoryLog
+
+
+class MemoryCertifier:
+    """Wraps ``inner``; ``log`` (optional) persists every new memory entry before it is yielded.
+
+    ``order_dependent`` tells the soundness checks that certificates depend on the order
+    of inputs (they replay orders instead of attacking a fixed smoothed classifier).
+    """
+
+    order_dependent = True
+
+    @staticmethod
+    def ball_sigmas(rows) -> dict[int, float]:
+        """The σ that is constant inside each certified ball, by input id.
+
+        An input certified "inside" an earlier ball lives in (a sub-ball of) that ball,
+        whose σ is the earlier entry's (recursively); every other ball is its own input's
+        Cohen certificate at its own σ. ``rows`` have input_id, sigma and evidence.
+        """
+        by_id = {int(r["input_id"]): r for r in rows}
+        out: dict[int, float] = {}
+
+        def resolve(i: int) -> float:
+            if i not in out:
+                evidence = by_id[i]["evidence"] or {}
+                decided = evidence.get("memory_decided_by") or []
+                inside = evidence.get("memory_action") == INSIDE and decided and decided[0] in by_id
+                out[i] = resolve(int(decided[0])) if inside else float(by_id[i]["sigma"])
+            return out[i]
+
+        for i in by_id:
+            resolve(i)
+        return out
+
+    @staticmethod
+    def order_spread(certificates, inputs, orders: int, radii, seed: int) -> dict:
+        """Certified accuracy over ``orders`` random input orders (:func:`replay_orders`)."""
+        from plugins.alfarra.order import replay_orders
+
+        return replay_orders(certificates, orders, radii, seed, inputs=inputs)
+
+    def __init__(self, inner: Certifier, memory: Memory, log: MemoryLog | None = None) -> None:
+        self.inner = inner
+        self.memory = memory
+        self.log = log
+
+    def certify(
+        self, x: torch.Tensor, sigma: torch.Tensor, input_ids: Sequence[int]
+    ) -> Iterator[Certificate]:
+        order = [int(i) for i in input_ids]
+        if len(set(order)) != len(order):
+            raise IdrsError("the memory certifier needs distinct input ids in one call")
+        pending: dict[int, Certificate] = {}
+        done = 0
+        for cert in self.inner.certify(x, sigma, input_ids):
+            pending[int(cert.input_id)] = cert
+            while done < len(order) and order[done] in pending:
+                yield self._adjust(pending.pop(order[done]), x[done])
+                done += 1
+        if done < len(order):
+            raise IdrsError(
+                f"the inner certifier returned no certificate for input {order[done]}; "
+                "the memory needs every input in order"
+            )
+
+    def _adjust(self, cert: Certificate, x: torch.Tensor) -> Certificate:
+        known = cert.input_id in self.memory
+        entry: MemoryEntry = self.memory.certify(cert.input_id, x, cert.prediction, cert.radius)
+        if not known and self.log is not None:
+            self.log.append(entry, x)
+        ids = [self.memory.entries[p].input_id for p in entry.decided_by]
+        cert.evidence = {
+            **cert.evidence,
+            "memory_position": entry.position,
+            "memory_raw_prediction": entry.raw_prediction,
+            "memory_raw_radius": entry.raw_radius,
+            "memory_raw_predict": cert.predict,
+            "memory_action": entry.action,
+            "memory_decided_by": ids,
+        }
+        cert.prediction, cert.radius = entry.prediction, entry.radius
+        if entry.action == INSIDE:
+            cert.predict = entry.prediction
+        return cert

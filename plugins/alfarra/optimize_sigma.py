@@ -1,0 +1,171 @@
+"""OptimizeSigma: the per-input σ of Alfarra et al. (2022), Alg. 1, §3.4 and App. A.
+
+For one input x, starting from σ_0, K steps of stochastic gradient ascent on the soft
+certified radius (Zhai et al. 2020) of the smoothed softmax
+
+    φ(σ) = 1/M Σ_m softmax f(x + σ δ_m),   δ_m ~ N(0, I)   (reparameterization, eq. 3)
+    E_A = clamp(max_c φ_c, 0.02, 0.98),   E_B = clamp(second largest φ_c, 0.02, 0.98)
+    R(σ) = σ/2 · (Φ⁻¹(E_A) − Φ⁻¹(E_B))
+    σ_{k+1} = σ_k + β · ∂R/∂σ (σ_k)
+
+with fresh δ at every step. The clamp is the paper's code (App. A): a clamped value
+passes no gradient, exactly as ``torch.clamp``. Decisions where the paper is silent:
+
+- σ is floored at ``sigma_min`` > 0 after every step (the ascent can step below 0);
+- the δ of one input at step k is drawn from a ``torch.Generator`` seeded with
+  ``noise_seed(seed, stream, key, first_step + k)``, so a batch of inputs gives each
+  input exactly the σ it gets alone. The σ-provider uses the stream
+  :data:`STREAM_OPTIMIZE` and as key a 64-bit hash of the input's float32 bytes
+  (:func:`content_keys`): σ(x) is then a function of x and the run seed only, as a
+  smoothed classifier g(x) needs, whatever the input's id or its batch. The trainer
+  uses :data:`STREAM_TRAIN` keyed by the training example's index.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import torch
+
+from harness.errors import ModelOutputError, ParameterError
+from harness.regularity import Unregularized
+from harness.sampling import noise_seed
+
+STREAM_OPTIMIZE = 100
+"""Noise stream of OptimizeSigma at certification time (keys: content hash of x)."""
+STREAM_TRAIN = 101
+"""Noise stream of OptimizeSigma inside training, Alg. 2 (keys: training example index)."""
+
+CLAMP_LOW, CLAMP_HIGH = 0.02, 0.98
+"""E_A and E_B are clamped to this interval (the paper's code, App. A)."""
+
+
+def content_keys(x: torch.Tensor) -> list[int]:
+    """A 64-bit BLAKE2b hash of each input's float32 bytes (the noise key of σ(x))."""
+    rows = x.detach().to("cpu", torch.float32).contiguous().flatten(1).numpy()
+    return [int.from_bytes(hashlib.blake2b(r.tobytes(), digest_size=8).digest()) for r in rows]
+
+
+def check_optimizer_params(steps: int, samples: int, beta: float, sigma_min: float) -> None:
+    """Raise :class:`ParameterError` unless K >= 0, M >= 1, β >= 0 and σ_min > 0."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ParameterError(f"steps (K) must be an integer >= 0, got {steps!r}")
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise ParameterError(f"samples (M) must be an integer >= 1, got {samples!r}")
+    if not isinstance(beta, int | float) or not 0.0 <= beta < float("inf"):
+        raise ParameterError(f"beta must be a finite number >= 0, got {beta!r}")
+    if not isinstance(sigma_min, int | float) or not 0.0 < sigma_min < float("inf"):
+        raise ParameterError(f"sigma_min must be a positive number, got {sigma_min!r}")
+
+
+def soft_radius(
+    model: torch.nn.Module, x: torch.Tensor, sigma: torch.Tensor, delta: torch.Tensor
+) -> torch.Tensor:
+    """R(σ) = σ/2 (Φ⁻¹(E_A) − Φ⁻¹(E_B)) on the given noise, per input, differentiable in σ.
+
+    ``x`` [B, *shape], ``sigma`` [B], ``delta`` [B, M, *shape]; returns [B] (float64).
+    """
+    batch, samples = delta.shape[:2]
+    view = (batch, 1) + (1,) * (x.dim() - 1)
+    noisy = x.unsqueeze(1) + sigma.to(x.dtype).view(view) * delta
+    logits = model(noisy.flatten(0, 1))
+    probs = torch.softmax(logits, dim=1).view(batch, samples, -1).double().mean(dim=1)
+    top = probs.topk(2, dim=1).values.clamp(CLAMP_LOW, CLAMP_HIGH)
+    gap = torch.special.ndtri(top[:, 0]) - torch.special.ndtri(top[:, 1])
+    return sigma / 2 * gap
+
+
+def optimize_sigma(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    sigma0: torch.Tensor | float,
+    keys: Sequence[int],
+    *,
+    seed: int,
+    stream: int,
+    steps: int,
+    samples: int,
+    beta: float,
+    sigma_min: float,
+    first_step: int = 0,
+    max_batch: int = 1024,
+) -> torch.Tensor:
+    """Alg. 1 for a batch: σ_K of every input (shape [B], float64, on x's device).
+
+    ``sigma0`` is a number or a tensor [B] (warm starts, Alg. 2); ``keys`` name each
+    input's noise (see the module docstring); at most ``max_batch`` noisy samples go
+    through the model at once (inputs are split into chunks, which changes nothing but
+    floating-point rounding).
+    """
+    check_optimizer_params(steps, samples, beta, sigma_min)
+    if len(keys) != len(x):
+        raise ValueError(f"{len(x)} inputs but {len(keys)} noise keys")
+    device = x.device
+    sigma = torch.as_tensor(sigma0, dtype=torch.float64, device=device).expand(len(x)).clone()
+    if steps == 0 or len(x) == 0:
+        return sigma.clamp_min(sigma_min)
+    chunk = max(1, max_batch // samples)
+    generator = torch.Generator(device=device)
+    out = []
+    for start in range(0, len(x), chunk):
+        part = slice(start, start + chunk)
+        out.append(
+            _ascend(model, x[part], sigma[part], keys[part], generator, seed, stream,
+                    steps, samples, beta, sigma_min, first_step)
+        )  # fmt: skip
+    return torch.cat(out)
+
+
+def _ascend(model, x, sigma, keys, generator, seed, stream, steps, samples, beta, sigma_min, first):
+    delta = torch.empty((len(x), samples, *x.shape[1:]), device=x.device, dtype=x.dtype)
+    with torch.enable_grad():
+        for k in range(steps):
+            for i, key in enumerate(keys):
+                generator.manual_seed(noise_seed(seed, stream, key, first + k))
+                delta[i].normal_(generator=generator)
+            s = sigma.detach().requires_grad_(True)
+            (grad,) = torch.autograd.grad(soft_radius(model, x, s, delta).sum(), s)
+            if not bool(torch.isfinite(grad).all()):
+                raise ModelOutputError(
+                    "OptimizeSigma got a non-finite gradient of the certified radius; "
+                    "check the base model's outputs and the step size beta"
+                )
+            sigma = (s.detach() + beta * grad).clamp_min(sigma_min)
+    return sigma
+
+
+class OptimizedSigma:
+    """The σ-provider ``alfarra-opt``: σ(x) = OptimizeSigma(f, x, β, σ_0, M, K) (Alg. 1).
+
+    Unregularized: σ(x) may jump arbitrarily between nearby inputs, so a Cohen radius
+    at σ(x) is no certificate of the data-dependent classifier (Súkeník et al. 2022,
+    App. C.2); the memory certifier (Alg. 3) restores consistency within one run.
+    """
+
+    regularity = Unregularized()
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        sigma0: float,
+        steps: int,
+        samples: int,
+        beta: float,
+        sigma_min: float,
+        seed: int,
+        max_batch: int = 1024,
+    ) -> None:
+        self.model = model
+        self.sigma0 = float(sigma0)
+        self.steps, self.samples = steps, samples
+        self.beta, self.sigma_min = float(beta), float(sigma_min)
+        self.seed = seed
+        self.max_batch = max_batch
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return optimize_sigma(
+            self.model, x, self.sigma0, content_keys(x), seed=self.seed, stream=STREAM_OPTIMIZE,
+            steps=self.steps, samples=self.samples, beta=self.beta, sigma_min=self.sigma_min,
+            max_batch=self.max_batch,
+        )  # fmt: skip

@@ -1,0 +1,175 @@
+"""The methods ``alfarra-ds`` and ``alfarra-ds-memory`` in the runner: next to cohen on
+the same base model, a resumed run continuing the memory, and order replays."""
+
+import tomllib
+
+import numpy as np
+import pytest
+import torch
+
+import plugins.alfarra.memory_store as memory_store
+from harness.plugins import BUILTIN_PLUGINS, PluginManager
+from harness.progress import Progress
+from harness.runner import RunOptions, run_benchmark
+from harness.spec import parse_spec
+from harness.store import ResultStore
+from plugins.alfarra.memory import INSIDE, KEPT, SHRUNK
+from plugins.alfarra.order import pairwise_distances, raw_certificate, replay, replay_orders
+
+# cone-2 (Súkeník et al. App. A.5 in 2-D) puts test points close enough for the memory to act
+SPEC = """
+name = "alfarra-tiny"
+seed = 4
+shard_size = 8
+
+[dataset]
+name = "cone-2"
+test_count = 64
+
+[model]
+architecture = "mlp"
+trainer = "gaussian-augmentation"
+architecture_params = { width = 16 }
+trainer_params = { sigma = 0.5, epochs = 1 }
+
+[certification]
+n0 = 32
+n = 256
+alpha = 0.01
+batch_size = 256
+
+[[methods]]
+name = "cohen"
+settings = [{ sigma = 4.0 }]
+
+[[methods]]
+name = "alfarra-ds"
+settings = [{ sigma = 4.0, steps = 5, beta = 0.01 }]
+
+[[methods]]
+name = "alfarra-ds-memory"
+settings = [{ sigma = 4.0, steps = 5, beta = 0.01 }]
+"""
+MEMORY = "alfarra-ds-memory"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def alfarra_manager():
+    return PluginManager(
+        builtins={**BUILTIN_PLUGINS, "alfarra": "plugins.alfarra"}, load_entry_points=False
+    )
+
+
+def _run(manager, db, memory_dir, monkeypatch):
+    monkeypatch.setattr(memory_store, "default_memory_dir", lambda: memory_dir)
+    spec = parse_spec(tomllib.loads(SPEC))
+    return run_benchmark(spec, RunOptions(db=db), Progress(enabled=False), manager), spec
+
+
+def _rows(db, run_id, method=None):
+    store = ResultStore(db)
+    try:
+        rows = [r for r in store.certificates(run_id) if method in (None, r["method"])]
+        assert store.failures(run_id) == []
+    finally:
+        store.close()
+    for r in rows:
+        r.pop("seconds")
+    return rows
+
+
+def _exact(row):
+    """Everything but the floats that depend on σ(x)."""
+    evidence = {k: v for k, v in row["evidence"].items() if k != "memory_raw_radius"}
+    return {**{k: v for k, v in row.items() if k not in ("sigma", "radius", "p_lower")},
+            "evidence": evidence}  # fmt: skip
+
+
+def test_both_methods_run_next_to_cohen_and_the_memory_resumes(
+    alfarra_manager, tmp_path, monkeypatch
+):
+    run_id, _ = _run(alfarra_manager, tmp_path / "ref.sqlite", tmp_path / "mem-ref", monkeypatch)
+    rows = _rows(tmp_path / "ref.sqlite", run_id)
+    by_method = {m: [r for r in rows if r["method"] == m] for m in ("cohen", "alfarra-ds", MEMORY)}
+    assert all(len(v) == 64 for v in by_method.values())
+    plain, memory = by_method["alfarra-ds"], by_method[MEMORY]
+    # identical σ(x) and counts: the memory only post-processes alfarra-ds's certificates
+    for a, b in zip(plain, memory, strict=True):
+        assert a["sigma"] == b["sigma"] and a["counts_estimation"] == b["counts_estimation"]
+        assert raw_certificate(b) == (a["prediction"], a["radius"])
+        assert b["radius"] <= a["radius"]
+    assert all(r["sigma"] != 4.0 for r in plain)  # σ(x) was optimized per input
+    actions = [r["evidence"]["memory_action"] for r in memory]
+    assert {KEPT, INSIDE, SHRUNK} <= set(actions)
+    assert sorted(r["evidence"]["memory_position"] for r in memory) == list(range(64))
+
+    # the same run killed after 30 committed certificates of the memory method ...
+    calls = {"n": 0}
+    original = ResultStore.add_certificate
+
+    def crashing(self, run_id, method, *args):
+        if method == MEMORY:
+            calls["n"] += 1
+            if calls["n"] == 31:
+                raise KeyboardInterrupt
+        return original(self, run_id, method, *args)
+
+    monkeypatch.setattr(ResultStore, "add_certificate", crashing)
+    with pytest.raises(KeyboardInterrupt):
+        _run(alfarra_manager, tmp_path / "killed.sqlite", tmp_path / "mem-killed", monkeypatch)
+    monkeypatch.setattr(ResultStore, "add_certificate", original)
+    # ... and resumed: only the missing inputs are certified, the memory goes on
+    run_id2, _ = _run(
+        alfarra_manager, tmp_path / "killed.sqlite", tmp_path / "mem-killed", monkeypatch
+    )
+    assert run_id2 == run_id
+    resumed = _rows(tmp_path / "killed.sqlite", run_id, MEMORY)
+    assert [_exact(r) for r in resumed] == [_exact(r) for r in memory]
+    # σ(x) of the re-batched inputs of the interrupted shard differs by BLAS rounding only
+    for key in ("sigma", "radius", "p_lower"):
+        assert [r[key] for r in resumed] == pytest.approx([r[key] for r in memory], rel=1e-6)
+    # the test can fail: inputs certified after the crash were changed by earlier ones
+    late = [r for r in memory if r["evidence"]["memory_position"] >= 30]
+    assert any(r["evidence"]["memory_decided_by"] for r in late)
+
+
+def test_replay_orders_reproduces_the_recorded_order_and_reports_the_spread(
+    alfarra_manager, tmp_path, monkeypatch
+):
+    run_id, spec = _run(alfarra_manager, tmp_path / "r.sqlite", tmp_path / "mem", monkeypatch)
+    memory = _rows(tmp_path / "r.sqlite", run_id, MEMORY)
+    registry = alfarra_manager.registry
+    dataset = registry.get("datasets", "cone-2").load(
+        data_root=None, download=False, seed=spec.seed, **registry.family_args("datasets", "cone-2")
+    )
+    x = dataset.test_x[[r["input_id"] for r in memory]]
+    # replaying the recorded order of the raw certificates gives the stored ones back
+    raw = np.array([raw_certificate(r) for r in memory])
+    order = np.argsort([r["evidence"]["memory_position"] for r in memory])
+    pred, rad = replay(pairwise_distances(x), raw[:, 0].astype(int), raw[:, 1], order)
+    assert pred.tolist() == [r["prediction"] for r in memory]
+    assert np.allclose(rad, [r["radius"] for r in memory], rtol=1e-12, atol=1e-12)
+
+    radii = [0.0, 0.5, 1.0, 2.0]
+    out = replay_orders(memory, 12, radii, seed=0, inputs=dataset.test_x)
+    stored = [
+        np.mean([m["prediction"] == m["label"] and m["radius"] >= r for m in memory]) for r in radii
+    ]
+    assert out["recorded"] == pytest.approx(stored)
+    assert out["orders"] == 12 and np.array(out["per_order"]).shape == (12, 4)
+    assert np.all(np.array(out["min"]) <= np.array(out["median"]))
+    assert np.all(np.array(out["median"]) <= np.array(out["max"]))
+    assert out == replay_orders(memory, 12, radii, seed=0, inputs=dataset.test_x)
+    # the orders really differ in outcome here, and a single fixed order has no spread
+    assert max(np.array(out["max"]) - np.array(out["min"])) > 0
+    # replaying certificates that never went through the memory (alfarra-ds) works too
+    plain = _rows(tmp_path / "r.sqlite", run_id, "alfarra-ds")
+    assert replay_orders(plain, 3, radii, seed=1, inputs=dataset.test_x)["recorded"] is None

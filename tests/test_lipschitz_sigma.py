@@ -1,0 +1,228 @@
+"""Bergstrom et al. Remark 2 and §4: the σ-network, its certified Lipschitz bound, its fit."""
+
+import json
+import sqlite3
+import tomllib
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from harness.components import BuildContext
+from harness.data import Dataset
+from harness.errors import ParameterError
+from harness.plugins import BUILTIN_PLUGINS, PluginManager
+from harness.progress import Progress
+from harness.protocol import CertificationProtocol
+from harness.runner import RunOptions, run_benchmark
+from harness.sampling import SamplingEngine
+from harness.spec import parse_spec
+from plugins.lipschitz import METHOD_DEFAULTS, check_params
+from plugins.lipschitz.fit import fit_lipschitz_sigma, obtain_sigma_network
+from plugins.lipschitz.network import SVD_SAFETY, CertifiedSigma, SigmaNetwork
+from tests.conftest import LinearModel
+
+
+def _svd_product(sigma: CertifiedSigma) -> float:
+    """‖W1‖₂·‖W2‖₂ by numpy's float64 SVD (independent of torch)."""
+    n1 = np.linalg.svd(sigma.w1.double().numpy(), compute_uv=False)[0]
+    n2 = np.linalg.svd(sigma.w2.double().numpy(), compute_uv=False)[0]
+    return float(n1 * n2)
+
+
+def _ascent_ratio(sigma: CertifiedSigma, dim: int, starts=64, steps=150, seed=0) -> float:
+    """max |σ(x1) − σ(x0)| / ‖x1 − x0‖ found by gradient ascent over pairs (float64 weights)."""
+    gen = torch.Generator().manual_seed(seed)
+    w1, b1, w2, b2 = (t.double() for t in (sigma.w1, sigma.b1, sigma.w2, sigma.b2))
+
+    def s(x):
+        return torch.relu(torch.relu(x @ w1.T + b1) @ w2.T + b2)[:, 0] + sigma.sigma_min
+
+    x0 = (torch.rand(starts, dim, generator=gen, dtype=torch.float64) * 2).requires_grad_()
+    x1 = x0.detach() + 0.1 * torch.randn(starts, dim, generator=gen, dtype=torch.float64)
+    x1.requires_grad_()
+    optimizer = torch.optim.Adam([x0, x1], lr=0.02)
+    best = 0.0
+    for _ in range(steps):
+        ratio = (s(x1) - s(x0)).abs() / (x1 - x0).norm(dim=1).clamp_min(1e-9)
+        best = max(best, float(ratio.detach().max()))
+        optimizer.zero_grad()
+        (-ratio.sum()).backward()
+        optimizer.step()
+    return best
+
+
+def _tiny_dataset(d=20, n=256, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(d, generator=gen)
+    w /= w.norm()
+    x = torch.rand(n, d, generator=gen) * 2
+    y = (x @ w > float(torch.median(x @ w))).long()
+    return Dataset("tiny-linear", x, y, x[:32], y[:32], 2), LinearModel(
+        8 * w, 8 * float(torch.median(x @ w))
+    )
+
+
+FIT = {
+    **METHOD_DEFAULTS,
+    "width": 16,
+    "train_examples": 128,
+    "train_steps": 12,
+    "train_batch": 16,
+    "train_samples": 4,
+    "lr": 1e-3,
+}
+
+
+def test_normalized_network_is_certified_by_exact_svd():
+    network = SigmaNetwork(50, 40, 0.3, 0.5, torch.Generator().manual_seed(0))
+    from plugins.lipschitz.network import certify_sigma_network
+
+    sigma = certify_sigma_network(network)
+    product = _svd_product(sigma)
+    assert sigma.regularity.lip == pytest.approx(product * (1 + SVD_SAFETY), rel=1e-12)
+    assert sigma.regularity.lip <= 0.5
+    assert sigma.regularity.sigma_min == 0.3
+
+
+def test_weights_above_the_declared_bound_are_scaled_down_at_the_last_layer():
+    w1 = torch.diag(torch.tensor([3.0, 1.0, 0.5]))
+    w2 = torch.tensor([[1.0, -2.0, 0.0]])
+    sigma = CertifiedSigma(w1, torch.zeros(3), w2, torch.zeros(1), 0.1, declared_lip=1.0)
+    assert sigma.rescaled
+    assert sigma.regularity.lip <= 1.0
+    assert _svd_product(sigma) <= 1.0
+    assert torch.equal(sigma.w1, w1)  # only the last layer changes
+    assert sigma.w2[0, 1] / sigma.w2[0, 0] == pytest.approx(-2.0)
+
+
+def test_fitted_sigma_bound_holds_by_svd_and_by_gradient_ascent():
+    dataset, model = _tiny_dataset()
+    sigma, losses = fit_lipschitz_sigma(
+        model, dataset, FIT, torch.device("cpu"), seed=0, progress=Progress(enabled=False)
+    )
+    assert len(losses) == FIT["train_steps"] and np.all(np.isfinite(losses))
+    certified = sigma.regularity.lip
+    assert certified == pytest.approx(_svd_product(sigma) * (1 + SVD_SAFETY), rel=1e-12)
+    assert certified <= FIT["lip_sigma"]
+    found = _ascent_ratio(sigma, 20)
+    assert found <= certified
+    assert found >= 0.2 * certified  # the ascent does find steep directions
+    x = torch.rand(100, 20) * 4 - 2
+    assert float(sigma(x).min()) >= FIT["sigma_min"]
+
+
+def test_gradient_ascent_exposes_an_understated_bound():
+    # the ascent gets within a factor 2 of the product bound here, so a bound understated by
+    # half (say, a power-iteration estimate gone wrong) would be exposed by it
+    network = SigmaNetwork(20, 16, 0.2, 1.0, torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        network.b2.fill_(5.0)  # keep the outer ReLU active
+    from plugins.lipschitz.network import certify_sigma_network
+
+    sigma = certify_sigma_network(network)
+    assert _ascent_ratio(sigma, 20) > 0.5 * sigma.regularity.lip
+
+
+def test_fit_is_seeded_and_leaves_the_base_model_untouched():
+    dataset, model = _tiny_dataset()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    flags = [p.requires_grad for p in model.parameters()]
+    runs = [
+        fit_lipschitz_sigma(model, dataset, FIT, torch.device("cpu"), s, Progress(enabled=False))[0]
+        for s in (0, 0, 1)
+    ]
+    assert torch.equal(runs[0].w1, runs[1].w1) and torch.equal(runs[0].b2, runs[1].b2)
+    assert not torch.equal(runs[0].w1, runs[2].w1)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert [p.requires_grad for p in model.parameters()] == flags
+
+
+def test_provider_and_certifier_share_one_cached_fit(monkeypatch):
+    from plugins.lipschitz import fit as module
+
+    dataset, model = _tiny_dataset()
+    calls = []
+    original = module.fit_lipschitz_sigma
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, "fit_lipschitz_sigma", counting)
+    protocol = CertificationProtocol(n0=10, n=50)
+    context = BuildContext(
+        dataset, model, torch.device("cpu"), 0, protocol,
+        SamplingEngine(model, 2, torch.device("cpu"), 64, 0), Progress(enabled=False),
+    )  # fmt: skip
+    first = obtain_sigma_network(context, FIT)
+    assert obtain_sigma_network(context, dict(FIT)) is first
+    assert obtain_sigma_network(context, {**FIT, "lr": 2e-3}) is not first
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"sigma_min": 0}, {"lip_sigma": -0.1}, {"p_min": 0.5}, {"p_min": 0}, {"width": 0},
+     {"train_steps": -1}, {"train_batch": 1.5}, {"lr": 0}, {"spectral_reg": -1}, {"sigma_min": True}],
+)  # fmt: skip
+def test_method_check_rejects_invalid_parameters(change):
+    check_params(METHOD_DEFAULTS)
+    with pytest.raises(ParameterError):
+        check_params({**METHOD_DEFAULTS, **change})
+
+
+TINY = """
+name = "tiny-lipschitz"
+seed = 1
+[dataset]
+name = "cone-10"
+test_count = 24
+[model]
+architecture = "mlp"
+trainer = "gaussian-augmentation"
+architecture_params = { width = 32 }
+trainer_params = { sigma = 0.5, epochs = 2 }
+[certification]
+n0 = 32
+n = 400
+alpha = 0.001
+batch_size = 512
+[[methods]]
+name = "cohen"
+settings = [{ sigma = 0.5 }]
+[[methods]]
+name = "lipschitz-sigma-net"
+settings = [{ width = 16, train_examples = 64, train_steps = 20, train_batch = 16, train_samples = 4 }]
+"""
+
+
+def test_method_runs_next_to_cohen_in_a_benchmark(tmp_path):
+    manager = PluginManager(
+        builtins={**BUILTIN_PLUGINS, "lipschitz": "plugins.lipschitz"}, load_entry_points=False
+    )
+    db = tmp_path / "r.sqlite"
+    run_benchmark(
+        parse_spec(tomllib.loads(TINY)), RunOptions(db=db), Progress(enabled=False), manager
+    )
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT COUNT(*) FROM failures").fetchone()[0] == 0
+        rows = con.execute(
+            "SELECT prediction, radius, p_lower, sigma, evidence FROM certificates "
+            "WHERE method = 'lipschitz-sigma-net'"
+        ).fetchall()
+        cohen = con.execute("SELECT COUNT(*) FROM certificates WHERE method = 'cohen'").fetchone()
+    assert len(rows) == 24 and cohen[0] == 24
+    for prediction, radius, p_lower, sigma, evidence in rows:
+        ev = json.loads(evidence)
+        assert sigma >= ev["sigma_min"] == 0.65 and ev["p_min"] == 1e-7
+        assert ev["lip_sigma"] <= 0.5 and ev["bound"] == "hoeffding"
+        cap = (stats.norm.ppf(1 - 1e-7) - stats.norm.ppf(1e-7)) / (2 * ev["L"])
+        assert 0 <= radius <= cap
+        if prediction >= 0:
+            expected = (stats.norm.ppf(p_lower) - stats.norm.ppf(ev["upper_runner_up"])) / (
+                2 * ev["L"]
+            )
+            assert radius == pytest.approx(expected, rel=1e-9)
