@@ -62,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--cache-dir", type=Path, help="where trained base models are cached")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
+    run.add_argument(
+        "--no-check", action="store_true", help="skip the soundness checks after certifying"
+    )
     run.set_defaults(handler=_run)
 
     results = sub.add_parser("results", help="summary metrics of a run")
@@ -76,6 +79,9 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--method", help="audit only this method")
     check.add_argument(
         "--budget", choices=("small", "full"), default="small", help="how hard to search"
+    )
+    check.add_argument(
+        "--orders", type=int, help="input orders replayed for memory certifiers (S4d)"
     )
     check.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None)
     check.add_argument("--data-root", help="folder with dataset files")
@@ -111,7 +117,12 @@ def _run(args: argparse.Namespace) -> int:
         download=args.download, cache_dir=args.cache_dir,
     )  # fmt: skip
     _warn_plugin_failures()
-    run_id = run_benchmark(spec, options, Progress(enabled=not args.quiet))
+    progress = Progress(enabled=not args.quiet)
+    run_id = run_benchmark(spec, options, progress)
+    if not args.no_check:
+        from harness.soundness.runner import run_checks
+
+        run_checks(args.db, run_id, options, progress, budget="small")
     _print_results(args.db, run_id, as_json=False)
     return 0
 
@@ -143,8 +154,9 @@ def _check(args: argparse.Namespace) -> int:
     for column in ("method", "setting", "verdict", "check", "result", "evidence"):
         table.add_column(column)
     for (method, setting), rs in results.items():
+        all_flags = sorted({f for r in rs for f in r.flags})
+        flags = f" ({', '.join(all_flags)})" if all_flags else ""
         for k, r in enumerate(rs):
-            flags = f" [{', '.join(r.flags)}]" if r.flags else ""
             table.add_row(escape(method) if k == 0 else "", escape(setting) if k == 0 else "",
                           (str(overall(rs)) + flags) if k == 0 else "", r.check, str(r.verdict),
                           escape(r.summary))  # fmt: skip
@@ -162,6 +174,7 @@ def _results(args: argparse.Namespace) -> int:
 
 
 def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
+    from harness.leaderboard.verdicts import row_verdict
     from harness.results import RADII, summarize
     from harness.store import ResultStore
 
@@ -170,8 +183,16 @@ def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
         run = store.run(run_id)
         rows = summarize(store.certificates(run["run_id"]), run["config"].get("radii", RADII))
         failures = store.failures(run["run_id"])
+        checks = store.checks(run["run_id"])
     finally:
         store.close()
+    for row in rows:
+        mine = [c for c in checks if (c["method"], c["setting"]) == (row["method"], row["setting"])]
+        flags = sorted({f for c in mine for f in c["flags"]})
+        row["verdict"] = row_verdict(mine) + (f" ({', '.join(flags)})" if flags else "")
+        row["checks"] = {
+            c["check_name"]: {"verdict": c["verdict"], "summary": c["summary"]} for c in mine
+        }
     if as_json:
         out = {
             "run_id": run["run_id"],
@@ -194,7 +215,7 @@ def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
     table = Table(title=title)
     radii = list(rows[0]["certified_accuracy"]) if rows else []
     for column in ("method", "setting", "inputs", "clean acc", *[f"cert@{r}" for r in radii],
-                   "ACR", "abstain", "misclass", "mean σ", "s/input"):  # fmt: skip
+                   "ACR", "abstain", "misclass", "mean σ", "s/input", "verdict"):  # fmt: skip
         table.add_column(column, justify="left" if column in ("method", "setting") else "right")
     for row in rows:
         table.add_row(
@@ -203,7 +224,7 @@ def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
             *[f"{row['certified_accuracy'][r]:.3f}" for r in radii],
             f"{row['acr']:.3f}", f"{row['abstention_rate']:.3f}",
             f"{row['misclassification_rate']:.3f}", f"{row['mean_sigma']:.3f}",
-            f"{row['seconds_per_input']:.3f}",
+            f"{row['seconds_per_input']:.3f}", escape(row["verdict"]),
         )  # fmt: skip
     console.print(table)
     for failure in failures:

@@ -1,5 +1,10 @@
 """S4: concrete counterexamples to certificates (DESIGN §8).
 
+Each certificate holds with probability >= 1 − α, so a sound method may issue a few
+false ones; every kind of counterexample below is counted and tested against
+Binomial(certificates, α) (one-sided), and the method is ``violated`` when false
+certificates are more frequent than α allows.
+
 (a) Two certified inputs with different predictions whose certified balls intersect:
 a point in both balls would have to be classified as both, so one certificate is false.
 (b) On the analytic ``ball-N`` base model: a point inside a certified ball whose exact
@@ -17,14 +22,24 @@ import math
 
 import numpy as np
 import torch
+from scipy import stats
 
 from harness.certificate import ABSTAIN
 from harness.results import RADII
 from harness.soundness.analytic import BallClassifier
 from harness.soundness.audit import Audit
 from harness.soundness.verdict import CheckResult, Verdict
+from harness.stats import (
+    clopper_pearson_lower_array,
+    clopper_pearson_upper,
+    hoeffding_lower,
+    hoeffding_upper,
+)
 
 NAME = "counterexamples"
+P_THRESHOLD = 1e-3
+"""A valid certificate is false with probability <= α; the count of false certificates
+found is tested against Binomial(certificates, α) and below this p-value is a violation."""
 
 
 def intersecting_pairs(points: torch.Tensor, radii: torch.Tensor, predictions: torch.Tensor):
@@ -46,11 +61,13 @@ def intersecting_pairs(points: torch.Tensor, radii: torch.Tensor, predictions: t
 def check_counterexamples(audit: Audit) -> CheckResult:
     certs = audit.certificates
     gen = torch.Generator().manual_seed(audit.context.seed + 5)
+    alpha = audit.context.protocol.alpha
     evidence: dict = {}
     found: list[str] = []
     pairs = _intersections(certs, audit.inputs)
+    pairs["p_value"] = _excess(pairs.get("false_at_least", 0), pairs["certificates"], alpha)
     evidence["intersections"] = pairs
-    if pairs["count"]:
+    if pairs["p_value"] < P_THRESHOLD:
         e = pairs["example"]
         found.append(
             f"{pairs['count']} pairs of certified balls with different predictions intersect, e.g. inputs "
@@ -74,8 +91,11 @@ def check_counterexamples(audit: Audit) -> CheckResult:
                 )
                 if flip is not None:
                     flips.append({"input_id": c["input_id"], "radius": c["radius"], **flip})
-        evidence["exact_flips"] = {"count": len(flips), "examples": flips[:3]}
-        if flips:
+        certified = sum(c["prediction"] != ABSTAIN and c["radius"] > 0 for c in certs)
+        p_flips = _excess(len(flips), certified, alpha)
+        evidence["exact_flips"] = {"count": len(flips), "certified": certified, "p_value": p_flips,
+                                   "examples": flips[:3]}  # fmt: skip
+        if p_flips < P_THRESHOLD:
             f = flips[0]
             found.append(
                 f"{len(flips)} certified balls contain a point with another exact smoothed prediction, e.g. "
@@ -94,21 +114,45 @@ def check_counterexamples(audit: Audit) -> CheckResult:
             }
     else:
         confirmed, attacked = attack_certificates(audit, gen)
+        p_attack = _excess(len(confirmed), attacked, alpha)
         evidence["attack"] = {
             "attacked": attacked,
             "confirmed": len(confirmed),
+            "p_value": p_attack,
             "examples": confirmed[:3],
         }
-        if confirmed:
+        if p_attack < P_THRESHOLD:
             c = confirmed[0]
             found.append(
                 f"PGD found {len(confirmed)} confirmed points, e.g. input {c['input_id']}: at distance "
-                f"{c['distance']:.4g} < radius {c['radius']:.4g}, σ {c['sigma_at_point']:.4g}, the certified "
-                f"class has probability <= {c['upper_bound_certified_class']:.3g} ({c['samples']} fresh samples)"
+                f"{c['distance']:.4g} < radius {c['radius']:.4g}, σ {c['sigma_at_point']:.4g}, class "
+                f"{c['winning_class']} (>= {c['lower_bound_winning_class']:.3g}) beats the certified class "
+                f"{c['certified_class']} (<= {c['upper_bound_certified_class']:.3g}), {c['samples']} fresh samples"
             )
     if found:
         return CheckResult(NAME, Verdict.VIOLATED, "; ".join(found), evidence, flags)
-    return CheckResult(NAME, Verdict.SOUND, "no counterexample found", evidence, flags)
+    found_any = [k for k in ("intersections", "exact_flips", "attack")
+                 if isinstance(evidence.get(k), dict) and evidence[k].get("count", evidence[k].get("confirmed", 0))]  # fmt: skip
+    summary = "no counterexample found" if not found_any else (
+        "false certificates no more frequent than α allows (" + ", ".join(found_any) + ")"
+    )  # fmt: skip
+    return CheckResult(NAME, Verdict.SOUND, summary, evidence, flags)
+
+
+def _excess(false: int, certified: int, alpha: float) -> float:
+    """P(Binomial(certified, α) >= false): each valid certificate is false w.p. <= α."""
+    return float(stats.binom.sf(false - 1, certified, alpha)) if certified and false else 1.0
+
+
+def _matching(i: torch.Tensor, j: torch.Tensor) -> int:
+    """Size of a greedy matching of the pairs: at least that many certificates are false."""
+    used: set[int] = set()
+    size = 0
+    for a, b in zip(i.tolist(), j.tolist(), strict=True):
+        if a not in used and b not in used:
+            used.update((a, b))
+            size += 1
+    return size
 
 
 def _intersections(certs: list[dict], inputs: torch.Tensor) -> dict:
@@ -118,7 +162,7 @@ def _intersections(certs: list[dict], inputs: torch.Tensor) -> dict:
     radii = torch.tensor([certs[k]["radius"] for k in keep], dtype=torch.float64)
     preds = torch.tensor([certs[k]["prediction"] for k in keep])
     i, j, dist, _ = intersecting_pairs(inputs[torch.tensor(keep)].cpu(), radii, preds)
-    out: dict = {"certificates": len(keep), "count": len(i)}
+    out: dict = {"certificates": len(keep), "count": len(i), "false_at_least": _matching(i, j)}
     if len(i):
         a, b = keep[int(i[0])], keep[int(j[0])]
         out["example"] = {
@@ -212,41 +256,50 @@ def attack_certificates(audit: Audit, gen: torch.Generator) -> tuple[list[dict],
             g = g / g.norm(dim=1, keepdim=True).clamp_min(1e-12)
             x1 = x1 - step.view(shape) * g.view_as(x1)
             delta = (x1 - x0).flatten(1)
-            scale = (radius / delta.norm(dim=1).clamp_min(1e-12)).clamp(max=1.0)
+            # strictly inside the open certified ball
+            scale = ((1 - 1e-6) * radius / delta.norm(dim=1).clamp_min(1e-12)).clamp(max=1.0)
             x1 = x0 + (delta * scale[:, None]).view_as(x0)
     return _confirm(audit, engine, x0, x1.detach(), chosen, target), len(chosen)
 
 
 def _confirm(audit, engine, x0, x1, chosen, target) -> list[dict]:
-    """Fresh Monte Carlo at each candidate x1: is the certified class's probability < 1/2?"""
-    from harness.stats import clopper_pearson_upper
+    """Fresh Monte Carlo at each candidate x1: does another class beat the certified one?
 
+    With probability >= 1 − α jointly over all candidates and classes: an upper bound on
+    the certified class's probability (or mean output, for soft smoothing) and a lower
+    bound for every other class; a candidate is confirmed when some other class's lower
+    bound exceeds the certified class's upper bound, so the smoothed classifier at x1
+    (argmax) is not the certified class.
+    """
     certs, budget = audit.certificates, audit.budget
-    level = audit.context.protocol.alpha / len(chosen)  # union bound over the candidates
     num = 16 * budget.attack_samples
     with torch.no_grad():
         sigma = audit.sigma_provider(x1).double().cpu()
     ids = [certs[k]["input_id"] for k in chosen]
-    found = []
-    if getattr(audit.certifier, "smoothing", "hard") == "soft":
-        from harness.stats import hoeffding_upper
-
-        stats = engine.soft_stats(x1, sigma, ids, num, STREAM_CONFIRM)
-        uppers = [
-            float(hoeffding_upper(s.means[int(t)], num, level))
-            for s, t in zip(stats, target, strict=True)
-        ]
+    classes = engine.num_classes
+    level = audit.context.protocol.alpha / (len(chosen) * classes)  # union over candidates, classes
+    soft = getattr(audit.certifier, "smoothing", "hard") == "soft"
+    if soft:
+        means = np.stack([s.means for s in engine.soft_stats(x1, sigma, ids, num, STREAM_CONFIRM)])
     else:
         counts = engine.counts(x1, sigma, ids, num, STREAM_CONFIRM)
-        uppers = [
-            clopper_pearson_upper(int(c[int(t)]), num, level)
-            for c, t in zip(counts, target, strict=True)
-        ]
-    for k, upper in enumerate(uppers):
-        if upper < 0.5:
+    found = []
+    for k, t in enumerate(target.tolist()):
+        others = [j for j in range(classes) if j != t]
+        if soft:
+            upper = float(hoeffding_upper(means[k, t], num, level))
+            lowers = hoeffding_lower(means[k, others], num, level)
+        else:
+            upper = clopper_pearson_upper(int(counts[k, t]), num, level)
+            lowers = clopper_pearson_lower_array(
+                counts[k, others], np.full(len(others), num), level
+            )
+        best = int(np.argmax(lowers))
+        if lowers[best] > upper:
             found.append({
-                "input_id": ids[k], "certified_class": int(target[k]), "radius": certs[chosen[k]]["radius"],
+                "input_id": ids[k], "certified_class": t, "radius": certs[chosen[k]]["radius"],
                 "distance": float((x1[k] - x0[k]).flatten().norm()), "sigma_at_point": float(sigma[k]),
-                "upper_bound_certified_class": upper, "samples": num, "level": level,
+                "upper_bound_certified_class": upper, "winning_class": others[best],
+                "lower_bound_winning_class": float(lowers[best]), "samples": num, "level": level,
             })  # fmt: skip
     return found

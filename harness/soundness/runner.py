@@ -12,7 +12,7 @@ from harness.errors import IdrsError
 from harness.plugins import PluginManager, get_plugin_manager
 from harness.progress import Progress
 from harness.runner import RunOptions, prepare
-from harness.soundness.audit import BUDGETS, Audit
+from harness.soundness.audit import BUDGETS, Audit, Budget
 from harness.soundness.verdict import CheckResult, Verdict
 from harness.spec import setting_key, spec_from_dict
 from harness.store import ResultStore
@@ -25,15 +25,16 @@ def audits(
     progress: Progress,
     manager: PluginManager,
     method: str | None = None,
-    budget: str = "small",
+    budget: str | Budget = "small",
     orders: int | None = None,
 ) -> Iterator[Audit]:
     """One :class:`Audit` per (method, setting) of the run that has certificates."""
-    if budget not in BUDGETS:
+    if isinstance(budget, str) and budget not in BUDGETS:
         raise IdrsError(f"unknown budget {budget!r}; choose one of {sorted(BUDGETS)}")
     if orders is not None and orders < 1:
         raise IdrsError(f"--orders must be >= 1, got {orders}")
-    limits = BUDGETS[budget] if orders is None else replace(BUDGETS[budget], orders=orders)
+    limits = BUDGETS[budget] if isinstance(budget, str) else budget
+    limits = limits if orders is None else replace(limits, orders=orders)
     run = store.run(run_id)
     spec = spec_from_dict(run["config"])
     methods = [m.name for m in spec.methods]
@@ -70,7 +71,7 @@ def audits(
 
 def run_checks(
     db, run_id: str | None, options: RunOptions, progress: Progress,
-    manager: PluginManager | None = None, method: str | None = None, budget: str = "small",
+    manager: PluginManager | None = None, method: str | None = None, budget: str | Budget = "small",
     orders: int | None = None,
 ) -> dict[tuple[str, str], list[CheckResult]]:  # fmt: skip
     """Run every registered check on every (method, setting); store and return the results."""
@@ -93,7 +94,9 @@ def run_checks(
                             {"traceback": traceback.format_exc(limit=-3)},
                         )  # fmt: skip
                         progress.warn(f"check {check.name} failed on {audit.method.name}: {exc}")
-                    store.add_check(audit.run_id, audit.method.name, audit.setting, result, budget)
+                    store.add_check(
+                        audit.run_id, audit.method.name, audit.setting, result, audit.budget.name
+                    )
                     results.append(result)
                     advance(1)
             out[audit.method.name, audit.setting] = results

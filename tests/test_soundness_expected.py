@@ -1,0 +1,89 @@
+"""Expected verdicts of the five built-in methods (DESIGN §8; issue "Soundness checks").
+
+On the analytic ball-2 classifier: cohen and sukenik sound, chen-fgss and alfarra-ds
+(without memory) violated, alfarra-ds-memory sound and order-dependent, the Lipschitz
+σ-network sound when its hypotheses hold and unjustified when the output normalization
+is switched off. On fashion-mnist, chen-fgss and alfarra-ds are at least unjustified.
+Small budgets, fixed seeds, CPU.
+"""
+
+import pytest
+
+from harness.progress import Progress
+from harness.runner import RunOptions, run_benchmark
+from harness.soundness.audit import Budget
+from harness.soundness.runner import run_checks
+from harness.soundness.verdict import Verdict, overall
+from harness.spec import parse_spec, setting_key
+
+TINY = Budget("tiny", coverage_trials=80, coverage_n=200, pairs=4, ascent_steps=4,
+              audited_inputs=8, attack_steps=5, attack_samples=32, orders=5)  # fmt: skip
+
+
+def _verdicts(tmp_path, manager, raw, budget=TINY) -> dict:
+    db = tmp_path / f"{raw['name']}-{raw['seed']}.sqlite"
+    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), Progress(enabled=False), manager)
+    results = run_checks(
+        db, run_id, RunOptions(db=db), Progress(enabled=False), manager, budget=budget
+    )
+    return {key: (overall(rs), {f for r in rs for f in r.flags}, rs) for key, rs in results.items()}
+
+
+def _ball(seed: int, methods: list[dict]) -> dict:
+    return {
+        "name": "ball", "seed": seed,
+        "dataset": {"name": "ball-2", "test_count": 40},
+        "model": {"architecture": "ball-N", "trainer": "none"},
+        "certification": {"n0": 32, "n": 1000, "alpha": 0.01, "batch_size": 4096},
+        "methods": methods,
+    }  # fmt: skip
+
+
+LIPSCHITZ = {"train_examples": 128, "train_steps": 30, "lip_sigma": 0.5, "sigma_min": 0.3}
+EXPECTED = [
+    ("cohen", {"sigma": 0.25}, Verdict.SOUND, set()),
+    ("sukenik", {"sigma": 0.25, "rate": 0.2, "k": 5}, Verdict.SOUND, set()),
+    ("chen-fgss", {"sigma": 0.25, "num_samples": 100}, Verdict.VIOLATED, set()),
+    ("alfarra-ds", {"sigma": 0.25, "beta": 0.01}, Verdict.VIOLATED, set()),
+    ("alfarra-ds-memory", {"sigma": 0.25, "beta": 0.01}, Verdict.SOUND, {"order-dependent"}),
+    ("lipschitz-sigma-net", LIPSCHITZ, Verdict.SOUND, set()),
+    ("lipschitz-sigma-net", {**LIPSCHITZ, "normalize": False}, Verdict.UNJUSTIFIED, set()),
+]
+
+
+def test_expected_verdicts_on_the_ball(tmp_path, manager):
+    raw = _ball(0, [{"name": m, "settings": [s]} for m, s, _, _ in EXPECTED])
+    got = _verdicts(tmp_path, manager, raw)
+    for method, setting, verdict, flags in EXPECTED:
+        found, found_flags, results = got[method, setting_key(setting)]
+        assert (found, found_flags) == (verdict, flags), (
+            method,
+            [(r.check, r.summary) for r in results],
+        )
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_sound_methods_are_never_flagged(tmp_path, manager, seed):
+    raw = _ball(seed, [{"name": "cohen", "settings": [{"sigma": 0.5}]},
+                       {"name": "sukenik", "settings": [{"sigma": 0.25, "rate": 0.2, "k": 5}]}])  # fmt: skip
+    for key, (verdict, _, results) in _verdicts(tmp_path, manager, raw).items():
+        assert verdict == Verdict.SOUND, (key, [(r.check, r.summary) for r in results])
+
+
+def test_unsound_methods_are_at_least_unjustified_on_fashion_mnist(tmp_path, manager):
+    raw = {
+        "name": "fm", "seed": 0,
+        "dataset": {"name": "fashion-mnist", "test_every": 500, "test_count": 6},
+        "model": {"architecture": "mlp", "trainer": "gaussian-augmentation",
+                  "trainer_params": {"sigma": 0.25, "epochs": 1}},
+        "certification": {"n0": 20, "n": 500, "alpha": 0.001},
+        "methods": [{"name": "chen-fgss", "settings": [{"sigma": 0.25, "num_samples": 100}]},
+                    {"name": "alfarra-ds", "settings": [{"sigma": 0.25}]}],
+    }  # fmt: skip
+    budget = Budget("tiny", coverage_trials=40, coverage_n=100, pairs=2, ascent_steps=2,
+                    audited_inputs=4, attack_steps=2, attack_samples=16, orders=2)  # fmt: skip
+    for key, (verdict, _, results) in _verdicts(tmp_path, manager, raw, budget).items():
+        assert verdict in (Verdict.UNJUSTIFIED, Verdict.VIOLATED), (
+            key,
+            [(r.check, r.summary) for r in results],
+        )
