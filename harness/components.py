@@ -51,7 +51,8 @@ class BuildContext:
 
     ``run_id``, ``method`` and ``setting`` name the work the components are built for
     (set by the runner; a certifier with state, such as a memory, keys it by them), and
-    ``registry`` resolves components by name (e.g. a wrapped certifier).
+    ``registry`` resolves components by name (e.g. a wrapped certifier); ``model_hash``
+    is the base model's content hash (a key for anything fitted to it).
     """
 
     dataset: Dataset
@@ -62,6 +63,7 @@ class BuildContext:
     engine: SamplingEngine
     progress: Progress
     registry: Registry | None = None
+    model_hash: str | None = None
     run_id: str | None = None
     method: str | None = None
     setting: str | None = None

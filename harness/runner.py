@@ -109,6 +109,7 @@ def prepare(
         engine=engine,
         progress=progress,
         registry=registry,
+        model_hash=model_hash,
     )
     run_id = content_hash({"spec": spec.to_dict(), "device": str(device), "model": model_hash})
     context.run_id = run_id

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -136,13 +137,27 @@ def fit_lipschitz_sigma(
 
 
 def obtain_sigma_network(context, params: Mapping[str, Any]) -> CertifiedSigma:
-    """The fitted, certified σ_θ for this base model and these parameters (cached in memory)."""
+    """The fitted, certified σ_θ for this base model and these parameters.
+
+    Cached in memory, and on disk beside the base models (keyed by the base model's
+    content hash and the fitting parameters) so that a resumed run and the soundness
+    checks use the very σ_θ the certificates were issued with: a CPU fit is not
+    bit-reproducible across processes (threaded reductions), and σ must be one function.
+    Loaded with ``torch.load(..., weights_only=True)``.
+    """
     key = (
         context.dataset.name, context.dataset.dim, context.seed, str(context.device),
         tuple((k, params[k]) for k in FIT_KEYS),
     )  # fmt: skip
     per_model = _CACHE.setdefault(context.model, {})
     if key not in per_model:
+        path = _disk_path(context, key)
+        if path is not None and path.is_file():
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+            sigma = CertifiedSigma(saved["w1"], saved["b1"], saved["w2"], saved["b2"],
+                                   float(saved["sigma_min"]), float(saved["declared_lip"]))  # fmt: skip
+            per_model[key] = sigma.to(context.device)
+            return per_model[key]
         sigma, losses = fit_lipschitz_sigma(
             context.model, context.dataset, params, context.device, context.seed, context.progress
         )
@@ -152,5 +167,22 @@ def obtain_sigma_network(context, params: Mapping[str, Any]) -> CertifiedSigma:
             f"{sigma.regularity.lip:.6g} (declared {sigma.declared_lip:g}"
             f"{', last layer rescaled' if sigma.rescaled else ''})"
         )
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            torch.save({"w1": sigma.w1.cpu(), "b1": sigma.b1.cpu(), "w2": sigma.w2.cpu(),
+                        "b2": sigma.b2.cpu(), "sigma_min": torch.tensor(sigma.sigma_min),
+                        "declared_lip": torch.tensor(sigma.declared_lip)}, tmp)  # fmt: skip
+            tmp.replace(path)
         per_model[key] = sigma
     return per_model[key]
+
+
+def _disk_path(context, key) -> Path | None:
+    model_hash = getattr(context, "model_hash", None)
+    if model_hash is None:
+        return None
+    from harness.modelcache import default_cache_dir
+    from harness.spec import content_hash
+
+    return default_cache_dir().parent / "lipschitz-sigma" / f"{content_hash([model_hash, key])}.pt"
