@@ -119,3 +119,23 @@ def test_nan_model_outputs_are_a_clear_error():
     engine = SamplingEngine(NaNModel(), 2, torch.device("cpu"), seed=0)
     with pytest.raises(ModelOutputError, match="NaN"):
         engine.counts(torch.zeros(2, 3), [0.5, 0.5], [0, 1], 10, stream=0)
+
+
+@pytest.mark.gpu
+def test_noise_is_identical_for_any_batch_size_on_cuda():
+    torch.manual_seed(0)
+    model = (
+        torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5))
+        .cuda()
+        .eval()
+    )
+    x = torch.rand(9, 20, device="cuda")
+    sigma = torch.linspace(0.1, 1.0, 9)
+    results = [
+        SamplingEngine(model, 5, torch.device("cuda"), batch_size=b, seed=2).counts(
+            x, sigma, list(range(9)), 3000, 1
+        )
+        for b in (7, 4096)
+    ]
+    assert all(c.sum() == 9 * 3000 for c in results)
+    assert np.abs(results[0] - results[1]).sum() <= 4

@@ -66,9 +66,8 @@ class Audit:
         """
         engine = SamplingEngine(model, dataset.num_classes, self.context.device, protocol.batch_size,
                                 self.context.seed)  # fmt: skip
-        context = replace(
-            self.context, dataset=dataset, model=model, protocol=protocol, engine=engine
-        )
+        context = replace(self.context, dataset=dataset, model=model, protocol=protocol,
+                          engine=engine, model_hash=None)  # fmt: skip
         provider = self.registry.get("sigma_providers", self.method.sigma_provider).build(
             context, self.params
         )
