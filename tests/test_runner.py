@@ -138,7 +138,8 @@ def test_default_benchmark_smoke_on_a_tiny_subset(tmp_path, capsys):
 
     spec.write_text(tomli_w.dumps(raw))
     db = tmp_path / "q.sqlite"
-    assert main(["run", str(spec), "--db", str(db), "--quiet"]) == 0
+    # the checks are exercised in tests/test_soundness_expected.py with a tiny budget
+    assert main(["run", str(spec), "--db", str(db), "--quiet", "--no-check"]) == 0
     table = capsys.readouterr().out
     assert "sigma=0.12" in table and "sigma=0.5" in table and "cert@0.5" in table
     assert main(["results", "--db", str(db), "--json"]) == 0
