@@ -15,7 +15,6 @@ import importlib
 import importlib.metadata
 import os
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 from types import ModuleType
@@ -226,7 +225,3 @@ def _allowed_external_plugins() -> set[str] | None:
 def get_plugin_manager() -> PluginManager:
     """The process-wide plugin manager used by the CLI and the runner."""
     return PluginManager()
-
-
-def available(kind: str, registry: Registry | None = None) -> Iterable[str]:
-    return (registry or get_plugin_manager().registry).names(kind)
