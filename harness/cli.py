@@ -1,4 +1,4 @@
-"""The ``idrs-bench`` command line: run, results, plugins."""
+"""The ``idrs-bench`` command line: run, results, check, leaderboard, compare, plugins."""
 
 from __future__ import annotations
 
