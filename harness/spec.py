@@ -202,8 +202,10 @@ def parse_spec(raw: dict[str, Any], default_name: str = "benchmark") -> Benchmar
 
 
 def _radii(value: Any) -> tuple[float, ...]:
-    if not isinstance(value, list | tuple) or not value or not all(
-        isinstance(r, int | float) and not isinstance(r, bool) and r >= 0 for r in value
+    if (
+        not isinstance(value, list | tuple)
+        or not value
+        or not all(isinstance(r, int | float) and not isinstance(r, bool) and r >= 0 for r in value)
     ):
         raise SpecError(f"radii must be a non-empty list of numbers >= 0, got {value!r}")
     return tuple(sorted({float(r) for r in value}))

@@ -38,7 +38,10 @@ def _run(tmp_path, capsys, **overrides):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"method": "nope"}, "unknown method 'nope'; available: alfarra-ds, alfarra-ds-memory, chen-fgss, cohen"),
+        (
+            {"method": "nope"},
+            "unknown method 'nope'; available: alfarra-ds, alfarra-ds-memory, chen-fgss, cohen",
+        ),
         ({"dataset": "nope"}, "unknown dataset 'nope'; available: ball-N, cone-N, fashion-mnist"),
         (
             {"arch": "resnet"},

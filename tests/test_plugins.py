@@ -47,7 +47,9 @@ def test_temporary_plugin_registered_and_unregistered(manager):
     assert {"name": "mine", "version": "1.2", "hooks": ["idrs_register_methods"],
             "provides": {"methods": ["my-method"]}} in manager.describe()  # fmt: skip
     manager.unregister("mine")
-    with pytest.raises(UnknownNameError, match="unknown method 'my-method'; available: alfarra-ds, "):
+    with pytest.raises(
+        UnknownNameError, match="unknown method 'my-method'; available: alfarra-ds, "
+    ):
         manager.registry.get("methods", "my-method")
 
 

@@ -94,8 +94,14 @@ def _lipschitz_certifier(context: BuildContext, params: Mapping[str, Any]):
     sigma = obtain_sigma_network(context, params)  # cached: the provider's own network
     classes = context.dataset.num_classes
     normalize = bool(params["normalize"])
-    model = NormalizedModel(context.model, classes, float(params["p_min"])) if normalize else context.model
-    engine = SamplingEngine(model, classes, context.device, context.engine.batch_size, context.engine.seed)
+    model = (
+        NormalizedModel(context.model, classes, float(params["p_min"]))
+        if normalize
+        else context.model
+    )
+    engine = SamplingEngine(
+        model, classes, context.device, context.engine.batch_size, context.engine.seed
+    )
     return LipschitzCertifier(
         engine, context.protocol, sigma.regularity, float(params["p_min"]), context.dataset.dim,
         normalized=normalize, bounds=bool(params["confidence_bounds"]),

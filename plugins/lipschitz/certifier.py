@@ -108,7 +108,8 @@ class LipschitzCertifier:
     def hypotheses(self) -> dict[str, bool]:
         """Each hypothesis of Thm 3 and whether it holds for the certificates issued so far."""
         return {
-            "σ(x) >= σ_min on every certified input": self.min_sigma_seen >= self.regularity.sigma_min,
+            "σ(x) >= σ_min on every certified input": self.min_sigma_seen
+            >= self.regularity.sigma_min,
             "Lip(σ) certified from exact singular values": True,
             "outputs normalized to [p_min, 1 − p_min] (Remark 2)": self.normalized,
             "confidence bounds on ḡ_y and the runner-up (not raw means)": self.bounds,
