@@ -22,13 +22,12 @@ import math
 
 import numpy as np
 import torch
-from scipy import stats
 
 from harness.certificate import ABSTAIN
 from harness.results import RADII
 from harness.soundness.analytic import BallClassifier
 from harness.soundness.audit import Audit
-from harness.soundness.verdict import CheckResult, Verdict
+from harness.soundness.verdict import P_THRESHOLD, CheckResult, Verdict, false_certificates_pvalue
 from harness.stats import (
     clopper_pearson_lower_array,
     clopper_pearson_upper,
@@ -37,9 +36,6 @@ from harness.stats import (
 )
 
 NAME = "counterexamples"
-P_THRESHOLD = 1e-3
-"""A valid certificate is false with probability <= α; the count of false certificates
-found is tested against Binomial(certificates, α) and below this p-value is a violation."""
 
 
 def intersecting_pairs(points: torch.Tensor, radii: torch.Tensor, predictions: torch.Tensor):
@@ -65,7 +61,9 @@ def check_counterexamples(audit: Audit) -> CheckResult:
     evidence: dict = {}
     found: list[str] = []
     pairs = _intersections(certs, audit.inputs)
-    pairs["p_value"] = _excess(pairs.get("false_at_least", 0), pairs["certificates"], alpha)
+    pairs["p_value"] = false_certificates_pvalue(
+        pairs.get("false_at_least", 0), pairs["certificates"], alpha
+    )
     evidence["intersections"] = pairs
     if pairs["p_value"] < P_THRESHOLD:
         e = pairs["example"]
@@ -92,7 +90,7 @@ def check_counterexamples(audit: Audit) -> CheckResult:
                 if flip is not None:
                     flips.append({"input_id": c["input_id"], "radius": c["radius"], **flip})
         certified = sum(c["prediction"] != ABSTAIN and c["radius"] > 0 for c in certs)
-        p_flips = _excess(len(flips), certified, alpha)
+        p_flips = false_certificates_pvalue(len(flips), certified, alpha)
         evidence["exact_flips"] = {"count": len(flips), "certified": certified, "p_value": p_flips,
                                    "examples": flips[:3]}  # fmt: skip
         if p_flips < P_THRESHOLD:
@@ -114,7 +112,7 @@ def check_counterexamples(audit: Audit) -> CheckResult:
             }
     else:
         confirmed, attacked = attack_certificates(audit, gen)
-        p_attack = _excess(len(confirmed), attacked, alpha)
+        p_attack = false_certificates_pvalue(len(confirmed), attacked, alpha)
         evidence["attack"] = {
             "attacked": attacked,
             "confirmed": len(confirmed),
@@ -137,11 +135,6 @@ def check_counterexamples(audit: Audit) -> CheckResult:
         "false certificates no more frequent than α allows (" + ", ".join(found_any) + ")"
     )  # fmt: skip
     return CheckResult(NAME, Verdict.SOUND, summary, evidence, flags)
-
-
-def _excess(false: int, certified: int, alpha: float) -> float:
-    """P(Binomial(certified, α) >= false): each valid certificate is false w.p. <= α."""
-    return float(stats.binom.sf(false - 1, certified, alpha)) if certified and false else 1.0
 
 
 def _matching(i: torch.Tensor, j: torch.Tensor) -> int:

@@ -15,7 +15,7 @@ has an exact smoothed prediction other than ĉ:
 
 A valid certificate fails with probability at most α, so the number of failures among
 the certified trials is tested against Binomial(certified, α) (one-sided); a p-value
-below :data:`P_THRESHOLD` is a violation.
+below :data:`harness.soundness.verdict.P_THRESHOLD` is a violation.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 
 import torch
-from scipy import stats
 
 from harness.certificate import ABSTAIN
 from harness.data import Dataset
@@ -31,10 +30,9 @@ from harness.protocol import CertificationProtocol
 from harness.soundness.analytic import BallClassifier, LinearClassifier, load_ball_dataset
 from harness.soundness.audit import Audit
 from harness.soundness.counterexamples import ball_flip, sigma_in_ball
-from harness.soundness.verdict import CheckResult, Verdict
+from harness.soundness.verdict import P_THRESHOLD, CheckResult, Verdict, false_certificates_pvalue
 
 NAME = "coverage"
-P_THRESHOLD = 1e-3
 
 
 def _linear_dataset(dim: int, shape: tuple[int, ...], seed: int, count: int) -> Dataset:
@@ -102,7 +100,7 @@ def check_coverage(audit: Audit) -> CheckResult:
     worst_p, summary = 1.0, []
     for name, run in (("linear", _linear_failures), ("ball-2", _ball_failures)):
         failures, certified, example = run(audit)
-        p = float(stats.binom.sf(failures - 1, certified, alpha)) if certified else 1.0
+        p = false_certificates_pvalue(failures, certified, alpha)
         evidence[name] = {
             "certified": certified,
             "failures": failures,

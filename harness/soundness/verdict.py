@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from scipy import stats
+
 
 class Verdict(StrEnum):
     """What a check concludes about a method's certificates.
@@ -47,3 +49,12 @@ def overall(results: list[CheckResult]) -> Verdict:
     if not applicable:
         return Verdict.NOT_APPLICABLE
     return max(applicable, key=_SEVERITY.__getitem__)
+
+
+P_THRESHOLD = 1e-3
+"""A p-value below this for the count of false certificates is a violation."""
+
+
+def false_certificates_pvalue(false: int, certified: int, alpha: float) -> float:
+    """P(Binomial(certified, α) >= false): each valid certificate is false w.p. <= α."""
+    return float(stats.binom.sf(false - 1, certified, alpha)) if certified and false else 1.0
