@@ -15,6 +15,7 @@ import torch
 
 from harness.certificate import ABSTAIN, Certificate
 from harness.protocol import CertificationProtocol
+from harness.radius import RadiusFormula
 from harness.sampling import STREAM_ESTIMATION, STREAM_SELECTION, SamplingEngine
 from harness.stats import binomial_pvalue, clopper_pearson_lower_array
 
@@ -25,6 +26,10 @@ class HardSmoothingCertifier:
     PREDICT (the two-sided binomial test of the top two counts at level alpha) is
     evaluated on the same n estimation samples and stored beside the certificate.
     """
+
+    smoothing = "hard"
+    order_dependent = False
+    radius_formula: RadiusFormula  # set by each subclass: the formula its ``radius`` applies
 
     def __init__(self, engine: SamplingEngine, protocol: CertificationProtocol) -> None:
         self.engine = engine

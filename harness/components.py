@@ -25,7 +25,20 @@ if TYPE_CHECKING:
 
 @runtime_checkable
 class SigmaProvider(Protocol):
-    """σ(x) > 0 for a batch, plus the regularity a certificate may rely on."""
+    """σ(x) > 0 for a batch, plus the regularity every certificate built on it relies on.
+
+    Attributes the soundness checks read (and nothing else):
+
+    - ``regularity``: the declared :data:`~harness.regularity.Regularity` of σ(x)
+      (``Constant``, ``SemiElastic(rate)``, ``Lipschitz(lip, sigma_min)`` or
+      ``Unregularized``). The certifier receives this provider and computes its radii
+      from this declaration (e.g. Súkeník et al. 2022, Thm 3.2 uses ``rate``); S2
+      measures σ against it and S3 checks the theorem's hypotheses with it.
+    - ``weights`` (optional, Lipschitz providers): the weight matrices of a
+      feed-forward network with 1-Lipschitz activations whose output plus a constant is
+      σ(x); the harness then bounds Lip(σ) by the product of their spectral norms
+      (Bergstrom et al., Thm 2) instead of trusting ``regularity.lip``.
+    """
 
     regularity: Regularity
 
@@ -36,13 +49,53 @@ class SigmaProvider(Protocol):
 
 @runtime_checkable
 class Certifier(Protocol):
-    """Certifies a batch of inputs whose σ(x) the runner has already computed."""
+    """Certifies a batch of inputs whose σ(x) the runner has already computed.
+
+    Built by :meth:`CertifierSpec.build` with the σ-provider it certifies. Attributes the
+    soundness checks read (and nothing else):
+
+    - ``smoothing``: ``"hard"`` (the smoothed classifier is the majority class of
+      f(x + σε); evidence: class counts) or ``"soft"`` (the argmax of E[g(x + σε)] for
+      outputs g in [0, 1]; evidence: mean outputs).
+    - ``order_dependent``: True when a certificate depends on the inputs certified
+      before it (a memory, Alfarra et al. 2022, App. C); such certifiers must also
+      satisfy :class:`OrderDependentCertifier`.
+    - ``radius_formula``: the :class:`~harness.radius.RadiusFormula` that derives every
+      stored certificate (bound on p_A, prediction, radius) from its stored evidence, the
+      run's protocol and the provider's declared regularity; S0 re-derives each one.
+    - ``engine``: the :class:`~harness.sampling.SamplingEngine` whose base model the
+      certificates smooth (S4 attacks and re-samples that model).
+    """
+
+    smoothing: str
+    order_dependent: bool
+    radius_formula: Any
+    engine: SamplingEngine
 
     def certify(
         self, x: torch.Tensor, sigma: torch.Tensor, input_ids: Sequence[int]
     ) -> Iterator[Certificate]:
         """Yield one certificate per input, in any order, as soon as each is final."""
         ...
+
+
+@runtime_checkable
+class OrderDependentCertifier(Certifier, Protocol):
+    """A certifier whose certificates depend on the order of inputs (``order_dependent``).
+
+    - ``ball_sigmas(rows)``: the σ that is constant inside each certified ball, by input id
+      (S1 and S4 judge each ball against the smoothed classifier at that σ).
+    - ``order_spread(certificates, inputs, orders, radii, seed)``: the certificates
+      replayed over ``orders`` random input orders (Súkeník et al. 2022, App. C.2), as
+      :func:`plugins.alfarra.order.replay_orders` returns them.
+    """
+
+    def ball_sigmas(self, rows: Sequence[Mapping[str, Any]]) -> dict[int, float]: ...
+
+    def order_spread(
+        self, certificates: Sequence[Mapping[str, Any]], inputs: Mapping[int, torch.Tensor],
+        orders: int, radii: Sequence[float], seed: int,
+    ) -> dict[str, Any]: ...  # fmt: skip
 
 
 @dataclass
@@ -89,10 +142,14 @@ class SigmaProviderSpec:
 
 @dataclass(frozen=True)
 class CertifierSpec:
-    """``build(context, params) -> Certifier``."""
+    """``build(context, params, sigma_provider) -> Certifier``.
+
+    The certifier is built with the σ-provider whose σ(x) it certifies and takes every
+    property of σ it relies on from ``sigma_provider.regularity``, never from ``params``.
+    """
 
     name: str
-    build: Callable[[BuildContext, Mapping[str, Any]], Certifier]
+    build: Callable[[BuildContext, Mapping[str, Any], SigmaProvider], Certifier]
     description: str = ""
 
 

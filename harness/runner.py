@@ -21,6 +21,7 @@ from harness import __version__
 from harness.components import BuildContext
 from harness.data import Dataset
 from harness.errors import IdrsError
+from harness.method import build_method
 from harness.modelcache import obtain_model
 from harness.plugins import PluginManager, Registry, get_plugin_manager
 from harness.progress import Progress
@@ -159,10 +160,8 @@ def _certify_setting(store, run_id, spec, context, method_name, setting, test_id
     )
     try:
         method = registry.get("methods", method_name)
-        params = {**method.defaults, **setting}
         context = replace(context, method=method_name, setting=key)
-        provider = registry.get("sigma_providers", method.sigma_provider).build(context, params)
-        certifier = registry.get("certifiers", method.certifier).build(context, params)
+        provider, certifier = build_method(registry, method_name, setting, context)
         labels = context.dataset.test_y
         with context.progress.task(
             f"{method_name} {key}", total=remaining, unit="inputs"
@@ -174,9 +173,11 @@ def _certify_setting(store, run_id, spec, context, method_name, setting, test_id
                 if todo:
                     x = context.dataset.test_x[todo].to(context.device)
                     start = time.perf_counter()
-                    sigma = _checked_sigma(provider(x), len(todo), method.sigma_provider)
+                    sigma = checked_sigma(provider(x), len(todo), method.sigma_provider)
                     sigma_seconds = (time.perf_counter() - start) / len(todo)
+                    sigma_of = dict(zip(todo, sigma.double().cpu().tolist(), strict=True))
                     for cert in certifier.certify(x, sigma, todo):
+                        _check_certificate_sigma(cert, sigma_of, method.certifier)
                         cert.seconds += sigma_seconds  # σ(x) is part of the cost of a certificate
                         store.add_certificate(
                             run_id, method_name, key, shard, int(labels[cert.input_id]), cert
@@ -193,11 +194,33 @@ def _certify_setting(store, run_id, spec, context, method_name, setting, test_id
         context.progress.warn(f"method {method_name} ({key}) failed: {message.splitlines()[0]}")
 
 
-def _checked_sigma(sigma: torch.Tensor, count: int, provider: str) -> torch.Tensor:
+def _check_certificate_sigma(cert, sigma_of: dict[int, float], certifier: str) -> None:
+    """A certificate must record the σ(x) the runner computed and passed to the certifier."""
+    expected = sigma_of.get(cert.input_id)
+    if expected is None or not cert.sigma == expected:
+        raise IdrsError(
+            f"certifier {certifier!r} stored σ = {cert.sigma!r} for input {cert.input_id}, but the "
+            f"σ-provider gave σ = {expected!r}; a certificate must record the σ it was computed at"
+        )
+
+
+SIGMA_MAX = 1e30
+"""Largest σ accepted: x + σε must stay finite in float32 (max ≈ 3.4e38) for |ε| up to ~10."""
+
+
+def checked_sigma(sigma: torch.Tensor, count: int, provider: str, where: str = "") -> torch.Tensor:
+    """``sigma`` if it has shape (count,) and every value lies in (0, SIGMA_MAX], else raise
+    an error that names the σ-provider and the offending value (not the base model)."""
     if sigma.shape != (count,):
         raise IdrsError(
             f"σ-provider {provider!r} returned shape {tuple(sigma.shape)}, expected ({count},)"
         )
-    if not bool(torch.isfinite(sigma).all()) or not bool((sigma > 0).all()):
-        raise IdrsError(f"σ-provider {provider!r} returned a σ that is not positive and finite")
+    bad = ~(torch.isfinite(sigma) & (sigma > 0) & (sigma <= SIGMA_MAX))
+    if bool(bad.any()):
+        k = int(torch.nonzero(bad)[0, 0])
+        raise IdrsError(
+            f"σ-provider {provider!r} returned σ = {float(sigma[k]):.6g}{where} (entry {k}), out of "
+            f"range (0, {SIGMA_MAX:g}]: σ must be positive and finite, and noise that large "
+            "overflows float32 inputs; the σ-provider is at fault, not the base model"
+        )
     return sigma

@@ -7,6 +7,7 @@ import torch
 from scipy.spatial.distance import cdist
 
 from harness.certificate import ABSTAIN, Certificate
+from harness.radius import COHEN
 from plugins.alfarra.certifier import MemoryCertifier
 from plugins.alfarra.memory import INSIDE, KEPT, SHRUNK, Memory
 from plugins.alfarra.memory_store import MemoryLog
@@ -107,6 +108,8 @@ def test_invariant_after_every_insertion_on_random_balls(d, n, spread, max_radiu
 
 class _Reversed:
     """An inner certifier that answers in reverse input order with fixed certificates."""
+
+    smoothing, order_dependent, radius_formula, engine = "hard", False, COHEN, None
 
     def __init__(self, table):
         self.table = table

@@ -99,16 +99,20 @@ def test_a_failing_method_is_reported_and_the_rest_goes_on(tmp_path, manager, ca
 
     from harness import hookimpl
     from harness.components import CertifierSpec, MethodSpec
+    from harness.radius import COHEN
 
     plugin = types.ModuleType("failing")
 
     class Failing:
+        smoothing, order_dependent, engine = "hard", False, None
+        radius_formula = COHEN
+
         def certify(self, x, sigma, ids):
             raise RuntimeError("certifier exploded")
 
     @hookimpl
     def idrs_register_certifiers(register):
-        register(CertifierSpec("failing", lambda context, params: Failing()))
+        register(CertifierSpec("failing", lambda context, params, sigma_provider: Failing()))
 
     @hookimpl
     def idrs_register_methods(register):

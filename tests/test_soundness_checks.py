@@ -19,7 +19,7 @@ from harness.spec import parse_spec
 def _doubled_plugin():
     module = types.ModuleType("doubled")
 
-    def build(context, params):
+    def build(context, params, sigma_provider):
         from plugins.cohen.certifier import CohenCertifier
 
         class Doubled(CohenCertifier):

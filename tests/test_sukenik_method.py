@@ -10,6 +10,7 @@ from scipy.stats import norm
 from harness.cli import main
 from harness.progress import Progress
 from harness.protocol import CertificationProtocol
+from harness.regularity import Constant, SemiElastic
 from harness.runner import RunOptions, run_benchmark
 from harness.spec import parse_spec
 from harness.worstcase import certified_radius
@@ -50,7 +51,7 @@ def test_sukenik_and_cohen_certify_the_same_cached_fashion_mnist_model(tmp_path,
 
 def test_certificate_uses_the_thm_3_2_radius():
     certifier = SukenikCertifier(
-        None, CertificationProtocol(n0=10, n=1000, alpha=0.001), rate=0.01, dim=784
+        None, CertificationProtocol(n0=10, n=1000, alpha=0.001), SemiElastic(0.01), dim=784
     )
     cert = certifier.from_counts(1, 0.3, np.array([0, 10]), np.array([40, 960]))
     assert cert.prediction == 1
@@ -58,7 +59,7 @@ def test_certificate_uses_the_thm_3_2_radius():
         float(certified_radius(cert.p_lower, 0.3, 0.01, 784)), rel=1e-12
     )
     assert 0 < cert.radius < 0.3 * norm.ppf(cert.p_lower)
-    zero_rate = SukenikCertifier(None, certifier.protocol, rate=0.0, dim=784).from_counts(
+    zero_rate = SukenikCertifier(None, certifier.protocol, Constant(0.3), dim=784).from_counts(
         1, 0.3, np.array([0, 10]), np.array([40, 960])
     )
     assert zero_rate.radius == 0.3 * norm.ppf(zero_rate.p_lower)  # r = 0 is Cohen exactly

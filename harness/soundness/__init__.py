@@ -73,6 +73,18 @@ def _coverage(audit):
     return check_coverage(audit)
 
 
+def _evidence(audit):
+    from harness.soundness.evidence import check_evidence
+
+    return check_evidence(audit)
+
+
+def _order(audit):
+    from harness.soundness.order import check_order
+
+    return check_order(audit)
+
+
 def _justification(audit):
     from harness.soundness.justification import check_justification
 
@@ -81,6 +93,10 @@ def _justification(audit):
 
 @hookimpl
 def idrs_register_checks(register) -> None:
+    register(CheckSpec("evidence", _evidence,
+                       "S0: every certificate re-derived from its stored evidence, α and declared formula"))  # fmt: skip
+    register(CheckSpec("memory-order", _order,
+                       "S5: memory certificates replayed over input orders (Súkeník App. C.2)"))  # fmt: skip
     register(CheckSpec("worst-case-justification", _justification,
                        "S3: the worst σ inside each certified ball still certifies (Súkeník Thm 2.3)"))  # fmt: skip
     register(CheckSpec("coverage", _coverage, "S1: failures on exact smoothed classifiers vs α"))

@@ -8,10 +8,12 @@ from typing import Any
 
 import torch
 
-from harness.components import BuildContext, MethodSpec
+from harness.components import BuildContext, Certifier, MethodSpec, SigmaProvider
 from harness.data import Dataset
+from harness.method import build_method
 from harness.plugins import Registry
 from harness.protocol import CertificationProtocol
+from harness.runner import checked_sigma
 from harness.sampling import SamplingEngine
 
 
@@ -44,7 +46,9 @@ class Audit:
 
     ``certificates`` are the stored rows (dicts with input_id, label, prediction,
     radius, p_lower, sigma, alpha, counts, evidence); ``inputs`` holds the certified
-    inputs in the same order.
+    inputs in the same order. ``sigma_provider`` and ``certifier`` are built by
+    :func:`harness.method.build_method` (the certifier with that provider); checks read
+    only the attributes their protocols declare. ``radii`` are the benchmark's radii.
     """
 
     run_id: str
@@ -52,12 +56,13 @@ class Audit:
     setting: str
     params: Mapping[str, Any]
     context: BuildContext
-    sigma_provider: Any
-    certifier: Any
+    sigma_provider: SigmaProvider
+    certifier: Certifier
     certificates: list[dict[str, Any]]
     inputs: torch.Tensor
     budget: Budget
     registry: Registry
+    radii: tuple[float, ...] = ()
 
     def rebuild(self, dataset: Dataset, model: torch.nn.Module, protocol: CertificationProtocol):
         """The same method and setting on another dataset and base model (for S1).
@@ -68,10 +73,12 @@ class Audit:
                                 self.context.seed)  # fmt: skip
         context = replace(self.context, dataset=dataset, model=model, protocol=protocol,
                           engine=engine, model_hash=None)  # fmt: skip
-        provider = self.registry.get("sigma_providers", self.method.sigma_provider).build(
-            context, self.params
-        )
-        certifier = self.registry.get("certifiers", self.method.certifier).build(
-            context, self.params
-        )
+        provider, certifier = build_method(self.registry, self.method.name, self.params, context)
         return provider, certifier, context
+
+    def sigma(self, x: torch.Tensor, where: str = "") -> torch.Tensor:
+        """The method's σ at ``x`` (on ``x``'s device), checked to be in range
+        (:func:`harness.runner.checked_sigma`): a bad σ is reported as the σ-provider's fault."""
+        with torch.no_grad():
+            sigma = self.sigma_provider(x)
+        return checked_sigma(sigma, len(x), self.method.sigma_provider, where)

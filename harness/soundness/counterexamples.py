@@ -12,8 +12,8 @@ smoothed prediction (with the method's σ at that point) differs from the certif
 (c) An ℓ2 PGD attack on the smoothed classifier inside each audited certified ball,
 σ(x1) recomputed by the method at x1, every candidate confirmed by a fresh Monte Carlo
 estimate whose Clopper–Pearson upper bound on the certified class is below 1/2.
-(d) Memory-based certifiers: the spread of certified accuracy over input orders is
-reported as the flag ``order-dependent``.
+(d) Memory-based certifiers (``order_dependent``) are flagged ``order-dependent`` and
+not attacked; S5 (:mod:`harness.soundness.order`) replays their input orders.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import numpy as np
 import torch
 
 from harness.certificate import ABSTAIN
-from harness.results import RADII
 from harness.soundness.analytic import BallClassifier
 from harness.soundness.audit import Audit
 from harness.soundness.verdict import P_THRESHOLD, CheckResult, Verdict, false_certificates_pvalue
@@ -75,8 +74,8 @@ def check_counterexamples(audit: Audit) -> CheckResult:
     model = audit.context.model
     if isinstance(model, BallClassifier):
         flips = []
-        memory = getattr(audit.certifier, "ball_sigmas", None)
-        ball_sigma = memory(certs) if memory else None
+        memory = audit.certifier.order_dependent
+        ball_sigma = audit.certifier.ball_sigmas(certs) if memory else None
         for c, x in zip(certs, audit.inputs, strict=True):
             if c["prediction"] != ABSTAIN and c["radius"] > 0:
                 flip = ball_flip(
@@ -101,15 +100,9 @@ def check_counterexamples(audit: Audit) -> CheckResult:
                 f"{f['sigma']:.4g}, exact P(inside) {f['exact_p_inside']:.4g}"
             )
     flags = []
-    if getattr(audit.certifier, "order_dependent", False):
+    if audit.certifier.order_dependent:
         flags.append("order-dependent")
         evidence["attack"] = "not applicable: memory certificates depend on the order of inputs"
-        if hasattr(audit.certifier, "order_spread"):
-            spread = audit.certifier.order_spread(certs, dict(zip([c["input_id"] for c in certs], audit.inputs, strict=True)),
-                                                  audit.budget.orders, RADII, audit.context.seed)  # fmt: skip
-            evidence["order_spread"] = {
-                k: spread[k] for k in ("orders", "radii", "min", "median", "max", "recorded")
-            }
     else:
         confirmed, attacked = attack_certificates(audit, gen)
         p_attack = false_certificates_pvalue(len(confirmed), attacked, alpha)
@@ -221,7 +214,7 @@ def attack_certificates(audit: Audit, gen: torch.Generator) -> tuple[list[dict],
     chosen = chosen[: budget.audited_inputs]
     if not chosen:
         return [], 0
-    engine = getattr(audit.certifier, "engine", audit.context.engine)
+    engine = audit.certifier.engine
     model, device, provider = engine.model, audit.context.device, audit.sigma_provider
     x0 = audit.inputs[torch.tensor(chosen)].to(device, torch.float32)
     radius = torch.tensor([certs[k]["radius"] for k in chosen], device=device)
@@ -271,7 +264,7 @@ def _confirm(audit, engine, x0, x1, chosen, target) -> list[dict]:
     ids = [certs[k]["input_id"] for k in chosen]
     classes = engine.num_classes
     level = audit.context.protocol.alpha / (len(chosen) * classes)  # union over candidates, classes
-    soft = getattr(audit.certifier, "smoothing", "hard") == "soft"
+    soft = audit.certifier.smoothing == "soft"
     if soft:
         means = np.stack([s.means for s in engine.soft_stats(x1, sigma, ids, num, STREAM_CONFIRM)])
     else:

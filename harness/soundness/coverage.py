@@ -55,7 +55,7 @@ def _certify(audit: Audit, dataset: Dataset, model: torch.nn.Module):
         sigma = provider(x)
     certs = sorted(certifier.certify(x, sigma, list(range(len(x)))), key=lambda c: c.input_id)
     ball_sigma = None
-    if hasattr(certifier, "ball_sigmas"):  # memory certificates: σ is constant inside each ball
+    if certifier.order_dependent:  # memory certificates: σ is constant inside each ball
         ball_sigma = certifier.ball_sigmas([vars(c) for c in certs])
     return provider, ball_sigma, [c for c in certs if c.prediction != ABSTAIN and c.radius > 0], x
 

@@ -10,10 +10,22 @@ probability ξ(‖x1 − x0‖, σ0, σ(x1)) at x1, which grows with the distanc
 certificate is ``unjustified``. (For σ obeying the semi-elastic bound used by Thm 3.2,
 ξ at R is below 1/2 by construction, so sound methods are not flagged.)
 
-Certificates that are not hard-smoothing ones are audited through the certifier's
-``hypotheses()`` (a mapping from each hypothesis of its theorem to whether it holds);
-memory certificates use a piecewise-constant σ inside their balls (Alfarra et al.,
-App. C), to which this search does not apply.
+For a σ-provider that declares ``SemiElastic(r)`` (or ``Constant``, r = 0), the σ found
+inside B(x0, R) must also lie in the envelope [σ0 e^(−rR), σ0 e^(rR)] that Thm 3.2
+assumes with the *declared* r; a σ outside it makes the certificate ``unjustified``.
+
+Soft-smoothing certificates on a ``Lipschitz(lip, σ_min)`` σ (Bergstrom et al., Thm 2
+and 3) are audited by the harness from the objects themselves, never from the
+certifier's own report: Lip(σ) <= lip from the provider's ``weights`` (product of their
+spectral norms, ``torch.linalg.matrix_norm(ord=2)``) when it exposes them, and from
+random pairs around the audited inputs; σ >= σ_min on every certificate and at those
+points; the normalized outputs g of ``certifier.engine.model`` on noisy samples lie in
+[p_min, 1 − (K − 1) p_min] and no certificate declares un-normalized outputs. L and
+the radius are re-derived by S0 (:mod:`harness.soundness.evidence`).
+
+Applicability: every certifier that is not ``order_dependent`` (memory certificates
+keep σ constant inside each certified ball, Alfarra et al., App. C, so there is no σ
+variation to justify; S5 handles them).
 """
 
 from __future__ import annotations
@@ -24,6 +36,8 @@ import numpy as np
 import torch
 
 from harness.certificate import ABSTAIN
+from harness.regularity import Constant, Lipschitz, SemiElastic
+from harness.runner import checked_sigma
 from harness.soundness.audit import Audit
 from harness.soundness.verdict import CheckResult, Verdict
 from harness.worstcase import xi
@@ -42,7 +56,7 @@ def sigma_extremes(
     hi = lo.clone()
     for fraction in (1.0, 0.5, 0.25):
         for _ in range(4):
-            d = torch.randn(flat.shape, generator=gen).to(flat.device)
+            d = torch.randn(flat.shape, generator=gen, dtype=flat.dtype).to(flat.device)
             d *= (fraction * radius / d.norm(dim=1))[:, None]
             with torch.no_grad():
                 s = provider((flat + d).view_as(x0)).double()
@@ -74,30 +88,24 @@ def sigma_extremes(
 
 def check_justification(audit: Audit) -> CheckResult:
     certifier = audit.certifier
-    if getattr(certifier, "order_dependent", False):
+    if certifier.order_dependent:
         return CheckResult(NAME, Verdict.NOT_APPLICABLE,
                            "memory certificates: σ is constant inside each certified ball (Alfarra et al., App. C)")  # fmt: skip
-    if hasattr(certifier, "hypotheses"):
-        hypotheses = dict(certifier.hypotheses())
-        failed = [name for name, holds in hypotheses.items() if not holds]
-        verdict = Verdict.UNJUSTIFIED if failed else Verdict.SOUND
-        summary = (
-            f"hypotheses not met: {', '.join(failed)}"
-            if failed
-            else "all hypotheses of the theorem hold"
-        )
-        return CheckResult(NAME, verdict, summary, {"hypotheses": hypotheses})
+    declared = audit.sigma_provider.regularity
+    if certifier.smoothing == "soft":
+        return _soft_hypotheses(audit, declared)
     certs = audit.certificates
     chosen = [k for k, c in enumerate(certs) if c["prediction"] != ABSTAIN and c["radius"] > 0]
     chosen = chosen[: audit.budget.audited_inputs]
     if not chosen:
         return CheckResult(NAME, Verdict.SOUND, "no certified radius to justify")
-    x0 = audit.inputs[torch.tensor(chosen)].to(audit.context.device, torch.float32)
+    device = audit.context.device
+    x0 = audit.inputs[torch.tensor(chosen)].to(device, torch.float32)
     radius = np.array([certs[k]["radius"] for k in chosen])
     sigma0 = np.array([certs[k]["sigma"] for k in chosen])
     p_lower = np.array([certs[k]["p_lower"] for k in chosen])
     gen = torch.Generator().manual_seed(audit.context.seed + 3)
-    lo, hi = sigma_extremes(audit.sigma_provider, x0, torch.tensor(radius, dtype=torch.float32).to(x0.device),
+    lo, hi = sigma_extremes(_checked(audit), x0, torch.tensor(radius, dtype=torch.float32, device=device),
                             audit.budget.ascent_steps, gen)  # fmt: skip
     lo, hi = np.minimum(lo, sigma0), np.maximum(hi, sigma0)
     dim = int(x0[0].numel())
@@ -109,14 +117,133 @@ def check_justification(audit: Audit) -> CheckResult:
     example = {"input_id": certs[chosen[k]]["input_id"], "radius": float(radius[k]), "sigma0": float(sigma0[k]),
                "sigma1_min": float(lo[k]), "sigma1_max": float(hi[k]), "p_lower": float(p_lower[k]),
                "xi_at_min": float(xi_lo[k]), "xi_at_max": float(xi_hi[k])}  # fmt: skip
-    evidence = {"audited": len(chosen), "unjustified": len(bad), "worst": example, "dim": dim}
+    evidence = {"audited": len(chosen), "unjustified": len(bad), "worst": example, "dim": dim,
+                "declared": declared.describe()}  # fmt: skip
     if len(bad):
         return CheckResult(
             NAME, Verdict.UNJUSTIFIED,
             f"{len(bad)}/{len(chosen)} radii have no valid proof, e.g. input {example['input_id']}: "
-            f"R = {example['radius']:.4g}, σ0 = {example['sigma0']:.4g}, σ(x1) in "
-            f"[{example['sigma1_min']:.4g}, {example['sigma1_max']:.4g}] inside the ball gives "
-            f"ξ = {max(example['xi_at_min'], example['xi_at_max']):.4g} >= 1/2", evidence,
+            f"R = {example['radius']:.10g}, σ0 = {example['sigma0']:.10g}, σ(x1) in "
+            f"[{example['sigma1_min']:.10g}, {example['sigma1_max']:.10g}] inside the ball gives "
+            f"ξ = {max(example['xi_at_min'], example['xi_at_max']):.10g} >= 1/2", evidence,
         )  # fmt: skip
+    envelope = _outside_declared_rate(declared, radius, sigma0, lo, hi)
+    if envelope is not None:
+        j = envelope
+        evidence["envelope"] = {"input_id": certs[chosen[j]]["input_id"], "radius": float(radius[j]),
+                                "sigma0": float(sigma0[j]), "sigma1_min": float(lo[j]),
+                                "sigma1_max": float(hi[j])}  # fmt: skip
+        rate = 0.0 if isinstance(declared, Constant) else declared.rate
+        return CheckResult(
+            NAME, Verdict.UNJUSTIFIED,
+            f"input {certs[chosen[j]]['input_id']}: σ(x1) in [{lo[j]:.10g}, {hi[j]:.10g}] inside the "
+            f"ball of radius {radius[j]:.10g} leaves the envelope σ0·e^(±rR) = [{sigma0[j] * math.exp(-rate * radius[j]):.10g}, "
+            f"{sigma0[j] * math.exp(rate * radius[j]):.10g}] of the declared {declared.describe()} σ the "
+            "radius was computed with (Súkeník et al. 2022, Thm 3.2)", evidence,
+        )  # fmt: skip
+    margin = 0.5 - float(worst[k])
     return CheckResult(NAME, Verdict.SOUND,
-                       f"all {len(chosen)} audited radii covered (worst ξ = {float(worst[k]):.6f} < 1/2)", evidence)  # fmt: skip
+                       f"all {len(chosen)} audited radii covered (worst ξ = {float(worst[k]):.10g}, "
+                       f"{margin:.3g} below 1/2)", evidence)  # fmt: skip
+
+
+ENVELOPE_SLACK = 1e-6
+"""Relative slack on the declared envelope (σ evaluated in float32)."""
+
+
+def _outside_declared_rate(declared, radius, sigma0, lo, hi) -> int | None:
+    """Index of the first audited ball whose σ leaves σ0·e^(±rR) for the declared r, or None."""
+    if not isinstance(declared, Constant | SemiElastic):
+        return None
+    rate = 0.0 if isinstance(declared, Constant) else float(declared.rate)
+    low = sigma0 * np.exp(-rate * radius) * (1 - ENVELOPE_SLACK)
+    high = sigma0 * np.exp(rate * radius) * (1 + ENVELOPE_SLACK)
+    bad = np.flatnonzero((lo < low) | (hi > high))
+    return int(bad[0]) if len(bad) else None
+
+
+def _checked(audit: Audit):
+    """The σ-provider, its values checked to be in range (a bad σ is the provider's fault)."""
+
+    def sigma(x: torch.Tensor) -> torch.Tensor:
+        s = audit.sigma_provider(x)
+        checked_sigma(s.detach(), len(x), audit.method.sigma_provider, " inside a certified ball")
+        return s
+
+    return sigma
+
+
+def lipschitz_of_weights(weights) -> float:
+    """∏ ‖W_i‖₂ (largest singular values, float64): a bound on the Lipschitz constant of a
+    feed-forward network with these weights and 1-Lipschitz activations."""
+    out = 1.0
+    for w in weights:
+        out *= float(torch.linalg.matrix_norm(w.detach().double(), ord=2))
+    return out
+
+
+LIP_SLACK = 1e-6
+"""Relative slack on Lip(σ) comparisons (the providers' own SVD bounds carry a safety factor)."""
+
+
+def _soft_hypotheses(audit: Audit, declared) -> CheckResult:
+    """Bergstrom et al., Thm 2 and 3: each hypothesis checked on the objects themselves."""
+    if isinstance(declared, Constant):
+        declared = Lipschitz(0.0, declared.sigma)
+    if not isinstance(declared, Lipschitz):
+        return CheckResult(NAME, Verdict.UNJUSTIFIED,
+                           f"soft smoothing needs a Lipschitz σ with a floor (Bergstrom et al., Thm 2); "
+                           f"the σ-provider declares {declared.describe()}")  # fmt: skip
+    certs, budget, device = audit.certificates, audit.budget, audit.context.device
+    failed: list[str] = []
+    evidence: dict = {"declared": declared.describe()}
+    weights = getattr(audit.sigma_provider, "weights", None)
+    if weights is not None:
+        product = lipschitz_of_weights(weights)
+        evidence["lip_from_weights"] = product
+        if product > declared.lip * (1 + LIP_SLACK):
+            failed.append(f"Lip(σ) <= {declared.lip:.10g}: the weights only give {product:.10g}")
+    x0 = audit.inputs[: budget.audited_inputs].to(device, torch.float32)
+    gen = torch.Generator(device="cpu").manual_seed(audit.context.seed + 4)
+    s0 = audit.sigma(x0).double()
+    worst_q, min_sigma = 0.0, float(s0.min())
+    for scale in (0.01, 0.1, 1.0):
+        d = torch.randn(x0.flatten(1).shape, generator=gen).to(device)
+        d *= scale / d.norm(dim=1, keepdim=True)
+        s1 = audit.sigma((x0.flatten(1) + d).view_as(x0), " near an audited input").double()
+        worst_q = max(worst_q, float(((s1 - s0).abs() / scale).max()))
+        min_sigma = min(min_sigma, float(s1.min()))
+    stored_min = min((float(c["sigma"]) for c in certs), default=math.inf)
+    evidence.update(lip_empirical=worst_q, min_sigma=min(min_sigma, stored_min))
+    if worst_q > declared.lip * (1 + 1e-3) + 1e-5:
+        failed.append(f"Lip(σ) <= {declared.lip:.10g}: a pair gives |Δσ|/‖δ‖ = {worst_q:.10g}")
+    if min(min_sigma, stored_min) < declared.sigma_min * (1 - 1e-12):
+        failed.append(f"σ >= σ_min = {declared.sigma_min:.10g}: found σ = {min(min_sigma, stored_min):.10g}")
+    p_mins = [c["evidence"].get("p_min") for c in certs if c.get("evidence")]
+    if any(c.get("evidence", {}).get("normalized") is False for c in certs):
+        failed.append("outputs normalized to [p_min, 1 − p_min] (Remark 2): the certificates "
+                      "declare raw outputs")  # fmt: skip
+    if p_mins and all(p is not None for p in p_mins):
+        p_min = min(p_mins)
+        engine = audit.certifier.engine
+        sigma = s0.float().view((-1,) + (1,) * (x0.dim() - 1))
+        noise = torch.randn((8, *x0.shape), generator=gen).to(device)
+        with torch.no_grad():
+            out = engine.model((x0[None] + sigma[None] * noise).flatten(0, 1))
+            g = torch.softmax(out.double(), dim=1)
+        high = 1 - (g.shape[1] - 1) * p_min
+        g_lo, g_hi = float(g.min()), float(g.max())
+        evidence.update(p_min=p_min, output_range=[g_lo, g_hi])
+        if g_lo < p_min * (1 - 1e-9) or g_hi > high * (1 + 1e-12):
+            failed.append(f"outputs in [{p_min:.10g}, {high:.10g}] (Remark 2): found "
+                          f"[{g_lo:.10g}, {g_hi:.10g}]")  # fmt: skip
+    else:
+        failed.append("outputs in [p_min, 1 − p_min] (Remark 2): the certificates record no p_min")
+    evidence["failed"] = failed
+    if failed:
+        return CheckResult(NAME, Verdict.UNJUSTIFIED, "hypotheses of Thm 3 not met: " + "; ".join(failed),
+                           evidence)  # fmt: skip
+    return CheckResult(NAME, Verdict.SOUND,
+                       f"hypotheses of Thm 3 verified: Lip(σ) <= {declared.lip:.10g} (pairs: "
+                       f"{worst_q:.10g}), σ >= {declared.sigma_min:.10g} (min {evidence['min_sigma']:.10g}), "
+                       f"outputs in [p_min, 1 − p_min]", evidence)  # fmt: skip

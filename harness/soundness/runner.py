@@ -9,8 +9,10 @@ from dataclasses import replace
 import torch
 
 from harness.errors import IdrsError
+from harness.method import build_method
 from harness.plugins import PluginManager, get_plugin_manager
 from harness.progress import Progress
+from harness.results import RADII
 from harness.runner import RunOptions, prepare
 from harness.soundness.audit import BUDGETS, Audit, Budget
 from harness.soundness.verdict import CheckResult, Verdict
@@ -47,6 +49,7 @@ def audits(
     if prepared.model_hash != run["model_hash"]:
         raise IdrsError("the base model recipe changed since the run; rerun the benchmark")
     rows = list(store.certificates(run["run_id"]))
+    radii = tuple(sorted({float(r) for r in run["config"].get("radii") or RADII}))
     for config in spec.methods:
         if method is not None and config.name != method:
             continue
@@ -58,15 +61,10 @@ def audits(
                 continue
             params = {**method_spec.defaults, **setting}
             context = replace(prepared.context, method=config.name, setting=key)
-            provider = prepared.registry.get("sigma_providers", method_spec.sigma_provider).build(
-                context, params
-            )
-            certifier = prepared.registry.get("certifiers", method_spec.certifier).build(
-                context, params
-            )
+            provider, certifier = build_method(prepared.registry, config.name, params, context)
             inputs = prepared.dataset.test_x[torch.tensor([r["input_id"] for r in certs])]
             yield Audit(run["run_id"], method_spec, key, params, context, provider, certifier, certs,
-                        inputs, limits, prepared.registry)  # fmt: skip
+                        inputs, limits, prepared.registry, radii)  # fmt: skip
 
 
 def run_checks(
@@ -88,12 +86,17 @@ def run_checks(
                 for check in checks:
                     try:
                         result = check.run(audit)
-                    except Exception as exc:  # a broken check is reported, the others go on
+                        if not isinstance(result, CheckResult) or result.verdict not in set(Verdict):
+                            raise TypeError(f"returned {result!r}, not a CheckResult with a Verdict")
+                    except Exception as exc:  # a check that raises did not complete: `error`
                         result = CheckResult(
-                            check.name, Verdict.NOT_APPLICABLE, f"check failed: {type(exc).__name__}: {exc}",
+                            check.name, Verdict.ERROR, f"check raised {type(exc).__name__}: {exc}",
                             {"traceback": traceback.format_exc(limit=-3)},
                         )  # fmt: skip
-                        progress.warn(f"check {check.name} failed on {audit.method.name}: {exc}")
+                        progress.warn(
+                            f"check {check.name} raised on {audit.method.name} ({audit.setting}): "
+                            f"{exc}; the row is not verified"
+                        )
                     store.add_check(
                         audit.run_id, audit.method.name, audit.setting, result, audit.budget.name
                     )

@@ -10,25 +10,38 @@ from scipy import stats
 
 
 class Verdict(StrEnum):
-    """What a check concludes about a method's certificates.
+    """What a check concludes about a method's certificates, and what a row's checks add up to.
 
-    ``sound``: every applicable audit passed. ``unjustified``: no valid proof covers
-    the claimed radii (a regularity the proof needs is false, or the worst case
-    over the certified ball exceeds what the certificate allows). ``violated``: a
-    concrete counterexample exists. ``not-applicable``: the check does not apply.
+    Verdicts of one check: ``sound``: the audit ran and passed. ``unjustified``: no
+    valid proof covers the claimed radii (a hypothesis of the theorem is false, or the
+    worst case over the certified ball exceeds what the certificate allows).
+    ``violated``: a concrete counterexample or a certificate its own evidence does not
+    derive. ``order-dependent``: memory certificates, which certify no fixed classifier
+    (Súkeník et al. 2022, App. C.2), replayed over input orders. ``error``: the check
+    raised; it did not complete. ``not-applicable``: the check's documented
+    applicability rule excludes the method (only then).
+
+    The combination of a row (:func:`overall`) is one of these, or ``not-verified``: some
+    applicable check did not complete (``error``), or none applied.
     """
 
     SOUND = "sound"
+    ORDER_DEPENDENT = "order-dependent"
     UNJUSTIFIED = "unjustified"
     VIOLATED = "violated"
+    ERROR = "error"
     NOT_APPLICABLE = "not-applicable"
+    NOT_VERIFIED = "not-verified"
 
 
 _SEVERITY = {
     Verdict.NOT_APPLICABLE: 0,
     Verdict.SOUND: 1,
-    Verdict.UNJUSTIFIED: 2,
-    Verdict.VIOLATED: 3,
+    Verdict.ORDER_DEPENDENT: 2,
+    Verdict.ERROR: 3,
+    Verdict.NOT_VERIFIED: 3,
+    Verdict.UNJUSTIFIED: 4,
+    Verdict.VIOLATED: 5,
 }
 
 
@@ -44,11 +57,22 @@ class CheckResult:
 
 
 def overall(results: list[CheckResult]) -> Verdict:
-    """``sound`` only when every applicable check passed; otherwise the worst verdict."""
+    """A row's verdict from its checks.
+
+    ``violated`` or ``unjustified`` if any check says so (the worst of them); else
+    ``not-verified`` if any applicable check raised (``error``) or no check applied;
+    else ``order-dependent`` if a check found memory certificates; else ``sound``.
+    """
     applicable = [r.verdict for r in results if r.verdict != Verdict.NOT_APPLICABLE]
     if not applicable:
-        return Verdict.NOT_APPLICABLE
-    return max(applicable, key=_SEVERITY.__getitem__)
+        return Verdict.NOT_VERIFIED
+    worst = max(applicable, key=_SEVERITY.__getitem__)
+    return Verdict.NOT_VERIFIED if worst == Verdict.ERROR else worst
+
+
+def applied(results: list[CheckResult]) -> list[str]:
+    """Names of the checks that applied to a row (every verdict but ``not-applicable``)."""
+    return [r.check for r in results if r.verdict != Verdict.NOT_APPLICABLE]
 
 
 P_THRESHOLD = 1e-3

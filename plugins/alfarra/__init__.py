@@ -78,7 +78,7 @@ def _optimized_sigma(context: BuildContext, params: Mapping[str, Any]):
     )  # fmt: skip
 
 
-def _memory_certifier(context: BuildContext, params: Mapping[str, Any]):
+def _memory_certifier(context: BuildContext, params: Mapping[str, Any], sigma_provider):
     from harness.plugins import get_plugin_manager
     from plugins.alfarra.certifier import MemoryCertifier
     from plugins.alfarra.memory import Memory
@@ -89,7 +89,7 @@ def _memory_certifier(context: BuildContext, params: Mapping[str, Any]):
     if name == "memory":
         raise ParameterError("the memory certifier cannot wrap itself; set memory_certifier")
     registry = getattr(context, "registry", None) or get_plugin_manager().registry
-    inner = registry.get("certifiers", name).build(context, params)
+    inner = registry.get("certifiers", name).build(context, params, sigma_provider)
     memory = Memory(context.device)
     log = MemoryLog(default_memory_dir() / "memory.sqlite", memory_key(context, name, params))
     restored = log.restore(memory)

@@ -21,6 +21,7 @@ import torch
 from harness.certificate import Certificate
 from harness.components import Certifier
 from harness.errors import IdrsError
+from harness.radius import RadiusFormula, Recomputed
 from plugins.alfarra.memory import INSIDE, Memory, MemoryEntry
 from plugins.alfarra.memory_store import MemoryLog
 
@@ -68,6 +69,11 @@ class MemoryCertifier:
         self.inner = inner
         self.memory = memory
         self.log = log
+        self.smoothing = inner.smoothing
+        self.engine = inner.engine
+        self.radius_formula = RadiusFormula(
+            f"memory({inner.radius_formula.name})", memory_recompute, inner.radius_formula
+        )
 
     def certify(
         self, x: torch.Tensor, sigma: torch.Tensor, input_ids: Sequence[int]
@@ -107,3 +113,37 @@ class MemoryCertifier:
         if entry.action == INSIDE:
             cert.predict = entry.prediction
         return cert
+
+
+def memory_recompute(rows, inputs, protocol, regularity, inner: RadiusFormula) -> Recomputed:
+    """Alg. 3 re-derived: the inner certificate before the memory (its raw prediction and
+    radius, from the evidence) by the ``inner`` formula at the ball's own σ; then a
+    ``kept`` or ``shrunk`` certificate may claim at most that radius, and one placed
+    ``inside`` an earlier ball (x_j, R_j) at most R_j − ‖x − x_j‖ with x_j's class, R_j
+    itself bounded the same way (recursively)."""
+    raw_rows = []
+    for row in rows:
+        ev = row.get("evidence") or {}
+        raw_rows.append({**row, "prediction": ev.get("memory_raw_prediction", row["prediction"]),
+                         "radius": ev.get("memory_raw_radius", row["radius"])})  # fmt: skip
+    raw = inner.derive(raw_rows, inputs, protocol, regularity)
+    index = {int(r["input_id"]): i for i, r in enumerate(rows)}
+    flat = torch.as_tensor(inputs).detach().double().flatten(1)
+    prediction, radius = raw.prediction.copy(), raw.radius.copy()
+    done: set[int] = set()
+
+    def resolve(i: int, depth: int = 0) -> None:
+        if i in done:
+            return
+        done.add(i)
+        ev = rows[i].get("evidence") or {}
+        decided = ev.get("memory_decided_by") or []
+        if ev.get("memory_action") == INSIDE and decided and int(decided[0]) in index and depth < len(rows):
+            j = index[int(decided[0])]
+            resolve(j, depth + 1)
+            distance = float(torch.linalg.vector_norm(flat[i] - flat[j]))
+            prediction[i], radius[i] = prediction[j], max(radius[j] - distance, 0.0)
+
+    for i in range(len(rows)):
+        resolve(i)
+    return Recomputed(raw.n0, raw.n, raw.bound, prediction, radius)

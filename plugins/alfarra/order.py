@@ -81,9 +81,11 @@ def replay_orders(
     :param inputs: the inputs by input id, e.g. ``dataset.test_x`` (the test inputs
         of the run) or a mapping id -> tensor.
     :returns: ``{"inputs", "orders", "radii", "min", "median", "max", "recorded",
-        "per_order"}``: min/median/max over the P orders of the certified accuracy at
-        each radius, the accuracy in the order the run used (by ``memory_position``;
-        ``None`` when the rows have none) and the P × len(radii) accuracies.
+        "per_order", "acr", "worst_order"}``: min/median/max over the P orders of the
+        certified accuracy at each radius, the accuracy in the order the run used (by
+        ``memory_position``; ``None`` when the rows have none), the P × len(radii)
+        accuracies, min/median/max of the ACR, and the certificates (input ids,
+        predictions, radii) of the order with the lowest ACR.
     """
     rows = list(certificates)
     if orders < 1:
@@ -98,15 +100,14 @@ def replay_orders(
     x = torch.stack([torch.as_tensor(inputs[i]) for i in ids])
     distances = pairwise_distances(x)
     rng = np.random.default_rng(seed)
-    per_order = np.stack(
-        [
-            certified_accuracy(
-                *replay(distances, predictions, base_radii, rng.permutation(len(rows))),
-                labels, radii,
-            )
-            for _ in range(orders)
-        ]
-    )  # fmt: skip
+    accuracies, acrs, worst = [], [], None
+    for _ in range(orders):
+        pred, rad = replay(distances, predictions, base_radii, rng.permutation(len(rows)))
+        accuracies.append(certified_accuracy(pred, rad, labels, radii))
+        acrs.append(float(np.mean(np.where(pred == labels, rad, 0.0))))
+        if worst is None or acrs[-1] < worst[0]:
+            worst = (acrs[-1], pred, rad)
+    per_order = np.stack(accuracies)
     recorded = None
     positions = [(r.get("evidence") or {}).get("memory_position") for r in rows]
     if all(p is not None for p in positions):
@@ -123,4 +124,7 @@ def replay_orders(
         "max": per_order.max(axis=0).tolist(),
         "recorded": recorded,
         "per_order": per_order.tolist(),
-    }
+        "acr": {"min": min(acrs), "median": float(np.median(acrs)), "max": max(acrs)},
+        "worst_order": {"input_id": ids, "prediction": worst[1].tolist(),
+                        "radius": worst[2].tolist()},
+    }  # fmt: skip

@@ -30,7 +30,7 @@ def _constant_sigma(context: BuildContext, params: Mapping[str, Any]):
     return ConstantSigma(params["sigma"])
 
 
-def _cohen_certifier(context: BuildContext, params: Mapping[str, Any]):
+def _cohen_certifier(context: BuildContext, params: Mapping[str, Any], sigma_provider):
     from plugins.cohen.certifier import CohenCertifier
 
     return CohenCertifier(context.engine, context.protocol)

@@ -8,6 +8,7 @@ from scipy.stats import norm
 
 from harness.certify import HardSmoothingCertifier
 from harness.protocol import check_sigma
+from harness.radius import COHEN
 from harness.regularity import Constant
 
 
@@ -29,6 +30,8 @@ def cohen_radius(p_lower: np.ndarray, sigma: np.ndarray) -> np.ndarray:
 
 class CohenCertifier(HardSmoothingCertifier):
     """CERTIFY of Cohen et al. (2019) at σ(x0)."""
+
+    radius_formula = COHEN
 
     def radius(self, p_lower: np.ndarray, sigma: np.ndarray) -> np.ndarray:
         return cohen_radius(p_lower, sigma)

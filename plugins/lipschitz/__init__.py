@@ -85,13 +85,12 @@ def _lipschitz_net(context: BuildContext, params: Mapping[str, Any]):
     return obtain_sigma_network(context, params)
 
 
-def _lipschitz_certifier(context: BuildContext, params: Mapping[str, Any]):
+def _lipschitz_certifier(context: BuildContext, params: Mapping[str, Any], sigma_provider):
+    """Thm 3 with Lip(σ) and σ_min from ``sigma_provider.regularity`` (its declaration)."""
     from harness.sampling import SamplingEngine
     from plugins.lipschitz.certifier import LipschitzCertifier
-    from plugins.lipschitz.fit import obtain_sigma_network
     from plugins.lipschitz.normalization import NormalizedModel
 
-    sigma = obtain_sigma_network(context, params)  # cached: the provider's own network
     classes = context.dataset.num_classes
     normalize = bool(params["normalize"])
     model = (
@@ -103,7 +102,7 @@ def _lipschitz_certifier(context: BuildContext, params: Mapping[str, Any]):
         model, classes, context.device, context.engine.batch_size, context.engine.seed
     )
     return LipschitzCertifier(
-        engine, context.protocol, sigma.regularity, float(params["p_min"]), context.dataset.dim,
+        engine, context.protocol, sigma_provider.regularity, float(params["p_min"]), context.dataset.dim,
         normalized=normalize, bounds=bool(params["confidence_bounds"]),
     )  # fmt: skip
 

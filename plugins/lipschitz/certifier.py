@@ -33,6 +33,7 @@ from scipy.special import ndtri
 from harness.certificate import ABSTAIN, Certificate
 from harness.errors import IdrsError
 from harness.protocol import CertificationProtocol, check_alpha
+from harness.radius import RadiusFormula, Recomputed
 from harness.regularity import Constant, Lipschitz
 from harness.sampling import STREAM_ESTIMATION, STREAM_SELECTION, SamplingEngine, SoftStats
 from harness.stats import hoeffding_lower, hoeffding_upper
@@ -101,20 +102,10 @@ class LipschitzCertifier:
         check_lemma3(self.p_min, dim)
         self.lipschitz = lipschitz_constant(regularity.sigma_min, regularity.lip, self.p_min, dim)
         self.normalized, self.bounds = normalized, bounds
-        self.min_sigma_seen = float("inf")
+        self.radius_formula = LIPSCHITZ_THM3
 
     smoothing = "soft"
-
-    def hypotheses(self) -> dict[str, bool]:
-        """Each hypothesis of Thm 3 and whether it holds for the certificates issued so far."""
-        return {
-            "σ(x) >= σ_min on every certified input": self.min_sigma_seen
-            >= self.regularity.sigma_min,
-            "Lip(σ) certified from exact singular values": True,
-            "outputs normalized to [p_min, 1 − p_min] (Remark 2)": self.normalized,
-            "confidence bounds on ḡ_y and the runner-up (not raw means)": self.bounds,
-            "Lemma 3: R decreasing on [p_min, 1 − p_min] (checked before certifying)": True,
-        }
+    order_dependent = False
 
     def _check_sigma(self, sigma: np.ndarray) -> None:
         if np.any(sigma < self.regularity.sigma_min):
@@ -128,7 +119,6 @@ class LipschitzCertifier:
     ) -> Iterator[Certificate]:
         sigma_values = torch.as_tensor(sigma).double().cpu().numpy()
         self._check_sigma(sigma_values)
-        self.min_sigma_seen = min(self.min_sigma_seen, float(sigma_values.min(initial=np.inf)))
         n0, n = self.protocol.n0, self.protocol.n
         start = time.perf_counter()
         selection = self.engine.soft_stats(x, sigma_values, input_ids, n0, STREAM_SELECTION)
@@ -139,6 +129,7 @@ class LipschitzCertifier:
             certificate = self.from_means(
                 input_ids[index], sigma_values[index], selection[index].means, stats
             )
+            certificate.evidence["n0"] = int(selection[index].num)
             now = time.perf_counter()
             certificate.seconds = share + (now - last)
             last = now
@@ -180,3 +171,38 @@ class LipschitzCertifier:
                 "means_estimation": [float(v) for v in means],
             },
         )
+
+
+def lipschitz_recompute(rows, inputs, protocol: CertificationProtocol, regularity) -> Recomputed:
+    """Thm 3 re-derived from stored mean outputs: y = argmax of the selection means, the
+    Hoeffding bounds of :func:`confidence_bounds` at the run's α, L of Thm 2 from the
+    declared ``Lipschitz(lip, σ_min)`` (Lemma 3 checked), R = (Φ⁻¹(lower) − Φ⁻¹(upper)) / 2L."""
+    if isinstance(regularity, Constant):
+        regularity = Lipschitz(0.0, regularity.sigma)
+    if not isinstance(regularity, Lipschitz):
+        raise IdrsError(f"Thm 3 needs a Lipschitz σ with a floor, the σ-provider declares "
+                        f"{regularity.describe()}")  # fmt: skip
+    dim = int(inputs[0].numel()) if len(rows) else 1
+    constants: dict[float, float] = {}
+    out = {k: np.zeros(len(rows)) for k in ("n0", "n", "bound", "prediction", "radius")}
+    for i, row in enumerate(rows):
+        ev = row.get("evidence") or {}
+        if "means_estimation" not in ev or "p_min" not in ev:
+            out["prediction"][i] = ABSTAIN
+            continue
+        p_min = float(ev["p_min"])
+        if p_min not in constants:
+            check_lemma3(check_p_min(p_min), dim)
+            constants[p_min] = lipschitz_constant(regularity.sigma_min, regularity.lip, p_min, dim)
+        top = int(np.argmax(ev["means_selection"]))
+        n = int(ev["n"])
+        lower, upper = confidence_bounds(np.asarray(ev["means_estimation"]), top, n, protocol.alpha, p_min)
+        radius = soft_radius(lower, upper, constants[p_min])
+        out["n0"][i], out["n"][i], out["bound"][i] = ev.get("n0", 0), n, lower
+        out["prediction"][i] = top if radius > 0 else ABSTAIN
+        out["radius"][i] = max(radius, 0.0)
+    return Recomputed(out["n0"].astype(np.int64), out["n"].astype(np.int64), out["bound"],
+                      out["prediction"].astype(np.int64), out["radius"])  # fmt: skip
+
+
+LIPSCHITZ_THM3 = RadiusFormula("bergstrom-thm3", lipschitz_recompute)

@@ -134,6 +134,11 @@ class CertifiedSigma:
             raise ParameterError("could not certify the σ-network's Lipschitz bound")
         self.regularity = Lipschitz(certified, self.sigma_min)
 
+    @property
+    def weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(W1, W2): σ = ReLU(W2·ReLU(W1·x + b1) + b2) + σ_min, so Lip(σ) <= ‖W1‖₂·‖W2‖₂."""
+        return self.w1, self.w2
+
     def certified_product(self) -> float:
         """‖W1‖₂·‖W2‖₂ from a float64 SVD of the stored weights, inflated by SVD_SAFETY."""
         n1 = float(torch.linalg.svdvals(self.w1.double().cpu())[0])

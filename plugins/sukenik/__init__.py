@@ -61,11 +61,12 @@ def _knn_sigma(context, params: Mapping[str, Any]):
                     float(params["max_ratio"]))  # fmt: skip
 
 
-def _certifier(context, params: Mapping[str, Any]):
+def _certifier(context, params: Mapping[str, Any], sigma_provider):
+    """Thm 3.2 at the rate r the σ-provider declares (``sigma_provider.regularity``)."""
     from plugins.sukenik.certifier import SukenikCertifier
 
     return SukenikCertifier(
-        context.engine, context.protocol, float(params["rate"]), context.dataset.dim
+        context.engine, context.protocol, sigma_provider.regularity, context.dataset.dim
     )
 
 

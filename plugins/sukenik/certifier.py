@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import numpy as np
-from harness.worstcase import certified_radius
 
 from harness.certify import HardSmoothingCertifier
+from harness.radius import SUKENIK, semi_elastic_rate
+from harness.worstcase import certified_radius
 
 
 class SukenikCertifier(HardSmoothingCertifier):
     """n0 samples select ĉ_A, n samples give p_A_lower at σ0 = σ(x0); abstain if p_A_lower <= 1/2;
-    else CR = sup{R : ξ>(R, σ0, σ0 e^(−rR)) < 1/2 and ξ<(R, σ0, σ0 e^(rR)) < 1/2} (Thm 3.2)."""
+    else CR = sup{R : ξ>(R, σ0, σ0 e^(−rR)) < 1/2 and ξ<(R, σ0, σ0 e^(rR)) < 1/2} (Thm 3.2),
+    with r the rate the σ-provider declares (``SemiElastic(r)``; ``Constant``: r = 0)."""
 
-    def __init__(self, engine, protocol, rate: float, dim: int) -> None:
+    radius_formula = SUKENIK
+
+    def __init__(self, engine, protocol, regularity, dim: int) -> None:
         super().__init__(engine, protocol)
-        self.rate, self.dim = rate, dim
+        self.rate, self.dim = semi_elastic_rate(regularity), dim
 
     def radius(self, p_lower: np.ndarray, sigma: np.ndarray) -> np.ndarray:
         return np.asarray(certified_radius(p_lower, sigma, self.rate, self.dim))
