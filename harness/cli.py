@@ -131,7 +131,7 @@ def _check(args: argparse.Namespace) -> int:
     from harness.progress import Progress
     from harness.runner import RunOptions
     from harness.soundness.runner import run_checks
-    from harness.soundness.verdict import overall
+    from harness.soundness.verdict import applied, overall
 
     if not args.db.is_file():
         raise IdrsError(
@@ -144,21 +144,22 @@ def _check(args: argparse.Namespace) -> int:
                          method=args.method, budget=args.budget, orders=args.orders)  # fmt: skip
     if args.json:
         print(json.dumps([
-            {"method": m, "setting": s, "verdict": str(overall(rs)),
+            {"method": m, "setting": s, "verdict": str(overall(rs)), "checks_applied": applied(rs),
              "checks": [{"check": r.check, "verdict": str(r.verdict), "summary": r.summary,
                          "evidence": r.evidence, "flags": r.flags} for r in rs]}
             for (m, s), rs in results.items()
         ], indent=2, default=str))  # fmt: skip
         return 0
     table = Table(title=f"soundness checks ({args.budget} budget)")
-    for column in ("method", "setting", "verdict", "check", "result", "evidence"):
+    for column in ("method", "setting", "verdict", "check", "result", "summary"):
         table.add_column(column)
     for (method, setting), rs in results.items():
         all_flags = sorted({f for r in rs for f in r.flags})
         flags = f" ({', '.join(all_flags)})" if all_flags else ""
+        verdict = f"{overall(rs)}{flags}\n{len(applied(rs))} of {len(rs)} checks applied"
         for k, r in enumerate(rs):
             table.add_row(escape(method) if k == 0 else "", escape(setting) if k == 0 else "",
-                          (str(overall(rs)) + flags) if k == 0 else "", r.check, str(r.verdict),
+                          verdict if k == 0 else "", r.check, str(r.verdict),
                           escape(r.summary))  # fmt: skip
     _console().print(table)
     return 0
@@ -174,7 +175,7 @@ def _results(args: argparse.Namespace) -> int:
 
 
 def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
-    from harness.leaderboard.verdicts import row_verdict
+    from harness.leaderboard.verdicts import applied_checks, row_verdict
     from harness.results import RADII, summarize
     from harness.store import ResultStore
 
@@ -190,6 +191,9 @@ def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
         mine = [c for c in checks if (c["method"], c["setting"]) == (row["method"], row["setting"])]
         flags = sorted({f for c in mine for f in c["flags"]})
         row["verdict"] = row_verdict(mine) + (f" ({', '.join(flags)})" if flags else "")
+        row["checks_applied"] = applied_checks(
+            [{"check": c["check_name"], "verdict": c["verdict"]} for c in mine]
+        )
         row["checks"] = {
             c["check_name"]: {"verdict": c["verdict"], "summary": c["summary"]} for c in mine
         }
@@ -215,7 +219,7 @@ def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
     table = Table(title=title)
     radii = list(rows[0]["certified_accuracy"]) if rows else []
     for column in ("method", "setting", "inputs", "clean acc", *[f"cert@{r}" for r in radii],
-                   "ACR", "abstain", "misclass", "mean σ", "s/input", "verdict"):  # fmt: skip
+                   "ACR", "abstain", "misclass", "mean σ", "s/input", "verdict", "checks applied"):  # fmt: skip
         table.add_column(column, justify="left" if column in ("method", "setting") else "right")
     for row in rows:
         table.add_row(
@@ -225,6 +229,7 @@ def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
             f"{row['acr']:.3f}", f"{row['abstention_rate']:.3f}",
             f"{row['misclassification_rate']:.3f}", f"{row['mean_sigma']:.3f}",
             f"{row['seconds_per_input']:.3f}", escape(row["verdict"]),
+            escape(", ".join(row["checks_applied"]) or "–"),
         )  # fmt: skip
     console.print(table)
     for failure in failures:

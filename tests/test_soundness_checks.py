@@ -97,4 +97,9 @@ def test_overall_verdict_is_the_worst_applicable():
     assert overall([r(Verdict.SOUND), r(Verdict.NOT_APPLICABLE)]) == Verdict.SOUND
     assert overall([r(Verdict.SOUND), r(Verdict.UNJUSTIFIED)]) == Verdict.UNJUSTIFIED
     assert overall([r(Verdict.VIOLATED), r(Verdict.UNJUSTIFIED)]) == Verdict.VIOLATED
-    assert overall([r(Verdict.NOT_APPLICABLE)]) == Verdict.NOT_APPLICABLE
+    # a check that raised, or no check applying, leaves the row not verified
+    assert overall([r(Verdict.NOT_APPLICABLE)]) == Verdict.NOT_VERIFIED
+    assert overall([r(Verdict.SOUND), r(Verdict.ERROR)]) == Verdict.NOT_VERIFIED
+    assert overall([r(Verdict.ERROR), r(Verdict.VIOLATED)]) == Verdict.VIOLATED
+    assert overall([r(Verdict.SOUND), r(Verdict.ORDER_DEPENDENT)]) == Verdict.ORDER_DEPENDENT
+    assert overall([r(Verdict.ORDER_DEPENDENT), r(Verdict.ERROR)]) == Verdict.NOT_VERIFIED

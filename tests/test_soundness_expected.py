@@ -1,7 +1,8 @@
 """Expected verdicts of the five built-in methods (DESIGN §8; issue "Soundness checks").
 
 On the analytic ball-2 classifier: cohen and sukenik sound, chen-fgss and alfarra-ds
-(without memory) violated, alfarra-ds-memory sound and order-dependent, the Lipschitz
+(without memory) violated, alfarra-ds-memory order-dependent (never sound: Súkeník et al.
+2022, App. C.2), the Lipschitz
 σ-network sound when its hypotheses hold and unjustified when the output normalization
 is switched off. On fashion-mnist, chen-fgss and alfarra-ds are at least unjustified.
 Small budgets, fixed seeds, CPU.
@@ -45,7 +46,7 @@ EXPECTED = [
     ("sukenik", {"sigma": 0.25, "rate": 0.2, "k": 5}, Verdict.SOUND, set()),
     ("chen-fgss", {"sigma": 0.25, "num_samples": 100}, Verdict.VIOLATED, set()),
     ("alfarra-ds", {"sigma": 0.25, "beta": 0.01}, Verdict.VIOLATED, set()),
-    ("alfarra-ds-memory", {"sigma": 0.25, "beta": 0.01}, Verdict.SOUND, {"order-dependent"}),
+    ("alfarra-ds-memory", {"sigma": 0.25, "beta": 0.01}, Verdict.ORDER_DEPENDENT, {"order-dependent"}),
     ("lipschitz-sigma-net", LIPSCHITZ, Verdict.SOUND, set()),
     ("lipschitz-sigma-net", {**LIPSCHITZ, "normalize": False}, Verdict.UNJUSTIFIED, set()),
 ]

@@ -2,7 +2,8 @@
 
 Rows of one table are all (run, method, setting) of the runs that share a dataset and a
 base model (content hash). Rows whose verdict is ``sound`` are ranked apart from the
-others; within each group the order is: certified accuracy at the headline radius
+others, and ``order-dependent`` (memory) rows apart from both, scored at the worst input
+order their check replayed (Súkeník et al. 2022, App. C.2); within each group the order is: certified accuracy at the headline radius
 (descending), then ACR (descending), then method, setting and run id (ascending), so
 that ties are broken deterministically.
 
@@ -19,7 +20,13 @@ from typing import Any
 
 from harness.leaderboard.metrics import certified_key, row_metrics
 from harness.leaderboard.source import StoredRun
-from harness.leaderboard.verdicts import SOUND, row_verdict
+from harness.leaderboard.verdicts import (
+    ORDER_DEPENDENT,
+    SOUND,
+    applied_checks,
+    row_verdict,
+    worst_order,
+)
 from harness.results import RADII
 
 
@@ -34,10 +41,16 @@ class Row:
     verdict: str
     checks: list[dict[str, Any]]
     correct_radii: list[float]  # sorted radii of the correctly certified inputs (for curves)
+    applied: list[str] = field(default_factory=list)  # checks that applied to the row
+    order: dict[str, Any] | None = None  # memory rows: orders replayed, ACR spread
 
     @property
     def sound(self) -> bool:
         return self.verdict == SOUND
+
+    @property
+    def order_dependent(self) -> bool:
+        return self.verdict == ORDER_DEPENDENT
 
 
 @dataclass
@@ -52,11 +65,12 @@ class Table:
     headline_radius: float
     runs: list[StoredRun] = field(default_factory=list)
     sound_rows: list[Row] = field(default_factory=list)
+    memory_rows: list[Row] = field(default_factory=list)
     other_rows: list[Row] = field(default_factory=list)
 
     @property
     def rows(self) -> list[Row]:
-        return self.sound_rows + self.other_rows
+        return self.sound_rows + self.memory_rows + self.other_rows
 
     @property
     def failures(self) -> list[dict[str, Any]]:
@@ -108,7 +122,8 @@ def build_board(runs: Sequence[StoredRun]) -> Board:
         rows = [row for run in table.runs for row in _rows(run, table.radii)]
         ordered = sorted(rows, key=lambda r: rank_key(r, table.headline_radius))
         table.sound_rows = [r for r in ordered if r.sound]
-        table.other_rows = [r for r in ordered if not r.sound]
+        table.memory_rows = [r for r in ordered if r.order_dependent]
+        table.other_rows = [r for r in ordered if not r.sound and not r.order_dependent]
     names = list(dict.fromkeys(run.run["name"] for run in runs))
     return Board(title=", ".join(names), runs=list(runs), tables=list(tables.values()))
 
@@ -120,15 +135,34 @@ def _rows(run: StoredRun, radii: Sequence[float]) -> list[Row]:
     out = []
     for (method, setting), certs in groups.items():
         checks = [c for c in run.checks if c["method"] == method and c["setting"] == setting]
+        verdict = row_verdict(checks)
+        order = worst_order(checks) if verdict == ORDER_DEPENDENT else None
+        if order is not None:
+            certs = at_order(certs, order["worst_order"])
         out.append(
             Row(
                 run_id=run.run_id,
                 method=method,
                 setting=setting,
                 metrics=row_metrics(certs, radii),
-                verdict=row_verdict(checks),
+                verdict=verdict,
                 checks=checks,
                 correct_radii=sorted(c["radius"] for c in certs if c["prediction"] == c["label"]),
+                applied=applied_checks(checks),
+                order=order,
             )
         )
+    return out
+
+
+def at_order(certs: list[dict[str, Any]], order: dict[str, list]) -> list[dict[str, Any]]:
+    """Certificates with CERTIFY's prediction and radius as a replayed input order left them."""
+    replayed = {
+        int(i): (int(p), float(r))
+        for i, p, r in zip(order["input_id"], order["prediction"], order["radius"], strict=True)
+    }
+    out = []
+    for c in certs:
+        p, r = replayed.get(int(c["input_id"]), (c["prediction"], c["radius"]))
+        out.append({**c, "prediction": p, "radius": r})
     return out

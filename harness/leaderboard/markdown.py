@@ -1,9 +1,10 @@
 """The leaderboard as markdown (GitHub-flavoured: tables and footnotes).
 
 Layout: a title; per table (one per dataset and base model) the protocol of each run,
-a headline sentence, the verified-sound rows ranked, then under their own heading
-the rows whose radii are not certified (a check found a problem, or none ran), the
-plots, the failures and each run's spec; the verdict footnotes and the metric legend
+a headline sentence (from verified-sound rows only), the verified-sound rows ranked,
+then under their own heading the memory (order-dependent) rows ranked at their worst
+replayed input order with the spread over orders, then the rows whose radii are not
+certified (a check found a problem, did not complete, or none ran), the plots, the failures and each run's spec; the verdict footnotes and the metric legend
 close the document. All text from plugins and specs goes through
 :func:`~harness.leaderboard.escape.md_text`; numbers use fixed formats; nothing
 depends on the time of rendering, so the same stored runs give the same bytes.
@@ -73,8 +74,8 @@ def _headline(table: Table) -> str:
             f"{radius:g} with certified accuracy {best.metrics[key]:.3f} "
             f"(ACR {best.metrics['acr']:.3f})."
         )
-    if table.other_rows:
-        best = table.other_rows[0]
+    if table.other_rows or table.memory_rows:
+        best = (table.other_rows or table.memory_rows)[0]
         return (
             f"**Headline.** No row is verified sound. Among the others, {_row_name(best)} "
             f"claims the highest certified accuracy at radius {radius:g}, "
@@ -99,22 +100,33 @@ class _Footnotes:
             parts.append(
                 f"{md_text(check['check'])}{budget}: **{md_text(check['verdict'])}**{summary}{flags}"
             )
+        applied = md_text(", ".join(row.applied)) or "none"
         self.lines.append(
-            f"[^{label}]: {_row_name(row)}, verdict **{md_text(row.verdict)}**. "
-            + " · ".join(parts)
-            + "."
+            f"[^{label}]: {_row_name(row)}, verdict **{md_text(row.verdict)}**; checks applied: "
+            f"{applied}. " + " · ".join(parts) + "."
         )
         return f"[^{label}]"
 
 
+def _spread(row: Row) -> str:
+    """ACR over the replayed input orders of a memory row: min–max (median), P orders."""
+    order = row.order or {}
+    acr = order.get("acr")
+    if not acr:
+        return "–"
+    return (f"{acr['min']:.3f}–{acr['max']:.3f} (median {acr['median']:.3f}, "
+            f"{order.get('orders')} orders)")  # fmt: skip
+
+
 def _metric_table(
-    rows: list[Row], table: Table, catalog: list[Metric], notes: _Footnotes
+    rows: list[Row], table: Table, catalog: list[Metric], notes: _Footnotes, spread: bool = False
 ) -> list[str]:
     with_run = len(table.runs) > 1
     head = ["#", *(["run"] if with_run else []), "method", "setting",
-            *[md_text(m.header) for m in catalog], "verdict"]  # fmt: skip
+            *[md_text(m.header) for m in catalog], *(["ACR over orders"] if spread else []),
+            "verdict"]  # fmt: skip
     align = ["--:", *([":--"] if with_run else []), ":--", ":--",
-             *["--:" for _ in catalog], ":--"]  # fmt: skip
+             *["--:" for _ in catalog], *([":--"] if spread else []), ":--"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
     for rank, row in enumerate(rows, 1):
         verdict = md_text(row.verdict)
@@ -122,7 +134,8 @@ def _metric_table(
             verdict += " " + notes.add(row)
         cells = [str(rank), *([md_code(row.run_id[:12])] if with_run else []),
                  md_text(row.method), md_text(row.setting),
-                 *[fmt(m, row.metrics.get(m.key)) for m in catalog], verdict]  # fmt: skip
+                 *[fmt(m, row.metrics.get(m.key)) for m in catalog],
+                 *([_spread(row)] if spread else []), verdict]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -140,11 +153,24 @@ def _table_section(table: Table, stem: str | None, notes: _Footnotes) -> list[st
         out += [*_metric_table(table.sound_rows, table, catalog, notes), ""]
     else:
         out += ["No row of this table is verified sound.", ""]
+    if table.memory_rows:
+        out += [
+            "### Order-dependent: memory certificates",
+            "",
+            "These rows certify through a memory of earlier inputs (Alfarra et al. 2022, App. C): "
+            "their radii depend on the order of the inputs and certify no fixed classifier "
+            "(Súkeník et al. 2022, App. C.2), so they are never verified sound. They are scored "
+            "at the worst input order their check replayed; the spread column gives the ACR over "
+            "all replayed orders.",
+            "",
+            *_metric_table(table.memory_rows, table, catalog, notes, spread=True),
+            "",
+        ]
     out += [
         "### Not verified sound: these radii are not certified",
         "",
-        "A soundness check found a problem with these rows, or none has run, so their radii "
-        "are claims, not certificates.",
+        "A soundness check found a problem with these rows, did not complete, or none has run, "
+        "so their radii are claims, not certificates.",
         "",
     ]
     if table.other_rows:
@@ -184,8 +210,10 @@ def _legend(board: Board) -> list[str]:
         ]
         out.append(f"- **{md_text(metric.header)}**: {md_text(metric.description)} ({direction}).")
     out += [
-        "- **verdict**: the worst verdict of the soundness checks of the row (footnote: each "
-        "check's verdict and summary); only `sound` rows are ranked as certified.",
+        "- **verdict**: the worst verdict of the soundness checks of the row (footnote: the "
+        "checks that applied, each check's verdict and summary); `not-verified` when a check "
+        "that applied did not complete (`error`); only `sound` rows are ranked as certified, "
+        "`order-dependent` (memory) rows apart, at their worst replayed input order.",
         "",
     ]
     return out

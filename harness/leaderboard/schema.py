@@ -50,13 +50,14 @@ _ROW = {
     ],
     "properties": {
         "table": {"type": "integer", "minimum": 1},
-        "section": {"enum": ["sound", "not-certified"]},
+        "section": {"enum": ["sound", "order-dependent", "not-certified"]},
         "rank": {"type": "integer", "minimum": 1},
         "run_id": {"type": "string"},
         "method": {"type": "string"},
         "setting": {"type": "string"},
         "verdict": {"type": "string"},
         "sound": {"type": "boolean"},
+        "checks_applied": {"type": "array", "items": {"type": "string"}},
         "inputs": {"type": "integer", "minimum": 1},
         "classwise_accuracy": {
             "type": "object",

@@ -6,8 +6,10 @@ dates), per (method, setting) the certificate columns the metrics use (input id,
 label, CERTIFY's prediction, PREDICT's answer, radius, σ, seconds; floats as their
 shortest round-trip repr, so metrics computed from the export equal those computed
 from the database bit for bit), the recorded failures, and the soundness-check rows
-without their evidence (verdict, summary, flags, budget). Class counts, p_A bounds
-and evidence stay in the database.
+without their evidence (verdict, summary, flags, budget), except, for memory
+certificates, the worst replayed input order and the ACR spread over orders (``order``)
+at which the board scores them. Class counts, p_A bounds and evidence stay in the
+database.
 """
 
 from __future__ import annotations
@@ -97,18 +99,33 @@ def _checks(db: sqlite3.Connection, run_id: str) -> list[dict[str, Any]]:
                 flags = json.loads(flags)
             except json.JSONDecodeError:
                 flags = [flags]
-        out.append(
-            {
-                "method": item["method"],
-                "setting": item["setting"],
-                "check": str(item.get("check_name", item.get("check", "?"))),
-                "verdict": str(item["verdict"]),
-                "summary": str(item.get("summary") or ""),
-                "flags": [str(f) for f in (flags or [])],
-                "budget": None if item.get("budget") is None else str(item["budget"]),
-            }
-        )
+        check = {
+            "method": item["method"],
+            "setting": item["setting"],
+            "check": str(item.get("check_name", item.get("check", "?"))),
+            "verdict": str(item["verdict"]),
+            "summary": str(item.get("summary") or ""),
+            "flags": [str(f) for f in (flags or [])],
+            "budget": None if item.get("budget") is None else str(item["budget"]),
+        }
+        order = _order_evidence(item.get("evidence"))
+        if order is not None:
+            check["order"] = order
+        out.append(check)
     return sorted(out, key=lambda c: (c["method"], c["setting"], c["check"]))
+
+
+def _order_evidence(evidence: Any) -> dict[str, Any] | None:
+    """The memory-order check's worst replayed order and ACR spread, if the evidence has them."""
+    if isinstance(evidence, str):
+        try:
+            evidence = json.loads(evidence)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(evidence, dict) or "worst_order" not in evidence:
+        return None
+    return {"orders": evidence.get("orders"), "acr": evidence.get("acr"),
+            "worst_order": evidence["worst_order"]}  # fmt: skip
 
 
 def export_runs(runs: list[StoredRun]) -> str:

@@ -31,9 +31,11 @@ def board_radii(board: Board) -> list[float]:
 
 
 def _sections(table: Table) -> list[tuple[str, int, Row]]:
-    return [("sound", i, r) for i, r in enumerate(table.sound_rows, 1)] + [
-        ("not-certified", i, r) for i, r in enumerate(table.other_rows, 1)
-    ]
+    return (
+        [("sound", i, r) for i, r in enumerate(table.sound_rows, 1)]
+        + [("order-dependent", i, r) for i, r in enumerate(table.memory_rows, 1)]
+        + [("not-certified", i, r) for i, r in enumerate(table.other_rows, 1)]
+    )
 
 
 def _records(board: Board, catalog: list[Metric]) -> list[dict[str, Any]]:
@@ -51,6 +53,7 @@ def _records(board: Board, catalog: list[Metric]) -> list[dict[str, Any]]:
                 "setting": row.setting,
                 "verdict": row.verdict,
                 "sound": row.sound,
+                "checks_applied": list(row.applied),
                 "inputs": row.metrics["inputs"],
             }
             for metric in catalog:

@@ -182,6 +182,9 @@ def lipschitz_of_weights(weights) -> float:
     return out
 
 
+FLOAT32 = 1e-6
+"""Relative slack for σ compared with its declared floor (σ_min may be a float32 value)."""
+
 LIP_SLACK = 1e-6
 """Relative slack on Lip(σ) comparisons (the providers' own SVD bounds carry a safety factor)."""
 
@@ -217,8 +220,10 @@ def _soft_hypotheses(audit: Audit, declared) -> CheckResult:
     evidence.update(lip_empirical=worst_q, min_sigma=min(min_sigma, stored_min))
     if worst_q > declared.lip * (1 + 1e-3) + 1e-5:
         failed.append(f"Lip(σ) <= {declared.lip:.10g}: a pair gives |Δσ|/‖δ‖ = {worst_q:.10g}")
-    if min(min_sigma, stored_min) < declared.sigma_min * (1 - 1e-12):
-        failed.append(f"σ >= σ_min = {declared.sigma_min:.10g}: found σ = {min(min_sigma, stored_min):.10g}")
+    if min(min_sigma, stored_min) < declared.sigma_min * (1 - FLOAT32):
+        failed.append(
+            f"σ >= σ_min = {declared.sigma_min:.10g}: found σ = {min(min_sigma, stored_min):.10g}"
+        )
     p_mins = [c["evidence"].get("p_min") for c in certs if c.get("evidence")]
     if any(c.get("evidence", {}).get("normalized") is False for c in certs):
         failed.append("outputs normalized to [p_min, 1 − p_min] (Remark 2): the certificates "
