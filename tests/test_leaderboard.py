@@ -191,7 +191,7 @@ def test_ties_at_the_headline_radius_are_broken_by_acr(tmp_path, monkeypatch):
     (table,) = build_board(load_runs(tmp_path / "r.sqlite")).tables
     assert [r.method for r in table.sound_rows] == ["late", "early"]
     # only not-applicable checks: nothing vouches for it, so it is not ranked as certified
-    assert [(r.method, r.verdict) for r in table.other_rows] == [("na", "not-applicable")]
+    assert [(r.method, r.verdict) for r in table.other_rows] == [("na", "not-verified")]
 
 
 def test_without_check_rows_every_verdict_says_not_checked(tmp_path, monkeypatch):
