@@ -202,10 +202,7 @@ class SamplingEngine:
                     acc.view(-1).index_add_(0, flat, torch.ones_like(flat))
                 while cursor < len(jobs) and jobs[cursor].done == jobs[cursor].num:
                     if not bool(finite):
-                        raise ModelOutputError(
-                            "the base model returned NaN or infinite logits on noisy inputs; "
-                            "check the model checkpoint and that inputs are in its expected range"
-                        )
+                        raise ModelOutputError(_nonfinite_message(jobs))
                     jobs[cursor].block = None
                     if soft:
                         yield (
@@ -285,3 +282,20 @@ class SamplingEngine:
             generator = self._local.generator = torch.Generator(device=self.device)
         generator.manual_seed(noise_seed(self.seed, stream, job.input_id, block_index))
         return block.normal_(generator=generator)
+
+
+def _nonfinite_message(jobs) -> str:
+    """Name the likely cause of non-finite logits: σ out of range, or the model itself."""
+    bad = [j for j in jobs if not (0 < j.sigma <= 1e30) or not bool(torch.isfinite(j.x).all())]
+    if bad:
+        return (
+            f"the base model returned NaN or infinite logits on noisy inputs: input "
+            f"{bad[0].input_id} has σ = {bad[0].sigma:.6g} (or a non-finite input), out of range, "
+            "so x + σε overflows; the σ-provider is at fault, not the model checkpoint"
+        )
+    sigmas = [j.sigma for j in jobs]
+    return (
+        f"the base model returned NaN or infinite logits on noisy inputs (σ in "
+        f"[{min(sigmas):.6g}, {max(sigmas):.6g}]); check the model checkpoint and that inputs "
+        "are in its expected range"
+    )

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from harness.certificate import ABSTAIN
+from harness.runner import checked_sigma
 from harness.soundness.analytic import BallClassifier
 from harness.soundness.audit import Audit
 from harness.soundness.verdict import P_THRESHOLD, CheckResult, Verdict, false_certificates_pvalue
@@ -226,6 +227,8 @@ def attack_certificates(audit: Audit, gen: torch.Generator) -> tuple[list[dict],
         x1 = x1.detach().requires_grad_(True)
         with torch.enable_grad():
             sigma = provider(x1)
+            checked_sigma(sigma.detach(), len(x1), audit.method.sigma_provider,
+                          " at a PGD point inside a certified ball")  # fmt: skip
             if not sigma.requires_grad:
                 sigma = sigma.detach()
             eps = torch.randn((budget.attack_samples, *x1.shape), generator=gen).to(device)
@@ -260,7 +263,7 @@ def _confirm(audit, engine, x0, x1, chosen, target) -> list[dict]:
     certs, budget = audit.certificates, audit.budget
     num = 16 * budget.attack_samples
     with torch.no_grad():
-        sigma = audit.sigma_provider(x1).double().cpu()
+        sigma = audit.sigma(x1, " at a PGD point inside a certified ball").double().cpu()
     ids = [certs[k]["input_id"] for k in chosen]
     classes = engine.num_classes
     level = audit.context.protocol.alpha / (len(chosen) * classes)  # union over candidates, classes

@@ -84,5 +84,6 @@ def check_evidence(audit: Audit) -> CheckResult:
 
 
 def _num(value) -> str:
-    """Enough digits that two different numbers never print alike."""
-    return f"{value:.17g}" if isinstance(value, float | np.floating) else str(value)
+    """The shortest decimal that round-trips: two different numbers never print alike."""
+    value = value.item() if isinstance(value, np.generic) else value
+    return repr(float(value)) if isinstance(value, float) else str(value)

@@ -1,0 +1,194 @@
+"""Third-party plugins written against the declared contract, for the soundness tests.
+
+Each is registered in-process (``manager.register(module, name=...)``); the tests
+assert the verdict the audit must reach on each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+from scipy.special import ndtri
+
+from harness import hookimpl
+from harness.certificate import ABSTAIN, Certificate
+from harness.components import CertifierSpec, MethodSpec, SigmaProviderSpec
+from harness.radius import COHEN, RadiusFormula, Recomputed, hard_bounds
+from harness.regularity import Constant, Lipschitz, SemiElastic
+from harness.sampling import STREAM_ESTIMATION, STREAM_SELECTION
+from harness.stats import clopper_pearson_lower_array
+from plugins.cohen.certifier import CohenCertifier
+from plugins.lipschitz import METHOD_DEFAULTS
+
+LIPSCHITZ_DEFAULTS = {**METHOD_DEFAULTS, "sigma_min": 0.3}
+
+
+class LaunderedAlpha(CohenCertifier):
+    """Computes p_A's bound at α = 0.01 whatever the run's α, and says so (stores 0.01)."""
+
+    ALPHA = 0.01
+
+    def from_counts(self, input_id, sigma, selection, estimation):
+        top = int(np.argmax(selection))
+        p_lower = float(
+            clopper_pearson_lower_array(estimation[top], int(estimation.sum()), self.ALPHA)
+        )
+        certified = p_lower > 0.5
+        return Certificate(
+            int(input_id), top if certified else ABSTAIN,
+            float(sigma * ndtri(p_lower)) if certified else 0.0, p_lower, float(sigma),
+            self.stored_alpha(), top,
+            [int(c) for c in selection], [int(c) for c in estimation],
+        )  # fmt: skip
+
+    def stored_alpha(self) -> float:
+        return self.ALPHA
+
+
+class HiddenAlpha(LaunderedAlpha):
+    """Computes the bound at α = 0.01 but stores the run's α."""
+
+    def stored_alpha(self) -> float:
+        return self.protocol.alpha
+
+
+class Inflated(CohenCertifier):
+    """Cohen's radius × 1.02."""
+
+    def radius(self, p_lower, sigma):
+        return 1.02 * super().radius(p_lower, sigma)
+
+
+def minimal_recompute(rows, inputs, protocol, regularity) -> Recomputed:
+    """σ Φ⁻¹(p_A_lower) on Clopper–Pearson bounds, written here (a third party's formula)."""
+    n0, n, top, bound = hard_bounds(rows, protocol.alpha)
+    sigma = np.array([float(r["sigma"]) for r in rows])
+    ok = bound > 0.5
+    radius = np.where(ok, sigma * ndtri(np.where(ok, bound, 0.75)), 0.0)
+    return Recomputed(n0, n, bound, np.where(ok, top, ABSTAIN), radius)
+
+
+class Minimal:
+    """A certifier with exactly the attributes of ``harness.components.Certifier``."""
+
+    smoothing = "hard"
+    order_dependent = False
+    radius_formula = RadiusFormula("minimal-cohen", minimal_recompute)
+
+    def __init__(self, engine, protocol) -> None:
+        self.engine, self.protocol = engine, protocol
+
+    def certify(
+        self, x: torch.Tensor, sigma: torch.Tensor, input_ids: Sequence[int]
+    ) -> Iterator[Certificate]:
+        s = sigma.double().cpu().numpy()
+        alpha = self.protocol.alpha
+        selection = self.engine.counts(x, s, input_ids, self.protocol.n0, STREAM_SELECTION)
+        estimation = self.engine.counts(x, s, input_ids, self.protocol.n, STREAM_ESTIMATION)
+        for k, i in enumerate(input_ids):
+            top = int(np.argmax(selection[k]))
+            p = float(
+                clopper_pearson_lower_array(estimation[k, top], int(estimation[k].sum()), alpha)
+            )
+            ok = p > 0.5
+            yield Certificate(int(i), top if ok else ABSTAIN, float(s[k] * ndtri(p)) if ok else 0.0,
+                              p, float(s[k]), alpha, top, selection[k].tolist(),
+                              estimation[k].tolist())  # fmt: skip
+
+
+def impure_recompute_factory():
+    scale = 1.0
+
+    def recompute(rows, inputs, protocol, regularity):
+        out = COHEN.recompute(rows, inputs, protocol, regularity)
+        return Recomputed(out.n0, out.n, out.bound, out.prediction, scale * out.radius)
+
+    return recompute
+
+
+class Impure(CohenCertifier):
+    """Declares a formula that is a closure (it could hide state): not re-derivable."""
+
+    radius_formula = RadiusFormula("closure", impure_recompute_factory())
+
+
+ARMED = {"raise": False, "sigma": None}
+"""Test switches of the ``switchable`` σ-provider (set after the run, before the checks)."""
+
+
+class Switchable:
+    """σ(x) = sigma; raises when ``ARMED["raise"]``, returns ``ARMED["sigma"]`` when set."""
+
+    def __init__(self, sigma: float) -> None:
+        self.sigma = sigma
+        self.regularity = Constant(sigma)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if ARMED["raise"]:
+            raise RuntimeError(f"this σ-provider cannot handle inputs of shape {tuple(x.shape)}")
+        value = self.sigma if ARMED["sigma"] is None else ARMED["sigma"]
+        return torch.full((len(x),), value, device=x.device, dtype=torch.float64)
+
+
+CERTIFIERS = {
+    "laundered-alpha": LaunderedAlpha,
+    "hidden-alpha": HiddenAlpha,
+    "inflated": Inflated,
+    "minimal": Minimal,
+    "impure": Impure,
+}
+
+
+@hookimpl
+def idrs_register_sigma_providers(register) -> None:
+    register(SigmaProviderSpec("switchable", lambda context, params: Switchable(params["sigma"])))
+    register(SigmaProviderSpec("fast-sigma", lambda context, params: FastSigma()))
+    register(SigmaProviderSpec("lying-lipschitz", lambda context, params: LyingLipschitz(
+        context.dataset.dim, params["sigma_min"])))  # fmt: skip
+
+
+@hookimpl
+def idrs_register_certifiers(register) -> None:
+    for name, cls in CERTIFIERS.items():
+        register(CertifierSpec(name, lambda c, p, s, cls=cls: cls(c.engine, c.protocol)))
+
+
+@hookimpl
+def idrs_register_methods(register) -> None:
+    for name in CERTIFIERS:
+        register(MethodSpec(name, "constant", name, {"sigma": 0.5}))
+    register(MethodSpec("switchable", "switchable", "cohen", {"sigma": 0.5}))
+    register(MethodSpec("lying-rate", "fast-sigma", "sukenik", {"sigma": 0.25}))
+    register(MethodSpec("lying-lipschitz", "lying-lipschitz", "lipschitz", LIPSCHITZ_DEFAULTS))
+
+
+class FastSigma:
+    """σ(x) = 0.25·exp(1.5·tanh(x_1)) (semi-elasticity up to 1.5), declared 0.01-semi-elastic."""
+
+    regularity = SemiElastic(0.01)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return 0.25 * torch.exp(1.5 * torch.tanh(x.flatten(1)[:, 0].double()))
+
+
+class LyingLipschitz:
+    """σ = ReLU(W2·ReLU(W1·x)) + σ_min with ‖W1‖‖W2‖ = 2, declared Lipschitz(0.1, σ_min)."""
+
+    def __init__(self, dim: int, sigma_min: float) -> None:
+        self.w1 = torch.zeros(4, dim, dtype=torch.float64)
+        self.w1[0, 0] = 2.0
+        self.w2 = torch.zeros(1, 4, dtype=torch.float64)
+        self.w2[0, 0] = 1.0
+        self.sigma_min = sigma_min
+        self.regularity = Lipschitz(0.1, sigma_min)
+
+    @property
+    def weights(self):
+        return self.w1, self.w2
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        w1, w2 = self.w1.to(x.device), self.w2.to(x.device)
+        hidden = torch.relu(x.flatten(1).double() @ w1.T)
+        return torch.relu(hidden @ w2.T)[:, 0] + self.sigma_min
