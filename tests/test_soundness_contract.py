@@ -102,7 +102,7 @@ def test_a_closure_as_radius_formula_is_unjustified(tmp_path, plugins):
 
 def test_a_minimal_third_party_certifier_is_fully_audited(tmp_path, plugins):
     db, run_id = _run(tmp_path, plugins, ["minimal"], alpha=0.01, n=500, count=30)
-    [(key, results)] = run_checks(db, run_id, RunOptions(db=db), Progress(enabled=False), plugins,
+    [(_, results)] = run_checks(db, run_id, RunOptions(db=db), Progress(enabled=False), plugins,
                                   budget=TINY).items()  # fmt: skip
     names = {r.check for r in results}
     assert names >= {"evidence", "coverage", "sigma-regularity", "counterexamples",
@@ -156,3 +156,61 @@ def test_s3_bounds_lipschitz_from_the_weights(tmp_path, plugins):
     assert result.verdict == Verdict.UNJUSTIFIED
     assert result.evidence["lip_from_weights"] == pytest.approx(2.0, rel=1e-12)  # ‖W1‖‖W2‖ = 2·1
     assert "the weights only give 2" in result.summary
+
+
+@pytest.mark.gpu
+def test_the_default_benchmark_methods_and_checks_run_on_cuda(tmp_path, manager):
+    """Every check completes on cuda (no cpu/cuda mixing): none is an ``error``."""
+    import tomllib
+
+    from harness.spec import BENCHMARKS_DIR
+
+    raw = tomllib.loads((BENCHMARKS_DIR / "fashion-mnist.toml").read_text())
+    raw["dataset"].update(test_every=1000, test_count=6)
+    raw["model"]["trainer_params"].update(epochs=1)
+    raw["certification"].update(n0=20, n=500, batch_size=500)
+    raw["device"] = "cuda"
+    for method in raw["methods"]:
+        method["settings"] = method["settings"][1:2]
+    db = tmp_path / "gpu.sqlite"
+    options = RunOptions(db=db, device="cuda")
+    run_id = run_benchmark(parse_spec(raw), options, Progress(enabled=False), manager)
+    results = run_checks(db, run_id, options, Progress(enabled=False), manager, budget=TINY)
+    assert len(results) == len(raw["methods"])
+    for key, checks in results.items():
+        errors = [(r.check, r.summary) for r in checks if r.verdict == Verdict.ERROR]
+        assert not errors, (key, errors)
+
+
+def test_memory_certificates_are_their_own_category_scored_at_the_worst_order(tmp_path, manager):
+    raw = {
+        "name": "memory", "seed": 0,
+        "dataset": {"name": "ball-2", "test_count": 30},
+        "model": {"architecture": "ball-N", "trainer": "none"},
+        "certification": {"n0": 32, "n": 400, "alpha": 0.01, "batch_size": 4096},
+        "methods": [{"name": "alfarra-ds-memory", "settings": [{"sigma": 0.25, "beta": 0.01, "steps": 5}]},
+                    {"name": "cohen", "settings": [{"sigma": 0.25}]}],
+    }  # fmt: skip
+    db = tmp_path / "m.sqlite"
+    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), Progress(enabled=False), manager)
+    budget = Budget("tiny", coverage_trials=40, coverage_n=100, pairs=4, ascent_steps=3,
+                    audited_inputs=6, attack_steps=3, attack_samples=16, orders=12)  # fmt: skip
+    results = run_checks(db, run_id, RunOptions(db=db), Progress(enabled=False), manager,
+                         budget=budget)  # fmt: skip
+    [checks] = [rs for (m, _), rs in results.items() if m == "alfarra-ds-memory"]
+    memory = {r.check: r for r in checks}
+    assert overall(list(memory.values())) == Verdict.ORDER_DEPENDENT  # never sound
+    assert memory["evidence"].verdict == Verdict.SOUND  # its radii follow from its evidence
+    order = memory["memory-order"].evidence
+    (table,) = build_board(load_runs(db)).tables
+    assert [r.method for r in table.memory_rows] == ["alfarra-ds-memory"]
+    assert "alfarra-ds-memory" not in [r.method for r in table.sound_rows + table.other_rows]
+    row = table.memory_rows[0]
+    # the board scores the row at the worst replayed order: its ACR, from the certificates
+    # of that order, equals the replay's own minimum over orders
+    assert row.metrics["acr"] == pytest.approx(order["acr"]["min"], rel=1e-12)
+    assert order["acr"]["min"] <= order["acr"]["max"]
+    text = render_markdown(build_board(load_runs(db)), None)
+    assert "### Order-dependent: memory certificates" in text
+    assert "alfarra-ds-memory" not in text.split("### Verified sound")[0]  # not the headline
+    assert f"{order['acr']['min']:.3f}–{order['acr']['max']:.3f}" in text
