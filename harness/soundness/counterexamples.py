@@ -69,8 +69,8 @@ def check_counterexamples(audit: Audit) -> CheckResult:
         e = pairs["example"]
         found.append(
             f"{pairs['count']} pairs of certified balls with different predictions intersect, e.g. inputs "
-            f"{e['inputs'][0]} and {e['inputs'][1]} at distance {e['distance']:.4g} with radii "
-            f"{e['radii'][0]:.4g} and {e['radii'][1]:.4g}"
+            f"{e['inputs'][0]} and {e['inputs'][1]} at distance {e['distance']:.10g} with radii "
+            f"{e['radii'][0]:.10g} and {e['radii'][1]:.10g}"
         )
     model = audit.context.model
     if isinstance(model, BallClassifier):
@@ -117,7 +117,7 @@ def check_counterexamples(audit: Audit) -> CheckResult:
             c = confirmed[0]
             found.append(
                 f"PGD found {len(confirmed)} confirmed points, e.g. input {c['input_id']}: at distance "
-                f"{c['distance']:.4g} < radius {c['radius']:.4g}, σ {c['sigma_at_point']:.4g}, class "
+                f"{c['distance']:.10g} < radius {c['radius']:.10g}, σ {c['sigma_at_point']:.4g}, class "
                 f"{c['winning_class']} (>= {c['lower_bound_winning_class']:.3g}) beats the certified class "
                 f"{c['certified_class']} (<= {c['upper_bound_certified_class']:.3g}), {c['samples']} fresh samples"
             )

@@ -9,7 +9,10 @@ pair on the quotient the certificate relies on:
   ``Lipschitz(lip, σ_min)`` (Bergstrom et al., Thm 2).
 
 A declared regularity that a pair contradicts makes the certificates ``unjustified``.
-For ``Unregularized`` providers the worst semi-elasticity found is information only.
+
+Applicability: the σ-provider declares a regularity (``Constant``, ``SemiElastic`` or
+``Lipschitz``); for ``Unregularized`` there is nothing to hold σ against, so the check
+is ``not-applicable`` and the worst semi-elasticity found is information only.
 """
 
 from __future__ import annotations
@@ -84,17 +87,17 @@ def check_sigma_regularity(audit: Audit) -> CheckResult:
     ok = found <= bound * (1 + RELATIVE_SLACK) + ABSOLUTE_SLACK
     if lipschitz and min_sigma < declared.sigma_min * (1 - 1e-6):
         return CheckResult(NAME, Verdict.UNJUSTIFIED,
-                           f"σ = {min_sigma:.4g} below the declared σ_min {declared.sigma_min:g}", evidence)  # fmt: skip
+                           f"σ = {min_sigma:.10g} below the declared σ_min {declared.sigma_min:.10g}", evidence)  # fmt: skip
     if ok:
         return CheckResult(
             NAME,
             Verdict.SOUND,
-            f"worst quotient {found:.4g} within declared {declared.describe()}",
+            f"worst quotient {found:.10g} within declared {declared.describe()}",
             evidence,
         )
     return CheckResult(
         NAME, Verdict.UNJUSTIFIED,
-        f"input {evidence['input_id']}: quotient {found:.4g} at distance {evidence['distance']:.3g} "
+        f"input {evidence['input_id']}: quotient {found:.10g} at distance {evidence['distance']:.3g} "
         f"exceeds the declared {declared.describe()}", evidence,
     )  # fmt: skip
 
