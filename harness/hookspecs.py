@@ -34,8 +34,8 @@ def idrs_register_sigma_providers(register: Callable[[SigmaProviderSpec], None])
     Called once per plugin when the registry is built.
 
     :param register: call with a :class:`~harness.components.SigmaProviderSpec` whose
-        ``build(context, params)`` returns an object with ``regularity`` and
-        ``__call__(x) -> sigma`` (shape [B], on x's device).
+        ``build(context, params)`` returns a :class:`~harness.components.SigmaProvider`
+        (``regularity`` and ``__call__(x) -> sigma``, shape [B], on x's device).
     """
 
 
@@ -57,9 +57,11 @@ def idrs_register_certifiers(register: Callable[[CertifierSpec], None]) -> None:
     Called once per plugin when the registry is built.
 
     :param register: call with a :class:`~harness.components.CertifierSpec` whose
-        ``build(context, params)`` returns an object with
-        ``certify(x, sigma, input_ids)`` yielding
-        :class:`~harness.certificate.Certificate` objects.
+        ``build(context, params, sigma_provider)`` returns a
+        :class:`~harness.components.Certifier` (``certify(x, sigma, input_ids)`` yielding
+        :class:`~harness.certificate.Certificate` objects, plus the declared
+        ``smoothing``, ``order_dependent``, ``radius_formula`` and ``engine``) that takes
+        what it relies on about σ from ``sigma_provider.regularity``.
     """
 
 
