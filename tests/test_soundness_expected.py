@@ -46,7 +46,12 @@ EXPECTED = [
     ("sukenik", {"sigma": 0.25, "rate": 0.2, "k": 5}, Verdict.SOUND, set()),
     ("chen-fgss", {"sigma": 0.25, "num_samples": 100}, Verdict.VIOLATED, set()),
     ("alfarra-ds", {"sigma": 0.25, "beta": 0.01}, Verdict.VIOLATED, set()),
-    ("alfarra-ds-memory", {"sigma": 0.25, "beta": 0.01}, Verdict.ORDER_DEPENDENT, {"order-dependent"}),
+    (
+        "alfarra-ds-memory",
+        {"sigma": 0.25, "beta": 0.01},
+        Verdict.ORDER_DEPENDENT,
+        {"order-dependent"},
+    ),
     ("lipschitz-sigma-net", LIPSCHITZ, Verdict.SOUND, set()),
     ("lipschitz-sigma-net", {**LIPSCHITZ, "normalize": False}, Verdict.UNJUSTIFIED, set()),
 ]
