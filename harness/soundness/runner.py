@@ -86,8 +86,12 @@ def run_checks(
                 for check in checks:
                     try:
                         result = check.run(audit)
-                        if not isinstance(result, CheckResult) or result.verdict not in set(Verdict):
-                            raise TypeError(f"returned {result!r}, not a CheckResult with a Verdict")
+                        if not isinstance(result, CheckResult) or result.verdict not in set(
+                            Verdict
+                        ):
+                            raise TypeError(
+                                f"returned {result!r}, not a CheckResult with a Verdict"
+                            )
                     except Exception as exc:  # a check that raises did not complete: `error`
                         result = CheckResult(
                             check.name, Verdict.ERROR, f"check raised {type(exc).__name__}: {exc}",

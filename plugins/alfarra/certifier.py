@@ -138,7 +138,12 @@ def memory_recompute(rows, inputs, protocol, regularity, inner: RadiusFormula) -
         done.add(i)
         ev = rows[i].get("evidence") or {}
         decided = ev.get("memory_decided_by") or []
-        if ev.get("memory_action") == INSIDE and decided and int(decided[0]) in index and depth < len(rows):
+        if (
+            ev.get("memory_action") == INSIDE
+            and decided
+            and int(decided[0]) in index
+            and depth < len(rows)
+        ):
             j = index[int(decided[0])]
             resolve(j, depth + 1)
             distance = float(torch.linalg.vector_norm(flat[i] - flat[j]))

@@ -196,7 +196,9 @@ def lipschitz_recompute(rows, inputs, protocol: CertificationProtocol, regularit
             constants[p_min] = lipschitz_constant(regularity.sigma_min, regularity.lip, p_min, dim)
         top = int(np.argmax(ev["means_selection"]))
         n = int(ev["n"])
-        lower, upper = confidence_bounds(np.asarray(ev["means_estimation"]), top, n, protocol.alpha, p_min)
+        lower, upper = confidence_bounds(
+            np.asarray(ev["means_estimation"]), top, n, protocol.alpha, p_min
+        )
         radius = soft_radius(lower, upper, constants[p_min])
         out["n0"][i], out["n"][i], out["bound"][i] = ev.get("n0", 0), n, lower
         out["prediction"][i] = top if radius > 0 else ABSTAIN
