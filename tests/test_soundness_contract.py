@@ -214,3 +214,33 @@ def test_memory_certificates_are_their_own_category_scored_at_the_worst_order(tm
     assert "### Order-dependent: memory certificates" in text
     assert "alfarra-ds-memory" not in text.split("### Verified sound")[0]  # not the headline
     assert f"{order['acr']['min']:.3f}–{order['acr']['max']:.3f}" in text
+
+
+def test_memory_formula_bounds_an_inside_certificate_by_the_enclosing_ball():
+    """S0's formula for memory certificates: an input placed inside an earlier ball may
+    claim at most R_A − ‖x_B − x_A‖, with R_A Cohen's radius at the ball's own σ."""
+    import torch
+
+    from harness.protocol import CertificationProtocol
+    from harness.regularity import Unregularized
+    from plugins.alfarra.certifier import memory_recompute
+
+    protocol = CertificationProtocol(n0=10, n=1000, alpha=0.001)
+    a = {
+        "input_id": 0,
+        "sigma": 0.5,
+        "counts_selection": [0, 10],
+        "counts_estimation": [40, 960],
+        "prediction": 1,
+        "radius": 0.0,
+        "evidence": {"memory_raw_prediction": 1, "memory_action": "kept", "memory_decided_by": []},
+    }
+    b = {"input_id": 1, "sigma": 0.3, "counts_selection": [10, 0], "counts_estimation": [990, 10],
+         "prediction": 1, "radius": 0.0,
+         "evidence": {"memory_raw_prediction": 0, "memory_action": "inside", "memory_decided_by": [0]}}  # fmt: skip
+    x = torch.tensor([[0.0, 0.0], [0.3, 0.4]], dtype=torch.float64)
+    out = memory_recompute([a, b], x, protocol, Unregularized(), inner=COHEN)
+    r_a = 0.5 * norm.ppf(beta.ppf(0.001, 960, 41))
+    assert out.radius[0] == pytest.approx(r_a, rel=1e-12)
+    assert out.prediction[1] == 1 and out.radius[1] == pytest.approx(r_a - 0.5, rel=1e-12)
+    assert out.bound[1] == pytest.approx(beta.ppf(0.001, 990, 11), rel=1e-12)  # B's own evidence
