@@ -142,9 +142,11 @@ def check_justification(audit: Audit) -> CheckResult:
             "radius was computed with (Súkeník et al. 2022, Thm 3.2)", evidence,
         )  # fmt: skip
     margin = 0.5 - float(worst[k])
+    position = (f"{margin:.3g} below 1/2" if margin > 0 else
+                f"at 1/2 within the rounding tolerance {TOLERANCE:g}, as at Cohen's exact radius")  # fmt: skip
     return CheckResult(NAME, Verdict.SOUND,
                        f"all {len(chosen)} audited radii covered (worst ξ = {float(worst[k]):.10g}, "
-                       f"{margin:.3g} below 1/2)", evidence)  # fmt: skip
+                       f"{position})", evidence)  # fmt: skip
 
 
 ENVELOPE_SLACK = 1e-6
