@@ -393,3 +393,46 @@ def test_radii_and_headline_radius_from_the_spec(tmp_path, monkeypatch):
     text = render_markdown(build_board(load_runs(tmp_path / "r.sqlite")), "r")
     assert "| cert\\@0 | cert\\@1 | cert\\@2 | ACR |" in text
     assert "leads at radius 1 with certified accuracy 0.500" in text
+
+
+def _perturb_acr(path, factor: float) -> tuple[str, str]:
+    """Scale the first ACR of a board's JSON by ``factor``; return (old, new) as written."""
+    import re
+
+    text = path.read_text()
+    match = re.search(r'"acr": ([0-9.e-]+)', text)
+    old = match.group(1)
+    new = repr(float(old) * factor)
+    assert new != old
+    path.write_text(text[: match.start(1)] + new + text[match.end(1) :])
+    return old, new
+
+
+def test_verify_accepts_float_noise_in_the_last_digits(db, tmp_path):
+    out = tmp_path / "golden.md"
+    write_board(load_runs(db), out)
+    old, new = _perturb_acr(tmp_path / "golden.json", 1 + 3e-15)  # the 16th digit
+    assert abs(float(new) - float(old)) > 0
+    assert verify_board(out) == []
+
+
+def test_verify_names_a_number_that_differs_beyond_the_tolerance(db, tmp_path):
+    out = tmp_path / "golden.md"
+    write_board(load_runs(db), out)
+    old, new = _perturb_acr(tmp_path / "golden.json", 1 + 1e-6)
+    problems = verify_board(out)
+    assert len(problems) == 1
+    assert f"committed {new}, re-rendered {old}" in problems[0]
+    assert "golden.json: numbers differ beyond a relative 1e-09" in problems[0]
+
+
+def test_verify_compares_integers_and_text_exactly(db, tmp_path):
+    from harness.leaderboard.verify import numeric_differences
+
+    assert numeric_differences('{"n": 100000, "x": 0.25}', '{"n": 100001, "x": 0.25}') == [
+        "line 1: committed 100000, re-rendered 100001"
+    ]
+    assert numeric_differences("sigma=0.25\nacr 0.5", "sigma=0.25\nacr 0.5000000000001") == []
+    assert numeric_differences("a 0.5 | b", "a 0.5 | c") is None
+    # digits inside words and hashes are text, versions too
+    assert numeric_differences("run 9a2284e1 torch 2.11.0", "run 9a2284e2 torch 2.11.0") is None
