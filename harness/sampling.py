@@ -29,11 +29,7 @@ import torch
 
 from harness.errors import ModelOutputError
 from harness.noise import mix64, noise_key, noisy_batch
-
-NOISE_SCHEMES = ("philox-v1", "block-v1")
-"""The noise schemes an engine can draw (see the module docstring)."""
-LEGACY_NOISE = "block-v1"
-"""The scheme of runs whose stored protocol names none."""
+from harness.protocol import NOISE_SCHEMES
 
 NOISE_BLOCK = 256
 """Samples per independently seeded noise block (part of the reproducibility contract)."""

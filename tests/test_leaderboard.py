@@ -298,7 +298,10 @@ def test_spec_file_reproduces_the_stored_config(db, tmp_path):
     write_board(load_runs(db), tmp_path / "golden.md", plots=False)
     spec = tomllib.loads((tmp_path / f"golden.spec-{RUN_ID[:12]}.toml").read_text())
     defaults = {"radii": (0.0, 0.25, 0.5, 0.75, 1.0), "headline_radius": None}
-    assert parse_spec(spec).to_dict() == {**CONFIG, **defaults}
+    # a run stored before precision and noise were recorded: fp32, and noise "auto"
+    # (block-v1 on this CPU run's device)
+    protocol = {**CONFIG["protocol"], "precision": "fp32", "channels_last": False, "noise": "auto"}
+    assert parse_spec(spec).to_dict() == {**CONFIG, **defaults, "protocol": protocol}
     assert (
         f"idrs-bench run golden.spec-{RUN_ID[:12]}.toml --device cpu"
         in (tmp_path / "golden.md").read_text()

@@ -86,6 +86,7 @@ def _lipschitz_net(context: BuildContext, params: Mapping[str, Any]):
 
 
 def _lipschitz_certifier(context: BuildContext, params: Mapping[str, Any]):
+    from harness.precision import prepare_model
     from harness.sampling import SamplingEngine
     from plugins.lipschitz.certifier import LipschitzCertifier
     from plugins.lipschitz.fit import obtain_sigma_network
@@ -94,14 +95,12 @@ def _lipschitz_certifier(context: BuildContext, params: Mapping[str, Any]):
     sigma = obtain_sigma_network(context, params)  # cached: the provider's own network
     classes = context.dataset.num_classes
     normalize = bool(params["normalize"])
-    model = (
-        NormalizedModel(context.model, classes, float(params["p_min"]))
-        if normalize
-        else context.model
-    )
+    base = prepare_model(context.model, context.protocol)  # the certified arithmetic
+    model = NormalizedModel(base, classes, float(params["p_min"])) if normalize else base
     engine = SamplingEngine(
-        model, classes, context.device, context.engine.batch_size, context.engine.seed
-    )
+        model, classes, context.device, context.engine.batch_size, context.engine.seed,
+        noise=context.engine.noise,
+    )  # fmt: skip
     return LipschitzCertifier(
         engine, context.protocol, sigma.regularity, float(params["p_min"]), context.dataset.dim,
         normalized=normalize, bounds=bool(params["confidence_bounds"]),
