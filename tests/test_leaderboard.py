@@ -439,3 +439,31 @@ def test_verify_compares_integers_and_text_exactly(db, tmp_path):
     assert numeric_differences("a 0.5 | b", "a 0.5 | c") is None
     # digits inside words and hashes are text, versions too
     assert numeric_differences("run 9a2284e1 torch 2.11.0", "run 9a2284e2 torch 2.11.0") is None
+
+
+def test_precision_and_noise_in_the_header_and_a_warning_for_mixed_protocols(db):
+    import copy
+
+    from harness.leaderboard.schema import BOARD_SCHEMA
+    from harness.leaderboard.tabular import board_json
+
+    (legacy,) = load_runs(db)
+    assert "precision" not in render_markdown(build_board([legacy]), "g")  # as rendered before
+    bf16 = copy.deepcopy(legacy)
+    bf16.run["run_id"] = "f" * 64
+    bf16.run["config"]["protocol"] |= {
+        "precision": "bf16", "channels_last": True, "noise": "philox-v1",
+    }  # fmt: skip
+    text = render_markdown(build_board([bf16]), "g")
+    assert "batch size 64, precision bf16, channels-last, noise philox-v1 |" in text
+    assert "**Warning.**" not in text
+    mixed = render_markdown(build_board([legacy, bf16]), "g")
+    assert (
+        "**Warning.** The runs of this table follow different protocols (precision: fp32, "
+        "bf16; channels_last: false, true; noise: block-v1, philox-v1)"
+    ) in mixed
+    import jsonschema
+
+    document = json.loads(board_json(build_board([legacy, bf16]), "g"))
+    jsonschema.validate(document, BOARD_SCHEMA)
+    assert document["runs"][1]["precision"] == "bf16" and "precision" not in document["runs"][0]
