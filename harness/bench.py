@@ -106,7 +106,15 @@ def bench_command(args: argparse.Namespace) -> int:
     from harness.protocol import CertificationProtocol
     from harness.sampling import resolve_device
 
-    names = [m.strip() for m in args.models.split(",") if m.strip()]
+    registry = _registry()
+    if args.models is None:
+        names = [m for m in BENCH_MODELS if BENCH_MODELS[m][0] in registry.names("models")]
+        for m in BENCH_MODELS:
+            if m not in names:
+                print(f"{m}: skipped, architecture {BENCH_MODELS[m][0]!r} is not registered",
+                      file=sys.stderr)  # fmt: skip
+    else:
+        names = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in names if m not in BENCH_MODELS]
     if unknown or not names:
         raise IdrsError(f"unknown bench model(s) {unknown}; choose from {', '.join(BENCH_MODELS)}")
@@ -125,7 +133,6 @@ def bench_command(args: argparse.Namespace) -> int:
         n0=N0, n=n, alpha=0.001, batch_size=batch, precision=args.precision,
         channels_last=args.channels_last, noise=args.noise,
     )  # fmt: skip
-    registry = _registry()
     results = []
     for name in names:
         model = _build(registry, name)
@@ -152,7 +159,7 @@ def _build(registry, name: str):
     try:
         spec = registry.get("models", architecture)
     except IdrsError:
-        available = sorted(registry._items["models"])
+        available = registry.names("models")
         raise IdrsError(
             f"bench model {name!r} needs the registered architecture {architecture!r} "
             f"(Cohen et al.'s CIFAR ResNet-110), which no loaded plugin provides; "
