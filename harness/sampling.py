@@ -194,14 +194,15 @@ class SamplingEngine:
         with torch.no_grad():
             while cursor < len(jobs):
                 segments = self._plan_batch(jobs, cursor, NOISE_BLOCK if not philox else None)
-                plan = torch.tensor(segments, dtype=torch.int64).T.to(self.device)
-                rows = torch.repeat_interleave(plan[0], plan[2])
+                plan = torch.tensor(segments, dtype=torch.int64).T.contiguous().to(self.device)
                 fill = sum(take for _, _, take in segments)
+                # output_size: no device-to-host sync to learn the length
+                rows = torch.repeat_interleave(plan[0], plan[2], output_size=fill)
                 if philox:
                     # sample index of every row: its segment's first sample + its place in it
                     first_row = torch.cumsum(plan[2], 0) - plan[2]
                     samples = torch.arange(fill, device=self.device) - torch.repeat_interleave(
-                        first_row - plan[1], plan[2]
+                        first_row - plan[1], plan[2], output_size=fill
                     )
                     noisy_batch(
                         flat_x, sigma_t, keys, rows, samples, buffer.view(len(buffer), -1)[:fill]
