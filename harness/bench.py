@@ -71,8 +71,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--models",
-        default="mlp,cnn,resnet110",
-        help=f"comma-separated, from {', '.join(BENCH_MODELS)}",
+        default=None,
+        help=f"comma-separated, from {', '.join(BENCH_MODELS)} (default: every one whose "
+        "architecture is registered)",
     )
     parser.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
     parser.add_argument(
@@ -133,9 +134,9 @@ def bench_command(args: argparse.Namespace) -> int:
         n0=N0, n=n, alpha=0.001, batch_size=batch, precision=args.precision,
         channels_last=args.channels_last, noise=args.noise,
     )  # fmt: skip
+    models = {name: _build(registry, name) for name in names}  # unregistered: fail before work
     results = []
-    for name in names:
-        model = _build(registry, name)
+    for name, model in models.items():
         results.append(bench_model(name, model, protocol, device, inputs, args.sigma, seconds))
         if not args.json:
             print(f"{name}: done", file=sys.stderr)
