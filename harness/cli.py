@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness import __version__
+from harness.bench import add_bench_parser
 from harness.compare import add_compare_parser
 from harness.errors import IdrsError
 from harness.leaderboard import add_leaderboard_parser
@@ -96,6 +97,7 @@ def _parser() -> argparse.ArgumentParser:
 
     add_leaderboard_parser(sub)
     add_compare_parser(sub)
+    add_bench_parser(sub)
     return parser
 
 

@@ -6,19 +6,33 @@ from dataclasses import dataclass
 
 from harness.errors import ParameterError
 
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+"""Arithmetic of the base model's forward pass (see :mod:`harness.precision`)."""
+NOISE_SCHEMES = ("philox-v1", "block-v1")
+"""Noise schemes of the sampling engine (see :mod:`harness.sampling`)."""
+LEGACY_NOISE = "block-v1"
+"""The scheme of runs whose stored protocol names none (made before it was recorded)."""
+
 
 @dataclass(frozen=True)
 class CertificationProtocol:
     """Cohen et al. (2019) CERTIFY: ``n0`` samples select the class, ``n`` estimate p_A.
 
     ``alpha`` is the failure probability of each certificate; ``batch_size`` the
-    number of noisy samples per forward pass.
+    number of noisy samples per forward pass (``"auto"``: the largest that fits the
+    device, :mod:`harness.batchsize`). ``precision`` and ``channels_last`` fix the
+    arithmetic of the base classifier that is certified (:mod:`harness.precision`);
+    ``noise`` the noise scheme (``"auto"``: philox-v1 on CUDA, block-v1 elsewhere,
+    resolved and recorded when a run starts).
     """
 
     n0: int = 100
     n: int = 100_000
     alpha: float = 0.001
-    batch_size: int = 1024
+    batch_size: int | str = 1024
+    precision: str = "fp32"
+    channels_last: bool = False
+    noise: str = "auto"
 
     def __post_init__(self) -> None:
         check_alpha(self.alpha)
@@ -31,8 +45,25 @@ class CertificationProtocol:
                 f"n0 ({self.n0}) must not exceed n ({self.n}): n0 samples only select "
                 "the class, n samples estimate its probability"
             )
-        if not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ParameterError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
+        if self.batch_size != "auto" and (
+            not isinstance(self.batch_size, int)
+            or isinstance(self.batch_size, bool)
+            or self.batch_size < 1
+        ):
+            raise ParameterError(
+                f'batch_size must be an integer >= 1 or "auto", got {self.batch_size!r}'
+            )
+        if self.precision not in PRECISIONS:
+            raise ParameterError(
+                f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}"
+            )
+        if not isinstance(self.channels_last, bool):
+            raise ParameterError(f"channels_last must be true or false, got {self.channels_last!r}")
+        if self.noise != "auto" and self.noise not in NOISE_SCHEMES:
+            raise ParameterError(
+                f"unknown noise scheme {self.noise!r}; choose auto or one of "
+                + ", ".join(NOISE_SCHEMES)
+            )
 
 
 def check_alpha(alpha: float) -> float:

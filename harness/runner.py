@@ -24,8 +24,9 @@ from harness.errors import IdrsError
 from harness.method import build_method
 from harness.modelcache import obtain_model
 from harness.plugins import PluginManager, Registry, get_plugin_manager
+from harness.precision import prepare_model
 from harness.progress import Progress
-from harness.sampling import SamplingEngine, resolve_device
+from harness.sampling import SamplingEngine, default_noise, resolve_device
 from harness.spec import BenchmarkSpec, content_hash, setting_key, validate
 from harness.store import ResultStore
 
@@ -100,7 +101,19 @@ def prepare(
     model, model_hash = obtain_model(
         spec.model, dataset, registry, device, progress, options.cache_dir
     )
-    engine = SamplingEngine(model, dataset.num_classes, device, spec.protocol.batch_size, spec.seed)
+    if spec.protocol.noise == "auto":  # recorded resolved: the run states its noise
+        spec = replace(spec, protocol=replace(spec.protocol, noise=default_noise(device)))
+    certified = prepare_model(model, spec.protocol)
+    batch_size = spec.protocol.batch_size
+    if batch_size == "auto":
+        from harness.batchsize import auto_batch_size
+
+        batch_size = auto_batch_size(
+            certified, tuple(dataset.test_x.shape[1:]), device, options.cache_dir
+        )
+    engine = SamplingEngine(
+        certified, dataset.num_classes, device, batch_size, spec.seed, noise=spec.protocol.noise
+    )
     context = BuildContext(
         dataset=dataset,
         model=model,
@@ -125,7 +138,7 @@ def run_benchmark(
 ) -> str:
     """Run (or resume) ``spec``; returns the run id."""
     prepared = prepare(spec, options, progress, manager)
-    run_id, context = prepared.run_id, prepared.context
+    run_id, context, spec = prepared.run_id, prepared.context, prepared.spec
     store = ResultStore(options.db)
     try:
         if not store.begin_run(

@@ -1,12 +1,20 @@
-"""The Monte Carlo sampling engine (DESIGN §5): the hot path of certification.
+"""The Monte Carlo sampling engine: the hot path of certification (Cohen et al. 2019, §3.2).
 
-A batch of noisy samples mixes many inputs, each with its own σ(x). Noise is drawn on
-the model's device in *blocks* of :data:`NOISE_BLOCK` samples; block b of input i in
-stream s is drawn from a generator seeded by a hash of (seed, s, i, b) alone. The
-noise for sample j of an input is therefore row j mod NOISE_BLOCK of block
-j div NOISE_BLOCK, whatever the batch size, the other inputs in the batch, or the
-order of work. Class counts (hard smoothing) or probability sums (soft smoothing)
-are accumulated on the device and copied back once per input, when it is done.
+A batch of noisy samples mixes many inputs, each with its own σ(x). The noise of sample j
+of input i in stream s depends on (seed, s, i, j) alone, whatever the batch size, the
+other inputs in the batch, or the order of work. Two schemes (the protocol's ``noise``):
+
+- ``philox-v1`` (:mod:`harness.noise`): a counter-based generator evaluated for the
+  whole mixed batch in one vectorized pass (one fused Triton kernel on CUDA); the same
+  noise on every device up to float rounding.
+- ``block-v1`` (every run made before the protocol recorded a scheme): noise drawn in
+  *blocks* of :data:`NOISE_BLOCK` samples; block b of input i in stream s comes from a
+  torch generator seeded by a hash of (seed, s, i, b), and sample j is row
+  j mod NOISE_BLOCK of block j div NOISE_BLOCK. Faster on CPU, where torch's
+  generator beats integer arithmetic in torch ops; device-specific.
+
+Class counts (hard smoothing) or probability sums (soft smoothing) are accumulated on the
+device and copied back once per input, when it is done.
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ import numpy as np
 import torch
 
 from harness.errors import ModelOutputError
+from harness.noise import mix64, noise_key, noisy_batch
+from harness.protocol import NOISE_SCHEMES
 
 NOISE_BLOCK = 256
 """Samples per independently seeded noise block (part of the reproducibility contract)."""
@@ -29,22 +39,15 @@ STREAM_SELECTION = 0
 STREAM_ESTIMATION = 1
 """Noise stream of CERTIFY's n estimation samples (also used by PREDICT)."""
 
-_MASK64 = (1 << 64) - 1
-
-
-def _splitmix64(z: int) -> int:
-    z = (z + 0x9E3779B97F4A7C15) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
-
 
 def noise_seed(seed: int, stream: int, input_id: int, block: int) -> int:
     """The generator seed of one noise block: a 63-bit hash of its four coordinates."""
-    z = 0
-    for part in (seed, stream, input_id, block):
-        z = _splitmix64(z ^ (part & _MASK64))
-    return z >> 1
+    return mix64(seed, stream, input_id, block) >> 1
+
+
+def default_noise(device: torch.device) -> str:
+    """The scheme ``noise = "auto"`` resolves to: philox-v1 on CUDA, block-v1 elsewhere."""
+    return "philox-v1" if torch.device(device).type == "cuda" else "block-v1"
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -85,8 +88,10 @@ class SamplingEngine:
     :param num_classes: size of the count vectors.
     :param batch_size: noisy samples per forward pass.
     :param seed: the run's seed; noise is a function of (seed, stream, input id, index).
-    :param noise_threads: threads that draw noise blocks in parallel (CPU only);
-        defaults to torch's intra-op thread count.
+    :param noise_threads: threads that draw noise blocks in parallel (CPU, block-v1
+        only); defaults to torch's intra-op thread count.
+    :param noise: the noise scheme, one of :data:`NOISE_SCHEMES`, or ``auto``
+        (:func:`default_noise` of the device).
     """
 
     def __init__(
@@ -97,12 +102,18 @@ class SamplingEngine:
         batch_size: int = 1024,
         seed: int = 0,
         noise_threads: int | None = None,
+        noise: str = "auto",
     ) -> None:
         self.model = model
         self.num_classes = num_classes
         self.device = torch.device(device)
         self.batch_size = batch_size
         self.seed = seed
+        self.noise = default_noise(self.device) if noise == "auto" else noise
+        if self.noise not in NOISE_SCHEMES:
+            raise ValueError(
+                f"unknown noise scheme {noise!r}; known: auto, {', '.join(NOISE_SCHEMES)}"
+            )
         threads = 1 if self.device.type != "cpu" else (noise_threads or torch.get_num_threads())
         self._pool = ThreadPoolExecutor(threads) if threads > 1 else None
         self._local = threading.local()
@@ -161,6 +172,17 @@ class SamplingEngine:
             _Job(x[i], float(s), int(i_id), num)
             for i, (s, i_id) in enumerate(zip(sigmas, input_ids, strict=True))
         ]
+        if self.batch_size == "auto":
+            from harness.batchsize import auto_batch_size
+
+            self.batch_size = auto_batch_size(self.model, tuple(x.shape[1:]), self.device)
+        philox = self.noise == "philox-v1"
+        if philox:
+            flat_x = x.reshape(len(x), -1)
+            keys = torch.tensor(
+                [noise_key(self.seed, stream, job.input_id) for job in jobs], device=self.device
+            )
+            sigma_t = torch.tensor([job.sigma for job in jobs], device=self.device)
         classes = self.num_classes
         acc = torch.zeros(
             len(jobs), classes, device=self.device, dtype=torch.float64 if soft else torch.int64
@@ -171,28 +193,26 @@ class SamplingEngine:
         cursor = 0
         with torch.no_grad():
             while cursor < len(jobs):
-                segments = self._plan_batch(jobs, cursor)
-                blocks = self._draw_blocks(jobs, segments, stream)
-                fill = 0
-                for index, start, take in segments:
-                    job = jobs[index]
-                    block = blocks[index, start // NOISE_BLOCK]
-                    offset = start % NOISE_BLOCK
-                    torch.add(
-                        job.x, block[offset : offset + take], alpha=job.sigma,
-                        out=buffer[fill : fill + take],
-                    )  # fmt: skip
-                    job.done = start + take
-                    job.block_index, job.block = start // NOISE_BLOCK, block
-                    fill += take
-                kept = {id(jobs[i].block) for i, _, _ in segments if jobs[i].done < jobs[i].num}
-                self._free_blocks.extend(b for b in blocks.values() if id(b) not in kept)
+                segments = self._plan_batch(jobs, cursor, NOISE_BLOCK if not philox else None)
+                plan = torch.tensor(segments, dtype=torch.int64).T.contiguous().to(self.device)
+                fill = sum(take for _, _, take in segments)
+                # output_size: no device-to-host sync to learn the length
+                rows = torch.repeat_interleave(plan[0], plan[2], output_size=fill)
+                if philox:
+                    # sample index of every row: its segment's first sample + its place in it
+                    first_row = torch.cumsum(plan[2], 0) - plan[2]
+                    samples = torch.arange(fill, device=self.device) - torch.repeat_interleave(
+                        first_row - plan[1], plan[2], output_size=fill
+                    )
+                    noisy_batch(
+                        flat_x, sigma_t, keys, rows, samples, buffer.view(len(buffer), -1)[:fill]
+                    )
+                    for index, start, take in segments:
+                        jobs[index].done = start + take
+                else:
+                    self._fill_blocks(jobs, segments, stream, buffer)
                 logits = self.model(buffer[:fill])
                 finite &= torch.isfinite(logits).all()
-                rows = torch.repeat_interleave(
-                    torch.tensor([i for i, _, _ in segments], device=self.device),
-                    torch.tensor([t for _, _, t in segments], device=self.device),
-                )
                 if soft:
                     probs = torch.softmax(logits.double(), dim=1)
                     acc.index_add_(0, rows, probs)
@@ -220,10 +240,32 @@ class SamplingEngine:
             self._free_blocks = []
         return self._buffer
 
-    def _plan_batch(self, jobs: list[_Job], cursor: int) -> list[tuple[int, int, int]]:
+    def _fill_blocks(
+        self, jobs: list[_Job], segments: list[tuple[int, int, int]], stream: int, buffer
+    ) -> None:
+        """block-v1: noisy inputs x + σ·(rows of noise blocks) into ``buffer``."""
+        blocks = self._draw_blocks(jobs, segments, stream)
+        fill = 0
+        for index, start, take in segments:
+            job = jobs[index]
+            block = blocks[index, start // NOISE_BLOCK]
+            offset = start % NOISE_BLOCK
+            torch.add(
+                job.x, block[offset : offset + take], alpha=job.sigma,
+                out=buffer[fill : fill + take],
+            )  # fmt: skip
+            job.done = start + take
+            job.block_index, job.block = start // NOISE_BLOCK, block
+            fill += take
+        kept = {id(jobs[i].block) for i, _, _ in segments if jobs[i].done < jobs[i].num}
+        self._free_blocks.extend(b for b in blocks.values() if id(b) not in kept)
+
+    def _plan_batch(
+        self, jobs: list[_Job], cursor: int, block: int | None
+    ) -> list[tuple[int, int, int]]:
         """(job index, first sample, number of samples) segments filling one batch.
 
-        No segment crosses a noise block, so each is a slice of one block.
+        With a ``block`` size, no segment crosses a noise block (each is a slice of one).
         """
         segments = []
         room = self.batch_size
@@ -235,7 +277,9 @@ class SamplingEngine:
                 index += 1
                 done = jobs[index].done if index < len(jobs) else 0
                 continue
-            take = min(room, job.num - done, NOISE_BLOCK - done % NOISE_BLOCK)
+            take = min(room, job.num - done)
+            if block is not None:
+                take = min(take, block - done % block)
             segments.append((index, done, take))
             done += take
             room -= take

@@ -19,7 +19,10 @@ Example (the built-in default benchmark is ``harness/benchmarks/quick.toml``)::
     n0 = 100
     n = 2000
     alpha = 0.001
-    batch_size = 1024
+    batch_size = 1024      # or "auto": the largest batch that fits the device
+    precision = "fp32"     # "tf32", "bf16" or "fp16": the certified classifier's arithmetic
+    channels_last = false  # image models in channels-last memory format
+    noise = "auto"         # "philox-v1" (CUDA default) or "block-v1" (CPU default)
 
     [[methods]]
     name = "cohen"
@@ -37,7 +40,7 @@ from typing import Any
 
 from harness.errors import ParameterError, SpecError
 from harness.plugins import Registry
-from harness.protocol import CertificationProtocol
+from harness.protocol import LEGACY_NOISE, CertificationProtocol
 from harness.results import RADII
 
 BENCHMARKS_DIR = Path(__file__).parent / "benchmarks"
@@ -141,10 +144,11 @@ def parse_spec(raw: dict[str, Any], default_name: str = "benchmark") -> Benchmar
         {"architecture", "trainer", "seed", "architecture_params", "trainer_params"},
     )
     cert = raw.get("certification", {})
-    allowed_cert = {"n0", "n", "alpha", "batch_size"}
+    allowed_cert = {"n0", "n", "alpha", "batch_size", "precision", "channels_last", "noise"}
     if set(cert) - allowed_cert:
         raise SpecError(
-            f"{where}: unknown key(s) {sorted(set(cert) - allowed_cert)} in [certification]"
+            f"{where}: unknown key(s) {sorted(set(cert) - allowed_cert)} in [certification]; "
+            f"allowed: {sorted(allowed_cert)}"
         )
     methods = raw.get("methods")
     if not isinstance(methods, list) or not methods:
@@ -251,7 +255,8 @@ def spec_from_dict(config: dict[str, Any]) -> BenchmarkSpec:
         name=config["name"],
         dataset=DataConfig(**config["dataset"]),
         model=ModelConfig(**config["model"]),
-        protocol=CertificationProtocol(**config["protocol"]),
+        # a run stored before the protocol recorded its noise scheme used block-v1
+        protocol=CertificationProtocol(**{"noise": LEGACY_NOISE, **config["protocol"]}),
         methods=[MethodConfig(**m) for m in config["methods"]],
         seed=config["seed"],
         device=config["device"],

@@ -298,7 +298,10 @@ def test_spec_file_reproduces_the_stored_config(db, tmp_path):
     write_board(load_runs(db), tmp_path / "golden.md", plots=False)
     spec = tomllib.loads((tmp_path / f"golden.spec-{RUN_ID[:12]}.toml").read_text())
     defaults = {"radii": (0.0, 0.25, 0.5, 0.75, 1.0), "headline_radius": None}
-    assert parse_spec(spec).to_dict() == {**CONFIG, **defaults}
+    # a run stored before precision and noise were recorded: fp32, and noise "auto"
+    # (block-v1 on this CPU run's device)
+    protocol = {**CONFIG["protocol"], "precision": "fp32", "channels_last": False, "noise": "auto"}
+    assert parse_spec(spec).to_dict() == {**CONFIG, **defaults, "protocol": protocol}
     assert (
         f"idrs-bench run golden.spec-{RUN_ID[:12]}.toml --device cpu"
         in (tmp_path / "golden.md").read_text()
@@ -393,3 +396,74 @@ def test_radii_and_headline_radius_from_the_spec(tmp_path, monkeypatch):
     text = render_markdown(build_board(load_runs(tmp_path / "r.sqlite")), "r")
     assert "| cert\\@0 | cert\\@1 | cert\\@2 | ACR |" in text
     assert "leads at radius 1 with certified accuracy 0.500" in text
+
+
+def _perturb_acr(path, factor: float) -> tuple[str, str]:
+    """Scale the first ACR of a board's JSON by ``factor``; return (old, new) as written."""
+    import re
+
+    text = path.read_text()
+    match = re.search(r'"acr": ([0-9.e-]+)', text)
+    old = match.group(1)
+    new = repr(float(old) * factor)
+    assert new != old
+    path.write_text(text[: match.start(1)] + new + text[match.end(1) :])
+    return old, new
+
+
+def test_verify_accepts_float_noise_in_the_last_digits(db, tmp_path):
+    out = tmp_path / "golden.md"
+    write_board(load_runs(db), out)
+    old, new = _perturb_acr(tmp_path / "golden.json", 1 + 3e-15)  # the 16th digit
+    assert abs(float(new) - float(old)) > 0
+    assert verify_board(out) == []
+
+
+def test_verify_names_a_number_that_differs_beyond_the_tolerance(db, tmp_path):
+    out = tmp_path / "golden.md"
+    write_board(load_runs(db), out)
+    old, new = _perturb_acr(tmp_path / "golden.json", 1 + 1e-6)
+    problems = verify_board(out)
+    assert len(problems) == 1
+    assert f"committed {new}, re-rendered {old}" in problems[0]
+    assert "golden.json: numbers differ beyond a relative 1e-09" in problems[0]
+
+
+def test_verify_compares_integers_and_text_exactly(db, tmp_path):
+    from harness.leaderboard.verify import numeric_differences
+
+    assert numeric_differences('{"n": 100000, "x": 0.25}', '{"n": 100001, "x": 0.25}') == [
+        "line 1: committed 100000, re-rendered 100001"
+    ]
+    assert numeric_differences("sigma=0.25\nacr 0.5", "sigma=0.25\nacr 0.5000000000001") == []
+    assert numeric_differences("a 0.5 | b", "a 0.5 | c") is None
+    # digits inside words and hashes are text, versions too
+    assert numeric_differences("run 9a2284e1 torch 2.11.0", "run 9a2284e2 torch 2.11.0") is None
+
+
+def test_precision_and_noise_in_the_header_and_a_warning_for_mixed_protocols(db):
+    import copy
+
+    from harness.leaderboard.schema import BOARD_SCHEMA
+    from harness.leaderboard.tabular import board_json
+
+    (legacy,) = load_runs(db)
+    assert "precision" not in render_markdown(build_board([legacy]), "g")  # as rendered before
+    bf16 = copy.deepcopy(legacy)
+    bf16.run["run_id"] = "f" * 64
+    bf16.run["config"]["protocol"] |= {
+        "precision": "bf16", "channels_last": True, "noise": "philox-v1",
+    }  # fmt: skip
+    text = render_markdown(build_board([bf16]), "g")
+    assert "batch size 64, precision bf16, channels-last, noise philox-v1 |" in text
+    assert "**Warning.**" not in text
+    mixed = render_markdown(build_board([legacy, bf16]), "g")
+    assert (
+        "**Warning.** The runs of this table follow different protocols (precision: fp32, "
+        "bf16; channels_last: false, true; noise: block-v1, philox-v1)"
+    ) in mixed
+    import jsonschema
+
+    document = json.loads(board_json(build_board([legacy, bf16]), "g"))
+    jsonschema.validate(document, BOARD_SCHEMA)
+    assert document["runs"][1]["precision"] == "bf16" and "precision" not in document["runs"][0]

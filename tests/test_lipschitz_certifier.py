@@ -219,3 +219,23 @@ def test_certified_sigma_is_a_sigma_provider():
     assert isinstance(sigma, SigmaProvider)
     out = sigma(torch.tensor([[1.0, 2.0, -5.0], [-1.0, -1.0, -1.0]]))
     assert out.dtype == torch.float64 and out.tolist() == pytest.approx([3.2, 0.2])
+
+
+@pytest.mark.gpu
+def test_normalized_model_runs_on_cuda_with_a_parameterless_base():
+    """The p_min floor is made on the logits' device (a base without parameters, or one
+    moved after wrapping, once left it on the CPU: ``wrapper_CUDA_logaddexp``)."""
+    import torch
+
+    from plugins.lipschitz.normalization import NormalizedModel
+
+    class Shift(torch.nn.Module):
+        def forward(self, x):
+            return torch.stack([x[:, 0], -x[:, 0], 0 * x[:, 0]], dim=1)
+
+    wrapped = NormalizedModel(Shift(), 3, 0.01)
+    g = wrapped.probabilities(torch.randn(8, 4, device="cuda"))
+    assert g.device.type == "cuda"
+    assert torch.all(g >= 0.01 * (1 - 1e-12))
+    assert torch.allclose(g.sum(1), torch.ones(8, dtype=torch.float64, device="cuda"))
+    assert bool(torch.isfinite(g).all())

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from harness.errors import ModelOutputError
-from harness.sampling import NOISE_BLOCK, SamplingEngine, noise_seed
+from harness.sampling import NOISE_BLOCK, NOISE_SCHEMES, SamplingEngine, noise_seed
 
 
 class RecordingModel(torch.nn.Module):
@@ -20,10 +20,12 @@ class RecordingModel(torch.nn.Module):
         return torch.stack([torch.zeros(len(x)), x[:, 0] - x[:, 0].round()], dim=1)
 
 
-def _noise_by_input(x, sigma, batch_size, num, ids, order=None):
+def _noise_by_input(x, sigma, batch_size, num, ids, order=None, noise="block-v1"):
     """Run the engine and recover each input's noise sequence from the recorded rows."""
     model = RecordingModel()
-    engine = SamplingEngine(model, 2, torch.device("cpu"), batch_size=batch_size, seed=11)
+    engine = SamplingEngine(
+        model, 2, torch.device("cpu"), batch_size=batch_size, seed=11, noise=noise
+    )
     order = list(range(len(ids))) if order is None else order
     engine.counts(x[order], sigma[order], [ids[i] for i in order], num, stream=1)
     rows = torch.cat(model.rows)
@@ -32,19 +34,20 @@ def _noise_by_input(x, sigma, batch_size, num, ids, order=None):
     return {ids[i]: (rows[owner == i] - x[i]) / sigma[i] for i in range(len(ids))}
 
 
-def test_noise_is_identical_for_any_batch_size_and_batch_composition():
+@pytest.mark.parametrize("noise", NOISE_SCHEMES)
+def test_noise_is_identical_for_any_batch_size_and_batch_composition(noise):
     d, num = 5, 2 * NOISE_BLOCK + 37
     x = torch.arange(4, dtype=torch.float32)[:, None].repeat(1, d) * 1000
     sigma = torch.tensor([0.5, 1.0, 2.0, 0.25])
     ids = [3, 17, 99, 4]
-    reference = _noise_by_input(x, sigma, 4096, num, ids)
+    reference = _noise_by_input(x, sigma, 4096, num, ids, noise=noise)
     for batch_size in (1, 7, 4096):
-        got = _noise_by_input(x, sigma, batch_size, num, ids)
+        got = _noise_by_input(x, sigma, batch_size, num, ids, noise=noise)
         for i in ids:
             assert torch.equal(got[i], reference[i]), (batch_size, i)
-    alone = _noise_by_input(x[1:2], sigma[1:2], 7, num, ids[1:2])
+    alone = _noise_by_input(x[1:2], sigma[1:2], 7, num, ids[1:2], noise=noise)
     assert torch.equal(alone[17], reference[17])
-    shuffled = _noise_by_input(x, sigma, 100, num, ids, order=[2, 0, 3, 1])
+    shuffled = _noise_by_input(x, sigma, 100, num, ids, order=[2, 0, 3, 1], noise=noise)
     assert all(torch.equal(shuffled[i], reference[i]) for i in ids)
     # different inputs get different noise, and the noise looks standard normal
     assert not torch.equal(reference[3], reference[17])
@@ -58,7 +61,8 @@ def test_noise_seed_separates_coordinates():
     assert all(0 <= s < 2**63 for s in seeds)
 
 
-def test_counts_agree_across_batch_sizes_up_to_near_ties():
+@pytest.mark.parametrize("noise", NOISE_SCHEMES)
+def test_counts_agree_across_batch_sizes_up_to_near_ties(noise):
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5)
@@ -66,7 +70,7 @@ def test_counts_agree_across_batch_sizes_up_to_near_ties():
     x = torch.rand(9, 20)
     sigma = torch.linspace(0.1, 1.0, 9)
     results = [
-        SamplingEngine(model, 5, torch.device("cpu"), batch_size=b, seed=2).counts(
+        SamplingEngine(model, 5, torch.device("cpu"), batch_size=b, seed=2, noise=noise).counts(
             x, sigma, list(range(9)), 1000, stream=0
         )
         for b in (1, 7, 4096)

@@ -78,7 +78,10 @@ def leaderboard_command(args: argparse.Namespace) -> int:
                 "re-render it with `idrs-bench leaderboard RUN --out ...` and commit the result"
             )
             return 1
-        print(f"{args.verify}: verified (re-rendered identically from the stored runs)")
+        print(
+            f"{args.verify}: verified (re-rendered from the stored runs: text identical, "
+            "floats equal up to a relative 1e-9)"
+        )
         return 0
     runs = resolve_runs(args.runs, args.db or args.default_db)
     if args.out is None:

@@ -19,7 +19,7 @@ from harness.leaderboard.board import Board, Row, Table
 from harness.leaderboard.escape import md_code, md_fence, md_text
 from harness.leaderboard.metrics import Metric, certified_key, metric_catalog
 from harness.leaderboard.plots import certified_plot_name, classwise_plot_name
-from harness.leaderboard.protocol import run_protocol
+from harness.leaderboard.protocol import protocol_differences, run_protocol
 from harness.leaderboard.reproduce import spec_toml
 from harness.leaderboard.verdicts import NOT_CHECKED
 
@@ -34,8 +34,33 @@ def _params(params: dict[str, Any]) -> str:
     return ", ".join(f"{k} = {params[k]}" for k in sorted(params)) or "defaults"
 
 
+def _arithmetic(p: dict[str, Any]) -> str:
+    """``, precision bf16, channels-last, noise philox-v1`` (runs that record them)."""
+    out = ""
+    if "precision" in p:
+        out += f", precision {md_text(p['precision'])}"
+    if p.get("channels_last"):
+        out += ", channels-last"
+    if "noise" in p:
+        out += f", noise {md_text(p['noise'])}"
+    return out
+
+
+def _protocol_warning(table: Table, stem: str | None) -> list[str]:
+    differ = protocol_differences([run_protocol(run, stem) for run in table.runs])
+    if not differ:
+        return []
+    what = "; ".join(f"{k}: {', '.join(md_text(v) for v in vs)}" for k, vs in differ.items())
+    return [
+        f"**Warning.** The runs of this table follow different protocols ({what}); "
+        "their rows are ranked together but measure different things.",
+        "",
+    ]
+
+
 def _protocol_table(p: dict[str, Any]) -> list[str]:
     alpha = md_text(f"{p['alpha']:g}")
+    arithmetic = _arithmetic(p)
     p = {k: md_text(v) if isinstance(v, int) else v for k, v in p.items()}  # ints from a spec
     count = "all" if p["test_count"] is None else f"at most {p['test_count']}"
     versions = ", ".join(f"{k} {v}" for k, v in p["versions"].items())
@@ -45,7 +70,7 @@ def _protocol_table(p: dict[str, Any]) -> list[str]:
         ("test subset", f"test points 0, k, 2k, … with k = {p['test_every']}, {count}: "
                         f"{p['inputs']} inputs"),
         ("certification", f"n0 = {p['n0']}, n = {p['n']}, α = {alpha}, "
-                          f"batch size {p['batch_size']}"),
+                          f"batch size {p['batch_size']}{arithmetic}"),
         ("base model", f"{md_text(p['architecture'])} ({md_text(_params(p['architecture_params']))})"),
         ("trainer", f"{md_text(p['trainer'])} ({md_text(_params(p['trainer_params']))})"),
         ("model hash", md_code(p["model_hash"] or "unknown")),
@@ -147,6 +172,7 @@ def _table_section(table: Table, stem: str | None, notes: _Footnotes) -> list[st
     for run in table.runs:
         p = run_protocol(run, stem)
         out += [f"### Protocol of run {md_code(run.run_id[:12])}", "", *_protocol_table(p), ""]
+    out += _protocol_warning(table, stem)
     out += [_headline(table), ""]
     out += ["### Verified sound", ""]
     if table.sound_rows:

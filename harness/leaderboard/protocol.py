@@ -7,6 +7,23 @@ from typing import Any
 from harness.leaderboard.reproduce import run_command, spec_filename
 from harness.leaderboard.source import StoredRun
 
+ARITHMETIC_KEYS = ("precision", "channels_last", "noise")
+"""Protocol keys recorded since the engine offers precisions and noise schemes."""
+COMPARED_KEYS = ("n0", "n", "alpha", "precision", "channels_last", "noise")
+"""Protocol keys whose difference makes two runs' rows not directly comparable."""
+
+
+def protocol_differences(protocols: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """The keys of :data:`COMPARED_KEYS` on which the runs of one table differ, with the
+    values (a missing precision reads fp32, a missing noise block-v1)."""
+    legacy = {"precision": "fp32", "channels_last": False, "noise": "block-v1"}
+    out = {}
+    for key in COMPARED_KEYS:
+        values = [str(p.get(key, legacy.get(key))).lower() for p in protocols]
+        if len(set(values)) > 1:
+            out[key] = list(dict.fromkeys(values))
+    return out
+
 
 def run_protocol(run: StoredRun, stem: str | None) -> dict[str, Any]:
     """Everything that fixes what a run measured, and how to run it again.
@@ -21,6 +38,9 @@ def run_protocol(run: StoredRun, stem: str | None) -> dict[str, Any]:
         key = (cert["method"], cert["setting"])
         counts[key] = counts.get(key, 0) + 1
     spec_file = "SPEC.toml" if stem is None else spec_filename(stem, row["run_id"])
+    # runs stored before the protocol recorded its arithmetic and noise have none of these
+    # keys (fp32, block-v1); boards of such runs stay as they were rendered
+    arithmetic = {k: protocol[k] for k in ARITHMETIC_KEYS if k in protocol}
     return {
         "run_id": row["run_id"],
         "name": row["name"],
@@ -32,6 +52,7 @@ def run_protocol(run: StoredRun, stem: str | None) -> dict[str, Any]:
         "n": protocol["n"],
         "alpha": protocol["alpha"],
         "batch_size": protocol.get("batch_size"),
+        **arithmetic,
         "architecture": model["architecture"],
         "architecture_params": model.get("architecture_params", {}),
         "trainer": model["trainer"],

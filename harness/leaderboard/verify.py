@@ -3,15 +3,20 @@
 The runs come from the run export ``NAME.run.json`` beside the board, or, when a
 results database is given, from that database (the run ids are read from the export,
 else from ``NAME.json``). Every text file of the board (markdown, JSON, CSV, specs,
-and the export itself when rendering from a database) must equal its re-rendering
-byte for byte; the plots must exist and be PNG files (their bytes depend on the
-matplotlib version, so they are not compared).
+and the export itself when rendering from a database) must equal its re-rendering,
+text exactly and numbers up to :data:`RELATIVE_TOLERANCE`: a float computed on another
+machine (another BLAS, another GPU) may differ in its last digits, and a board must
+still verify there. Integers (counts, seeds, ids) are compared exactly. The plots must
+exist and be PNG files (their bytes depend on the matplotlib version, so they are not
+compared).
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import math
+import re
 from pathlib import Path
 
 from harness.errors import IdrsError
@@ -20,6 +25,39 @@ from harness.leaderboard.render import board_stem, plot_names, render_texts
 from harness.leaderboard.source import StoredRun, load_runs, read_export
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+RELATIVE_TOLERANCE = 1e-9
+"""Two floats of a board agree when |a − b| <= 1e-9·max(|a|, |b|) (or both are within 1e-12 of 0)."""
+ABSOLUTE_TOLERANCE = 1e-12
+
+_NUMBER = re.compile(r"(?<![\w.])(-?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?)(?![\w.])")
+
+
+def _numbers_agree(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    if not any(c in a + b for c in ".eE"):  # integers: exactly
+        return False
+    return math.isclose(float(a), float(b), rel_tol=RELATIVE_TOLERANCE, abs_tol=ABSOLUTE_TOLERANCE)
+
+
+def numeric_differences(committed: str, expected: str) -> list[str] | None:
+    """The numbers that differ beyond the tolerance, as ``line L: committed X, re-rendered Y``.
+
+    Text outside numbers must match exactly; None when it does not (the files differ in
+    more than numbers), [] when the files agree.
+    """
+    ours, theirs = _NUMBER.split(committed), _NUMBER.split(expected)
+    if len(ours) != len(theirs) or ours[0::2] != theirs[0::2]:
+        return None
+    out = []
+    line = 1
+    for k, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        if k % 2 == 0:
+            line += a.count("\n")
+        elif not _numbers_agree(a, b):
+            out.append(f"line {line}: committed {a}, re-rendered {b}")
+    return out
 
 
 def _run_ids(folder: Path, stem: str) -> list[str]:
@@ -53,14 +91,22 @@ def verify_board(board_path: Path, db: Path | None = None) -> list[str]:
             problems.append(f"{path}: missing (the re-rendered board has it)")
             continue
         committed = path.read_text(encoding="utf-8")
-        if committed != expected:
+        numbers = numeric_differences(committed, expected)
+        if numbers != []:
+            named = (
+                f"{path}: numbers differ beyond a relative {RELATIVE_TOLERANCE:g}: "
+                + "; ".join(numbers)
+                + "\n"
+                if numbers
+                else ""
+            )
             diff = difflib.unified_diff(
                 committed.splitlines(keepends=True),
                 expected.splitlines(keepends=True),
                 fromfile=f"{path} (committed)",
                 tofile=f"{path} (re-rendered)",
             )
-            problems.append("".join(diff))
+            problems.append(named + "".join(diff))
     for name in plot_names(board, stem):
         path = folder / name
         if not path.is_file() or path.read_bytes()[:8] != PNG_SIGNATURE:

@@ -74,7 +74,7 @@ def _optimized_sigma(context: BuildContext, params: Mapping[str, Any]):
     check_optimizer(params)
     return OptimizedSigma(
         context.model, params["sigma"], params["steps"], params["samples"], float(params["beta"]),
-        float(params["sigma_min"]), context.seed, max_batch=context.protocol.batch_size,
+        float(params["sigma_min"]), context.seed, max_batch=context.engine.batch_size,
     )  # fmt: skip
 
 

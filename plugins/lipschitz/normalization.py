@@ -37,14 +37,15 @@ class NormalizedModel(torch.nn.Module):
         self.num_classes = int(num_classes)
         self.p_min = float(p_min)
         self._log_scale = math.log1p(-num_classes * p_min)
-        device = next(iter(base.parameters()), torch.empty(0)).device
-        floor = torch.tensor(math.log(p_min), dtype=torch.float64, device=device)
-        self.register_buffer("_log_floor", floor)
+        self._log_floor = math.log(p_min)
 
     def log_probabilities(self, x: torch.Tensor) -> torch.Tensor:
         """log g(x) in float64, shape [B, n]."""
         log_softmax = torch.log_softmax(self.base(x).double(), dim=1)
-        return torch.logaddexp(log_softmax + self._log_scale, self._log_floor)
+        # the floor is made on the logits' device: the base model may have no parameters,
+        # or be moved after wrapping, so no device is fixed at construction
+        floor = log_softmax.new_tensor(self._log_floor)
+        return torch.logaddexp(log_softmax + self._log_scale, floor)
 
     def probabilities(self, x: torch.Tensor) -> torch.Tensor:
         """g(x) in float64, shape [B, n]; every entry in [p_min, 1 − (n − 1)·p_min]."""

@@ -1,0 +1,160 @@
+"""Precision, channels-last, noise scheme and batch_size = "auto" as part of the protocol."""
+
+import json
+import sqlite3
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import norm
+
+from harness.batchsize import CACHE_FILE, auto_batch_size
+from harness.errors import ParameterError, SpecError
+from harness.precision import PrecisionModel, prepare_model
+from harness.progress import Progress
+from harness.protocol import CertificationProtocol
+from harness.runner import RunOptions, run_benchmark
+from harness.sampling import SamplingEngine
+from harness.spec import parse_spec, spec_from_dict
+from plugins.cohen.certifier import CohenCertifier
+
+TINY = {
+    "name": "tiny-bf16",
+    "seed": 1,
+    "dataset": {"name": "cone-10", "test_count": 6},
+    "model": {"architecture": "mlp", "trainer": "gaussian-augmentation",
+              "architecture_params": {"width": 16}, "trainer_params": {"sigma": 0.5, "epochs": 1}},
+    "certification": {"n0": 20, "n": 300, "alpha": 0.001, "batch_size": "auto",
+                      "precision": "bf16"},
+    "methods": [{"name": "cohen", "settings": [{"sigma": 0.5}]}],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("precision", "fp8", "unknown precision 'fp8'; choose one of fp32, tf32, bf16, fp16"),
+        ("channels_last", "yes", "channels_last must be true or false"),
+        ("batch_size", "big", 'batch_size must be an integer >= 1 or "auto"'),
+        ("batch_size", 0, 'batch_size must be an integer >= 1 or "auto"'),
+        ("noise", "mt", "unknown noise scheme 'mt'; choose auto or one of philox-v1, block-v1"),
+    ],
+)
+def test_protocol_values_are_validated(key, value, message):
+    with pytest.raises(ParameterError, match=message.replace("(", r"\(")):
+        parse_spec({**TINY, "certification": {**TINY["certification"], key: value}})
+
+
+def test_unknown_certification_key_names_the_allowed_ones():
+    with pytest.raises(SpecError, match="precision"):
+        parse_spec({**TINY, "certification": {"n": 10, "precison": "bf16"}})
+
+
+def test_old_runs_read_as_block_noise_and_fp32():
+    config = parse_spec(TINY).to_dict()
+    for key in ("precision", "channels_last", "noise"):
+        del config["protocol"][key]
+    protocol = spec_from_dict(config).protocol
+    assert (protocol.noise, protocol.precision, protocol.channels_last) == (
+        "block-v1",
+        "fp32",
+        False,
+    )
+
+
+def test_prepare_model_casts_a_copy_and_leaves_the_model_alone():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4)).eval()
+    protocol = CertificationProtocol(precision="bf16")
+    prepared = prepare_model(model, protocol)
+    assert isinstance(prepared, PrecisionModel)
+    assert model[0].weight.dtype == torch.float32
+    x = torch.rand(5, 8)
+    out = prepared(x)
+    assert out.dtype == torch.bfloat16
+    # the bf16 forward pass is the fp32 one up to bf16 rounding (8 bits of mantissa)
+    assert torch.allclose(out.float(), model(x), atol=0.05)
+    assert prepare_model(model, CertificationProtocol()) is model  # fp32 on CPU: as given
+    cl = prepare_model(torch.nn.Conv2d(3, 4, 3).eval(), CertificationProtocol(channels_last=True))
+    assert cl(torch.rand(2, 3, 8, 8)).shape == (2, 4, 6, 6)
+
+
+def test_bf16_certification_of_a_linear_classifier_matches_the_exact_probability():
+    """f(x) = [x_0 > 0] in bf16: the counts follow Binomial(n, Φ(x_0/σ)) (up to bf16 rounding
+    of the noisy input, which cannot move the sign of x_0 + σε)."""
+    from scipy.stats import binomtest
+
+    from tests.conftest import LinearModel
+
+    w = torch.zeros(10)
+    w[0] = 1.0
+    protocol = CertificationProtocol(n0=50, n=4000, alpha=0.001, precision="bf16")
+    model = prepare_model(LinearModel(w, 0.0), protocol)
+    engine = SamplingEngine(model, 2, torch.device("cpu"), batch_size=300, seed=2)
+    x = torch.zeros(3, 10)
+    x[:, 0] = torch.tensor([0.2, 0.5, -0.4])
+    certs = list(CohenCertifier(engine, protocol).certify(x, torch.full((3,), 0.5), [0, 1, 2]))
+    for cert, x0 in zip(certs, (0.2, 0.5, -0.4), strict=True):
+        p = norm.cdf(x0 / 0.5)
+        assert binomtest(cert.counts_estimation[1], 4000, p).pvalue > 1e-4
+        assert cert.prediction == (1 if x0 > 0 else 0)
+        assert 0 < cert.radius < 0.5 * norm.ppf(max(p, 1 - p))
+
+
+def test_a_run_records_precision_noise_and_auto_batch_size(tmp_path, manager, monkeypatch):
+    monkeypatch.setenv("IDRS_BENCH_CACHE", str(tmp_path / "cache"))
+    db = tmp_path / "r.sqlite"
+    run_id = run_benchmark(parse_spec(TINY), RunOptions(db=db), Progress(enabled=False), manager)
+    with sqlite3.connect(db) as con:
+        config = json.loads(
+            con.execute("SELECT config FROM runs WHERE run_id = ?", (run_id,)).fetchone()[0]
+        )
+        certs = con.execute("SELECT prediction, radius FROM certificates").fetchall()
+    assert config["protocol"]["precision"] == "bf16"
+    assert config["protocol"]["noise"] == "block-v1"  # "auto" on CPU, recorded resolved
+    assert config["protocol"]["batch_size"] == "auto"
+    assert len(certs) == 6 and any(r > 0 for _, r in certs)
+    cached = json.loads((tmp_path / "cache" / "models" / CACHE_FILE).read_text())
+    assert len(cached) == 1 and 64 <= next(iter(cached.values())) <= 8192
+
+
+def test_auto_batch_size_on_cpu_is_bounded_and_cached(tmp_path, monkeypatch):
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10)).eval()
+    size = auto_batch_size(model, (1, 8, 8), "cpu", tmp_path)
+    assert 64 <= size <= 8192 and size & (size - 1) == 0
+    # the second call reads the cache and probes nothing
+    monkeypatch.setattr("harness.batchsize._probe_cpu", lambda *a, **k: pytest.fail("probed"))
+    assert auto_batch_size(model, (1, 8, 8), "cpu", tmp_path) == size
+    # another input shape is another entry
+    monkeypatch.undo()
+    other = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(27, 10)).eval()
+    auto_batch_size(other, (3, 3, 3), "cpu", tmp_path)
+    assert len(json.loads((tmp_path / CACHE_FILE).read_text())) == 2
+
+
+def test_engine_resolves_auto_batch_size_itself(tmp_path, monkeypatch):
+    monkeypatch.setenv("IDRS_BENCH_CACHE", str(tmp_path))
+    model = torch.nn.Sequential(torch.nn.Linear(6, 3)).eval()
+    engine = SamplingEngine(model, 3, torch.device("cpu"), batch_size="auto", seed=0)
+    counts = engine.counts(torch.rand(2, 6), [0.5, 0.5], [0, 1], 100, stream=1)
+    assert isinstance(engine.batch_size, int) and np.all(counts.sum(1) == 100)
+
+
+@pytest.mark.gpu
+def test_bf16_channels_last_certification_on_cuda():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+        torch.nn.Linear(8 * 8 * 8, 4),
+    ).cuda().eval()  # fmt: skip
+    x = torch.rand(4, 3, 8, 8, device="cuda")
+    out = {}
+    for precision, cl in (("fp32", False), ("bf16", True)):
+        protocol = CertificationProtocol(n0=20, n=2000, precision=precision, channels_last=cl)
+        engine = SamplingEngine(
+            prepare_model(model, protocol), 4, torch.device("cuda"), "auto", seed=1
+        )
+        out[precision] = engine.counts(x, [0.25] * 4, [0, 1, 2, 3], 2000, stream=1)
+    assert np.all(out["bf16"].sum(1) == 2000)
+    # bf16 flips argmax decisions only near ties: most counts agree
+    assert np.abs(out["bf16"] - out["fp32"]).sum() <= 0.05 * 4 * 2000 * 2
