@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -29,7 +30,7 @@ class Dataset:
 
     @property
     def dim(self) -> int:
-        return int(self.train_x[0].numel())
+        return math.prod(self.input_shape)
 
     def test_subset(self, every: int = 1, count: int | None = None) -> torch.Tensor:
         """Indices of every ``every``-th test point, the first ``count`` of them."""
