@@ -1,7 +1,9 @@
 """A leaderboard as data: tables per dataset and base model, rows ranked, verdicts attached.
 
 Rows of one table are all (run, method, setting) of the runs that share a dataset and a
-base model (content hash). Rows whose verdict is ``sound`` are ranked apart from the
+base model (content hash). Runs imported from published logs (``idrs-bench import-log``)
+join the first table of their dataset (or open their own) as a third group of rows,
+``imported``: their radii are claims without evidence, never ranked as certified. Rows whose verdict is ``sound`` are ranked apart from the
 others; within each group the order is: certified accuracy at the headline radius
 (descending), then ACR (descending), then method, setting and run id (ascending), so
 that ties are broken deterministically.
@@ -19,7 +21,7 @@ from typing import Any
 
 from harness.leaderboard.metrics import certified_key, row_metrics
 from harness.leaderboard.source import StoredRun
-from harness.leaderboard.verdicts import SOUND, row_verdict
+from harness.leaderboard.verdicts import IMPORTED, SOUND, row_verdict
 from harness.results import RADII
 
 
@@ -53,10 +55,11 @@ class Table:
     runs: list[StoredRun] = field(default_factory=list)
     sound_rows: list[Row] = field(default_factory=list)
     other_rows: list[Row] = field(default_factory=list)
+    imported_rows: list[Row] = field(default_factory=list)
 
     @property
     def rows(self) -> list[Row]:
-        return self.sound_rows + self.other_rows
+        return self.sound_rows + self.other_rows + self.imported_rows
 
     @property
     def failures(self) -> list[dict[str, Any]]:
@@ -90,9 +93,12 @@ def rank_key(row: Row, radius: float) -> tuple:
 def build_board(runs: Sequence[StoredRun]) -> Board:
     """Group ``runs`` into tables, compute every row's metrics and verdict, rank the rows."""
     tables: dict[tuple[str, str, str], Table] = {}
-    for run in runs:
+    imported = [run for run in runs if run.run["config"].get("imported")]
+    for run in [r for r in runs if r not in imported] + imported:
         config = run.run["config"]
         key = (config["dataset"]["name"], config["model"]["architecture"], run.run["model_hash"])
+        if run in imported:  # beside the runs made here on the same dataset
+            key = next((k for k in tables if k[0] == key[0]), key)
         radii = benchmark_radii(config)
         table = tables.get(key)
         if table is None:
@@ -107,8 +113,9 @@ def build_board(runs: Sequence[StoredRun]) -> Board:
         table.radii = sorted({*table.radii, table.headline_radius})
         rows = [row for run in table.runs for row in _rows(run, table.radii)]
         ordered = sorted(rows, key=lambda r: rank_key(r, table.headline_radius))
+        table.imported_rows = [r for r in ordered if r.verdict == IMPORTED]
         table.sound_rows = [r for r in ordered if r.sound]
-        table.other_rows = [r for r in ordered if not r.sound]
+        table.other_rows = [r for r in ordered if not r.sound and r.verdict != IMPORTED]
     names = list(dict.fromkeys(run.run["name"] for run in runs))
     return Board(title=", ".join(names), runs=list(runs), tables=list(tables.values()))
 
@@ -120,13 +127,14 @@ def _rows(run: StoredRun, radii: Sequence[float]) -> list[Row]:
     out = []
     for (method, setting), certs in groups.items():
         checks = [c for c in run.checks if c["method"] == method and c["setting"] == setting]
+        imported = bool(run.run["config"].get("imported"))
         out.append(
             Row(
                 run_id=run.run_id,
                 method=method,
                 setting=setting,
                 metrics=row_metrics(certs, radii),
-                verdict=row_verdict(checks),
+                verdict=IMPORTED if imported else row_verdict(checks),
                 checks=checks,
                 correct_radii=sorted(c["radius"] for c in certs if c["prediction"] == c["label"]),
             )

@@ -21,7 +21,7 @@ def run_protocol(run: StoredRun, stem: str | None) -> dict[str, Any]:
         key = (cert["method"], cert["setting"])
         counts[key] = counts.get(key, 0) + 1
     spec_file = "SPEC.toml" if stem is None else spec_filename(stem, row["run_id"])
-    return {
+    out = {
         "run_id": row["run_id"],
         "name": row["name"],
         "dataset": dataset["name"],
@@ -47,3 +47,6 @@ def run_protocol(run: StoredRun, stem: str | None) -> dict[str, Any]:
         "spec_file": spec_file,
         "command": run_command(spec_file, row["device"]),
     }
+    if row.get("weights_digest"):  # runs from before weights digests have none
+        out["weights_digest"] = row["weights_digest"]
+    return out

@@ -29,6 +29,7 @@ _PROTOCOL = {
         "trainer_params": {"type": "object"},
         "model_seed": {"type": "integer"},
         "model_hash": {"type": ["string", "null"]},
+        "weights_digest": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
         "seed": {"type": "integer"},
         "device": {"type": "string"},
         "versions": {"type": "object", "additionalProperties": {"type": "string"}},
@@ -50,7 +51,7 @@ _ROW = {
     ],
     "properties": {
         "table": {"type": "integer", "minimum": 1},
-        "section": {"enum": ["sound", "not-certified"]},
+        "section": {"enum": ["sound", "not-certified", "imported"]},
         "rank": {"type": "integer", "minimum": 1},
         "run_id": {"type": "string"},
         "method": {"type": "string"},

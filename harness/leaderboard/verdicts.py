@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 NOT_CHECKED = "not checked"
+IMPORTED = "imported"  # radii from a published log: claims with no evidence to check
 SOUND = "sound"
 
 
