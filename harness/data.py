@@ -26,7 +26,7 @@ class Dataset:
 
     @property
     def input_shape(self) -> tuple[int, ...]:
-        return tuple(self.train_x.shape[1:])
+        return tuple(self.test_x.shape[1:])
 
     @property
     def dim(self) -> int:

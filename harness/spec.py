@@ -116,21 +116,29 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             value = tomllib.loads(f"value = {text.strip()}")["value"]
         except tomllib.TOMLDecodeError:
             value = text.strip()
-        *tables, last = key.strip().split(".")
-        node = raw
-        for name in tables:
-            child = node.setdefault(name, {})
-            if not isinstance(child, dict):
-                raise SpecError(f"--set {key}: {name!r} is not a table")
-            node = child
-        node[last] = value
+        set_value(raw, key.strip(), value)
     return raw
 
 
-def load_spec(path: str | Path, overrides: list[str] | None = None) -> BenchmarkSpec:
+def set_value(raw: dict[str, Any], key: str, value: Any) -> None:
+    """Set the dotted ``key`` (e.g. ``certification.n``) of a raw spec to ``value``."""
+    *tables, last = key.split(".")
+    node = raw
+    for name in tables:
+        child = node.setdefault(name, {})
+        if not isinstance(child, dict):
+            raise SpecError(f"cannot set {key}: {name!r} is not a table")
+        node = child
+    node[last] = value
+
+
+def load_spec(
+    path: str | Path, overrides: list[str] | dict[str, Any] | None = None
+) -> BenchmarkSpec:
     """Parse a benchmark TOML file (not yet checked against the loaded plugins).
 
-    ``overrides`` are ``KEY=VALUE`` strings applied before parsing (:func:`apply_overrides`).
+    ``overrides`` are ``KEY=VALUE`` strings (:func:`apply_overrides`) or a mapping of
+    dotted keys to values, applied before parsing.
     """
     path = Path(path)
     if not path.is_file():
@@ -139,7 +147,12 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> Benchmark
         raw = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{path} is not valid TOML: {exc}") from None
-    return parse_spec(apply_overrides(raw, overrides or []), default_name=path.stem)
+    if isinstance(overrides, dict):
+        for key, value in overrides.items():
+            set_value(raw, key, value)
+    else:
+        apply_overrides(raw, overrides or [])
+    return parse_spec(raw, default_name=path.stem)
 
 
 def _table(raw: dict, key: str, where: str, allowed: set[str]) -> dict:
