@@ -94,3 +94,28 @@ def write_imagenet(root: Path, classes: int = 3, per_class: int = 2, seed: int =
             h, w = int(rng.integers(240, 320)), int(rng.integers(240, 400))
             pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
             Image.fromarray(pixels).save(folder / f"ILSVRC2012_val_{c:04d}{k:04d}.JPEG")
+
+
+def write_cohen_checkpoint(path: Path, arch: str = "cifar_resnet20", seed: int = 0) -> dict:
+    """A file as Cohen et al.'s train.py writes it: epoch, arch, state_dict, optimizer.
+
+    The state dict is that of ``Sequential(NormalizeLayer, net)`` (the normalization
+    has no saved tensors, so keys start at ``1.``); ``resnet50``'s net is wrapped in
+    DataParallel (``1.module.…``). Returns the state dict as saved.
+    """
+    import torch
+
+    from plugins.models.normalized import build_cifar_resnet, build_resnet50
+
+    torch.manual_seed(seed)
+    if arch == "resnet50":
+        model = build_resnet50((3, 224, 224), 1000, {})
+        state = {k.replace("1.", "1.module.", 1): v for k, v in model.state_dict().items()}
+    else:
+        depth = {"cifar_resnet20": 20, "cifar_resnet110": 110}[arch]
+        model = build_cifar_resnet((3, 32, 32), 10, {"depth": depth})
+        state = model.state_dict()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    torch.save({"epoch": 90, "arch": arch, "state_dict": state,
+                "optimizer": optimizer.state_dict()}, path)  # fmt: skip
+    return state

@@ -32,16 +32,22 @@ def _root(data_root) -> Path:
     return Path(data_root) if data_root is not None else DEFAULT_ROOT
 
 
-def _md5_warning(path: str, expected: str) -> None:
+def _warn_md5(files: list[tuple[str, str]]) -> None:
+    """One warning line naming every file whose MD5 differs from the official one."""
     from torchvision.datasets.utils import calculate_md5
 
-    actual = calculate_md5(path)
-    if actual != expected:
-        warnings.warn(
-            f"{path}: MD5 {actual} differs from the official {expected}; "
-            "reading it anyway as its format is right",
-            stacklevel=3,
+    wrong = []
+    for path, expected in files:
+        actual = calculate_md5(path)
+        if actual != expected:
+            wrong.append(f"{os.path.basename(path)} has {actual}, not {expected}")
+    if wrong:
+        folder = os.path.dirname(files[0][0])
+        message = (
+            f"MD5 mismatch in {folder}: {'; '.join(wrong)}; reading the files anyway "
+            "(their format is right), but they are not the official release"
         )
+        warnings.warn_explicit(message, UserWarning, folder, 0)  # one line, no source
 
 
 def _lenient(cls):
@@ -54,8 +60,7 @@ def _lenient(cls):
             if not all(os.path.isfile(p) for p, _ in paths):
                 return False
             if not getattr(type(self), "_warned", False):
-                for p, md5 in paths:
-                    _md5_warning(p, md5)
+                _warn_md5(paths)
                 type(self)._warned = True
             return True
 
@@ -146,7 +151,7 @@ def load_svhn(data_root=None, download: bool = False) -> Dataset:
             path = os.path.join(self.root, self.filename)
             if not os.path.isfile(path):
                 return False
-            _md5_warning(path, self.file_md5)
+            _warn_md5([(path, self.file_md5)])
             return True
 
     root = _root(data_root)
