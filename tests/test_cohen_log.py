@@ -51,7 +51,7 @@ def db_with_run_and_log(tmp_path):
     write_mnist(tmp_path / "data", train=20, test=60)
     db = tmp_path / "r.sqlite"
     args = ["run", str(BENCHMARKS_DIR / "mnist.toml"), "--db", str(db), "--device", "cpu",
-            "--data-root", str(tmp_path / "data"), "--quiet",
+            "--data-root", str(tmp_path / "data"), "--quiet", "--no-check",
             "--set", "model.trainer_params.epochs=1", "--set", "certification.n0=10",
             "--set", "certification.n=100", "--set", "certification.batch_size=100",
             "--set", 'methods=[{name="cohen", settings=[{sigma=0.25}]}]']  # fmt: skip
