@@ -13,8 +13,8 @@ from rich.table import Table
 
 from harness import __version__
 from harness.compare import add_compare_parser
-from harness.import_log import add_import_log_parser
 from harness.errors import IdrsError
+from harness.import_log import add_import_log_parser
 from harness.leaderboard import add_leaderboard_parser
 
 DEFAULT_DB = Path("idrs-bench.sqlite")

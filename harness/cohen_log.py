@@ -23,7 +23,9 @@ from typing import Any
 from harness.errors import IdrsError
 
 HEADER = ("idx", "label", "predict", "radius", "correct", "time")
-_TIME = re.compile(r"^(?:(?P<days>-?\d+) days?, )?(?P<h>\d+):(?P<m>\d\d):(?P<s>\d\d(?:\.\d{1,6})?)$")
+_TIME = re.compile(
+    r"^(?:(?P<days>-?\d+) days?, )?(?P<h>\d+):(?P<m>\d\d):(?P<s>\d\d(?:\.\d{1,6})?)$"
+)
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,9 @@ def write_run_log(db: Path, run_id: str | None, method: str | None, setting: str
         store.close()
     rows = sorted({(c["method"], c["setting"]) for c in certificates})
     chosen = [
-        r for r in rows if (method is None or r[0] == method) and (setting is None or r[1] == setting)
+        r
+        for r in rows
+        if (method is None or r[0] == method) and (setting is None or r[1] == setting)
     ]
     if len(chosen) != 1:
         available = ", ".join(f"--method {m} --setting {s}" for m, s in rows) or "none"

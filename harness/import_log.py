@@ -80,7 +80,9 @@ def add_import_log_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentP
     parser = sub.add_parser(
         "import-log", help="store a published certification log (Cohen et al.'s format)"
     )
-    parser.add_argument("file", type=Path, help="the log: idx, label, predict, radius, correct, time")
+    parser.add_argument(
+        "file", type=Path, help="the log: idx, label, predict, radius, correct, time"
+    )
     parser.add_argument("--dataset", required=True, help="the dataset it certified, e.g. cifar10")
     parser.add_argument("--name", required=True, help="a name for the run, e.g. cohen2019-0.25")
     parser.add_argument("--sigma", type=float, required=True, help="the smoothing σ of the log")

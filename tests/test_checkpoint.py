@@ -31,7 +31,9 @@ def test_cifar_resnet_sizes_match_he_et_al(manager, depth, millions):
 def test_normalization_is_inside_the_model(manager):
     model = manager.registry.get("models", "cifar-resnet").build((3, 32, 32), 10, {"depth": 20})
     x = torch.full((1, 3, 32, 32), 0.5)
-    expected = (0.5 - torch.tensor([0.4914, 0.4822, 0.4465])) / torch.tensor([0.2023, 0.1994, 0.2010])
+    expected = (0.5 - torch.tensor([0.4914, 0.4822, 0.4465])) / torch.tensor(
+        [0.2023, 0.1994, 0.2010]
+    )
     assert torch.allclose(model[0](x)[0, :, 0, 0], expected)
     assert not any(k.startswith("0.") for k in model.state_dict())
 
@@ -42,7 +44,7 @@ def test_cohen_checkpoint_loads_into_the_matching_architecture(manager, tmp_path
     config = ModelConfig("cifar-resnet", "none", architecture_params={"depth": 20},
                          checkpoint=str(path), format="cohen")  # fmt: skip
     data = _images((3, 32, 32), 10)
-    model, key = load_checkpoint(config, data, manager.registry)
+    model, _ = load_checkpoint(config, data, manager.registry)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
     reference = manager.registry.get("models", "cifar-resnet").build((3, 32, 32), 10, {"depth": 20})
     reference.load_state_dict(state)

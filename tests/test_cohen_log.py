@@ -15,7 +15,10 @@ from harness.spec import BENCHMARKS_DIR
 from tests.field_files import write_mnist
 
 HEADER = "idx\tlabel\tpredict\tradius\tcorrect\ttime\n"
-LOG = HEADER + "0\t7\t7\t0.512\t1\t0:00:13.771528\n20\t2\t-1\t0.0\t0\t0:00:12.5\n40\t1\t3\t1.23\t0\t0:00:13\n"
+LOG = (
+    HEADER
+    + "0\t7\t7\t0.512\t1\t0:00:13.771528\n20\t2\t-1\t0.0\t0\t0:00:12.5\n40\t1\t3\t1.23\t0\t0:00:13\n"
+)
 
 
 def test_line_format_is_cohen_et_al():
@@ -71,7 +74,9 @@ def test_imported_log_on_a_board_beside_a_run(db_with_run_and_log, tmp_path, cap
     board = (tmp_path / "b.md").read_text()
     assert board.count("\n## ") == 2  # one table and the legend: the log sits beside the run
     imported = board.split("### Imported from published logs")[1]
-    assert "paper" not in board.split("### Imported from published logs")[0].split("### Verified")[1]
+    assert (
+        "paper" not in board.split("### Imported from published logs")[0].split("### Verified")[1]
+    )
     assert "| imported |" in imported and "weights (SHA-256)" in board
     data = json.loads((tmp_path / "b.json").read_text())
     assert [r["section"] for r in data["rows"] if r["verdict"] == "imported"] == ["imported"]

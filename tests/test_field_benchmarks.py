@@ -87,7 +87,7 @@ def test_cifar10_idrs_every_method_on_one_checkpoint(tmp_path):
         for m in spec.methods for s in m.settings[:1]
     )  # fmt: skip
     with pytest.warns(UserWarning, match="MD5"):
-        run, certs = _run(tmp_path, "cifar10-idrs.toml", "--set", f"model.checkpoint={checkpoint}",
+        _, certs = _run(tmp_path, "cifar10-idrs.toml", "--set", f"model.checkpoint={checkpoint}",
                           "--set", "model.architecture_params.depth=20",
                           "--set", f"methods=[{methods}]")  # fmt: skip
     assert {c["method"] for c in certs} == {m.name for m in spec.methods}
@@ -117,7 +117,7 @@ def test_imagenet_cohen_on_a_resnet50_checkpoint(tmp_path, capsys):
 
     for c in range(3, 1000):  # ImageFolder needs an image in every class folder
         Image.new("RGB", (8, 8)).save(tmp_path / "data" / "val" / f"n{c:08d}" / "x.JPEG")
-    run, certs = _run(tmp_path, "imagenet-cohen.toml", "--set", f"model.checkpoint={checkpoint}",
+    _, certs = _run(tmp_path, "imagenet-cohen.toml", "--set", f"model.checkpoint={checkpoint}",
                       "--set", "certification.n=20", "--set", "certification.batch_size=20",
                       "--set", "dataset.test_count=1")  # fmt: skip
     assert [c["input_id"] for c in certs] == [0] and certs[0]["label"] == 0

@@ -69,7 +69,9 @@ def test_imagenet_folder_resize_crop(manager, tmp_path):
     data = _load(manager, "imagenet", tmp_path)
     assert data.num_classes == 3 and len(data.test_x) == 6 and data.input_shape == (3, 224, 224)
     batch = data.test_x[[0, 5]]
-    assert batch.shape == (2, 3, 224, 224) and 0.0 <= float(batch.min()) <= float(batch.max()) <= 1.0
+    assert (
+        batch.shape == (2, 3, 224, 224) and 0.0 <= float(batch.min()) <= float(batch.max()) <= 1.0
+    )
     assert data.test_y.tolist() == [0, 0, 1, 1, 2, 2]
     from PIL import Image
     from torchvision.transforms.functional import center_crop, pil_to_tensor, resize

@@ -31,9 +31,11 @@ def board_radii(board: Board) -> list[float]:
 
 
 def _sections(table: Table) -> list[tuple[str, int, Row]]:
-    return [("sound", i, r) for i, r in enumerate(table.sound_rows, 1)] + [
-        ("not-certified", i, r) for i, r in enumerate(table.other_rows, 1)
-    ] + [("imported", i, r) for i, r in enumerate(table.imported_rows, 1)]
+    return (
+        [("sound", i, r) for i, r in enumerate(table.sound_rows, 1)]
+        + [("not-certified", i, r) for i, r in enumerate(table.other_rows, 1)]
+        + [("imported", i, r) for i, r in enumerate(table.imported_rows, 1)]
+    )
 
 
 def _records(board: Board, catalog: list[Metric]) -> list[dict[str, Any]]:

@@ -94,7 +94,9 @@ def load_mnist(data_root=None, download: bool = False) -> Dataset:
     try:
         train, test = (MNIST(str(root), train=t, download=download) for t in (True, False))
     except RuntimeError:
-        raise _missing("mnist", "MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte", data_root) from None
+        raise _missing(
+            "mnist", "MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte", data_root
+        ) from None
     return Dataset(
         name="mnist",
         train_x=train.data.float().div_(255.0).unsqueeze(1),
@@ -156,7 +158,9 @@ def load_svhn(data_root=None, download: bool = False) -> Dataset:
 
     root = _root(data_root)
     try:
-        train, test = (LenientSVHN(str(root), split=s, download=download) for s in ("train", "test"))
+        train, test = (
+            LenientSVHN(str(root), split=s, download=download) for s in ("train", "test")
+        )
     except RuntimeError:
         raise _missing("svhn", "train_32x32.mat and test_32x32.mat", data_root) from None
     return Dataset(

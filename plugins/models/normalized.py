@@ -137,7 +137,9 @@ def build_cifar_resnet(
 ) -> nn.Module:
     channels, _, _ = _image_shape("cifar-resnet", input_shape)
     net = CifarResNet(int(params.get("depth", 110)), num_classes, channels)
-    return nn.Sequential(normalize_layer(str(params.get("normalization", "cifar10")), channels), net)
+    return nn.Sequential(
+        normalize_layer(str(params.get("normalization", "cifar10")), channels), net
+    )
 
 
 class LeNet(nn.Module):
