@@ -49,8 +49,11 @@ def test_malformed_line_is_one_error_naming_it(bad, number):
         parse_log("index\tlabel\n")
 
 
-@pytest.fixture
-def db_with_run_and_log(tmp_path):
+@pytest.fixture(scope="module")
+def db_with_run_and_log(tmp_path_factory):
+    """One trained-and-certified MNIST run and one imported log (shared: tests only read,
+    except the weights test, which changes the run's digest, read by no other test)."""
+    tmp_path = tmp_path_factory.mktemp("log")
     write_mnist(tmp_path / "data", train=20, test=60)
     db = tmp_path / "r.sqlite"
     args = ["run", str(BENCHMARKS_DIR / "mnist.toml"), "--db", str(db), "--device", "cpu",
