@@ -229,7 +229,9 @@ def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
     console = _console()
     title = (
         f"run {run['run_id'][:12]} · {escape(run['name'])} · {escape(run['config']['dataset']['name'])} · "
-        f"model {run['model_hash'][:12]} · n0={protocol['n0']} n={protocol['n']} "
+        f"model {run['model_hash'][:12]} · "
+        + (f"weights {run['weights_digest'][:12]} · " if run.get("weights_digest") else "")
+        + f"n0={protocol['n0']} n={protocol['n']} "
         f"α={protocol['alpha']} · {run['device']}"
     )
     table = Table(title=title)
