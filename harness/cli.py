@@ -15,6 +15,7 @@ from harness import __version__
 from harness.bench import add_bench_parser
 from harness.compare import add_compare_parser
 from harness.errors import IdrsError
+from harness.import_log import add_import_log_parser
 from harness.leaderboard import add_leaderboard_parser
 
 DEFAULT_DB = Path("idrs-bench.sqlite")
@@ -62,6 +63,10 @@ def _parser() -> argparse.ArgumentParser:
         "--download", action="store_true", help="let torchvision download a missing dataset"
     )
     run.add_argument("--cache-dir", type=Path, help="where trained base models are cached")
+    run.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="override a spec value, e.g. --set certification.n=200 (VALUE is TOML)",
+    )  # fmt: skip
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.add_argument(
         "--no-check", action="store_true", help="skip the soundness checks after certifying"
@@ -72,6 +77,12 @@ def _parser() -> argparse.ArgumentParser:
     results.add_argument("run", nargs="?", help="run id or unique prefix (default: the latest)")
     results.add_argument("--db", type=Path, default=DEFAULT_DB)
     results.add_argument("--json", action="store_true", help="machine-readable output")
+    results.add_argument(
+        "--format", choices=("table", "cohen-log"), default="table",
+        help="cohen-log: Cohen et al.'s per-input certify log of one method and setting",
+    )  # fmt: skip
+    results.add_argument("--method", help="the method whose log to write (cohen-log)")
+    results.add_argument("--setting", help="the setting whose log to write (cohen-log)")
     results.set_defaults(handler=_results)
 
     check = sub.add_parser("check", help="audit the certificates of a finished run")
@@ -98,6 +109,7 @@ def _parser() -> argparse.ArgumentParser:
     add_leaderboard_parser(sub)
     add_compare_parser(sub)
     add_bench_parser(sub)
+    add_import_log_parser(sub)
     return parser
 
 
@@ -106,7 +118,7 @@ def _run(args: argparse.Namespace) -> int:
     from harness.runner import RunOptions, run_benchmark
     from harness.spec import DEFAULT_BENCHMARK, load_spec
 
-    spec = load_spec(args.spec or DEFAULT_BENCHMARK)
+    spec = load_spec(args.spec or DEFAULT_BENCHMARK, args.set)
     if args.device == "cuda":
         import torch
 
@@ -172,6 +184,11 @@ def _results(args: argparse.Namespace) -> int:
         raise IdrsError(
             f"results database {str(args.db)!r} not found; run a benchmark first or pass --db"
         )
+    if args.format == "cohen-log":
+        from harness.cohen_log import write_run_log
+
+        sys.stdout.write(write_run_log(args.db, args.run, args.method, args.setting))
+        return 0
     _print_results(args.db, args.run, as_json=args.json)
     return 0
 
@@ -196,6 +213,8 @@ def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
         row["checks_applied"] = applied_checks(
             [{"check": c["check_name"], "verdict": c["verdict"]} for c in mine]
         )
+        if run["config"].get("imported"):
+            row["verdict"] = "imported (claims, no evidence)"
         row["checks"] = {
             c["check_name"]: {"verdict": c["verdict"], "summary": c["summary"]} for c in mine
         }
@@ -204,6 +223,7 @@ def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
             "run_id": run["run_id"],
             "name": run["name"],
             "model_hash": run["model_hash"],
+            "weights_digest": run.get("weights_digest"),
             "device": run["device"],
             "protocol": run["config"]["protocol"],
             "methods": rows,
@@ -215,7 +235,9 @@ def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
     console = _console()
     title = (
         f"run {run['run_id'][:12]} · {escape(run['name'])} · {escape(run['config']['dataset']['name'])} · "
-        f"model {run['model_hash'][:12]} · n0={protocol['n0']} n={protocol['n']} "
+        f"model {run['model_hash'][:12]} · "
+        + (f"weights {run['weights_digest'][:12]} · " if run.get("weights_digest") else "")
+        + f"n0={protocol['n0']} n={protocol['n']} "
         f"α={protocol['alpha']} · {run['device']}"
     )
     table = Table(title=title)

@@ -6,7 +6,8 @@ is shown for A and B with the difference B − A, plus both verdicts. A row pres
 one run only is listed with the other side empty. Differences are only meaningful under
 the same protocol, so a warning names every protocol field that differs: dataset and
 test subset, n0, n, α, base-model hash, certification and model seeds, architecture
-and trainer (with their parameters). Devices may differ (CPU vs GPU is a common
+and trainer (with their parameters); a separate warning says when the two base models'
+weights (their SHA-256 digests, where recorded) differ. Devices may differ (CPU vs GPU is a common
 comparison); that is noted, not warned about.
 
 A run is a run id or unique prefix in a results database, a run export
@@ -70,6 +71,12 @@ def compare_runs(a, b) -> Comparison:
         out.warnings.append(
             "the protocols differ, so the differences below are not like for like: "
             + "; ".join(differences)
+        )
+    wa, wb = a.run.get("weights_digest"), b.run.get("weights_digest")
+    if wa and wb and wa != wb:
+        out.warnings.append(
+            f"the base models' weights differ (SHA-256 {wa[:12]} (A) vs {wb[:12]} (B)): the "
+            "certificates are of two different models"
         )
     if pa["device"] != pb["device"]:
         out.notes.append(f"devices: {pa['device']} (A) vs {pb['device']} (B)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -25,11 +26,11 @@ class Dataset:
 
     @property
     def input_shape(self) -> tuple[int, ...]:
-        return tuple(self.train_x.shape[1:])
+        return tuple(self.test_x.shape[1:])
 
     @property
     def dim(self) -> int:
-        return int(self.train_x[0].numel())
+        return math.prod(self.input_shape)
 
     def test_subset(self, every: int = 1, count: int | None = None) -> torch.Tensor:
         """Indices of every ``every``-th test point, the first ``count`` of them."""

@@ -57,6 +57,12 @@ def obtain_model(
     cache_dir: Path | None = None,
 ) -> tuple[torch.nn.Module, str]:
     """The cached model for ``config`` (trained now if missing) and its content hash."""
+    if config.checkpoint is not None:  # the user's own weights (harness/checkpoint.py)
+        from harness.checkpoint import load_checkpoint
+
+        model, digest = load_checkpoint(config, dataset, registry)
+        progress.log(f"base model {digest[:12]} loaded from {config.checkpoint}")
+        return model.to(device).eval(), digest
     recipe = model_recipe(config, dataset, registry)
     digest = content_hash(recipe)
     cache_dir = cache_dir or default_cache_dir()

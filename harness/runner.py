@@ -85,6 +85,7 @@ class Prepared:
     context: BuildContext
     registry: Registry
     run_id: str
+    weights_digest: str | None = None  # SHA-256 of the base model's weights
 
 
 def prepare(
@@ -127,7 +128,9 @@ def prepare(
     )
     run_id = content_hash({"spec": spec.to_dict(), "device": str(device), "model": model_hash})
     context.run_id = run_id
-    return Prepared(spec, dataset, model_hash, context, registry, run_id)
+    from harness.weights import weights_digest
+
+    return Prepared(spec, dataset, model_hash, context, registry, run_id, weights_digest(model))
 
 
 def run_benchmark(
@@ -144,6 +147,7 @@ def run_benchmark(
         if not store.begin_run(
             run_id, spec.name, spec.to_dict(), library_versions(), git_commit(),
             str(context.device), spec.seed, prepared.model_hash,
+            weights_digest=prepared.weights_digest,
         ):  # fmt: skip
             progress.log(f"resuming run {run_id[:12]}")
         test_ids = prepared.dataset.test_subset(

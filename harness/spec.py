@@ -43,6 +43,7 @@ from harness.plugins import Registry
 from harness.protocol import LEGACY_NOISE, CertificationProtocol
 from harness.results import RADII
 
+CHECKPOINT_FORMATS = ("cohen", "state_dict", "torchscript")
 BENCHMARKS_DIR = Path(__file__).parent / "benchmarks"
 DEFAULT_BENCHMARK = BENCHMARKS_DIR / "quick.toml"
 
@@ -63,6 +64,8 @@ class ModelConfig:
     seed: int = 0
     architecture_params: dict[str, Any] = field(default_factory=dict)
     trainer_params: dict[str, Any] = field(default_factory=dict)
+    checkpoint: str | None = None  # weights from this file instead of training
+    format: str = "state_dict"  # the checkpoint's format, see harness.checkpoint.FORMATS
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,10 @@ class BenchmarkSpec:
     headline_radius: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if self.model.checkpoint is None:  # keeps the run ids of trained-model specs as they were
+            del out["model"]["checkpoint"], out["model"]["format"]
+        return out
 
 
 def setting_key(params: dict[str, Any]) -> str:
@@ -99,8 +105,44 @@ def content_hash(obj: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def load_spec(path: str | Path) -> BenchmarkSpec:
-    """Parse a benchmark TOML file (not yet checked against the loaded plugins)."""
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``raw`` with each ``KEY=VALUE`` set, e.g. ``certification.n=200``.
+
+    KEY is a dotted path of tables; VALUE is read as a TOML value (``200``, ``0.5``,
+    ``true``, ``[0.12, 0.25]``, ``"text"``), and as a plain string when it is not one.
+    """
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise SpecError(f"--set needs KEY=VALUE (e.g. certification.n=200), got {item!r}")
+        try:
+            value = tomllib.loads(f"value = {text.strip()}")["value"]
+        except tomllib.TOMLDecodeError:
+            value = text.strip()
+        set_value(raw, key.strip(), value)
+    return raw
+
+
+def set_value(raw: dict[str, Any], key: str, value: Any) -> None:
+    """Set the dotted ``key`` (e.g. ``certification.n``) of a raw spec to ``value``."""
+    *tables, last = key.split(".")
+    node = raw
+    for name in tables:
+        child = node.setdefault(name, {})
+        if not isinstance(child, dict):
+            raise SpecError(f"cannot set {key}: {name!r} is not a table")
+        node = child
+    node[last] = value
+
+
+def load_spec(
+    path: str | Path, overrides: list[str] | dict[str, Any] | None = None
+) -> BenchmarkSpec:
+    """Parse a benchmark TOML file (not yet checked against the loaded plugins).
+
+    ``overrides`` are ``KEY=VALUE`` strings (:func:`apply_overrides`) or a mapping of
+    dotted keys to values, applied before parsing.
+    """
     path = Path(path)
     if not path.is_file():
         raise SpecError(f"benchmark file {str(path)!r} not found")
@@ -108,6 +150,11 @@ def load_spec(path: str | Path) -> BenchmarkSpec:
         raw = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{path} is not valid TOML: {exc}") from None
+    if isinstance(overrides, dict):
+        for key, value in overrides.items():
+            set_value(raw, key, value)
+    else:
+        apply_overrides(raw, overrides or [])
     return parse_spec(raw, default_name=path.stem)
 
 
@@ -141,8 +188,10 @@ def parse_spec(raw: dict[str, Any], default_name: str = "benchmark") -> Benchmar
         raw,
         "model",
         where,
-        {"architecture", "trainer", "seed", "architecture_params", "trainer_params"},
-    )
+        {"architecture", "trainer", "seed", "architecture_params", "trainer_params",
+         "checkpoint", "format"},
+    )  # fmt: skip
+    checkpoint = model.get("checkpoint")
     cert = raw.get("certification", {})
     allowed_cert = {"n0", "n", "alpha", "batch_size", "precision", "channels_last", "noise"}
     if set(cert) - allowed_cert:
@@ -179,13 +228,21 @@ def parse_spec(raw: dict[str, Any], default_name: str = "benchmark") -> Benchmar
             else _typed(test_count, int, "dataset.test_count"),
         ),
         model=ModelConfig(
-            architecture=_typed(model.get("architecture"), str, "model.architecture"),
-            trainer=_typed(model.get("trainer"), str, "model.trainer"),
+            architecture=_typed(
+                model.get("architecture", "torchscript" if checkpoint else None),
+                str,
+                "model.architecture",
+            ),
+            trainer=_typed(
+                model.get("trainer", "none" if checkpoint else None), str, "model.trainer"
+            ),
             seed=_typed(model.get("seed", 0), int, "model.seed"),
             architecture_params=_typed(
                 model.get("architecture_params", {}), dict, "model.architecture_params"
             ),
             trainer_params=_typed(model.get("trainer_params", {}), dict, "model.trainer_params"),
+            checkpoint=None if checkpoint is None else _typed(checkpoint, str, "model.checkpoint"),
+            format=_typed(model.get("format", "state_dict"), str, "model.format"),
         ),
         protocol=_protocol(cert),
         methods=method_configs,
@@ -202,6 +259,12 @@ def parse_spec(raw: dict[str, Any], default_name: str = "benchmark") -> Benchmar
         raise SpecError("dataset.test_every and dataset.test_count must be >= 1")
     if spec.shard_size < 1:
         raise SpecError("shard_size must be >= 1")
+    if spec.model.format not in CHECKPOINT_FORMATS:
+        raise SpecError(
+            f"model.format {spec.model.format!r} is unknown; choose one of {CHECKPOINT_FORMATS}"
+        )
+    if spec.model.checkpoint is None and "format" in model:
+        raise SpecError("model.format needs model.checkpoint = PATH")
     return spec
 
 
@@ -225,12 +288,18 @@ def _protocol(cert: dict[str, Any]) -> CertificationProtocol:
 def validate(spec: BenchmarkSpec, registry: Registry) -> None:
     """Check every name and parameter against the loaded plugins (before any work)."""
     registry.get("datasets", spec.dataset.name)
-    model_spec = registry.get("models", spec.model.architecture)
-    _check_keys(
-        spec.model.architecture_params, model_spec.defaults, f"architecture {model_spec.name!r}"
-    )
-    trainer = registry.get("trainers", spec.model.trainer)
-    _check_keys(spec.model.trainer_params, trainer.defaults, f"trainer {trainer.name!r}")
+    checkpoint = spec.model.checkpoint
+    if checkpoint is None or spec.model.format != "torchscript":
+        model_spec = registry.get("models", spec.model.architecture)
+        _check_keys(
+            spec.model.architecture_params, model_spec.defaults, f"architecture {model_spec.name!r}"
+        )
+    if checkpoint is None:
+        trainer = registry.get("trainers", spec.model.trainer)
+        _check_keys(spec.model.trainer_params, trainer.defaults, f"trainer {trainer.name!r}")
+    elif not Path(checkpoint).is_file():
+        raise SpecError(f"model.checkpoint {checkpoint!r} not found (paths are relative to the "
+                        "working directory)")  # fmt: skip
     for method in spec.methods:
         method_spec = registry.get("methods", method.name)
         registry.get("sigma_providers", method_spec.sigma_provider)

@@ -28,7 +28,8 @@ CREATE TABLE IF NOT EXISTS runs (
     git_commit TEXT,
     device TEXT NOT NULL,
     seed INTEGER NOT NULL,
-    model_hash TEXT
+    model_hash TEXT,
+    weights_digest TEXT
 );
 CREATE TABLE IF NOT EXISTS certificates (
     run_id TEXT NOT NULL REFERENCES runs(run_id),
@@ -102,6 +103,10 @@ class ResultStore:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
+        columns = {row[1] for row in self.db.execute("PRAGMA table_info(runs)")}
+        if "weights_digest" not in columns:  # a database from before weights digests
+            with self.db:
+                self.db.execute("ALTER TABLE runs ADD COLUMN weights_digest TEXT")
 
     def close(self) -> None:
         self.db.close()
@@ -116,14 +121,19 @@ class ResultStore:
         device: str,
         seed: int,
         model_hash: str,
+        weights_digest: str | None = None,
     ) -> bool:
-        """Record a run unless it exists; True when it is new."""
+        """Record a run unless it exists; True when it is new.
+
+        ``model_hash`` is the base model's recipe hash (its cache key), ``weights_digest``
+        the SHA-256 of its weights (:func:`harness.weights.weights_digest`).
+        """
         with self.db:
             cursor = self.db.execute(
                 "INSERT OR IGNORE INTO runs (run_id, name, created, config, versions, git_commit,"
-                " device, seed, model_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " device, seed, model_hash, weights_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (run_id, name, _now(), json.dumps(config, sort_keys=True), json.dumps(versions),
-                 git_commit, device, seed, model_hash),
+                 git_commit, device, seed, model_hash, weights_digest),
             )  # fmt: skip
         return cursor.rowcount == 1
 

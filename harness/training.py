@@ -33,6 +33,11 @@ def train_with_gaussian_augmentation(
         raise ParameterError(
             f"need epochs >= 0, batch_size >= 1 and lr > 0; got {epochs}, {batch_size}, {lr}"
         )
+    if len(dataset.train_x) == 0:
+        raise ParameterError(
+            f"dataset {dataset.name!r} has no training split here; give the model as "
+            "[model] checkpoint = PATH instead of training it"
+        )
     device = context.device
     torch.manual_seed(context.seed)  # parameter initialization is done; this seeds dropout etc.
     order = torch.Generator().manual_seed(context.seed)

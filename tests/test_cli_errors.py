@@ -42,10 +42,13 @@ def _run(tmp_path, capsys, **overrides):
             {"method": "nope"},
             "unknown method 'nope'; available: alfarra-ds, alfarra-ds-memory, chen-fgss, cohen",
         ),
-        ({"dataset": "nope"}, "unknown dataset 'nope'; available: ball-N, cone-N, fashion-mnist"),
+        (
+            {"dataset": "nope"},
+            "unknown dataset 'nope'; available: ball-N, cifar10, cifar100, cone-N, fashion-mnist",
+        ),
         (
             {"arch": "resnet"},
-            "unknown architecture 'resnet'; available: ball-N, cnn, linear-N, mlp",
+            "unknown architecture 'resnet'; available: ball-N, cifar-resnet, cnn, lenet, linear-N, mlp",
         ),
         ({"alpha": 1.5}, "alpha must lie in (0, 1), got 1.5"),
         ({"alpha": 0.0}, "alpha must lie in (0, 1), got 0.0"),

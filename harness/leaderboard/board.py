@@ -3,7 +3,10 @@
 Rows of one table are all (run, method, setting) of the runs that share a dataset and a
 base model (content hash). Rows whose verdict is ``sound`` are ranked apart from the
 others, and ``order-dependent`` (memory) rows apart from both, scored at the worst input
-order their check replayed (Súkeník et al. 2022, App. C.2); within each group the order is: certified accuracy at the headline radius
+order their check replayed (Súkeník et al. 2022, App. C.2). Runs imported from published
+logs (``idrs-bench import-log``) join the first table of their dataset (or open their own)
+as a group of their own, ``imported``: their radii are claims without evidence, never
+ranked as certified. Within each group the order is: certified accuracy at the headline radius
 (descending), then ACR (descending), then method, setting and run id (ascending), so
 that ties are broken deterministically.
 
@@ -21,6 +24,7 @@ from typing import Any
 from harness.leaderboard.metrics import certified_key, row_metrics
 from harness.leaderboard.source import StoredRun
 from harness.leaderboard.verdicts import (
+    IMPORTED,
     ORDER_DEPENDENT,
     SOUND,
     applied_checks,
@@ -67,10 +71,11 @@ class Table:
     sound_rows: list[Row] = field(default_factory=list)
     memory_rows: list[Row] = field(default_factory=list)
     other_rows: list[Row] = field(default_factory=list)
+    imported_rows: list[Row] = field(default_factory=list)
 
     @property
     def rows(self) -> list[Row]:
-        return self.sound_rows + self.memory_rows + self.other_rows
+        return self.sound_rows + self.memory_rows + self.other_rows + self.imported_rows
 
     @property
     def failures(self) -> list[dict[str, Any]]:
@@ -104,9 +109,12 @@ def rank_key(row: Row, radius: float) -> tuple:
 def build_board(runs: Sequence[StoredRun]) -> Board:
     """Group ``runs`` into tables, compute every row's metrics and verdict, rank the rows."""
     tables: dict[tuple[str, str, str], Table] = {}
-    for run in runs:
+    imported = [run for run in runs if run.run["config"].get("imported")]
+    for run in [r for r in runs if r not in imported] + imported:
         config = run.run["config"]
         key = (config["dataset"]["name"], config["model"]["architecture"], run.run["model_hash"])
+        if run in imported:  # beside the runs made here on the same dataset
+            key = next((k for k in tables if k[0] == key[0]), key)
         radii = benchmark_radii(config)
         table = tables.get(key)
         if table is None:
@@ -121,9 +129,13 @@ def build_board(runs: Sequence[StoredRun]) -> Board:
         table.radii = sorted({*table.radii, table.headline_radius})
         rows = [row for run in table.runs for row in _rows(run, table.radii)]
         ordered = sorted(rows, key=lambda r: rank_key(r, table.headline_radius))
+        table.imported_rows = [r for r in ordered if r.verdict == IMPORTED]
         table.sound_rows = [r for r in ordered if r.sound]
         table.memory_rows = [r for r in ordered if r.order_dependent]
-        table.other_rows = [r for r in ordered if not r.sound and not r.order_dependent]
+        table.other_rows = [
+            r for r in ordered
+            if not r.sound and not r.order_dependent and r.verdict != IMPORTED
+        ]
     names = list(dict.fromkeys(run.run["name"] for run in runs))
     return Board(title=", ".join(names), runs=list(runs), tables=list(tables.values()))
 
@@ -135,7 +147,8 @@ def _rows(run: StoredRun, radii: Sequence[float]) -> list[Row]:
     out = []
     for (method, setting), certs in groups.items():
         checks = [c for c in run.checks if c["method"] == method and c["setting"] == setting]
-        verdict = row_verdict(checks)
+        imported = bool(run.run["config"].get("imported"))
+        verdict = IMPORTED if imported else row_verdict(checks)
         order = worst_order(checks) if verdict == ORDER_DEPENDENT else None
         if order is not None:
             certs = at_order(certs, order["worst_order"])

@@ -21,7 +21,7 @@ from harness.leaderboard.metrics import Metric, certified_key, metric_catalog
 from harness.leaderboard.plots import certified_plot_name, classwise_plot_name
 from harness.leaderboard.protocol import protocol_differences, run_protocol
 from harness.leaderboard.reproduce import spec_toml
-from harness.leaderboard.verdicts import NOT_CHECKED
+from harness.leaderboard.verdicts import IMPORTED, NOT_CHECKED
 
 
 def fmt(metric: Metric, value: Any) -> str:
@@ -74,6 +74,7 @@ def _protocol_table(p: dict[str, Any]) -> list[str]:
         ("base model", f"{md_text(p['architecture'])} ({md_text(_params(p['architecture_params']))})"),
         ("trainer", f"{md_text(p['trainer'])} ({md_text(_params(p['trainer_params']))})"),
         ("model hash", md_code(p["model_hash"] or "unknown")),
+        *([("weights (SHA-256)", md_code(p["weights_digest"]))] if p.get("weights_digest") else []),
         ("seeds", f"certification {p['seed']}, model {p['model_seed']}"),
         ("device", md_text(p["device"])),
         ("versions", md_text(versions)),
@@ -155,7 +156,7 @@ def _metric_table(
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
     for rank, row in enumerate(rows, 1):
         verdict = md_text(row.verdict)
-        if row.verdict != NOT_CHECKED:
+        if row.verdict not in (NOT_CHECKED, IMPORTED):
             verdict += " " + notes.add(row)
         cells = [str(rank), *([md_code(row.run_id[:12])] if with_run else []),
                  md_text(row.method), md_text(row.setting),
@@ -203,6 +204,16 @@ def _table_section(table: Table, stem: str | None, notes: _Footnotes) -> list[st
         out += [*_metric_table(table.other_rows, table, catalog, notes), ""]
     else:
         out += ["None.", ""]
+    if table.imported_rows:
+        out += [
+            "### Imported from published logs: claims without evidence",
+            "",
+            "These radii were read from certification logs (`idrs-bench import-log`); no class "
+            "counts came with them, so nothing here is checked or certified.",
+            "",
+            *_metric_table(table.imported_rows, table, catalog, notes),
+            "",
+        ]
     if stem is not None and table.rows:
         certified = quote(certified_plot_name(stem, table))
         classwise = quote(classwise_plot_name(stem, table))

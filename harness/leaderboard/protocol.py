@@ -41,7 +41,7 @@ def run_protocol(run: StoredRun, stem: str | None) -> dict[str, Any]:
     # runs stored before the protocol recorded its arithmetic and noise have none of these
     # keys (fp32, block-v1); boards of such runs stay as they were rendered
     arithmetic = {k: protocol[k] for k in ARITHMETIC_KEYS if k in protocol}
-    return {
+    out = {
         "run_id": row["run_id"],
         "name": row["name"],
         "dataset": dataset["name"],
@@ -68,3 +68,6 @@ def run_protocol(run: StoredRun, stem: str | None) -> dict[str, Any]:
         "spec_file": spec_file,
         "command": run_command(spec_file, row["device"]),
     }
+    if row.get("weights_digest"):  # runs from before weights digests have none
+        out["weights_digest"] = row["weights_digest"]
+    return out

@@ -32,6 +32,7 @@ _PROTOCOL = {
         "trainer_params": {"type": "object"},
         "model_seed": {"type": "integer"},
         "model_hash": {"type": ["string", "null"]},
+        "weights_digest": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
         "seed": {"type": "integer"},
         "device": {"type": "string"},
         "versions": {"type": "object", "additionalProperties": {"type": "string"}},
@@ -53,7 +54,7 @@ _ROW = {
     ],
     "properties": {
         "table": {"type": "integer", "minimum": 1},
-        "section": {"enum": ["sound", "order-dependent", "not-certified"]},
+        "section": {"enum": ["sound", "order-dependent", "not-certified", "imported"]},
         "rank": {"type": "integer", "minimum": 1},
         "run_id": {"type": "string"},
         "method": {"type": "string"},

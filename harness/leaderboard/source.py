@@ -2,7 +2,7 @@
 
 A run export (``NAME.run.json`` beside a board) holds everything the renderer needs and
 nothing else: the ``runs`` row (config, versions, commit, device, seeds, model hash,
-dates), per (method, setting) the certificate columns the metrics use (input id,
+dates; the weights digest when recorded), per (method, setting) the certificate columns the metrics use (input id,
 label, CERTIFY's prediction, PREDICT's answer, radius, σ, seconds; floats as their
 shortest round-trip repr, so metrics computed from the export equal those computed
 from the database bit for bit), the recorded failures, and the soundness-check rows
@@ -70,7 +70,7 @@ def load_runs(db: str | Path, run_ids: list[str] | None = None) -> list[StoredRu
             ]
             out.append(
                 StoredRun(
-                    run={k: run[k] for k in RUN_FIELDS},
+                    run={k: run[k] for k in RUN_FIELDS} | _weights(run),
                     certificates=certificates,
                     failures=sorted(failures, key=lambda f: (f["at"], f["method"], f["setting"])),
                     checks=_checks(store.db, full_id),
@@ -81,6 +81,11 @@ def load_runs(db: str | Path, run_ids: list[str] | None = None) -> list[StoredRu
     if len({r.run_id for r in out}) != len(out):
         raise IdrsError("the same run is named twice")
     return out
+
+
+def _weights(run: dict[str, Any]) -> dict[str, Any]:
+    """The weights digest when the run recorded one (older runs and exports have none)."""
+    return {"weights_digest": run["weights_digest"]} if run.get("weights_digest") else {}
 
 
 def _checks(db: sqlite3.Connection, run_id: str) -> list[dict[str, Any]]:

@@ -35,6 +35,7 @@ def _sections(table: Table) -> list[tuple[str, int, Row]]:
         [("sound", i, r) for i, r in enumerate(table.sound_rows, 1)]
         + [("order-dependent", i, r) for i, r in enumerate(table.memory_rows, 1)]
         + [("not-certified", i, r) for i, r in enumerate(table.other_rows, 1)]
+        + [("imported", i, r) for i, r in enumerate(table.imported_rows, 1)]
     )
 
 

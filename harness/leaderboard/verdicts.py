@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 NOT_CHECKED = "not checked"
+IMPORTED = "imported"  # radii from a published log: claims with no evidence to check
 SOUND = "sound"
 ORDER_DEPENDENT = "order-dependent"
 NOT_APPLICABLE = "not-applicable"

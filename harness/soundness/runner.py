@@ -38,6 +38,11 @@ def audits(
     limits = BUDGETS[budget] if isinstance(budget, str) else budget
     limits = limits if orders is None else replace(limits, orders=orders)
     run = store.run(run_id)
+    if run["config"].get("imported"):
+        raise IdrsError(
+            f"run {run['run_id'][:12]} is an imported log: its radii are claims with no "
+            "evidence (no class counts), so there is nothing to audit"
+        )
     spec = spec_from_dict(run["config"])
     methods = [m.name for m in spec.methods]
     if method is not None and method not in methods:
@@ -48,6 +53,12 @@ def audits(
     prepared = prepare(spec, RunOptions(**{**vars(options), "device": device}), progress, manager)
     if prepared.model_hash != run["model_hash"]:
         raise IdrsError("the base model recipe changed since the run; rerun the benchmark")
+    if run.get("weights_digest") and prepared.weights_digest != run["weights_digest"]:
+        raise IdrsError(
+            f"the base model's weights (sha256 {prepared.weights_digest[:12]}) are not the "
+            f"run's ({run['weights_digest'][:12]}); audit with the run's weights "
+            "([model] checkpoint) or rerun the benchmark"
+        )
     rows = list(store.certificates(run["run_id"]))
     radii = tuple(sorted({float(r) for r in run["config"].get("radii") or RADII}))
     for config in spec.methods:

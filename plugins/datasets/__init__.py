@@ -1,4 +1,5 @@
-"""Built-in datasets: ``fashion-mnist`` (IDX files), the synthetic ``cone-N`` and ``gauss-mix``."""
+"""Built-in datasets: ``fashion-mnist`` (IDX files), the synthetic ``cone-N`` and ``gauss-mix``,
+and torchvision's ``mnist``, ``cifar10``, ``cifar100``, ``svhn`` and ``imagenet``."""
 
 from __future__ import annotations
 
@@ -25,3 +26,6 @@ def idrs_register_datasets(register) -> None:
     from plugins.datasets.gauss_mix import register_gauss_mix  # Mohapatra et al. 2021 §3.1
 
     register_gauss_mix(register)
+    from plugins.datasets.registration import register_torchvision_datasets
+
+    register_torchvision_datasets(register)

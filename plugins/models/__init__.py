@@ -1,4 +1,4 @@
-"""Built-in base-model architectures: ``mlp`` and ``cnn``.
+"""Built-in base-model architectures: ``mlp``, ``cnn``, ``cifar-resnet``, ``lenet``, ``resnet50``.
 
 Models take inputs in the dataset's own space (pixels in [0, 1]) and return logits;
 nothing is normalized outside the model because noise is added in input space.
@@ -57,3 +57,6 @@ def build_cnn(input_shape: tuple[int, ...], num_classes: int, params: Mapping[st
 def idrs_register_models(register) -> None:
     register(ModelSpec("mlp", build_mlp, {"width": 200}, "one hidden ReLU layer"))
     register(ModelSpec("cnn", build_cnn, {"hidden": 128}, "small two-layer conv net for images"))
+    from plugins.models.registration import register_normalized_models
+
+    register_normalized_models(register)

@@ -1,0 +1,187 @@
+"""A Python API for notebooks: certify a model you hold, or run a benchmark file.
+
+    >>> from harness.api import certify
+    >>> table = certify(model, inputs, labels, method="cohen", sigma=0.25, n=10_000)
+
+:func:`certify` returns one row per input with the columns of the results store's
+``certificates`` table (prediction, radius, p_A's lower bound, σ, class counts,
+evidence), so a certificate made here carries the same evidence as one from
+``idrs-bench run``. :func:`run` runs a benchmark file as ``idrs-bench run`` does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from harness.errors import IdrsError
+
+CERTIFICATE_COLUMNS = (
+    "method", "setting", "input_id", "label", "prediction", "predict", "radius", "p_lower",
+    "sigma", "alpha", "counts_selection", "counts_estimation", "seconds", "evidence",
+)  # fmt: skip
+
+
+class _NoTrainingData:
+    """Stands for absent training inputs; any use names the missing argument."""
+
+    def __init__(self, method: str) -> None:
+        self._method = method
+
+    def _fail(self, *_: Any, **__: Any):
+        raise IdrsError(
+            f"method {self._method!r} needs the training inputs (its σ(x) or fitting uses "
+            "them): pass certify(..., train_inputs=X_train, train_labels=y_train)"
+        )
+
+    __len__ = __getitem__ = __iter__ = _fail
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        self._fail()
+
+
+def certify(
+    model: torch.nn.Module,
+    inputs: torch.Tensor,
+    labels: torch.Tensor,
+    method: str = "sukenik",
+    sigma: float = 0.25,
+    n0: int = 100,
+    n: int = 100_000,
+    alpha: float = 0.001,
+    device: str | torch.device | None = None,
+    seed: int = 0,
+    batch_size: int = 1024,
+    train_inputs: torch.Tensor | None = None,
+    train_labels: torch.Tensor | None = None,
+    **params: Any,
+) -> pd.DataFrame:
+    """Certify ``inputs`` [N, *shape] (labels [N]) with a registered method.
+
+    ``model`` maps inputs in their own space to logits (normalization inside it).
+    ``sigma`` and ``params`` are the method's parameters (``idrs-bench plugins`` lists
+    them); CERTIFY draws ``n0`` selection and ``n`` estimation samples at failure
+    probability ``alpha`` per input (Cohen et al. 2019, Alg. "CERTIFY"). Methods whose σ(x)
+    uses training data (e.g. ``sukenik``) need ``train_inputs`` (and ``train_labels``).
+    """
+    from harness.components import BuildContext
+    from harness.data import Dataset
+    from harness.method import build_method
+    from harness.plugins import get_plugin_manager
+    from harness.progress import Progress
+    from harness.runner import checked_sigma
+    from harness.protocol import CertificationProtocol
+    from harness.sampling import SamplingEngine, resolve_device
+    from harness.spec import _check_keys, setting_key
+    from harness.weights import weights_digest
+
+    registry = get_plugin_manager().registry
+    spec = registry.get("methods", method)
+    setting = {"sigma": sigma, **params} if "sigma" in spec.defaults else dict(params)
+    _check_keys(setting, spec.defaults, f"method {method!r}")
+    full = {**spec.defaults, **setting}
+    if spec.check is not None:
+        spec.check(full)
+    inputs = torch.as_tensor(inputs, dtype=torch.float32)
+    labels = torch.as_tensor(labels, dtype=torch.long)
+    if len(inputs) != len(labels):
+        raise IdrsError(f"{len(inputs)} inputs but {len(labels)} labels")
+    device = resolve_device(device or "auto")
+    model = model.to(device).eval()
+    with torch.no_grad():
+        num_classes = int(model(inputs[:1].to(device)).shape[-1])
+    if train_inputs is None:
+        train_x: Any = _NoTrainingData(method)
+        train_y: Any = train_x
+    else:
+        train_x = torch.as_tensor(train_inputs, dtype=torch.float32)
+        train_y = torch.as_tensor(
+            train_labels if train_labels is not None else torch.zeros(len(train_x)),
+            dtype=torch.long,
+        )
+    dataset = Dataset("api", train_x, train_y, inputs, labels, num_classes)
+    protocol = CertificationProtocol(n0=n0, n=n, alpha=alpha, batch_size=batch_size)
+    engine = SamplingEngine(model, num_classes, device, batch_size, seed)
+    digest = weights_digest(model)
+    key = setting_key(setting)
+    context = BuildContext(
+        dataset=dataset, model=model, device=device, seed=seed, protocol=protocol,
+        engine=engine, progress=Progress(enabled=False), registry=registry, model_hash=digest,
+        run_id=f"api-{digest[:12]}", method=method, setting=key,
+    )  # fmt: skip
+    provider, certifier = build_method(registry, method, full, context)
+    import time
+
+    ids = list(range(len(inputs)))
+    x = inputs.to(device)
+    start = time.perf_counter()
+    sigmas = checked_sigma(provider(x), len(ids), method)
+    sigma_seconds = (time.perf_counter() - start) / max(len(ids), 1)
+    rows = []
+    for cert in certifier.certify(x, sigmas, ids):
+        rows.append(
+            {"method": method, "setting": key, "input_id": cert.input_id,
+             "label": int(labels[cert.input_id]), "prediction": cert.prediction,
+             "predict": cert.predict, "radius": cert.radius, "p_lower": cert.p_lower,
+             "sigma": cert.sigma, "alpha": cert.alpha, "counts_selection": cert.counts_selection,
+             "counts_estimation": cert.counts_estimation,
+             "seconds": cert.seconds + sigma_seconds, "evidence": cert.evidence}
+        )  # fmt: skip
+    frame = pd.DataFrame(rows, columns=list(CERTIFICATE_COLUMNS))
+    frame.attrs["weights_digest"] = digest
+    return frame.sort_values("input_id", ignore_index=True)
+
+
+def run(
+    spec: str | Path,
+    db: str | Path = "idrs-bench.sqlite",
+    device: str | None = None,
+    data_root: str | None = None,
+    download: bool = False,
+    check: bool = True,
+    cache_dir: str | Path | None = None,
+    progress: bool = False,
+    **overrides: Any,
+) -> dict[str, Any]:
+    """Run (or resume) the benchmark file ``spec``, as ``idrs-bench run`` does.
+
+    ``overrides`` set spec values by dotted key, with ``__`` standing for the dot:
+    ``run("b.toml", certification__n=200)`` is ``--set certification.n=200``. Returns
+    the run id, the per-row summary (a DataFrame, one row per method and setting) and
+    the certificates (a DataFrame with the store's columns).
+    """
+    from harness.progress import Progress
+    from harness.results import summarize
+    from harness.runner import RunOptions, run_benchmark
+    from harness.spec import load_spec
+    from harness.store import ResultStore
+
+    loaded = load_spec(spec, {key.replace("__", "."): value for key, value in overrides.items()})
+    options = RunOptions(
+        db=Path(db), device=device, data_root=data_root, download=download,
+        cache_dir=None if cache_dir is None else Path(cache_dir),
+    )  # fmt: skip
+    reporter = Progress(enabled=progress)
+    run_id = run_benchmark(loaded, options, reporter)
+    if check:
+        from harness.soundness.runner import run_checks
+
+        run_checks(Path(db), run_id, options, reporter, budget="small")
+    store = ResultStore(db)
+    try:
+        stored = store.run(run_id)
+        certificates = list(store.certificates(run_id))
+    finally:
+        store.close()
+    summary = pd.DataFrame(summarize(certificates, stored["config"].get("radii")))
+    return {
+        "run_id": run_id,
+        "weights_digest": stored.get("weights_digest"),
+        "summary": summary,
+        "certificates": pd.DataFrame(certificates),
+    }

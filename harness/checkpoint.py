@@ -1,0 +1,147 @@
+"""Bring your own model: base-model weights from a file instead of a training.
+
+``[model] checkpoint = "PATH"`` with ``format`` one of
+
+- ``cohen``: a file written by Cohen et al.'s (2019) ``train.py``: a dict with
+  ``epoch``, ``arch`` (``cifar_resnet20``, ``cifar_resnet110`` or ``resnet50``),
+  ``optimizer`` and the ``state_dict`` of ``Sequential(NormalizeLayer, net)`` (keys
+  from ``1.``; ImageNet's ``net`` wrapped in DataParallel, ``1.module.…``). It loads
+  into the matching architecture (``cifar-resnet`` of depth 20 / 110, ``resnet50``)
+  with the dataset's normalization.
+- ``state_dict``: the state dict of the spec's architecture (as the model cache stores
+  them), or a dict holding one under ``state_dict``.
+- ``torchscript``: a ``torch.jit.save`` file; the architecture comes with it.
+
+Everything is read with ``torch.load(..., weights_only=True)`` (TorchScript with
+``torch.jit.load``): nothing is unpickled. The model's cache key is a hash of the
+file's SHA-256 and how it is read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.data import Dataset
+from harness.errors import IdrsError
+from harness.plugins import Registry
+from harness.spec import ModelConfig, content_hash
+
+COHEN_ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
+    "cifar_resnet20": ("cifar-resnet", {"depth": 20}),
+    "cifar_resnet110": ("cifar-resnet", {"depth": 110}),
+    "resnet50": ("resnet50", {}),
+}
+
+
+class CheckpointError(IdrsError):
+    """A checkpoint that cannot be read into the model the spec names."""
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def load_checkpoint(
+    config: ModelConfig, dataset: Dataset, registry: Registry
+) -> tuple[torch.nn.Module, str]:
+    """The model stored in ``config.checkpoint`` (on the CPU, eval mode) and its cache key."""
+    path = Path(config.checkpoint or "")
+    if not path.is_file():
+        raise CheckpointError(f"model checkpoint {str(path)!r} not found")
+    key = content_hash(
+        {"checkpoint_sha256": file_sha256(path), "format": config.format,
+         "architecture": config.architecture, "architecture_params": config.architecture_params,
+         "dataset": dataset.name, "num_classes": dataset.num_classes}
+    )  # fmt: skip
+    if config.format == "torchscript":
+        try:
+            model = torch.jit.load(str(path), map_location="cpu")
+        except RuntimeError as exc:
+            raise CheckpointError(f"{path} is not a TorchScript file: {exc}") from None
+        return model.eval(), key
+    try:
+        content = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # pickle errors, a wrong format, a truncated file
+        raise CheckpointError(
+            f"{path} cannot be read with torch.load(weights_only=True): {exc}".splitlines()[0]
+        ) from None
+    if config.format == "cohen":
+        state, params = _cohen_state(content, config, dataset, path)
+    else:
+        state = content.get("state_dict", content) if isinstance(content, dict) else None
+        if not isinstance(state, dict):
+            raise CheckpointError(f"{path} holds no state dict (a mapping of tensors)")
+        params = config.architecture_params
+    arch = registry.get("models", config.architecture)
+    model = arch.build(dataset.input_shape, dataset.num_classes, {**arch.defaults, **params})
+    load_state(model, state, path, config.architecture)
+    return model.eval(), key
+
+
+def _cohen_state(content: Any, config: ModelConfig, dataset: Dataset, path: Path):
+    if not isinstance(content, dict) or "state_dict" not in content or "arch" not in content:
+        raise CheckpointError(
+            f"{path} is not a checkpoint of Cohen et al.'s train.py (a dict with 'arch' and "
+            "'state_dict'); use format = \"state_dict\" for a plain state dict"
+        )
+    arch = content["arch"]
+    if arch not in COHEN_ARCHITECTURES:
+        raise CheckpointError(
+            f"{path}: architecture {arch!r} is not one of Cohen et al.'s "
+            f"{sorted(COHEN_ARCHITECTURES)}"
+        )
+    name, params = COHEN_ARCHITECTURES[arch]
+    if config.architecture != name or any(
+        config.architecture_params.get(k, v) != v for k, v in params.items()
+    ):
+        raise CheckpointError(
+            f"{path} holds a {arch}; set [model] architecture = {name!r} and "
+            f"architecture_params = {params} (the spec says {config.architecture!r}, "
+            f"{config.architecture_params})"
+        )
+    from plugins.models.normalized import NORMALIZATIONS
+
+    if dataset.name not in NORMALIZATIONS:
+        raise CheckpointError(
+            f"Cohen et al.'s models normalize by the dataset's statistics; none are known for "
+            f"{dataset.name!r} (known: {sorted(set(NORMALIZATIONS) - {'none'})})"
+        )
+    state = {
+        key.replace("1.module.", "1.", 1) if key.startswith("1.module.") else key: value
+        for key, value in content["state_dict"].items()
+    }
+    return state, {**config.architecture_params, **params, "normalization": dataset.name}
+
+
+def load_state(model: torch.nn.Module, state: dict, path: Path, architecture: str) -> None:
+    """``model.load_state_dict(state)``, or one error naming the first mismatching keys."""
+    expected = model.state_dict()
+    # checkpoints older than PyTorch 0.4.1 (and Cohen et al.'s) may lack BN step counters
+    state = {**{k: v for k, v in expected.items() if k.endswith("num_batches_tracked")}, **state}
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{path} does not fit architecture {architecture!r}: "
+            f"{len(missing)} missing key(s) {missing[:5]}, "
+            f"{len(unexpected)} unexpected key(s) {unexpected[:5]}"
+        )
+    wrong = [
+        f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}"
+        for k, v in expected.items()
+        if tuple(state[k].shape) != tuple(v.shape)
+    ]
+    if wrong:
+        raise CheckpointError(
+            f"{path} does not fit architecture {architecture!r}: {len(wrong)} tensor(s) of the "
+            f"wrong shape, e.g. {wrong[:3]} (checkpoint vs model)"
+        )
+    model.load_state_dict(state)
