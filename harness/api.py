@@ -74,8 +74,8 @@ def certify(
     from harness.method import build_method
     from harness.plugins import get_plugin_manager
     from harness.progress import Progress
-    from harness.runner import checked_sigma
     from harness.protocol import CertificationProtocol
+    from harness.runner import checked_sigma
     from harness.sampling import SamplingEngine, resolve_device
     from harness.spec import _check_keys, setting_key
     from harness.weights import weights_digest

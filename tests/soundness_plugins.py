@@ -30,7 +30,13 @@ class LaunderedAlpha(CohenCertifier):
 
     ALPHA = 0.01
 
-    def from_counts(self, input_id, sigma, selection, estimation):
+    def certificates_from_counts(self, input_ids, sigma, selection, estimation):
+        return [
+            self._laundered(i, s, sel, est)
+            for i, s, sel, est in zip(input_ids, sigma, selection, estimation, strict=True)
+        ]
+
+    def _laundered(self, input_id, sigma, selection, estimation):
         top = int(np.argmax(selection))
         p_lower = float(
             clopper_pearson_lower_array(estimation[top], int(estimation.sum()), self.ALPHA)

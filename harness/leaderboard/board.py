@@ -133,8 +133,7 @@ def build_board(runs: Sequence[StoredRun]) -> Board:
         table.sound_rows = [r for r in ordered if r.sound]
         table.memory_rows = [r for r in ordered if r.order_dependent]
         table.other_rows = [
-            r for r in ordered
-            if not r.sound and not r.order_dependent and r.verdict != IMPORTED
+            r for r in ordered if not r.sound and not r.order_dependent and r.verdict != IMPORTED
         ]
     names = list(dict.fromkeys(run.run["name"] for run in runs))
     return Board(title=", ".join(names), runs=list(runs), tables=list(tables.values()))
