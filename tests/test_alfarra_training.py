@@ -94,7 +94,13 @@ def test_training_is_seeded_and_moves_sigma_after_the_warmup():
 def test_invalid_trainer_parameters_are_rejected():
     context = TrainContext(torch.device("cpu"), 0, Progress(enabled=False))
     model = torch.nn.Linear(4, 2)
-    for bad in ({"warmup_share": -0.1}, {"warmup_share": 1.5}, {"steps": -2}, {"sigma": 0}, {"sigma_min": -1.0}):
+    for bad in (
+        {"warmup_share": -0.1},
+        {"warmup_share": 1.5},
+        {"steps": -2},
+        {"sigma": 0},
+        {"sigma_min": -1.0},
+    ):
         with pytest.raises(ParameterError):
             train_alfarra_ds(model, _tiny_dataset(), {**TRAINER_DEFAULTS, **bad}, context)
 

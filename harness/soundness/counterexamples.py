@@ -230,9 +230,9 @@ def ball_flip(
 
     Searched at the center and on rays from it: in 2-D every angle of a 48-gon at 8
     fractions of the radius; in more dimensions (each σ evaluation may be a costly
-    search) at 1/2 and all of the radius (just inside the open ball) on 16 rays: towards
-    and away from the ball's centre, along ±∇σ(center) (where σ grows or shrinks
-    fastest) and their sums with the radial rays, and random directions.
+    search) at the full radius (just inside the open ball) on 10 rays: towards and away
+    from the ball's centre, along ±∇σ(center) (where σ grows or shrinks fastest) and
+    their sums with the radial rays, and random directions.
     """
     dim = center.numel()
     flat = center.flatten().double().cpu()
@@ -241,7 +241,7 @@ def ball_flip(
         directions = torch.stack([torch.cos(angles), torch.sin(angles)], dim=1)
         fractions = torch.linspace(0, 1, 9, dtype=torch.float64)[1:]
     else:
-        fractions = torch.tensor([0.5, 1.0], dtype=torch.float64)
+        fractions = torch.tensor([1.0], dtype=torch.float64)
         offset = flat - model.center.double().cpu()
         radial = offset / offset.norm().clamp_min(1e-12)
         rays = [radial, -radial]
@@ -250,7 +250,7 @@ def ball_flip(
             g = grad / grad.norm()
             rays += [g, -g, g + radial, g - radial, -g + radial, -g - radial]
         rays = torch.stack([r / r.norm().clamp_min(1e-12) for r in rays])
-        rand = torch.randn(16 - len(rays), dim, generator=gen, dtype=torch.float64)
+        rand = torch.randn(10 - len(rays), dim, generator=gen, dtype=torch.float64)
         directions = torch.cat([rays, rand / rand.norm(dim=1, keepdim=True)])
     fractions[-1] = 1 - 1e-6
     points = (flat + radius * fractions[:, None, None] * directions[None]).reshape(-1, dim)

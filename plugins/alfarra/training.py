@@ -17,10 +17,9 @@ the example index, step ``epoch · K + k``, seeded by the trainer's seed.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
-
-import math
 
 import torch
 
