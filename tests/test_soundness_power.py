@@ -123,3 +123,30 @@ def test_linear_plane_moves_and_stays_exact():
     assert np.allclose(model.signed_distance(x), [0.0, -1.0], atol=1e-6)
     logits = model(torch.tensor([[0.0, 0.6, 1.0], [0.0, 0.0, 0.0]]))
     assert torch.softmax(logits.double(), 1).tolist() == [[0.0, 1.0], [1.0, 0.0]]
+
+
+@pytest.mark.gpu
+def test_s1_and_s4_run_on_cuda(tmp_path, manager):
+    """Every tensor of S1/S4 is made where the model lives: no check fails on cuda."""
+    from harness.soundness.runner import run_checks
+
+    raw = {
+        "name": "ball", "seed": 0, "dataset": {"name": "ball-2", "test_count": 30},
+        "model": {"architecture": "ball-N", "trainer": "none"},
+        "certification": {"n0": 32, "n": 1000, "alpha": 0.01},
+        "methods": [{"name": "cohen", "settings": [{"sigma": 0.25}]},
+                    {"name": "sukenik", "settings": [{"sigma": 0.25, "rate": 0.2, "k": 5}]},
+                    {"name": "lipschitz-sigma-net",
+                     "settings": [{"train_examples": 64, "train_steps": 5, "sigma_min": 0.3}]}],
+    }  # fmt: skip
+    db = tmp_path / "cuda.sqlite"
+    options = RunOptions(db=db, device="cuda")
+    quiet = Progress(enabled=False)
+    run_id = run_benchmark(parse_spec(raw), options, quiet, manager)
+    results = run_checks(db, run_id, options, quiet, manager, budget=TINY)
+    for key, checks in results.items():
+        mine = {r.check: r for r in checks if r.check in ("coverage", "counterexamples")}
+        assert {c: r.verdict for c, r in mine.items()} == {
+            "coverage": Verdict.SOUND,
+            "counterexamples": Verdict.SOUND,
+        }, (key, [(r.check, r.summary) for r in checks])

@@ -207,24 +207,28 @@ def sigma_in_ball(provider, ball_sigma: dict[int, float] | None, input_id: int):
     return lambda points: torch.full((len(points),), ball_sigma[input_id], dtype=torch.float64)
 
 
-def _sigma_gradient(provider, center: torch.Tensor) -> torch.Tensor | None:
-    """∇σ at ``center`` (flattened, float64, on the CPU), or None if σ is not differentiable."""
-    x = center[None].detach().float().requires_grad_(True)
+def sigma_and_gradient(provider, center: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """σ at one input [1, *shape] (detached) and ∇σ there (flattened, float64, on the CPU),
+    in one evaluation; the gradient is None if σ is not differentiable."""
+    x = center.detach().float().requires_grad_(True)
     try:
         with torch.enable_grad():
             sigma = provider(x)
             if not sigma.requires_grad:
-                return None
+                return sigma.detach(), None
             (grad,) = torch.autograd.grad(sigma.sum(), x)
-    except RuntimeError:
-        return None
+    except RuntimeError:  # σ not differentiable (e.g. computed by a search in no-grad mode)
+        with torch.no_grad():
+            return provider(center), None
     grad = grad.flatten().double().cpu()
-    return grad if bool(torch.isfinite(grad).all()) and float(grad.norm()) > 0 else None
+    ok = bool(torch.isfinite(grad).all()) and float(grad.norm()) > 0
+    return sigma.detach(), grad if ok else None
 
 
 def ball_flip(
-    provider, model, center: torch.Tensor, radius: float, prediction: int, gen: torch.Generator
-):
+    provider, model, center: torch.Tensor, radius: float, prediction: int, gen: torch.Generator,
+    gradient: torch.Tensor | None = None,
+):  # fmt: skip
     """A point of B(center, radius) whose exact smoothed prediction on the ball classifier
     ``model`` (with the method's own σ there) is not ``prediction``, or None.
 
@@ -245,7 +249,7 @@ def ball_flip(
         offset = flat - model.center.double().cpu()
         radial = offset / offset.norm().clamp_min(1e-12)
         rays = [radial, -radial]
-        grad = _sigma_gradient(provider, center)
+        grad = gradient if gradient is not None else sigma_and_gradient(provider, center[None])[1]
         if grad is not None:
             g = grad / grad.norm()
             rays += [g, -g, g + radial, g - radial, -g + radial, -g - radial]

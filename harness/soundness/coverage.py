@@ -42,7 +42,7 @@ from harness.data import Dataset
 from harness.protocol import CertificationProtocol
 from harness.soundness.analytic import BallClassifier, LinearClassifier
 from harness.soundness.audit import Audit
-from harness.soundness.counterexamples import ball_flip, sigma_in_ball
+from harness.soundness.counterexamples import ball_flip, sigma_and_gradient, sigma_in_ball
 from harness.soundness.verdict import P_THRESHOLD, CheckResult, Verdict, false_certificates_pvalue
 from harness.stats import holm_rejections
 
@@ -146,7 +146,8 @@ def _ball_trials(audit: Audit, points: torch.Tensor, trials: int, gen: torch.Gen
         model.set_ball(x0.flatten().double().cpu() + s * u / u.norm(), radius)
         if _order_dependent(certifier):  # a memory lives for one classifier
             provider, certifier, _ = audit.rebuild(dataset, model, protocol)
-        [c] = _certify(certifier, provider, x0, [t])
+        sigma, gradient = sigma_and_gradient(provider, x0)
+        [c] = certifier.certify(x0, sigma, [t])
         if c.prediction == ABSTAIN or c.radius <= 0:
             continue
         certified += 1
@@ -154,7 +155,7 @@ def _ball_trials(audit: Audit, points: torch.Tensor, trials: int, gen: torch.Gen
         if hasattr(certifier, "ball_sigmas"):  # memory certificates: σ is constant inside each ball
             ball_sigma = certifier.ball_sigmas([vars(c)])
         flip = ball_flip(sigma_in_ball(provider, ball_sigma, t), model, x0[0], c.radius,
-                         c.prediction, gen)  # fmt: skip
+                         c.prediction, gen, None if ball_sigma else gradient)  # fmt: skip
         if flip is not None:
             failures += 1
             example = example or {"model": f"ball-{dim}", "trial": t, "input": k,

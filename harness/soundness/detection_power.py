@@ -119,7 +119,7 @@ def flags_per_check(
 
 
 def markdown(title: str, counts: Mapping[str, Mapping[str, int]], seeds: int) -> str:
-    checks = sorted({c for row in counts.values() for c in row if c != "any"}) + ["any"]
+    checks = [*sorted({c for row in counts.values() for c in row if c != "any"}), "any"]
     lines = [f"### {title}", "", "| method | " + " | ".join(checks) + " |",
              "|---" * (len(checks) + 1) + "|"]  # fmt: skip
     for method, row in counts.items():
