@@ -57,3 +57,16 @@ def hoeffding_upper(mean: np.ndarray, n: int, alpha: float, low: float = 0.0, hi
     """Hoeffding upper bound on E[X] for X in [low, high]: mean + (high − low)·√(ln(1/α)/(2n))."""
     check_alpha(alpha)
     return np.asarray(mean) + (high - low) * np.sqrt(np.log(1.0 / alpha) / (2.0 * n))
+
+
+def holm_rejections(pvalues: list[float], threshold: float) -> list[bool]:
+    """Holm's step-down procedure: which of m hypotheses to reject at family-wise level
+    ``threshold`` (the i-th smallest p-value is compared with threshold / (m − i + 1),
+    stopping at the first that is not below it; Holm 1979)."""
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    rejected = [False] * len(pvalues)
+    for rank, i in enumerate(order):
+        if pvalues[i] >= threshold / (len(pvalues) - rank):
+            break
+        rejected[i] = True
+    return rejected

@@ -73,7 +73,7 @@ def _tiny_dataset(n=256, d=4, seed=0):
 def _train(seed):
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-    params = {**TRAINER_DEFAULTS, "epochs": 3, "warmup_epochs": 1, "beta": 0.05, "samples": 2}
+    params = {**TRAINER_DEFAULTS, "epochs": 3, "warmup_share": 0.25, "beta": 0.05, "samples": 2}
     context = TrainContext(torch.device("cpu"), seed, Progress(enabled=False))
     sigmas = train_alfarra_ds(model, _tiny_dataset(), params, context)
     return model, sigmas.sigmas
@@ -94,7 +94,13 @@ def test_training_is_seeded_and_moves_sigma_after_the_warmup():
 def test_invalid_trainer_parameters_are_rejected():
     context = TrainContext(torch.device("cpu"), 0, Progress(enabled=False))
     model = torch.nn.Linear(4, 2)
-    for bad in ({"warmup_epochs": -1}, {"steps": -2}, {"sigma": 0}, {"sigma_min": -1.0}):
+    for bad in (
+        {"warmup_share": -0.1},
+        {"warmup_share": 1.5},
+        {"steps": -2},
+        {"sigma": 0},
+        {"sigma_min": -1.0},
+    ):
         with pytest.raises(ParameterError):
             train_alfarra_ds(model, _tiny_dataset(), {**TRAINER_DEFAULTS, **bad}, context)
 
@@ -107,3 +113,11 @@ def test_the_train_and_certify_benchmark_names_the_trainer_and_both_methods():
     validate(spec, manager.registry)
     assert spec.model.trainer == "alfarra-ds"
     assert {m.name for m in spec.methods} >= {"cohen", "alfarra-ds", "alfarra-ds-memory"}
+
+
+def test_warmup_is_the_papers_quarter_of_the_epochs():
+    from plugins.alfarra.training import warmup_epochs
+
+    assert TRAINER_DEFAULTS["warmup_share"] == 0.25
+    assert warmup_epochs(200, 0.25) == 50  # §4.1: K = 0 for 50 of 200 CIFAR-10 epochs
+    assert [warmup_epochs(e, 0.25) for e in (1, 2, 3, 4, 10, 12)] == [0, 1, 1, 1, 3, 3]

@@ -239,3 +239,24 @@ def test_normalized_model_runs_on_cuda_with_a_parameterless_base():
     assert torch.all(g >= 0.01 * (1 - 1e-12))
     assert torch.allclose(g.sum(1), torch.ones(8, dtype=torch.float64, device="cuda"))
     assert bool(torch.isfinite(g).all())
+
+
+def test_predict_is_the_soft_smoothed_classifiers_own_answer():
+    """PREDICT = argmax of the estimated means when it beats the runner-up (Hoeffding at
+    α/(2·n_cls) per side, recomputed here), else abstain; CERTIFY does not decide it."""
+    p_min, alpha, n = 1e-7, 0.01, 400
+    width = (1 - 2 * p_min) * math.sqrt(math.log(2 * 3 / alpha) / (2 * n))
+    for probs in ([0.70, 0.2, 0.1], [0.45, 0.44, 0.11], [0.1, 0.3, 0.6]):
+        logits = torch.log(torch.tensor(probs))
+        model = FixedLogits(logits)
+        engine = SamplingEngine(NormalizedModel(model, 3, p_min), 3, torch.device("cpu"), seed=0)
+        certifier = LipschitzCertifier(
+            engine, CertificationProtocol(n0=16, n=n, alpha=alpha), Lipschitz(0.0, 0.5), p_min, 784
+        )
+        x = torch.zeros(2, 784)
+        for cert in certifier.certify(x, ConstantSigma(0.5)(x), [0, 1]):
+            means = np.array(cert.evidence["means_estimation"])
+            order = np.argsort(means)[::-1]
+            beats = means[order[0]] - width > means[order[1]] + width
+            assert cert.predict == (int(order[0]) if beats else ABSTAIN)
+            assert cert.predict == (int(np.argmax(probs)) if probs[0] != 0.45 else ABSTAIN)

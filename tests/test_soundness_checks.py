@@ -63,7 +63,7 @@ def test_doubled_radius_is_violated_by_coverage(tmp_path, manager):
     [(_, checks)] = results.items()
     by_name = {r.check: r for r in checks}
     assert by_name["coverage"].verdict == Verdict.VIOLATED
-    assert by_name["coverage"].evidence["linear"]["failures"] > 10
+    assert by_name["coverage"].evidence["linear-2"]["failures"] > 10
     assert overall(checks) == Verdict.VIOLATED
 
 

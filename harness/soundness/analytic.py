@@ -6,7 +6,13 @@
 - ``ball-N``: f(x) = [‖x − c‖ <= ρ]. P(f(x + σε) = inside) = P(‖x − c + σε‖² <= ρ²)
   = χ²_N(ρ²/σ²; noncentrality ‖x − c‖²/σ²), the noncentral χ² CDF, for any σ = σ(x).
 
-Class 1 is "positive side" / "inside"; the models return two logits.
+Class 1 is "positive side" / "inside"; the models return two logits. With
+``one_hot=True`` the logits are (0, L) or (L, 0) with L = :data:`ONE_HOT_LOGIT`, so the
+softmax is exactly one-hot in float64: then the soft smoothed classifier of Bergstrom et
+al. is exact too, E[softmax_1] = P(f = 1), and with the normalization of their Remark 2,
+g = (1 − 2·p_min)·onehot + p_min, E[g_1] = (1 − 2·p_min)·P(f = 1) + p_min: its argmax
+changes exactly where P(f = 1) crosses 1/2, so soft certificates are audited against the
+exact soft expectation, whose boundary is the hard one.
 """
 
 from __future__ import annotations
@@ -21,20 +27,37 @@ from scipy import stats
 from harness.data import Dataset
 from harness.errors import ParameterError
 
+ONE_HOT_LOGIT = 1e4
+"""Logit of the predicted class of a one-hot analytic model (exp(−1e4) = 0 in float64)."""
+
+
+def _logits(margin: torch.Tensor, one_hot: bool) -> torch.Tensor:
+    """(0, margin), or one-hot logits of class [margin > 0]."""
+    if one_hot:
+        positive = (margin > 0).to(margin.dtype) * ONE_HOT_LOGIT
+        return torch.stack([ONE_HOT_LOGIT - positive, positive], dim=1)
+    return torch.stack([torch.zeros_like(margin), margin], dim=1)
+
 
 class LinearClassifier(torch.nn.Module):
-    """f(x) = [w·x > b] with w = e_1 (unit normal), as logits (0, w·x − b)."""
+    """f(x) = [w·x > b] with unit normal w (default e_1), as logits (0, w·x − b)."""
 
-    def __init__(self, dim: int, offset: float = 0.0) -> None:
+    def __init__(self, dim: int, offset: float = 0.0, one_hot: bool = False) -> None:
         super().__init__()
         w = torch.zeros(dim)
         w[0] = 1.0
         self.register_buffer("w", w)
         self.offset = float(offset)
+        self.one_hot = one_hot
+
+    def set_plane(self, normal: torch.Tensor, offset: float) -> None:
+        """Move the boundary to {x : w·x = offset}, w = normal / ‖normal‖."""
+        normal = normal.flatten().to(self.w.device, self.w.dtype)
+        self.w.copy_(normal / normal.norm())
+        self.offset = float(offset)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        margin = x.flatten(1) @ self.w - self.offset
-        return torch.stack([torch.zeros_like(margin), margin], dim=1)
+        return _logits(x.flatten(1) @ self.w - self.offset, self.one_hot)
 
     def signed_distance(self, x: np.ndarray) -> np.ndarray:
         return np.asarray(x).reshape(len(x), -1) @ self.w.cpu().numpy() - self.offset
@@ -45,21 +68,29 @@ class LinearClassifier(torch.nn.Module):
 
 
 class BallClassifier(torch.nn.Module):
-    """f(x) = [‖x − c‖ <= ρ] with c = 0, as logits (0, ρ − ‖x‖)."""
+    """f(x) = [‖x − c‖ <= ρ] (default c = 0), as logits (0, ρ − ‖x − c‖)."""
 
-    def __init__(self, dim: int, radius: float = 1.0) -> None:
+    def __init__(self, dim: int, radius: float = 1.0, one_hot: bool = False) -> None:
         super().__init__()
         self.dim = dim
         self.radius = float(radius)
+        self.one_hot = one_hot
+        self.register_buffer("center", torch.zeros(dim))
+
+    def set_ball(self, center: torch.Tensor, radius: float) -> None:
+        """Move the ball to B(center, radius)."""
+        self.center.copy_(center.flatten().to(self.center.device, self.center.dtype))
+        self.radius = float(radius)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        margin = self.radius - x.flatten(1).norm(dim=1)
-        return torch.stack([torch.zeros_like(margin), margin], dim=1)
+        margin = self.radius - (x.flatten(1) - self.center).norm(dim=1)
+        return _logits(margin, self.one_hot)
 
     def smoothed_probability(self, x: np.ndarray, sigma: np.ndarray) -> np.ndarray:
-        """P(f(x + σε) = inside) = χ²_N(ρ²/σ²; nc = ‖x‖²/σ²) (noncentral χ² CDF)."""
+        """P(f(x + σε) = inside) = χ²_N(ρ²/σ²; nc = ‖x − c‖²/σ²) (noncentral χ² CDF)."""
         sigma = np.asarray(sigma, dtype=np.float64)
-        dist2 = np.sum(np.asarray(x, dtype=np.float64).reshape(len(x), -1) ** 2, axis=1)
+        flat = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
+        dist2 = np.sum((flat - self.center.double().cpu().numpy()) ** 2, axis=1)
         return stats.ncx2.cdf(self.radius**2 / sigma**2, self.dim, dist2 / sigma**2)
 
 

@@ -33,7 +33,7 @@ class Budget:
 
 
 BUDGETS = {
-    "small": Budget("small", coverage_trials=200, coverage_n=200, pairs=8, ascent_steps=10,
+    "small": Budget("small", coverage_trials=120, coverage_n=200, pairs=8, ascent_steps=10,
                     audited_inputs=16, attack_steps=10, attack_samples=64, orders=20),
     "full": Budget("full", coverage_trials=1000, coverage_n=1000, pairs=32, ascent_steps=50,
                    audited_inputs=200, attack_steps=50, attack_samples=256, orders=100),

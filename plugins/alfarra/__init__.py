@@ -39,13 +39,14 @@ TRAINER_DEFAULTS = {
     "epochs": 10,
     "batch_size": 128,
     "lr": 1e-3,
-    "warmup_epochs": 2,
+    "warmup_share": 0.25,
     "steps": 1,
     "samples": 1,
     "beta": 1e-4,
     "sigma_min": 1e-3,
 }
-"""Alg. 2: K = 0 for the first quarter of the epochs, then K = 1 (§4.1, 50 of 200 epochs)."""
+"""Alg. 2: K = 0 for the first quarter of the epochs (``warmup_share``), then K = 1
+(§4.1: 50 of 200 epochs)."""
 
 MEMORY_DEFAULTS = {"memory_certifier": "cohen"}
 """The certifier wrapped by ``memory`` (any registered certifier but ``memory``)."""

@@ -3,9 +3,11 @@
 Each training example i keeps its own σ_i, initialized to the training σ_0. In every
 batch, σ_i is refined by OptimizeSigma (Alg. 1) on the current model, warm-started from
 σ_i of the previous epoch (§3.6), and the model is trained on x_i + σ_i ε with cross
-entropy (Cohen's Gaussian augmentation, §4.1). During the first ``warmup_epochs``
-epochs OptimizeSigma runs with K = 0, i.e. σ_i = σ_0 (§4.1: K = 0 for the first 50 of
-200 CIFAR-10 epochs, then K = 1).
+entropy (Cohen's Gaussian augmentation, §4.1). During the first warm-up epochs
+OptimizeSigma runs with K = 0, i.e. σ_i = σ_0 (§4.1: K = 0 for the first 50 of 200
+CIFAR-10 epochs, then K = 1): the parameter ``warmup_share`` (default 0.25, the paper's
+share) gives the warm-up as a share of the epochs, :func:`warmup_epochs` rounds it
+half up (10 epochs: 3 warm-up epochs).
 
 Decisions where the paper is silent: OptimizeSigma runs with the model in eval mode
 (so that batch-norm statistics are not updated by its forward passes) and then
@@ -15,6 +17,7 @@ the example index, step ``epoch · K + k``, seeded by the trainer's seed.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -72,9 +75,14 @@ def check_trainer_params(params: Mapping[str, Any]) -> None:
     """Raise :class:`ParameterError` for an invalid ``alfarra-ds`` trainer setting."""
     check_sigma(params["sigma"])
     check_optimizer_params(params["steps"], params["samples"], params["beta"], params["sigma_min"])
-    warmup = params["warmup_epochs"]
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ParameterError(f"warmup_epochs must be an integer >= 0, got {warmup!r}")
+    share = params["warmup_share"]
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 1:
+        raise ParameterError(f"warmup_share must be a number in [0, 1], got {share!r}")
+
+
+def warmup_epochs(epochs: int, share: float) -> int:
+    """Epochs with K = 0: ``share`` of ``epochs`` rounded half up (§4.1: 0.25 of 200 = 50)."""
+    return math.floor(share * epochs + 0.5)
 
 
 def train_alfarra_ds(
@@ -83,7 +91,8 @@ def train_alfarra_ds(
     """Alg. 2 with Cohen's Gaussian augmentation as TrainFunction; returns the final σ_i."""
     check_trainer_params(params)
     sigmas = DataDependentSigmas(
-        model, len(dataset.train_x), params["sigma"], params["warmup_epochs"], params["steps"],
+        model, len(dataset.train_x), params["sigma"],
+        warmup_epochs(int(params["epochs"]), float(params["warmup_share"])), params["steps"],
         params["samples"], float(params["beta"]), float(params["sigma_min"]), context.seed,
         context.device,
     )  # fmt: skip

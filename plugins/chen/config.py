@@ -26,7 +26,7 @@ SEARCH_DEFAULTS: dict[str, Any] = {
     "start_level_max": 16.0,
     "max_step_size": 1.0,  # |s_k| < max_step_size (App. C.3: s in (−1, 1))
     "start_sampling": "uniform",  # or "stratified"
-    "max_steps": 32,  # cap on hill-climbing steps per start
+    "max_steps": 32,  # cap on hill-climbing steps per start (its measured effect: search.py)
 }
 """Parameters of the σ-provider and method ``chen-fgss`` with their defaults."""
 

@@ -19,6 +19,14 @@ Why all n_cls − 1 others and not only the empirical runner-up: Thm 3 needs an 
 sample is not one (it may be a different class). With two classes both readings coincide.
 
 The paper's experiments used raw Monte Carlo means (no confidence bounds); this does not.
+
+PREDICT (stored beside each certificate, the clean-accuracy column) is the soft smoothed
+classifier's own answer, not CERTIFY's: from the n estimation means, every class i gets
+a two-sided Hoeffding interval on ḡ_i at level α/(2·n_cls) per side (all simultaneous
+with probability >= 1 − α, so choosing the top class from the same samples is allowed);
+PREDICT answers the top class when its lower bound exceeds every other class's upper
+bound, i.e. it beats the runner-up, and abstains otherwise. It is then wrong (answers a
+class other than argmax ḡ) with probability at most α, as Cohen et al.'s PREDICT.
 """
 
 from __future__ import annotations
@@ -59,6 +67,24 @@ def confidence_bounds(
     upper = float(np.max(hoeffding_upper(others, n, alpha / (2 * (classes - 1)), low, high)))
     upper = min(max(min(upper, 1.0 - lower), low), high)
     return lower, upper
+
+
+def soft_predict(means: np.ndarray, n: int, alpha: float, p_min: float) -> int:
+    """PREDICT for soft smoothing: argmax of the means if it beats the runner-up at level α.
+
+    Every ḡ_i lies in [p_min, 1 − (n_cls − 1)·p_min]; with Hoeffding intervals of half-width
+    w = (range)·√(ln(2·n_cls/α)/(2n)) for all classes at once, the top class is returned when
+    mean_top − w > mean_i + w for every other i, else ``ABSTAIN``.
+    """
+    check_alpha(alpha)
+    means = np.asarray(means, dtype=np.float64)
+    classes = len(means)
+    low, high = p_min, 1.0 - (classes - 1) * p_min
+    level = alpha / (2 * classes)
+    top = int(np.argmax(means))
+    lower = float(hoeffding_lower(means[top], n, level, low, high))
+    upper = float(np.max(hoeffding_upper(np.delete(means, top), n, level, low, high)))
+    return top if lower > upper else ABSTAIN
 
 
 def soft_radius(lower: float, upper: float, lipschitz: float) -> float:
@@ -156,7 +182,7 @@ class LipschitzCertifier:
             p_lower=lower,
             sigma=float(sigma),
             alpha=alpha,
-            predict=prediction,
+            predict=soft_predict(means, estimation.num, alpha, self.p_min),
             evidence={
                 "upper_runner_up": upper,
                 "runner_up": int(others[np.argmax(means[others])]),
