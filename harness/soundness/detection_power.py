@@ -61,10 +61,10 @@ def rigged_plugin() -> types.ModuleType:
             def radius(self, p_lower, sigma):
                 return factor * super().radius(p_lower, sigma)
 
-        return lambda context, params: Inflated(context.engine, context.protocol)
+        return lambda context, params, sigma_provider: Inflated(context.engine, context.protocol)
 
     def laundered(alpha: float):
-        return lambda context, params: CohenCertifier(
+        return lambda context, params, sigma_provider: CohenCertifier(
             context.engine, replace(context.protocol, alpha=alpha)
         )
 
