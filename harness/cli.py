@@ -1,10 +1,19 @@
-"""The ``idrs-bench`` command line: run, results, check, leaderboard, compare, plugins."""
+"""The ``idrs-bench`` command line: run, results, check, leaderboard, compare, plugins.
+
+Nothing heavy is imported before it is needed: ``--help``, ``plugins`` and every
+error in a benchmark file or its parameters answer without importing torch (the spec
+is parsed and checked against the registered plugins first). A subcommand defined
+in another module is one ``add_<name>_parser(subparsers)`` in :data:`SUBCOMMANDS`.
+SIGTERM is handled like Ctrl-C: the run stops, says how to resume, exits 143.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -17,6 +26,19 @@ from harness.errors import IdrsError
 from harness.leaderboard import add_leaderboard_parser
 
 DEFAULT_DB = Path("idrs-bench.sqlite")
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], object]] = [
+    add_leaderboard_parser,
+    add_compare_parser,
+]
+"""Registration functions of the subcommands defined in their own modules."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is (handled like Ctrl-C)."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     if not hasattr(args, "handler"):
         parser.print_help()
         return 2
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         return args.handler(args)
     except IdrsError as exc:
@@ -32,11 +55,13 @@ def main(argv: list[str] | None = None) -> int:
             f"[red]error:[/red] {escape(str(exc))}", highlight=False
         )
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         Console(stderr=True, soft_wrap=True).print(
             "interrupted; `idrs-bench run` again resumes where it stopped"
         )
-        return 130
+        return 143 if isinstance(exc, Terminated) else 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -64,6 +89,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.add_argument(
         "--no-check", action="store_true", help="skip the soundness checks after certifying"
+    )
+    run.add_argument(
+        "--timings", action="store_true", help="print the wall time of every stage at the end"
     )
     run.set_defaults(handler=_run)
 
@@ -94,17 +122,22 @@ def _parser() -> argparse.ArgumentParser:
     plugins.add_argument("--json", action="store_true", help="machine-readable output")
     plugins.set_defaults(handler=_plugins)
 
-    add_leaderboard_parser(sub)
-    add_compare_parser(sub)
+    for add_parser in SUBCOMMANDS:
+        add_parser(sub)
     return parser
 
 
 def _run(args: argparse.Namespace) -> int:
-    from harness.progress import Progress
-    from harness.runner import RunOptions, run_benchmark
-    from harness.spec import DEFAULT_BENCHMARK, load_spec
+    from harness.plugins import get_plugin_manager
+    from harness.spec import DEFAULT_BENCHMARK, check_data_root, load_spec, validate
 
     spec = load_spec(args.spec or DEFAULT_BENCHMARK)
+    validate(spec, get_plugin_manager().registry)  # every name and parameter, before torch
+    check_data_root(args.data_root, spec.dataset.name)
+
+    from harness.progress import Progress
+    from harness.runner import RunOptions, run_benchmark
+
     if args.device == "cuda":
         import torch
 
@@ -124,7 +157,20 @@ def _run(args: argparse.Namespace) -> int:
 
         run_checks(args.db, run_id, options, progress, budget="small")
     _print_results(args.db, run_id, as_json=False)
+    if args.timings:
+        _print_timings(progress.timings)
     return 0
+
+
+def _print_timings(timings: list[tuple[str, float]]) -> None:
+    """Wall time per stage (training, each setting's certification, each setting's checks)."""
+    table = Table(title="stage times")
+    table.add_column("stage")
+    table.add_column("seconds", justify="right")
+    for stage, seconds in timings:
+        table.add_row(escape(stage), f"{seconds:,.1f}")
+    table.add_row("total", f"{sum(s for _, s in timings):,.1f}")
+    _console().print(table)
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -175,7 +221,7 @@ def _results(args: argparse.Namespace) -> int:
 
 def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
     from harness.leaderboard.verdicts import row_verdict
-    from harness.results import RADII, summarize
+    from harness.results import RADII, completeness, incomplete_note, summarize
     from harness.store import ResultStore
 
     store = ResultStore(db)
@@ -184,8 +230,11 @@ def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
         rows = summarize(store.certificates(run["run_id"]), run["config"].get("radii", RADII))
         failures = store.failures(run["run_id"])
         checks = store.checks(run["run_id"])
+        settings = completeness(run["config"], store.setting_counts(run["run_id"]),
+                                run["inputs"], run["finished"] is not None)  # fmt: skip
     finally:
         store.close()
+    status = {(s["method"], s["setting"]): s for s in settings}
     for row in rows:
         mine = [c for c in checks if (c["method"], c["setting"]) == (row["method"], row["setting"])]
         flags = sorted({f for c in mine for f in c["flags"]})
@@ -193,6 +242,11 @@ def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
         row["checks"] = {
             c["check_name"]: {"verdict": c["verdict"], "summary": c["summary"]} for c in mine
         }
+        done = status.get((row["method"], row["setting"]))
+        row["complete"] = bool(done and done["complete"])
+        row["expected_inputs"] = done["expected"] if done else None
+        if not row["complete"]:
+            row["verdict"] = f"incomplete ({row['inputs']} of {row['expected_inputs'] or '?'}), " + row["verdict"]
     if as_json:
         out = {
             "run_id": run["run_id"],
@@ -202,6 +256,9 @@ def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
             "protocol": run["config"]["protocol"],
             "methods": rows,
             "failures": failures,
+            "complete": all(s["complete"] for s in settings),
+            "settings": settings,
+            "data_files": run["data_files"],
         }
         print(json.dumps(out, indent=2))
         return
@@ -227,6 +284,12 @@ def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
             f"{row['seconds_per_input']:.3f}", escape(row["verdict"]),
         )  # fmt: skip
     console.print(table)
+    note = incomplete_note(settings)
+    if note is not None:
+        console.print(
+            f"[yellow]run {run['run_id'][:12]} is {escape(note)}[/yellow]; "
+            "`idrs-bench run` with the same spec and --db finishes it"
+        )
     for failure in failures:
         console.print(
             f"[red]failed:[/red] {escape(failure['method'])} ({escape(failure['setting'])}): "

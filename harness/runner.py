@@ -20,12 +20,13 @@ import torch
 from harness import __version__
 from harness.components import BuildContext
 from harness.data import Dataset
-from harness.errors import IdrsError
+from harness.errors import DatasetMissingError, IdrsError
 from harness.modelcache import obtain_model
 from harness.plugins import PluginManager, Registry, get_plugin_manager
 from harness.progress import Progress
+from harness.runstate import RunState
 from harness.sampling import SamplingEngine, resolve_device
-from harness.spec import BenchmarkSpec, content_hash, setting_key, validate
+from harness.spec import BenchmarkSpec, check_data_root, content_hash, setting_key, validate
 from harness.store import ResultStore
 
 
@@ -66,11 +67,19 @@ def git_commit() -> str | None:
 
 
 def load_dataset(spec: BenchmarkSpec, registry: Registry, options: RunOptions) -> Dataset:
+    """The spec's dataset; an explicit ``--data-root`` is used or refused, never ignored."""
+    check_data_root(options.data_root, spec.dataset.name)
     dataset_spec = registry.get("datasets", spec.dataset.name)
     family = registry.family_args("datasets", spec.dataset.name)
-    return dataset_spec.load(
+    dataset = dataset_spec.load(
         data_root=options.data_root, download=options.download, seed=spec.seed, **family
     )
+    if options.data_root is not None and not dataset.files:
+        raise DatasetMissingError(
+            f"dataset {spec.dataset.name!r} reads no files (it is generated), so --data-root "
+            f"{options.data_root!r} would be ignored; leave it out"
+        )
+    return dataset
 
 
 @dataclass
@@ -135,6 +144,7 @@ def run_benchmark(
         test_ids = prepared.dataset.test_subset(
             spec.dataset.test_every, spec.dataset.test_count
         ).tolist()
+        store.set_run_data(run_id, len(test_ids), prepared.dataset.files)
         for method in spec.methods:
             for setting in method.settings:
                 _certify_setting(
@@ -160,7 +170,8 @@ def _certify_setting(store, run_id, spec, context, method_name, setting, test_id
     try:
         method = registry.get("methods", method_name)
         params = {**method.defaults, **setting}
-        context = replace(context, method=method_name, setting=key)
+        state = RunState(store.state_records(run_id, method_name, key))
+        context = replace(context, method=method_name, setting=key, state=state)
         provider = registry.get("sigma_providers", method.sigma_provider).build(context, params)
         certifier = registry.get("certifiers", method.certifier).build(context, params)
         labels = context.dataset.test_y
@@ -179,8 +190,9 @@ def _certify_setting(store, run_id, spec, context, method_name, setting, test_id
                     for cert in certifier.certify(x, sigma, todo):
                         cert.seconds += sigma_seconds  # σ(x) is part of the cost of a certificate
                         store.add_certificate(
-                            run_id, method_name, key, shard, int(labels[cert.input_id]), cert
-                        )
+                            run_id, method_name, key, shard, int(labels[cert.input_id]), cert,
+                            state=state.take(),
+                        )  # fmt: skip
                         advance(1)
                 store.finish_shard(run_id, method_name, key, shard)
     except KeyboardInterrupt:

@@ -2,7 +2,7 @@
 
 Rows of one table are all (run, method, setting) of the runs that share a dataset and a
 base model (content hash). Rows whose verdict is ``sound`` are ranked apart from the
-others; within each group the order is: certified accuracy at the headline radius
+others (a setting of an unfinished run is marked ``incomplete`` and never sound); within each group the order is: certified accuracy at the headline radius
 (descending), then ACR (descending), then method, setting and run id (ascending), so
 that ties are broken deterministically.
 
@@ -114,19 +114,25 @@ def build_board(runs: Sequence[StoredRun]) -> Board:
 
 
 def _rows(run: StoredRun, radii: Sequence[float]) -> list[Row]:
+    """One row per (method, setting); a setting not finished is marked and never ranked sound."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for cert in run.certificates:
         groups.setdefault((cert["method"], cert["setting"]), []).append(cert)
+    status = {(s["method"], s["setting"]): s for s in run.settings()}
     out = []
     for (method, setting), certs in groups.items():
         checks = [c for c in run.checks if c["method"] == method and c["setting"] == setting]
+        verdict = row_verdict(checks)
+        done = status.get((method, setting))
+        if done is not None and not done["complete"]:
+            verdict = f"incomplete ({done['inputs']} of {done['expected'] or '?'} inputs), {verdict}"
         out.append(
             Row(
                 run_id=run.run_id,
                 method=method,
                 setting=setting,
                 metrics=row_metrics(certs, radii),
-                verdict=row_verdict(checks),
+                verdict=verdict,
                 checks=checks,
                 correct_radii=sorted(c["radius"] for c in certs if c["prediction"] == c["label"]),
             )

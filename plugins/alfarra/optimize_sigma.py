@@ -28,9 +28,10 @@ from collections.abc import Sequence
 
 import torch
 
-from harness.errors import ModelOutputError, ParameterError
+from harness.errors import ModelOutputError
 from harness.regularity import Unregularized
 from harness.sampling import noise_seed
+from plugins.alfarra import check_optimizer_params
 
 STREAM_OPTIMIZE = 100
 """Noise stream of OptimizeSigma at certification time (keys: content hash of x)."""
@@ -45,18 +46,6 @@ def content_keys(x: torch.Tensor) -> list[int]:
     """A 64-bit BLAKE2b hash of each input's float32 bytes (the noise key of σ(x))."""
     rows = x.detach().to("cpu", torch.float32).contiguous().flatten(1).numpy()
     return [int.from_bytes(hashlib.blake2b(r.tobytes(), digest_size=8).digest()) for r in rows]
-
-
-def check_optimizer_params(steps: int, samples: int, beta: float, sigma_min: float) -> None:
-    """Raise :class:`ParameterError` unless K >= 0, M >= 1, β >= 0 and σ_min > 0."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise ParameterError(f"steps (K) must be an integer >= 0, got {steps!r}")
-    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-        raise ParameterError(f"samples (M) must be an integer >= 1, got {samples!r}")
-    if not isinstance(beta, int | float) or not 0.0 <= beta < float("inf"):
-        raise ParameterError(f"beta must be a finite number >= 0, got {beta!r}")
-    if not isinstance(sigma_min, int | float) or not 0.0 < sigma_min < float("inf"):
-        raise ParameterError(f"sigma_min must be a positive number, got {sigma_min!r}")
 
 
 def soft_radius(
