@@ -31,6 +31,7 @@ import torch
 from harness.errors import ModelOutputError
 from harness.regularity import Unregularized
 from harness.sampling import noise_seed
+from harness.sigmacache import SigmaCache
 from plugins.alfarra import check_optimizer_params
 
 STREAM_OPTIMIZE = 100
@@ -79,13 +80,15 @@ def optimize_sigma(
     sigma_min: float,
     first_step: int = 0,
     max_batch: int = 1024,
+    per_input: bool = False,
 ) -> torch.Tensor:
     """Alg. 1 for a batch: σ_K of every input (shape [B], float64, on x's device).
 
     ``sigma0`` is a number or a tensor [B] (warm starts, Alg. 2); ``keys`` name each
     input's noise (see the module docstring); at most ``max_batch`` noisy samples go
     through the model at once (inputs are split into chunks, which changes nothing but
-    floating-point rounding).
+    floating-point rounding). ``per_input``: every input ascends alone (its M samples
+    in their own forward passes), so its σ is bit-identical whatever the batch.
     """
     check_optimizer_params(steps, samples, beta, sigma_min)
     if len(keys) != len(x):
@@ -94,7 +97,7 @@ def optimize_sigma(
     sigma = torch.as_tensor(sigma0, dtype=torch.float64, device=device).expand(len(x)).clone()
     if steps == 0 or len(x) == 0:
         return sigma.clamp_min(sigma_min)
-    chunk = max(1, max_batch // samples)
+    chunk = 1 if per_input else max(1, max_batch // samples)
     generator = torch.Generator(device=device)
     out = []
     for start in range(0, len(x), chunk):
@@ -130,6 +133,10 @@ class OptimizedSigma:
     Unregularized: σ(x) may jump arbitrarily between nearby inputs, so a Cohen radius
     at σ(x) is no certificate of the data-dependent classifier (Súkeník et al. 2022,
     App. C.2); the memory certifier (Alg. 3) restores consistency within one run.
+
+    σ(x) is a pure function of x and the seed: each input ascends alone on noise keyed
+    by its content (bit-identical in any batch, so a resumed run equals an uninterrupted
+    one), and is memoized (:class:`~harness.sigmacache.SigmaCache`) for repeated queries.
     """
 
     regularity = Unregularized()
@@ -151,10 +158,14 @@ class OptimizedSigma:
         self.beta, self.sigma_min = float(beta), float(sigma_min)
         self.seed = seed
         self.max_batch = max_batch
+        self.cache = SigmaCache()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.cache.get(x, self._optimize)
+
+    def _optimize(self, x: torch.Tensor) -> torch.Tensor:
         return optimize_sigma(
             self.model, x, self.sigma0, content_keys(x), seed=self.seed, stream=STREAM_OPTIMIZE,
             steps=self.steps, samples=self.samples, beta=self.beta, sigma_min=self.sigma_min,
-            max_batch=self.max_batch,
+            max_batch=self.max_batch, per_input=True,
         )  # fmt: skip
