@@ -24,7 +24,8 @@ passes no gradient, exactly as ``torch.clamp``. Decisions where the paper is sil
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 
@@ -100,13 +101,29 @@ def optimize_sigma(
     chunk = 1 if per_input else max(1, max_batch // samples)
     generator = torch.Generator(device=device)
     out = []
-    for start in range(0, len(x), chunk):
-        part = slice(start, start + chunk)
-        out.append(
-            _ascend(model, x[part], sigma[part], keys[part], generator, seed, stream,
-                    steps, samples, beta, sigma_min, first_step)
-        )  # fmt: skip
+    with _one_cpu_thread(device, per_input):
+        for start in range(0, len(x), chunk):
+            part = slice(start, start + chunk)
+            out.append(
+                _ascend(model, x[part], sigma[part], keys[part], generator, seed, stream,
+                        steps, samples, beta, sigma_min, first_step)
+            )  # fmt: skip
     return torch.cat(out)
+
+
+@contextmanager
+def _one_cpu_thread(device: torch.device, active: bool) -> Iterator[None]:
+    """One CPU thread for the tiny per-input passes: no thread-pool synchronization per
+    step (costly on a busy machine), and no dependence of the rounding on the thread count."""
+    if not active or device.type != "cpu":
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _ascend(model, x, sigma, keys, generator, seed, stream, steps, samples, beta, sigma_min, first):
