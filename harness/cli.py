@@ -246,7 +246,10 @@ def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
         row["complete"] = bool(done and done["complete"])
         row["expected_inputs"] = done["expected"] if done else None
         if not row["complete"]:
-            row["verdict"] = f"incomplete ({row['inputs']} of {row['expected_inputs'] or '?'}), " + row["verdict"]
+            row["verdict"] = (
+                f"incomplete ({row['inputs']} of {row['expected_inputs'] or '?'}), "
+                + row["verdict"]
+            )
     if as_json:
         out = {
             "run_id": run["run_id"],

@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     from harness.plugins import Registry
     from harness.progress import Progress
     from harness.protocol import CertificationProtocol
-    from harness.runstate import RunState
     from harness.regularity import Regularity
+    from harness.runstate import RunState
     from harness.sampling import SamplingEngine
 
 

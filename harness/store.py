@@ -152,9 +152,7 @@ class ResultStore:
     def set_run_data(self, run_id: str, inputs: int, data_files: dict[str, str]) -> None:
         """Record how many test inputs each setting certifies and the data files read
         (path -> SHA-256); a resumed run whose files differ is refused."""
-        row = self.db.execute(
-            "SELECT data_files FROM runs WHERE run_id = ?", (run_id,)
-        ).fetchone()
+        row = self.db.execute("SELECT data_files FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         if row is not None and row[0] is not None and json.loads(row[0]) != data_files:
             raise IdrsError(
                 f"run {run_id[:12]} was certified on other data files ({row[0]}); "

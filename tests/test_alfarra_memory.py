@@ -7,10 +7,10 @@ import torch
 from scipy.spatial.distance import cdist
 
 from harness.certificate import ABSTAIN, Certificate
-from plugins.alfarra.certifier import MemoryCertifier
-from plugins.alfarra.memory import INSIDE, KEPT, SHRUNK, Memory
 from harness.runstate import RunState
 from harness.store import ResultStore
+from plugins.alfarra.certifier import MemoryCertifier
+from plugins.alfarra.memory import INSIDE, KEPT, SHRUNK, Memory
 from plugins.alfarra.memory_store import restore
 
 

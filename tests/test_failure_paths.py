@@ -181,7 +181,9 @@ def test_a_truncated_cached_model_is_retrained_by_the_cli(tmp_path, monkeypatch,
     reference = torch.load(model, weights_only=True)
     model.write_bytes(model.read_bytes()[:-50])
     capsys.readouterr()
-    assert main(["run", str(spec), "--db", str(tmp_path / "r2.sqlite"), "--quiet", "--no-check"]) == 0
+    assert (
+        main(["run", str(spec), "--db", str(tmp_path / "r2.sqlite"), "--quiet", "--no-check"]) == 0
+    )
     err = capsys.readouterr().err
     assert "cached base model" in err and str(model) in err and "corrupt-" in err
     healed = torch.load(model, weights_only=True)
@@ -209,9 +211,7 @@ def test_progress_without_a_terminal_prints_lines_with_rate_and_eta():
     assert lines[-1].startswith("cohen sigma=0.25: finished, 50/100 inputs")
     middle = lines[1:-1]
     assert len(middle) == 3  # every 30 s of the 100 s
-    assert middle[0] == (
-        "cohen sigma=0.25: 15/100 inputs, 0.50 inputs/s, elapsed 30 s, ETA 170 s"
-    )
+    assert middle[0] == ("cohen sigma=0.25: 15/100 inputs, 0.50 inputs/s, elapsed 30 s, ETA 170 s")
     assert progress.timings == [("cohen sigma=0.25", 100.0)]
 
 

@@ -49,7 +49,9 @@ CERTIFICATES = (
     " ORDER BY method, setting, input_id"
 )
 STATE = "SELECT method, setting, seq, record, data FROM state ORDER BY method, setting, seq"
-CHECKS = "SELECT method, setting, check_name, verdict FROM checks ORDER BY method, setting, check_name"
+CHECKS = (
+    "SELECT method, setting, check_name, verdict FROM checks ORDER BY method, setting, check_name"
+)
 
 
 def _query(db: Path, sql: str) -> list[tuple]:

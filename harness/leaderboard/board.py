@@ -125,7 +125,9 @@ def _rows(run: StoredRun, radii: Sequence[float]) -> list[Row]:
         verdict = row_verdict(checks)
         done = status.get((method, setting))
         if done is not None and not done["complete"]:
-            verdict = f"incomplete ({done['inputs']} of {done['expected'] or '?'} inputs), {verdict}"
+            verdict = (
+                f"incomplete ({done['inputs']} of {done['expected'] or '?'} inputs), {verdict}"
+            )
         out.append(
             Row(
                 run_id=run.run_id,

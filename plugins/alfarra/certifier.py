@@ -21,8 +21,8 @@ import torch
 from harness.certificate import Certificate
 from harness.components import Certifier
 from harness.errors import IdrsError
-from plugins.alfarra.memory import INSIDE, Memory, MemoryEntry
 from harness.runstate import RunState
+from plugins.alfarra.memory import INSIDE, Memory, MemoryEntry
 from plugins.alfarra.memory_store import stage_entry
 
 
