@@ -55,7 +55,7 @@ def _spec(tmp_path, dataset="cone-4", count=8, epochs=1, n=200, sigma=0.5) -> Pa
 
 
 def _imports_torch(argv: list[str], cwd: Path) -> tuple[bool, str]:
-    """Run the CLI's main(argv) in a fresh interpreter; was torch imported?"""
+    """Run the CLI's main(argv) in a fresh interpreter; was torch, numpy or scipy imported?"""
     code = textwrap.dedent(f"""
         import sys
         from harness.cli import main
@@ -63,11 +63,12 @@ def _imports_torch(argv: list[str], cwd: Path) -> tuple[bool, str]:
             main({argv!r})
         except SystemExit:
             pass
-        print("TORCH-IMPORTED" if "torch" in sys.modules else "NO-TORCH")
+        heavy = [m for m in ("torch", "numpy", "scipy") if m in sys.modules]
+        print(f"HEAVY-IMPORTS {{heavy}}")
     """)
     out = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True,
                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
-    return "TORCH-IMPORTED" in out.stdout, out.stdout + out.stderr
+    return "HEAVY-IMPORTS []" not in out.stdout, out.stdout + out.stderr
 
 
 @pytest.mark.parametrize(
@@ -81,6 +82,7 @@ def _imports_torch(argv: list[str], cwd: Path) -> tuple[bool, str]:
         (["run", "{keys}", "--db", "{dir}/r.sqlite"], "unknown parameter(s) ['k0']"),
         (["run", "{alpha}", "--db", "{dir}/r.sqlite"], "alpha must lie in (0, 1)"),
         (["run", "{n0}", "--db", "{dir}/r.sqlite"], "n0 (50) must not exceed n (20)"),
+        (["run", "{steps}", "--db", "{dir}/r.sqlite"], "steps (K) must be an integer >= 0"),
         (["run", "{good}", "--data-root", "{dir}/no/such"], "--data-root"),
     ],
 )
@@ -94,6 +96,8 @@ def test_help_plugins_and_spec_errors_do_not_import_torch(tmp_path, argv, messag
         ("n0", bad.read_text().replace("sigma = 0.0", "sigma = 0.5").replace("n = 200", "n = 20")
          .replace("n0 = 20", "n0 = 50")),
         ("good", bad.read_text().replace("sigma = 0.0", "sigma = 0.5")),
+        ("steps", bad.read_text().replace('"cohen"', '"alfarra-ds"')
+         .replace("sigma = 0.0", "sigma = 0.5, steps = -1")),
     ):  # fmt: skip
         path = tmp_path / f"{name}.toml"
         path.write_text(text)
