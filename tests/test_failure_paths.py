@@ -326,3 +326,17 @@ def test_sigma_cache_returns_exactly_a_fresh_computation():
     again = cache.get(x, compute)
     assert calls == [3, 2] and torch.equal(again[:3], first)
     assert torch.equal(again, x.sum(1).double()) and len(cache) == 4
+
+
+def test_a_run_resumed_on_other_data_files_is_refused(tmp_path):
+    from harness.errors import IdrsError
+    from harness.store import ResultStore
+
+    store = ResultStore(tmp_path / "r.sqlite")
+    store.begin_run("abc", "n", {}, {}, None, "cpu", 0, "m")
+    store.set_run_data("abc", 10, {"/d/a": "11"})
+    store.set_run_data("abc", 10, {"/d/a": "11"})  # the same files: resumes
+    with pytest.raises(IdrsError, match="other data files"):
+        store.set_run_data("abc", 10, {"/d/a": "22"})
+    assert store.run("abc")["data_files"] == {"/d/a": "11"} and store.run("abc")["inputs"] == 10
+    store.close()
