@@ -13,6 +13,7 @@ import argparse
 import json
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     if not hasattr(args, "handler"):
         parser.print_help()
         return 2
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
     try:
         return args.handler(args)
     except IdrsError as exc:
@@ -61,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 143 if isinstance(exc, Terminated) else 130
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _parser() -> argparse.ArgumentParser:
