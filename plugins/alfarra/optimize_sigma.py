@@ -24,15 +24,15 @@ passes no gradient, exactly as ``torch.clamp``. Decisions where the paper is sil
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import nullcontext
 
 import torch
 
 from harness.errors import ModelOutputError
 from harness.regularity import Unregularized
 from harness.sampling import noise_seed
-from harness.sigmacache import SigmaCache
+from harness.sigmacache import SigmaCache, one_cpu_thread
 from plugins.alfarra import check_optimizer_params
 
 STREAM_OPTIMIZE = 100
@@ -89,7 +89,8 @@ def optimize_sigma(
     input's noise (see the module docstring); at most ``max_batch`` noisy samples go
     through the model at once (inputs are split into chunks, which changes nothing but
     floating-point rounding). ``per_input``: every input ascends alone (its M samples
-    in their own forward passes), so its σ is bit-identical whatever the batch.
+    in their own forward passes, on one CPU thread), so its σ is bit-identical
+    whatever the batch.
     """
     check_optimizer_params(steps, samples, beta, sigma_min)
     if len(keys) != len(x):
@@ -101,7 +102,7 @@ def optimize_sigma(
     chunk = 1 if per_input else max(1, max_batch // samples)
     generator = torch.Generator(device=device)
     out = []
-    with _one_cpu_thread(device, per_input):
+    with one_cpu_thread(device) if per_input else nullcontext():
         for start in range(0, len(x), chunk):
             part = slice(start, start + chunk)
             out.append(
@@ -109,21 +110,6 @@ def optimize_sigma(
                         steps, samples, beta, sigma_min, first_step)
             )  # fmt: skip
     return torch.cat(out)
-
-
-@contextmanager
-def _one_cpu_thread(device: torch.device, active: bool) -> Iterator[None]:
-    """One CPU thread for the tiny per-input passes: no thread-pool synchronization per
-    step (costly on a busy machine), and no dependence of the rounding on the thread count."""
-    if not active or device.type != "cpu":
-        yield
-        return
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _ascend(model, x, sigma, keys, generator, seed, stream, steps, samples, beta, sigma_min, first):

@@ -47,7 +47,7 @@ from scipy.stats import norm
 
 from harness.regularity import Unregularized
 from harness.sampling import SamplingEngine, noise_seed
-from harness.sigmacache import SigmaCache
+from harness.sigmacache import SigmaCache, one_cpu_thread
 from plugins.chen.config import STEP_STRIDE, SearchConfig
 
 STREAM_STARTS = 100
@@ -176,8 +176,8 @@ class InstanceSigma:
     """σ-provider ``chen-fgss``: σ(x) from Alg. 2 on the base model; :class:`Unregularized`.
 
     σ(x) is a pure function of x and the seed, bit for bit: every input is searched
-    alone (its Monte Carlo batches never hold another input, so no rounding depends on
-    the batch), and memoized (:class:`~harness.sigmacache.SigmaCache`) because the
+    alone, on one CPU thread (its Monte Carlo batches never hold another input, so no
+    rounding depends on the batch), and memoized (:class:`~harness.sigmacache.SigmaCache`) because the
     checks query the same inputs repeatedly. ``last`` holds the :class:`SearchResult`
     of the inputs searched by the latest call (for inspection).
     """
@@ -194,8 +194,9 @@ class InstanceSigma:
         return self.cache.get(x, self._search)
 
     def _search(self, x: torch.Tensor) -> torch.Tensor:
-        results = [search_sigma(self.engine, x[i : i + 1], self.config, self.seed)
-                   for i in range(len(x))]  # fmt: skip
+        with one_cpu_thread(x.device):
+            results = [search_sigma(self.engine, x[i : i + 1], self.config, self.seed)
+                       for i in range(len(x))]  # fmt: skip
         self.last = SearchResult(
             *(np.concatenate([getattr(r, f.name) for r in results]) for f in fields(SearchResult))
         )
