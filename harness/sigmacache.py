@@ -34,7 +34,7 @@ def input_digest(x: torch.Tensor) -> bytes:
 
 
 class SigmaCache:
-    """σ by input digest; ``compute`` is called on the unseen inputs only (in their order)."""
+    """σ by input digest; ``compute`` is called on the unseen inputs only, each once."""
 
     def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
         self.max_entries = max_entries
@@ -46,12 +46,15 @@ class SigmaCache:
     def get(self, x: torch.Tensor, compute: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """σ [B] (float64, on x's device) of the inputs x [B, ...]."""
         digests = [input_digest(row) for row in x]
-        missing = [i for i, d in enumerate(digests) if d not in self._sigma]
+        first = {}  # each unseen input once, even when it repeats in x
+        for i, d in enumerate(digests):
+            if d not in self._sigma:
+                first.setdefault(d, i)
         fresh: dict[bytes, float] = {}
-        if missing:
-            index = torch.tensor(missing, device=x.device)
+        if first:
+            index = torch.tensor(list(first.values()), device=x.device)
             values = compute(x[index]).detach().to("cpu", torch.float64).tolist()
-            fresh = {digests[i]: v for i, v in zip(missing, values, strict=True)}
+            fresh = dict(zip(first, values, strict=True))
         out = []
         for d in digests:
             value = fresh[d] if d in fresh else self._sigma[d]

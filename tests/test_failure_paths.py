@@ -326,6 +326,9 @@ def test_sigma_cache_returns_exactly_a_fresh_computation():
     again = cache.get(x, compute)
     assert calls == [3, 2] and torch.equal(again[:3], first)
     assert torch.equal(again, x.sum(1).double()) and len(cache) == 4
+    repeated = torch.cat([x[4:], x[4:], torch.ones(1, 3), x[4:]])
+    assert torch.equal(cache.get(repeated, compute), repeated.sum(1).double())
+    assert calls == [3, 2, 1]  # x[4] is cached, the new input computed once
 
 
 def test_a_run_resumed_on_other_data_files_is_refused(tmp_path):
