@@ -85,7 +85,7 @@ def _kill_during(spec, db, cache, marker: str, rng: random.Random, method: str |
     threading.Thread(target=watch, daemon=True).start()
     assert seen.wait(120), f"the run never reached {marker!r}"
     if method is None:
-        time.sleep(rng.uniform(0.0, 1.0))
+        time.sleep(rng.uniform(0.0, 0.5))
     else:
         target = len(_query(db, f"SELECT 1 FROM certificates WHERE method = '{method}'"))
         target += rng.randint(1, 6)
