@@ -183,10 +183,14 @@ def _certify_setting(store, run_id, spec, context, method_name, setting, test_id
                     continue
                 todo = [i for i in ids if i not in stored]
                 if todo:
-                    x = context.dataset.test_x[todo].to(context.device)
+                    # σ of the whole shard, as in an uninterrupted run: a σ whose last bits
+                    # depend on the batch is then the same when a shard is resumed
                     start = time.perf_counter()
-                    sigma = _checked_sigma(provider(x), len(todo), method.sigma_provider)
-                    sigma_seconds = (time.perf_counter() - start) / len(todo)
+                    whole = provider(context.dataset.test_x[ids].to(context.device))
+                    sigma = _checked_sigma(whole, len(ids), method.sigma_provider)
+                    sigma = sigma[torch.tensor([ids.index(i) for i in todo], device=sigma.device)]
+                    sigma_seconds = (time.perf_counter() - start) / len(ids)
+                    x = context.dataset.test_x[todo].to(context.device)
                     for cert in certifier.certify(x, sigma, todo):
                         cert.seconds += sigma_seconds  # σ(x) is part of the cost of a certificate
                         store.add_certificate(

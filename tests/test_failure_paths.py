@@ -288,15 +288,6 @@ def _alone_and_batched(provider_factory, x: torch.Tensor) -> None:
     assert len(torch.unique(together)) > 1  # σ really depends on the input
 
 
-def test_alfarra_sigma_is_bit_identical_alone_and_in_any_batch():
-    from plugins.alfarra.optimize_sigma import OptimizedSigma
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(30, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
-    x = torch.rand(6, 30)
-    _alone_and_batched(lambda: OptimizedSigma(model, 0.25, 20, 3, 0.05, 1e-3, seed=4), x)
-
-
 def test_chen_sigma_is_bit_identical_alone_and_in_any_batch():
     from harness.sampling import SamplingEngine
     from plugins.chen.config import SearchConfig

@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from contextlib import nullcontext
 
 import torch
 
 from harness.errors import ModelOutputError
 from harness.regularity import Unregularized
 from harness.sampling import noise_seed
-from harness.sigmacache import SigmaCache, one_cpu_thread
+from harness.sigmacache import SigmaCache
 from plugins.alfarra import check_optimizer_params
 
 STREAM_OPTIMIZE = 100
@@ -81,16 +80,13 @@ def optimize_sigma(
     sigma_min: float,
     first_step: int = 0,
     max_batch: int = 1024,
-    per_input: bool = False,
 ) -> torch.Tensor:
     """Alg. 1 for a batch: σ_K of every input (shape [B], float64, on x's device).
 
     ``sigma0`` is a number or a tensor [B] (warm starts, Alg. 2); ``keys`` name each
     input's noise (see the module docstring); at most ``max_batch`` noisy samples go
     through the model at once (inputs are split into chunks, which changes nothing but
-    floating-point rounding). ``per_input``: every input ascends alone (its M samples
-    in their own forward passes, on one CPU thread), so its σ is bit-identical
-    whatever the batch.
+    floating-point rounding).
     """
     check_optimizer_params(steps, samples, beta, sigma_min)
     if len(keys) != len(x):
@@ -99,16 +95,15 @@ def optimize_sigma(
     sigma = torch.as_tensor(sigma0, dtype=torch.float64, device=device).expand(len(x)).clone()
     if steps == 0 or len(x) == 0:
         return sigma.clamp_min(sigma_min)
-    chunk = 1 if per_input else max(1, max_batch // samples)
+    chunk = max(1, max_batch // samples)
     generator = torch.Generator(device=device)
     out = []
-    with one_cpu_thread(device) if per_input else nullcontext():
-        for start in range(0, len(x), chunk):
-            part = slice(start, start + chunk)
-            out.append(
-                _ascend(model, x[part], sigma[part], keys[part], generator, seed, stream,
-                        steps, samples, beta, sigma_min, first_step)
-            )  # fmt: skip
+    for start in range(0, len(x), chunk):
+        part = slice(start, start + chunk)
+        out.append(
+            _ascend(model, x[part], sigma[part], keys[part], generator, seed, stream,
+                    steps, samples, beta, sigma_min, first_step)
+        )  # fmt: skip
     return torch.cat(out)
 
 
@@ -137,9 +132,11 @@ class OptimizedSigma:
     at σ(x) is no certificate of the data-dependent classifier (Súkeník et al. 2022,
     App. C.2); the memory certifier (Alg. 3) restores consistency within one run.
 
-    σ(x) is a pure function of x and the seed: each input ascends alone on noise keyed
-    by its content (bit-identical in any batch, so a resumed run equals an uninterrupted
-    one), and is memoized (:class:`~harness.sigmacache.SigmaCache`) for repeated queries.
+    σ(x) depends on x and the seed (noise keyed by x's content) and, in its last bits,
+    on the batch it is computed in (BLAS rounding; ascending each input alone costs
+    ~80 ms per input, too slow for the checks' hundreds of queries). The runner
+    therefore computes σ on whole shards, so a resumed run equals an uninterrupted one
+    bit for bit. Memoized (:class:`~harness.sigmacache.SigmaCache`) for repeated queries.
     """
 
     regularity = Unregularized()
@@ -170,5 +167,5 @@ class OptimizedSigma:
         return optimize_sigma(
             self.model, x, self.sigma0, content_keys(x), seed=self.seed, stream=STREAM_OPTIMIZE,
             steps=self.steps, samples=self.samples, beta=self.beta, sigma_min=self.sigma_min,
-            max_batch=self.max_batch, per_input=True,
+            max_batch=self.max_batch,
         )  # fmt: skip
