@@ -1,23 +1,17 @@
-"""Per-input σ(x): memoized, and computed on one CPU thread.
+"""Memoized σ(x) for σ-providers whose σ is a function of the input's content.
 
 A per-input optimizer (Alfarra et al.'s OptimizeSigma, Chen et al.'s search) is
 costly, and the soundness checks query σ at the same inputs again and again. When
 σ(x) depends only on x's values and the run's seed (never on the batch), caching it
 by a digest of x's bytes changes no result: :meth:`SigmaCache.get` computes only the
 inputs it has not seen and returns exactly what a fresh computation would.
-
-Computed one input at a time, such a σ is made of many small tensor operations;
-:func:`one_cpu_thread` runs them on one thread: a thread pool's synchronization at
-every small operation costs far more than it saves (25x slower on a busy 2-core
-machine), and the rounding can no longer depend on the thread count.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import torch
 
@@ -64,17 +58,3 @@ class SigmaCache:
         while len(self._sigma) > self.max_entries:
             self._sigma.popitem(last=False)
         return torch.tensor(out, dtype=torch.float64, device=x.device)
-
-
-@contextmanager
-def one_cpu_thread(device: torch.device) -> Iterator[None]:
-    """Run the body with one intra-op CPU thread (no effect on other devices)."""
-    if device.type != "cpu":
-        yield
-        return
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)

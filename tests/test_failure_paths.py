@@ -1,5 +1,5 @@
 """First-run and failure paths: errors before torch, --data-root, healing caches,
-progress without a terminal, SIGTERM, incomplete runs, batch-independent σ(x)."""
+progress without a terminal, SIGTERM, incomplete runs, memoized σ(x)."""
 
 import io
 import json
@@ -276,30 +276,6 @@ def test_incomplete_runs_are_marked_and_not_ranked(tmp_path, capsys):
     assert "--allow-incomplete" in capsys.readouterr().err
     assert main(["leaderboard", "--db", str(db), "--allow-incomplete"]) == 0
     assert "incomplete (5 of 8 inputs)" in capsys.readouterr().out
-
-
-def _alone_and_batched(provider_factory, x: torch.Tensor) -> None:
-    alone = torch.cat([provider_factory()(x[i : i + 1]) for i in range(len(x))])
-    together = provider_factory()(x)
-    order = torch.tensor([3, 0, 5, 1, 4, 2])
-    shuffled = torch.cat([provider_factory()(x[order[:2]]), provider_factory()(x[order[2:]])])
-    assert torch.equal(alone, together)
-    assert torch.equal(shuffled, together[order])
-    assert len(torch.unique(together)) > 1  # σ really depends on the input
-
-
-def test_chen_sigma_is_bit_identical_alone_and_in_any_batch():
-    from harness.sampling import SamplingEngine
-    from plugins.chen.config import SearchConfig
-    from plugins.chen.search import InstanceSigma
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(30, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
-    config = SearchConfig.from_params({"sigma": 0.25, "num_samples": 50, "max_steps": 4})
-    x = torch.rand(6, 30) * 2
-    _alone_and_batched(
-        lambda: InstanceSigma(SamplingEngine(model, 4, torch.device("cpu"), 64, 0), config, 2), x
-    )
 
 
 def test_sigma_cache_returns_exactly_a_fresh_computation():

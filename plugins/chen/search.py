@@ -39,7 +39,7 @@ evaluation has fresh noise, reproducible and independent of batching.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -47,7 +47,7 @@ from scipy.stats import norm
 
 from harness.regularity import Unregularized
 from harness.sampling import SamplingEngine, noise_seed
-from harness.sigmacache import SigmaCache, one_cpu_thread
+from harness.sigmacache import SigmaCache
 from plugins.chen.config import STEP_STRIDE, SearchConfig
 
 STREAM_STARTS = 100
@@ -175,11 +175,12 @@ def search_sigma(
 class InstanceSigma:
     """σ-provider ``chen-fgss``: σ(x) from Alg. 2 on the base model; :class:`Unregularized`.
 
-    σ(x) is a pure function of x and the seed, bit for bit: every input is searched
-    alone, on one CPU thread (its Monte Carlo batches never hold another input, so no
-    rounding depends on the batch), and memoized (:class:`~harness.sigmacache.SigmaCache`) because the
-    checks query the same inputs repeatedly. ``last`` holds the :class:`SearchResult`
-    of the inputs searched by the latest call (for inspection).
+    σ(x) depends on x and the seed (noise keyed by x's content); the model's outputs
+    on a batch that mixes inputs could in principle round differently, which the
+    runner makes harmless by computing σ on whole shards (a resumed shard gets the
+    same σ). Memoized (:class:`~harness.sigmacache.SigmaCache`) because the checks query
+    the same inputs repeatedly. ``last`` holds the :class:`SearchResult` of the inputs
+    searched by the latest call (for inspection).
     """
 
     def __init__(self, engine: SamplingEngine, config: SearchConfig, seed: int) -> None:
@@ -194,10 +195,5 @@ class InstanceSigma:
         return self.cache.get(x, self._search)
 
     def _search(self, x: torch.Tensor) -> torch.Tensor:
-        with one_cpu_thread(x.device):
-            results = [search_sigma(self.engine, x[i : i + 1], self.config, self.seed)
-                       for i in range(len(x))]  # fmt: skip
-        self.last = SearchResult(
-            *(np.concatenate([getattr(r, f.name) for r in results]) for f in fields(SearchResult))
-        )
+        self.last = search_sigma(self.engine, x, self.config, self.seed)
         return torch.as_tensor(self.last.sigma, dtype=torch.float64, device=x.device)
