@@ -1,10 +1,20 @@
-"""The ``idrs-bench`` command line: run, results, check, leaderboard, compare, plugins."""
+"""The ``idrs-bench`` command line: run, results, check, leaderboard, compare, plugins.
+
+Nothing heavy is imported before it is needed: ``--help``, ``plugins`` and every
+error in a benchmark file or its parameters answer without importing torch (the spec
+is parsed and checked against the registered plugins first). A subcommand defined
+in another module is one ``add_<name>_parser(subparsers)`` in :data:`SUBCOMMANDS`.
+SIGTERM is handled like Ctrl-C: the run stops, says how to resume, exits 143.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -19,6 +29,21 @@ from harness.import_log import add_import_log_parser
 from harness.leaderboard import add_leaderboard_parser
 
 DEFAULT_DB = Path("idrs-bench.sqlite")
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], object]] = [
+    add_leaderboard_parser,
+    add_compare_parser,
+    add_bench_parser,
+    add_import_log_parser,
+]
+"""Registration functions of the subcommands defined in their own modules."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is (handled like Ctrl-C)."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     if not hasattr(args, "handler"):
         parser.print_help()
         return 2
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
     try:
         return args.handler(args)
     except IdrsError as exc:
@@ -34,11 +61,14 @@ def main(argv: list[str] | None = None) -> int:
             f"[red]error:[/red] {escape(str(exc))}", highlight=False
         )
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         Console(stderr=True, soft_wrap=True).print(
             "interrupted; `idrs-bench run` again resumes where it stopped"
         )
-        return 130
+        return 143 if isinstance(exc, Terminated) else 130
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -71,6 +101,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--no-check", action="store_true", help="skip the soundness checks after certifying"
     )
+    run.add_argument(
+        "--timings", action="store_true", help="print the wall time of every stage at the end"
+    )
     run.set_defaults(handler=_run)
 
     results = sub.add_parser("results", help="summary metrics of a run")
@@ -100,25 +133,31 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--cache-dir", type=Path, help="where trained base models are cached")
     check.add_argument("--quiet", action="store_true", help="no progress bars")
     check.add_argument("--json", action="store_true", help="machine-readable output")
+    check.add_argument(
+        "--timings", action="store_true", help="print the wall time of each setting's checks"
+    )
     check.set_defaults(handler=_check)
 
     plugins = sub.add_parser("plugins", help="list loaded plugins and what they provide")
     plugins.add_argument("--json", action="store_true", help="machine-readable output")
     plugins.set_defaults(handler=_plugins)
 
-    add_leaderboard_parser(sub)
-    add_compare_parser(sub)
-    add_bench_parser(sub)
-    add_import_log_parser(sub)
+    for add_parser in SUBCOMMANDS:
+        add_parser(sub)
     return parser
 
 
 def _run(args: argparse.Namespace) -> int:
-    from harness.progress import Progress
-    from harness.runner import RunOptions, run_benchmark
-    from harness.spec import DEFAULT_BENCHMARK, load_spec
+    from harness.plugins import get_plugin_manager
+    from harness.spec import DEFAULT_BENCHMARK, check_data_root, load_spec, validate
 
     spec = load_spec(args.spec or DEFAULT_BENCHMARK, args.set)
+    validate(spec, get_plugin_manager().registry)  # every name and parameter, before torch
+    check_data_root(args.data_root, spec.dataset.name)
+
+    from harness.progress import Progress
+    from harness.runner import RunOptions, run_benchmark
+
     if args.device == "cuda":
         import torch
 
@@ -138,7 +177,20 @@ def _run(args: argparse.Namespace) -> int:
 
         run_checks(args.db, run_id, options, progress, budget="small")
     _print_results(args.db, run_id, as_json=False)
+    if args.timings:
+        _print_timings(progress.timings)
     return 0
+
+
+def _print_timings(timings: list[tuple[str, float]]) -> None:
+    """Wall time per stage (training, each setting's certification, each setting's checks)."""
+    table = Table(title="stage times")
+    table.add_column("stage")
+    table.add_column("seconds", justify="right")
+    for stage, seconds in timings:
+        table.add_row(escape(stage), f"{seconds:,.1f}")
+    table.add_row("sum of the stages", f"{sum(s for _, s in timings):,.1f}")
+    _console().print(table)
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -154,7 +206,8 @@ def _check(args: argparse.Namespace) -> int:
     options = RunOptions(
         db=args.db, device=args.device, data_root=args.data_root, cache_dir=args.cache_dir
     )
-    results = run_checks(args.db, args.run, options, Progress(enabled=not args.quiet and not args.json),
+    progress = Progress(enabled=not args.quiet and not args.json)
+    results = run_checks(args.db, args.run, options, progress,
                          method=args.method, budget=args.budget, orders=args.orders)  # fmt: skip
     if args.json:
         print(json.dumps([
@@ -163,7 +216,7 @@ def _check(args: argparse.Namespace) -> int:
                          "evidence": r.evidence, "flags": r.flags} for r in rs]}
             for (m, s), rs in results.items()
         ], indent=2, default=str))  # fmt: skip
-        return 0
+        return 0  # (--timings is not mixed into the JSON)
     table = Table(title=f"soundness checks ({args.budget} budget)")
     for column in ("method", "setting", "verdict", "check", "result", "summary"):
         table.add_column(column)
@@ -176,6 +229,8 @@ def _check(args: argparse.Namespace) -> int:
                           verdict if k == 0 else "", r.check, str(r.verdict),
                           escape(r.summary))  # fmt: skip
     _console().print(table)
+    if args.timings:
+        _print_timings(progress.timings)
     return 0
 
 
@@ -195,7 +250,7 @@ def _results(args: argparse.Namespace) -> int:
 
 def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
     from harness.leaderboard.verdicts import applied_checks, row_verdict
-    from harness.results import RADII, summarize
+    from harness.results import RADII, completeness, incomplete_note, summarize
     from harness.store import ResultStore
 
     store = ResultStore(db)
@@ -204,8 +259,11 @@ def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
         rows = summarize(store.certificates(run["run_id"]), run["config"].get("radii", RADII))
         failures = store.failures(run["run_id"])
         checks = store.checks(run["run_id"])
+        settings = completeness(run["config"], store.setting_counts(run["run_id"]),
+                                run["inputs"], run["finished"] is not None)  # fmt: skip
     finally:
         store.close()
+    status = {(s["method"], s["setting"]): s for s in settings}
     for row in rows:
         mine = [c for c in checks if (c["method"], c["setting"]) == (row["method"], row["setting"])]
         flags = sorted({f for c in mine for f in c["flags"]})
@@ -218,6 +276,14 @@ def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
         row["checks"] = {
             c["check_name"]: {"verdict": c["verdict"], "summary": c["summary"]} for c in mine
         }
+        done = status.get((row["method"], row["setting"]))
+        row["complete"] = bool(done and done["complete"])
+        row["expected_inputs"] = done["expected"] if done else None
+        if not row["complete"]:
+            row["verdict"] = (
+                f"incomplete ({row['inputs']} of {row['expected_inputs'] or '?'}), "
+                + row["verdict"]
+            )
     if as_json:
         out = {
             "run_id": run["run_id"],
@@ -228,6 +294,9 @@ def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
             "protocol": run["config"]["protocol"],
             "methods": rows,
             "failures": failures,
+            "complete": all(s["complete"] for s in settings),
+            "settings": settings,
+            "data_files": run["data_files"],
         }
         print(json.dumps(out, indent=2))
         return
@@ -256,6 +325,12 @@ def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
             escape(", ".join(row["checks_applied"]) or "–"),
         )  # fmt: skip
     console.print(table)
+    note = incomplete_note(settings)
+    if note is not None:
+        console.print(
+            f"[yellow]run {run['run_id'][:12]} is {escape(note)}[/yellow]; "
+            "`idrs-bench run` with the same spec and --db finishes it"
+        )
     for failure in failures:
         console.print(
             f"[red]failed:[/red] {escape(failure['method'])} ({escape(failure['setting'])}): "

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from harness.progress import Progress
     from harness.protocol import CertificationProtocol
     from harness.regularity import Regularity
+    from harness.runstate import RunState
     from harness.sampling import SamplingEngine
 
 
@@ -103,7 +104,9 @@ class BuildContext:
     """Everything a σ-provider or certifier factory may use for one benchmark.
 
     ``run_id``, ``method`` and ``setting`` name the work the components are built for
-    (set by the runner; a certifier with state, such as a memory, keys it by them), and
+    (set by the runner); ``state`` is that setting's :class:`~harness.runstate.RunState`
+    in the run's database (a certifier with per-run state, such as a memory, restores
+    from it and stages new records; None outside a run), and
     ``registry`` resolves components by name (e.g. a wrapped certifier); ``model_hash``
     is the base model's content hash (a key for anything fitted to it).
     """
@@ -120,6 +123,7 @@ class BuildContext:
     run_id: str | None = None
     method: str | None = None
     setting: str | None = None
+    state: RunState | None = None
 
 
 @dataclass

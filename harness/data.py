@@ -13,7 +13,7 @@ class Dataset:
     """Train and test tensors; inputs are float32 of shape [N, *input_shape].
 
     Image datasets hold pixels in [0, 1] and are never normalized outside the model:
-    noise is added in input space.
+    noise is added in input space. ``files`` are recorded with every run.
     """
 
     name: str
@@ -23,6 +23,8 @@ class Dataset:
     test_y: torch.Tensor
     num_classes: int
     class_names: tuple[str, ...] = field(default=())
+    files: dict[str, str] = field(default_factory=dict)
+    """The files read (path -> SHA-256 hex); empty for a generated dataset."""
 
     @property
     def input_shape(self) -> tuple[int, ...]:

@@ -47,3 +47,37 @@ def _summarize_group(
         "mean_sigma": sum(r["sigma"] for r in rows) / count,
         "seconds_per_input": sum(r["seconds"] for r in rows) / count,
     }
+
+
+def completeness(
+    config: dict[str, Any],
+    counts: dict[tuple[str, str], int],
+    expected: int | None,
+    finished: bool,
+) -> list[dict[str, Any]]:
+    """Per (method, setting) of the run's config: inputs stored, inputs expected, complete?
+
+    ``expected`` is the number of test inputs of every setting (None when the run did
+    not record it: then only a finished run counts as complete).
+    """
+    from harness.spec import setting_key
+
+    out = []
+    for method in config["methods"]:
+        for setting in method.get("settings") or [{}]:
+            key = setting_key(setting)
+            n = counts.get((method["name"], key), 0)
+            done = finished and (expected is None or n >= expected)
+            out.append({"method": method["name"], "setting": key, "inputs": n,
+                        "expected": expected, "complete": done})  # fmt: skip
+    return out
+
+
+def incomplete_note(settings: list[dict[str, Any]]) -> str | None:
+    """``"incomplete: cohen sigma=0.5 12 of 48 inputs, ..."``, or None when all are complete."""
+    parts = [
+        f"{s['method']} {s['setting']} {s['inputs']} of {s['expected'] or '?'} inputs"
+        for s in settings
+        if not s["complete"]
+    ]
+    return "incomplete: " + "; ".join(parts) if parts else None

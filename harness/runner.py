@@ -20,14 +20,15 @@ import torch
 from harness import __version__
 from harness.components import BuildContext
 from harness.data import Dataset
-from harness.errors import IdrsError
+from harness.errors import DatasetMissingError, IdrsError
 from harness.method import build_method
 from harness.modelcache import obtain_model
 from harness.plugins import PluginManager, Registry, get_plugin_manager
 from harness.precision import prepare_model
 from harness.progress import Progress
+from harness.runstate import RunState
 from harness.sampling import SamplingEngine, default_noise, resolve_device
-from harness.spec import BenchmarkSpec, content_hash, setting_key, validate
+from harness.spec import BenchmarkSpec, check_data_root, content_hash, setting_key, validate
 from harness.store import ResultStore
 
 
@@ -68,11 +69,19 @@ def git_commit() -> str | None:
 
 
 def load_dataset(spec: BenchmarkSpec, registry: Registry, options: RunOptions) -> Dataset:
+    """The spec's dataset; an explicit ``--data-root`` is used or refused, never ignored."""
+    check_data_root(options.data_root, spec.dataset.name)
     dataset_spec = registry.get("datasets", spec.dataset.name)
     family = registry.family_args("datasets", spec.dataset.name)
-    return dataset_spec.load(
+    dataset = dataset_spec.load(
         data_root=options.data_root, download=options.download, seed=spec.seed, **family
     )
+    if options.data_root is not None and not dataset.files:
+        raise DatasetMissingError(
+            f"dataset {spec.dataset.name!r} reads no files (it is generated), so --data-root "
+            f"{options.data_root!r} would be ignored; leave it out"
+        )
+    return dataset
 
 
 @dataclass
@@ -153,6 +162,7 @@ def run_benchmark(
         test_ids = prepared.dataset.test_subset(
             spec.dataset.test_every, spec.dataset.test_count
         ).tolist()
+        store.set_run_data(run_id, len(test_ids), prepared.dataset.files)
         for method in spec.methods:
             for setting in method.settings:
                 _certify_setting(
@@ -177,7 +187,8 @@ def _certify_setting(store, run_id, spec, context, method_name, setting, test_id
     )
     try:
         method = registry.get("methods", method_name)
-        context = replace(context, method=method_name, setting=key)
+        state = RunState(store.state_records(run_id, method_name, key))
+        context = replace(context, method=method_name, setting=key, state=state)
         provider, certifier = build_method(registry, method_name, setting, context)
         labels = context.dataset.test_y
         with context.progress.task(
@@ -188,17 +199,22 @@ def _certify_setting(store, run_id, spec, context, method_name, setting, test_id
                     continue
                 todo = [i for i in ids if i not in stored]
                 if todo:
-                    x = context.dataset.test_x[todo].to(context.device)
+                    # σ of the whole shard, as in an uninterrupted run: a σ whose last bits
+                    # depend on the batch is then the same when a shard is resumed
                     start = time.perf_counter()
-                    sigma = checked_sigma(provider(x), len(todo), method.sigma_provider)
-                    sigma_seconds = (time.perf_counter() - start) / len(todo)
+                    whole = provider(context.dataset.test_x[ids].to(context.device))
+                    sigma = checked_sigma(whole, len(ids), method.sigma_provider)
+                    sigma = sigma[torch.tensor([ids.index(i) for i in todo], device=sigma.device)]
+                    sigma_seconds = (time.perf_counter() - start) / len(ids)
                     sigma_of = dict(zip(todo, sigma.double().cpu().tolist(), strict=True))
+                    x = context.dataset.test_x[todo].to(context.device)
                     for cert in certifier.certify(x, sigma, todo):
                         _check_certificate_sigma(cert, sigma_of, method.certifier)
                         cert.seconds += sigma_seconds  # σ(x) is part of the cost of a certificate
                         store.add_certificate(
-                            run_id, method_name, key, shard, int(labels[cert.input_id]), cert
-                        )
+                            run_id, method_name, key, shard, int(labels[cert.input_id]), cert,
+                            state=state.take(),
+                        )  # fmt: skip
                         advance(1)
                 store.finish_shard(run_id, method_name, key, shard)
     except KeyboardInterrupt:

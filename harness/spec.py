@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.errors import ParameterError, SpecError
+from harness.errors import DatasetMissingError, ParameterError, SpecError
 from harness.plugins import Registry
 from harness.protocol import LEGACY_NOISE, CertificationProtocol
 from harness.results import RADII
@@ -308,6 +308,15 @@ def validate(spec: BenchmarkSpec, registry: Registry) -> None:
             _check_keys(setting, method_spec.defaults, f"method {method.name!r}")
             if method_spec.check is not None:
                 method_spec.check({**method_spec.defaults, **setting})
+
+
+def check_data_root(data_root: str | None, dataset: str) -> None:
+    """An explicit ``--data-root`` must be a folder (checked before anything is loaded)."""
+    if data_root is not None and not Path(data_root).is_dir():
+        raise DatasetMissingError(
+            f"--data-root {data_root!r} is not a folder; it should hold the files of "
+            f"dataset {dataset!r} (or leave --data-root out to use the default locations)"
+        )
 
 
 def _check_keys(given: dict[str, Any], known: dict[str, Any], owner: str) -> None:

@@ -1,21 +1,28 @@
-"""Results in SQLite (DESIGN §10): runs, one row per certified input, finished shards.
+"""Results in SQLite: runs, one row per certified input, finished shards, plugin state.
 
 Every certificate is committed as soon as it exists (INSERT OR IGNORE on its primary
 key), and a shard is marked finished once all its inputs are stored, so a killed run
 loses at most the inputs in flight and a rerun neither duplicates nor repeats work.
+
+Per-run state of a certifier (e.g. the memory of Alfarra et al.'s memory certifier)
+lives in the ``state`` table, keyed by (run, method, setting, seq): the records a
+certifier staged while producing a certificate are written in the same transaction
+as that certificate (:meth:`ResultStore.add_certificate`), so the state never holds
+an input whose certificate was lost, nor the reverse. See :mod:`harness.runstate`.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from harness.certificate import Certificate
 from harness.errors import IdrsError
+from harness.runstate import StateRecord
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -29,7 +36,9 @@ CREATE TABLE IF NOT EXISTS runs (
     device TEXT NOT NULL,
     seed INTEGER NOT NULL,
     model_hash TEXT,
-    weights_digest TEXT
+    weights_digest TEXT,
+    inputs INTEGER,
+    data_files TEXT
 );
 CREATE TABLE IF NOT EXISTS certificates (
     run_id TEXT NOT NULL REFERENCES runs(run_id),
@@ -71,6 +80,15 @@ CREATE TABLE IF NOT EXISTS checks (
     at TEXT NOT NULL,
     PRIMARY KEY (run_id, method, setting, check_name)
 );
+CREATE TABLE IF NOT EXISTS state (
+    run_id TEXT NOT NULL,
+    method TEXT NOT NULL,
+    setting TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    record TEXT NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (run_id, method, setting, seq)
+);
 CREATE TABLE IF NOT EXISTS failures (
     run_id TEXT NOT NULL,
     method TEXT NOT NULL,
@@ -103,10 +121,14 @@ class ResultStore:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
-        columns = {row[1] for row in self.db.execute("PRAGMA table_info(runs)")}
-        if "weights_digest" not in columns:  # a database from before weights digests
-            with self.db:
-                self.db.execute("ALTER TABLE runs ADD COLUMN weights_digest TEXT")
+        columns = {r[1] for r in self.db.execute("PRAGMA table_info(runs)")}
+        for column, kind in (
+            ("weights_digest", "TEXT"),
+            ("inputs", "INTEGER"),
+            ("data_files", "TEXT"),
+        ):
+            if column not in columns:  # a database written before these columns existed
+                self.db.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
 
     def close(self) -> None:
         self.db.close()
@@ -137,14 +159,42 @@ class ResultStore:
             )  # fmt: skip
         return cursor.rowcount == 1
 
+    def set_run_data(self, run_id: str, inputs: int, data_files: dict[str, str]) -> None:
+        """Record how many test inputs each setting certifies and the data files read
+        (path -> SHA-256); a resumed run whose files differ is refused."""
+        row = self.db.execute("SELECT data_files FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        if row is not None and row[0] is not None and json.loads(row[0]) != data_files:
+            raise IdrsError(
+                f"run {run_id[:12]} was certified on other data files ({row[0]}); "
+                f"now {json.dumps(data_files)}: pass the --data-root of the run, or a new --db"
+            )
+        with self.db:
+            self.db.execute(
+                "UPDATE runs SET inputs = ?, data_files = ? WHERE run_id = ?",
+                (inputs, json.dumps(data_files, sort_keys=True), run_id),
+            )
+
     def finish_run(self, run_id: str) -> None:
         with self.db:
             self.db.execute("UPDATE runs SET finished = ? WHERE run_id = ?", (_now(), run_id))
 
     def add_certificate(
-        self, run_id: str, method: str, setting: str, shard: int, label: int, cert: Certificate
+        self,
+        run_id: str,
+        method: str,
+        setting: str,
+        shard: int,
+        label: int,
+        cert: Certificate,
+        state: Sequence[StateRecord] = (),
     ) -> None:
+        """Commit ``cert`` and the certifier's ``state`` records in one transaction."""
         with self.db:
+            self.db.executemany(
+                "INSERT OR IGNORE INTO state VALUES (?, ?, ?, ?, ?, ?)",
+                [(run_id, method, setting, r.seq, json.dumps(r.record, sort_keys=True), r.data)
+                 for r in state],
+            )  # fmt: skip
             self.db.execute(
                 "INSERT OR IGNORE INTO certificates VALUES"
                 " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -155,6 +205,24 @@ class ResultStore:
                     cert.seconds, json.dumps(cert.evidence, default=_jsonable),
                 ),
             )  # fmt: skip
+
+    def state_records(self, run_id: str, method: str, setting: str) -> list[StateRecord]:
+        """The committed state records of (run, method, setting), in order of ``seq``."""
+        rows = self.db.execute(
+            "SELECT seq, record, data FROM state WHERE run_id = ? AND method = ? AND setting = ?"
+            " ORDER BY seq",
+            (run_id, method, setting),
+        )
+        return [StateRecord(seq, json.loads(record), bytes(data)) for seq, record, data in rows]
+
+    def setting_counts(self, run_id: str) -> dict[tuple[str, str], int]:
+        """Number of stored certificates per (method, setting)."""
+        rows = self.db.execute(
+            "SELECT method, setting, COUNT(*) FROM certificates WHERE run_id = ?"
+            " GROUP BY method, setting",
+            (run_id,),
+        )
+        return {(m, s): n for m, s, n in rows}
 
     def finish_shard(self, run_id: str, method: str, setting: str, shard: int) -> None:
         with self.db:
@@ -239,6 +307,7 @@ class ResultStore:
         out = dict(row)
         out["config"] = json.loads(out["config"])
         out["versions"] = json.loads(out["versions"])
+        out["data_files"] = json.loads(out["data_files"]) if out.get("data_files") else None
         return out
 
     def certificates(self, run_id: str) -> Iterable[dict[str, Any]]:

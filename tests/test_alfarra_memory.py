@@ -8,9 +8,11 @@ from scipy.spatial.distance import cdist
 
 from harness.certificate import ABSTAIN, Certificate
 from harness.radius import COHEN
+from harness.runstate import RunState
+from harness.store import ResultStore
 from plugins.alfarra.certifier import MemoryCertifier
 from plugins.alfarra.memory import INSIDE, KEPT, SHRUNK, Memory
-from plugins.alfarra.memory_store import MemoryLog
+from plugins.alfarra.memory_store import restore
 
 
 def _insert(memory, points):
@@ -156,20 +158,31 @@ def test_a_restored_memory_continues_exactly_as_an_uninterrupted_one(tmp_path):
 
     reference = results(MemoryCertifier(_InOrder(table), Memory()).certify(x, torch.ones(60), ids))
     assert {r[3]["memory_action"] for r in reference} == {KEPT, INSIDE, SHRUNK}
-    # a run that stops consuming after 25 certificates (the 26th is in flight: it is in
-    # the memory but never reached the results store)
-    log = MemoryLog(path, "k")
-    first = MemoryCertifier(_InOrder(table), Memory(), log).certify(x, torch.ones(60), ids)
-    done = [next(first) for _ in range(26)][:25]
-    log.close()
-    # resumed: a fresh memory restored from the file certifies the 35 missing inputs
-    log = MemoryLog(path, "k")
+    # a run that stops after 25 committed certificates (the 26th is in flight: its
+    # memory entry is staged but never reaches the database, like its certificate)
+    store = ResultStore(path)
+    state = RunState(store.state_records("run", "m", "s"))
+    first = MemoryCertifier(_InOrder(table), Memory(), state).certify(x, torch.ones(60), ids)
+    done = []
+    for _ in range(25):
+        cert = next(first)
+        store.add_certificate("run", "m", "s", 0, 0, cert, state=state.take())
+        done.append(cert)
+    next(first)
+    store.close()
+    # resumed: a fresh memory restored from the database certifies the 35 missing inputs
+    store = ResultStore(path)
+    records = store.state_records("run", "m", "s")
+    assert [r.seq for r in records] == list(range(25))
     memory = Memory()
-    assert log.restore(memory) == 26
-    rest = MemoryCertifier(_InOrder(table), memory, log).certify(x[25:], torch.ones(35), ids[25:])
+    assert restore(memory, records) == 25
+    rest = MemoryCertifier(_InOrder(table), memory, RunState(records)).certify(
+        x[25:], torch.ones(35), ids[25:]
+    )
     assert results(done) + results(rest) == reference
-    # another key in the same file is another memory
-    assert MemoryLog(path, "other").restore(Memory()) == 0
+    # another setting of the same run is another memory
+    assert store.state_records("run", "m", "other") == []
+    store.close()
 
 
 class _InOrder(_Reversed):

@@ -6,7 +6,8 @@ others, and ``order-dependent`` (memory) rows apart from both, scored at the wor
 order their check replayed (Súkeník et al. 2022, App. C.2). Runs imported from published
 logs (``idrs-bench import-log``) join the first table of their dataset (or open their own)
 as a group of their own, ``imported``: their radii are claims without evidence, never
-ranked as certified. Within each group the order is: certified accuracy at the headline radius
+ranked as certified. A setting of an unfinished run is marked ``incomplete`` and
+never sound. Within each group the order is: certified accuracy at the headline radius
 (descending), then ACR (descending), then method, setting and run id (ascending), so
 that ties are broken deterministically.
 
@@ -140,9 +141,11 @@ def build_board(runs: Sequence[StoredRun]) -> Board:
 
 
 def _rows(run: StoredRun, radii: Sequence[float]) -> list[Row]:
+    """One row per (method, setting); a setting not finished is marked and never ranked sound."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for cert in run.certificates:
         groups.setdefault((cert["method"], cert["setting"]), []).append(cert)
+    status = {(s["method"], s["setting"]): s for s in run.settings()}
     out = []
     for (method, setting), certs in groups.items():
         checks = [c for c in run.checks if c["method"] == method and c["setting"] == setting]
@@ -151,6 +154,11 @@ def _rows(run: StoredRun, radii: Sequence[float]) -> list[Row]:
         order = worst_order(checks) if verdict == ORDER_DEPENDENT else None
         if order is not None:
             certs = at_order(certs, order["worst_order"])
+        done = status.get((method, setting))
+        if done is not None and not done["complete"]:
+            verdict = (
+                f"incomplete ({done['inputs']} of {done['expected'] or '?'} inputs), {verdict}"
+            )
         out.append(
             Row(
                 run_id=run.run_id,

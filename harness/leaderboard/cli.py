@@ -40,6 +40,10 @@ def add_leaderboard_parser(sub: argparse._SubParsersAction) -> argparse.Argument
         "--verify", type=Path, metavar="BOARD.md",
         help="re-render a committed board from its stored runs and fail if it differs",
     )  # fmt: skip
+    parser.add_argument(
+        "--allow-incomplete", action="store_true",
+        help="render runs whose settings are not all finished (their rows are marked, never ranked sound)",
+    )  # fmt: skip
     parser.set_defaults(handler=leaderboard_command, default_db=DEFAULT_DB)
     return parser
 
@@ -84,6 +88,16 @@ def leaderboard_command(args: argparse.Namespace) -> int:
         )
         return 0
     runs = resolve_runs(args.runs, args.db or args.default_db)
+    if not args.allow_incomplete:
+        from harness.results import incomplete_note
+
+        for run in runs:
+            note = incomplete_note(run.settings())
+            if note is not None:
+                raise IdrsError(
+                    f"run {run.run_id[:12]} is {note}; finish it with `idrs-bench run` "
+                    "(same spec and --db) or pass --allow-incomplete to render it marked"
+                )
     if args.out is None:
         from harness.leaderboard.board import build_board
         from harness.leaderboard.markdown import render_markdown

@@ -40,10 +40,23 @@ class StoredRun:
     certificates: list[dict[str, Any]] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
     checks: list[dict[str, Any]] = field(default_factory=list)
+    expected_inputs: int | None = None
+    """Test inputs per setting, as recorded by the run (None: not recorded, e.g. an export)."""
 
     @property
     def run_id(self) -> str:
         return self.run["run_id"]
+
+    def settings(self) -> list[dict[str, Any]]:
+        """Every (method, setting) of the config with inputs stored/expected and ``complete``."""
+        from harness.results import completeness
+
+        counts: dict[tuple[str, str], int] = {}
+        for c in self.certificates:
+            counts[c["method"], c["setting"]] = counts.get((c["method"], c["setting"]), 0) + 1
+        return completeness(
+            self.run["config"], counts, self.expected_inputs, self.run["finished"] is not None
+        )
 
 
 def load_runs(db: str | Path, run_ids: list[str] | None = None) -> list[StoredRun]:
@@ -74,6 +87,7 @@ def load_runs(db: str | Path, run_ids: list[str] | None = None) -> list[StoredRu
                     certificates=certificates,
                     failures=sorted(failures, key=lambda f: (f["at"], f["method"], f["setting"])),
                     checks=_checks(store.db, full_id),
+                    expected_inputs=run["inputs"],
                 )
             )
     finally:

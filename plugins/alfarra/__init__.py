@@ -52,10 +52,20 @@ MEMORY_DEFAULTS = {"memory_certifier": "cohen"}
 """The certifier wrapped by ``memory`` (any registered certifier but ``memory``)."""
 
 
+def check_optimizer_params(steps: int, samples: int, beta: float, sigma_min: float) -> None:
+    """Raise :class:`ParameterError` unless K >= 0, M >= 1, β >= 0 and σ_min > 0."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ParameterError(f"steps (K) must be an integer >= 0, got {steps!r}")
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise ParameterError(f"samples (M) must be an integer >= 1, got {samples!r}")
+    if not isinstance(beta, int | float) or not 0.0 <= beta < float("inf"):
+        raise ParameterError(f"beta must be a finite number >= 0, got {beta!r}")
+    if not isinstance(sigma_min, int | float) or not 0.0 < sigma_min < float("inf"):
+        raise ParameterError(f"sigma_min must be a positive number, got {sigma_min!r}")
+
+
 def check_optimizer(params: Mapping[str, Any]) -> None:
     """Parameters of ``alfarra-opt``: σ_0 > 0, K >= 0, M >= 1, β >= 0, σ_min > 0."""
-    from plugins.alfarra.optimize_sigma import check_optimizer_params
-
     check_sigma(params["sigma"])
     check_optimizer_params(params["steps"], params["samples"], params["beta"], params["sigma_min"])
 
@@ -83,7 +93,7 @@ def _memory_certifier(context: BuildContext, params: Mapping[str, Any], sigma_pr
     from harness.plugins import get_plugin_manager
     from plugins.alfarra.certifier import MemoryCertifier
     from plugins.alfarra.memory import Memory
-    from plugins.alfarra.memory_store import MemoryLog, default_memory_dir, memory_key
+    from plugins.alfarra.memory_store import restore
 
     params = {**MEMORY_DEFAULTS, **params}
     name = params["memory_certifier"]
@@ -92,11 +102,10 @@ def _memory_certifier(context: BuildContext, params: Mapping[str, Any], sigma_pr
     registry = getattr(context, "registry", None) or get_plugin_manager().registry
     inner = registry.get("certifiers", name).build(context, params, sigma_provider)
     memory = Memory(context.device)
-    log = MemoryLog(default_memory_dir() / "memory.sqlite", memory_key(context, name, params))
-    restored = log.restore(memory)
-    if restored:
-        context.progress.log(f"memory: continuing with {restored} certified inputs ({log.path})")
-    return MemoryCertifier(inner, memory, log)
+    state = getattr(context, "state", None)  # the run's (see harness.runstate); None: no run
+    if state is not None and restore(memory, state.records()):
+        context.progress.log(f"memory: continuing with {len(memory)} certified inputs")
+    return MemoryCertifier(inner, memory, state)
 
 
 def _train_alfarra_ds(model, dataset, params: Mapping[str, Any], context: TrainContext) -> None:

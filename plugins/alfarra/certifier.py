@@ -22,14 +22,16 @@ from harness.certificate import Certificate
 from harness.components import Certifier
 from harness.errors import IdrsError
 from harness.radius import RadiusFormula, Recomputed
+from harness.runstate import RunState
 from plugins.alfarra.memory import INSIDE, Memory, MemoryEntry
-from plugins.alfarra.memory_store import MemoryLog
+from plugins.alfarra.memory_store import stage_entry
 
 
 class MemoryCertifier:
-    """Wraps ``inner``; ``log`` (optional) persists every new memory entry before it is yielded.
+    """Wraps ``inner``; ``state`` (optional, the run's) receives every new memory entry.
 
-    ``order_dependent`` tells the soundness checks that certificates depend on the order
+    The runner commits the staged entry of a certificate in the same transaction as
+    the certificate (:mod:`harness.runstate`). ``order_dependent`` tells the soundness checks that certificates depend on the order
     of inputs (they replay orders instead of attacking a fixed smoothed classifier).
     """
 
@@ -65,10 +67,10 @@ class MemoryCertifier:
 
         return replay_orders(certificates, orders, radii, seed, inputs=inputs)
 
-    def __init__(self, inner: Certifier, memory: Memory, log: MemoryLog | None = None) -> None:
+    def __init__(self, inner: Certifier, memory: Memory, state: RunState | None = None) -> None:
         self.inner = inner
         self.memory = memory
-        self.log = log
+        self.state = state
         self.smoothing = inner.smoothing
         self.engine = inner.engine
         self.radius_formula = RadiusFormula(
@@ -97,8 +99,8 @@ class MemoryCertifier:
     def _adjust(self, cert: Certificate, x: torch.Tensor) -> Certificate:
         known = cert.input_id in self.memory
         entry: MemoryEntry = self.memory.certify(cert.input_id, x, cert.prediction, cert.radius)
-        if not known and self.log is not None:
-            self.log.append(entry, x)
+        if not known and self.state is not None:
+            stage_entry(self.state, entry, x)
         ids = [self.memory.entries[p].input_id for p in entry.decided_by]
         cert.evidence = {
             **cert.evidence,

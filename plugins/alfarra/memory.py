@@ -152,7 +152,7 @@ class Memory:
             if not torch.equal(self.inputs[entry.position], _flat64(x, self.device)):
                 raise IdrsError(
                     f"input {input_id} is already in the certification memory with a different "
-                    "content; the memory belongs to another dataset or run (delete its file)"
+                    "content; the run's stored memory belongs to other data (use a new --db)"
                 )
             return entry
         res = resolve(self.distances(x), self.predictions, self.radii, prediction, radius)

@@ -1,121 +1,50 @@
-"""Persistence of the certification memory (Alg. 3), so that a resumed run continues it.
+"""The certification memory (Alg. 3) as per-run state in the run's results database.
 
-The runner commits each certificate to its results database as it goes and, on
-resume, certifies only the inputs without one, with a freshly built certifier. The
-memory therefore lives in its own small SQLite file (``memory.sqlite`` in
-:func:`default_memory_dir`), one table keyed by a content hash of everything that
-determines the certificates (see :func:`memory_key`); each entry is committed
-*before* its certificate is handed to the runner. An input whose certificate was
-lost in a crash is certified again and finds its entry (:meth:`Memory.certify`).
-
-Without the run id (the core does not pass it to certifiers yet) the key cannot tell
-apart two runs with the same seed, base model, protocol and method parameters but a
-different set of test inputs: such runs share one memory. With ``context.run_id``,
-``context.method`` and ``context.setting`` present they enter the key, and each run
-setting has its own memory.
+Each memory entry is one :class:`harness.runstate.StateRecord` of the (run, method,
+setting) it belongs to: the entry's fields as JSON and its input as float64 bytes.
+The runner writes an entry in the same transaction as the certificate it produced,
+so a resumed run restores exactly the entries whose certificates are stored
+(:func:`restore`), and copying a run's database carries its memory.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import sqlite3
-from dataclasses import asdict
-from pathlib import Path
-from typing import Any
-
 import numpy as np
 import torch
 
-from harness.modelcache import default_cache_dir
+from harness.errors import IdrsError
+from harness.runstate import RunState, StateRecord
 from plugins.alfarra.memory import Memory, MemoryEntry
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS memory (
-    key TEXT NOT NULL,
-    position INTEGER NOT NULL,
-    input_id INTEGER NOT NULL,
-    x BLOB NOT NULL,
-    prediction INTEGER NOT NULL,
-    radius REAL NOT NULL,
-    raw_prediction INTEGER NOT NULL,
-    raw_radius REAL NOT NULL,
-    action TEXT NOT NULL,
-    decided_by TEXT NOT NULL,
-    PRIMARY KEY (key, position),
-    UNIQUE (key, input_id)
-);
-"""
+RECORD_FORMAT = 1
 
 
-def default_memory_dir() -> Path:
-    """``$IDRS_BENCH_CACHE/alfarra-memory`` (``~/.cache/idrs-bench/alfarra-memory``)."""
-    return default_cache_dir().parent / "alfarra-memory"
+def entry_record(entry: MemoryEntry, x: torch.Tensor) -> tuple[dict, bytes]:
+    """(JSON fields, input bytes) of one entry."""
+    record = {
+        "format": RECORD_FORMAT, "position": entry.position, "input_id": entry.input_id,
+        "prediction": entry.prediction, "radius": entry.radius,
+        "raw_prediction": entry.raw_prediction, "raw_radius": entry.raw_radius,
+        "action": entry.action, "decided_by": list(entry.decided_by),
+    }  # fmt: skip
+    return record, x.detach().to("cpu", torch.float64).contiguous().flatten().numpy().tobytes()
 
 
-def model_digest(model: torch.nn.Module) -> str:
-    """SHA-256 of the model's state dict (names, shapes, dtypes and values)."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        t = tensor.detach().cpu().contiguous()
-        digest.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())
-        digest.update((t.float() if t.dtype == torch.bfloat16 else t).numpy().tobytes())
-    return digest.hexdigest()
+def restore(memory: Memory, records: list[StateRecord]) -> int:
+    """Append the entries of ``records`` to an empty ``memory``; returns how many."""
+    for item in records:
+        r = item.record
+        if r.get("format") != RECORD_FORMAT or r.get("position") != item.seq:
+            raise IdrsError(f"memory record {item.seq} is not a memory entry of this format: {r}")
+        entry = MemoryEntry(
+            r["position"], r["input_id"], r["prediction"], r["radius"], r["raw_prediction"],
+            r["raw_radius"], r["action"], tuple(r["decided_by"]),
+        )  # fmt: skip
+        memory.add(entry, torch.from_numpy(np.frombuffer(item.data, dtype=np.float64).copy()))
+    return len(records)
 
 
-def memory_key(context: Any, inner: str, params: dict[str, Any]) -> str:
-    """Hash of (seed, device, base model, protocol, inner certifier, parameters[, run])."""
-    parts = {
-        "format": 1,
-        "seed": context.seed,
-        "device": str(context.device),
-        "model": model_digest(context.model),
-        "protocol": asdict(context.protocol),
-        "inner": inner,
-        "params": {k: params[k] for k in sorted(params)},
-        "run": [getattr(context, a, None) for a in ("run_id", "method", "setting")],
-    }
-    text = json.dumps(parts, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-class MemoryLog:
-    """The entries of one memory in ``path`` under ``key``, in insertion order."""
-
-    def __init__(self, path: str | Path, key: str) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.key = key
-        self.db = sqlite3.connect(self.path, timeout=30)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.executescript(SCHEMA)
-
-    def close(self) -> None:
-        self.db.close()
-
-    def restore(self, memory: Memory) -> int:
-        """Append every stored entry to an empty ``memory``; returns how many."""
-        rows = self.db.execute(
-            "SELECT position, input_id, x, prediction, radius, raw_prediction, raw_radius,"
-            " action, decided_by FROM memory WHERE key = ? ORDER BY position",
-            (self.key,),
-        )
-        count = 0
-        for pos, input_id, x, pred, rad, raw_pred, raw_rad, action, decided in rows:
-            entry = MemoryEntry(
-                pos, input_id, pred, rad, raw_pred, raw_rad, action, tuple(json.loads(decided))
-            )
-            memory.add(entry, torch.from_numpy(np.frombuffer(x, dtype=np.float64).copy()))
-            count += 1
-        return count
-
-    def append(self, entry: MemoryEntry, x: torch.Tensor) -> None:
-        """Commit one new entry (its input stored as float64 bytes)."""
-        blob = x.detach().to("cpu", torch.float64).contiguous().flatten().numpy().tobytes()
-        with self.db:
-            self.db.execute(
-                "INSERT OR IGNORE INTO memory VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (self.key, entry.position, entry.input_id, blob, entry.prediction, entry.radius,
-                 entry.raw_prediction, entry.raw_radius, entry.action,
-                 json.dumps(list(entry.decided_by))),
-            )  # fmt: skip
+def stage_entry(state: RunState, entry: MemoryEntry, x: torch.Tensor) -> None:
+    """Queue a new entry; the runner commits it with the certificate it produced."""
+    record, data = entry_record(entry, x)
+    state.stage(record, data)

@@ -28,9 +28,11 @@ from collections.abc import Sequence
 
 import torch
 
-from harness.errors import ModelOutputError, ParameterError
+from harness.errors import ModelOutputError
 from harness.regularity import Unregularized
 from harness.sampling import noise_seed
+from harness.sigmacache import SigmaCache
+from plugins.alfarra import check_optimizer_params
 
 STREAM_OPTIMIZE = 100
 """Noise stream of OptimizeSigma at certification time (keys: content hash of x)."""
@@ -45,18 +47,6 @@ def content_keys(x: torch.Tensor) -> list[int]:
     """A 64-bit BLAKE2b hash of each input's float32 bytes (the noise key of σ(x))."""
     rows = x.detach().to("cpu", torch.float32).contiguous().flatten(1).numpy()
     return [int.from_bytes(hashlib.blake2b(r.tobytes(), digest_size=8).digest()) for r in rows]
-
-
-def check_optimizer_params(steps: int, samples: int, beta: float, sigma_min: float) -> None:
-    """Raise :class:`ParameterError` unless K >= 0, M >= 1, β >= 0 and σ_min > 0."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise ParameterError(f"steps (K) must be an integer >= 0, got {steps!r}")
-    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-        raise ParameterError(f"samples (M) must be an integer >= 1, got {samples!r}")
-    if not isinstance(beta, int | float) or not 0.0 <= beta < float("inf"):
-        raise ParameterError(f"beta must be a finite number >= 0, got {beta!r}")
-    if not isinstance(sigma_min, int | float) or not 0.0 < sigma_min < float("inf"):
-        raise ParameterError(f"sigma_min must be a positive number, got {sigma_min!r}")
 
 
 def soft_radius(
@@ -141,6 +131,12 @@ class OptimizedSigma:
     Unregularized: σ(x) may jump arbitrarily between nearby inputs, so a Cohen radius
     at σ(x) is no certificate of the data-dependent classifier (Súkeník et al. 2022,
     App. C.2); the memory certifier (Alg. 3) restores consistency within one run.
+
+    σ(x) depends on x and the seed (noise keyed by x's content) and, in its last bits,
+    on the batch it is computed in (BLAS rounding; ascending each input alone costs
+    ~80 ms per input, too slow for the checks' hundreds of queries). The runner
+    therefore computes σ on whole shards, so a resumed run equals an uninterrupted one
+    bit for bit. Memoized (:class:`~harness.sigmacache.SigmaCache`) for repeated queries.
     """
 
     regularity = Unregularized()
@@ -162,8 +158,12 @@ class OptimizedSigma:
         self.beta, self.sigma_min = float(beta), float(sigma_min)
         self.seed = seed
         self.max_batch = max_batch
+        self.cache = SigmaCache()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.cache.get(x, self._optimize)
+
+    def _optimize(self, x: torch.Tensor) -> torch.Tensor:
         return optimize_sigma(
             self.model, x, self.sigma0, content_keys(x), seed=self.seed, stream=STREAM_OPTIMIZE,
             steps=self.steps, samples=self.samples, beta=self.beta, sigma_min=self.sigma_min,

@@ -54,6 +54,7 @@ from scipy.stats import norm
 
 from harness.regularity import Unregularized
 from harness.sampling import SamplingEngine, noise_seed
+from harness.sigmacache import SigmaCache
 from plugins.chen.config import STEP_STRIDE, SearchConfig
 
 STREAM_STARTS = 100
@@ -181,7 +182,12 @@ def search_sigma(
 class InstanceSigma:
     """σ-provider ``chen-fgss``: σ(x) from Alg. 2 on the base model; :class:`Unregularized`.
 
-    ``last`` holds the :class:`SearchResult` of the latest call (for inspection).
+    σ(x) depends on x and the seed (noise keyed by x's content); the model's outputs
+    on a batch that mixes inputs could in principle round differently, which the
+    runner makes harmless by computing σ on whole shards (a resumed shard gets the
+    same σ). Memoized (:class:`~harness.sigmacache.SigmaCache`) because the checks query
+    the same inputs repeatedly. ``last`` holds the :class:`SearchResult` of the inputs
+    searched by the latest call (for inspection).
     """
 
     def __init__(self, engine: SamplingEngine, config: SearchConfig, seed: int) -> None:
@@ -190,7 +196,11 @@ class InstanceSigma:
         self.seed = seed
         self.regularity = Unregularized()
         self.last: SearchResult | None = None
+        self.cache = SigmaCache()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.cache.get(x, self._search)
+
+    def _search(self, x: torch.Tensor) -> torch.Tensor:
         self.last = search_sigma(self.engine, x, self.config, self.seed)
         return torch.as_tensor(self.last.sigma, dtype=torch.float64, device=x.device)

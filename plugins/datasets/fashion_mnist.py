@@ -1,9 +1,9 @@
 """Fashion-MNIST (Xiao et al. 2017) from its IDX files.
 
-Looked for in ``data_root`` (the files themselves, or a ``fashion-mnist`` or
-torchvision ``FashionMNIST/raw`` folder under it), then where Debian's package
-``dataset-fashion-mnist`` installs them, then (only when asked) by torchvision's
-download.
+Looked for in ``data_root`` when given (the files themselves, or a ``fashion-mnist``
+or torchvision ``FashionMNIST/raw`` folder under it; an explicit root is never
+silently replaced by another), else where Debian's package ``dataset-fashion-mnist``
+installs them; then (only when asked) fetched by torchvision's download.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def candidate_folders(data_root: str | Path | None) -> list[Path]:
     folders = []
     if data_root is not None:
         root = Path(data_root)
-        folders += [root, root / "fashion-mnist", root / "FashionMNIST" / "raw"]
+        return [root, root / "fashion-mnist", root / "FashionMNIST" / "raw"]
     folders.append(DEBIAN_LOCATION)
     return folders
 
@@ -54,8 +54,9 @@ def load_fashion_mnist(data_root: str | Path | None = None, download: bool = Fal
     else:
         if not download:
             looked = ", ".join(str(f) for f in candidate_folders(data_root))
+            files = ", ".join(f"{stem}[.gz]" for stem in FILES.values())
             raise DatasetMissingError(
-                f"fashion-mnist not found (looked in {looked}); either pass --data-root DIR "
+                f"fashion-mnist not found (looked for {files} in {looked}); either pass --data-root DIR "
                 "with the four IDX files, or install Debian's package "
                 "(apt-get install dataset-fashion-mnist), or pass --download to let "
                 "torchvision fetch it where the network allows"
@@ -65,6 +66,8 @@ def load_fashion_mnist(data_root: str | Path | None = None, download: bool = Fal
     arrays = {key: read_idx(path) for key, path in paths.items()}
 
     import torch
+
+    from harness.modelcache import file_digest
 
     def images(a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(a.astype(np.float32) / 255.0).unsqueeze(1)
@@ -77,6 +80,7 @@ def load_fashion_mnist(data_root: str | Path | None = None, download: bool = Fal
         test_y=torch.from_numpy(arrays["test_y"].astype(np.int64)),
         num_classes=10,
         class_names=CLASS_NAMES,
+        files={str(path.resolve()): file_digest(path) for path in paths.values()},
     )
 
 

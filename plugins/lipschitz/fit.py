@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from harness.data import Dataset
+from harness.modelcache import load_artifact, save_artifact
 from harness.progress import Progress
 from harness.sampling import noise_seed
 from plugins.lipschitz.constant import lipschitz_constant
@@ -143,7 +144,8 @@ def obtain_sigma_network(context, params: Mapping[str, Any]) -> CertifiedSigma:
     content hash and the fitting parameters) so that a resumed run and the soundness
     checks use the very σ_θ the certificates were issued with: a CPU fit is not
     bit-reproducible across processes (threaded reductions), and σ must be one function.
-    Loaded with ``torch.load(..., weights_only=True)``.
+    Loaded with ``torch.load(..., weights_only=True)`` after its digest is checked
+    (:func:`harness.modelcache.load_artifact`: a damaged file is moved aside and refitted).
     """
     key = (
         context.dataset.name, context.dataset.dim, context.seed, str(context.device),
@@ -152,8 +154,8 @@ def obtain_sigma_network(context, params: Mapping[str, Any]) -> CertifiedSigma:
     per_model = _CACHE.setdefault(context.model, {})
     if key not in per_model:
         path = _disk_path(context, key)
-        if path is not None and path.is_file():
-            saved = torch.load(path, map_location="cpu", weights_only=True)
+        saved = None if path is None else load_artifact(path, context.progress, "cached σ-network")
+        if saved is not None:
             sigma = CertifiedSigma(saved["w1"], saved["b1"], saved["w2"], saved["b2"],
                                    float(saved["sigma_min"]), float(saved["declared_lip"]))  # fmt: skip
             per_model[key] = sigma.to(context.device)
@@ -168,12 +170,9 @@ def obtain_sigma_network(context, params: Mapping[str, Any]) -> CertifiedSigma:
             f"{', last layer rescaled' if sigma.rescaled else ''})"
         )
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            torch.save({"w1": sigma.w1.cpu(), "b1": sigma.b1.cpu(), "w2": sigma.w2.cpu(),
-                        "b2": sigma.b2.cpu(), "sigma_min": torch.tensor(sigma.sigma_min),
-                        "declared_lip": torch.tensor(sigma.declared_lip)}, tmp)  # fmt: skip
-            tmp.replace(path)
+            save_artifact(path, {"w1": sigma.w1.cpu(), "b1": sigma.b1.cpu(), "w2": sigma.w2.cpu(),
+                                 "b2": sigma.b2.cpu(), "sigma_min": torch.tensor(sigma.sigma_min),
+                                 "declared_lip": torch.tensor(sigma.declared_lip)})  # fmt: skip
         per_model[key] = sigma
     return per_model[key]
 

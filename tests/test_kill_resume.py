@@ -1,0 +1,130 @@
+"""A run killed with SIGKILL at random points of every stage, resumed, equals an
+uninterrupted one row for row: training, certification, a memory-certifier shard and
+the soundness checks (Alfarra et al.'s memory, kept in the run's database, included)."""
+
+import os
+import random
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SPEC = """
+name = "kill"
+seed = 5
+shard_size = 4
+
+[dataset]
+name = "cone-2"
+test_count = 8
+
+[model]
+architecture = "mlp"
+trainer = "gaussian-augmentation"
+architecture_params = { width = 16 }
+trainer_params = { sigma = 0.5, epochs = 1 }
+
+[certification]
+n0 = 20
+n = 500
+alpha = 0.01
+batch_size = 512
+
+[[methods]]
+name = "cohen"
+settings = [{ sigma = 0.5 }]
+
+[[methods]]
+name = "alfarra-ds-memory"
+settings = [{ sigma = 0.5, steps = 8, beta = 0.05 }]
+"""
+
+CERTIFICATES = (
+    "SELECT method, setting, input_id, shard, label, prediction, predict, radius, p_lower, sigma,"
+    " counts_selection, counts_estimation, evidence FROM certificates"
+    " ORDER BY method, setting, input_id"
+)
+STATE = "SELECT method, setting, seq, record, data FROM state ORDER BY method, setting, seq"
+CHECKS = (
+    "SELECT method, setting, check_name, verdict FROM checks ORDER BY method, setting, check_name"
+)
+
+
+def _query(db: Path, sql: str) -> list[tuple]:
+    try:
+        with sqlite3.connect(db, timeout=5) as con:
+            return con.execute(sql).fetchall()
+    except sqlite3.OperationalError:
+        return []
+
+
+def _command(spec: Path, db: Path) -> list[str]:
+    return [sys.executable, "-m", "harness.cli", "run", str(spec), "--db", str(db)]
+
+
+def _env(cache: Path) -> dict[str, str]:
+    return {**os.environ, "IDRS_BENCH_CACHE": str(cache), "PYTHONPATH": str(ROOT)}
+
+
+def _kill_during(spec, db, cache, marker: str, rng: random.Random, method: str | None = None):
+    """Start the run, wait for the progress line ``marker``, then SIGKILL it at a random
+    moment: after a random delay, or (``method``) after a random number of its certificates."""
+    proc = subprocess.Popen(_command(spec, db), cwd=ROOT, env=_env(cache), text=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    seen = threading.Event()
+
+    def watch():
+        for line in proc.stderr:
+            if marker in line:
+                seen.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    assert seen.wait(120), f"the run never reached {marker!r}"
+    if method is None:
+        time.sleep(rng.uniform(0.0, 0.5))
+    else:
+        target = len(_query(db, f"SELECT 1 FROM certificates WHERE method = '{method}'"))
+        target += rng.randint(1, 6)
+        while proc.poll() is None and (
+            len(_query(db, f"SELECT 1 FROM certificates WHERE method = '{method}'")) < target
+        ):
+            time.sleep(0.005)
+    assert proc.poll() is None, f"the run finished before its kill after {marker!r}"
+    proc.kill()
+    proc.wait()
+
+
+def test_sigkill_at_random_points_then_resume_equals_an_uninterrupted_run(tmp_path):
+    seed = int(time.time())
+    rng = random.Random(seed)
+    spec = tmp_path / "kill.toml"
+    spec.write_text(SPEC)
+    reference_db, killed_db = tmp_path / "ref.sqlite", tmp_path / "killed.sqlite"
+    # the uninterrupted reference runs beside the killed one (its own model cache)
+    reference = subprocess.Popen(_command(spec, reference_db), cwd=ROOT, env=_env(tmp_path / "c1"),
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    cache = tmp_path / "c2"
+    _kill_during(spec, killed_db, cache, "training: started", rng)
+    _kill_during(spec, killed_db, cache, "cohen sigma=0.5: started", rng, method="cohen")
+    _kill_during(spec, killed_db, cache, "alfarra-ds-memory", rng, method="alfarra-ds-memory")
+    _kill_during(spec, killed_db, cache, "checks ", rng)
+    resumed = subprocess.run(_command(spec, killed_db), cwd=ROOT, env=_env(cache),
+                             capture_output=True, text=True)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    _, err = reference.communicate(timeout=300)
+    assert reference.returncode == 0, err
+
+    context = f"(random seed {seed})"
+    rows = _query(reference_db, CERTIFICATES)
+    assert len(rows) == 16
+    assert _query(killed_db, CERTIFICATES) == rows, context
+    state = _query(reference_db, STATE)
+    assert len(state) == 8  # one memory entry per input of the memory certifier
+    assert _query(killed_db, STATE) == state, context
+    assert len(_query(reference_db, CHECKS)) >= 2
+    assert _query(killed_db, CHECKS) == _query(reference_db, CHECKS), context
+    assert len(_query(killed_db, "SELECT 1 FROM runs WHERE finished IS NOT NULL")) == 1
