@@ -87,3 +87,20 @@ def test_absent_data_names_the_fix(manager, tmp_path, name):
         _load(manager, name, tmp_path)
     message = str(info.value)
     assert "\n" not in message and ("--download" in message or "val/" in message)
+
+
+def test_the_files_read_are_recorded_with_their_sha256(manager, tmp_path):
+    """Every file-backed dataset names what it read (runs record it; resuming on other
+    files is refused), with SHA-256 digests computed here independently by hashlib."""
+    import hashlib
+
+    write_mnist(tmp_path, train=20, test=10)
+    files = _load(manager, "mnist", tmp_path).files
+    raw = tmp_path / "MNIST" / "raw"
+    expected = {str(p.resolve()): hashlib.sha256(p.read_bytes()).hexdigest() for p in raw.iterdir()}
+    assert files == expected and len(files) == 4
+    write_svhn(tmp_path, train=4, test=4)
+    assert len(_load(manager, "svhn", tmp_path).files) == 2
+    write_imagenet(tmp_path / "imagenet", classes=2, per_class=2)
+    [(name, digest)] = _load(manager, "imagenet", tmp_path / "imagenet").files.items()
+    assert "manifest of 4 files" in name and len(digest) == 64

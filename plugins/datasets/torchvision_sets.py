@@ -74,6 +74,26 @@ def _lenient(cls):
     return Lenient
 
 
+def _files(paths) -> dict[str, str]:
+    """The files read (resolved path -> SHA-256), recorded with every run."""
+    from harness.modelcache import file_digest
+
+    return {
+        str(Path(p).resolve()): file_digest(Path(p)) for p in sorted(paths) if Path(p).is_file()
+    }
+
+
+def _manifest(folder: Path, paths: list[str]) -> dict[str, str]:
+    """One digest of the sorted (relative path, size) list: hashing 50,000 images would
+    take minutes, and a changed, added or removed file changes the manifest."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted(paths):
+        digest.update(f"{os.path.relpath(path, folder)}\t{os.path.getsize(path)}\n".encode())
+    return {f"{folder.resolve()} (manifest of {len(paths)} files)": digest.hexdigest()}
+
+
 def _images(array: np.ndarray) -> torch.Tensor:
     """uint8 [N, H, W, C] or [N, C, H, W] (``channels_last=False``) → float [N, C, H, W] in [0, 1]."""
     return torch.from_numpy(np.ascontiguousarray(array)).float().div_(255.0)
@@ -105,6 +125,7 @@ def load_mnist(data_root=None, download: bool = False) -> Dataset:
         test_y=test.targets.long(),
         num_classes=10,
         class_names=tuple(str(c) for c in range(10)),
+        files=_files((root / "MNIST" / "raw").iterdir()),
     )
 
 
@@ -131,6 +152,7 @@ def _load_cifar(name: str, hundred: bool, data_root, download: bool) -> Dataset:
         test_y=torch.tensor(test.targets, dtype=torch.long),
         num_classes=100 if hundred else 10,
         class_names=tuple(test.classes),
+        files=_files((root / cls.base_folder).iterdir()),
     )
 
 
@@ -171,6 +193,7 @@ def load_svhn(data_root=None, download: bool = False) -> Dataset:
         test_y=torch.from_numpy(test.labels).long(),
         num_classes=10,
         class_names=tuple(str(c) for c in range(10)),
+        files=_files(root / f"{split}_32x32.mat" for split in ("train", "test")),
     )
 
 
@@ -226,4 +249,5 @@ def load_imagenet(data_root=None, download: bool = False) -> Dataset:
         test_y=torch.tensor(folder.targets, dtype=torch.long),
         num_classes=len(folder.classes),
         class_names=tuple(folder.classes),
+        files=_manifest(val, [path for path, _ in folder.samples]),
     )
