@@ -97,7 +97,7 @@ def test_shard_radii_are_computed_in_one_call_and_equal_the_per_input_radii():
     model = LinearModel(w, 0.0)
     engine = SamplingEngine(model, 2, torch.device("cpu"), batch_size=512, seed=3)
     protocol = CertificationProtocol(n0=20, n=2000, alpha=0.001)
-    certifier = SukenikCertifier(engine, protocol, rate=0.02, dim=784)
+    certifier = SukenikCertifier(engine, protocol, SemiElastic(0.02), dim=784)
     calls = []
     inner = certifier.radius
     certifier.radius = lambda p, s: calls.append(len(p)) or inner(p, s)
@@ -107,7 +107,7 @@ def test_shard_radii_are_computed_in_one_call_and_equal_the_per_input_radii():
     batched = list(certifier.certify(x, sigma, list(range(6))))
     assert len(calls) == 1 and calls[0] == sum(c.radius > 0 for c in batched) >= 4
     for cert in batched:
-        alone = SukenikCertifier(None, protocol, rate=0.02, dim=784).from_counts(
+        alone = SukenikCertifier(None, protocol, SemiElastic(0.02), dim=784).from_counts(
             cert.input_id,
             cert.sigma,
             np.array(cert.counts_selection),
