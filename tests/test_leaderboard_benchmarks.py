@@ -75,7 +75,6 @@ PUBLISHED = sorted(
 
 @pytest.mark.skipif(not PUBLISHED, reason="no published board yet")
 @pytest.mark.parametrize("board", PUBLISHED, ids=lambda p: p.name)
-@pytest.mark.xfail(reason="boards re-rendered after merge", strict=False)
 def test_published_boards_verify(board):
     """``idrs-bench leaderboard --verify`` on every committed board (from its run export)."""
     from harness.leaderboard.verify import verify_board

@@ -226,3 +226,27 @@ def test_method_runs_next_to_cohen_in_a_benchmark(tmp_path):
                 2 * ev["L"]
             )
             assert radius == pytest.approx(expected, rel=1e-9)
+
+
+def test_a_reloaded_fit_is_the_same_sigma_with_the_same_regularity(tmp_path, monkeypatch):
+    """The disk cache round-trips σ_min and Lip(σ) exactly (float64): L of Thm 2, and so
+    every radius the soundness checks re-derive, equals the run's to the last bit."""
+    from plugins.lipschitz import fit as module
+
+    monkeypatch.setenv("IDRS_BENCH_CACHE", str(tmp_path))
+    dataset, model = _tiny_dataset()
+    protocol = CertificationProtocol(n0=10, n=50)
+    context = BuildContext(
+        dataset, model, torch.device("cpu"), 0, protocol,
+        SamplingEngine(model, 2, torch.device("cpu"), 64, 0), Progress(enabled=False),
+        model_hash="0" * 64,
+    )  # fmt: skip
+    params = {**FIT, "sigma_min": 0.65}
+    fitted = obtain_sigma_network(context, params)
+    module._CACHE.clear()
+    reloaded = obtain_sigma_network(context, params)
+    assert reloaded is not fitted
+    assert reloaded.regularity.sigma_min == 0.65 == fitted.regularity.sigma_min
+    assert reloaded.regularity.lip == fitted.regularity.lip
+    x = dataset.test_x[:8]
+    assert torch.equal(reloaded(x), fitted(x))

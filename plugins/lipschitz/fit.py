@@ -155,7 +155,7 @@ def obtain_sigma_network(context, params: Mapping[str, Any]) -> CertifiedSigma:
     if key not in per_model:
         path = _disk_path(context, key)
         saved = None if path is None else load_artifact(path, context.progress, "cached σ-network")
-        if saved is not None:
+        if saved is not None:  # σ_min and Lip in float64: L of Thm 2 must be the run's exactly
             sigma = CertifiedSigma(saved["w1"], saved["b1"], saved["w2"], saved["b2"],
                                    float(saved["sigma_min"]), float(saved["declared_lip"]))  # fmt: skip
             per_model[key] = sigma.to(context.device)
@@ -171,8 +171,8 @@ def obtain_sigma_network(context, params: Mapping[str, Any]) -> CertifiedSigma:
         )
         if path is not None:
             save_artifact(path, {"w1": sigma.w1.cpu(), "b1": sigma.b1.cpu(), "w2": sigma.w2.cpu(),
-                                 "b2": sigma.b2.cpu(), "sigma_min": torch.tensor(sigma.sigma_min),
-                                 "declared_lip": torch.tensor(sigma.declared_lip)})  # fmt: skip
+                                 "b2": sigma.b2.cpu(), "sigma_min": torch.tensor(sigma.sigma_min, dtype=torch.float64),
+                                 "declared_lip": torch.tensor(sigma.declared_lip, dtype=torch.float64)})  # fmt: skip
         per_model[key] = sigma
     return per_model[key]
 
