@@ -19,7 +19,6 @@ file's SHA-256 and how it is read.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ import torch
 
 from harness.data import Dataset
 from harness.errors import IdrsError
+from harness.modelcache import file_digest
 from harness.plugins import Registry
 from harness.spec import ModelConfig, content_hash
 
@@ -41,14 +41,6 @@ class CheckpointError(IdrsError):
     """A checkpoint that cannot be read into the model the spec names."""
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def load_checkpoint(
     config: ModelConfig, dataset: Dataset, registry: Registry
 ) -> tuple[torch.nn.Module, str]:
@@ -57,7 +49,7 @@ def load_checkpoint(
     if not path.is_file():
         raise CheckpointError(f"model checkpoint {str(path)!r} not found")
     key = content_hash(
-        {"checkpoint_sha256": file_sha256(path), "format": config.format,
+        {"checkpoint_sha256": file_digest(path), "format": config.format,
          "architecture": config.architecture, "architecture_params": config.architecture_params,
          "dataset": dataset.name, "num_classes": dataset.num_classes}
     )  # fmt: skip
