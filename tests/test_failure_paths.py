@@ -18,6 +18,7 @@ from rich.console import Console
 from harness.cli import main
 from harness.modelcache import load_artifact, save_artifact
 from harness.progress import Progress
+from tests.conftest import stored_certificates
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -236,24 +237,16 @@ def test_sigterm_is_reported_like_sigint_and_the_run_resumes(tmp_path):
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)  # fmt: skip
     deadline = time.time() + 120
-    while _count(db) < 4 and time.time() < deadline and proc.poll() is None:
+    while stored_certificates(db) < 4 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.02)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143
     assert err.strip() == "interrupted; `idrs-bench run` again resumes where it stopped"
-    stopped = _count(db)
+    stopped = stored_certificates(db)
     assert 4 <= stopped < 48
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 0 and _count(db) == 48
-
-
-def _count(db: Path) -> int:
-    try:
-        with sqlite3.connect(db, timeout=1) as con:
-            return con.execute("SELECT COUNT(*) FROM certificates").fetchone()[0]
-    except sqlite3.OperationalError:
-        return 0
+    assert done.returncode == 0 and stored_certificates(db) == 48
 
 
 def test_incomplete_runs_are_marked_and_not_ranked(tmp_path, capsys):

@@ -15,6 +15,7 @@ from harness.cli import main
 from harness.progress import Progress
 from harness.runner import RunOptions, run_benchmark
 from harness.spec import DEFAULT_BENCHMARK, parse_spec, setting_key
+from tests.conftest import stored_certificates
 
 TINY = """
 name = "tiny"
@@ -52,14 +53,6 @@ def _rows(db: Path) -> list[tuple]:
         ).fetchall()
 
 
-def _count(db: Path) -> int:
-    try:
-        with sqlite3.connect(db, timeout=1) as con:
-            return con.execute("SELECT COUNT(*) FROM certificates").fetchone()[0]
-    except sqlite3.OperationalError:
-        return 0
-
-
 def test_interrupted_run_resumes_without_loss_or_duplicates(tmp_path):
     spec = tmp_path / "tiny.toml"
     spec.write_text(TINY.format(n=40000))
@@ -76,11 +69,11 @@ def test_interrupted_run_resumes_without_loss_or_duplicates(tmp_path):
         [*command, "--db", str(db)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     deadline = time.time() + 120
-    while _count(db) < 12 and time.time() < deadline and proc.poll() is None:
+    while stored_certificates(db) < 12 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    at_kill = _count(db)
+    at_kill = stored_certificates(db)
     assert 12 <= at_kill < len(reference), "the run was not interrupted mid-way"
 
     subprocess.run([*command, "--db", str(db)], check=True, capture_output=True)
