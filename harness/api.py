@@ -160,6 +160,7 @@ def run(
     from harness.runner import RunOptions, run_benchmark
     from harness.spec import load_spec
     from harness.store import ResultStore
+    from harness.storedrun import read_run
 
     loaded = load_spec(spec, {key.replace("__", "."): value for key, value in overrides.items()})
     options = RunOptions(
@@ -174,14 +175,14 @@ def run(
         run_checks(Path(db), run_id, options, reporter, budget="small")
     store = ResultStore(db)
     try:
-        stored = store.run(run_id)
+        stored = read_run(store, run_id)
         certificates = list(store.certificates(run_id))
     finally:
         store.close()
-    summary = pd.DataFrame(summarize(certificates, stored["config"].get("radii")))
+    summary = pd.DataFrame(summarize(stored))
     return {
         "run_id": run_id,
-        "weights_digest": stored.get("weights_digest"),
+        "weights_digest": stored.run.get("weights_digest"),
         "summary": summary,
         "certificates": pd.DataFrame(certificates),
     }

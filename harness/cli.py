@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 from rich.console import Console
@@ -23,12 +24,11 @@ from rich.table import Table
 
 from harness import __version__
 from harness.bench import add_bench_parser
-from harness.compare import add_compare_parser
 from harness.errors import IdrsError
 from harness.import_log import add_import_log_parser
-from harness.leaderboard import add_leaderboard_parser
+from harness.leaderboard import add_compare_parser, add_leaderboard_parser
+from harness.store import DEFAULT_DB
 
-DEFAULT_DB = Path("idrs-bench.sqlite")
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], object]] = [
     add_leaderboard_parser,
     add_compare_parser,
@@ -249,41 +249,34 @@ def _results(args: argparse.Namespace) -> int:
 
 
 def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
-    from harness.leaderboard.verdicts import applied_checks, row_verdict
-    from harness.results import RADII, completeness, incomplete_note, summarize
+    from harness.results import RADII, summary
     from harness.store import ResultStore
+    from harness.storedrun import IMPORTED, incomplete_note, read_run
 
     store = ResultStore(db)
     try:
-        run = store.run(run_id)
-        rows = summarize(store.certificates(run["run_id"]), run["config"].get("radii", RADII))
-        failures = store.failures(run["run_id"])
-        checks = store.checks(run["run_id"])
-        settings = completeness(run["config"], store.setting_counts(run["run_id"]),
-                                run["inputs"], run["finished"] is not None)  # fmt: skip
+        stored = read_run(store, run_id)
     finally:
         store.close()
-    status = {(s["method"], s["setting"]): s for s in settings}
-    for row in rows:
-        mine = [c for c in checks if (c["method"], c["setting"]) == (row["method"], row["setting"])]
-        flags = sorted({f for c in mine for f in c["flags"]})
-        row["verdict"] = row_verdict(mine) + (f" ({', '.join(flags)})" if flags else "")
-        row["checks_applied"] = applied_checks(
-            [{"check": c["check_name"], "verdict": c["verdict"]} for c in mine]
+    run, settings = stored.run, stored.settings()
+    radii = run["config"].get("radii", RADII)
+    rows = []
+    for row in stored.rows():
+        out = summary(row.method, row.setting, row.certificates, radii)
+        flags = f" ({', '.join(row.flags)})" if row.flags else ""
+        out["verdict"] = (
+            "imported (claims, no evidence)" if row.verdict == IMPORTED else row.verdict + flags
         )
-        if run["config"].get("imported"):
-            row["verdict"] = "imported (claims, no evidence)"
-        row["checks"] = {
-            c["check_name"]: {"verdict": c["verdict"], "summary": c["summary"]} for c in mine
-        }
-        done = status.get((row["method"], row["setting"]))
-        row["complete"] = bool(done and done["complete"])
-        row["expected_inputs"] = done["expected"] if done else None
-        if not row["complete"]:
-            row["verdict"] = (
-                f"incomplete ({row['inputs']} of {row['expected_inputs'] or '?'}), "
-                + row["verdict"]
+        out["checks_applied"] = row.applied
+        out["checks"] = {c.check: {"verdict": c.verdict, "summary": c.summary} for c in row.checks}
+        out["complete"] = row.complete
+        out["expected_inputs"] = row.status.expected if row.status else None
+        if not row.complete:
+            out["verdict"] = (
+                f"incomplete ({row.inputs} of {out['expected_inputs'] or '?'}), " + out["verdict"]
             )
+        rows.append(out)
+    failures = [{"run_id": stored.run_id} | f for f in stored.failures]
     if as_json:
         out = {
             "run_id": run["run_id"],
@@ -294,9 +287,9 @@ def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
             "protocol": run["config"]["protocol"],
             "methods": rows,
             "failures": failures,
-            "complete": all(s["complete"] for s in settings),
-            "settings": settings,
-            "data_files": run["data_files"],
+            "complete": all(s.complete for s in settings),
+            "settings": [asdict(s) for s in settings],
+            "data_files": stored.data_files,
         }
         print(json.dumps(out, indent=2))
         return

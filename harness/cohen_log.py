@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 from harness.errors import IdrsError
+from harness.storedrun import StoredCertificate, load_runs
 
 HEADER = ("idx", "label", "predict", "radius", "correct", "time")
 _TIME = re.compile(
@@ -107,38 +108,30 @@ def read_log(path: str | Path) -> list[LogLine]:
     return parse_log(path.read_text(), str(path))
 
 
-def run_log_lines(certificates: list[dict[str, Any]]) -> list[LogLine]:
+def run_log_lines(certificates: Sequence[StoredCertificate]) -> list[LogLine]:
     """Log lines of stored certificates (CERTIFY's prediction and radius)."""
     return [
-        LogLine(int(c["input_id"]), int(c["label"]), int(c["prediction"]), float(c["radius"]),
-                float(c["seconds"]))
-        for c in sorted(certificates, key=lambda c: c["input_id"])
+        LogLine(int(c.input_id), int(c.label), int(c.prediction), float(c.radius),
+                float(c.seconds))
+        for c in sorted(certificates, key=lambda c: c.input_id)
     ]  # fmt: skip
 
 
 def write_run_log(db: Path, run_id: str | None, method: str | None, setting: str | None) -> str:
     """The log of one (method, setting) of a stored run (both may be omitted if unique)."""
-    from harness.store import ResultStore
-
     if not Path(db).is_file():
         raise IdrsError(f"results database {str(db)!r} not found; pass --db")
-    store = ResultStore(db)
-    try:
-        run = store.run(run_id)
-        certificates = list(store.certificates(run["run_id"]))
-    finally:
-        store.close()
-    rows = sorted({(c["method"], c["setting"]) for c in certificates})
+    (run,) = load_runs(db, [run_id] if run_id is not None else None)
+    rows = sorted(run.rows(), key=lambda r: (r.method, r.setting))
     chosen = [
         r
         for r in rows
-        if (method is None or r[0] == method) and (setting is None or r[1] == setting)
+        if (method is None or r.method == method) and (setting is None or r.setting == setting)
     ]
     if len(chosen) != 1:
-        available = ", ".join(f"--method {m} --setting {s}" for m, s in rows) or "none"
+        available = ", ".join(f"--method {r.method} --setting {r.setting}" for r in rows) or "none"
         raise IdrsError(
-            f"run {run['run_id'][:12]}: a Cohen log holds one method and setting; "
+            f"run {run.run_id[:12]}: a Cohen log holds one method and setting; "
             f"{'none' if not chosen else len(chosen)} match; choose one of: {available}"
         )
-    mine = [c for c in certificates if (c["method"], c["setting"]) == chosen[0]]
-    return format_log(run_log_lines(mine))
+    return format_log(run_log_lines(chosen[0].certificates))

@@ -12,6 +12,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from harness.store import DEFAULT_DB
+
 
 def import_log(
     path: str | Path, db: str | Path, dataset: str, name: str, sigma: float,
@@ -75,8 +77,6 @@ def import_log(
 
 def add_import_log_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``import-log`` subcommand to ``idrs-bench``'s subparsers."""
-    from harness.cli import DEFAULT_DB
-
     parser = sub.add_parser(
         "import-log", help="store a published certification log (Cohen et al.'s format)"
     )

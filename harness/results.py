@@ -1,83 +1,108 @@
-"""Summary metrics of a run, per method and setting.
+"""Summary metrics of one (method, setting)'s certificates.
 
 Certified accuracy at radius r counts inputs whose CERTIFY prediction is the label and
 whose certified radius is at least r; the average certified radius (ACR, Zhai et al.
 2020) averages the radius over all inputs, counting 0 for wrong or abstained ones.
-Clean accuracy is PREDICT's accuracy (abstentions count as errors).
+Clean accuracy is PREDICT's accuracy (abstentions count as errors). After Mohapatra et
+al. (2021), §3.2 and Table 2: the clean (PREDICT) accuracy of every class present in
+the test subset, and its minimum, maximum and population standard deviation over those
+classes.
+
+Every metric has one key (:func:`row_metrics`), the one the leaderboard's catalog
+(:func:`harness.leaderboard.metrics.metric_catalog`), its JSON and CSV and ``idrs-bench
+compare`` use; ``idrs-bench results --json`` nests certified accuracy by radius
+(:func:`summary`).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from typing import Any
+import statistics
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from harness.certificate import ABSTAIN
+
+if TYPE_CHECKING:
+    from harness.storedrun import StoredCertificate, StoredRun
 
 RADII = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
-def summarize(
-    certificates: Iterable[dict[str, Any]], radii: Sequence[float] = RADII
-) -> list[dict[str, Any]]:
-    """One row of metrics per (method, setting), in order of first appearance."""
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for row in certificates:
-        groups[row["method"], row["setting"]].append(row)
-    return [_summarize_group(m, s, rows, radii) for (m, s), rows in groups.items()]
+def certified_key(radius: float) -> str:
+    """The key of certified accuracy at ``radius``, e.g. ``certified_accuracy@0.5``."""
+    return f"certified_accuracy@{radius:g}"
 
 
-def _summarize_group(
-    method: str, setting: str, rows: list[dict], radii: Sequence[float]
+def benchmark_radii(config: dict[str, Any]) -> list[float]:
+    """The spec's ``radii`` if its stored config has them, else :data:`RADII`, sorted."""
+    radii = config.get("radii") or RADII
+    return sorted({float(r) for r in radii})
+
+
+def classwise_accuracy(certificates: Sequence[StoredCertificate]) -> dict[int, float]:
+    """PREDICT's accuracy on each class present among ``certificates``' labels."""
+    totals: dict[int, list[int]] = {}
+    for cert in certificates:
+        hits = totals.setdefault(int(cert.label), [0, 0])
+        hits[0] += cert.predict == cert.label
+        hits[1] += 1
+    return {label: hits[0] / hits[1] for label, hits in sorted(totals.items())}
+
+
+def row_metrics(
+    certificates: Sequence[StoredCertificate], radii: Sequence[float] = RADII
 ) -> dict[str, Any]:
-    count = len(rows)
-    correct = [r for r in rows if r["prediction"] == r["label"]]
+    """The metrics of one (method, setting)'s certificates (at least one).
+
+    Keys: ``inputs`` (the number of certificates), ``clean_accuracy``,
+    :func:`certified_key` of each radius, ``acr``, ``abstention_rate``,
+    ``misclassification_rate``, ``classwise_accuracy_min``/``_max``/``_std``,
+    ``mean_sigma``, ``seconds_per_input`` and ``classwise_accuracy`` (class -> accuracy).
+    """
+    count = len(certificates)
+    correct = [c for c in certificates if c.prediction == c.label]
+    per_class = classwise_accuracy(certificates)
+    values = list(per_class.values())
     return {
-        "method": method,
-        "setting": setting,
         "inputs": count,
-        "clean_accuracy": sum(r["predict"] == r["label"] for r in rows) / count,
-        "certified_accuracy": {
-            f"{radius:g}": sum(r["radius"] >= radius for r in correct) / count for radius in radii
-        },
-        "acr": sum(r["radius"] for r in correct) / count,
-        "abstention_rate": sum(r["prediction"] == ABSTAIN for r in rows) / count,
-        "misclassification_rate": sum(r["prediction"] not in (ABSTAIN, r["label"]) for r in rows)
+        "clean_accuracy": sum(c.predict == c.label for c in certificates) / count,
+        **{certified_key(r): sum(c.radius >= r for c in correct) / count for r in radii},
+        "acr": sum(c.radius for c in correct) / count,
+        "abstention_rate": sum(c.prediction == ABSTAIN for c in certificates) / count,
+        "misclassification_rate": sum(c.prediction not in (ABSTAIN, c.label) for c in certificates)
         / count,
-        "mean_sigma": sum(r["sigma"] for r in rows) / count,
-        "seconds_per_input": sum(r["seconds"] for r in rows) / count,
+        "classwise_accuracy_min": min(values),
+        "classwise_accuracy_max": max(values),
+        "classwise_accuracy_std": statistics.pstdev(values),
+        "mean_sigma": sum(c.sigma for c in certificates) / count,
+        "seconds_per_input": sum(c.seconds for c in certificates) / count,
+        "classwise_accuracy": per_class,
     }
 
 
-def completeness(
-    config: dict[str, Any],
-    counts: dict[tuple[str, str], int],
-    expected: int | None,
-    finished: bool,
-) -> list[dict[str, Any]]:
-    """Per (method, setting) of the run's config: inputs stored, inputs expected, complete?
-
-    ``expected`` is the number of test inputs of every setting (None when the run did
-    not record it: then only a finished run counts as complete).
-    """
-    from harness.spec import setting_key
-
-    out = []
-    for method in config["methods"]:
-        for setting in method.get("settings") or [{}]:
-            key = setting_key(setting)
-            n = counts.get((method["name"], key), 0)
-            done = finished and (expected is None or n >= expected)
-            out.append({"method": method["name"], "setting": key, "inputs": n,
-                        "expected": expected, "complete": done})  # fmt: skip
-    return out
+def summary(
+    method: str, setting: str, certificates: Sequence[StoredCertificate], radii: Sequence[float]
+) -> dict[str, Any]:
+    """One row of ``idrs-bench results --json``: :func:`row_metrics` with certified accuracy
+    nested by radius (``{"0.5": ...}``) and without the class-wise metrics."""
+    m = row_metrics(certificates, radii)
+    return {
+        "method": method,
+        "setting": setting,
+        "inputs": m["inputs"],
+        "clean_accuracy": m["clean_accuracy"],
+        "certified_accuracy": {f"{r:g}": m[certified_key(r)] for r in radii},
+        "acr": m["acr"],
+        "abstention_rate": m["abstention_rate"],
+        "misclassification_rate": m["misclassification_rate"],
+        "mean_sigma": m["mean_sigma"],
+        "seconds_per_input": m["seconds_per_input"],
+    }
 
 
-def incomplete_note(settings: list[dict[str, Any]]) -> str | None:
-    """``"incomplete: cohen sigma=0.5 12 of 48 inputs, ..."``, or None when all are complete."""
-    parts = [
-        f"{s['method']} {s['setting']} {s['inputs']} of {s['expected'] or '?'} inputs"
-        for s in settings
-        if not s["complete"]
-    ]
-    return "incomplete: " + "; ".join(parts) if parts else None
+def summarize(run: StoredRun, radii: Sequence[float] | None = None) -> list[dict[str, Any]]:
+    """:func:`summary` of every (method, setting) of ``run``, in stored order; ``radii``
+    default to the spec's (``radii`` of its config, else :data:`RADII`)."""
+    if radii is None:
+        radii = run.config.get("radii", RADII)
+    return [summary(row.method, row.setting, row.certificates, radii) for row in run.rows()]

@@ -24,6 +24,9 @@ from harness.certificate import Certificate
 from harness.errors import IdrsError
 from harness.runstate import StateRecord
 
+DEFAULT_DB = Path("idrs-bench.sqlite")
+"""The results database of every command when no ``--db`` is given."""
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY,
@@ -110,6 +113,33 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+def _insert(verb: str, table: str, columns: Sequence[str]) -> str:
+    """``INSERT ... INTO table (c1, c2, ...) VALUES (:c1, :c2, ...)``: values bound by name."""
+    return (
+        f"{verb} INTO {table} ({', '.join(columns)}) VALUES ({', '.join(':' + c for c in columns)})"
+    )
+
+
+CERTIFICATE_INSERT = _insert(
+    "INSERT OR IGNORE", "certificates",
+    ("run_id", "method", "setting", "input_id", "shard", "label", "prediction", "predict",
+     "radius", "p_lower", "sigma", "alpha", "counts_selection", "counts_estimation", "seconds",
+     "evidence"),
+)  # fmt: skip
+STATE_INSERT = _insert(
+    "INSERT OR IGNORE", "state", ("run_id", "method", "setting", "seq", "record", "data")
+)
+SHARD_INSERT = _insert(
+    "INSERT OR IGNORE", "shards", ("run_id", "method", "setting", "shard", "finished")
+)
+FAILURE_INSERT = _insert("INSERT", "failures", ("run_id", "method", "setting", "error", "at"))
+CHECK_INSERT = _insert(
+    "INSERT OR REPLACE", "checks",
+    ("run_id", "method", "setting", "check_name", "verdict", "summary", "evidence", "flags",
+     "budget", "at"),
+)  # fmt: skip
+
+
 class ResultStore:
     """A SQLite results database (created on first use)."""
 
@@ -190,20 +220,23 @@ class ResultStore:
     ) -> None:
         """Commit ``cert`` and the certifier's ``state`` records in one transaction."""
         with self.db:
+            key = {"run_id": run_id, "method": method, "setting": setting}
             self.db.executemany(
-                "INSERT OR IGNORE INTO state VALUES (?, ?, ?, ?, ?, ?)",
-                [(run_id, method, setting, r.seq, json.dumps(r.record, sort_keys=True), r.data)
-                 for r in state],
+                STATE_INSERT,
+                [key | {"seq": r.seq, "record": json.dumps(r.record, sort_keys=True),
+                        "data": r.data} for r in state],
             )  # fmt: skip
             self.db.execute(
-                "INSERT OR IGNORE INTO certificates VALUES"
-                " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    run_id, method, setting, cert.input_id, shard, label, cert.prediction,
-                    cert.predict, cert.radius, cert.p_lower, cert.sigma, cert.alpha,
-                    json.dumps(cert.counts_selection), json.dumps(cert.counts_estimation),
-                    cert.seconds, json.dumps(cert.evidence, default=_jsonable),
-                ),
+                CERTIFICATE_INSERT,
+                key | {
+                    "input_id": cert.input_id, "shard": shard, "label": label,
+                    "prediction": cert.prediction, "predict": cert.predict,
+                    "radius": cert.radius, "p_lower": cert.p_lower, "sigma": cert.sigma,
+                    "alpha": cert.alpha, "counts_selection": json.dumps(cert.counts_selection),
+                    "counts_estimation": json.dumps(cert.counts_estimation),
+                    "seconds": cert.seconds,
+                    "evidence": json.dumps(cert.evidence, default=_jsonable),
+                },
             )  # fmt: skip
 
     def state_records(self, run_id: str, method: str, setting: str) -> list[StateRecord]:
@@ -215,21 +248,13 @@ class ResultStore:
         )
         return [StateRecord(seq, json.loads(record), bytes(data)) for seq, record, data in rows]
 
-    def setting_counts(self, run_id: str) -> dict[tuple[str, str], int]:
-        """Number of stored certificates per (method, setting)."""
-        rows = self.db.execute(
-            "SELECT method, setting, COUNT(*) FROM certificates WHERE run_id = ?"
-            " GROUP BY method, setting",
-            (run_id,),
-        )
-        return {(m, s): n for m, s, n in rows}
-
     def finish_shard(self, run_id: str, method: str, setting: str, shard: int) -> None:
         with self.db:
             self.db.execute(
-                "INSERT OR IGNORE INTO shards VALUES (?, ?, ?, ?, ?)",
-                (run_id, method, setting, shard, _now()),
-            )
+                SHARD_INSERT,
+                {"run_id": run_id, "method": method, "setting": setting, "shard": shard,
+                 "finished": _now()},
+            )  # fmt: skip
 
     def finished_shards(self, run_id: str, method: str, setting: str) -> set[int]:
         rows = self.db.execute(
@@ -248,9 +273,10 @@ class ResultStore:
     def record_failure(self, run_id: str, method: str, setting: str, error: str) -> None:
         with self.db:
             self.db.execute(
-                "INSERT INTO failures VALUES (?, ?, ?, ?, ?)",
-                (run_id, method, setting, error, _now()),
-            )
+                FAILURE_INSERT,
+                {"run_id": run_id, "method": method, "setting": setting, "error": error,
+                 "at": _now()},
+            )  # fmt: skip
 
     def clear_failures(self, run_id: str, method: str, setting: str) -> None:
         with self.db:
@@ -267,23 +293,13 @@ class ResultStore:
         """Store a :class:`harness.soundness.verdict.CheckResult`, replacing an earlier one."""
         with self.db:
             self.db.execute(
-                "INSERT OR REPLACE INTO checks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (run_id, method, setting, result.check, str(result.verdict), result.summary,
-                 json.dumps(result.evidence, default=_jsonable, sort_keys=True),
-                 json.dumps(result.flags), budget, _now()),
+                CHECK_INSERT,
+                {"run_id": run_id, "method": method, "setting": setting,
+                 "check_name": result.check, "verdict": str(result.verdict),
+                 "summary": result.summary,
+                 "evidence": json.dumps(result.evidence, default=_jsonable, sort_keys=True),
+                 "flags": json.dumps(result.flags), "budget": budget, "at": _now()},
             )  # fmt: skip
-
-    def checks(self, run_id: str) -> list[dict[str, Any]]:
-        rows = self.db.execute(
-            "SELECT * FROM checks WHERE run_id = ? ORDER BY method, setting, check_name", (run_id,)
-        )
-        out = []
-        for row in rows:
-            item = dict(row)
-            item["evidence"] = json.loads(item["evidence"])
-            item["flags"] = json.loads(item["flags"])
-            out.append(item)
-        return out
 
     def run(self, run_id: str | None = None) -> dict[str, Any]:
         """The run ``run_id`` (a unique prefix is enough), or the latest run."""

@@ -117,8 +117,8 @@ def test_checks_refuse_a_model_with_other_weights(db_with_run_and_log, capsys):
 
 
 def test_compare_warns_when_weights_differ(db_with_run_and_log):
-    from harness.compare import compare_runs
-    from harness.leaderboard.source import load_runs
+    from harness.leaderboard.compare import compare_runs
+    from harness.storedrun import load_runs
 
     (run,) = load_runs(db_with_run_and_log, [
         sqlite3.connect(db_with_run_and_log).execute(

@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from harness.compare import add_compare_parser, compare_runs, protocol_differences
-from harness.leaderboard.source import export_runs, load_runs
+from harness.leaderboard.compare import add_compare_parser, compare_runs, protocol_differences
+from harness.leaderboard.source import export_runs
+from harness.storedrun import load_runs
 from tests.test_leaderboard import CONFIG, ROWS, RUN_ID, make_run
 
 OTHER = "7" * 64

@@ -22,9 +22,10 @@ from harness.leaderboard.board import build_board
 from harness.leaderboard.cli import add_leaderboard_parser
 from harness.leaderboard.markdown import render_markdown
 from harness.leaderboard.render import write_board
-from harness.leaderboard.source import export_runs, load_runs, read_export
+from harness.leaderboard.source import CERTIFICATE_COLUMNS, export_runs, read_export
 from harness.leaderboard.verify import verify_board
 from harness.store import ResultStore
+from harness.storedrun import load_runs
 
 DATA = Path(__file__).parent / "data"
 GOLDEN = DATA / "leaderboard_golden.md"
@@ -286,7 +287,13 @@ def test_export_round_trip_gives_the_same_board(db, tmp_path):
     path.write_text(export_runs(runs))
     again = read_export(path)
     assert [r.run for r in again] == [r.run for r in runs]
-    assert [r.certificates for r in again] == [r.certificates for r in runs]
+    columns = ("method", "setting", *CERTIFICATE_COLUMNS)
+
+    def exported(run):
+        return [tuple(getattr(c, k) for k in columns) for c in run.certificates]
+
+    assert [exported(r) for r in again] == [exported(r) for r in runs]
+    assert [r.checks for r in again] == [r.checks for r in runs]
     assert render_markdown(build_board(again), "g") == render_markdown(build_board(runs), "g")
 
 

@@ -16,7 +16,7 @@ from harness.leaderboard.board import build_board
 from harness.leaderboard.escape import md_code, md_text
 from harness.leaderboard.markdown import render_markdown
 from harness.leaderboard.render import write_board
-from harness.leaderboard.source import load_runs
+from harness.storedrun import load_runs
 from tests.test_leaderboard import CONFIG, make_run
 
 HOSTILE = [

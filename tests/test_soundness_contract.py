@@ -12,7 +12,6 @@ from scipy.stats import beta, norm
 
 from harness.leaderboard.board import build_board
 from harness.leaderboard.markdown import render_markdown
-from harness.leaderboard.source import load_runs
 from harness.progress import Progress
 from harness.radius import COHEN, SUKENIK, is_pure
 from harness.runner import RunOptions, run_benchmark
@@ -22,6 +21,7 @@ from harness.soundness.justification import check_justification
 from harness.soundness.runner import audits, run_checks
 from harness.soundness.verdict import Verdict, overall
 from harness.spec import parse_spec
+from harness.storedrun import load_runs
 from tests import soundness_plugins
 
 TINY = Budget("tiny", coverage_trials=40, coverage_n=100, pairs=4, ascent_steps=3,

@@ -1,15 +1,17 @@
-"""Leaderboards (DESIGN §10, issue 8): markdown, plots, JSON and CSV from stored runs.
+"""Leaderboards: markdown, plots, JSON and CSV from stored runs, and ``compare``.
 
-Modules, one concept each: :mod:`~.source` (runs from the database or a run export),
-:mod:`~.metrics` (the columns, class-wise accuracy of Mohapatra et al. 2021),
-:mod:`~.verdicts` (a row's soundness verdict), :mod:`~.board` (tables and ranking),
+The runs are read through :mod:`harness.storedrun` (certificates, checks and each
+row's verdict) and measured by :mod:`harness.results`. Modules, one concept each:
+:mod:`~.source` (runs named on the command line: ids, databases, run exports),
+:mod:`~.metrics` (the columns), :mod:`~.board` (tables and ranking),
 :mod:`~.escape` (markdown escaping of plugin text), :mod:`~.protocol` and
 :mod:`~.reproduce` (the header and the command), :mod:`~.markdown`, :mod:`~.plots`,
 :mod:`~.tabular` (JSON, CSV) and :mod:`~.schema`, :mod:`~.render` (writing the files),
-:mod:`~.verify` and :mod:`~.cli`. Importing this package loads neither pandas nor
-matplotlib.
+:mod:`~.verify`, :mod:`~.compare` (two runs row by row) and :mod:`~.cli`. Importing
+this package loads neither pandas nor matplotlib.
 """
 
 from harness.leaderboard.cli import add_leaderboard_parser
+from harness.leaderboard.compare import add_compare_parser
 
-__all__ = ["add_leaderboard_parser"]
+__all__ = ["add_compare_parser", "add_leaderboard_parser"]

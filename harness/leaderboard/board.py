@@ -11,28 +11,25 @@ never sound. Within each group the order is: certified accuracy at the headline 
 (descending), then ACR (descending), then method, setting and run id (ascending), so
 that ties are broken deterministically.
 
-The benchmark's radii are the spec's ``radii`` when its stored config has them,
-else :data:`harness.results.RADII`; the headline radius is the spec's
+The benchmark's radii are :func:`harness.results.benchmark_radii`; the headline radius is the spec's
 ``headline_radius`` if present, else the median of the radii (0.5 by default).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from harness.leaderboard.metrics import certified_key, row_metrics
-from harness.leaderboard.source import StoredRun
-from harness.leaderboard.verdicts import (
+from harness.results import benchmark_radii, certified_key, row_metrics
+from harness.storedrun import (
     IMPORTED,
     ORDER_DEPENDENT,
     SOUND,
-    applied_checks,
-    row_verdict,
-    worst_order,
+    StoredCertificate,
+    StoredCheck,
+    StoredRun,
 )
-from harness.results import RADII
 
 
 @dataclass
@@ -44,7 +41,7 @@ class Row:
     setting: str
     metrics: dict[str, Any]
     verdict: str
-    checks: list[dict[str, Any]]
+    checks: tuple[StoredCheck, ...]
     correct_radii: list[float]  # sorted radii of the correctly certified inputs (for curves)
     applied: list[str] = field(default_factory=list)  # checks that applied to the row
     order: dict[str, Any] | None = None  # memory rows: orders replayed, ACR spread
@@ -90,12 +87,6 @@ class Board:
     tables: list[Table]
 
 
-def benchmark_radii(config: dict[str, Any]) -> list[float]:
-    """The spec's ``radii`` if its config has them, else :data:`harness.results.RADII`."""
-    radii = config.get("radii") or RADII
-    return sorted({float(r) for r in radii})
-
-
 def headline_radius(config: dict[str, Any], radii: Sequence[float]) -> float:
     """The spec's ``headline_radius`` if present, else the median of ``radii``."""
     value = config.get("headline_radius")
@@ -110,7 +101,7 @@ def rank_key(row: Row, radius: float) -> tuple:
 def build_board(runs: Sequence[StoredRun]) -> Board:
     """Group ``runs`` into tables, compute every row's metrics and verdict, rank the rows."""
     tables: dict[tuple[str, str, str], Table] = {}
-    imported = [run for run in runs if run.run["config"].get("imported")]
+    imported = [run for run in runs if run.imported]
     for run in [r for r in runs if r not in imported] + imported:
         config = run.run["config"]
         key = (config["dataset"]["name"], config["model"]["architecture"], run.run["model_hash"])
@@ -142,40 +133,31 @@ def build_board(runs: Sequence[StoredRun]) -> Board:
 
 def _rows(run: StoredRun, radii: Sequence[float]) -> list[Row]:
     """One row per (method, setting); a setting not finished is marked and never ranked sound."""
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for cert in run.certificates:
-        groups.setdefault((cert["method"], cert["setting"]), []).append(cert)
-    status = {(s["method"], s["setting"]): s for s in run.settings()}
     out = []
-    for (method, setting), certs in groups.items():
-        checks = [c for c in run.checks if c["method"] == method and c["setting"] == setting]
-        imported = bool(run.run["config"].get("imported"))
-        verdict = IMPORTED if imported else row_verdict(checks)
-        order = worst_order(checks) if verdict == ORDER_DEPENDENT else None
+    for stored in run.rows():
+        verdict, order, certs = stored.verdict, stored.order, stored.certificates
         if order is not None:
             certs = at_order(certs, order["worst_order"])
-        done = status.get((method, setting))
-        if done is not None and not done["complete"]:
-            verdict = (
-                f"incomplete ({done['inputs']} of {done['expected'] or '?'} inputs), {verdict}"
-            )
+        done = stored.status
+        if done is not None and not done.complete:
+            verdict = f"incomplete ({done.inputs} of {done.expected or '?'} inputs), {verdict}"
         out.append(
             Row(
                 run_id=run.run_id,
-                method=method,
-                setting=setting,
+                method=stored.method,
+                setting=stored.setting,
                 metrics=row_metrics(certs, radii),
                 verdict=verdict,
-                checks=checks,
-                correct_radii=sorted(c["radius"] for c in certs if c["prediction"] == c["label"]),
-                applied=applied_checks(checks),
+                checks=stored.checks,
+                correct_radii=sorted(c.radius for c in certs if c.correct),
+                applied=stored.applied,
                 order=order,
             )
         )
     return out
 
 
-def at_order(certs: list[dict[str, Any]], order: dict[str, list]) -> list[dict[str, Any]]:
+def at_order(certs: Sequence[StoredCertificate], order: dict[str, list]) -> list[StoredCertificate]:
     """Certificates with CERTIFY's prediction and radius as a replayed input order left them."""
     replayed = {
         int(i): (int(p), float(r))
@@ -183,6 +165,6 @@ def at_order(certs: list[dict[str, Any]], order: dict[str, list]) -> list[dict[s
     }
     out = []
     for c in certs:
-        p, r = replayed.get(int(c["input_id"]), (c["prediction"], c["radius"]))
-        out.append({**c, "prediction": p, "radius": r})
+        p, r = replayed.get(int(c.input_id), (c.prediction, c.radius))
+        out.append(replace(c, prediction=p, radius=r))
     return out

@@ -16,12 +16,13 @@ import sys
 from pathlib import Path
 
 from harness.errors import IdrsError
+from harness.leaderboard.source import resolve_runs
+from harness.store import DEFAULT_DB
+from harness.storedrun import incomplete_note
 
 
 def add_leaderboard_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``leaderboard`` subcommand to ``idrs-bench``'s subparsers."""
-    from harness.cli import DEFAULT_DB
-
     parser = sub.add_parser(
         "leaderboard", help="render a leaderboard (markdown, plots, JSON, CSV) from stored runs"
     )
@@ -48,25 +49,6 @@ def add_leaderboard_parser(sub: argparse._SubParsersAction) -> argparse.Argument
     return parser
 
 
-def resolve_runs(names: list[str], db: Path):
-    """Runs in the given order, each named by an id or unique prefix in ``db``, by a run
-    export (``*.json``: all its runs), or by a results database (its latest run)."""
-    from harness.leaderboard.source import load_runs, read_export
-
-    runs = []
-    for name in names or [None]:
-        path = None if name is None else Path(name)
-        if path is not None and path.suffix == ".json":
-            runs += read_export(path)
-        elif path is not None and path.is_file():
-            runs += load_runs(path)
-        else:
-            runs += load_runs(db, None if name is None else [name])
-    if len({run.run_id for run in runs}) != len(runs):
-        raise IdrsError("the same run is named twice")
-    return runs
-
-
 def leaderboard_command(args: argparse.Namespace) -> int:
     if args.verify is not None:
         if args.runs or args.out:
@@ -89,8 +71,6 @@ def leaderboard_command(args: argparse.Namespace) -> int:
         return 0
     runs = resolve_runs(args.runs, args.db or args.default_db)
     if not args.allow_incomplete:
-        from harness.results import incomplete_note
-
         for run in runs:
             note = incomplete_note(run.settings())
             if note is not None:

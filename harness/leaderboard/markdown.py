@@ -21,7 +21,7 @@ from harness.leaderboard.metrics import Metric, certified_key, metric_catalog
 from harness.leaderboard.plots import certified_plot_name, classwise_plot_name
 from harness.leaderboard.protocol import protocol_differences, run_protocol
 from harness.leaderboard.reproduce import spec_toml
-from harness.leaderboard.verdicts import IMPORTED, NOT_CHECKED
+from harness.storedrun import IMPORTED, NOT_CHECKED
 
 
 def fmt(metric: Metric, value: Any) -> str:
@@ -120,11 +120,11 @@ class _Footnotes:
         label = f"v{len(self.lines) + 1}"
         parts = []
         for check in row.checks:
-            budget = f" (budget {md_text(check['budget'])})" if check.get("budget") else ""
-            flags = f" (flags: {md_text(', '.join(check['flags']))})" if check["flags"] else ""
-            summary = f", {md_text(check['summary'])}" if check["summary"] else ""
+            budget = f" (budget {md_text(check.budget)})" if check.budget else ""
+            flags = f" (flags: {md_text(', '.join(check.flags))})" if check.flags else ""
+            summary = f", {md_text(check.summary)}" if check.summary else ""
             parts.append(
-                f"{md_text(check['check'])}{budget}: **{md_text(check['verdict'])}**{summary}{flags}"
+                f"{md_text(check.check)}{budget}: **{md_text(check.verdict)}**{summary}{flags}"
             )
         applied = md_text(", ".join(row.applied)) or "none"
         self.lines.append(

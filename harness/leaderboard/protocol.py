@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.leaderboard.reproduce import run_command, spec_filename
-from harness.leaderboard.source import StoredRun
+from harness.storedrun import StoredRun
 
 ARITHMETIC_KEYS = ("precision", "channels_last", "noise")
 """Protocol keys recorded since the engine offers precisions and noise schemes."""
@@ -33,10 +33,6 @@ def run_protocol(run: StoredRun, stem: str | None) -> dict[str, Any]:
     """
     row, config = run.run, run.run["config"]
     dataset, model, protocol = config["dataset"], config["model"], config["protocol"]
-    counts = {}
-    for cert in run.certificates:
-        key = (cert["method"], cert["setting"])
-        counts[key] = counts.get(key, 0) + 1
     spec_file = "SPEC.toml" if stem is None else spec_filename(stem, row["run_id"])
     # runs stored before the protocol recorded its arithmetic and noise have none of these
     # keys (fp32, block-v1); boards of such runs stay as they were rendered
@@ -47,7 +43,7 @@ def run_protocol(run: StoredRun, stem: str | None) -> dict[str, Any]:
         "dataset": dataset["name"],
         "test_every": dataset.get("test_every", 1),
         "test_count": dataset.get("test_count"),
-        "inputs": max(counts.values(), default=0),
+        "inputs": max(run.counts().values(), default=0),
         "n0": protocol["n0"],
         "n": protocol["n"],
         "alpha": protocol["alpha"],

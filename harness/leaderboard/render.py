@@ -21,8 +21,9 @@ from harness.leaderboard.plots import (
 )
 from harness.leaderboard.protocol import run_protocol
 from harness.leaderboard.reproduce import spec_toml
-from harness.leaderboard.source import StoredRun, export_runs
+from harness.leaderboard.source import export_runs
 from harness.leaderboard.tabular import board_csv, board_json
+from harness.storedrun import StoredRun
 
 
 def board_stem(out: Path) -> str:

@@ -22,7 +22,8 @@ from pathlib import Path
 from harness.errors import IdrsError
 from harness.leaderboard.board import build_board
 from harness.leaderboard.render import board_stem, plot_names, render_texts
-from harness.leaderboard.source import StoredRun, load_runs, read_export
+from harness.leaderboard.source import read_export
+from harness.storedrun import StoredRun, load_runs
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

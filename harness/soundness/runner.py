@@ -12,12 +12,13 @@ from harness.errors import IdrsError
 from harness.method import build_method
 from harness.plugins import PluginManager, get_plugin_manager
 from harness.progress import Progress
-from harness.results import RADII
+from harness.results import benchmark_radii
 from harness.runner import RunOptions, prepare
 from harness.soundness.audit import BUDGETS, Audit, Budget
 from harness.soundness.verdict import CheckResult, Verdict
 from harness.spec import setting_key, spec_from_dict
 from harness.store import ResultStore
+from harness.storedrun import read_run
 
 
 def audits(
@@ -37,8 +38,9 @@ def audits(
         raise IdrsError(f"--orders must be >= 1, got {orders}")
     limits = BUDGETS[budget] if isinstance(budget, str) else budget
     limits = limits if orders is None else replace(limits, orders=orders)
-    run = store.run(run_id)
-    if run["config"].get("imported"):
+    stored = read_run(store, run_id)
+    run = stored.run
+    if stored.imported:
         raise IdrsError(
             f"run {run['run_id'][:12]} is an imported log: its radii are claims with no "
             "evidence (no class counts), so there is nothing to audit"
@@ -59,21 +61,22 @@ def audits(
             f"run's ({run['weights_digest'][:12]}); audit with the run's weights "
             "([model] checkpoint) or rerun the benchmark"
         )
-    rows = list(store.certificates(run["run_id"]))
-    radii = tuple(sorted({float(r) for r in run["config"].get("radii") or RADII}))
+    rows = {(row.method, row.setting): row for row in stored.rows()}
+    radii = tuple(benchmark_radii(run["config"]))
     for config in spec.methods:
         if method is not None and config.name != method:
             continue
         method_spec = prepared.registry.get("methods", config.name)
         for setting in config.settings:
             key = setting_key(setting)
-            certs = [r for r in rows if r["method"] == config.name and r["setting"] == key]
-            if not certs:
+            row = rows.get((config.name, key))
+            if row is None:
                 continue
+            certs = [c.as_dict() for c in row.certificates]
             params = {**method_spec.defaults, **setting}
             context = replace(prepared.context, method=config.name, setting=key)
             provider, certifier = build_method(prepared.registry, config.name, params, context)
-            inputs = prepared.dataset.test_x[torch.tensor([r["input_id"] for r in certs])]
+            inputs = prepared.dataset.test_x[torch.tensor([c.input_id for c in row.certificates])]
             yield Audit(run["run_id"], method_spec, key, params, context, provider, certifier, certs,
                         inputs, limits, prepared.registry, radii)  # fmt: skip
 

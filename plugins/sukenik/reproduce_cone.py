@@ -19,7 +19,7 @@ from harness.progress import Progress
 from harness.results import summarize
 from harness.runner import RunOptions, run_benchmark
 from harness.spec import parse_spec
-from harness.store import ResultStore
+from harness.storedrun import load_runs
 
 # N: (constant σ, [(σ_b, r), ...]) — App. A.5 and Table 5
 SETUPS: dict[int, tuple[float, list[tuple[float, float]]]] = {
@@ -59,12 +59,8 @@ def reproduce(
             RunOptions(db=db),
             Progress(enabled=not quiet),
         )
-        store = ResultStore(db)
-        try:
-            for row in summarize(store.certificates(run_id), RADII):
-                rows.append({"N": dim, **row})
-        finally:
-            store.close()
+        (run,) = load_runs(db, [run_id])
+        rows += [{"N": dim, **row} for row in summarize(run, RADII)]
     return rows
 
 

@@ -2,7 +2,8 @@
 
 Rows are matched by (method, setting); every leaderboard metric
 (:func:`harness.leaderboard.metrics.metric_catalog`, at the union of both runs' radii)
-is shown for A and B with the difference B − A, plus both verdicts. A row present in
+is shown for A and B with the difference B − A, plus both verdicts
+(:attr:`harness.storedrun.StoredRow.verdict`). A row present in
 one run only is listed with the other side empty. Differences are only meaningful under
 the same protocol, so a warning names every protocol field that differs: dataset and
 test subset, n0, n, α, base-model hash, certification and model seeds, architecture
@@ -24,6 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import IdrsError
+from harness.leaderboard.metrics import metric_catalog
+from harness.leaderboard.protocol import run_protocol
+from harness.leaderboard.source import resolve_runs
+from harness.results import benchmark_radii, row_metrics
+from harness.store import DEFAULT_DB
+from harness.storedrun import StoredRun
 
 PROTOCOL_FIELDS = (
     "dataset", "test_every", "test_count", "n0", "n", "alpha", "model_hash", "seed",
@@ -57,13 +64,8 @@ def protocol_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     ]
 
 
-def compare_runs(a, b) -> Comparison:
-    """Compare two :class:`~harness.leaderboard.source.StoredRun`."""
-    from harness.leaderboard.board import benchmark_radii
-    from harness.leaderboard.metrics import metric_catalog, row_metrics
-    from harness.leaderboard.protocol import run_protocol
-    from harness.leaderboard.verdicts import row_verdict
-
+def compare_runs(a: StoredRun, b: StoredRun) -> Comparison:
+    """Compare two stored runs, row by row."""
     pa, pb = run_protocol(a, None), run_protocol(b, None)
     out = Comparison(a.run_id, b.run_id)
     differences = protocol_differences(pa, pb)
@@ -80,22 +82,13 @@ def compare_runs(a, b) -> Comparison:
         )
     if pa["device"] != pb["device"]:
         out.notes.append(f"devices: {pa['device']} (A) vs {pb['device']} (B)")
-    radii = sorted(set(benchmark_radii(a.run["config"])) | set(benchmark_radii(b.run["config"])))
+    radii = sorted(set(benchmark_radii(a.config)) | set(benchmark_radii(b.config)))
     catalog = metric_catalog(radii)
-
-    def groups(run) -> dict[tuple[str, str], list[dict[str, Any]]]:
-        by_row: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        for cert in run.certificates:
-            by_row.setdefault((cert["method"], cert["setting"]), []).append(cert)
-        return by_row
-
-    def verdict(run, key) -> str:
-        return row_verdict([c for c in run.checks if (c["method"], c["setting"]) == key])
-
-    ga, gb = groups(a), groups(b)
-    for key in sorted(set(ga) | set(gb)):
-        ma = row_metrics(ga[key], radii) if key in ga else None
-        mb = row_metrics(gb[key], radii) if key in gb else None
+    ra = {(row.method, row.setting): row for row in a.rows()}
+    rb = {(row.method, row.setting): row for row in b.rows()}
+    for key in sorted(set(ra) | set(rb)):
+        ma = row_metrics(ra[key].certificates, radii) if key in ra else None
+        mb = row_metrics(rb[key].certificates, radii) if key in rb else None
         if ma and mb and ma["inputs"] != mb["inputs"]:
             out.warnings.append(
                 f"{key[0]} ({key[1]}): {ma['inputs']} inputs in A, {mb['inputs']} in B"
@@ -108,13 +101,8 @@ def compare_runs(a, b) -> Comparison:
                 {"key": m.key, "header": m.header, "higher_is_better": m.higher_is_better,
                  "a": va, "b": vb, "diff": None if va is None or vb is None else vb - va}
             )  # fmt: skip
-        out.rows.append(
-            RowDiff(
-                key[0], key[1],
-                (verdict(a, key) if key in ga else None, verdict(b, key) if key in gb else None),
-                metrics,
-            )
-        )  # fmt: skip
+        verdicts = (ra[key].verdict if key in ra else None, rb[key].verdict if key in rb else None)
+        out.rows.append(RowDiff(key[0], key[1], verdicts, metrics))
     return out
 
 
@@ -177,8 +165,6 @@ def print_comparison(comparison: Comparison) -> None:
 
 def add_compare_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``compare`` subcommand to ``idrs-bench``'s subparsers."""
-    from harness.cli import DEFAULT_DB
-
     parser = sub.add_parser("compare", help="per-row metric differences of two runs")
     parser.add_argument(
         "run_a", metavar="RUN_A", help="run id or prefix, *.run.json, or a database"
@@ -195,9 +181,7 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPars
     return parser
 
 
-def _one_run(name: str, db: Path):
-    from harness.leaderboard.cli import resolve_runs
-
+def _one_run(name: str, db: Path) -> StoredRun:
     runs = resolve_runs([name], db)
     if len(runs) != 1:
         raise IdrsError(f"{name} holds {len(runs)} runs; name one run id (or prefix) instead")
