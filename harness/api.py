@@ -156,7 +156,6 @@ def run(
     the certificates (a DataFrame with the store's columns).
     """
     from harness.progress import Progress
-    from harness.results import summarize
     from harness.runner import RunOptions, run_benchmark
     from harness.spec import load_spec
     from harness.store import ResultStore
@@ -179,7 +178,7 @@ def run(
         certificates = list(store.certificates(run_id))
     finally:
         store.close()
-    summary = pd.DataFrame(summarize(stored))
+    summary = pd.DataFrame(stored.summaries())
     return {
         "run_id": run_id,
         "weights_digest": stored.run.get("weights_digest"),

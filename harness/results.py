@@ -11,21 +11,29 @@ classes.
 Every metric has one key (:func:`row_metrics`), the one the leaderboard's catalog
 (:func:`harness.leaderboard.metrics.metric_catalog`), its JSON and CSV and ``idrs-bench
 compare`` use; ``idrs-bench results --json`` nests certified accuracy by radius
-(:func:`summary`).
+(:func:`summary`; :meth:`harness.storedrun.StoredRun.summaries` for a whole run).
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from harness.certificate import ABSTAIN
 
-if TYPE_CHECKING:
-    from harness.storedrun import StoredCertificate, StoredRun
-
 RADII = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+class CertifiedInput(Protocol):
+    """What the metrics read of a certificate (e.g. :class:`harness.storedrun.StoredCertificate`)."""
+
+    label: int
+    prediction: int
+    predict: int
+    radius: float
+    sigma: float
+    seconds: float
 
 
 def certified_key(radius: float) -> str:
@@ -39,7 +47,7 @@ def benchmark_radii(config: dict[str, Any]) -> list[float]:
     return sorted({float(r) for r in radii})
 
 
-def classwise_accuracy(certificates: Sequence[StoredCertificate]) -> dict[int, float]:
+def classwise_accuracy(certificates: Sequence[CertifiedInput]) -> dict[int, float]:
     """PREDICT's accuracy on each class present among ``certificates``' labels."""
     totals: dict[int, list[int]] = {}
     for cert in certificates:
@@ -50,7 +58,7 @@ def classwise_accuracy(certificates: Sequence[StoredCertificate]) -> dict[int, f
 
 
 def row_metrics(
-    certificates: Sequence[StoredCertificate], radii: Sequence[float] = RADII
+    certificates: Sequence[CertifiedInput], radii: Sequence[float] = RADII
 ) -> dict[str, Any]:
     """The metrics of one (method, setting)'s certificates (at least one).
 
@@ -81,7 +89,7 @@ def row_metrics(
 
 
 def summary(
-    method: str, setting: str, certificates: Sequence[StoredCertificate], radii: Sequence[float]
+    method: str, setting: str, certificates: Sequence[CertifiedInput], radii: Sequence[float]
 ) -> dict[str, Any]:
     """One row of ``idrs-bench results --json``: :func:`row_metrics` with certified accuracy
     nested by radius (``{"0.5": ...}``) and without the class-wise metrics."""
@@ -98,11 +106,3 @@ def summary(
         "mean_sigma": m["mean_sigma"],
         "seconds_per_input": m["seconds_per_input"],
     }
-
-
-def summarize(run: StoredRun, radii: Sequence[float] | None = None) -> list[dict[str, Any]]:
-    """:func:`summary` of every (method, setting) of ``run``, in stored order; ``radii``
-    default to the spec's (``radii`` of its config, else :data:`RADII`)."""
-    if radii is None:
-        radii = run.config.get("radii", RADII)
-    return [summary(row.method, row.setting, row.certificates, radii) for row in run.rows()]

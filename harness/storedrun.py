@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import IdrsError
+from harness.results import RADII, summary
 from harness.spec import setting_key
 from harness.store import ResultStore
 
@@ -301,6 +302,13 @@ class StoredRun:
             verdict = IMPORTED if self.imported else combined_verdict(mine)
             out.append(StoredRow(self.run_id, *key, tuple(certs), mine, verdict, status.get(key)))
         return out
+
+    def summaries(self, radii: Sequence[float] | None = None) -> list[dict[str, Any]]:
+        """:func:`harness.results.summary` of every row; ``radii`` default to the spec's
+        (``radii`` of its config, else :data:`harness.results.RADII`)."""
+        if radii is None:
+            radii = self.config.get("radii", RADII)
+        return [summary(r.method, r.setting, r.certificates, radii) for r in self.rows()]
 
 
 def read_run(store: ResultStore, run_id: str | None = None) -> StoredRun:

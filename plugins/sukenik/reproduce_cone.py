@@ -16,7 +16,6 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.progress import Progress
-from harness.results import summarize
 from harness.runner import RunOptions, run_benchmark
 from harness.spec import parse_spec
 from harness.storedrun import load_runs
@@ -60,7 +59,7 @@ def reproduce(
             Progress(enabled=not quiet),
         )
         (run,) = load_runs(db, [run_id])
-        rows += [{"N": dim, **row} for row in summarize(run, RADII)]
+        rows += [{"N": dim, **row} for row in run.summaries(RADII)]
     return rows
 
 
