@@ -9,6 +9,9 @@ lives in the ``state`` table, keyed by (run, method, setting, seq): the records 
 certifier staged while producing a certificate are written in the same transaction
 as that certificate (:meth:`ResultStore.add_certificate`), so the state never holds
 an input whose certificate was lost, nor the reverse. See :mod:`harness.runstate`.
+
+Rows are inserted by column name. The typed read side (a run's certificates, checks
+and verdict per method and setting) is :mod:`harness.storedrun`.
 """
 
 from __future__ import annotations
@@ -120,20 +123,20 @@ def _insert(verb: str, table: str, columns: Sequence[str]) -> str:
     )
 
 
-CERTIFICATE_INSERT = _insert(
+_CERTIFICATE_INSERT = _insert(
     "INSERT OR IGNORE", "certificates",
     ("run_id", "method", "setting", "input_id", "shard", "label", "prediction", "predict",
      "radius", "p_lower", "sigma", "alpha", "counts_selection", "counts_estimation", "seconds",
      "evidence"),
 )  # fmt: skip
-STATE_INSERT = _insert(
+_STATE_INSERT = _insert(
     "INSERT OR IGNORE", "state", ("run_id", "method", "setting", "seq", "record", "data")
 )
-SHARD_INSERT = _insert(
+_SHARD_INSERT = _insert(
     "INSERT OR IGNORE", "shards", ("run_id", "method", "setting", "shard", "finished")
 )
-FAILURE_INSERT = _insert("INSERT", "failures", ("run_id", "method", "setting", "error", "at"))
-CHECK_INSERT = _insert(
+_FAILURE_INSERT = _insert("INSERT", "failures", ("run_id", "method", "setting", "error", "at"))
+_CHECK_INSERT = _insert(
     "INSERT OR REPLACE", "checks",
     ("run_id", "method", "setting", "check_name", "verdict", "summary", "evidence", "flags",
      "budget", "at"),
@@ -222,12 +225,12 @@ class ResultStore:
         with self.db:
             key = {"run_id": run_id, "method": method, "setting": setting}
             self.db.executemany(
-                STATE_INSERT,
+                _STATE_INSERT,
                 [key | {"seq": r.seq, "record": json.dumps(r.record, sort_keys=True),
                         "data": r.data} for r in state],
             )  # fmt: skip
             self.db.execute(
-                CERTIFICATE_INSERT,
+                _CERTIFICATE_INSERT,
                 key | {
                     "input_id": cert.input_id, "shard": shard, "label": label,
                     "prediction": cert.prediction, "predict": cert.predict,
@@ -251,7 +254,7 @@ class ResultStore:
     def finish_shard(self, run_id: str, method: str, setting: str, shard: int) -> None:
         with self.db:
             self.db.execute(
-                SHARD_INSERT,
+                _SHARD_INSERT,
                 {"run_id": run_id, "method": method, "setting": setting, "shard": shard,
                  "finished": _now()},
             )  # fmt: skip
@@ -273,7 +276,7 @@ class ResultStore:
     def record_failure(self, run_id: str, method: str, setting: str, error: str) -> None:
         with self.db:
             self.db.execute(
-                FAILURE_INSERT,
+                _FAILURE_INSERT,
                 {"run_id": run_id, "method": method, "setting": setting, "error": error,
                  "at": _now()},
             )  # fmt: skip
@@ -293,7 +296,7 @@ class ResultStore:
         """Store a :class:`harness.soundness.verdict.CheckResult`, replacing an earlier one."""
         with self.db:
             self.db.execute(
-                CHECK_INSERT,
+                _CHECK_INSERT,
                 {"run_id": run_id, "method": method, "setting": setting,
                  "check_name": result.check, "verdict": str(result.verdict),
                  "summary": result.summary,

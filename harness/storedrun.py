@@ -83,7 +83,7 @@ class StoredCertificate:
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> StoredCertificate:
-        """From a row of the ``certificates`` table (JSON columns still text) or an export."""
+        """From a row of the ``certificates`` table (JSON columns parsed or text) or an export."""
         values = {f.name: row.get(f.name) for f in fields(cls)}
         for key in ("counts_selection", "counts_estimation", "evidence"):
             if isinstance(values[key], str):
@@ -315,11 +315,7 @@ def read_run(store: ResultStore, run_id: str | None = None) -> StoredRun:
     """The run ``run_id`` (a unique prefix is enough; None: the latest) of an open store."""
     run = store.run(run_id)
     full_id = run["run_id"]
-    rows = store.db.execute(
-        "SELECT * FROM certificates WHERE run_id = ? ORDER BY method, setting, input_id",
-        (full_id,),
-    )
-    certificates = [StoredCertificate.from_row(dict(row)) for row in rows]
+    certificates = [StoredCertificate.from_row(row) for row in store.certificates(full_id)]
     failures = [
         {k: f[k] for k in ("method", "setting", "error", "at")} for f in store.failures(full_id)
     ]

@@ -11,8 +11,9 @@ never sound. Within each group the order is: certified accuracy at the headline 
 (descending), then ACR (descending), then method, setting and run id (ascending), so
 that ties are broken deterministically.
 
-The benchmark's radii are :func:`harness.results.benchmark_radii`; the headline radius is the spec's
-``headline_radius`` if present, else the median of the radii (0.5 by default).
+The benchmark's radii are :func:`harness.results.benchmark_radii`; the headline radius
+is the spec's ``headline_radius`` if present, else the median of the radii (0.5 by
+default). Rows and their verdicts come from :meth:`harness.storedrun.StoredRun.rows`.
 """
 
 from __future__ import annotations
