@@ -1,4 +1,4 @@
-"""Leaderboards (DESIGN §10, issue 8): markdown, plots, JSON and CSV from stored runs.
+"""Leaderboards from stored runs: markdown, plots, JSON and CSV (harness/README.md).
 
 Modules, one concept each: :mod:`~.source` (runs from the database or a run export),
 :mod:`~.metrics` (the columns, class-wise accuracy of Mohapatra et al. 2021),
