@@ -1,7 +1,7 @@
 """What a σ-provider declares about σ(x), and therefore what a certificate may rely on.
 
-DESIGN §3: a certificate for input-dependent smoothing is only as good as the
-regularity of σ(x). Súkeník et al. (2022), Def. 3.1 and Thm 3.2, need semi-elasticity;
+A certificate for input-dependent smoothing is only as good as the regularity of
+σ(x). Súkeník et al. (2022), Def. 3.1 and Thm 3.2, need semi-elasticity;
 the Lipschitz σ-network certificate (Bergstrom et al., Thm 3) needs a Lipschitz bound
 and a floor σ_min; Cohen et al. (2019) needs σ constant.
 """

@@ -1,4 +1,4 @@
-"""Confidence bounds and tests for Monte Carlo estimates (DESIGN §6).
+"""Confidence bounds and tests for Monte Carlo estimates (Cohen et al. 2019, §3.2).
 
 Every bound holds with probability at least 1 − alpha over the sampling noise.
 """

@@ -1,3 +1,11 @@
+"""Fixtures shared by the test modules (a test module never imports another one).
+
+Besides the fixtures below, the fixture modules named in :data:`pytest_plugins` provide
+the writers of tiny dataset files (``tests/field_files.py``), the third-party plugins
+written against the soundness contract (``tests/soundness_plugins.py``) and the fixed
+run behind the golden leaderboard (``tests/golden_run.py``).
+"""
+
 from __future__ import annotations
 
 import sqlite3
@@ -7,6 +15,8 @@ import pytest
 import torch
 
 from harness.plugins import PluginManager
+
+pytest_plugins = ["tests.field_files", "tests.golden_run", "tests.soundness_plugins"]
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -37,14 +47,54 @@ class LinearModel(torch.nn.Module):
         return torch.stack([torch.zeros_like(margin), margin], dim=1)
 
 
-def stored_certificates(db: Path) -> int:
-    """Rows in a results database's certificates table (0 while it does not exist yet):
-    what a run killed at a random moment had stored."""
+@pytest.fixture(scope="session")
+def linear_model() -> type[LinearModel]:
+    """``linear_model(w, b)``: the base classifier f(x) = [w·x > b] as two logits
+    (0, w·x − b), whose smoothed classifier is known exactly for any σ(x)."""
+    return LinearModel
+
+
+def _stored_certificates(db: Path) -> int:
     try:
         with sqlite3.connect(db, timeout=1) as con:
             return con.execute("SELECT COUNT(*) FROM certificates").fetchone()[0]
     except sqlite3.OperationalError:
         return 0
+
+
+@pytest.fixture(scope="session")
+def stored_certificates():
+    """``stored_certificates(db)``: rows in a results database's certificates table (0
+    while it does not exist yet): what a run killed at a random moment had stored."""
+    return _stored_certificates
+
+
+SPEC_TEMPLATE = """
+[dataset]
+name = "{dataset}"
+test_count = 2
+
+[model]
+architecture = "{arch}"
+trainer = "gaussian-augmentation"
+trainer_params = {{ epochs = 0 }}
+
+[certification]
+n0 = {n0}
+n = {n}
+alpha = {alpha}
+
+[[methods]]
+name = "{method}"
+settings = [{{ sigma = {sigma} }}]
+"""
+
+
+@pytest.fixture(scope="session")
+def spec_template() -> str:
+    """A one-method benchmark file (untrained model, two test points) to ``.format`` with
+    dataset, arch, n0, n, alpha, method and sigma."""
+    return SPEC_TEMPLATE
 
 
 def pytest_collection_modifyitems(config, items):

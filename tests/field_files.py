@@ -1,4 +1,9 @@
-"""Tiny dataset files in the real on-disk formats torchvision reads (for tests only)."""
+"""Fixtures: tiny dataset files in the real on-disk formats torchvision reads.
+
+A pytest fixture module (loaded through ``pytest_plugins`` in ``tests/conftest.py``):
+each fixture ``write_<format>`` is the writer a test calls, e.g.
+``write_mnist(tmp_path / "data", train=20, test=10)``.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +11,10 @@ import pickle
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 
-def write_mnist(root: Path, train: int = 20, test: int = 10, seed: int = 0) -> None:
+def _write_mnist(root: Path, train: int = 20, test: int = 10, seed: int = 0) -> None:
     """Uncompressed IDX files under ``root/MNIST/raw/`` (magic 0x0803 images, 0x0801 labels)."""
     rng = np.random.default_rng(seed)
     raw = root / "MNIST" / "raw"
@@ -29,7 +35,7 @@ CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer",
                    "dog", "frog", "horse", "ship", "truck"]  # fmt: skip
 
 
-def write_cifar10(root: Path, per_batch: int = 4, test: int = 20, seed: int = 0) -> None:
+def _write_cifar10(root: Path, per_batch: int = 4, test: int = 20, seed: int = 0) -> None:
     """``root/cifar-10-batches-py/`` with five data batches, a test batch and batches.meta."""
     rng = np.random.default_rng(seed)
     folder = root / "cifar-10-batches-py"
@@ -52,7 +58,7 @@ def write_cifar10(root: Path, per_batch: int = 4, test: int = 20, seed: int = 0)
         )
 
 
-def write_cifar100(root: Path, train: int = 10, test: int = 6, seed: int = 0) -> None:
+def _write_cifar100(root: Path, train: int = 10, test: int = 6, seed: int = 0) -> None:
     """``root/cifar-100-python/`` with train, test (fine and coarse labels) and meta."""
     rng = np.random.default_rng(seed)
     folder = root / "cifar-100-python"
@@ -70,7 +76,7 @@ def write_cifar100(root: Path, train: int = 10, test: int = 6, seed: int = 0) ->
                      "coarse_label_names": [f"s{k}" for k in range(20)]}, handle)  # fmt: skip
 
 
-def write_svhn(root: Path, train: int = 10, test: int = 6, seed: int = 0) -> None:
+def _write_svhn(root: Path, train: int = 10, test: int = 6, seed: int = 0) -> None:
     """``train_32x32.mat`` and ``test_32x32.mat``: X [32, 32, 3, N] uint8, y [N, 1] in 1..10."""
     from scipy.io import savemat
 
@@ -82,7 +88,7 @@ def write_svhn(root: Path, train: int = 10, test: int = 6, seed: int = 0) -> Non
         savemat(root / f"{name}_32x32.mat", {"X": x, "y": y})
 
 
-def write_imagenet(root: Path, classes: int = 3, per_class: int = 2, seed: int = 0) -> None:
+def _write_imagenet(root: Path, classes: int = 3, per_class: int = 2, seed: int = 0) -> None:
     """``root/val/<wnid>/*.JPEG``: a few random JPEGs of varied sizes per class folder."""
     from PIL import Image
 
@@ -96,7 +102,7 @@ def write_imagenet(root: Path, classes: int = 3, per_class: int = 2, seed: int =
             Image.fromarray(pixels).save(folder / f"ILSVRC2012_val_{c:04d}{k:04d}.JPEG")
 
 
-def write_cohen_checkpoint(path: Path, arch: str = "cifar_resnet20", seed: int = 0) -> dict:
+def _write_cohen_checkpoint(path: Path, arch: str = "cifar_resnet20", seed: int = 0) -> dict:
     """A file as Cohen et al.'s train.py writes it: epoch, arch, state_dict, optimizer.
 
     The state dict is that of ``Sequential(NormalizeLayer, net)`` (the normalization
@@ -119,3 +125,40 @@ def write_cohen_checkpoint(path: Path, arch: str = "cifar_resnet20", seed: int =
     torch.save({"epoch": 90, "arch": arch, "state_dict": state,
                 "optimizer": optimizer.state_dict()}, path)  # fmt: skip
     return state
+
+
+@pytest.fixture(scope="session")
+def write_mnist():
+    """``write_mnist(root, train=20, test=10, seed=0)``: MNIST's IDX files."""
+    return _write_mnist
+
+
+@pytest.fixture(scope="session")
+def write_cifar10():
+    """``write_cifar10(root, per_batch=4, test=20, seed=0)``: CIFAR-10's pickled batches."""
+    return _write_cifar10
+
+
+@pytest.fixture(scope="session")
+def write_cifar100():
+    """``write_cifar100(root, train=10, test=6, seed=0)``: CIFAR-100's pickled files."""
+    return _write_cifar100
+
+
+@pytest.fixture(scope="session")
+def write_svhn():
+    """``write_svhn(root, train=10, test=6, seed=0)``: SVHN's ``.mat`` files."""
+    return _write_svhn
+
+
+@pytest.fixture(scope="session")
+def write_imagenet():
+    """``write_imagenet(root, classes=3, per_class=2, seed=0)``: ImageNet validation JPEGs."""
+    return _write_imagenet
+
+
+@pytest.fixture(scope="session")
+def write_cohen_checkpoint():
+    """``write_cohen_checkpoint(path, arch="cifar_resnet20", seed=0) -> state dict``: a
+    checkpoint as Cohen et al.'s train.py writes it."""
+    return _write_cohen_checkpoint

@@ -1,14 +1,18 @@
 """Third-party plugins written against the declared contract, for the soundness tests.
 
-Each is registered in-process (``manager.register(module, name=...)``); the tests
-assert the verdict the audit must reach on each.
+A pytest fixture module (loaded through ``pytest_plugins`` in ``tests/conftest.py``):
+the fixture :func:`soundness_plugins` is this module, which a test registers in-process
+(``manager.register(soundness_plugins, name=...)``); the tests assert the verdict the
+audit must reach on each plugin.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Sequence
 
 import numpy as np
+import pytest
 import torch
 from scipy.special import ndtri
 
@@ -198,3 +202,12 @@ class LyingLipschitz:
         w1, w2 = self.w1.to(x.device), self.w2.to(x.device)
         hidden = torch.relu(x.flatten(1).double() @ w1.T)
         return torch.relu(hidden @ w2.T)[:, 0] + self.sigma_min
+
+
+@pytest.fixture
+def soundness_plugins():
+    """This module (a plugin object to register), its switches :data:`ARMED` off before
+    and after the test."""
+    ARMED.update({"raise": False, "sigma": None})
+    yield sys.modules[__name__]
+    ARMED.update({"raise": False, "sigma": None})

@@ -13,7 +13,6 @@ from scipy.stats import beta, norm
 from harness.api import CERTIFICATE_COLUMNS, certify, run
 from harness.errors import IdrsError
 from harness.spec import BENCHMARKS_DIR
-from tests.field_files import write_mnist
 
 README = Path(__file__).parent.parent / "README.md"
 
@@ -53,7 +52,7 @@ def test_certify_errors_are_clear():
         certify(model, torch.randn(2, 4), torch.zeros(2), method="cohen", n=100, bogus=1)
 
 
-def test_run_with_overrides(tmp_path):
+def test_run_with_overrides(tmp_path, write_mnist):
     write_mnist(tmp_path / "data", train=20, test=40)
     out = run(BENCHMARKS_DIR / "mnist.toml", db=tmp_path / "r.sqlite", device="cpu",
               data_root=str(tmp_path / "data"), check=False, certification__n0=10,

@@ -41,14 +41,13 @@ def test_bench_table(capsys, tmp_path, monkeypatch):
     assert "engine/ideal" in out and "mlp" in out and "n0 = 100, n = 100" in out
 
 
-def test_reference_certify_gives_cohens_certificate_of_a_linear_classifier():
+def test_reference_certify_gives_cohens_certificate_of_a_linear_classifier(linear_model):
     """f(x) = [x_0 > 0], σ = 0.5, x_0 = 0.5: p_A = Φ(1); the radius is σ·Φ⁻¹(p_A_lower),
     a little below x_0 = 0.5 (the exact smoothed radius)."""
-    from tests.conftest import LinearModel
 
     w = torch.zeros(10)
     w[0] = 1.0
-    model = LinearModel(w, 0.0)
+    model = linear_model(w, 0.0)
     x = torch.zeros(2, 10)
     x[:, 0] = torch.tensor([0.5, -0.01])
     torch.manual_seed(0)

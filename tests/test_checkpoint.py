@@ -11,7 +11,6 @@ from harness.checkpoint import CheckpointError, load_checkpoint
 from harness.data import Dataset
 from harness.spec import ModelConfig
 from harness.weights import weights_digest
-from tests.field_files import write_cohen_checkpoint
 
 
 def _images(shape, classes, count=2):
@@ -38,7 +37,9 @@ def test_normalization_is_inside_the_model(manager):
     assert not any(k.startswith("0.") for k in model.state_dict())
 
 
-def test_cohen_checkpoint_loads_into_the_matching_architecture(manager, tmp_path):
+def test_cohen_checkpoint_loads_into_the_matching_architecture(
+    manager, tmp_path, write_cohen_checkpoint
+):
     path = tmp_path / "checkpoint.pth.tar"
     state = write_cohen_checkpoint(path, "cifar_resnet20")
     config = ModelConfig("cifar-resnet", "none", architecture_params={"depth": 20},
@@ -57,7 +58,9 @@ def test_cohen_checkpoint_loads_into_the_matching_architecture(manager, tmp_path
         load_checkpoint(wrong, data, manager.registry)
 
 
-def test_cohen_imagenet_checkpoint_with_data_parallel_keys(manager, tmp_path):
+def test_cohen_imagenet_checkpoint_with_data_parallel_keys(
+    manager, tmp_path, write_cohen_checkpoint
+):
     path = tmp_path / "checkpoint.pth.tar"
     state = write_cohen_checkpoint(path, "resnet50")
     assert next(iter(state)).startswith("1.module.")

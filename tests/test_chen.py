@@ -27,7 +27,6 @@ from plugins.chen.search import (
     search_sigma,
 )
 from plugins.cohen.certifier import cohen_radius
-from tests.conftest import LinearModel
 
 CPU = torch.device("cpu")
 
@@ -92,13 +91,13 @@ def _reference_sigma(engine, x_one, config, seed) -> float:
 
 
 @pytest.mark.parametrize("base", ["mlp", "linear"])
-def test_batched_search_equals_the_literal_one_input_algorithm(base):
+def test_batched_search_equals_the_literal_one_input_algorithm(base, linear_model):
     config = _config(num_samples=64, num_starts=3, max_steps=6)
     if base == "mlp":  # 3 classes, untrained: the top class changes between evaluations
         engine = _engine(_mlp(), classes=3, batch_size=700)
         x = torch.rand(8, 20, generator=torch.Generator().manual_seed(0)) * 2
     else:  # flat and increasing radii: many accepted steps
-        engine = _engine(LinearModel(torch.tensor([1.0, 0.0]), 0.0), batch_size=700)
+        engine = _engine(linear_model(torch.tensor([1.0, 0.0]), 0.0), batch_size=700)
         x = _on_line(np.linspace(0.1, 3.0, 12))
         x[:, 1] = 0.5
     result = search_sigma(engine, x, config, seed=5)
@@ -164,14 +163,14 @@ def test_empirical_radius_is_sigma_times_probit_of_clamped_top_frequency():
     assert np.isfinite(empirical_radius(counts, sigma, 500)).all()
 
 
-def test_hill_climbing_on_a_strictly_increasing_radius():
+def test_hill_climbing_on_a_strictly_increasing_radius(linear_model):
     # far from a linear boundary every sample has the same class: Ê_A is clamped and
     # R = √l·σ0·Φ⁻¹(1 − 1/(2M)) grows with l, so a start with s > 0 climbs until the
     # next step would leave [1, T] (or max_steps is reached), and one with s < 0
     # stops at once; σ(x) is the σ of the highest final l.
     config = _config(num_starts=5, num_samples=20, max_steps=12)
     x = _on_line([50.0, 60.0, 70.0])
-    result = search_sigma(_engine(LinearModel(torch.tensor([1.0, 0.0]), 0.0)), x, config, seed=3)
+    result = search_sigma(_engine(linear_model(torch.tensor([1.0, 0.0]), 0.0)), x, config, seed=3)
     for i in range(len(x)):
         finals = []
         for level, s in zip(result.start_level[i], result.step[i], strict=True):
@@ -183,7 +182,7 @@ def test_hill_climbing_on_a_strictly_increasing_radius():
         assert result.sigma[i] == pytest.approx(math.sqrt(max(finals)) * config.sigma0)
 
 
-def test_on_a_linear_classifier_sigma_grows_with_distance_from_the_boundary():
+def test_on_a_linear_classifier_sigma_grows_with_distance_from_the_boundary(linear_model):
     # Exactly, Ê_A = Φ(d/σ): R(σ) = d is flat while Φ(d/σ) < 1 − 1/(2M), and
     # R = σ·Φ⁻¹(1 − 1/(2M)) ≈ 3.09σ grows with σ once d/σ > 3.09. Far points must
     # therefore climb to σ ≈ √T·σ0, points at moderate distance wander on a flat
@@ -193,7 +192,7 @@ def test_on_a_linear_classifier_sigma_grows_with_distance_from_the_boundary():
     distances = np.repeat([0.5, 1.0, 2.0, 4.0], 16)
     x = _on_line(distances)
     x[:, 1] = torch.arange(len(x)) * 0.01  # distinct inputs, same distance to x_1 = 0
-    sigma = search_sigma(_engine(LinearModel(torch.tensor([1.0, 0.0]), 0.0)), x, config, 0).sigma
+    sigma = search_sigma(_engine(linear_model(torch.tensor([1.0, 0.0]), 0.0)), x, config, 0).sigma
     moderate = sigma[distances <= 1.0].mean()
     far, farthest = sigma[distances == 2.0].mean(), sigma[distances == 4.0].mean()
     assert farthest > 0.95 * math.sqrt(config.max_level) * config.sigma0

@@ -4,32 +4,12 @@ import pytest
 
 from harness.cli import main
 
-BASE = """
-[dataset]
-name = "{dataset}"
-test_count = 2
 
-[model]
-architecture = "{arch}"
-trainer = "gaussian-augmentation"
-trainer_params = {{ epochs = 0 }}
-
-[certification]
-n0 = {n0}
-n = {n}
-alpha = {alpha}
-
-[[methods]]
-name = "{method}"
-settings = [{{ sigma = {sigma} }}]
-"""
-
-
-def _run(tmp_path, capsys, **overrides):
+def _run(tmp_path, capsys, spec_template, **overrides):
     values = {"dataset": "cone-4", "arch": "mlp", "n0": 10, "n": 20, "alpha": 0.001,
               "method": "cohen", "sigma": 0.5} | overrides  # fmt: skip
     spec = tmp_path / "spec.toml"
-    spec.write_text(BASE.format(**values))
+    spec.write_text(spec_template.format(**values))
     code = main(["run", str(spec), "--db", str(tmp_path / "r.sqlite"), "--quiet"])
     err = capsys.readouterr().err.strip()
     return code, err
@@ -56,24 +36,24 @@ def _run(tmp_path, capsys, **overrides):
         ({"n": 0, "n0": 0}, "n must be an integer >= 1, got 0"),
     ],
 )
-def test_invalid_spec_is_one_clear_line(tmp_path, capsys, overrides, message):
-    code, err = _run(tmp_path, capsys, **overrides)
+def test_invalid_spec_is_one_clear_line(tmp_path, capsys, overrides, message, spec_template):
+    code, err = _run(tmp_path, capsys, spec_template, **overrides)
     assert code == 2
     assert message in err
     assert len(err.splitlines()) == 1 and "Traceback" not in err
 
 
 @pytest.mark.parametrize("sigma", [0.0, -0.25])
-def test_nonpositive_sigma_is_reported(tmp_path, capsys, sigma):
-    code, err = _run(tmp_path, capsys, sigma=sigma)
+def test_nonpositive_sigma_is_reported(tmp_path, capsys, sigma, spec_template):
+    code, err = _run(tmp_path, capsys, spec_template, sigma=sigma)
     assert code == 2
     assert err == f"error: sigma must be a positive number, got {sigma}"
 
 
-def test_unknown_setting_parameter(tmp_path, capsys):
+def test_unknown_setting_parameter(tmp_path, capsys, spec_template):
     spec = tmp_path / "s.toml"
-    spec.write_text(BASE.format(dataset="cone-4", arch="mlp", n0=10, n=20, alpha=0.01, method="cohen",
-                                sigma="0.5, rate = 2"))  # fmt: skip
+    spec.write_text(spec_template.format(dataset="cone-4", arch="mlp", n0=10, n=20, alpha=0.01,
+                                         method="cohen", sigma="0.5, rate = 2"))  # fmt: skip
     assert main(["run", str(spec), "--db", str(tmp_path / "r.sqlite"), "--quiet"]) == 2
     assert (
         "unknown parameter(s) ['rate'] for method 'cohen'; known: ['sigma']"
@@ -94,11 +74,11 @@ def test_missing_spec_file(tmp_path, capsys):
     assert "not found" in capsys.readouterr().err
 
 
-def test_missing_dataset_names_the_three_options(tmp_path, capsys, monkeypatch):
+def test_missing_dataset_names_the_three_options(tmp_path, capsys, monkeypatch, spec_template):
     import plugins.datasets.fashion_mnist as fm
 
     monkeypatch.setattr(fm, "DEBIAN_LOCATION", tmp_path / "nowhere")
-    code, err = _run(tmp_path, capsys, dataset="fashion-mnist")
+    code, err = _run(tmp_path, capsys, spec_template, dataset="fashion-mnist")
     assert code == 2
     for hint in ("--data-root", "apt-get install dataset-fashion-mnist", "--download"):
         assert hint in err
@@ -109,7 +89,7 @@ def test_results_without_database(tmp_path, capsys):
     assert "not found" in capsys.readouterr().err
 
 
-def test_results_unknown_run(tmp_path, capsys):
-    _run(tmp_path, capsys)
+def test_results_unknown_run(tmp_path, capsys, spec_template):
+    _run(tmp_path, capsys, spec_template)
     assert main(["results", "ffff", "--db", str(tmp_path / "r.sqlite")]) == 2
     assert "no run matches 'ffff'" in capsys.readouterr().err

@@ -9,17 +9,16 @@ from harness.certificate import ABSTAIN
 from harness.protocol import CertificationProtocol
 from harness.sampling import SamplingEngine
 from plugins.cohen.certifier import CohenCertifier, ConstantSigma
-from tests.conftest import LinearModel
 
 
-def _certify_linear(radius_scale=1.0, trials=600, d=784, alpha=0.05, seed=0):
+def _certify_linear(linear_model, radius_scale=1.0, trials=600, d=784, alpha=0.05, seed=0):
     """Certify ``trials`` random points against f = [w·x > b]; return (violations, certified)."""
     gen = torch.Generator().manual_seed(seed)
     w = torch.randn(d, generator=gen)
     w /= w.norm()
     b = 0.1
     sigma = 0.5
-    model = LinearModel(w, b)
+    model = linear_model(w, b)
     # points at signed distances spread so that p_A covers (0.5, 1)
     distances = torch.empty(trials).uniform_(-1.2, 1.2, generator=gen)
     base = torch.rand(trials, d, generator=gen)
@@ -66,14 +65,14 @@ def test_abstains_when_lower_bound_is_at_most_one_half():
     assert cert.predict == ABSTAIN  # 55 vs 45 is no evidence at level 0.001
 
 
-def test_coverage_on_linear_classifier_is_consistent_with_alpha():
+def test_coverage_on_linear_classifier_is_consistent_with_alpha(linear_model):
     alpha = 0.05
-    violations, certified = _certify_linear(alpha=alpha)
+    violations, certified = _certify_linear(linear_model, alpha=alpha)
     assert certified >= 500
     # one-sided binomial test: more violations than alpha allows?
     assert stats.binomtest(violations, certified, alpha, alternative="greater").pvalue > 1e-3
 
 
-def test_coverage_test_detects_a_doubled_radius():
-    violations, certified = _certify_linear(radius_scale=2.0, alpha=0.05)
+def test_coverage_test_detects_a_doubled_radius(linear_model):
+    violations, certified = _certify_linear(linear_model, radius_scale=2.0, alpha=0.05)
     assert stats.binomtest(violations, certified, 0.05, alternative="greater").pvalue < 1e-6

@@ -12,7 +12,6 @@ from harness.cli import main
 from harness.cohen_log import LogLine, format_line, parse_log
 from harness.errors import IdrsError
 from harness.spec import BENCHMARKS_DIR
-from tests.field_files import write_mnist
 
 HEADER = "idx\tlabel\tpredict\tradius\tcorrect\ttime\n"
 LOG = (
@@ -50,7 +49,7 @@ def test_malformed_line_is_one_error_naming_it(bad, number):
 
 
 @pytest.fixture(scope="module")
-def db_with_run_and_log(tmp_path_factory):
+def db_with_run_and_log(tmp_path_factory, write_mnist):
     """One trained-and-certified MNIST run and one imported log (shared: tests only read,
     except the weights test, which changes the run's digest, read by no other test)."""
     tmp_path = tmp_path_factory.mktemp("log")

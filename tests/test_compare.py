@@ -10,7 +10,6 @@ import pytest
 from harness.leaderboard.compare import add_compare_parser, compare_runs, protocol_differences
 from harness.leaderboard.source import export_runs
 from harness.storedrun import load_runs
-from tests.test_leaderboard import CONFIG, ROWS, RUN_ID, make_run
 
 OTHER = "7" * 64
 
@@ -26,16 +25,16 @@ def _metric(row, key):
     return next(m for m in row.metrics if m["key"] == key)
 
 
-def test_same_protocol_differences_per_row(tmp_path, monkeypatch):
+def test_same_protocol_differences_per_row(tmp_path, monkeypatch, make_run, golden_run):
     db = tmp_path / "r.sqlite"
     make_run(db, monkeypatch)
-    rows = dict(ROWS)
+    rows = dict(golden_run.rows)
     # B: cohen sigma=0.5 loses input 2's certificate (radius 1.5 -> abstain); chen is gone
-    rows["cohen", "sigma=0.5"] = [*ROWS["cohen", "sigma=0.5"][:2], (-1, 1, 0.0, 0.5, 0.25),
-                                  ROWS["cohen", "sigma=0.5"][3]]  # fmt: skip
+    golden = golden_run.rows["cohen", "sigma=0.5"]
+    rows["cohen", "sigma=0.5"] = [*golden[:2], (-1, 1, 0.0, 0.5, 0.25), golden[3]]
     del rows["chen-fgss", "sigma=0.25"]
     make_run(db, monkeypatch, run_id=OTHER, rows=rows, checks=[], device="cuda:0")
-    a, b = load_runs(db, [RUN_ID, OTHER])
+    a, b = load_runs(db, [golden_run.run_id, OTHER])
     comparison = compare_runs(a, b)
     assert comparison.warnings == []  # same spec and model; only the device differs
     assert comparison.notes == ["devices: cpu (A) vs cuda:0 (B)"]
@@ -58,19 +57,20 @@ def test_same_protocol_differences_per_row(tmp_path, monkeypatch):
     assert (acr["a"], acr["b"], acr["diff"]) == (2.0, None, None)
 
 
-def test_protocol_differences_are_warned_about(tmp_path, monkeypatch, capsys):
+def test_protocol_differences_are_warned_about(tmp_path, monkeypatch, capsys, make_run, golden_run):
     db = tmp_path / "r.sqlite"
     make_run(db, monkeypatch)
-    config = CONFIG | {"seed": 4, "protocol": CONFIG["protocol"] | {"n": 1000, "alpha": 0.01}}
+    protocol = golden_run.config["protocol"] | {"n": 1000, "alpha": 0.01}
+    config = golden_run.config | {"seed": 4, "protocol": protocol}
     make_run(db, monkeypatch, run_id=OTHER, config=config, model_hash="cd" * 32)
-    a, b = load_runs(db, [RUN_ID, OTHER])
+    a, b = load_runs(db, [golden_run.run_id, OTHER])
     (warning,) = compare_runs(a, b).warnings
     for field in ("n: 100 (A) vs 1000 (B)", "alpha: 0.001 (A) vs 0.01 (B)", "seed: 3 (A) vs 4 (B)",
                   f"model_hash: '{'ab' * 32}' (A) vs '{'cd' * 32}' (B)"):  # fmt: skip
         assert field in warning
     assert "n0" not in warning and "dataset" not in warning
     # on the command line: the warning goes to stderr, the table to stdout
-    assert _cli([RUN_ID[:8], OTHER[:8], "--db", str(db)]) == 0
+    assert _cli([golden_run.run_id[:8], OTHER[:8], "--db", str(db)]) == 0
     out, err = capsys.readouterr()
     assert "warning:" in err and "protocols differ" in err
     assert "cohen" in out and "ACR" in out
@@ -84,7 +84,9 @@ def test_protocol_difference_of_datasets():
     ]
 
 
-def test_compare_a_run_export_with_a_database_run_as_json(tmp_path, monkeypatch, capsys):
+def test_compare_a_run_export_with_a_database_run_as_json(
+    tmp_path, monkeypatch, capsys, make_run, golden_run
+):
     db = tmp_path / "r.sqlite"
     make_run(db, monkeypatch)
     export = tmp_path / "board.run.json"
@@ -93,6 +95,6 @@ def test_compare_a_run_export_with_a_database_run_as_json(tmp_path, monkeypatch,
     make_run(other_db, monkeypatch, run_id=OTHER)
     assert _cli([str(export), OTHER[:6], "--db-b", str(other_db), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert (data["run_a"], data["run_b"], data["warnings"]) == (RUN_ID, OTHER, [])
+    assert (data["run_a"], data["run_b"], data["warnings"]) == (golden_run.run_id, OTHER, [])
     assert all(m["diff"] == 0 for row in data["rows"] for m in row["metrics"])
-    assert len(data["rows"]) == len(ROWS)
+    assert len(data["rows"]) == len(golden_run.rows)

@@ -18,7 +18,6 @@ from rich.console import Console
 from harness.cli import main
 from harness.modelcache import load_artifact, save_artifact
 from harness.progress import Progress
-from tests.conftest import stored_certificates
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -229,7 +228,7 @@ def test_progress_heartbeat_reports_while_nothing_advances():
     assert len(beats) >= 3
 
 
-def test_sigterm_is_reported_like_sigint_and_the_run_resumes(tmp_path):
+def test_sigterm_is_reported_like_sigint_and_the_run_resumes(tmp_path, stored_certificates):
     spec = _spec(tmp_path, count=48, n=60000)
     db = tmp_path / "r.sqlite"
     command = [sys.executable, "-m", "harness.cli", "run", str(spec), "--db", str(db), "--quiet",

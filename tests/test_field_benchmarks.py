@@ -11,13 +11,6 @@ from harness.cli import main
 from harness.errors import IdrsError
 from harness.spec import BENCHMARKS_DIR, load_spec
 from harness.store import ResultStore
-from tests.field_files import (
-    write_cifar10,
-    write_cohen_checkpoint,
-    write_imagenet,
-    write_mnist,
-    write_svhn,
-)
 
 SMALL = ["--set", "certification.n0=10", "--set", "certification.n=100",
          "--set", "certification.batch_size=100"]  # fmt: skip
@@ -49,7 +42,7 @@ def test_set_overrides_are_toml_typed():
         load_spec(BENCHMARKS_DIR / "mnist.toml", ["certification.n"])
 
 
-def test_cifar10_cohen_on_a_cohen_checkpoint(tmp_path):
+def test_cifar10_cohen_on_a_cohen_checkpoint(tmp_path, write_cifar10, write_cohen_checkpoint):
     write_cifar10(tmp_path / "data", per_batch=4, test=40)
     checkpoint = tmp_path / "checkpoint.pth.tar"
     write_cohen_checkpoint(checkpoint, "cifar_resnet20")
@@ -71,7 +64,9 @@ def test_cifar10_cohen_on_a_cohen_checkpoint(tmp_path):
     assert run["weights_digest"] == weights_digest(model)
 
 
-def test_cifar10_idrs_every_method_on_one_checkpoint(tmp_path):
+def test_cifar10_idrs_every_method_on_one_checkpoint(
+    tmp_path, write_cifar10, write_cohen_checkpoint
+):
     """Every built-in method, with its costly loops shortened for a CPU test."""
     write_cifar10(tmp_path / "data", per_batch=8, test=20)
     checkpoint = tmp_path / "checkpoint.pth.tar"
@@ -94,14 +89,16 @@ def test_cifar10_idrs_every_method_on_one_checkpoint(tmp_path):
     assert all(c["input_id"] == 0 for c in certs)
 
 
-def test_mnist_trains_a_lenet_for_one_epoch(tmp_path):
+def test_mnist_trains_a_lenet_for_one_epoch(tmp_path, write_mnist):
     write_mnist(tmp_path / "data", train=40, test=40)
     run, certs = _run(tmp_path, "mnist.toml", "--set", "model.trainer_params.epochs=1",
                       "--set", 'methods=[{name="cohen", settings=[{sigma=0.25}]}]')  # fmt: skip
     assert [c["input_id"] for c in certs] == [0, 20] and run["weights_digest"]
 
 
-def test_imagenet_cohen_on_a_resnet50_checkpoint(tmp_path, capsys):
+def test_imagenet_cohen_on_a_resnet50_checkpoint(
+    tmp_path, capsys, write_imagenet, write_cohen_checkpoint
+):
     write_imagenet(tmp_path / "data", classes=3, per_class=2)
     checkpoint = tmp_path / "checkpoint.pth.tar"
     write_cohen_checkpoint(checkpoint, "resnet50")
@@ -123,12 +120,12 @@ def test_imagenet_cohen_on_a_resnet50_checkpoint(tmp_path, capsys):
     assert [c["input_id"] for c in certs] == [0] and certs[0]["label"] == 0
 
 
-@pytest.mark.parametrize("writer, name", [(write_cifar10, "cifar10"), (write_svhn, "svhn")])
-def test_gaussian_augmentation_trains_on_image_datasets(manager, tmp_path, writer, name):
+@pytest.mark.parametrize("writer, name", [("write_cifar10", "cifar10"), ("write_svhn", "svhn")])
+def test_gaussian_augmentation_trains_on_image_datasets(manager, tmp_path, writer, name, request):
     from harness.components import TrainContext
     from harness.progress import Progress
 
-    writer(tmp_path)
+    request.getfixturevalue(writer)(tmp_path)
     with pytest.warns(UserWarning):
         data = manager.registry.get("datasets", name).load(data_root=str(tmp_path))
     torch.manual_seed(0)
@@ -141,7 +138,7 @@ def test_gaussian_augmentation_trains_on_image_datasets(manager, tmp_path, write
     assert torch.isfinite(model(data.test_x)).all()
 
 
-def test_run_json_reports_the_weights_digest(tmp_path, capsys):
+def test_run_json_reports_the_weights_digest(tmp_path, capsys, write_mnist):
     write_mnist(tmp_path / "data", train=20, test=20)
     run, _ = _run(tmp_path, "mnist.toml", "--set", "model.trainer_params.epochs=1",
                   "--set", 'methods=[{name="cohen", settings=[{sigma=0.25}]}]')  # fmt: skip

@@ -9,20 +9,13 @@ import pytest
 import torch
 
 from harness.errors import DatasetMissingError
-from tests.field_files import (
-    write_cifar10,
-    write_cifar100,
-    write_imagenet,
-    write_mnist,
-    write_svhn,
-)
 
 
 def _load(manager, name, root):
     return manager.registry.get("datasets", name).load(data_root=str(root), download=False)
 
 
-def test_mnist_reads_idx_files(manager, tmp_path):
+def test_mnist_reads_idx_files(manager, tmp_path, write_mnist):
     write_mnist(tmp_path, train=20, test=10)
     data = _load(manager, "mnist", tmp_path)
     raw = (tmp_path / "MNIST/raw/t10k-images-idx3-ubyte").read_bytes()
@@ -32,7 +25,7 @@ def test_mnist_reads_idx_files(manager, tmp_path):
     assert data.test_y.tolist() == [k % 10 for k in range(10)] and data.num_classes == 10
 
 
-def test_cifar10_reads_pickles_and_warns_about_md5(manager, tmp_path):
+def test_cifar10_reads_pickles_and_warns_about_md5(manager, tmp_path, write_cifar10):
     write_cifar10(tmp_path, per_batch=4, test=20)
     with pytest.warns(UserWarning, match="MD5"):
         data = _load(manager, "cifar10", tmp_path)
@@ -45,14 +38,14 @@ def test_cifar10_reads_pickles_and_warns_about_md5(manager, tmp_path):
     assert data.class_names[0] == "airplane" and data.num_classes == 10
 
 
-def test_cifar100_fine_labels(manager, tmp_path):
+def test_cifar100_fine_labels(manager, tmp_path, write_cifar100):
     write_cifar100(tmp_path)
     with pytest.warns(UserWarning, match="MD5"):
         data = _load(manager, "cifar100", tmp_path)
     assert data.num_classes == 100 and data.test_y.tolist() == [k * 7 % 100 for k in range(6)]
 
 
-def test_svhn_reads_mat_and_maps_ten_to_zero(manager, tmp_path):
+def test_svhn_reads_mat_and_maps_ten_to_zero(manager, tmp_path, write_svhn):
     write_svhn(tmp_path, train=10, test=6)
     with pytest.warns(UserWarning, match="MD5"):
         data = _load(manager, "svhn", tmp_path)
@@ -64,7 +57,7 @@ def test_svhn_reads_mat_and_maps_ten_to_zero(manager, tmp_path):
     assert data.test_y.tolist() == [(k % 10 + 1) % 10 for k in range(6)]
 
 
-def test_imagenet_folder_resize_crop(manager, tmp_path):
+def test_imagenet_folder_resize_crop(manager, tmp_path, write_imagenet):
     write_imagenet(tmp_path, classes=3, per_class=2)
     data = _load(manager, "imagenet", tmp_path)
     assert data.num_classes == 3 and len(data.test_x) == 6 and data.input_shape == (3, 224, 224)
@@ -89,7 +82,9 @@ def test_absent_data_names_the_fix(manager, tmp_path, name):
     assert "\n" not in message and ("--download" in message or "val/" in message)
 
 
-def test_the_files_read_are_recorded_with_their_sha256(manager, tmp_path):
+def test_the_files_read_are_recorded_with_their_sha256(
+    manager, tmp_path, write_mnist, write_svhn, write_imagenet
+):
     """Every file-backed dataset names what it read (runs record it; resuming on other
     files is refused), with SHA-256 digests computed here independently by hashlib."""
     import hashlib

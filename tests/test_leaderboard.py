@@ -1,10 +1,11 @@
 """Leaderboards: the golden board of a tiny fixed run, ranking, verdicts, files, --verify.
 
-The fixture run is written straight into a fresh results database (no model, no
-sampling): four inputs per (method, setting) with hand-chosen radii, so every number
-on the board can be checked by hand (see GOLDEN_NOTES). After an intended change of the
-layout, ``IDRS_UPDATE_GOLDEN=1 pytest tests/test_leaderboard.py`` rewrites
-tests/data/leaderboard_golden.md; read the diff before committing it.
+The fixture run (``tests/golden_run.py``) is written straight into a fresh results
+database (no model, no sampling): four inputs per (method, setting) with hand-chosen
+radii, so every number on the board can be checked by hand (see its GOLDEN_NOTES).
+After an intended change of the layout, ``IDRS_UPDATE_GOLDEN=1 pytest
+tests/test_leaderboard.py`` rewrites tests/data/leaderboard_golden.md; read the diff
+before committing it.
 """
 
 from __future__ import annotations
@@ -12,12 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sqlite3
 from pathlib import Path
 
 import pytest
 
-from harness.certificate import Certificate
 from harness.leaderboard.board import build_board
 from harness.leaderboard.cli import add_leaderboard_parser
 from harness.leaderboard.markdown import render_markdown
@@ -29,110 +28,10 @@ from harness.storedrun import load_runs
 
 DATA = Path(__file__).parent / "data"
 GOLDEN = DATA / "leaderboard_golden.md"
-RUN_ID = "0f1e2d3c4b5a" + "6" * 52
-MODEL_HASH = "ab" * 32
-NOW = "2024-05-06T07:08:09+00:00"
-VERSIONS = {"idrs-bench": "0.1.0", "numpy": "2.0.0", "python": "3.11.9", "scipy": "1.14.0",
-            "torch": "2.4.0"}  # fmt: skip
-
-CONFIG = {
-    "name": "golden",
-    "seed": 3,
-    "device": "auto",
-    "shard_size": 32,
-    "dataset": {"name": "cone-2", "test_every": 5, "test_count": 4},
-    "model": {"architecture": "mlp", "trainer": "gaussian-augmentation", "seed": 0,
-              "architecture_params": {"width": 8}, "trainer_params": {"sigma": 0.25}},
-    "protocol": {"n0": 10, "n": 100, "alpha": 0.001, "batch_size": 64},
-    "methods": [{"name": "cohen", "settings": [{"sigma": 0.25}, {"sigma": 0.5}]}],
-}  # fmt: skip
-
-LABELS = [0, 0, 1, 1]
-# (method, setting) -> per input (prediction, predict, radius, sigma, seconds)
-ROWS = {
-    ("cohen", "sigma=0.25"): [(0, 0, 0.75, 0.25, 0.5), (0, 0, 0.25, 0.25, 0.5),
-                              (1, 1, 0.5, 0.25, 0.25), (-1, 0, 0.0, 0.25, 0.25)],
-    ("cohen", "sigma=0.5"): [(0, 0, 1.0, 0.5, 0.125), (1, 1, 0.5, 0.5, 0.125),
-                             (1, 1, 1.5, 0.5, 0.125), (1, 1, 0.5, 0.5, 0.125)],
-    ("chen-fgss", "sigma=0.25"): [(0, 0, 2.0, 0.75, 1.0), (0, 0, 2.0, 0.5, 1.0),
-                                  (1, 1, 2.0, 1.0, 1.0), (1, 1, 2.0, 0.75, 1.0)],
-    ("lipschitz-sigma-net", "sigma_min=0.1"): [(0, 0, 0.25, 0.5, 2.0), (-1, 1, 0.0, 0.5, 2.0),
-                                               (-1, 1, 0.0, 0.5, 2.0), (1, 1, 0.5, 0.5, 2.0)],
-}  # fmt: skip
-CHECKS = [  # method, setting, check, verdict, summary, flags
-    ("cohen", "sigma=0.25", "analytic-coverage", "sound", "200 trials, 0 violations", []),
-    ("cohen", "sigma=0.25", "regularity", "not-applicable", "constant sigma", []),
-    ("cohen", "sigma=0.5", "analytic-coverage", "sound", "200 trials, 0 violations", []),
-    ("chen-fgss", "sigma=0.25", "analytic-coverage", "sound", "200 trials, 0 violations", []),
-    ("chen-fgss", "sigma=0.25", "regularity", "violated",
-     "sigma(x) changes 3x within the certified ball", ["sigma-search", "counterexample"]),
-]  # fmt: skip
-FAILURE = ("alfarra-ds", "sigma=0.12", "RuntimeError: certifier exploded\nTraceback: line 2")
-
-GOLDEN_NOTES = """
-Hand computation (4 inputs, labels 0 0 1 1; headline radius 0.5, the median of 0..1):
-cohen sigma=0.5:   correct 0,2,3 with radii 1, 1.5, 0.5 -> cert@0 .75 @.25 .75 @.5 .75
-                   @.75 .5 @1 .5; ACR 3/4 = .75; misclass .25 (input 1); PREDICT right
-                   on 0,2,3: classes (.5, 1) -> min .5, max 1, std .25; 0.125 s/input.
-cohen sigma=0.25:  correct 0,1,2 with radii .75 .25 .5; input 3 abstains -> cert@0 .75
-                   @.25 .75 @.5 .5 @.75 .25 @1 0; ACR 1.5/4 = .375; abstain .25;
-                   PREDICT wrong on 3 -> classes (1, .5); 0.375 s/input.
-chen-fgss:         all correct with radius 2 -> 1.000 everywhere, ACR 2, mean sigma .75;
-                   one check 'violated' -> second table, first there.
-lipschitz:         correct 0 (r .25) and 3 (r .5); 1, 2 abstain -> cert@0 .5 @.25 .5 @.5 .25
-                   @.75 0; ACR .75/4 = .1875 (printed 0.188: an exact tie, rounded to even);
-                   PREDICT wrong on 1 -> classes (.5, 1); no check -> 'not checked'.
-"""
-
-
-def add_checks(db: Path, rows) -> None:
-    """Insert soundness-check rows (creating the ``checks`` table if the store has none)."""
-    with sqlite3.connect(db) as con:
-        con.execute(
-            "CREATE TABLE IF NOT EXISTS checks (run_id TEXT, method TEXT, setting TEXT,"
-            " check_name TEXT, verdict TEXT, summary TEXT, evidence TEXT, flags TEXT,"
-            " budget TEXT, at TEXT)"
-        )
-        columns = {r[1] for r in con.execute("PRAGMA table_info(checks)")}
-        name = "check_name" if "check_name" in columns else "check"
-        for run_id, method, setting, check, verdict, summary, flags in rows:
-            values = {"run_id": run_id, "method": method, "setting": setting, name: check,
-                      "verdict": verdict, "summary": summary, "evidence": "{}",
-                      "flags": json.dumps(flags), "budget": "small", "at": NOW}  # fmt: skip
-            values = {k: v for k, v in values.items() if k in columns}
-            con.execute(
-                f"INSERT INTO checks ({', '.join(map(repr, values))})"
-                f" VALUES ({', '.join('?' * len(values))})",
-                list(values.values()),
-            )
-
-
-def make_run(
-    db: Path, monkeypatch, run_id: str = RUN_ID, rows=ROWS, checks=CHECKS, config=CONFIG,
-    labels=LABELS, failure=FAILURE, model_hash: str = MODEL_HASH, device: str = "cpu",
-) -> str:  # fmt: skip
-    """Write one fixed run into ``db``; returns its id."""
-    monkeypatch.setattr("harness.store._now", lambda: NOW)
-    store = ResultStore(db)
-    try:
-        store.begin_run(run_id, config["name"], config, VERSIONS, "c0ffee" * 6 + "beef",
-                        device, config["seed"], model_hash)  # fmt: skip
-        for (method, setting), certs in rows.items():
-            for input_id, (prediction, predict, radius, sigma, seconds) in enumerate(certs):
-                cert = Certificate(input_id, prediction, radius, 0.9, sigma, 0.001, predict,
-                                   [1, 9], [10, 90], seconds, {"note": "fixture"})  # fmt: skip
-                store.add_certificate(run_id, method, setting, 0, labels[input_id], cert)
-        if failure:
-            store.record_failure(run_id, *failure)
-        store.finish_run(run_id)
-    finally:
-        store.close()
-    add_checks(db, [(run_id, *c) for c in checks])
-    return run_id
 
 
 @pytest.fixture
-def db(tmp_path, monkeypatch) -> Path:
+def db(tmp_path, monkeypatch, make_run) -> Path:
     path = tmp_path / "results.sqlite"
     make_run(path, monkeypatch)
     return path
@@ -179,7 +78,7 @@ def test_ranking_sound_rows_first_and_by_headline_then_acr(db):
     ]  # fmt: skip
 
 
-def test_ties_at_the_headline_radius_are_broken_by_acr(tmp_path, monkeypatch):
+def test_ties_at_the_headline_radius_are_broken_by_acr(tmp_path, monkeypatch, make_run):
     rows = {  # both certify 2 of 4 at radius 0.5; "late" has the larger ACR
         ("early", "a"): [(0, 0, 0.5, 1, 1), (0, 0, 0.5, 1, 1), (-1, 0, 0, 1, 1), (-1, 0, 0, 1, 1)],
         ("late", "a"): [(0, 0, 0.5, 1, 1), (0, 0, 0.9, 1, 1), (-1, 0, 0, 1, 1), (-1, 0, 0, 1, 1)],
@@ -195,7 +94,7 @@ def test_ties_at_the_headline_radius_are_broken_by_acr(tmp_path, monkeypatch):
     assert [(r.method, r.verdict) for r in table.other_rows] == [("na", "not-verified")]
 
 
-def test_without_check_rows_every_verdict_says_not_checked(tmp_path, monkeypatch):
+def test_without_check_rows_every_verdict_says_not_checked(tmp_path, monkeypatch, make_run):
     make_run(tmp_path / "r.sqlite", monkeypatch, checks=[])
     board = build_board(load_runs(tmp_path / "r.sqlite"))
     assert {r.verdict for r in board.tables[0].rows} == {"not checked"}
@@ -212,14 +111,14 @@ def test_verdict_footnotes_carry_the_check_summaries(db):
     assert "sigma-search, counterexample" in note
 
 
-def test_files_beside_the_board(db, tmp_path):
+def test_files_beside_the_board(db, tmp_path, golden_run):
     from harness.leaderboard.verify import PNG_SIGNATURE
 
     out = tmp_path / "boards" / "golden.md"
     written = {p.name for p in write_board(load_runs(db), out)}
     assert written == {
         "golden.md", "golden.json", "golden.csv", "golden.run.json",
-        f"golden.spec-{RUN_ID[:12]}.toml",
+        f"golden.spec-{golden_run.run_id[:12]}.toml",
         "golden-1-certified-accuracy.png", "golden-1-classwise-accuracy.png",
     }  # fmt: skip
     text = out.read_text()
@@ -242,7 +141,7 @@ def test_plots_are_deterministic(db, tmp_path):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "c" / name).read_bytes()
 
 
-def test_json_matches_its_schema_and_the_metrics(db, tmp_path):
+def test_json_matches_its_schema_and_the_metrics(db, tmp_path, golden_run):
     jsonschema = pytest.importorskip("jsonschema")
     from harness.leaderboard.schema import BOARD_SCHEMA
 
@@ -259,7 +158,8 @@ def test_json_matches_its_schema_and_the_metrics(db, tmp_path):
     assert first["acr"] == 0.75 and isinstance(first["inputs"], int)
     assert first["classwise_accuracy"] == {"0": 0.5, "1": 1.0}
     (run,) = data["runs"]
-    assert (run["n0"], run["n"], run["alpha"], run["model_hash"]) == (10, 100, 0.001, MODEL_HASH)
+    assert (run["n0"], run["n"], run["alpha"], run["model_hash"]) == (10, 100, 0.001,
+                                                                     golden_run.model_hash)  # fmt: skip
     assert data["failures"][0]["method"] == "alfarra-ds"
     # a wrong type is caught by the schema
     data["rows"][0]["acr"] = "0.75"
@@ -297,20 +197,21 @@ def test_export_round_trip_gives_the_same_board(db, tmp_path):
     assert render_markdown(build_board(again), "g") == render_markdown(build_board(runs), "g")
 
 
-def test_spec_file_reproduces_the_stored_config(db, tmp_path):
+def test_spec_file_reproduces_the_stored_config(db, tmp_path, golden_run):
     import tomllib
 
     from harness.spec import parse_spec
 
     write_board(load_runs(db), tmp_path / "golden.md", plots=False)
-    spec = tomllib.loads((tmp_path / f"golden.spec-{RUN_ID[:12]}.toml").read_text())
+    spec = tomllib.loads((tmp_path / f"golden.spec-{golden_run.run_id[:12]}.toml").read_text())
     defaults = {"radii": (0.0, 0.25, 0.5, 0.75, 1.0), "headline_radius": None}
     # a run stored before precision and noise were recorded: fp32, and noise "auto"
     # (block-v1 on this CPU run's device)
-    protocol = {**CONFIG["protocol"], "precision": "fp32", "channels_last": False, "noise": "auto"}
-    assert parse_spec(spec).to_dict() == {**CONFIG, **defaults, "protocol": protocol}
+    protocol = {**golden_run.config["protocol"], "precision": "fp32", "channels_last": False,
+                "noise": "auto"}  # fmt: skip
+    assert parse_spec(spec).to_dict() == {**golden_run.config, **defaults, "protocol": protocol}
     assert (
-        f"idrs-bench run golden.spec-{RUN_ID[:12]}.toml --device cpu"
+        f"idrs-bench run golden.spec-{golden_run.run_id[:12]}.toml --device cpu"
         in (tmp_path / "golden.md").read_text()
     )
 
@@ -322,9 +223,9 @@ def _cli(argv: list[str]) -> int:
     return args.handler(args)
 
 
-def test_verify_passes_then_fails_with_a_diff(db, tmp_path, capsys):
+def test_verify_passes_then_fails_with_a_diff(db, tmp_path, capsys, golden_run):
     out = tmp_path / "lb" / "golden.md"
-    assert _cli([RUN_ID[:6], "--db", str(db), "--out", str(out)]) == 0
+    assert _cli([golden_run.run_id[:6], "--db", str(db), "--out", str(out)]) == 0
     assert _cli(["--verify", str(out)]) == 0
     assert _cli(["--verify", str(out), "--db", str(db)]) == 0
     capsys.readouterr()
@@ -337,10 +238,12 @@ def test_verify_passes_then_fails_with_a_diff(db, tmp_path, capsys):
     assert "differs from its re-rendering" in report
 
 
-def test_verify_from_the_database_sees_new_check_rows(db, tmp_path):
+def test_verify_from_the_database_sees_new_check_rows(db, tmp_path, golden_run):
     out = tmp_path / "golden.md"
     write_board(load_runs(db), out)
-    add_checks(db, [(RUN_ID, "cohen", "sigma=0.5", "worst-case", "violated", "found x", [])])
+    golden_run.add_checks(
+        db, [(golden_run.run_id, "cohen", "sigma=0.5", "worst-case", "violated", "found x", [])]
+    )
     assert verify_board(out) == []  # the committed export is unchanged
     problems = verify_board(out, db)
     assert any("golden.md (committed)" in p for p in problems)
@@ -363,10 +266,12 @@ def test_stdout_rendering_and_latest_run(db, capsys):
     assert "idrs-bench run SPEC.toml --device cpu" in text and ".png" not in text
 
 
-def test_two_runs_on_the_same_model_share_a_table_with_a_run_column(db, tmp_path, monkeypatch):
+def test_two_runs_on_the_same_model_share_a_table_with_a_run_column(
+    db, tmp_path, monkeypatch, make_run, golden_run
+):
     other = "9" * 64
     make_run(db, monkeypatch, run_id=other, checks=[], failure=None, device="cuda:0")
-    board = build_board(load_runs(db, [RUN_ID, other]))
+    board = build_board(load_runs(db, [golden_run.run_id, other]))
     (table,) = board.tables
     assert len(table.rows) == 8 and len(table.runs) == 2
     text = render_markdown(board, "two")
@@ -374,14 +279,15 @@ def test_two_runs_on_the_same_model_share_a_table_with_a_run_column(db, tmp_path
     # a different base model gets its own table
     third = "8" * 64
     make_run(db, monkeypatch, run_id=third, model_hash="cd" * 32, checks=[], failure=None)
-    board = build_board(load_runs(db, [RUN_ID, third]))
-    assert [t.model_hash for t in board.tables] == [MODEL_HASH, "cd" * 32]
+    board = build_board(load_runs(db, [golden_run.run_id, third]))
+    assert [t.model_hash for t in board.tables] == [golden_run.model_hash, "cd" * 32]
 
 
-def test_runs_from_several_databases_make_one_board(tmp_path, monkeypatch):
+def test_runs_from_several_databases_make_one_board(tmp_path, monkeypatch, make_run, golden_run):
     """``leaderboard a.sqlite b.sqlite --out``: the latest run of each, a table per model."""
     make_run(tmp_path / "a.sqlite", monkeypatch)
-    config = CONFIG | {"name": "other", "dataset": CONFIG["dataset"] | {"name": "cone-60"}}
+    config = golden_run.config | {"name": "other",
+                                  "dataset": golden_run.config["dataset"] | {"name": "cone-60"}}  # fmt: skip
     make_run(tmp_path / "b.sqlite", monkeypatch, run_id="5" * 64, config=config,
              model_hash="ef" * 32, checks=[])  # fmt: skip
     out = tmp_path / "cone.md"
@@ -390,11 +296,12 @@ def test_runs_from_several_databases_make_one_board(tmp_path, monkeypatch):
     text = out.read_text()
     assert text.startswith("# Leaderboard: golden, other\n")
     assert "## 1. cone-2 · mlp" in text and "## 2. cone-60 · mlp" in text
-    assert [r.run_id for r in read_export(tmp_path / "cone.run.json")] == [RUN_ID, "5" * 64]
+    exported = [r.run_id for r in read_export(tmp_path / "cone.run.json")]
+    assert exported == [golden_run.run_id, "5" * 64]
 
 
-def test_radii_and_headline_radius_from_the_spec(tmp_path, monkeypatch):
-    config = CONFIG | {"radii": [0.0, 1.0, 2.0], "headline_radius": 1.0}
+def test_radii_and_headline_radius_from_the_spec(tmp_path, monkeypatch, make_run, golden_run):
+    config = golden_run.config | {"radii": [0.0, 1.0, 2.0], "headline_radius": 1.0}
     make_run(tmp_path / "r.sqlite", monkeypatch, config=config)
     (table,) = build_board(load_runs(tmp_path / "r.sqlite")).tables
     assert (table.radii, table.headline_radius) == ([0.0, 1.0, 2.0], 1.0)

@@ -17,7 +17,6 @@ from harness.leaderboard.escape import md_code, md_text
 from harness.leaderboard.markdown import render_markdown
 from harness.leaderboard.render import write_board
 from harness.storedrun import load_runs
-from tests.test_leaderboard import CONFIG, make_run
 
 HOSTILE = [
     "a|b||c",
@@ -98,7 +97,7 @@ def test_md_code_survives_backticks_and_pipes():
     assert parsed.rows == [["h"], ["a`b``c|d"]]
 
 
-def _hostile_run(db, monkeypatch):
+def _hostile_run(db, monkeypatch, make_run, golden_run):
     rows, checks = {}, []
     for i, name in enumerate(HOSTILE):
         certs = [(0, 0, 0.1 * (i + 1), 0.5, 0.1), (1, 1, 0.2, 0.5, 0.1),
@@ -106,19 +105,20 @@ def _hostile_run(db, monkeypatch):
         rows[name, name] = certs
         verdict = "sound" if i % 2 else name  # an unknown verdict string counts as violated
         checks.append((name, name, name, verdict, name, [name, name]))
-    config = CONFIG | {
+    config = golden_run.config | {
         "name": HOSTILE[1],
         "dataset": {"name": HOSTILE[4], "test_every": 1, "test_count": 4},
-        "model": CONFIG["model"] | {"architecture": HOSTILE[0], "trainer": HOSTILE[5],
-                                    "trainer_params": {HOSTILE[3]: HOSTILE[6]}},
+        "model": golden_run.config["model"] | {"architecture": HOSTILE[0],
+                                               "trainer": HOSTILE[5],
+                                               "trainer_params": {HOSTILE[3]: HOSTILE[6]}},
     }  # fmt: skip
     failure = (HOSTILE[2], HOSTILE[3], HOSTILE[6])
     make_run(db, monkeypatch, rows=rows, checks=checks, config=config, failure=failure)
 
 
-def test_a_board_of_hostile_names_keeps_its_structure(tmp_path, monkeypatch):
+def test_a_board_of_hostile_names_keeps_its_structure(tmp_path, monkeypatch, make_run, golden_run):
     db = tmp_path / "r.sqlite"
-    _hostile_run(db, monkeypatch)
+    _hostile_run(db, monkeypatch, make_run, golden_run)
     board = build_board(load_runs(db))
     text = render_markdown(board, "hostile")
     parsed = _html(text)
@@ -167,10 +167,10 @@ def _all_text(text: str) -> list[str]:
     return parser.out
 
 
-def test_hostile_names_in_plots_and_files(tmp_path, monkeypatch):
+def test_hostile_names_in_plots_and_files(tmp_path, monkeypatch, make_run, golden_run):
     """Mathtext is off ($...$ would raise), and every file is still written."""
     db = tmp_path / "r.sqlite"
-    _hostile_run(db, monkeypatch)
+    _hostile_run(db, monkeypatch, make_run, golden_run)
     written = write_board(load_runs(db), tmp_path / "out" / "hostile.md")
     assert len(written) == 7
     for path in written:

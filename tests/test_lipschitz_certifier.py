@@ -16,7 +16,6 @@ from plugins.cohen.certifier import ConstantSigma
 from plugins.lipschitz.certifier import LipschitzCertifier, confidence_bounds
 from plugins.lipschitz.network import CertifiedSigma, SigmaNetwork, certify_sigma_network
 from plugins.lipschitz.normalization import NormalizedModel
-from tests.conftest import LinearModel
 
 
 class FixedLogits(torch.nn.Module):
@@ -88,14 +87,14 @@ def test_bounds_cover_the_mean_at_the_union_level():
     assert failures / trials <= alpha
 
 
-def _linear_setup(trials, d, seed, scale=50.0):
+def _linear_setup(linear_model, trials, d, seed, scale=50.0):
     gen = torch.Generator().manual_seed(seed)
     w = torch.randn(d, generator=gen)
     w /= w.norm()
     b = 0.1
     # a steep logistic base classifier; the smoothed classifier's boundary is still w·x = b
     # for any σ(x) > 0, because E[sigmoid(s·(m + σZ))] > 1/2 iff m > 0 (Z symmetric)
-    model = LinearModel(scale * w, scale * b)
+    model = linear_model(scale * w, scale * b)
     distances = torch.empty(trials).uniform_(-1.2, 1.2, generator=gen)
     base = torch.rand(trials, d, generator=gen)
     x = base - ((base @ w - b) - distances)[:, None] * w[None, :]
@@ -110,9 +109,9 @@ def _certifier(model, regularity, n0, n, alpha, p_min=1e-7, dim=784, seed=0):
     return LipschitzCertifier(engine, protocol, regularity, p_min, dim)
 
 
-def test_zero_lipschitz_gives_one_over_sigma_and_the_soft_cohen_radius():
+def test_zero_lipschitz_gives_one_over_sigma_and_the_soft_cohen_radius(linear_model):
     d, sigma, alpha, n, p_min = 784, 0.5, 0.01, 400, 1e-7
-    model, x, _ = _linear_setup(16, d, seed=3)
+    model, x, _ = _linear_setup(linear_model, 16, d, seed=3)
     certifier = _certifier(model, Lipschitz(0.0, sigma), 32, n, alpha, p_min, d)
     assert certifier.lipschitz == 1 / sigma
     width = (1 - 2 * p_min) * math.sqrt(math.log(2 / alpha) / (2 * n))  # Hoeffding, α/2 each
@@ -151,9 +150,9 @@ def _coverage(certifier, sigma_of, x, distances, radius_scale=1.0):
     return violations, certified
 
 
-def test_coverage_on_linear_classifier_with_constant_sigma():
+def test_coverage_on_linear_classifier_with_constant_sigma(linear_model):
     alpha = 0.05
-    model, x, distances = _linear_setup(400, 784, seed=0)
+    model, x, distances = _linear_setup(linear_model, 400, 784, seed=0)
     certifier = _certifier(model, Lipschitz(0.0, 0.5), 32, 256, alpha)
     violations, certified = _coverage(certifier, ConstantSigma(0.5), x, distances)
     assert certified >= 300
@@ -163,9 +162,9 @@ def test_coverage_on_linear_classifier_with_constant_sigma():
     assert stats.binomtest(violations, certified, alpha, alternative="greater").pvalue < 1e-6
 
 
-def test_coverage_on_linear_classifier_with_a_lipschitz_sigma_network():
+def test_coverage_on_linear_classifier_with_a_lipschitz_sigma_network(linear_model):
     alpha, d = 0.05, 784
-    model, x, distances = _linear_setup(360, d, seed=1)
+    model, x, distances = _linear_setup(linear_model, 360, d, seed=1)
     network = SigmaNetwork(d, 32, 0.25, 0.5, torch.Generator().manual_seed(0))
     with torch.no_grad():
         network.b2.fill_(0.3)  # σ varies with x around 0.25 + 0.3

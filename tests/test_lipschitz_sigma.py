@@ -21,7 +21,6 @@ from harness.spec import parse_spec
 from plugins.lipschitz import METHOD_DEFAULTS, check_params
 from plugins.lipschitz.fit import fit_lipschitz_sigma, obtain_sigma_network
 from plugins.lipschitz.network import SVD_SAFETY, CertifiedSigma, SigmaNetwork
-from tests.conftest import LinearModel
 
 
 def _svd_product(sigma: CertifiedSigma) -> float:
@@ -53,13 +52,13 @@ def _ascent_ratio(sigma: CertifiedSigma, dim: int, starts=64, steps=150, seed=0)
     return best
 
 
-def _tiny_dataset(d=20, n=256, seed=0):
+def _tiny_dataset(linear_model, d=20, n=256, seed=0):
     gen = torch.Generator().manual_seed(seed)
     w = torch.randn(d, generator=gen)
     w /= w.norm()
     x = torch.rand(n, d, generator=gen) * 2
     y = (x @ w > float(torch.median(x @ w))).long()
-    return Dataset("tiny-linear", x, y, x[:32], y[:32], 2), LinearModel(
+    return Dataset("tiny-linear", x, y, x[:32], y[:32], 2), linear_model(
         8 * w, 8 * float(torch.median(x @ w))
     )
 
@@ -97,8 +96,8 @@ def test_weights_above_the_declared_bound_are_scaled_down_at_the_last_layer():
     assert sigma.w2[0, 1] / sigma.w2[0, 0] == pytest.approx(-2.0)
 
 
-def test_fitted_sigma_bound_holds_by_svd_and_by_gradient_ascent():
-    dataset, model = _tiny_dataset()
+def test_fitted_sigma_bound_holds_by_svd_and_by_gradient_ascent(linear_model):
+    dataset, model = _tiny_dataset(linear_model)
     sigma, losses = fit_lipschitz_sigma(
         model, dataset, FIT, torch.device("cpu"), seed=0, progress=Progress(enabled=False)
     )
@@ -125,8 +124,8 @@ def test_gradient_ascent_exposes_an_understated_bound():
     assert _ascent_ratio(sigma, 20) > 0.5 * sigma.regularity.lip
 
 
-def test_fit_is_seeded_and_leaves_the_base_model_untouched():
-    dataset, model = _tiny_dataset()
+def test_fit_is_seeded_and_leaves_the_base_model_untouched(linear_model):
+    dataset, model = _tiny_dataset(linear_model)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     flags = [p.requires_grad for p in model.parameters()]
     runs = [
@@ -140,10 +139,10 @@ def test_fit_is_seeded_and_leaves_the_base_model_untouched():
     assert [p.requires_grad for p in model.parameters()] == flags
 
 
-def test_provider_and_certifier_share_one_cached_fit(monkeypatch):
+def test_provider_and_certifier_share_one_cached_fit(monkeypatch, linear_model):
     from plugins.lipschitz import fit as module
 
-    dataset, model = _tiny_dataset()
+    dataset, model = _tiny_dataset(linear_model)
     calls = []
     original = module.fit_lipschitz_sigma
 
@@ -228,13 +227,15 @@ def test_method_runs_next_to_cohen_in_a_benchmark(tmp_path):
             assert radius == pytest.approx(expected, rel=1e-9)
 
 
-def test_a_reloaded_fit_is_the_same_sigma_with_the_same_regularity(tmp_path, monkeypatch):
+def test_a_reloaded_fit_is_the_same_sigma_with_the_same_regularity(
+    tmp_path, monkeypatch, linear_model
+):
     """The disk cache round-trips σ_min and Lip(σ) exactly (float64): L of Thm 2, and so
     every radius the soundness checks re-derive, equals the run's to the last bit."""
     from plugins.lipschitz import fit as module
 
     monkeypatch.setenv("IDRS_BENCH_CACHE", str(tmp_path))
-    dataset, model = _tiny_dataset()
+    dataset, model = _tiny_dataset(linear_model)
     protocol = CertificationProtocol(n0=10, n=50)
     context = BuildContext(
         dataset, model, torch.device("cpu"), 0, protocol,

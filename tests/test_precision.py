@@ -79,17 +79,15 @@ def test_prepare_model_casts_a_copy_and_leaves_the_model_alone():
     assert cl(torch.rand(2, 3, 8, 8)).shape == (2, 4, 6, 6)
 
 
-def test_bf16_certification_of_a_linear_classifier_matches_the_exact_probability():
+def test_bf16_certification_of_a_linear_classifier_matches_the_exact_probability(linear_model):
     """f(x) = [x_0 > 0] in bf16: the counts follow Binomial(n, Φ(x_0/σ)) (up to bf16 rounding
     of the noisy input, which cannot move the sign of x_0 + σε)."""
     from scipy.stats import binomtest
 
-    from tests.conftest import LinearModel
-
     w = torch.zeros(10)
     w[0] = 1.0
     protocol = CertificationProtocol(n0=50, n=4000, alpha=0.001, precision="bf16")
-    model = prepare_model(LinearModel(w, 0.0), protocol)
+    model = prepare_model(linear_model(w, 0.0), protocol)
     engine = SamplingEngine(model, 2, torch.device("cpu"), batch_size=300, seed=2)
     x = torch.zeros(3, 10)
     x[:, 0] = torch.tensor([0.2, 0.5, -0.4])

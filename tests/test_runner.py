@@ -15,7 +15,6 @@ from harness.cli import main
 from harness.progress import Progress
 from harness.runner import RunOptions, run_benchmark
 from harness.spec import DEFAULT_BENCHMARK, parse_spec, setting_key
-from tests.conftest import stored_certificates
 
 TINY = """
 name = "tiny"
@@ -53,7 +52,7 @@ def _rows(db: Path) -> list[tuple]:
         ).fetchall()
 
 
-def test_interrupted_run_resumes_without_loss_or_duplicates(tmp_path):
+def test_interrupted_run_resumes_without_loss_or_duplicates(tmp_path, stored_certificates):
     spec = tmp_path / "tiny.toml"
     spec.write_text(TINY.format(n=40000))
     command = [sys.executable, "-m", "harness.cli", "run", str(spec), "--quiet"]

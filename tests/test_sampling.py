@@ -81,14 +81,12 @@ def test_counts_agree_across_batch_sizes_up_to_near_ties(noise):
         assert np.abs(counts - results[0]).sum() <= 4
 
 
-def test_counts_match_exact_probability_of_a_linear_classifier():
+def test_counts_match_exact_probability_of_a_linear_classifier(linear_model):
     from scipy.stats import binomtest, norm
-
-    from tests.conftest import LinearModel
 
     w = torch.zeros(10)
     w[0] = 1.0
-    model = LinearModel(w, 0.0)
+    model = linear_model(w, 0.0)
     x = torch.zeros(3, 10)
     x[:, 0] = torch.tensor([0.0, 0.3, -0.5])
     sigma = torch.tensor([1.0, 0.5, 1.0])

@@ -1,7 +1,7 @@
 """The declared soundness contract, S0 evidence re-derivation, error and memory verdicts.
 
-Third-party plugins from ``tests/soundness_plugins.py`` are registered in-process; every
-test asserts the verdict the audit must reach.
+Third-party plugins from ``tests/soundness_plugins.py`` (the fixture ``soundness_plugins``)
+are registered in-process; every test asserts the verdict the audit must reach.
 """
 
 from __future__ import annotations
@@ -22,18 +22,15 @@ from harness.soundness.runner import audits, run_checks
 from harness.soundness.verdict import Verdict, overall
 from harness.spec import parse_spec
 from harness.storedrun import load_runs
-from tests import soundness_plugins
 
 TINY = Budget("tiny", coverage_trials=40, coverage_n=100, pairs=4, ascent_steps=3,
               audited_inputs=6, attack_steps=3, attack_samples=16, orders=4)  # fmt: skip
 
 
 @pytest.fixture
-def plugins(manager):
+def plugins(manager, soundness_plugins):
     manager.register(soundness_plugins, name="soundness-test-plugins")
-    soundness_plugins.ARMED.update({"raise": False, "sigma": None})
-    yield manager
-    soundness_plugins.ARMED.update({"raise": False, "sigma": None})
+    return manager
 
 
 def _run(tmp_path, manager, methods, alpha=0.001, n=400, count=24, dataset="ball-2"):
@@ -113,7 +110,9 @@ def test_a_minimal_third_party_certifier_is_fully_audited(tmp_path, plugins):
     assert overall(results) == Verdict.SOUND, [(r.check, r.summary) for r in results]
 
 
-def test_a_raising_sigma_provider_is_an_error_and_the_row_is_not_verified(tmp_path, plugins):
+def test_a_raising_sigma_provider_is_an_error_and_the_row_is_not_verified(
+    tmp_path, plugins, soundness_plugins
+):
     db, run_id = _run(tmp_path, plugins, ["switchable"], alpha=0.05, count=12)
     soundness_plugins.ARMED["raise"] = True
     [(_, results)] = run_checks(db, run_id, RunOptions(db=db), Progress(enabled=False), plugins,
@@ -130,7 +129,9 @@ def test_a_raising_sigma_provider_is_an_error_and_the_row_is_not_verified(tmp_pa
     assert "No row is verified sound" in text and "checks applied: " in text
 
 
-def test_a_huge_sigma_is_blamed_on_the_provider_not_the_checkpoint(tmp_path, plugins):
+def test_a_huge_sigma_is_blamed_on_the_provider_not_the_checkpoint(
+    tmp_path, plugins, soundness_plugins
+):
     db, run_id = _run(tmp_path, plugins, ["switchable"], alpha=0.05, count=12)
     soundness_plugins.ARMED["sigma"] = 1e42
     [(_, results)] = run_checks(db, run_id, RunOptions(db=db), Progress(enabled=False), plugins,

@@ -74,11 +74,11 @@ def test_certificate_uses_the_thm_3_2_radius():
         ("sigma = 0.0", "sigma must be a positive number"),
     ],
 )
-def test_invalid_parameters_are_rejected_before_work(tmp_path, capsys, setting, message):
-    from tests.test_cli_errors import BASE
-
+def test_invalid_parameters_are_rejected_before_work(
+    tmp_path, capsys, setting, message, spec_template
+):
     spec = tmp_path / "s.toml"
-    text = BASE.format(
+    text = spec_template.format(
         dataset="cone-4", arch="mlp", n0=10, n=20, alpha=0.01, method="sukenik", sigma=0.5
     )
     spec.write_text(text.replace("{ sigma = 0.5 }", "{ " + setting + " }"))
@@ -86,15 +86,14 @@ def test_invalid_parameters_are_rejected_before_work(tmp_path, capsys, setting, 
     assert message in capsys.readouterr().err
 
 
-def test_shard_radii_are_computed_in_one_call_and_equal_the_per_input_radii():
+def test_shard_radii_are_computed_in_one_call_and_equal_the_per_input_radii(linear_model):
     import torch
 
     from harness.sampling import SamplingEngine
-    from tests.conftest import LinearModel
 
     w = torch.zeros(784)
     w[0] = 1.0
-    model = LinearModel(w, 0.0)
+    model = linear_model(w, 0.0)
     engine = SamplingEngine(model, 2, torch.device("cpu"), batch_size=512, seed=3)
     protocol = CertificationProtocol(n0=20, n=2000, alpha=0.001)
     certifier = SukenikCertifier(engine, protocol, SemiElastic(0.02), dim=784)

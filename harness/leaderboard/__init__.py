@@ -1,4 +1,5 @@
-"""Leaderboards: markdown, plots, JSON and CSV from stored runs, and ``compare``.
+"""Leaderboards: markdown, plots, JSON and CSV from stored runs, and ``compare``
+(harness/README.md).
 
 The runs are read through :mod:`harness.storedrun` (certificates, checks and each
 row's verdict) and measured by :mod:`harness.results`. Modules, one concept each:

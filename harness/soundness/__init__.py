@@ -1,4 +1,4 @@
-"""Soundness audits of certificates (DESIGN §8), registered as a built-in plugin.
+"""Soundness checks S0–S5 (harness/README.md, "Soundness checks"), a built-in plugin.
 
 Besides the checks, this plugin registers the analytic base classifiers the checks
 rely on (``linear-N``, ``ball-N``), the matching ``ball-N`` dataset, and the trainer

@@ -1,4 +1,4 @@
-"""Base classifiers whose smoothed classifier is known exactly (DESIGN §8, S1).
+"""Base classifiers whose smoothed classifier is known exactly (checks S1 and S4).
 
 - ``linear-N``: f(x) = [w·x > b] with ‖w‖ = 1. For Gaussian noise of *any* σ(x),
   P(f(x + σ(x)ε) = 1) = Φ((w·x − b)/σ(x)), which exceeds 1/2 exactly when w·x > b:

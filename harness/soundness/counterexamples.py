@@ -1,4 +1,4 @@
-"""S4: concrete counterexamples to certificates (DESIGN §8).
+"""S4: concrete counterexamples to certificates (Súkeník et al. 2022, App. C).
 
 Each certificate holds with probability >= 1 − α per input it is asked about, so a
 sound method may issue a few false ones; each kind of counterexample (a)–(c) below is

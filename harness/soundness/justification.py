@@ -1,4 +1,4 @@
-"""S3: does a valid proof cover each claimed radius? (DESIGN §8; Súkeník et al. 2022, §2–3)
+"""S3: does a valid proof cover each claimed radius? (Súkeník et al. 2022, §2–3)
 
 For a hard-smoothing certificate (x0, R, σ0 = σ(x0), p_A_lower), every x1 in B(x0, R)
 is smoothed with σ(x1) — the σ the method itself would use there. By Thm 2.2–2.3, the

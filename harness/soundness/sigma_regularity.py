@@ -1,4 +1,4 @@
-"""S2: is σ(x) as regular as its provider declares? (DESIGN §8)
+"""S2: is σ(x) as regular as its provider declares? (Súkeník et al. 2022, Def. 3.1)
 
 Random pairs around the audited inputs, then projected gradient ascent from the worst
 pair on the quotient the certificate relies on:
