@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
+from harness.artifacts import file_digest
+from harness.components import Registry
 from harness.data import Dataset
 from harness.errors import IdrsError
-from harness.modelcache import file_digest
-from harness.plugins import Registry
 from harness.spec import ModelConfig, content_hash
 
 COHEN_ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {

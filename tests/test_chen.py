@@ -10,7 +10,7 @@ import torch
 from scipy import stats
 
 from harness.errors import ParameterError
-from harness.plugins import BUILTIN_PLUGINS, PluginManager
+from harness.plugins import PluginManager
 from harness.progress import Progress
 from harness.regularity import Unregularized
 from harness.runner import RunOptions, run_benchmark
@@ -26,7 +26,7 @@ from plugins.chen.search import (
     input_keys,
     search_sigma,
 )
-from plugins.cohen.certifier import cohen_radius
+from harness import cohen_radius
 from tests.conftest import LinearModel
 
 CPU = torch.device("cpu")
@@ -249,9 +249,7 @@ def test_ball_classifier_has_a_point_inside_a_claimed_radius_predicted_different
     ],
 )
 def test_invalid_parameters_are_rejected_before_any_work(key, value):
-    manager = PluginManager(
-        builtins={**BUILTIN_PLUGINS, "chen": "plugins.chen"}, load_entry_points=False
-    )
+    manager = PluginManager(third_party=False)
     method = manager.registry.get("methods", "chen-fgss")
     with pytest.raises(ParameterError, match=key if key != "start_level_max" else "start_level"):
         method.check({**method.defaults, key: value})
@@ -288,9 +286,7 @@ settings = [{ sigma = 0.25 }]
 
 
 def test_runs_next_to_cohen_and_its_certificates_are_violated_on_the_ball(tmp_path):
-    manager = PluginManager(
-        builtins={**BUILTIN_PLUGINS, "chen": "plugins.chen"}, load_entry_points=False
-    )
+    manager = PluginManager(third_party=False)
     spec = parse_spec(tomllib.loads(BALL_RUN))
     db = tmp_path / "r.sqlite"
     run_id = run_benchmark(spec, RunOptions(db=db), Progress(enabled=False), manager)

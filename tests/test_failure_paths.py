@@ -16,7 +16,7 @@ import torch
 from rich.console import Console
 
 from harness.cli import main
-from harness.modelcache import load_artifact, save_artifact
+from harness.artifacts import load_artifact, save_artifact
 from harness.progress import Progress
 from tests.conftest import stored_certificates
 

@@ -12,7 +12,7 @@ from scipy import stats
 from harness.components import BuildContext
 from harness.data import Dataset
 from harness.errors import ParameterError
-from harness.plugins import BUILTIN_PLUGINS, PluginManager
+from harness.plugins import PluginManager
 from harness.progress import Progress
 from harness.protocol import CertificationProtocol
 from harness.runner import RunOptions, run_benchmark
@@ -200,9 +200,7 @@ settings = [{ width = 16, train_examples = 64, train_steps = 20, train_batch = 1
 
 
 def test_method_runs_next_to_cohen_in_a_benchmark(tmp_path):
-    manager = PluginManager(
-        builtins={**BUILTIN_PLUGINS, "lipschitz": "plugins.lipschitz"}, load_entry_points=False
-    )
+    manager = PluginManager(third_party=False)
     db = tmp_path / "r.sqlite"
     run_benchmark(
         parse_spec(tomllib.loads(TINY)), RunOptions(db=db), Progress(enabled=False), manager

@@ -7,7 +7,7 @@ rely on (``linear-N``, ``ball-N``), the matching ``ball-N`` dataset, and the tra
 
 from __future__ import annotations
 
-from harness import hookimpl
+from harness.hookspecs import hookimpl
 from harness.components import CheckSpec, DatasetSpec, ModelSpec, TrainerSpec
 
 
