@@ -13,8 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from harness.certificate import ABSTAIN
-
-RADII = (0.0, 0.25, 0.5, 0.75, 1.0)
+from harness.spec import RADII, setting_key
 
 
 def summarize(
@@ -60,8 +59,6 @@ def completeness(
     ``expected`` is the number of test inputs of every setting (None when the run did
     not record it: then only a finished run counts as complete).
     """
-    from harness.spec import setting_key
-
     out = []
     for method in config["methods"]:
         for setting in method.get("settings") or [{}]:
