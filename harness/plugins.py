@@ -94,11 +94,11 @@ class PluginManager:
 
     def _load_entry_points(self, third_party: bool) -> None:
         allowed = _allowed_external_plugins() if third_party else set()
-        found_builtin = False
-        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-            builtin = is_builtin(ep)
-            found_builtin |= builtin
-            if not builtin and allowed is not None and ep.name not in allowed:
+        entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+        builtins = [ep for ep in entry_points if is_builtin(ep)]
+        others = [ep for ep in entry_points if not is_builtin(ep)]
+        for ep in [*builtins, *others]:  # built-ins first: they keep their names
+            if not is_builtin(ep) and allowed is not None and ep.name not in allowed:
                 continue
             try:  # a broken plugin, built-in or not, must not take the CLI down
                 taken = self.pm.get_plugin(ep.name)
@@ -112,7 +112,7 @@ class PluginManager:
                 self.register(ep.load(), name=ep.name, version=ep.dist.version if ep.dist else "")
             except Exception as exc:
                 self._fail(ep.name, exc)
-        if not found_builtin:
+        if not builtins:
             self.failures.append(
                 PluginFailure(
                     DISTRIBUTION,

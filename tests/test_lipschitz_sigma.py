@@ -1,5 +1,6 @@
 """Bergstrom et al. Remark 2 and §4: the σ-network, its certified Lipschitz bound, its fit."""
 
+import dataclasses
 import json
 import sqlite3
 import tomllib
@@ -229,8 +230,6 @@ def test_method_runs_next_to_cohen_in_a_benchmark(tmp_path):
 def test_a_reloaded_fit_is_the_same_sigma_with_the_same_regularity(tmp_path, monkeypatch):
     """The disk cache round-trips σ_min and Lip(σ) exactly (float64): L of Thm 2, and so
     every radius the soundness checks re-derive, equals the run's to the last bit."""
-    from plugins.lipschitz import fit as module
-
     monkeypatch.setenv("IDRS_BENCH_CACHE", str(tmp_path))
     dataset, model = _tiny_dataset()
     protocol = CertificationProtocol(n0=10, n=50)
@@ -241,8 +240,10 @@ def test_a_reloaded_fit_is_the_same_sigma_with_the_same_regularity(tmp_path, mon
     )  # fmt: skip
     params = {**FIT, "sigma_min": 0.65}
     fitted = obtain_sigma_network(context, params)
-    module._CACHE.clear()
-    reloaded = obtain_sigma_network(context, params)
+    saved = list((tmp_path / "plugins" / "lipschitz" / ("0" * 64)).glob("sigma-net-*.pt"))
+    assert len(saved) == 1  # in the plugin's artifact directory of this base model
+    later_run = dataclasses.replace(context, memos={})  # a new run: nothing fitted in memory
+    reloaded = obtain_sigma_network(later_run, params)
     assert reloaded is not fitted
     assert reloaded.regularity.sigma_min == 0.65 == fitted.regularity.sigma_min
     assert reloaded.regularity.lip == fitted.regularity.lip

@@ -132,7 +132,9 @@ def test_builtins_are_the_entry_points_of_this_distribution():
 
 
 def test_a_plugin_name_declared_twice_fails_naming_both(monkeypatch):
-    _fake_entry_points(monkeypatch, [_FakeEntryPoint("cohen", _method_plugin("impostor"))])
+    impostor = _FakeEntryPoint("cohen", _method_plugin("impostor"))
+    installed = list(importlib.metadata.entry_points(group="idrs_bench"))
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [impostor, *installed])
     manager = PluginManager()
     [failure] = manager.failures
     assert failure.plugin == "cohen" and "DuplicateNameError" in failure.error
