@@ -9,6 +9,7 @@ import pytest
 import torch
 from scipy import stats
 
+from harness import cohen_radius
 from harness.errors import ParameterError
 from harness.plugins import PluginManager
 from harness.progress import Progress
@@ -26,7 +27,6 @@ from plugins.chen.search import (
     input_keys,
     search_sigma,
 )
-from harness import cohen_radius
 from tests.conftest import LinearModel
 
 CPU = torch.device("cpu")

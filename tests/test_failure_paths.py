@@ -15,8 +15,8 @@ import pytest
 import torch
 from rich.console import Console
 
-from harness.cli import main
 from harness.artifacts import load_artifact, save_artifact
+from harness.cli import main
 from harness.progress import Progress
 from tests.conftest import stored_certificates
 
