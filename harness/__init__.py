@@ -57,9 +57,10 @@ Errors a plugin raises
     parameter value), ``DatasetMissingError`` (data not on disk, with how to get it),
     ``ModelOutputError`` (the base model returned non-finite outputs).
 
-Driving the harness from Python
-    ``run``: run (or resume) a benchmark given as a file or a mapping (a reproduction
-    script's way in; :mod:`harness.api` also certifies a model you hold).
+Driving the harness (not for plugins)
+    :mod:`harness.api` (``certify``, ``run``) is the public API for notebooks and
+    scripts, such as a paper's reproduction script shipped beside a plugin. It sits
+    above the runner and the checks, so this namespace does not re-export it.
 
 ``harness.soundness`` is a built-in plugin but part of the core: it audits every
 plugin and uses the harness's internals directly.
@@ -137,8 +138,6 @@ _EXPORTS: dict[str, str] = {
     "IdrsError": "harness.errors",
     "ModelOutputError": "harness.errors",
     "ParameterError": "harness.errors",
-    # driving the harness from Python
-    "run": "harness.api",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -159,7 +158,6 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from harness.api import run  # noqa: F401
     from harness.artifacts import file_digest, load_artifact, save_artifact  # noqa: F401
     from harness.certificate import ABSTAIN, Certificate  # noqa: F401
     from harness.certify import HardSmoothingCertifier  # noqa: F401

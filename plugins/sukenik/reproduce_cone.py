@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-import harness
+from harness.api import run
 
 # N: (constant σ, [(σ_b, r), ...]) — App. A.5 and Table 5
 SETUPS: dict[int, tuple[float, list[tuple[float, float]]]] = {
@@ -51,7 +51,7 @@ def reproduce(
     """Run every N; return one row per (N, method, setting) with clean and certified accuracy."""
     rows = []
     for dim in dims:
-        result = harness.run(cone_spec(dim, test_count, n), db=db, check=False, progress=not quiet)
+        result = run(cone_spec(dim, test_count, n), db=db, check=False, progress=not quiet)
         rows += [{"N": dim, **row} for row in result["summary"].to_dict("records")]
     return rows
 
