@@ -1,10 +1,210 @@
-"""idrs-bench: a benchmark harness for input-dependent randomized smoothing."""
+"""idrs-bench: a benchmark harness for input-dependent randomized smoothing.
+
+This package's namespace is the **plugin API**: a plugin (built-in or third-party)
+imports what it needs from ``harness`` and nothing from its submodules, which are
+internal and may change. Every name below is stable; each is loaded on first use
+(``import harness`` imports neither torch nor scipy). A plugin is a module with
+``@hookimpl`` functions (the hooks are listed in :mod:`harness.hookspecs`), declared
+as an entry point of the group ``idrs_bench``; see the README's section on writing a
+plugin.
+
+Registering components
+    ``hookimpl``: marks a hook implementation, e.g.
+    ``@hookimpl def idrs_register_methods(register): register(MethodSpec(...))``.
+    ``SigmaProviderSpec``, ``CertifierSpec``, ``MethodSpec``, ``TrainerSpec``,
+    ``DatasetSpec``, ``ModelSpec``, ``CheckSpec``: what ``register`` accepts; each
+    names a component and the callable that builds it.
+    ``BuildContext``: what a σ-provider or certifier factory receives (dataset, base
+    model, device, seed, protocol, engine, progress, registry, run id, ...);
+    ``BuildContext.artifact_dir(plugin)`` is the directory for anything a plugin
+    persists about the base model, and ``BuildContext.memo(plugin, key, build)``
+    computes something once per run and base model. ``TrainContext``: what a
+    trainer receives. ``Registry``: components by kind and name (``context.registry``).
+
+What a plugin builds
+    ``SigmaProvider``, ``Certifier``, ``OrderDependentCertifier``: the protocols the
+    built objects satisfy (the attributes the soundness checks read).
+    ``Regularity`` = ``Constant`` | ``SemiElastic`` | ``Lipschitz`` |
+    ``Unregularized``: what a σ-provider declares about σ(x).
+    ``Certificate`` (one certified input with its evidence) and ``ABSTAIN``.
+    ``HardSmoothingCertifier``: the shared base of CERTIFY certifiers (Cohen et al.
+    2019); a subclass supplies ``radius(p_lower, sigma)`` and its ``radius_formula``.
+    ``RadiusFormula``, ``Recomputed``: how a stored certificate is re-derived from its
+    evidence (``COHEN``, ``SUKENIK`` are the built-in ones); ``semi_elastic_rate``.
+
+Radii and worst-case probabilities
+    ``cohen_radius``: σ Φ⁻¹(p_A) (Cohen et al. 2019, Thm 1). ``certified_radius``:
+    the semi-elastic radius of Súkeník et al. (2022), Thm 3.2; ``is_certified``,
+    ``xi``, ``xi_greater``, ``xi_less``: the worst-case probabilities ξ of §2–§3.
+
+Sampling and statistics
+    ``SamplingEngine``: noisy forward passes of the base model, counted or averaged
+    (``SoftStats``), with reproducible noise (``noise_seed``; ``STREAM_SELECTION`` and
+    ``STREAM_ESTIMATION`` are CERTIFY's streams). ``prepare_model``: the base model in
+    the protocol's certified arithmetic. ``CertificationProtocol``, ``check_sigma``,
+    ``check_alpha``. ``clopper_pearson_lower``, ``clopper_pearson_upper``,
+    ``hoeffding_lower``, ``hoeffding_upper``: confidence bounds.
+
+Data, training, state
+    ``Dataset``; ``train_with_gaussian_augmentation`` (Cohen et al. 2019);
+    ``SigmaCache`` (σ(x) memoized by input); ``RunState``, ``StateRecord`` (a
+    certifier's per-run state in the run's database, ``context.state``);
+    ``save_artifact``, ``load_artifact`` (files with a checked SHA-256 that heal when
+    damaged), ``file_digest``; ``Progress`` (progress bars and log lines).
+
+Errors a plugin raises
+    ``IdrsError`` (the base; the CLI prints its message), ``ParameterError`` (a bad
+    parameter value), ``DatasetMissingError`` (data not on disk, with how to get it),
+    ``ModelOutputError`` (the base model returned non-finite outputs).
+
+Driving the harness (not for plugins)
+    :mod:`harness.api` (``certify``, ``run``) is the public API for notebooks and
+    scripts, such as a paper's reproduction script shipped beside a plugin. It sits
+    above the runner and the checks, so this namespace does not re-export it.
+
+``harness.soundness`` is a built-in plugin but part of the core: it audits every
+plugin and uses the harness's internals directly.
+"""
 
 from __future__ import annotations
 
-import pluggy
-
-hookimpl = pluggy.HookimplMarker("idrs_bench")
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "hookimpl"]
+
+_EXPORTS: dict[str, str] = {
+    "hookimpl": "harness.hookspecs",
+    # components and contexts
+    "BuildContext": "harness.components",
+    "CertifierSpec": "harness.components",
+    "Certifier": "harness.components",
+    "CheckSpec": "harness.components",
+    "DatasetSpec": "harness.components",
+    "MethodSpec": "harness.components",
+    "ModelSpec": "harness.components",
+    "OrderDependentCertifier": "harness.components",
+    "Registry": "harness.components",
+    "SigmaProvider": "harness.components",
+    "SigmaProviderSpec": "harness.components",
+    "TrainContext": "harness.components",
+    "TrainerSpec": "harness.components",
+    # declarations, certificates, radii
+    "Constant": "harness.regularity",
+    "Lipschitz": "harness.regularity",
+    "Regularity": "harness.regularity",
+    "SemiElastic": "harness.regularity",
+    "Unregularized": "harness.regularity",
+    "ABSTAIN": "harness.certificate",
+    "Certificate": "harness.certificate",
+    "HardSmoothingCertifier": "harness.certify",
+    "COHEN": "harness.radius",
+    "SUKENIK": "harness.radius",
+    "RadiusFormula": "harness.radius",
+    "Recomputed": "harness.radius",
+    "semi_elastic_rate": "harness.radius",
+    "certified_radius": "harness.worstcase",
+    "cohen_radius": "harness.worstcase",
+    "is_certified": "harness.worstcase",
+    "xi": "harness.worstcase",
+    "xi_greater": "harness.worstcase",
+    "xi_less": "harness.worstcase",
+    # sampling, protocol, statistics
+    "STREAM_ESTIMATION": "harness.sampling",
+    "STREAM_SELECTION": "harness.sampling",
+    "SamplingEngine": "harness.sampling",
+    "SoftStats": "harness.sampling",
+    "noise_seed": "harness.sampling",
+    "prepare_model": "harness.precision",
+    "CertificationProtocol": "harness.protocol",
+    "check_alpha": "harness.protocol",
+    "check_sigma": "harness.protocol",
+    "clopper_pearson_lower": "harness.stats",
+    "clopper_pearson_upper": "harness.stats",
+    "hoeffding_lower": "harness.stats",
+    "hoeffding_upper": "harness.stats",
+    # data, training, state
+    "Dataset": "harness.data",
+    "train_with_gaussian_augmentation": "harness.training",
+    "SigmaCache": "harness.sigmacache",
+    "RunState": "harness.runstate",
+    "StateRecord": "harness.runstate",
+    "file_digest": "harness.artifacts",
+    "load_artifact": "harness.artifacts",
+    "save_artifact": "harness.artifacts",
+    "Progress": "harness.progress",
+    # errors
+    "DatasetMissingError": "harness.errors",
+    "IdrsError": "harness.errors",
+    "ModelOutputError": "harness.errors",
+    "ParameterError": "harness.errors",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    """Load an exported name from its module on first use (PEP 562)."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'harness' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+if TYPE_CHECKING:
+    from harness.artifacts import file_digest, load_artifact, save_artifact  # noqa: F401
+    from harness.certificate import ABSTAIN, Certificate  # noqa: F401
+    from harness.certify import HardSmoothingCertifier  # noqa: F401
+    from harness.components import (  # noqa: F401
+        BuildContext,
+        Certifier,
+        CertifierSpec,
+        CheckSpec,
+        DatasetSpec,
+        MethodSpec,
+        ModelSpec,
+        OrderDependentCertifier,
+        Registry,
+        SigmaProvider,
+        SigmaProviderSpec,
+        TrainContext,
+        TrainerSpec,
+    )
+    from harness.data import Dataset  # noqa: F401
+    from harness.errors import DatasetMissingError, IdrsError, ModelOutputError, ParameterError  # noqa: F401
+    from harness.hookspecs import hookimpl  # noqa: F401
+    from harness.precision import prepare_model  # noqa: F401
+    from harness.progress import Progress  # noqa: F401
+    from harness.protocol import CertificationProtocol, check_alpha, check_sigma  # noqa: F401
+    from harness.radius import COHEN, SUKENIK, RadiusFormula, Recomputed, semi_elastic_rate  # noqa: F401
+    from harness.regularity import Constant, Lipschitz, Regularity, SemiElastic, Unregularized  # noqa: F401
+    from harness.runstate import RunState, StateRecord  # noqa: F401
+    from harness.sampling import (  # noqa: F401
+        STREAM_ESTIMATION,
+        STREAM_SELECTION,
+        SamplingEngine,
+        SoftStats,
+        noise_seed,
+    )
+    from harness.sigmacache import SigmaCache  # noqa: F401
+    from harness.stats import (  # noqa: F401
+        clopper_pearson_lower,
+        clopper_pearson_upper,
+        hoeffding_lower,
+        hoeffding_upper,
+    )
+    from harness.training import train_with_gaussian_augmentation  # noqa: F401
+    from harness.worstcase import (  # noqa: F401
+        certified_radius,
+        cohen_radius,
+        is_certified,
+        xi,
+        xi_greater,
+        xi_less,
+    )

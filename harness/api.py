@@ -11,6 +11,8 @@ evidence), so a certificate made here carries the same evidence as one from
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +140,7 @@ def certify(
 
 
 def run(
-    spec: str | Path,
+    spec: str | Path | Mapping[str, Any],
     db: str | Path = "idrs-bench.sqlite",
     device: str | None = None,
     data_root: str | None = None,
@@ -150,6 +152,8 @@ def run(
 ) -> dict[str, Any]:
     """Run (or resume) the benchmark file ``spec``, as ``idrs-bench run`` does.
 
+    ``spec`` is a benchmark file's path, or its tables as a mapping (the TOML's content).
+
     ``overrides`` set spec values by dotted key, with ``__`` standing for the dot:
     ``run("b.toml", certification__n=200)`` is ``--set certification.n=200``. Returns
     the run id, the per-row summary (a DataFrame, one row per method and setting) and
@@ -157,11 +161,18 @@ def run(
     """
     from harness.progress import Progress
     from harness.runner import RunOptions, run_benchmark
-    from harness.spec import load_spec
+    from harness.spec import load_spec, parse_spec, set_value
     from harness.store import ResultStore
     from harness.storedrun import read_run
 
-    loaded = load_spec(spec, {key.replace("__", "."): value for key, value in overrides.items()})
+    dotted = {key.replace("__", "."): value for key, value in overrides.items()}
+    if isinstance(spec, Mapping):
+        raw = copy.deepcopy(dict(spec))
+        for key, value in dotted.items():
+            set_value(raw, key, value)
+        loaded = parse_spec(raw)
+    else:
+        loaded = load_spec(spec, dotted)
     options = RunOptions(
         db=Path(db), device=device, data_root=data_root, download=download,
         cache_dir=None if cache_dir is None else Path(cache_dir),

@@ -41,7 +41,7 @@ def auto_batch_size(
     cache_dir: Path | None = None,
 ) -> int:
     """The batch size ``"auto"`` stands for, probed once and cached (see the module)."""
-    from harness.modelcache import default_cache_dir
+    from harness.artifacts import default_cache_dir
 
     device = torch.device(device)
     path = Path(cache_dir or default_cache_dir()) / CACHE_FILE

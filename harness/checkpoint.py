@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
+from harness.artifacts import file_digest
+from harness.components import Registry
 from harness.data import Dataset
-from harness.errors import IdrsError
-from harness.modelcache import file_digest
-from harness.plugins import Registry
+from harness.errors import IdrsError, ParameterError
 from harness.spec import ModelConfig, content_hash
 
 COHEN_ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -73,7 +73,15 @@ def load_checkpoint(
             raise CheckpointError(f"{path} holds no state dict (a mapping of tensors)")
         params = config.architecture_params
     arch = registry.get("models", config.architecture)
-    model = arch.build(dataset.input_shape, dataset.num_classes, {**arch.defaults, **params})
+    try:
+        model = arch.build(dataset.input_shape, dataset.num_classes, {**arch.defaults, **params})
+    except ParameterError as exc:  # e.g. no normalization statistics for the dataset
+        if config.format != "cohen":
+            raise
+        raise CheckpointError(
+            f"{path}: Cohen et al.'s models normalize by the dataset's statistics, and "
+            f"{config.architecture!r} has none for {dataset.name!r}: {exc}"
+        ) from None
     load_state(model, state, path, config.architecture)
     return model.eval(), key
 
@@ -98,13 +106,6 @@ def _cohen_state(content: Any, config: ModelConfig, dataset: Dataset, path: Path
             f"{path} holds a {arch}; set [model] architecture = {name!r} and "
             f"architecture_params = {params} (the spec says {config.architecture!r}, "
             f"{config.architecture_params})"
-        )
-    from plugins.models.normalized import NORMALIZATIONS
-
-    if dataset.name not in NORMALIZATIONS:
-        raise CheckpointError(
-            f"Cohen et al.'s models normalize by the dataset's statistics; none are known for "
-            f"{dataset.name!r} (known: {sorted(set(NORMALIZATIONS) - {'none'})})"
         )
     state = {
         key.replace("1.module.", "1.", 1) if key.startswith("1.module.") else key: value

@@ -1,27 +1,35 @@
-"""The typed components a plugin registers, and the interfaces they build.
+"""The typed components a plugin registers, the interfaces they build, and their registry.
 
 Each ``idrs_register_*`` hook receives a ``register`` callback and calls it with one
 of the ``*Spec`` dataclasses below. A spec is cheap to create (no torch work); its
-callable builds the actual object when a benchmark needs it.
+callable builds the actual object when a benchmark needs it, from a
+:class:`BuildContext` (σ-providers, certifiers) or a :class:`TrainContext` (trainers).
+The :class:`Registry` holds the specs by kind and name with the plugin that provided
+each; a context carries it, so a factory can resolve other components by name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import re
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+
+from harness.errors import DuplicateNameError, UnknownNameError
 
 if TYPE_CHECKING:
     import torch
 
     from harness.certificate import Certificate
     from harness.data import Dataset
-    from harness.plugins import Registry
     from harness.progress import Progress
     from harness.protocol import CertificationProtocol
     from harness.regularity import Regularity
     from harness.runstate import RunState
     from harness.sampling import SamplingEngine
+
+T = TypeVar("T")
 
 
 @runtime_checkable
@@ -109,6 +117,9 @@ class BuildContext:
     from it and stages new records; None outside a run), and
     ``registry`` resolves components by name (e.g. a wrapped certifier); ``model_hash``
     is the base model's content hash (a key for anything fitted to it).
+
+    The runner gives each method and setting a copy (``dataclasses.replace``); the
+    copies share ``memos``, the store behind :meth:`memo`.
     """
 
     dataset: Dataset
@@ -124,6 +135,39 @@ class BuildContext:
     method: str | None = None
     setting: str | None = None
     state: RunState | None = None
+    memos: dict[Hashable, tuple[Any, Any]] = field(default_factory=dict, repr=False, compare=False)
+
+    def artifact_dir(self, plugin: str) -> Path | None:
+        """The directory where ``plugin`` keeps what it derives from this base model.
+
+        ``<cache root>/plugins/<plugin>/<model hash>/`` (created; the cache root is
+        ``$IDRS_BENCH_CACHE``, see :mod:`harness.artifacts`): the base model's content
+        hash is what makes such a file valid, and the plugin names each file by
+        everything else it depends on (dataset, seed, parameters). Write files with
+        :func:`~harness.artifacts.save_artifact` so that damaged ones heal. None when
+        the base model has no content hash (a model made in memory, e.g. by the
+        soundness checks): nothing derived from it could be found again.
+        """
+        if self.model_hash is None:
+            return None
+        from harness.artifacts import cache_root
+
+        path = cache_root() / "plugins" / plugin / self.model_hash
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def memo(self, plugin: str, key: Hashable, build: Callable[[], T]) -> T:
+        """``build()``, computed once per (``plugin``, ``key``, base model) in this run.
+
+        Kept in ``memos``, which every copy of this context shares, so building the
+        method again (another setting, the soundness checks) reuses the value; the
+        base model is part of the key (the checks rebuild methods on other models).
+        """
+        entry = (plugin, id(self.model), key)
+        hit = self.memos.get(entry)
+        if hit is None:  # the entry holds the model, so its id is not reused meanwhile
+            hit = self.memos[entry] = (self.model, build())
+        return hit[1]
 
 
 @dataclass
@@ -229,3 +273,72 @@ COMPONENT_KINDS: dict[str, type] = {
     "models": ModelSpec,
     "checks": CheckSpec,
 }
+_SINGULAR = {
+    "sigma_providers": "σ-provider",
+    "trainers": "trainer",
+    "certifiers": "certifier",
+    "methods": "method",
+    "datasets": "dataset",
+    "models": "architecture",
+    "checks": "check",
+}
+_FAMILY_SUFFIX = re.compile(r"^(?P<stem>.+)-(?P<dim>\d+)$")
+
+
+class Registry:
+    """Components by kind and name, each with the name of the plugin that provided it."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, dict[str, tuple[Any, str]]] = {k: {} for k in COMPONENT_KINDS}
+
+    def add(self, kind: str, spec: Any, plugin: str) -> None:
+        """Store ``spec`` under its name; a name already taken raises, naming both."""
+        expected = COMPONENT_KINDS[kind]
+        if not isinstance(spec, expected):
+            raise TypeError(
+                f"plugin {plugin!r} registered {spec!r} as a {_SINGULAR[kind]}; "
+                f"expected a {expected.__name__}"
+            )
+        taken = self._items[kind].get(spec.name)
+        if taken is not None:
+            raise DuplicateNameError(
+                f"{_SINGULAR[kind]} {spec.name!r} is provided twice: by plugin "
+                f"{taken[1]!r} and by plugin {plugin!r}; rename one or leave a "
+                "third-party plugin out with IDRS_BENCH_PLUGINS"
+            )
+        self._items[kind][spec.name] = (spec, plugin)
+
+    def names(self, kind: str) -> list[str]:
+        return sorted(self._items[kind])
+
+    def get(self, kind: str, name: str) -> Any:
+        """The spec named ``name``; ``cone-60`` finds the family ``cone-N``."""
+        return self._lookup(kind, name)[0]
+
+    def provider(self, kind: str, name: str) -> str:
+        return self._lookup(kind, name)[1]
+
+    def family_args(self, kind: str, name: str) -> dict[str, int]:
+        """``{"dim": 60}`` for ``cone-60`` when only the family ``cone-N`` exists."""
+        if name in self._items[kind]:
+            return {}
+        match = _FAMILY_SUFFIX.match(name)
+        return {"dim": int(match["dim"])} if match else {}
+
+    def _lookup(self, kind: str, name: str) -> tuple[Any, str]:
+        items = self._items[kind]
+        if name in items:
+            return items[name]
+        match = _FAMILY_SUFFIX.match(name)
+        if match and f"{match['stem']}-N" in items:
+            return items[f"{match['stem']}-N"]
+        raise UnknownNameError(_SINGULAR[kind], name, list(items))
+
+    def provided_by(self, plugin: str) -> dict[str, list[str]]:
+        """What ``plugin`` provides, by kind (kinds it provides nothing of are left out)."""
+        out = {}
+        for kind, items in self._items.items():
+            names = sorted(n for n, (_, p) in items.items() if p == plugin)
+            if names:
+                out[kind] = names
+        return out

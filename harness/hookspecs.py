@@ -25,6 +25,8 @@ from harness.components import (
 )
 
 hookspec = pluggy.HookspecMarker("idrs_bench")
+hookimpl = pluggy.HookimplMarker("idrs_bench")
+"""Marks a plugin's hook implementation (exported as ``harness.hookimpl``)."""
 
 
 @hookspec

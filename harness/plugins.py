@@ -1,20 +1,24 @@
-"""The plugin manager: loads built-in and third-party plugins and their components.
+"""The plugin manager: loads every plugin from the ``idrs_bench`` entry points.
 
-Built-in plugins are the modules in :data:`BUILTIN_PLUGINS`; they are registered
-under the same names as their entry points in ``pyproject.toml``, so an installed
-copy is not registered twice. Third-party plugins declare an entry point in the
-``idrs_bench`` group. The environment variable ``IDRS_BENCH_PLUGINS`` restricts
-which third-party plugins load: unset loads all, ``""`` loads none, ``"a,b"`` loads
-only ``a`` and ``b``. A plugin that fails to import or to register is recorded in
-:attr:`PluginManager.failures` and skipped; everything else keeps working.
+Built-in and third-party plugins are found the same way, through the entry points of
+the group ``idrs_bench`` (the built-ins are declared in ``pyproject.toml``'s
+``[project.entry-points.idrs_bench]`` table). A plugin is *built-in* when the
+distribution that declares its entry point is this one (``idrs-bench``), *third-party*
+otherwise. The environment variable ``IDRS_BENCH_PLUGINS`` restricts which
+third-party plugins load: unset loads all, ``""`` loads none, ``"a,b"`` loads only
+``a`` and ``b``; built-ins always load (the checks and the default benchmark rely on
+them). A plugin that fails to import or to register is recorded in
+:attr:`PluginManager.failures` and skipped; everything else keeps working. A
+component name provided twice fails naming both plugins
+(:class:`~harness.errors.DuplicateNameError`).
+
+Tests and tools register plugins of their own with :meth:`PluginManager.register`.
 """
 
 from __future__ import annotations
 
-import importlib
 import importlib.metadata
 import os
-import re
 from dataclasses import dataclass
 from functools import cache
 from types import ModuleType
@@ -22,33 +26,13 @@ from typing import Any
 
 import pluggy
 
-from harness import __version__, hookspecs
-from harness.components import COMPONENT_KINDS
-from harness.errors import DuplicateNameError, UnknownNameError
+from harness import hookspecs
+from harness.components import COMPONENT_KINDS, Registry
+from harness.errors import DuplicateNameError
 
 ENTRY_POINT_GROUP = "idrs_bench"
+DISTRIBUTION = "idrs-bench"
 PLUGINS_ENV_VAR = "IDRS_BENCH_PLUGINS"
-BUILTIN_PLUGINS: dict[str, str] = {
-    "cohen": "plugins.cohen",
-    "datasets": "plugins.datasets",
-    "models": "plugins.models",
-    "soundness": "harness.soundness",
-    "sukenik": "plugins.sukenik",
-    "chen": "plugins.chen",
-    "alfarra": "plugins.alfarra",
-    "lipschitz": "plugins.lipschitz",
-}
-
-_SINGULAR = {
-    "sigma_providers": "σ-provider",
-    "trainers": "trainer",
-    "certifiers": "certifier",
-    "methods": "method",
-    "datasets": "dataset",
-    "models": "architecture",
-    "checks": "check",
-}
-_FAMILY_SUFFIX = re.compile(r"^(?P<stem>.+)-(?P<dim>\d+)$")
 
 
 @dataclass(frozen=True)
@@ -59,85 +43,17 @@ class PluginFailure:
     error: str
 
 
-class Registry:
-    """Components by kind and name, each with the name of the plugin that provided it."""
-
-    def __init__(self) -> None:
-        self._items: dict[str, dict[str, tuple[Any, str]]] = {k: {} for k in COMPONENT_KINDS}
-
-    def add(self, kind: str, spec: Any, plugin: str) -> None:
-        """Store ``spec`` under its name; a name already taken raises, naming both."""
-        expected = COMPONENT_KINDS[kind]
-        if not isinstance(spec, expected):
-            raise TypeError(
-                f"plugin {plugin!r} registered {spec!r} as a {_SINGULAR[kind]}; "
-                f"expected a {expected.__name__}"
-            )
-        taken = self._items[kind].get(spec.name)
-        if taken is not None:
-            raise DuplicateNameError(
-                f"{_SINGULAR[kind]} {spec.name!r} is provided twice: by plugin "
-                f"{taken[1]!r} and by plugin {plugin!r}; rename one or disable a plugin "
-                f"with {PLUGINS_ENV_VAR}"
-            )
-        self._items[kind][spec.name] = (spec, plugin)
-
-    def names(self, kind: str) -> list[str]:
-        return sorted(self._items[kind])
-
-    def get(self, kind: str, name: str) -> Any:
-        """The spec named ``name``; ``cone-60`` finds the family ``cone-N``."""
-        return self._lookup(kind, name)[0]
-
-    def provider(self, kind: str, name: str) -> str:
-        return self._lookup(kind, name)[1]
-
-    def family_args(self, kind: str, name: str) -> dict[str, int]:
-        """``{"dim": 60}`` for ``cone-60`` when only the family ``cone-N`` exists."""
-        if name in self._items[kind]:
-            return {}
-        match = _FAMILY_SUFFIX.match(name)
-        return {"dim": int(match["dim"])} if match else {}
-
-    def _lookup(self, kind: str, name: str) -> tuple[Any, str]:
-        items = self._items[kind]
-        if name in items:
-            return items[name]
-        match = _FAMILY_SUFFIX.match(name)
-        if match and f"{match['stem']}-N" in items:
-            return items[f"{match['stem']}-N"]
-        raise UnknownNameError(_SINGULAR[kind], name, list(items))
-
-    def provided_by(self, plugin: str) -> dict[str, list[str]]:
-        """What ``plugin`` provides, by kind (kinds it provides nothing of are left out)."""
-        out = {}
-        for kind, items in self._items.items():
-            names = sorted(n for n, (_, p) in items.items() if p == plugin)
-            if names:
-                out[kind] = names
-        return out
-
-
 class PluginManager:
     """pluggy's manager plus the component registry built from the register hooks."""
 
-    def __init__(
-        self,
-        builtins: dict[str, str] | None = None,
-        load_entry_points: bool = True,
-    ) -> None:
+    def __init__(self, third_party: bool = True) -> None:
+        """Load the built-in plugins and, unless ``third_party`` is False, the others."""
         self.pm = pluggy.PluginManager("idrs_bench")
         self.pm.add_hookspecs(hookspecs)
         self.failures: list[PluginFailure] = []
         self._versions: dict[str, str] = {}
         self._registry: Registry | None = None
-        for name, module in (BUILTIN_PLUGINS if builtins is None else builtins).items():
-            try:
-                self.register(importlib.import_module(module), name=name, version=__version__)
-            except Exception as exc:  # a broken built-in must not take the CLI down
-                self._fail(name, exc)
-        if load_entry_points:
-            self._load_entry_points()
+        self._load_entry_points(third_party)
 
     def register(self, plugin: ModuleType | object, name: str, version: str = "") -> None:
         """Register a plugin object (usually a module with ``@hookimpl`` functions)."""
@@ -176,17 +92,35 @@ class PluginManager:
             )
         return rows
 
-    def _load_entry_points(self) -> None:
-        allowed = _allowed_external_plugins()
-        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-            if self.pm.has_plugin(ep.name) or (allowed is not None and ep.name not in allowed):
+    def _load_entry_points(self, third_party: bool) -> None:
+        allowed = _allowed_external_plugins() if third_party else set()
+        entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+        builtins = [ep for ep in entry_points if is_builtin(ep)]
+        others = [ep for ep in entry_points if not is_builtin(ep)]
+        for ep in [*builtins, *others]:  # built-ins first: they keep their names
+            if not is_builtin(ep) and allowed is not None and ep.name not in allowed:
                 continue
-            try:
-                plugin = ep.load()
-                version = ep.dist.version if ep.dist else ""
-                self.register(plugin, name=ep.name, version=version)
+            try:  # a broken plugin, built-in or not, must not take the CLI down
+                taken = self.pm.get_plugin(ep.name)
+                if taken is not None:
+                    raise DuplicateNameError(
+                        f"plugin name {ep.name!r} is declared twice: by "
+                        f"{getattr(taken, '__name__', repr(taken))!r} and by entry point "
+                        f"{ep.value!r}; rename one or leave a third-party plugin out with "
+                        f"{PLUGINS_ENV_VAR}"
+                    )
+                self.register(ep.load(), name=ep.name, version=ep.dist.version if ep.dist else "")
             except Exception as exc:
                 self._fail(ep.name, exc)
+        if not builtins:
+            self.failures.append(
+                PluginFailure(
+                    DISTRIBUTION,
+                    f"no {ENTRY_POINT_GROUP!r} entry points of the {DISTRIBUTION!r} distribution "
+                    "were found, so no built-in plugin is loaded; install the package "
+                    "(pip install -e . in the repository)",
+                )
+            )
 
     def _build_registry(self) -> Registry:
         registry = Registry()
@@ -212,6 +146,12 @@ class PluginManager:
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
+
+
+def is_builtin(entry_point: importlib.metadata.EntryPoint) -> bool:
+    """Whether ``entry_point`` is declared by this distribution (a built-in plugin)."""
+    dist = getattr(entry_point, "dist", None)
+    return dist is not None and dist.name == DISTRIBUTION
 
 
 def _allowed_external_plugins() -> set[str] | None:

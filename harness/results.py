@@ -21,8 +21,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from harness.certificate import ABSTAIN
-
-RADII = (0.0, 0.25, 0.5, 0.75, 1.0)
+from harness.spec import RADII
 
 
 class CertifiedInput(Protocol):

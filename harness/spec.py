@@ -38,14 +38,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.components import Registry
 from harness.errors import DatasetMissingError, ParameterError, SpecError
-from harness.plugins import Registry
 from harness.protocol import LEGACY_NOISE, CertificationProtocol
-from harness.results import RADII
 
 CHECKPOINT_FORMATS = ("cohen", "state_dict", "torchscript")
 BENCHMARKS_DIR = Path(__file__).parent / "benchmarks"
 DEFAULT_BENCHMARK = BENCHMARKS_DIR / "quick.toml"
+RADII = (0.0, 0.25, 0.5, 0.75, 1.0)
+"""The radii certified accuracy is reported at when a benchmark names none (``radii``)."""
 
 
 @dataclass(frozen=True)

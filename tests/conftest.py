@@ -31,7 +31,7 @@ def _model_cache(tmp_path_factory):
 @pytest.fixture
 def manager() -> PluginManager:
     """A fresh plugin manager with the built-ins and no third-party plugins."""
-    return PluginManager(load_entry_points=False)
+    return PluginManager(third_party=False)
 
 
 class LinearModel(torch.nn.Module):

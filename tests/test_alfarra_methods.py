@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.plugins import BUILTIN_PLUGINS, PluginManager
+from harness.plugins import PluginManager
 from harness.progress import Progress
 from harness.runner import RunOptions, run_benchmark
 from harness.spec import parse_spec
@@ -63,9 +63,7 @@ def _one_thread():
 
 @pytest.fixture
 def alfarra_manager():
-    return PluginManager(
-        builtins={**BUILTIN_PLUGINS, "alfarra": "plugins.alfarra"}, load_entry_points=False
-    )
+    return PluginManager(third_party=False)
 
 
 def _run(manager, db):

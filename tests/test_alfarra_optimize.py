@@ -7,7 +7,7 @@ import torch
 from scipy.stats import norm
 
 from harness.errors import ParameterError
-from harness.plugins import BUILTIN_PLUGINS, PluginManager
+from harness.plugins import PluginManager
 from harness.sampling import noise_seed
 from plugins.alfarra.optimize_sigma import (
     STREAM_OPTIMIZE,
@@ -156,9 +156,7 @@ def test_zero_steps_return_sigma0_and_content_keys_follow_the_bytes():
      {"steps": 1.5}, {"memory_certifier": "memory"}],
 )  # fmt: skip
 def test_invalid_parameters_are_rejected_before_any_work(bad):
-    manager = PluginManager(
-        builtins={**BUILTIN_PLUGINS, "alfarra": "plugins.alfarra"}, load_entry_points=False
-    )
+    manager = PluginManager(third_party=False)
     method = manager.registry.get("methods", "alfarra-ds-memory")
     with pytest.raises(ParameterError):
         method.check({**method.defaults, **bad})

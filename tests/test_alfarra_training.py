@@ -12,7 +12,7 @@ from scipy.stats import norm
 from harness.components import TrainContext
 from harness.data import Dataset
 from harness.errors import ParameterError
-from harness.plugins import BUILTIN_PLUGINS, PluginManager
+from harness.plugins import PluginManager
 from harness.progress import Progress
 from harness.spec import parse_spec, validate
 from plugins.alfarra import TRAINER_DEFAULTS
@@ -106,9 +106,7 @@ def test_invalid_trainer_parameters_are_rejected():
 
 
 def test_the_train_and_certify_benchmark_names_the_trainer_and_both_methods():
-    manager = PluginManager(
-        builtins={**BUILTIN_PLUGINS, "alfarra": "plugins.alfarra"}, load_entry_points=False
-    )
+    manager = PluginManager(third_party=False)
     spec = parse_spec(tomllib.loads(BENCHMARK.read_text()))
     validate(spec, manager.registry)
     assert spec.model.trainer == "alfarra-ds"

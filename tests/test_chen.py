@@ -9,8 +9,9 @@ import pytest
 import torch
 from scipy import stats
 
+from harness import cohen_radius
 from harness.errors import ParameterError
-from harness.plugins import BUILTIN_PLUGINS, PluginManager
+from harness.plugins import PluginManager
 from harness.progress import Progress
 from harness.regularity import Unregularized
 from harness.runner import RunOptions, run_benchmark
@@ -26,7 +27,6 @@ from plugins.chen.search import (
     input_keys,
     search_sigma,
 )
-from plugins.cohen.certifier import cohen_radius
 
 CPU = torch.device("cpu")
 
@@ -248,9 +248,7 @@ def test_ball_classifier_has_a_point_inside_a_claimed_radius_predicted_different
     ],
 )
 def test_invalid_parameters_are_rejected_before_any_work(key, value):
-    manager = PluginManager(
-        builtins={**BUILTIN_PLUGINS, "chen": "plugins.chen"}, load_entry_points=False
-    )
+    manager = PluginManager(third_party=False)
     method = manager.registry.get("methods", "chen-fgss")
     with pytest.raises(ParameterError, match=key if key != "start_level_max" else "start_level"):
         method.check({**method.defaults, key: value})
@@ -287,9 +285,7 @@ settings = [{ sigma = 0.25 }]
 
 
 def test_runs_next_to_cohen_and_its_certificates_are_violated_on_the_ball(tmp_path):
-    manager = PluginManager(
-        builtins={**BUILTIN_PLUGINS, "chen": "plugins.chen"}, load_entry_points=False
-    )
+    manager = PluginManager(third_party=False)
     spec = parse_spec(tomllib.loads(BALL_RUN))
     db = tmp_path / "r.sqlite"
     run_id = run_benchmark(spec, RunOptions(db=db), Progress(enabled=False), manager)

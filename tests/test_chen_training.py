@@ -8,7 +8,7 @@ import torch
 from harness.components import TrainContext
 from harness.data import Dataset
 from harness.errors import ParameterError
-from harness.plugins import BUILTIN_PLUGINS, PluginManager
+from harness.plugins import PluginManager
 from harness.progress import Progress
 from harness.sampling import SamplingEngine
 from plugins.chen.config import SEARCH_DEFAULTS, SearchConfig
@@ -92,9 +92,7 @@ def test_sigma_is_searched_once_per_refresh_period_with_the_model_in_eval_mode()
 
 
 def test_trainer_trains_through_the_registry():
-    manager = PluginManager(
-        builtins={**BUILTIN_PLUGINS, "chen": "plugins.chen"}, load_entry_points=False
-    )
+    manager = PluginManager(third_party=False)
     trainer = manager.registry.get("trainers", "chen-instance")
     data = _blobs(256)
     model = Recording()

@@ -15,8 +15,8 @@ import pytest
 import torch
 from rich.console import Console
 
+from harness.artifacts import load_artifact, save_artifact
 from harness.cli import main
-from harness.modelcache import load_artifact, save_artifact
 from harness.progress import Progress
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,5 +1,6 @@
 """Bergstrom et al. Remark 2 and §4: the σ-network, its certified Lipschitz bound, its fit."""
 
+import dataclasses
 import json
 import sqlite3
 import tomllib
@@ -12,7 +13,7 @@ from scipy import stats
 from harness.components import BuildContext
 from harness.data import Dataset
 from harness.errors import ParameterError
-from harness.plugins import BUILTIN_PLUGINS, PluginManager
+from harness.plugins import PluginManager
 from harness.progress import Progress
 from harness.protocol import CertificationProtocol
 from harness.runner import RunOptions, run_benchmark
@@ -199,9 +200,7 @@ settings = [{ width = 16, train_examples = 64, train_steps = 20, train_batch = 1
 
 
 def test_method_runs_next_to_cohen_in_a_benchmark(tmp_path):
-    manager = PluginManager(
-        builtins={**BUILTIN_PLUGINS, "lipschitz": "plugins.lipschitz"}, load_entry_points=False
-    )
+    manager = PluginManager(third_party=False)
     db = tmp_path / "r.sqlite"
     run_benchmark(
         parse_spec(tomllib.loads(TINY)), RunOptions(db=db), Progress(enabled=False), manager
@@ -232,8 +231,6 @@ def test_a_reloaded_fit_is_the_same_sigma_with_the_same_regularity(
 ):
     """The disk cache round-trips σ_min and Lip(σ) exactly (float64): L of Thm 2, and so
     every radius the soundness checks re-derive, equals the run's to the last bit."""
-    from plugins.lipschitz import fit as module
-
     monkeypatch.setenv("IDRS_BENCH_CACHE", str(tmp_path))
     dataset, model = _tiny_dataset(linear_model)
     protocol = CertificationProtocol(n0=10, n=50)
@@ -244,8 +241,10 @@ def test_a_reloaded_fit_is_the_same_sigma_with_the_same_regularity(
     )  # fmt: skip
     params = {**FIT, "sigma_min": 0.65}
     fitted = obtain_sigma_network(context, params)
-    module._CACHE.clear()
-    reloaded = obtain_sigma_network(context, params)
+    saved = list((tmp_path / "plugins" / "lipschitz" / ("0" * 64)).glob("sigma-net-*.pt"))
+    assert len(saved) == 1  # in the plugin's artifact directory of this base model
+    later_run = dataclasses.replace(context, memos={})  # a new run: nothing fitted in memory
+    reloaded = obtain_sigma_network(later_run, params)
     assert reloaded is not fitted
     assert reloaded.regularity.sigma_min == 0.65 == fitted.regularity.sigma_min
     assert reloaded.regularity.lip == fitted.regularity.lip

@@ -10,7 +10,7 @@ from harness import hookimpl
 from harness.cli import main
 from harness.components import MethodSpec
 from harness.errors import DuplicateNameError, UnknownNameError
-from harness.plugins import PluginManager
+from harness.plugins import PluginManager, is_builtin
 
 
 def _method_plugin(name: str):
@@ -74,6 +74,7 @@ def test_duplicate_name_is_rejected_naming_both_providers(manager):
 class _FakeEntryPoint:
     def __init__(self, name, target):
         self.name, self._target, self.dist = name, target, None
+        self.value = f"fake.{name}"
 
     def load(self):
         if isinstance(self._target, Exception):
@@ -81,9 +82,13 @@ class _FakeEntryPoint:
         return self._target
 
 
-def _fake_entry_points(monkeypatch, eps):
+def _fake_entry_points(monkeypatch, eps, builtins=True):
+    """Entry points of the group: the installed built-ins (unless not ``builtins``) + ``eps``."""
+    installed = list(importlib.metadata.entry_points(group="idrs_bench")) if builtins else []
     monkeypatch.setattr(
-        importlib.metadata, "entry_points", lambda group: eps if group == "idrs_bench" else []
+        importlib.metadata,
+        "entry_points",
+        lambda group: [*installed, *eps] if group == "idrs_bench" else [],
     )
 
 
@@ -114,7 +119,35 @@ def test_environment_variable_restricts_external_plugins(monkeypatch):
     assert "two" in PluginManager().registry.names("methods")
     monkeypatch.setenv("IDRS_BENCH_PLUGINS", "")
     assert "one" not in PluginManager().registry.names("methods")
-    assert "cohen" in PluginManager().registry.names("methods")
+    assert "cohen" in PluginManager().registry.names("methods")  # built-ins always load
+    monkeypatch.delenv("IDRS_BENCH_PLUGINS")
+    assert "two" not in PluginManager(third_party=False).registry.names("methods")
+
+
+def test_builtins_are_the_entry_points_of_this_distribution():
+    eps = list(importlib.metadata.entry_points(group="idrs_bench"))
+    assert {ep.name for ep in eps if is_builtin(ep)} == set(PluginManager().plugin_names())
+    assert {ep.value for ep in eps if is_builtin(ep)} >= {"plugins.cohen", "harness.soundness"}
+    assert not is_builtin(_FakeEntryPoint("x", None))
+
+
+def test_a_plugin_name_declared_twice_fails_naming_both(monkeypatch):
+    impostor = _FakeEntryPoint("cohen", _method_plugin("impostor"))
+    installed = list(importlib.metadata.entry_points(group="idrs_bench"))
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [impostor, *installed])
+    manager = PluginManager()
+    [failure] = manager.failures
+    assert failure.plugin == "cohen" and "DuplicateNameError" in failure.error
+    assert "'plugins.cohen'" in failure.error and "'fake.cohen'" in failure.error
+    assert "impostor" not in manager.registry.names("methods")
+
+
+def test_without_the_builtin_entry_points_the_failure_says_how_to_install(monkeypatch):
+    _fake_entry_points(monkeypatch, [], builtins=False)
+    manager = PluginManager()
+    [failure] = manager.failures
+    assert failure.plugin == "idrs-bench" and "pip install -e ." in failure.error
+    assert manager.registry.names("methods") == []
 
 
 def test_a_plugin_whose_register_hook_raises_does_not_break_the_others(manager):

@@ -77,3 +77,42 @@ def test_semi_elasticity_holds_under_random_pairs_and_gradient_ascent(max_ratio)
     assert worst <= rate * (1 + 1e-9)
     assert worst > 0.5 * rate  # the search does reach near the bound (it could fail)
     assert math.isfinite(worst)
+
+
+def test_proposed_m_is_computed_once_per_run_and_stored_for_later_runs(tmp_path, monkeypatch):
+    """m ("min", App. E.1) comes from the run's memo, then from the plugin's artifact
+    directory; it equals the brute-force minimum of the sampled mean kNN distances."""
+    import dataclasses
+
+    from harness.components import BuildContext
+    from harness.data import Dataset
+    from harness.progress import Progress
+    from harness.protocol import CertificationProtocol
+    from harness.sampling import SamplingEngine
+    from plugins import sukenik
+    from plugins.sukenik import knn_sigma
+
+    monkeypatch.setenv("IDRS_BENCH_CACHE", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(knn_sigma, "propose_m", lambda *a: calls.append(a) or propose_m(*a))
+    train = torch.rand(40, 3, generator=torch.Generator().manual_seed(1))
+    model = torch.nn.Linear(3, 2)
+    dataset = Dataset("toy", train, torch.zeros(40, dtype=torch.long), train[:4],
+                      torch.zeros(4, dtype=torch.long), 2)  # fmt: skip
+    context = BuildContext(
+        dataset, model, torch.device("cpu"), 0, CertificationProtocol(n0=10, n=20),
+        SamplingEngine(model, 2, torch.device("cpu"), 8, 0), Progress(enabled=False),
+        model_hash="ab" * 32,
+    )  # fmt: skip
+    params = {**sukenik.METHOD_DEFAULTS, "k": 3}
+    first = sukenik._knn_sigma(context, params).m
+    assert first == pytest.approx(_brute_force(train, train, 3, exclude_self=True).min(), rel=1e-5)
+    assert sukenik._knn_sigma(dataclasses.replace(context, setting="s2"), params).m == first
+    assert len(calls) == 1
+    later_run = dataclasses.replace(context, memos={})
+    assert sukenik._knn_sigma(later_run, params).m == first  # read back bit for bit
+    assert len(calls) == 1
+    [stored] = (tmp_path / "plugins" / "sukenik" / ("ab" * 32)).iterdir()
+    stored.write_text("damaged")
+    assert sukenik._knn_sigma(dataclasses.replace(context, memos={}), params).m == first
+    assert len(calls) == 2

@@ -7,8 +7,8 @@ rely on (``linear-N``, ``ball-N``), the matching ``ball-N`` dataset, and the tra
 
 from __future__ import annotations
 
-from harness import hookimpl
 from harness.components import CheckSpec, DatasetSpec, ModelSpec, TrainerSpec
+from harness.hookspecs import hookimpl
 
 
 def _build_linear(input_shape, num_classes, params):

@@ -135,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="small")
     parser.add_argument("--out", type=Path, help="also write the tables to this markdown file")
     args = parser.parse_args(argv)
-    manager = PluginManager(load_entry_points=False)
+    manager = PluginManager(third_party=False)
     plugin = rigged_plugin()
     manager.register(plugin, name="rigged-cohen")
     budget = BUDGETS[args.budget]

@@ -19,17 +19,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from harness import hookimpl
-from harness.components import (
+from harness import (
     BuildContext,
     CertifierSpec,
+    IdrsError,
     MethodSpec,
+    ParameterError,
     SigmaProviderSpec,
     TrainContext,
     TrainerSpec,
+    check_sigma,
+    hookimpl,
 )
-from harness.errors import ParameterError
-from harness.protocol import check_sigma
 
 OPTIMIZER_DEFAULTS = {"sigma": 0.25, "steps": 100, "samples": 1, "beta": 1e-4, "sigma_min": 1e-3}
 """Alg. 1 with the paper's values (§4: β = 1e-4, K = 100, M = 1; σ_0 = the training σ)."""
@@ -90,7 +91,6 @@ def _optimized_sigma(context: BuildContext, params: Mapping[str, Any]):
 
 
 def _memory_certifier(context: BuildContext, params: Mapping[str, Any], sigma_provider):
-    from harness.plugins import get_plugin_manager
     from plugins.alfarra.certifier import MemoryCertifier
     from plugins.alfarra.memory import Memory
     from plugins.alfarra.memory_store import restore
@@ -99,10 +99,14 @@ def _memory_certifier(context: BuildContext, params: Mapping[str, Any], sigma_pr
     name = params["memory_certifier"]
     if name == "memory":
         raise ParameterError("the memory certifier cannot wrap itself; set memory_certifier")
-    registry = getattr(context, "registry", None) or get_plugin_manager().registry
-    inner = registry.get("certifiers", name).build(context, params, sigma_provider)
+    if context.registry is None:
+        raise IdrsError(
+            f"the memory certifier builds the certifier {name!r} by name: build it with a "
+            "BuildContext that carries the plugin registry (context.registry)"
+        )
+    inner = context.registry.get("certifiers", name).build(context, params, sigma_provider)
     memory = Memory(context.device)
-    state = getattr(context, "state", None)  # the run's (see harness.runstate); None: no run
+    state = context.state  # the setting's RunState in the run's database; None: no run
     if state is not None and restore(memory, state.records()):
         context.progress.log(f"memory: continuing with {len(memory)} certified inputs")
     return MemoryCertifier(inner, memory, state)

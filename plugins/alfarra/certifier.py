@@ -18,11 +18,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from harness.certificate import Certificate
-from harness.components import Certifier
-from harness.errors import IdrsError
-from harness.radius import RadiusFormula, Recomputed
-from harness.runstate import RunState
+from harness import Certificate, Certifier, IdrsError, RadiusFormula, Recomputed, RunState
 from plugins.alfarra.memory import INSIDE, Memory, MemoryEntry
 from plugins.alfarra.memory_store import stage_entry
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from harness.errors import IdrsError
+from harness import IdrsError
 
 KEPT, INSIDE, SHRUNK = "kept", "inside", "shrunk"
 """What the memory did to a certificate: nothing, LargestInSubset, LargestOutSubset only."""

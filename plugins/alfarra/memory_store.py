@@ -12,8 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from harness.errors import IdrsError
-from harness.runstate import RunState, StateRecord
+from harness import IdrsError, RunState, StateRecord
 from plugins.alfarra.memory import Memory, MemoryEntry
 
 RECORD_FORMAT = 1

@@ -28,10 +28,7 @@ from collections.abc import Sequence
 
 import torch
 
-from harness.errors import ModelOutputError
-from harness.regularity import Unregularized
-from harness.sampling import noise_seed
-from harness.sigmacache import SigmaCache
+from harness import ModelOutputError, SigmaCache, Unregularized, noise_seed
 from plugins.alfarra import check_optimizer_params
 
 STREAM_OPTIMIZE = 100

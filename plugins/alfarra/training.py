@@ -23,11 +23,13 @@ from typing import Any
 
 import torch
 
-from harness.components import TrainContext
-from harness.data import Dataset
-from harness.errors import ParameterError
-from harness.protocol import check_sigma
-from harness.training import train_with_gaussian_augmentation
+from harness import (
+    Dataset,
+    ParameterError,
+    TrainContext,
+    check_sigma,
+    train_with_gaussian_augmentation,
+)
 from plugins.alfarra.optimize_sigma import STREAM_TRAIN, check_optimizer_params, optimize_sigma
 
 

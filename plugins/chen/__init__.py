@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from harness import hookimpl
-from harness.components import BuildContext, MethodSpec, SigmaProviderSpec, TrainerSpec
+from harness import BuildContext, MethodSpec, SigmaProviderSpec, TrainerSpec, hookimpl
 from plugins.chen.config import SEARCH_DEFAULTS, TRAINER_DEFAULTS, SearchConfig
 
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from harness.errors import ParameterError
+from harness import ParameterError
 
 STEP_STRIDE = 1 << 20
 """Noise streams reserved per start (bounds ``max_steps``); see :mod:`plugins.chen.search`."""

@@ -52,9 +52,7 @@ import numpy as np
 import torch
 from scipy.stats import norm
 
-from harness.regularity import Unregularized
-from harness.sampling import SamplingEngine, noise_seed
-from harness.sigmacache import SigmaCache
+from harness import SamplingEngine, SigmaCache, Unregularized, noise_seed
 from plugins.chen.config import STEP_STRIDE, SearchConfig
 
 STREAM_STARTS = 100

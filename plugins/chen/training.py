@@ -20,11 +20,13 @@ from typing import Any
 
 import torch
 
-from harness.components import TrainContext
-from harness.data import Dataset
-from harness.errors import ParameterError
-from harness.sampling import SamplingEngine
-from harness.training import train_with_gaussian_augmentation
+from harness import (
+    Dataset,
+    ParameterError,
+    SamplingEngine,
+    TrainContext,
+    train_with_gaussian_augmentation,
+)
 from plugins.chen.config import TRAINER_DEFAULTS, SearchConfig
 from plugins.chen.search import search_sigma
 

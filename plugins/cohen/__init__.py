@@ -9,17 +9,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from harness import hookimpl
-from harness.components import (
+from harness import (
     BuildContext,
     CertifierSpec,
     MethodSpec,
+    ParameterError,
     SigmaProviderSpec,
     TrainContext,
     TrainerSpec,
+    check_sigma,
+    hookimpl,
 )
-from harness.errors import ParameterError
-from harness.protocol import check_sigma
 
 TRAINER_DEFAULTS = {"sigma": 0.25, "epochs": 10, "batch_size": 128, "lr": 1e-3}
 
@@ -40,7 +40,7 @@ def train_gaussian_augmentation(model, dataset, params: Mapping[str, Any], conte
     """Gaussian augmentation with constant σ (Cohen et al. 2019, §4); σ = 0 trains on clean data."""
     import torch
 
-    from harness.training import train_with_gaussian_augmentation
+    from harness import train_with_gaussian_augmentation
 
     sigma = params["sigma"]
     if not isinstance(sigma, int | float) or sigma < 0:

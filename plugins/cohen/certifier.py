@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from scipy.stats import norm
 
-from harness.certify import HardSmoothingCertifier
-from harness.protocol import check_sigma
-from harness.radius import COHEN
-from harness.regularity import Constant
+from harness import COHEN, Constant, HardSmoothingCertifier, check_sigma, cohen_radius
 
 
 class ConstantSigma:
@@ -23,15 +19,11 @@ class ConstantSigma:
         return torch.full((len(x),), self.sigma, device=x.device, dtype=torch.float64)
 
 
-def cohen_radius(p_lower: np.ndarray, sigma: np.ndarray) -> np.ndarray:
-    """R = σ·Φ⁻¹(p_A_lower) with p_B = 1 − p_A (Cohen et al. 2019, Thm 1 and CERTIFY)."""
-    return np.asarray(sigma) * norm.ppf(np.asarray(p_lower))
-
-
 class CohenCertifier(HardSmoothingCertifier):
     """CERTIFY of Cohen et al. (2019) at σ(x0)."""
 
     radius_formula = COHEN
 
     def radius(self, p_lower: np.ndarray, sigma: np.ndarray) -> np.ndarray:
-        return cohen_radius(p_lower, sigma)
+        """R = σ·Φ⁻¹(p_A_lower) with p_B = 1 − p_A (Cohen et al. 2019, Thm 1 and CERTIFY)."""
+        return np.asarray(cohen_radius(p_lower, sigma))

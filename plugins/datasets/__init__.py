@@ -3,8 +3,7 @@ and torchvision's ``mnist``, ``cifar10``, ``cifar100``, ``svhn`` and ``imagenet`
 
 from __future__ import annotations
 
-from harness import hookimpl
-from harness.components import DatasetSpec
+from harness import DatasetSpec, hookimpl
 
 
 def _fashion_mnist(data_root=None, download: bool = False, seed: int = 0, **_):

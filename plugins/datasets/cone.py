@@ -17,8 +17,7 @@ import math
 import numpy as np
 import torch
 
-from harness.data import Dataset
-from harness.errors import ParameterError
+from harness import Dataset, ParameterError
 
 
 def sample_cone(

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.data import Dataset
-from harness.errors import DatasetMissingError
+from harness import Dataset, DatasetMissingError
 from plugins.datasets.idx import read_idx
 
 DEBIAN_LOCATION = Path("/usr/share/datasets/fashion-mnist")
@@ -67,7 +66,7 @@ def load_fashion_mnist(data_root: str | Path | None = None, download: bool = Fal
 
     import torch
 
-    from harness.modelcache import file_digest
+    from harness import file_digest
 
     def images(a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(a.astype(np.float32) / 255.0).unsqueeze(1)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from harness.data import Dataset
+    from harness import Dataset
 
 A = 1.0
 K = 4.0
@@ -42,7 +42,7 @@ def sample_gauss_mix(
     """``count`` points per class: (points [2·count, dim], labels [2·count]), shuffled."""
     import numpy as np
 
-    from harness.errors import ParameterError
+    from harness import ParameterError
 
     if dim < 1:
         raise ParameterError(f"gauss-mix-N needs N >= 1, got {dim}")
@@ -64,7 +64,7 @@ def load_gauss_mix(
     import numpy as np
     import torch
 
-    from harness.data import Dataset
+    from harness import Dataset
 
     rng = np.random.default_rng([seed, dim, _STREAM])
     train_x, train_y = sample_gauss_mix(dim, train_size, rng)
@@ -87,7 +87,7 @@ def load(data_root=None, download: bool = False, seed: int = 0, dim: int = 1, **
 
 def register_gauss_mix(register) -> None:
     """Register ``gauss-mix`` (one dimension, as in the paper) and the family ``gauss-mix-N``."""
-    from harness.components import DatasetSpec
+    from harness import DatasetSpec
 
     description = "Mohapatra et al. (2021) §3.1 Gaussian mixture"
     register(DatasetSpec("gauss-mix", load, description + ", 1 dimension"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.components import DatasetSpec
+from harness import DatasetSpec
 
 DESCRIPTIONS = {
     "mnist": "MNIST 28×28 grey digits (torchvision layout root/MNIST/raw/)",

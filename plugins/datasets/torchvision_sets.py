@@ -22,8 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from harness.data import Dataset
-from harness.errors import DatasetMissingError
+from harness import Dataset, DatasetMissingError
 
 DEFAULT_ROOT = Path.home() / ".cache" / "idrs-bench" / "data"
 
@@ -76,7 +75,7 @@ def _lenient(cls):
 
 def _files(paths) -> dict[str, str]:
     """The files read (resolved path -> SHA-256), recorded with every run."""
-    from harness.modelcache import file_digest
+    from harness import file_digest
 
     return {
         str(Path(p).resolve()): file_digest(Path(p)) for p in sorted(paths) if Path(p).is_file()

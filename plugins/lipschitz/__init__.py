@@ -17,9 +17,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from harness import hookimpl
-from harness.components import BuildContext, CertifierSpec, MethodSpec, SigmaProviderSpec
-from harness.errors import ParameterError
+from harness import (
+    BuildContext,
+    CertifierSpec,
+    MethodSpec,
+    ParameterError,
+    SigmaProviderSpec,
+    hookimpl,
+)
 
 METHOD_DEFAULTS: dict[str, Any] = {
     "sigma_min": 0.65,  # §4
@@ -87,8 +92,7 @@ def _lipschitz_net(context: BuildContext, params: Mapping[str, Any]):
 
 def _lipschitz_certifier(context: BuildContext, params: Mapping[str, Any], sigma_provider):
     """Thm 3 with Lip(σ) and σ_min from ``sigma_provider.regularity`` (its declaration)."""
-    from harness.precision import prepare_model
-    from harness.sampling import SamplingEngine
+    from harness import SamplingEngine, prepare_model
     from plugins.lipschitz.certifier import LipschitzCertifier
     from plugins.lipschitz.normalization import NormalizedModel
 

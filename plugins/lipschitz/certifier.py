@@ -38,13 +38,23 @@ import numpy as np
 import torch
 from scipy.special import ndtri
 
-from harness.certificate import ABSTAIN, Certificate
-from harness.errors import IdrsError
-from harness.protocol import CertificationProtocol, check_alpha
-from harness.radius import RadiusFormula, Recomputed
-from harness.regularity import Constant, Lipschitz
-from harness.sampling import STREAM_ESTIMATION, STREAM_SELECTION, SamplingEngine, SoftStats
-from harness.stats import hoeffding_lower, hoeffding_upper
+from harness import (
+    ABSTAIN,
+    STREAM_ESTIMATION,
+    STREAM_SELECTION,
+    Certificate,
+    CertificationProtocol,
+    Constant,
+    IdrsError,
+    Lipschitz,
+    RadiusFormula,
+    Recomputed,
+    SamplingEngine,
+    SoftStats,
+    check_alpha,
+    hoeffding_lower,
+    hoeffding_upper,
+)
 from plugins.lipschitz.constant import check_lemma3, check_p_min, lipschitz_constant
 
 BOUND = "hoeffding"

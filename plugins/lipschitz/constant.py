@@ -27,7 +27,7 @@ import math
 import numpy as np
 from scipy import special
 
-from harness.errors import ParameterError
+from harness import ParameterError
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 _LOGIT_STEP = 0.01

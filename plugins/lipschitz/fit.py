@@ -21,28 +21,25 @@ Adam (scale-free) shrinks the weights, so the certified Lip(σ) ends near 4e-4.
 
 Design: this is a σ-provider fit, not a base-model trainer (a ``TrainerSpec`` trains the
 shared base model in place, which this must not touch), so it runs inside the σ-provider's
-build, when the method runs, with a progress bar. Fitted networks are cached in memory per
-(base model object, dataset, seed, fitting parameters), so the certifier's build and further
-settings with the same fitting parameters reuse it.
+build, when the method runs, with a progress bar. A fitted network is kept for the run
+(``BuildContext.memo``) per base model, dataset, seed and fitting parameters, so the
+certifier's build and further settings with the same fitting parameters reuse it.
 
-Randomness (noise streams of this plugin, all seeded by ``harness.sampling.noise_seed`` from
+Randomness (noise streams of this plugin, all seeded by ``harness.noise_seed`` from
 the run's seed): stream 100 the initial weights, stream 101 the training subset and batch
 order, stream 102 the training noise ε. Certification noise is the harness's streams 0/1.
 """
 
 from __future__ import annotations
 
-import weakref
+import hashlib
+import json
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from harness.data import Dataset
-from harness.modelcache import load_artifact, save_artifact
-from harness.progress import Progress
-from harness.sampling import noise_seed
+from harness import Dataset, Progress, load_artifact, noise_seed, save_artifact
 from plugins.lipschitz.constant import lipschitz_constant
 from plugins.lipschitz.network import (
     CertifiedSigma,
@@ -61,10 +58,6 @@ FIT_KEYS = (
     "train_batch", "train_samples", "lr", "spectral_reg",
 )  # fmt: skip
 """The method parameters that determine the fitted σ_θ."""
-
-_CACHE: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, CertifiedSigma]] = (
-    weakref.WeakKeyDictionary()
-)
 
 
 def fit_lipschitz_sigma(
@@ -140,48 +133,41 @@ def fit_lipschitz_sigma(
 def obtain_sigma_network(context, params: Mapping[str, Any]) -> CertifiedSigma:
     """The fitted, certified σ_θ for this base model and these parameters.
 
-    Cached in memory, and on disk beside the base models (keyed by the base model's
-    content hash and the fitting parameters) so that a resumed run and the soundness
+    Fitted once per run (``context.memo``), and stored in the plugin's artifact
+    directory (``context.artifact_dir``, keyed by the base model's content hash; the
+    file is named by the fitting parameters) so that a resumed run and the soundness
     checks use the very σ_θ the certificates were issued with: a CPU fit is not
     bit-reproducible across processes (threaded reductions), and σ must be one function.
     Loaded with ``torch.load(..., weights_only=True)`` after its digest is checked
-    (:func:`harness.modelcache.load_artifact`: a damaged file is moved aside and refitted).
+    (:func:`harness.load_artifact`: a damaged file is moved aside and refitted).
     """
     key = (
         context.dataset.name, context.dataset.dim, context.seed, str(context.device),
         tuple((k, params[k]) for k in FIT_KEYS),
     )  # fmt: skip
-    per_model = _CACHE.setdefault(context.model, {})
-    if key not in per_model:
-        path = _disk_path(context, key)
-        saved = None if path is None else load_artifact(path, context.progress, "cached σ-network")
-        if saved is not None:  # σ_min and Lip in float64: L of Thm 2 must be the run's exactly
-            sigma = CertifiedSigma(saved["w1"], saved["b1"], saved["w2"], saved["b2"],
-                                   float(saved["sigma_min"]), float(saved["declared_lip"]))  # fmt: skip
-            per_model[key] = sigma.to(context.device)
-            return per_model[key]
-        sigma, losses = fit_lipschitz_sigma(
-            context.model, context.dataset, params, context.device, context.seed, context.progress
-        )
-        context.progress.log(
-            f"lipschitz-sigma: fitted σ_θ ({len(losses)} steps, final loss "
-            f"{losses[-1] if losses else float('nan'):.4g}); certified Lip(σ) = "
-            f"{sigma.regularity.lip:.6g} (declared {sigma.declared_lip:g}"
-            f"{', last layer rescaled' if sigma.rescaled else ''})"
-        )
-        if path is not None:
-            save_artifact(path, {"w1": sigma.w1.cpu(), "b1": sigma.b1.cpu(), "w2": sigma.w2.cpu(),
-                                 "b2": sigma.b2.cpu(), "sigma_min": torch.tensor(sigma.sigma_min, dtype=torch.float64),
-                                 "declared_lip": torch.tensor(sigma.declared_lip, dtype=torch.float64)})  # fmt: skip
-        per_model[key] = sigma
-    return per_model[key]
+    return context.memo("lipschitz", key, lambda: _stored_or_fitted(context, params, key))
 
 
-def _disk_path(context, key) -> Path | None:
-    model_hash = getattr(context, "model_hash", None)
-    if model_hash is None:
-        return None
-    from harness.modelcache import default_cache_dir
-    from harness.spec import content_hash
-
-    return default_cache_dir().parent / "lipschitz-sigma" / f"{content_hash([model_hash, key])}.pt"
+def _stored_or_fitted(context, params: Mapping[str, Any], key: tuple) -> CertifiedSigma:
+    directory = context.artifact_dir("lipschitz")
+    name = hashlib.sha256(json.dumps(key, default=str).encode()).hexdigest()
+    path = None if directory is None else directory / f"sigma-net-{name}.pt"
+    saved = None if path is None else load_artifact(path, context.progress, "cached σ-network")
+    if saved is not None:  # σ_min and Lip in float64: L of Thm 2 must be the run's exactly
+        sigma = CertifiedSigma(saved["w1"], saved["b1"], saved["w2"], saved["b2"],
+                               float(saved["sigma_min"]), float(saved["declared_lip"]))  # fmt: skip
+        return sigma.to(context.device)
+    sigma, losses = fit_lipschitz_sigma(
+        context.model, context.dataset, params, context.device, context.seed, context.progress
+    )
+    context.progress.log(
+        f"lipschitz-sigma: fitted σ_θ ({len(losses)} steps, final loss "
+        f"{losses[-1] if losses else float('nan'):.4g}); certified Lip(σ) = "
+        f"{sigma.regularity.lip:.6g} (declared {sigma.declared_lip:g}"
+        f"{', last layer rescaled' if sigma.rescaled else ''})"
+    )
+    if path is not None:
+        save_artifact(path, {"w1": sigma.w1.cpu(), "b1": sigma.b1.cpu(), "w2": sigma.w2.cpu(),
+                             "b2": sigma.b2.cpu(), "sigma_min": torch.tensor(sigma.sigma_min, dtype=torch.float64),
+                             "declared_lip": torch.tensor(sigma.declared_lip, dtype=torch.float64)})  # fmt: skip
+    return sigma

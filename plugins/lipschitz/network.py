@@ -26,8 +26,7 @@ import math
 
 import torch
 
-from harness.errors import ParameterError
-from harness.regularity import Lipschitz
+from harness import Lipschitz, ParameterError
 
 SVD_SAFETY = 1e-9
 """Relative inflation of the product of computed singular values (rounding of the SVD)."""

@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from harness.errors import ParameterError
+from harness import ParameterError
 
 
 class NormalizedModel(torch.nn.Module):

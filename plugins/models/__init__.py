@@ -10,9 +10,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from harness import hookimpl
-from harness.components import ModelSpec
-from harness.errors import ParameterError
+from harness import ModelSpec, ParameterError, hookimpl
 
 
 def build_mlp(input_shape: tuple[int, ...], num_classes: int, params: Mapping[str, Any]):

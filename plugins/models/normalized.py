@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from harness.errors import ParameterError
+from harness import ParameterError
 
 NORMALIZATIONS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),  # Cohen et al.'s values

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.components import ModelSpec
+from harness import ModelSpec
 
 
 def _lazy(name: str):

@@ -3,36 +3,28 @@
 Registers the σ-provider ``sukenik-knn`` (eq. 1), the certifier ``sukenik`` (Alg. 3
 with Thm 3.2), the trainers ``sukenik-augmentation`` (App. E.4) and
 ``sukenik-increased`` (App. E.6.3), and the method ``sukenik``. The ξ functions and the
-certified radius live in :mod:`harness.worstcase` (the soundness checks use them too)
-and are re-exported here.
+certified radius are the harness's (``harness.xi``, ``harness.certified_radius``): the
+soundness checks use them too.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
-from harness import hookimpl
-from harness.components import CertifierSpec, MethodSpec, SigmaProviderSpec, TrainerSpec
-from harness.errors import ParameterError
-from harness.protocol import check_sigma
+from harness import (
+    BuildContext,
+    CertifierSpec,
+    MethodSpec,
+    ParameterError,
+    SigmaProviderSpec,
+    TrainerSpec,
+    check_sigma,
+    hookimpl,
+)
 
-_WORSTCASE_EXPORTS = (
-    "xi_greater", "xi_less", "xi", "certified_radius", "cohen_radius", "min_sigma_ratio",
-    "max_sigma_ratio", "min_sigma_ratio_simple", "practical_sigma_ratio_threshold",
-    "practical_sigma_ratio_threshold_upper",
-)  # fmt: skip
 METHOD_DEFAULTS = {"sigma": 0.25, "rate": 0.01, "k": 20, "m": "min", "max_ratio": 0.0}
-_M_CACHE: dict[tuple, float] = {}
-
-
-def __getattr__(name: str):
-    """Lazy re-exports of the ξ functions (keeps scipy out of plugin import time)."""
-    if name in _WORSTCASE_EXPORTS:
-        import harness.worstcase
-
-        return getattr(harness.worstcase, name)
-    raise AttributeError(name)
 
 
 def check_params(params: Mapping[str, Any]) -> None:
@@ -47,16 +39,37 @@ def check_params(params: Mapping[str, Any]) -> None:
         raise ParameterError(f"max_ratio must be >= 0 (0 = no clamp), got {params['max_ratio']!r}")
 
 
-def _knn_sigma(context, params: Mapping[str, Any]):
-    from plugins.sukenik.knn_sigma import KnnSigma, propose_m
+def _proposed_m(context: BuildContext, train, k: int, rule: str) -> float:
+    """m by ``rule`` (App. E.1), computed once per run and base model and kept in the
+    plugin's artifact directory, so later runs and their checks use the very same m."""
+
+    def stored_or_computed() -> float:
+        from plugins.sukenik.knn_sigma import propose_m
+
+        directory = context.artifact_dir("sukenik")
+        name = f"m-{rule}-k{k}-{context.dataset.name}-{len(train)}.json"
+        path = None if directory is None else directory / name
+        if path is not None and path.is_file():
+            try:
+                return float(json.loads(path.read_text())["m"])
+            except (OSError, ValueError, KeyError, TypeError):
+                pass  # a damaged file: m is computed and written again
+        m = propose_m(train, k, rule)
+        if path is not None:
+            path.write_text(json.dumps({"m": m}))  # repr of a float: read back exactly
+        return m
+
+    return context.memo("sukenik", ("m", context.dataset.name, len(train), k, rule),
+                        stored_or_computed)  # fmt: skip
+
+
+def _knn_sigma(context: BuildContext, params: Mapping[str, Any]):
+    from plugins.sukenik.knn_sigma import KnnSigma
 
     train = context.dataset.train_x.to(context.device)
     m = params["m"]
     if isinstance(m, str):
-        key = (context.dataset.name, len(train), params["k"], m)
-        if key not in _M_CACHE:
-            _M_CACHE[key] = propose_m(train, int(params["k"]), m)
-        m = _M_CACHE[key]
+        m = _proposed_m(context, train, int(params["k"]), m)
     return KnnSigma(train, float(params["sigma"]), float(params["rate"]), int(params["k"]), float(m),
                     float(params["max_ratio"]))  # fmt: skip
 

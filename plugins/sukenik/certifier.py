@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.certify import HardSmoothingCertifier
-from harness.radius import SUKENIK, semi_elastic_rate
-from harness.worstcase import certified_radius
+from harness import SUKENIK, HardSmoothingCertifier, certified_radius, semi_elastic_rate
 
 
 class SukenikCertifier(HardSmoothingCertifier):

@@ -14,8 +14,7 @@ import math
 
 import torch
 
-from harness.errors import ParameterError
-from harness.regularity import SemiElastic
+from harness import ParameterError, SemiElastic
 
 TRAIN_CHUNK = 8192
 

@@ -15,10 +15,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from harness.progress import Progress
-from harness.runner import RunOptions, run_benchmark
-from harness.spec import parse_spec
-from harness.storedrun import load_runs
+from harness.api import run
 
 # N: (constant σ, [(σ_b, r), ...]) — App. A.5 and Table 5
 SETUPS: dict[int, tuple[float, list[tuple[float, float]]]] = {
@@ -40,6 +37,7 @@ def cone_spec(dim: int, test_count: int, n: int, epochs: int = 30) -> dict:
         "model": {"architecture": "mlp", "trainer": "gaussian-augmentation",
                   "trainer_params": {"sigma": 0.0, "epochs": epochs}},
         "certification": {"n0": 100, "n": n, "alpha": 0.001, "batch_size": 4096},
+        "radii": list(RADII),
         "methods": [
             {"name": "cohen", "settings": [{"sigma": sigma}]},
             {"name": "sukenik", "settings": [{"sigma": sb, "rate": r, "max_ratio": 5.0} for sb, r in idrs]},
@@ -53,13 +51,8 @@ def reproduce(
     """Run every N; return one row per (N, method, setting) with clean and certified accuracy."""
     rows = []
     for dim in dims:
-        run_id = run_benchmark(
-            parse_spec(cone_spec(dim, test_count, n)),
-            RunOptions(db=db),
-            Progress(enabled=not quiet),
-        )
-        (run,) = load_runs(db, [run_id])
-        rows += [{"N": dim, **row} for row in run.summaries(RADII)]
+        result = run(cone_spec(dim, test_count, n), db=db, check=False, progress=not quiet)
+        rows += [{"N": dim, **row} for row in result["summary"].to_dict("records")]
     return rows
 
 

@@ -8,9 +8,7 @@ from typing import Any
 
 import torch
 
-from harness.components import TrainContext
-from harness.data import Dataset
-from harness.training import train_with_gaussian_augmentation
+from harness import Dataset, TrainContext, train_with_gaussian_augmentation
 from plugins.sukenik.knn_sigma import knn_mean_distance, propose_m
 
 
