@@ -23,7 +23,6 @@ from harness.leaderboard.markdown import render_markdown
 from harness.leaderboard.render import write_board
 from harness.leaderboard.source import CERTIFICATE_COLUMNS, export_runs, read_export
 from harness.leaderboard.verify import verify_board
-from harness.store import ResultStore
 from harness.storedrun import load_runs
 
 DATA = Path(__file__).parent / "data"
