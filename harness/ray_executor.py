@@ -96,7 +96,8 @@ class ExecutorStats:
     bytes_received: int = 0
     bytes_sent: int = 0
     worker_deaths: int = 0
-    wall_seconds: float = 0.0
+    startup_seconds: float = 0.0  # starting the workers (dataset and model loaded)
+    wall_seconds: float = 0.0  # all of it, startup included
 
     @property
     def inserts_per_second(self) -> float:
@@ -266,6 +267,7 @@ class RayExecutor:
         progress = context.progress
         cuda = context.device.type == "cuda"
         workers = self._start_workers(ray, prepared, options, cuda)
+        self.stats.startup_seconds = time.perf_counter() - started
         settings = {
             (w.method, w.key): _Setting(w, store.state_records(run_id, w.method, w.key))
             for w in work
@@ -302,7 +304,7 @@ class RayExecutor:
                         self._shard_done(store, run_id, setting, job.shard)
                         idle.append(worker)
                         continue
-                    except ray.exceptions.RayActorError as exc:
+                    except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
                         self._worker_died(job, setting, queue, store, run_id, progress, exc)
                         idle.append(worker)  # Ray restarts it; calls wait until it is up
                         continue
@@ -378,13 +380,14 @@ class RayExecutor:
             w.method, w.setting, w.key, w.shards[job.shard], w.todo(job.shard), records
         )
 
-    def _described(self, answer, setting: _Setting, queue, store, run_id, progress) -> None:
+    def _described(self, answer, setting: _Setting, worker, queue, store, run_id, progress):
         if isinstance(answer, ShardFailure):
             self._fail(store, run_id, setting, answer.message, progress, None)
             return
         setting.order_dependent = answer
         jobs = [_Job(setting.work, s) for s in setting.work.unfinished()]
-        if answer:
+        if answer:  # in order, on the worker that built it while it lives
+            setting.home = worker
             setting.shards.extend(jobs)
         else:
             queue.extend(jobs)

@@ -50,7 +50,8 @@ name = "cohen"
 settings = [{ sigma = 0.25 }, { sigma = 0.5 }]
 
 [[methods]]
-name = "sukenik"
+name = "sukenik"    # the second setting fails when built (k > training points): recorded
+settings = [{}, { k = 100000000 }]
 
 [[methods]]
 name = "chen-fgss"
@@ -148,8 +149,9 @@ def slow_reference(tmp_path_factory):
 def test_ray_certificates_equal_local_ones_row_for_row_for_every_method(cluster, tmp_path):
     local_db, ray_db = tmp_path / "local.sqlite", tmp_path / "ray.sqlite"
     local_run = _run(EVERY_METHOD, local_db, LocalExecutor())
-    executor = RayExecutor(workers=2)
-    assert _run(EVERY_METHOD, ray_db, executor) == local_run  # the run id names no executor
+    executor, out = RayExecutor(workers=2), StringIO()
+    progress = Progress(console=Console(file=out, width=300))
+    assert _run(EVERY_METHOD, ray_db, executor, progress) == local_run  # no executor in the id
     rows = _query(local_db, CERTIFICATES)
     methods = {r[0] for r in rows}
     assert methods == {"cohen", "sukenik", "chen-fgss", "alfarra-ds", "alfarra-ds-memory",
@@ -160,7 +162,10 @@ def test_ray_certificates_equal_local_ones_row_for_row_for_every_method(cluster,
     assert len(state) == 8  # the memory certifier: one entry per input, in input order
     assert _query(ray_db, STATE) == state
     assert _query(ray_db, "SELECT COUNT(*) FROM shards") == [(7 * 3,)]
-    assert _query(ray_db, "SELECT COUNT(*) FROM failures") == [(0,)]
+    failures = "SELECT method, setting, error FROM failures"
+    assert _query(ray_db, failures) == _query(local_db, failures)
+    assert [r[:2] for r in _query(ray_db, failures)] == [("sukenik", "k=100000000")]
+    assert "method sukenik (k=100000000) failed: ParameterError: k = 100000000" in out.getvalue()
     assert executor.stats.certificates == 56 and executor.stats.shards == 21
     assert executor.stats.bytes_received > 0 and executor.stats.inserts_per_second > 0
 
