@@ -294,9 +294,8 @@ class RayExecutor:
                     setting = settings[(job.work.method, job.work.key)]
                     try:
                         if job.shard is None:
-                            self._described(
-                                ray.get(handle), setting, queue, store, run_id, progress
-                            )
+                            answer = ray.get(handle)
+                            self._described(answer, setting, worker, queue, store, run_id, progress)
                             idle.append(worker)
                             continue
                         item = ray.get(next(handle))

@@ -30,7 +30,7 @@ shard_size = 4
 [dataset]
 name = "fashion-mnist"
 test_every = 100
-test_count = 48
+test_count = 16
 
 [model]
 architecture = "cnn"
@@ -40,7 +40,7 @@ trainer_params = { sigma = 0.25, epochs = 1 }
 
 [certification]
 n0 = 100
-n = 4000
+n = 1000
 alpha = 0.001
 batch_size = 1000
 
@@ -48,7 +48,7 @@ batch_size = 1000
 name = "cohen"
 settings = [{ sigma = 0.25 }, { sigma = 0.5 }]
 """
-"""Fashion-MNIST with the two-layer CNN (``cnn``), 48 inputs × 2 settings, n = 4,000."""
+"""Fashion-MNIST with the two-layer CNN (``cnn``), 16 inputs × 2 settings, n = 1,000."""
 
 
 class _Timed:

@@ -117,29 +117,24 @@ def prepare(
     )
     if spec.protocol.noise == "auto":  # recorded resolved: the run states its noise
         spec = replace(spec, protocol=replace(spec.protocol, noise=default_noise(device)))
+    certified = prepare_model(model, spec.protocol)
     batch_size = spec.protocol.batch_size
     if batch_size == "auto":
         from harness.batchsize import auto_batch_size
 
         batch_size = auto_batch_size(
-            prepare_model(model, spec.protocol), tuple(dataset.test_x.shape[1:]), device,
-            options.cache_dir,
-        )  # fmt: skip
+            certified, tuple(dataset.test_x.shape[1:]), device, options.cache_dir
+        )
     context = build_context(
-        spec, dataset, model, model_hash, device, batch_size, progress, registry
+        spec, dataset, model, model_hash, device, batch_size, progress, registry, certified
     )
-    run_id = run_identity(spec, device, model_hash)
+    run_id = content_hash({"spec": spec.to_dict(), "device": str(device), "model": model_hash})
     context.run_id = run_id
     from harness.weights import weights_digest
 
     return Prepared(
         spec, dataset, model_hash, context, registry, run_id, weights_digest(model), batch_size
     )
-
-
-def run_identity(spec: BenchmarkSpec, device: torch.device, model_hash: str) -> str:
-    """The run id: a content hash of the (resolved) spec, the device and the base model."""
-    return content_hash({"spec": spec.to_dict(), "device": str(device), "model": model_hash})
 
 
 def build_context(
@@ -151,10 +146,13 @@ def build_context(
     batch_size: int,
     progress: Progress,
     registry: Registry,
+    certified: torch.nn.Module | None = None,
 ) -> BuildContext:
     """The build context of a benchmark whose noise and batch size are resolved: the base
-    model behind the protocol's precision switch, in a sampling engine."""
-    certified = prepare_model(model, spec.protocol)
+    model behind the protocol's precision switch (``certified``, made here when None),
+    in a sampling engine."""
+    if certified is None:
+        certified = prepare_model(model, spec.protocol)
     engine = SamplingEngine(
         certified, dataset.num_classes, device, batch_size, spec.seed, noise=spec.protocol.noise
     )
