@@ -263,11 +263,19 @@ class RayExecutor:
 
     def _certify(self, ray, prepared, store, work, options) -> None:
         started = time.perf_counter()
-        context, run_id = prepared.context, prepared.run_id
-        progress = context.progress
-        cuda = context.device.type == "cuda"
+        cuda = prepared.context.device.type == "cuda"
         workers = self._start_workers(ray, prepared, options, cuda)
         self.stats.startup_seconds = time.perf_counter() - started
+        try:
+            self._schedule(ray, prepared, store, work, workers)
+        finally:
+            for worker in workers:
+                ray.kill(worker)
+        self.stats.wall_seconds = time.perf_counter() - started
+
+    def _schedule(self, ray, prepared, store, work, workers) -> None:
+        """Hand out describes and shards as workers free up; store what streams back."""
+        run_id, progress = prepared.run_id, prepared.context.progress
         settings = {
             (w.method, w.key): _Setting(w, store.state_records(run_id, w.method, w.key))
             for w in work
@@ -307,17 +315,17 @@ class RayExecutor:
                         self._worker_died(job, setting, queue, store, run_id, progress, exc)
                         idle.append(worker)  # Ray restarts it; calls wait until it is up
                         continue
+                    if setting.failed:  # a failed setting stores nothing more
+                        inflight[handle] = (job, worker)
+                        continue
                     if isinstance(item, ShardFailure):
                         self._fail(store, run_id, setting, item.message, progress, job.shard)
                         setting.busy = False
                         idle.append(worker)
                         continue
-                    self._store(store, run_id, setting, job.shard, item, labels)
-                    advance(1)
+                    if self._store(store, run_id, setting, job.shard, item, labels, progress):
+                        advance(1)
                     inflight[handle] = (job, worker)
-        for worker in workers:
-            ray.kill(worker)
-        self.stats.wall_seconds = time.perf_counter() - started
 
     def _start_workers(self, ray, prepared: Prepared, options: RunOptions, cuda: bool) -> list:
         resources = ray.cluster_resources()
@@ -391,15 +399,18 @@ class RayExecutor:
         else:
             queue.extend(jobs)
 
-    def _store(self, store, run_id, setting: _Setting, shard, item, labels) -> None:
+    def _store(self, store, run_id, setting: _Setting, shard, item, labels, progress) -> bool:
+        """Store one certificate with its staged state; False if that fails the setting."""
         cert, staged = item
         w = setting.work
         self.stats.bytes_received += _size(item)
         if staged and not setting.order_dependent:
-            raise IdrsError(
-                f"method {w.method!r} stages run state but its certifier does not declare "
-                "order_dependent = True; its certificates would depend on the worker"
+            message = (
+                f"IdrsError: method {w.method!r} stages run state but its certifier does not "
+                "declare order_dependent = True; its certificates would depend on the worker"
             )
+            self._fail(store, run_id, setting, message, progress, shard)
+            return False
         start = time.perf_counter()
         store.add_certificate(run_id, w.method, w.key, shard, int(labels[cert.input_id]), cert,
                               state=staged)  # fmt: skip
@@ -407,6 +418,7 @@ class RayExecutor:
         self.stats.certificates += 1
         setting.records.extend(staged)
         w.stored.add(cert.input_id)
+        return True
 
     def _shard_done(self, store, run_id, setting: _Setting, shard: int) -> None:
         w = setting.work
