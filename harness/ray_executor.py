@@ -283,6 +283,7 @@ class RayExecutor:
         queue: deque[_Job] = deque(_Job(w) for w in work)
         idle = list(workers)
         inflight: dict[Any, tuple[_Job, Any]] = {}
+        probing: dict[Any, Any] = {}  # pid call -> a worker that died, until it is back
         labels = prepared.dataset.test_y
         total = sum(w.remaining for w in work)
         description = f"certifying on {len(workers)} Ray worker(s)"
@@ -294,10 +295,15 @@ class RayExecutor:
                         continue
                     idle.remove(worker)
                     inflight[self._start(ray, worker, job, settings)] = (job, worker)
-                if not inflight:
+                if not inflight and not probing:
+                    if not idle:
+                        raise IdrsError("every Ray worker died; see the Ray logs")
                     break  # nothing runnable: every remaining shard belongs to failed settings
-                ready, _ = ray.wait(list(inflight), num_returns=1, timeout=1.0)
+                ready, _ = ray.wait([*inflight, *probing], num_returns=1, timeout=1.0)
                 for handle in ready:
+                    if handle in probing:
+                        self._probed(ray, probing, probing.pop(handle), handle, idle, progress)
+                        continue
                     job, worker = inflight.pop(handle)
                     setting = settings[(job.work.method, job.work.key)]
                     try:
@@ -313,7 +319,7 @@ class RayExecutor:
                         continue
                     except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
                         self._worker_died(job, setting, queue, store, run_id, progress, exc)
-                        idle.append(worker)  # Ray restarts it; calls wait until it is up
+                        probing[worker.pid.remote()] = worker  # Ray restarts it
                         continue
                     if setting.failed:  # a failed setting stores nothing more
                         inflight[handle] = (job, worker)
@@ -326,6 +332,20 @@ class RayExecutor:
                     if self._store(store, run_id, setting, job.shard, item, labels, progress):
                         advance(1)
                     inflight[handle] = (job, worker)
+
+    @staticmethod
+    def _probed(ray, probing: dict, worker, handle, idle: list, progress) -> None:
+        """A restarted worker answering joins the idle ones; one restarting is asked
+        again; one dead for good (its restarts spent) leaves the pool."""
+        try:
+            ray.get(handle)
+        except ray.exceptions.ActorDiedError:
+            progress.warn("a Ray worker died for good (its restarts are spent)")
+            return
+        except ray.exceptions.RayActorError:
+            probing[worker.pid.remote()] = worker
+            return
+        idle.append(worker)
 
     def _start_workers(self, ray, prepared: Prepared, options: RunOptions, cuda: bool) -> list:
         resources = ray.cluster_resources()
