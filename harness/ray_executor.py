@@ -291,6 +291,13 @@ class RayExecutor:
             while queue or inflight or any(s.shards for s in settings.values()):
                 for worker in list(idle):
                     job = self._next_job(queue, settings, worker)
+                    while (
+                        job is not None and job.shard is not None and not job.work.todo(job.shard)
+                    ):
+                        # every input stored already (by a worker that died after them)
+                        self._shard_done(store, run_id, settings[(job.work.method, job.work.key)],
+                                         job.shard)  # fmt: skip
+                        job = self._next_job(queue, settings, worker)
                     if job is None:
                         continue
                     idle.remove(worker)

@@ -281,6 +281,8 @@ def certify_shard(
     σ is computed on the whole shard, as in an uninterrupted run: a σ whose last bits
     depend on the batch is then the same when a shard is resumed or retried.
     """
+    if not todo:
+        return
     start = time.perf_counter()
     whole = provider(context.dataset.test_x[ids].to(context.device))
     sigma = checked_sigma(whole, len(ids), method.sigma_provider)
