@@ -97,6 +97,17 @@ def _parser() -> argparse.ArgumentParser:
         "--set", action="append", default=[], metavar="KEY=VALUE",
         help="override a spec value, e.g. --set certification.n=200 (VALUE is TOML)",
     )  # fmt: skip
+    run.add_argument(
+        "--executor", choices=("local", "ray"), default="local",
+        help="where shards are certified: this process (default) or Ray workers",
+    )  # fmt: skip
+    run.add_argument(
+        "--address", help="Ray cluster to join (--executor ray; default: start one here)"
+    )
+    run.add_argument(
+        "--workers", type=int,
+        help="Ray workers (--executor ray; default: one per GPU, or per CPU on CPU runs)",
+    )  # fmt: skip
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.add_argument(
         "--no-check", action="store_true", help="skip the soundness checks after certifying"
@@ -151,6 +162,8 @@ def _run(args: argparse.Namespace) -> int:
     from harness.plugins import get_plugin_manager
     from harness.spec import DEFAULT_BENCHMARK, check_data_root, load_spec, validate
 
+    if args.executor != "ray" and (args.address is not None or args.workers is not None):
+        raise IdrsError("--address and --workers apply to --executor ray only; add it")
     spec = load_spec(args.spec or DEFAULT_BENCHMARK, args.set)
     validate(spec, get_plugin_manager().registry)  # every name and parameter, before torch
     check_data_root(args.data_root, spec.dataset.name)
@@ -170,8 +183,14 @@ def _run(args: argparse.Namespace) -> int:
         download=args.download, cache_dir=args.cache_dir,
     )  # fmt: skip
     _warn_plugin_failures()
+    executor = None
+    if args.executor == "ray":
+        from harness.ray_executor import RayExecutor, import_ray
+
+        import_ray()  # a missing Ray is an error before the model is trained
+        executor = RayExecutor(address=args.address, workers=args.workers)
     progress = Progress(enabled=not args.quiet)
-    run_id = run_benchmark(spec, options, progress)
+    run_id = run_benchmark(spec, options, progress, executor=executor)
     if not args.no_check:
         from harness.soundness.runner import run_checks
 

@@ -12,13 +12,16 @@ import platform
 import subprocess
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 
 from harness import __version__
-from harness.components import BuildContext
+from harness.certificate import Certificate
+from harness.components import BuildContext, Certifier, MethodSpec, SigmaProvider
 from harness.data import Dataset
 from harness.errors import DatasetMissingError, IdrsError
 from harness.method import build_method
@@ -95,6 +98,7 @@ class Prepared:
     registry: Registry
     run_id: str
     weights_digest: str | None = None  # SHA-256 of the base model's weights
+    batch_size: int | None = None  # the protocol's batch size, resolved
 
 
 def prepare(
@@ -121,10 +125,38 @@ def prepare(
         batch_size = auto_batch_size(
             certified, tuple(dataset.test_x.shape[1:]), device, options.cache_dir
         )
+    context = build_context(
+        spec, dataset, model, model_hash, device, batch_size, progress, registry, certified
+    )
+    run_id = content_hash({"spec": spec.to_dict(), "device": str(device), "model": model_hash})
+    context.run_id = run_id
+    from harness.weights import weights_digest
+
+    return Prepared(
+        spec, dataset, model_hash, context, registry, run_id, weights_digest(model), batch_size
+    )
+
+
+def build_context(
+    spec: BenchmarkSpec,
+    dataset: Dataset,
+    model: torch.nn.Module,
+    model_hash: str,
+    device: torch.device,
+    batch_size: int,
+    progress: Progress,
+    registry: Registry,
+    certified: torch.nn.Module | None = None,
+) -> BuildContext:
+    """The build context of a benchmark whose noise and batch size are resolved: the base
+    model behind the protocol's precision switch (``certified``, made here when None),
+    in a sampling engine."""
+    if certified is None:
+        certified = prepare_model(model, spec.protocol)
     engine = SamplingEngine(
         certified, dataset.num_classes, device, batch_size, spec.seed, noise=spec.protocol.noise
     )
-    context = BuildContext(
+    return BuildContext(
         dataset=dataset,
         model=model,
         device=device,
@@ -135,11 +167,46 @@ def prepare(
         registry=registry,
         model_hash=model_hash,
     )
-    run_id = content_hash({"spec": spec.to_dict(), "device": str(device), "model": model_hash})
-    context.run_id = run_id
-    from harness.weights import weights_digest
 
-    return Prepared(spec, dataset, model_hash, context, registry, run_id, weights_digest(model))
+
+@dataclass
+class SettingWork:
+    """What is left of one (method, setting): its shards of test ids, the shards already
+    finished and the inputs already stored (a shard is certified only for the rest)."""
+
+    method: str
+    setting: dict[str, Any]
+    key: str
+    shards: list[list[int]]
+    finished: set[int]
+    stored: set[int]
+
+    def todo(self, shard: int) -> list[int]:
+        """The ids of ``shard`` without a stored certificate."""
+        return [i for i in self.shards[shard] if i not in self.stored]
+
+    def unfinished(self) -> list[int]:
+        """The unfinished shards, in order."""
+        return [s for s in range(len(self.shards)) if s not in self.finished]
+
+    @property
+    def remaining(self) -> int:
+        """Inputs still to certify."""
+        return sum(len(self.todo(s)) for s in self.unfinished())
+
+
+class Executor(Protocol):
+    """Certifies the unfinished shards of a prepared benchmark into its store.
+
+    The store is written by the caller's process only; a certificate is stored as soon
+    as it exists (with the certifier's staged state), a shard is marked finished once
+    all its inputs are stored, and a failing method is recorded with
+    :meth:`ResultStore.record_failure` while the others go on.
+    """
+
+    def certify(
+        self, prepared: Prepared, store: ResultStore, work: list[SettingWork], options: RunOptions
+    ) -> None: ...
 
 
 def run_benchmark(
@@ -147,8 +214,10 @@ def run_benchmark(
     options: RunOptions,
     progress: Progress,
     manager: PluginManager | None = None,
+    executor: Executor | None = None,
 ) -> str:
-    """Run (or resume) ``spec``; returns the run id."""
+    """Run (or resume) ``spec`` with ``executor`` (default: in this process); returns the
+    run id."""
     prepared = prepare(spec, options, progress, manager)
     run_id, context, spec = prepared.run_id, prepared.context, prepared.spec
     store = ResultStore(options.db)
@@ -163,68 +232,110 @@ def run_benchmark(
             spec.dataset.test_every, spec.dataset.test_count
         ).tolist()
         store.set_run_data(run_id, len(test_ids), prepared.dataset.files)
-        for method in spec.methods:
-            for setting in method.settings:
-                _certify_setting(
-                    store, run_id, spec, context, method.name, setting, test_ids, prepared.registry
-                )
+        work = pending_work(store, run_id, spec, test_ids)
+        (executor or LocalExecutor()).certify(prepared, store, work, options)
         store.finish_run(run_id)
     finally:
         store.close()
     return run_id
 
 
-def _certify_setting(store, run_id, spec, context, method_name, setting, test_ids, registry):
-    key = setting_key(setting)
+def pending_work(
+    store: ResultStore, run_id: str, spec: BenchmarkSpec, test_ids: list[int]
+) -> list[SettingWork]:
+    """The (method, setting)s of ``spec`` with unfinished shards, in spec order; their
+    earlier failures are cleared (they are tried again)."""
     shards = [test_ids[i : i + spec.shard_size] for i in range(0, len(test_ids), spec.shard_size)]
-    finished = store.finished_shards(run_id, method_name, key)
-    if len(finished) == len(shards):
+    work = []
+    for method in spec.methods:
+        for setting in method.settings:
+            key = setting_key(setting)
+            finished = store.finished_shards(run_id, method.name, key)
+            if len(finished) == len(shards):
+                continue
+            store.clear_failures(run_id, method.name, key)
+            stored = store.stored_inputs(run_id, method.name, key)
+            work.append(SettingWork(method.name, setting, key, shards, finished, stored))
+    return work
+
+
+def failure_message(exc: BaseException) -> str:
+    """How a failing method is recorded: the error, and the traceback's last frames
+    unless it is one of the harness's own errors."""
+    message = f"{type(exc).__name__}: {exc}"
+    if not isinstance(exc, IdrsError):
+        message += "\n" + traceback.format_exc(limit=-3)
+    return message
+
+
+def certify_shard(
+    context: BuildContext,
+    method: MethodSpec,
+    provider: SigmaProvider,
+    certifier: Certifier,
+    ids: list[int],
+    todo: list[int],
+) -> Iterator[Certificate]:
+    """Certificates of the inputs ``todo`` of the shard ``ids``, as each is produced.
+
+    σ is computed on the whole shard, as in an uninterrupted run: a σ whose last bits
+    depend on the batch is then the same when a shard is resumed or retried.
+    """
+    if not todo:
         return
-    store.clear_failures(run_id, method_name, key)
-    stored = store.stored_inputs(run_id, method_name, key)
-    remaining = sum(
-        1 for s, ids in enumerate(shards) if s not in finished for i in ids if i not in stored
-    )
+    start = time.perf_counter()
+    whole = provider(context.dataset.test_x[ids].to(context.device))
+    sigma = checked_sigma(whole, len(ids), method.sigma_provider)
+    sigma = sigma[torch.tensor([ids.index(i) for i in todo], device=sigma.device)]
+    sigma_seconds = (time.perf_counter() - start) / len(ids)
+    sigma_of = dict(zip(todo, sigma.double().cpu().tolist(), strict=True))
+    x = context.dataset.test_x[todo].to(context.device)
+    for cert in certifier.certify(x, sigma, todo):
+        _check_certificate_sigma(cert, sigma_of, method.certifier)
+        cert.seconds += sigma_seconds  # σ(x) is part of the cost of a certificate
+        yield cert
+
+
+class LocalExecutor:
+    """Every setting in turn, its shards in order, in this process."""
+
+    def certify(
+        self, prepared: Prepared, store: ResultStore, work: list[SettingWork], options: RunOptions
+    ) -> None:
+        for setting in work:
+            _certify_setting(store, prepared, setting)
+
+
+def _certify_setting(store: ResultStore, prepared: Prepared, work: SettingWork) -> None:
+    run_id, context, key = prepared.run_id, prepared.context, work.key
     try:
-        method = registry.get("methods", method_name)
-        state = RunState(store.state_records(run_id, method_name, key))
-        context = replace(context, method=method_name, setting=key, state=state)
-        provider, certifier = build_method(registry, method_name, setting, context)
+        method = prepared.registry.get("methods", work.method)
+        state = RunState(store.state_records(run_id, work.method, key))
+        context = replace(context, method=work.method, setting=key, state=state)
+        provider, certifier = build_method(prepared.registry, work.method, work.setting, context)
         labels = context.dataset.test_y
         with context.progress.task(
-            f"{method_name} {key}", total=remaining, unit="inputs"
+            f"{work.method} {key}", total=work.remaining, unit="inputs"
         ) as advance:
-            for shard, ids in enumerate(shards):
-                if shard in finished:
-                    continue
-                todo = [i for i in ids if i not in stored]
+            for shard in work.unfinished():
+                todo = work.todo(shard)
                 if todo:
-                    # σ of the whole shard, as in an uninterrupted run: a σ whose last bits
-                    # depend on the batch is then the same when a shard is resumed
-                    start = time.perf_counter()
-                    whole = provider(context.dataset.test_x[ids].to(context.device))
-                    sigma = checked_sigma(whole, len(ids), method.sigma_provider)
-                    sigma = sigma[torch.tensor([ids.index(i) for i in todo], device=sigma.device)]
-                    sigma_seconds = (time.perf_counter() - start) / len(ids)
-                    sigma_of = dict(zip(todo, sigma.double().cpu().tolist(), strict=True))
-                    x = context.dataset.test_x[todo].to(context.device)
-                    for cert in certifier.certify(x, sigma, todo):
-                        _check_certificate_sigma(cert, sigma_of, method.certifier)
-                        cert.seconds += sigma_seconds  # σ(x) is part of the cost of a certificate
+                    certificates = certify_shard(
+                        context, method, provider, certifier, work.shards[shard], todo
+                    )
+                    for cert in certificates:
                         store.add_certificate(
-                            run_id, method_name, key, shard, int(labels[cert.input_id]), cert,
+                            run_id, work.method, key, shard, int(labels[cert.input_id]), cert,
                             state=state.take(),
                         )  # fmt: skip
                         advance(1)
-                store.finish_shard(run_id, method_name, key, shard)
+                store.finish_shard(run_id, work.method, key, shard)
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # a failing plugin is reported; the benchmark goes on
-        message = f"{type(exc).__name__}: {exc}"
-        if not isinstance(exc, IdrsError):
-            message += "\n" + traceback.format_exc(limit=-3)
-        store.record_failure(run_id, method_name, key, message)
-        context.progress.warn(f"method {method_name} ({key}) failed: {message.splitlines()[0]}")
+        message = failure_message(exc)
+        store.record_failure(run_id, work.method, key, message)
+        context.progress.warn(f"method {work.method} ({key}) failed: {message.splitlines()[0]}")
 
 
 def _check_certificate_sigma(cert, sigma_of: dict[int, float], certifier: str) -> None:
