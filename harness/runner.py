@@ -21,12 +21,12 @@ import torch
 
 from harness import __version__
 from harness.certificate import Certificate
-from harness.components import BuildContext, Certifier, MethodSpec, SigmaProvider
+from harness.components import BuildContext, Certifier, MethodSpec, Registry, SigmaProvider
 from harness.data import Dataset
 from harness.errors import DatasetMissingError, IdrsError
 from harness.method import build_method
 from harness.modelcache import obtain_model
-from harness.plugins import PluginManager, Registry, get_plugin_manager
+from harness.plugins import PluginManager, get_plugin_manager
 from harness.precision import prepare_model
 from harness.progress import Progress
 from harness.runstate import RunState
