@@ -61,6 +61,8 @@ def certify(
     batch_size: int = 1024,
     train_inputs: torch.Tensor | None = None,
     train_labels: torch.Tensor | None = None,
+    precision: str = "fp32",
+    channels_last: bool = False,
     **params: Any,
 ) -> pd.DataFrame:
     """Certify ``inputs`` [N, *shape] (labels [N]) with a registered method.
@@ -70,11 +72,15 @@ def certify(
     them); CERTIFY draws ``n0`` selection and ``n`` estimation samples at failure
     probability ``alpha`` per input (Cohen et al. 2019, Alg. "CERTIFY"). Methods whose σ(x)
     uses training data (e.g. ``sukenik``) need ``train_inputs`` (and ``train_labels``).
+    ``precision`` (fp32, tf32, bf16, fp16) and ``channels_last`` fix the arithmetic of the
+    certified classifier, as ``[certification]`` does in a benchmark file
+    (:mod:`harness.precision`); σ-providers query the model in the same arithmetic.
     """
     from harness.components import BuildContext
     from harness.data import Dataset
     from harness.method import build_method
     from harness.plugins import get_plugin_manager
+    from harness.precision import prepare_model
     from harness.progress import Progress
     from harness.protocol import CertificationProtocol
     from harness.runner import checked_sigma
@@ -107,8 +113,9 @@ def certify(
             dtype=torch.long,
         )
     dataset = Dataset("api", train_x, train_y, inputs, labels, num_classes)
-    protocol = CertificationProtocol(n0=n0, n=n, alpha=alpha, batch_size=batch_size)
-    engine = SamplingEngine(model, num_classes, device, batch_size, seed)
+    protocol = CertificationProtocol(n0=n0, n=n, alpha=alpha, batch_size=batch_size,
+                                     precision=precision, channels_last=channels_last)  # fmt: skip
+    engine = SamplingEngine(prepare_model(model, protocol), num_classes, device, batch_size, seed)
     digest = weights_digest(model)
     key = setting_key(setting)
     context = BuildContext(

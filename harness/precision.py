@@ -5,6 +5,11 @@ function from f in fp32 (argmax decisions near ties flip), so the precision is p
 the protocol, and every query of the base model (certification, and the soundness checks
 that audit it) goes through :func:`prepare_model`, so that they see the same f.
 
+The run prepares the model once: ``context.engine.model`` (:class:`~harness.components.
+BuildContext`) is f as certified, and σ-providers, certifiers and checks query that;
+``context.model`` is the fp32 model as trained (for training and fitting, e.g. a σ
+network, and for the closed forms of the analytic models).
+
 - ``fp32``: the model as given (TF32 off for matmul and cuDNN convolutions).
 - ``tf32``: fp32 tensors, matmul and convolutions on TF32 tensor cores (CUDA; CPU has
   none, so on CPU it computes as fp32).

@@ -160,3 +160,27 @@ def test_invalid_parameters_are_rejected_before_any_work(bad):
     method = manager.registry.get("methods", "alfarra-ds-memory")
     with pytest.raises(ParameterError):
         method.check({**method.defaults, **bad})
+
+
+@pytest.mark.parametrize("samples", [1, 3])
+def test_sigma_is_bit_identical_alone_and_anywhere_in_any_batch(samples):
+    """σ(x) is a pure function of x and the seed: computed alone, in a batch of 7 and at
+    several positions of a batch of 64 it is the same float, bit for bit (a matrix
+    product's rows depend on its number of rows, which the padded chunks fix)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(784, 200), torch.nn.ReLU(),
+                                torch.nn.Linear(200, 10)).eval()  # fmt: skip
+    x = torch.rand(64, 784, generator=torch.Generator().manual_seed(5))
+    kw = dict(seed=3, stream=STREAM_OPTIMIZE, steps=4, samples=samples, beta=0.05, sigma_min=1e-3)
+
+    def sigma(batch):
+        return optimize_sigma(model, batch, 0.25, content_keys(batch), **kw)
+
+    full = sigma(x)
+    perm = torch.randperm(64, generator=torch.Generator().manual_seed(6))
+    shuffled = sigma(x[perm])[torch.argsort(perm)]
+    for i in (0, 5, 63):
+        assert torch.equal(sigma(x[i : i + 1]), full[i : i + 1])
+    assert torch.equal(sigma(x[5:12]), full[5:12])
+    assert torch.equal(shuffled, full)
+    assert len(set(full.tolist())) > 32  # σ really depends on the input

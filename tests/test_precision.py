@@ -156,3 +156,107 @@ def test_bf16_channels_last_certification_on_cuda():
     assert np.all(out["bf16"].sum(1) == 2000)
     # bf16 flips argmax decisions only near ties: most counts agree
     assert np.abs(out["bf16"] - out["fp32"]).sum() <= 0.05 * 4 * 2000 * 2
+
+
+CHECKED = {
+    **TINY,
+    "name": "checked-bf16",
+    "certification": {"n0": 20, "n": 300, "alpha": 0.001, "batch_size": 256, "precision": "bf16"},
+    "methods": [
+        {"name": "cohen", "settings": [{"sigma": 0.5}]},
+        {"name": "alfarra-ds", "settings": [{"sigma": 0.5, "steps": 4, "samples": 8, "beta": 0.05}]},
+        {"name": "chen-fgss", "settings": [{"sigma": 0.5, "num_starts": 2, "num_samples": 40,
+                                            "max_steps": 2}]},
+    ],
+}  # fmt: skip
+
+
+def _run_and_audit(tmp_path, manager, raw):
+    from harness.soundness.audit import Budget
+    from harness.soundness.runner import audits
+    from harness.store import ResultStore
+
+    db = tmp_path / f"{raw['certification']['precision']}.sqlite"
+    options = RunOptions(db=db, cache_dir=tmp_path / "cache")
+    run_id = run_benchmark(parse_spec(raw), options, Progress(enabled=False), manager)
+    budget = Budget("tiny", coverage_trials=8, coverage_n=50, pairs=2, ascent_steps=1,
+                    audited_inputs=6, attack_steps=1, attack_samples=8, orders=2)  # fmt: skip
+    store = ResultStore(db)
+    try:
+        return {a.method.name: a for a in audits(store, run_id, options, Progress(enabled=False),
+                                                  manager, budget=budget)}  # fmt: skip
+    finally:
+        store.close()
+
+
+def test_checks_query_the_classifier_that_was_certified(tmp_path, manager):
+    """In a bf16 run the checks' base model is the bf16 one: it reproduces the run's class
+    counts sample for sample, and the σ-providers query it (σ of OptimizeSigma is that of
+    the bf16 model, not of the fp32 one)."""
+    from plugins.alfarra.optimize_sigma import STREAM_OPTIMIZE, content_keys, optimize_sigma
+
+    found = _run_and_audit(tmp_path, manager, CHECKED)
+    assert set(found) == {"cohen", "alfarra-ds", "chen-fgss"}
+    trained = found["cohen"].context.model
+    reference = PrecisionModel(trained, "bf16", False).eval()  # built here, independently
+    x = found["cohen"].inputs
+    for audit in found.values():
+        classifier = audit.certifier.engine.model
+        with torch.no_grad():
+            out = classifier(x)
+            assert out.dtype == torch.bfloat16 and torch.equal(out, reference(x))
+        # replaying CERTIFY with the audit's σ and classifier gives the stored counts exactly
+        ids = [c["input_id"] for c in audit.certificates]
+        replay = audit.certifier.certify(x, audit.sigma(x), ids)
+        for stored, again in zip(audit.certificates, sorted(replay, key=lambda c: c.input_id),
+                                 strict=True):  # fmt: skip
+            assert stored["counts_estimation"] == list(again.counts_estimation)
+            assert stored["sigma"] == again.sigma and stored["radius"] == again.radius
+    params = found["alfarra-ds"].params
+    args = dict(seed=CHECKED["seed"], stream=STREAM_OPTIMIZE, steps=params["steps"],
+                samples=params["samples"], beta=params["beta"], sigma_min=params["sigma_min"])  # fmt: skip
+    in_bf16 = optimize_sigma(reference, x, 0.5, content_keys(x), **args)
+    in_fp32 = optimize_sigma(trained, x, 0.5, content_keys(x), **args)
+    sigma = found["alfarra-ds"].sigma(x)
+    assert torch.equal(sigma, in_bf16) and not torch.equal(sigma, in_fp32)
+
+
+def test_an_fp32_run_on_the_cpu_queries_the_model_as_trained(tmp_path, manager):
+    raw = {**CHECKED, "certification": {**CHECKED["certification"], "precision": "fp32"},
+           "methods": CHECKED["methods"][:2]}  # fmt: skip
+    found = _run_and_audit(tmp_path, manager, raw)
+    for audit in found.values():
+        assert audit.certifier.engine.model is audit.context.model
+    assert found["alfarra-ds"].sigma_provider.model is audit.context.model
+
+
+def test_exact_ball_flips_do_not_apply_to_a_rounded_ball(tmp_path, manager):
+    """S4b compares with the closed form of the fp32 ball; a bf16 ball is another classifier."""
+    from harness.soundness.counterexamples import check_counterexamples
+
+    raw = {"name": "ball-bf16", "seed": 0, "dataset": {"name": "ball-2", "test_count": 8},
+           "model": {"architecture": "ball-N", "trainer": "none"},
+           "certification": {"n0": 20, "n": 200, "batch_size": 512, "precision": "bf16"},
+           "methods": [{"name": "cohen", "settings": [{"sigma": 0.25}]}]}  # fmt: skip
+    [audit] = _run_and_audit(tmp_path, manager, raw).values()
+    result = check_counterexamples(audit)
+    assert result.evidence["exact_flips"].startswith("not applicable: the run certified the ball")
+    assert "attack" in result.evidence and result.evidence["attack"]["audited"] == 6
+
+
+def test_the_api_certifies_in_the_precision_it_is_given():
+    from harness.api import certify
+    from tests.conftest import LinearModel
+
+    torch.manual_seed(3)
+    w = torch.randn(6)
+    x, y = torch.randn(4, 6) * 0.3, torch.zeros(4, dtype=torch.long)
+    args = dict(method="cohen", sigma=0.5, n0=20, n=500, batch_size=128, seed=4)
+    table = certify(LinearModel(w, 0.0), x, y, precision="bf16", **args)
+    protocol = CertificationProtocol(n0=20, n=500, precision="bf16")
+    engine = SamplingEngine(PrecisionModel(LinearModel(w, 0.0), "bf16", False), 2,
+                            torch.device("cpu"), batch_size=128, seed=4)  # fmt: skip
+    expected = CohenCertifier(engine, protocol).certify(x, torch.full((4,), 0.5), [0, 1, 2, 3])
+    assert [list(c.counts_estimation) for c in expected] == table["counts_estimation"].tolist()
+    with pytest.raises(ParameterError, match="unknown precision 'fp64'"):
+        certify(LinearModel(w, 0.0), x, y, precision="fp64", **args)

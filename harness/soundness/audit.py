@@ -12,6 +12,7 @@ from harness.components import BuildContext, Certifier, MethodSpec, SigmaProvide
 from harness.data import Dataset
 from harness.method import build_method
 from harness.plugins import Registry
+from harness.precision import prepare_model
 from harness.protocol import CertificationProtocol
 from harness.runner import checked_sigma
 from harness.sampling import SamplingEngine
@@ -67,9 +68,10 @@ class Audit:
     def rebuild(self, dataset: Dataset, model: torch.nn.Module, protocol: CertificationProtocol):
         """The same method and setting on another dataset and base model (for S1).
 
-        Returns (σ-provider, certifier, context).
+        Returns (σ-provider, certifier, context). ``context.model`` is ``model``; the
+        engine queries it in ``protocol``'s arithmetic (:func:`harness.precision.prepare_model`).
         """
-        engine = SamplingEngine(model, dataset.num_classes, self.context.device, protocol.batch_size,
+        engine = SamplingEngine(prepare_model(model, protocol), dataset.num_classes, self.context.device, protocol.batch_size,
                                 self.context.seed)  # fmt: skip
         context = replace(self.context, dataset=dataset, model=model, protocol=protocol,
                           engine=engine, model_hash=None)  # fmt: skip

@@ -84,9 +84,9 @@ def _optimized_sigma(context: BuildContext, params: Mapping[str, Any]):
     from plugins.alfarra.optimize_sigma import OptimizedSigma
 
     check_optimizer(params)
-    return OptimizedSigma(
-        context.model, params["sigma"], params["steps"], params["samples"], float(params["beta"]),
-        float(params["sigma_min"]), context.seed, max_batch=context.engine.batch_size,
+    return OptimizedSigma(  # the base model as certified (the run's precision)
+        context.engine.model, params["sigma"], params["steps"], params["samples"], float(params["beta"]),
+        float(params["sigma_min"]), context.seed,
     )  # fmt: skip
 
 

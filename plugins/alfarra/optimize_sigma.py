@@ -36,6 +36,12 @@ STREAM_OPTIMIZE = 100
 STREAM_TRAIN = 101
 """Noise stream of OptimizeSigma inside training, Alg. 2 (keys: training example index)."""
 
+FIXED_ROWS = 64
+"""Noisy samples per forward pass of the σ-provider. Every pass is padded to exactly this
+many rows, so each input's samples go through matrix products of one shape: a product's
+rows depend on how many rows it has (another kernel, another summation order), not on
+their position, so σ(x) is then bit-identical whatever batch x is computed in."""
+
 CLAMP_LOW, CLAMP_HIGH = 0.02, 0.98
 """E_A and E_B are clamped to this interval (the paper's code, App. A)."""
 
@@ -76,14 +82,18 @@ def optimize_sigma(
     beta: float,
     sigma_min: float,
     first_step: int = 0,
-    max_batch: int = 1024,
+    max_batch: int = FIXED_ROWS,
+    fixed_shape: bool = True,
 ) -> torch.Tensor:
     """Alg. 1 for a batch: σ_K of every input (shape [B], float64, on x's device).
 
     ``sigma0`` is a number or a tensor [B] (warm starts, Alg. 2); ``keys`` name each
     input's noise (see the module docstring); at most ``max_batch`` noisy samples go
-    through the model at once (inputs are split into chunks, which changes nothing but
-    floating-point rounding).
+    through the model at once, in chunks of ``max_batch // samples`` inputs (at least
+    one). With ``fixed_shape`` every chunk is padded to that many inputs (zeros, whose
+    σ is discarded), so the result of each input is the same bit for bit in any batch
+    (see :data:`FIXED_ROWS`); without it the last chunk is smaller, which changes σ
+    in its last bits only (floating-point rounding).
     """
     check_optimizer_params(steps, samples, beta, sigma_min)
     if len(keys) != len(x):
@@ -97,29 +107,39 @@ def optimize_sigma(
     out = []
     for start in range(0, len(x), chunk):
         part = slice(start, start + chunk)
+        xs, ss = x[part], sigma[part]
+        pad = chunk - len(xs) if fixed_shape else 0
+        if pad:
+            xs = torch.cat([xs, xs.new_zeros((pad, *xs.shape[1:]))])
+            ss = torch.cat([ss, ss.new_ones(pad)])
         out.append(
-            _ascend(model, x[part], sigma[part], keys[part], generator, seed, stream,
+            _ascend(model, xs, ss, keys[part], generator, seed, stream,
                     steps, samples, beta, sigma_min, first_step)
         )  # fmt: skip
     return torch.cat(out)
 
 
 def _ascend(model, x, sigma, keys, generator, seed, stream, steps, samples, beta, sigma_min, first):
-    delta = torch.empty((len(x), samples, *x.shape[1:]), device=x.device, dtype=x.dtype)
+    """σ_K of the first ``len(keys)`` inputs of ``x`` (the others are padding: zero noise,
+    their σ is left as it is and dropped)."""
+    real = len(keys)
+    delta = torch.zeros((len(x), samples, *x.shape[1:]), device=x.device, dtype=x.dtype)
     with torch.enable_grad():
         for k in range(steps):
             for i, key in enumerate(keys):
                 generator.manual_seed(noise_seed(seed, stream, key, first + k))
                 delta[i].normal_(generator=generator)
             s = sigma.detach().requires_grad_(True)
-            (grad,) = torch.autograd.grad(soft_radius(model, x, s, delta).sum(), s)
+            (grad,) = torch.autograd.grad(soft_radius(model, x, s, delta)[:real].sum(), s)
+            grad = grad[:real]
             if not bool(torch.isfinite(grad).all()):
                 raise ModelOutputError(
                     "OptimizeSigma got a non-finite gradient of the certified radius; "
                     "check the base model's outputs and the step size beta"
                 )
-            sigma = (s.detach() + beta * grad).clamp_min(sigma_min)
-    return sigma
+            sigma = sigma.detach().clone()
+            sigma[:real] = (s.detach()[:real] + beta * grad).clamp_min(sigma_min)
+    return sigma[:real]
 
 
 class OptimizedSigma:
@@ -129,11 +149,11 @@ class OptimizedSigma:
     at σ(x) is no certificate of the data-dependent classifier (Súkeník et al. 2022,
     App. C.2); the memory certifier (Alg. 3) restores consistency within one run.
 
-    σ(x) depends on x and the seed (noise keyed by x's content) and, in its last bits,
-    on the batch it is computed in (BLAS rounding; ascending each input alone costs
-    ~80 ms per input, too slow for the checks' hundreds of queries). The runner
-    therefore computes σ on whole shards, so a resumed run equals an uninterrupted one
-    bit for bit. Memoized (:class:`~harness.sigmacache.SigmaCache`) for repeated queries.
+    σ(x) is a function of x and the seed alone (noise keyed by x's content), bit for bit
+    whatever batch x is computed in: the model sees chunks of exactly ``max_batch``
+    noisy samples (:data:`FIXED_ROWS`, padded), so every input's samples go through
+    products of one shape. Memoized (:class:`~harness.sigmacache.SigmaCache`) for the
+    checks' repeated queries.
     """
 
     regularity = Unregularized()
@@ -147,7 +167,7 @@ class OptimizedSigma:
         beta: float,
         sigma_min: float,
         seed: int,
-        max_batch: int = 1024,
+        max_batch: int = FIXED_ROWS,
     ) -> None:
         self.model = model
         self.sigma0 = float(sigma0)

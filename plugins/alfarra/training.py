@@ -66,6 +66,7 @@ class DataDependentSigmas:
                 self.model, x, self.sigmas[index], index.tolist(), seed=self.seed,
                 stream=STREAM_TRAIN, steps=steps, samples=self.samples, beta=self.beta,
                 sigma_min=self.sigma_min, first_step=epoch * steps, max_batch=len(x) * self.samples,
+                fixed_shape=False,
             )  # fmt: skip
         finally:
             self.model.train(was_training)

@@ -92,13 +92,13 @@ def _lipschitz_net(context: BuildContext, params: Mapping[str, Any]):
 
 def _lipschitz_certifier(context: BuildContext, params: Mapping[str, Any], sigma_provider):
     """Thm 3 with Lip(σ) and σ_min from ``sigma_provider.regularity`` (its declaration)."""
-    from harness import SamplingEngine, prepare_model
+    from harness import SamplingEngine
     from plugins.lipschitz.certifier import LipschitzCertifier
     from plugins.lipschitz.normalization import NormalizedModel
 
     classes = context.dataset.num_classes
     normalize = bool(params["normalize"])
-    base = prepare_model(context.model, context.protocol)  # the certified arithmetic
+    base = context.engine.model  # the base model as certified (the run's precision)
     model = NormalizedModel(base, classes, float(params["p_min"])) if normalize else base
     engine = SamplingEngine(
         model, classes, context.device, context.engine.batch_size, context.engine.seed,
