@@ -244,19 +244,18 @@ def test_exact_ball_flips_do_not_apply_to_a_rounded_ball(tmp_path, manager):
     assert "attack" in result.evidence and result.evidence["attack"]["audited"] == 6
 
 
-def test_the_api_certifies_in_the_precision_it_is_given():
+def test_the_api_certifies_in_the_precision_it_is_given(linear_model):
     from harness.api import certify
-    from tests.conftest import LinearModel
 
     torch.manual_seed(3)
     w = torch.randn(6)
     x, y = torch.randn(4, 6) * 0.3, torch.zeros(4, dtype=torch.long)
     args = dict(method="cohen", sigma=0.5, n0=20, n=500, batch_size=128, seed=4)
-    table = certify(LinearModel(w, 0.0), x, y, precision="bf16", **args)
+    table = certify(linear_model(w, 0.0), x, y, precision="bf16", **args)
     protocol = CertificationProtocol(n0=20, n=500, precision="bf16")
-    engine = SamplingEngine(PrecisionModel(LinearModel(w, 0.0), "bf16", False), 2,
+    engine = SamplingEngine(PrecisionModel(linear_model(w, 0.0), "bf16", False), 2,
                             torch.device("cpu"), batch_size=128, seed=4)  # fmt: skip
     expected = CohenCertifier(engine, protocol).certify(x, torch.full((4,), 0.5), [0, 1, 2, 3])
     assert [list(c.counts_estimation) for c in expected] == table["counts_estimation"].tolist()
     with pytest.raises(ParameterError, match="unknown precision 'fp64'"):
-        certify(LinearModel(w, 0.0), x, y, precision="fp64", **args)
+        certify(linear_model(w, 0.0), x, y, precision="fp64", **args)
