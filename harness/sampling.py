@@ -34,6 +34,9 @@ from harness.protocol import NOISE_SCHEMES
 NOISE_BLOCK = 256
 """Samples per independently seeded noise block (part of the reproducibility contract)."""
 
+PLAN_WINDOW = 64
+"""Batches planned at once (their row indices are made in one host-to-device copy)."""
+
 STREAM_SELECTION = 0
 """Noise stream of CERTIFY's n0 selection samples."""
 STREAM_ESTIMATION = 1
@@ -77,8 +80,6 @@ class _Job:
     input_id: int
     num: int
     done: int = 0
-    block_index: int = -1
-    block: torch.Tensor | None = None
 
 
 class SamplingEngine:
@@ -115,6 +116,7 @@ class SamplingEngine:
                 f"unknown noise scheme {noise!r}; known: auto, {', '.join(NOISE_SCHEMES)}"
             )
         threads = 1 if self.device.type != "cpu" else (noise_threads or torch.get_num_threads())
+        self._threads = threads
         self._pool = ThreadPoolExecutor(threads) if threads > 1 else None
         self._local = threading.local()
         self._buffer: torch.Tensor | None = None
@@ -188,50 +190,55 @@ class SamplingEngine:
             len(jobs), classes, device=self.device, dtype=torch.float64 if soft else torch.int64
         )
         acc_sq = torch.zeros_like(acc) if soft else None
-        finite = torch.ones((), dtype=torch.bool, device=self.device)
+        ones = None if soft else torch.ones(self.batch_size, dtype=torch.int64, device=self.device)
+        # Σ of all logits in float64: non-finite iff some logit is (no float32 logit can
+        # overflow it), one reduction per batch instead of a test of every logit
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
         buffer = self._batch_buffer(x.shape[1:])
+        blocks: dict[tuple[int, int], torch.Tensor] = {}
         cursor = 0
         with torch.no_grad():
-            while cursor < len(jobs):
-                segments = self._plan_batch(jobs, cursor, NOISE_BLOCK if not philox else None)
-                plan = torch.tensor(segments, dtype=torch.int64).T.contiguous().to(self.device)
-                fill = sum(take for _, _, take in segments)
-                # output_size: no device-to-host sync to learn the length
-                rows = torch.repeat_interleave(plan[0], plan[2], output_size=fill)
-                if philox:
-                    # sample index of every row: its segment's first sample + its place in it
-                    first_row = torch.cumsum(plan[2], 0) - plan[2]
-                    samples = torch.arange(fill, device=self.device) - torch.repeat_interleave(
-                        first_row - plan[1], plan[2], output_size=fill
-                    )
-                    noisy_batch(
-                        flat_x, sigma_t, keys, rows, samples, buffer.view(len(buffer), -1)[:fill]
-                    )
+            for window in self._plan(jobs, None if philox else NOISE_BLOCK):
+                rows_w, samples_w, offsets = self._window_rows(window, philox)
+                flat_w = None if soft else rows_w * classes
+                for b, segments in enumerate(window):
+                    lo, hi = offsets[b], offsets[b + 1]
+                    fill = hi - lo
+                    rows = rows_w[lo:hi]
+                    if philox:
+                        noisy_batch(flat_x, sigma_t, keys, rows, samples_w[lo:hi],
+                                    buffer.view(len(buffer), -1)[:fill])  # fmt: skip
+                    else:
+                        self._fill_blocks(jobs, window, b, stream, buffer, blocks)
                     for index, start, take in segments:
                         jobs[index].done = start + take
-                else:
-                    self._fill_blocks(jobs, segments, stream, buffer)
-                logits = self.model(buffer[:fill])
-                finite &= torch.isfinite(logits).all()
-                if soft:
-                    probs = torch.softmax(logits.double(), dim=1)
-                    acc.index_add_(0, rows, probs)
-                    acc_sq.index_add_(0, rows, probs * probs)
-                else:
-                    flat = rows * classes + logits.argmax(dim=1)
-                    acc.view(-1).index_add_(0, flat, torch.ones_like(flat))
-                while cursor < len(jobs) and jobs[cursor].done == jobs[cursor].num:
-                    if not bool(finite):
-                        raise ModelOutputError(_nonfinite_message(jobs))
-                    jobs[cursor].block = None
+                    logits = self.model(buffer[:fill])
+                    total += logits.sum(dtype=torch.float64)
                     if soft:
-                        yield (
-                            cursor,
-                            SoftStats(num, acc[cursor].cpu().numpy(), acc_sq[cursor].cpu().numpy()),
-                        )
+                        probs = torch.softmax(logits.double(), dim=1)
+                        acc.index_add_(0, rows, probs)
+                        acc_sq.index_add_(0, rows, probs * probs)
                     else:
-                        yield cursor, acc[cursor].cpu().numpy()
-                    cursor += 1
+                        flat = flat_w[lo:hi] + logits.argmax(dim=1)
+                        acc.view(-1).index_add_(0, flat, ones[:fill])
+                    while cursor < len(jobs) and jobs[cursor].done == jobs[cursor].num:
+                        if not bool(torch.isfinite(total)):
+                            raise ModelOutputError(_nonfinite_message(jobs))
+                        if soft:
+                            yield (
+                                cursor,
+                                SoftStats(
+                                    num, acc[cursor].cpu().numpy(), acc_sq[cursor].cpu().numpy()
+                                ),
+                            )
+                        else:
+                            yield cursor, acc[cursor].cpu().numpy()
+                        cursor += 1
+        for index in range(cursor, len(jobs)):  # num = 0: nothing to sample
+            if soft:
+                yield index, SoftStats(0, acc[index].cpu().numpy(), acc_sq[index].cpu().numpy())
+            else:
+                yield index, acc[index].cpu().numpy()
 
     def _batch_buffer(self, shape: torch.Size) -> torch.Tensor:
         """The batch of noisy inputs, allocated once (fresh pages are costly to touch)."""
@@ -240,71 +247,108 @@ class SamplingEngine:
             self._free_blocks = []
         return self._buffer
 
+    def _plan(
+        self, jobs: list[_Job], block: int | None
+    ) -> Iterator[list[list[tuple[int, int, int]]]]:
+        """The batches, in windows of up to :data:`PLAN_WINDOW`: each batch a list of
+        (job index, first sample, number of samples) segments.
+
+        Batches are filled greedily in job order (their composition is part of what the
+        model sees, so it never changes). With a ``block`` size, no segment crosses a
+        noise block (each is a slice of one).
+        """
+        window: list[list[tuple[int, int, int]]] = []
+        batch: list[tuple[int, int, int]] = []
+        room = self.batch_size
+        for index, job in enumerate(jobs):
+            done = job.done
+            while done < job.num:
+                take = min(room, job.num - done)
+                if block is not None:
+                    take = min(take, block - done % block)
+                batch.append((index, done, take))
+                done += take
+                room -= take
+                if room == 0:
+                    window.append(batch)
+                    batch, room = [], self.batch_size
+                    if len(window) == PLAN_WINDOW:
+                        yield window
+                        window = []
+        if batch:
+            window.append(batch)
+        if window:
+            yield window
+
+    def _window_rows(
+        self, window: list[list[tuple[int, int, int]]], philox: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
+        """For every row of a window's batches: its job index and (philox) its sample
+        index, as device tensors made in one transfer; and each batch's first row."""
+        segments = [seg for batch in window for seg in batch]
+        index = np.array([s[0] for s in segments], dtype=np.int64)
+        start = np.array([s[1] for s in segments], dtype=np.int64)
+        take = np.array([s[2] for s in segments], dtype=np.int64)
+        offsets = [0]
+        for batch in window:
+            offsets.append(offsets[-1] + sum(t for _, _, t in batch))
+        rows = torch.from_numpy(np.repeat(index, take)).to(self.device)
+        samples = None
+        if philox:
+            first_row = np.cumsum(take) - take
+            local = np.arange(offsets[-1], dtype=np.int64) - np.repeat(first_row - start, take)
+            samples = torch.from_numpy(local).to(self.device)
+        return rows, samples, offsets
+
     def _fill_blocks(
-        self, jobs: list[_Job], segments: list[tuple[int, int, int]], stream: int, buffer
+        self,
+        jobs: list[_Job],
+        window: list[list[tuple[int, int, int]]],
+        b: int,
+        stream: int,
+        buffer: torch.Tensor,
+        blocks: dict[tuple[int, int], torch.Tensor],
     ) -> None:
-        """block-v1: noisy inputs x + σ·(rows of noise blocks) into ``buffer``."""
-        blocks = self._draw_blocks(jobs, segments, stream)
+        """block-v1: batch ``b`` of the window, x + σ·(rows of noise blocks), into ``buffer``.
+
+        ``blocks`` holds the drawn blocks not yet used up; when some of this batch's are
+        missing, they are drawn together with the next batches' (up to one per noise
+        thread), so that small batches also draw in parallel. A block is returned to
+        the free list once its last sample is used.
+        """
+        missing: dict[tuple[int, int], None] = {}
+        for index, start, _ in window[b]:
+            key = (index, start // NOISE_BLOCK)
+            if key not in blocks:
+                missing[key] = None
+        if missing:
+            for later in window[b + 1 :]:
+                for index, start, _ in later:
+                    if len(missing) >= self._threads:
+                        break
+                    key = (index, start // NOISE_BLOCK)
+                    if key not in blocks:
+                        missing[key] = None
+            blocks.update(self._draw_blocks(jobs, list(missing), stream))
         fill = 0
-        for index, start, take in segments:
+        for index, start, take in window[b]:
             job = jobs[index]
-            block = blocks[index, start // NOISE_BLOCK]
+            key = (index, start // NOISE_BLOCK)
             offset = start % NOISE_BLOCK
             torch.add(
-                job.x, block[offset : offset + take], alpha=job.sigma,
+                job.x, blocks[key][offset : offset + take], alpha=job.sigma,
                 out=buffer[fill : fill + take],
             )  # fmt: skip
-            job.done = start + take
-            job.block_index, job.block = start // NOISE_BLOCK, block
             fill += take
-        kept = {id(jobs[i].block) for i, _, _ in segments if jobs[i].done < jobs[i].num}
-        self._free_blocks.extend(b for b in blocks.values() if id(b) not in kept)
-
-    def _plan_batch(
-        self, jobs: list[_Job], cursor: int, block: int | None
-    ) -> list[tuple[int, int, int]]:
-        """(job index, first sample, number of samples) segments filling one batch.
-
-        With a ``block`` size, no segment crosses a noise block (each is a slice of one).
-        """
-        segments = []
-        room = self.batch_size
-        index = cursor
-        done = jobs[cursor].done
-        while room > 0 and index < len(jobs):
-            job = jobs[index]
-            if done == job.num:
-                index += 1
-                done = jobs[index].done if index < len(jobs) else 0
-                continue
-            take = min(room, job.num - done)
-            if block is not None:
-                take = min(take, block - done % block)
-            segments.append((index, done, take))
-            done += take
-            room -= take
-        return segments
+            end = start + take
+            if end % NOISE_BLOCK == 0 or end == job.num:
+                self._free_blocks.append(blocks.pop(key))
 
     def _draw_blocks(
-        self, jobs: list[_Job], segments: list[tuple[int, int, int]], stream: int
+        self, jobs: list[_Job], draws: list[tuple[int, int]], stream: int
     ) -> dict[tuple[int, int], torch.Tensor]:
-        """The noise block of every segment, keyed by (job index, block index).
-
-        A job's partly used block is kept from the previous batch; the others are
-        drawn, in parallel threads on CPU.
-        """
-        blocks = {}
-        draws = []
-        for index, start, _ in segments:
-            key = (index, start // NOISE_BLOCK)
-            if key in blocks or key in draws:
-                continue
-            job = jobs[index]
-            if job.block_index == key[1]:
-                blocks[key] = job.block
-            else:
-                draws.append(key)
-        shape = (NOISE_BLOCK, *jobs[segments[0][0]].x.shape)
+        """The noise blocks keyed (job index, block index), drawn in parallel threads on CPU."""
+        shape = (NOISE_BLOCK, *jobs[draws[0][0]].x.shape)
         empty = [
             self._free_blocks.pop() if self._free_blocks else torch.empty(shape, device=self.device)
             for _ in draws
@@ -317,8 +361,7 @@ class SamplingEngine:
             drawn = [
                 self._draw(jobs[k[0]], t, k[1], stream) for k, t in zip(draws, empty, strict=True)
             ]
-        blocks.update(zip(draws, drawn, strict=True))
-        return blocks
+        return dict(zip(draws, drawn, strict=True))
 
     def _draw(self, job: _Job, block: torch.Tensor, block_index: int, stream: int) -> torch.Tensor:
         generator = getattr(self._local, "generator", None)

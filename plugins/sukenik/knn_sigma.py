@@ -25,6 +25,7 @@ def knn_mean_distance(
     k: int,
     exclude_self: bool = False,
     dtype: torch.dtype = torch.float64,
+    train_sq: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(1/k) Σ ‖q − x_i‖ over the k nearest training points x_i of each query (exact).
 
@@ -32,7 +33,9 @@ def knn_mean_distance(
     distances to them are then recomputed with autograd, so the result is
     differentiable in ``queries``. ``exclude_self`` skips one neighbour at distance 0
     (a training point queried against its own set). ``dtype=torch.float32`` is for
-    uses that need no certificate (training augmentation, choosing m).
+    uses that need no certificate (training augmentation, choosing m). ``train``
+    already flattened in ``dtype`` on the queries' device, with its squared row norms
+    ``train_sq``, is used as it is (:class:`KnnSigma` keeps both between calls).
     """
     q = queries.flatten(1).to(dtype)
     t = train.flatten(1).to(q.device, dtype)
@@ -45,7 +48,12 @@ def knn_mean_distance(
         best_i = torch.zeros((len(q), take), dtype=torch.long, device=q.device)
         for start in range(0, len(t), TRAIN_CHUNK):
             chunk = t[start : start + TRAIN_CHUNK]
-            d2 = (q_sq + (chunk * chunk).sum(1)[None] - 2.0 * q @ chunk.T).clamp_min_(0)
+            chunk_sq = (
+                (chunk * chunk).sum(1)
+                if train_sq is None
+                else train_sq[start : start + TRAIN_CHUNK]
+            )
+            d2 = (q_sq + chunk_sq[None] - 2.0 * q @ chunk.T).clamp_min_(0)
             cand_d = torch.cat([best_d, d2], dim=1)
             cand_i = torch.cat(
                 [
@@ -97,10 +105,20 @@ class KnnSigma:
         self.train, self.sigma_b, self.rate, self.k, self.m = train, sigma_b, rate, k, m
         self.max_ratio = max_ratio
         self.regularity = SemiElastic(rate)
+        self._exact: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _exact_train(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training set flattened in float64 on ``device`` and its squared row norms,
+        made once (converting 60,000 × 784 points per call dominated σ's cost)."""
+        if self._exact is None or self._exact[0].device != device:
+            t = self.train.flatten(1).to(device, torch.float64)
+            self._exact = (t, (t * t).sum(1))
+        return self._exact
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        train, train_sq = self._exact_train(x.device)
         log_sigma = math.log(self.sigma_b) + self.rate * (
-            knn_mean_distance(x, self.train, self.k) - self.m
+            knn_mean_distance(x, train, self.k, train_sq=train_sq) - self.m
         )
         if self.max_ratio:
             log_sigma = torch.clamp(log_sigma, max=math.log(self.max_ratio * self.sigma_b))
