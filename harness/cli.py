@@ -196,6 +196,10 @@ def _run(args: argparse.Namespace) -> int:
 
         run_checks(args.db, run_id, options, progress, budget="small")
     _print_results(args.db, run_id, as_json=False)
+    if not args.no_check:
+        from harness.soundness.audit import BUDGETS
+
+        _console().print(escape(BUDGETS["small"].statement()))
     if args.timings:
         _print_timings(progress.timings)
     return 0
@@ -215,6 +219,7 @@ def _print_timings(timings: list[tuple[str, float]]) -> None:
 def _check(args: argparse.Namespace) -> int:
     from harness.progress import Progress
     from harness.runner import RunOptions
+    from harness.soundness.audit import BUDGETS
     from harness.soundness.runner import run_checks
     from harness.soundness.verdict import applied, overall
 
@@ -248,6 +253,7 @@ def _check(args: argparse.Namespace) -> int:
                           verdict if k == 0 else "", r.check, str(r.verdict),
                           escape(r.summary))  # fmt: skip
     _console().print(table)
+    _console().print(escape(BUDGETS[args.budget].statement()))
     if args.timings:
         _print_timings(progress.timings)
     return 0

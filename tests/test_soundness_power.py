@@ -150,3 +150,13 @@ def test_s1_and_s4_run_on_cuda(tmp_path, manager):
             "coverage": Verdict.SOUND,
             "counterexamples": Verdict.SOUND,
         }, (key, [(r.check, r.summary) for r in checks])
+
+
+def test_the_budget_statement_names_what_the_checks_examine():
+    budget = Budget("probe", coverage_trials=123, coverage_n=456, pairs=7, ascent_steps=11,
+                    audited_inputs=13, attack_steps=17, attack_samples=19, orders=23)  # fmt: skip
+    text = budget.statement()
+    for number in ("123", "456", "7 pairs", "11 ascent", "13 certificates", "17 attack",
+                   "19 samples", "23 input orders"):  # fmt: skip
+        assert number in text, number
+    assert "--budget probe" in text  # where its detection power is measured

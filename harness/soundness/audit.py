@@ -32,6 +32,21 @@ class Budget:
     attack_samples: int  # S4c: noise samples per attack step / confirmation samples / 10
     orders: int  # S4d: input orders replayed for memory certifiers
 
+    def statement(self) -> str:
+        """What the checks examine at this budget, and where their power is measured."""
+        return (
+            f"checks at the {self.name!r} budget: S0 re-derives every certificate; "
+            f"S1 {self.coverage_trials} certified trial points per exact classifier "
+            f"(n = {self.coverage_n} each), tested against Binomial(trials, α); "
+            f"S2, S3 and S4's attack audit {self.audited_inputs} certificates per row "
+            f"({self.pairs} pairs, {self.ascent_steps} ascent steps, {self.attack_steps} "
+            f"attack steps of {self.attack_samples} samples); S5 replays {self.orders} "
+            "input orders. What this budget detects (inflated radii, a laundered α) and "
+            "how often sound methods are flagged is measured by `python3 -m "
+            f"harness.soundness.detection_power --budget {self.name}`"
+            " (leaderboards/README.md shows both budgets)."
+        )
+
 
 BUDGETS = {
     "small": Budget("small", coverage_trials=120, coverage_n=200, pairs=8, ascent_steps=10,
