@@ -93,6 +93,11 @@ class SamplingEngine:
         only); defaults to torch's intra-op thread count.
     :param noise: the noise scheme, one of :data:`NOISE_SCHEMES`, or ``auto``
         (:func:`default_noise` of the device).
+    :param pad_batches: give every forward pass the full ``batch_size`` rows (a partial
+        batch is padded with zeros and the padding's outputs dropped). A BLAS routine
+        may round a row differently for another number of rows, never for other rows'
+        contents, so each sample's logits are then bit-identical whatever batch it
+        shares; for per-input σ searches (:meth:`padded`).
     """
 
     def __init__(
@@ -104,8 +109,10 @@ class SamplingEngine:
         seed: int = 0,
         noise_threads: int | None = None,
         noise: str = "auto",
+        pad_batches: bool = False,
     ) -> None:
         self.model = model
+        self.pad_batches = pad_batches
         self.num_classes = num_classes
         self.device = torch.device(device)
         self.batch_size = batch_size
@@ -121,6 +128,13 @@ class SamplingEngine:
         self._local = threading.local()
         self._buffer: torch.Tensor | None = None
         self._free_blocks: list[torch.Tensor] = []
+
+    def padded(self) -> SamplingEngine:
+        """The same engine (model, seed, noise, batch size) with ``pad_batches`` on."""
+        return SamplingEngine(
+            self.model, self.num_classes, self.device, self.batch_size, self.seed,
+            self._threads, self.noise, pad_batches=True,
+        )  # fmt: skip
 
     def counts(
         self,
@@ -212,7 +226,11 @@ class SamplingEngine:
                         self._fill_blocks(jobs, window, b, stream, buffer, blocks)
                     for index, start, take in segments:
                         jobs[index].done = start + take
-                    logits = self.model(buffer[:fill])
+                    if self.pad_batches and fill < len(buffer):
+                        buffer[fill:].zero_()
+                        logits = self.model(buffer)[:fill]
+                    else:
+                        logits = self.model(buffer[:fill])
                     total += logits.sum(dtype=torch.float64)
                     if soft:
                         probs = torch.softmax(logits.double(), dim=1)

@@ -330,3 +330,63 @@ def test_registering_the_plugin_imports_neither_torch_nor_scipy():
     code = "import sys, plugins.chen; print('torch' in sys.modules or 'scipy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+class _ShapeRecorder(torch.nn.Module):
+    """The base model, recording how many rows each forward pass receives."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model, self.rows = model, []
+
+    def forward(self, x):
+        self.rows.append(len(x))
+        return self.model(x)
+
+
+def test_a_padded_engine_forwards_full_batches_and_counts_the_same():
+    torch.manual_seed(1)
+    base = torch.nn.Sequential(torch.nn.Linear(30, 40), torch.nn.ReLU(), torch.nn.Linear(40, 4))
+    recorder = _ShapeRecorder(base.eval())
+    plain = SamplingEngine(recorder, 4, CPU, batch_size=96, seed=3)
+    x = torch.rand(5, 30, generator=torch.Generator().manual_seed(2))
+    expected = plain.counts(x, [0.3] * 5, [10, 11, 12, 13, 14], 70, 1)
+    assert set(recorder.rows) != {96}  # 350 samples: the last batch is partial
+    recorder.rows.clear()
+    padded = plain.padded()
+    np.testing.assert_array_equal(
+        padded.counts(x, [0.3] * 5, [10, 11, 12, 13, 14], 70, 1), expected
+    )
+    assert set(recorder.rows) == {96}
+
+
+def test_a_rows_logits_at_one_batch_shape_do_not_depend_on_the_other_rows():
+    """The premise of ``pad_batches``: at a fixed shape, BLAS rounds each row alone."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(784, 200), torch.nn.ReLU(), torch.nn.Linear(200, 10)
+    )
+    rows = torch.randn(64, 784, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        reference = model(rows)
+        for seed in range(3):
+            other = torch.randn(64, 784, generator=torch.Generator().manual_seed(10 + seed))
+            order = torch.randperm(64, generator=torch.Generator().manual_seed(20 + seed))
+            mixed = other.clone()
+            mixed[order[:40]] = rows[:40]  # 40 of the rows, at other positions
+            assert torch.equal(model(mixed)[order[:40]], reference[:40])
+
+
+def test_chen_sigma_is_bit_identical_whatever_the_inputs_searched_with_it():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(784, 200), torch.nn.ReLU(), torch.nn.Linear(200, 10)
+    )
+    engine = SamplingEngine(model.eval(), 10, CPU, batch_size=256, seed=0).padded()
+    config = _config(num_samples=50, num_starts=2, max_steps=4)
+    x = torch.rand(9, 784, generator=torch.Generator().manual_seed(3))
+    alone = [search_sigma(engine, x[i : i + 1], config, seed=1).sigma[0] for i in (0, 4)]
+    together = search_sigma(engine, x, config, seed=1).sigma
+    shuffled = search_sigma(engine, x.flip(0)[2:], config, seed=1).sigma  # x[6], ..., x[0]
+    assert [together[0], together[4]] == alone
+    assert [shuffled[6], shuffled[2]] == alone

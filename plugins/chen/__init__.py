@@ -25,7 +25,7 @@ def check_params(params: Mapping[str, Any]) -> None:
 def _fgss_sigma(context: BuildContext, params: Mapping[str, Any]):
     from plugins.chen.search import InstanceSigma
 
-    return InstanceSigma(context.engine, SearchConfig.from_params(params), context.seed)
+    return InstanceSigma(context.engine.padded(), SearchConfig.from_params(params), context.seed)
 
 
 def _train(model, dataset, params, context) -> None:

@@ -180,10 +180,10 @@ def search_sigma(
 class InstanceSigma:
     """σ-provider ``chen-fgss``: σ(x) from Alg. 2 on the base model; :class:`Unregularized`.
 
-    σ(x) depends on x and the seed (noise keyed by x's content); the model's outputs
-    on a batch that mixes inputs could in principle round differently, which the
-    runner makes harmless by computing σ on whole shards (a resumed shard gets the
-    same σ). Memoized (:class:`~harness.sigmacache.SigmaCache`) because the checks query
+    σ(x) is a function of x and the seed alone: noise is keyed by x's content, and
+    given an engine whose forward passes all have one shape
+    (:meth:`SamplingEngine.padded`, as the plugin builds it), no sample's logits
+    depend on the other inputs searched with it. Memoized (:class:`~harness.sigmacache.SigmaCache`) because the checks query
     the same inputs repeatedly. ``last`` holds the :class:`SearchResult` of the inputs
     searched by the latest call (for inspection).
     """
