@@ -204,6 +204,13 @@ class SamplingEngine:
             len(jobs), classes, device=self.device, dtype=torch.float64 if soft else torch.int64
         )
         acc_sq = torch.zeros_like(acc) if soft else None
+
+        def result(index: int) -> np.ndarray | SoftStats:
+            """Input ``index``'s evidence, copied to the host once it is complete."""
+            if soft:
+                return SoftStats(num, acc[index].cpu().numpy(), acc_sq[index].cpu().numpy())
+            return acc[index].cpu().numpy()
+
         ones = None if soft else torch.ones(self.batch_size, dtype=torch.int64, device=self.device)
         # Σ of all logits in float64: non-finite iff some logit is (no float32 logit can
         # overflow it), one reduction per batch instead of a test of every logit
@@ -242,21 +249,10 @@ class SamplingEngine:
                     while cursor < len(jobs) and jobs[cursor].done == jobs[cursor].num:
                         if not bool(torch.isfinite(total)):
                             raise ModelOutputError(_nonfinite_message(jobs))
-                        if soft:
-                            yield (
-                                cursor,
-                                SoftStats(
-                                    num, acc[cursor].cpu().numpy(), acc_sq[cursor].cpu().numpy()
-                                ),
-                            )
-                        else:
-                            yield cursor, acc[cursor].cpu().numpy()
+                        yield cursor, result(cursor)
                         cursor += 1
         for index in range(cursor, len(jobs)):  # num = 0: nothing to sample
-            if soft:
-                yield index, SoftStats(0, acc[index].cpu().numpy(), acc_sq[index].cpu().numpy())
-            else:
-                yield index, acc[index].cpu().numpy()
+            yield index, result(index)
 
     def _batch_buffer(self, shape: torch.Size) -> torch.Tensor:
         """The batch of noisy inputs, allocated once (fresh pages are costly to touch)."""
