@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import signal
 import sys
 import threading
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -27,7 +29,7 @@ from harness.bench import add_bench_parser
 from harness.errors import IdrsError
 from harness.import_log import add_import_log_parser
 from harness.leaderboard import add_compare_parser, add_leaderboard_parser
-from harness.store import DEFAULT_DB
+from harness.store import DEFAULT_DB, check_database
 
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], object]] = [
     add_leaderboard_parser,
@@ -86,8 +88,9 @@ def _parser() -> argparse.ArgumentParser:
         "--db", type=Path, default=DEFAULT_DB, help=f"results database (default {DEFAULT_DB})"
     )
     run.add_argument(
-        "--device", choices=("auto", "cpu", "cuda"), default=None, help="override the spec's device"
-    )
+        "--device", type=device_name, default=None, metavar="auto|cpu|cuda[:N]",
+        help="override the spec's device (cuda:1: the second GPU)",
+    )  # fmt: skip
     run.add_argument("--data-root", help="folder with dataset files")
     run.add_argument(
         "--download", action="store_true", help="let torchvision download a missing dataset"
@@ -139,7 +142,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--orders", type=int, help="input orders replayed for memory certifiers (S4d)"
     )
-    check.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None)
+    check.add_argument("--device", type=device_name, default=None, metavar="auto|cpu|cuda[:N]")
     check.add_argument("--data-root", help="folder with dataset files")
     check.add_argument("--cache-dir", type=Path, help="where trained base models are cached")
     check.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -158,6 +161,14 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def device_name(text: str) -> str:
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (an argparse type)."""
+    kind, _, index = text.partition(":")
+    if text in ("auto", "cpu", "cuda") or (kind == "cuda" and index.isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r} is not auto, cpu, cuda or cuda:N (e.g. cuda:1)")
+
+
 def _run(args: argparse.Namespace) -> int:
     from harness.plugins import get_plugin_manager
     from harness.spec import DEFAULT_BENCHMARK, check_data_root, load_spec, validate
@@ -167,16 +178,23 @@ def _run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec or DEFAULT_BENCHMARK, args.set)
     validate(spec, get_plugin_manager().registry)  # every name and parameter, before torch
     check_data_root(args.data_root, spec.dataset.name)
+    check_database(args.db)
 
     from harness.progress import Progress
     from harness.runner import RunOptions, run_benchmark
 
-    if args.device == "cuda":
+    if args.device is not None and args.device.startswith("cuda"):
         import torch
 
         if not torch.cuda.is_available():
             raise IdrsError(
-                "--device cuda, but no CUDA device is available; use --device cpu or auto"
+                f"--device {args.device}, but no CUDA device is available; use --device cpu or auto"
+            )
+        index = int(args.device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise IdrsError(
+                f"--device {args.device}, but this machine has {torch.cuda.device_count()} "
+                f"CUDA device(s): cuda:0 to cuda:{torch.cuda.device_count() - 1}"
             )
     options = RunOptions(
         db=args.db, device=args.device, data_root=args.data_root,
@@ -192,16 +210,20 @@ def _run(args: argparse.Namespace) -> int:
     progress = Progress(enabled=not args.quiet)
     run_id = run_benchmark(spec, options, progress, executor=executor)
     if not args.no_check:
+        from harness.leases import exclusive
         from harness.soundness.runner import run_checks
 
-        run_checks(args.db, run_id, options, progress, budget="small")
-    _print_results(args.db, run_id, as_json=False)
+        with exclusive(args.db, run_id, "the soundness checks", progress.log) as ours:
+            if ours:
+                run_checks(args.db, run_id, options, progress, budget="small")
+    rows = _print_results(args.db, run_id, as_json=False, compact=True)
     if not args.no_check:
         from harness.soundness.audit import BUDGETS
 
-        _console().print(escape(BUDGETS["small"].statement()))
+        _console(RUN_WIDTH).print(escape(BUDGETS["small"].statement()))
     if args.timings:
         _print_timings(progress.timings)
+    _print_next_steps(args.db, run_id, spec.name, rows)
     return 0
 
 
@@ -273,7 +295,11 @@ def _results(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
+def _print_results(
+    db: Path, run_id: str | None, as_json: bool, compact: bool = False
+) -> list[dict[str, Any]]:
+    """Print a run's summary (``compact``: the few columns `run` shows, in
+    :data:`RUN_WIDTH` columns when piped); returns its rows."""
     from harness.results import RADII, summary
     from harness.store import ResultStore
     from harness.storedrun import IMPORTED, incomplete_note, read_run
@@ -317,9 +343,9 @@ def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
             "data_files": stored.data_files,
         }
         print(json.dumps(out, indent=2))
-        return
+        return rows
     protocol = run["config"]["protocol"]
-    console = _console()
+    console = _console(RUN_WIDTH if compact else None)
     title = (
         f"run {run['run_id'][:12]} · {escape(run['name'])} · {escape(run['config']['dataset']['name'])} · "
         f"model {run['model_hash'][:12]} · "
@@ -327,22 +353,18 @@ def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
         + f"n0={protocol['n0']} n={protocol['n']} "
         f"α={protocol['alpha']} · {run['device']}"
     )
-    table = Table(title=title)
-    radii = list(rows[0]["certified_accuracy"]) if rows else []
-    for column in ("method", "setting", "inputs", "clean acc", *[f"cert@{r}" for r in radii],
-                   "ACR", "abstain", "misclass", "mean σ", "s/input", "verdict", "checks applied"):  # fmt: skip
-        table.add_column(column, justify="left" if column in ("method", "setting") else "right")
-    for row in rows:
-        table.add_row(
-            escape(row["method"]), escape(row["setting"]), str(row["inputs"]),
-            f"{row['clean_accuracy']:.3f}",
-            *[f"{row['certified_accuracy'][r]:.3f}" for r in radii],
-            f"{row['acr']:.3f}", f"{row['abstention_rate']:.3f}",
-            f"{row['misclassification_rate']:.3f}", f"{row['mean_sigma']:.3f}",
-            f"{row['seconds_per_input']:.3f}", escape(row["verdict"]),
-            escape(", ".join(row["checks_applied"]) or "–"),
-        )  # fmt: skip
-    console.print(table)
+    if compact:
+        console.print(_compact_table(title, rows, _headline_radius(run["config"])))
+    else:
+        console.print(_full_table(title, rows))
+        console.print("checks applied:", highlight=False)
+        for row in rows:
+            applied = ", ".join(row["checks_applied"]) or "none"
+            console.print(
+                escape(f"  {row['method']} {row['setting']}: {applied}"),
+                highlight=False,
+                soft_wrap=True,
+            )
     note = incomplete_note(settings)
     if note is not None:
         console.print(
@@ -354,11 +376,95 @@ def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
             f"[red]failed:[/red] {escape(failure['method'])} ({escape(failure['setting'])}): "
             f"{escape(failure['error'].splitlines()[0])}"
         )
+    return rows
 
 
-def _console() -> Console:
-    """Stdout; wide enough for the results table when it is not a terminal."""
-    return Console() if sys.stdout.isatty() else Console(width=200)
+def _headline_radius(config: dict[str, Any]) -> float:
+    """The radius `run`'s compact table reports certified accuracy at (the board's)."""
+    from harness.leaderboard.board import headline_radius
+    from harness.results import benchmark_radii
+
+    return headline_radius(config, benchmark_radii(config))
+
+
+def _name_column(table: Table, header: str) -> None:
+    """A column of names, never cut: they wrap (fold) when space runs out."""
+    table.add_column(header, overflow="fold")
+
+
+def _compact_table(title: str, rows: list[dict[str, Any]], radius: float) -> Table:
+    """Method, setting, inputs, clean accuracy, certified accuracy at the headline radius,
+    ACR and the verdict (its flags and the checks applied are in `results`)."""
+    from rich import box
+
+    table = Table(
+        title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True
+    )
+    _name_column(table, "method")
+    _name_column(table, "setting")
+    for column in ("inputs", "clean acc", f"cert@{radius:g}", "ACR"):
+        table.add_column(column, justify="right", no_wrap=True)
+    _name_column(table, "verdict")
+    for row in rows:
+        verdict = row["verdict"].split(" (")[0] if row["complete"] else row["verdict"]
+        table.add_row(
+            escape(row["method"]), escape(row["setting"]), str(row["inputs"]),
+            f"{row['clean_accuracy']:.3f}", f"{row['certified_accuracy'][f'{radius:g}']:.3f}",
+            f"{row['acr']:.3f}", escape(verdict),
+        )  # fmt: skip
+    return table
+
+
+def _full_table(title: str, rows: list[dict[str, Any]]) -> Table:
+    """Every metric of every row and the verdict with its flags."""
+    table = Table(title=title)
+    radii = list(rows[0]["certified_accuracy"]) if rows else []
+    _name_column(table, "method")
+    _name_column(table, "setting")
+    for column in ("inputs", "clean acc", *[f"cert@{r}" for r in radii], "ACR", "abstain",
+                   "misclass", "mean σ", "s/input"):  # fmt: skip
+        table.add_column(column, justify="right", no_wrap=True)
+    _name_column(table, "verdict")
+    for row in rows:
+        table.add_row(
+            escape(row["method"]), escape(row["setting"]), str(row["inputs"]),
+            f"{row['clean_accuracy']:.3f}",
+            *[f"{row['certified_accuracy'][r]:.3f}" for r in radii],
+            f"{row['acr']:.3f}", f"{row['abstention_rate']:.3f}",
+            f"{row['misclassification_rate']:.3f}", f"{row['mean_sigma']:.3f}",
+            f"{row['seconds_per_input']:.3f}", escape(row["verdict"]),
+        )  # fmt: skip
+    return table
+
+
+def _print_next_steps(db: Path, run_id: str, name: str, rows: list[dict[str, Any]]) -> None:
+    """Where the results are, the verdict counts, and the commands to type next."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        verdict = row["verdict"].split(" (")[0] if row["complete"] else "incomplete"
+        counts[verdict] = counts.get(verdict, 0) + 1
+    verdicts = ", ".join(f"{n} {v}" for v, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    short = run_id[:12]
+    db_arg = "" if db == DEFAULT_DB else f" --db {shlex.quote(str(db))}"
+    board = shlex.quote(f"leaderboards/{name}.md")
+    lines = [
+        f"results: {db}, run {short}: {verdicts or 'no rows'}",
+        f"next: idrs-bench results {short}{db_arg}   (every metric and check)",
+        f"      idrs-bench leaderboard {short}{db_arg} --out {board}",
+    ]
+    console = _console(RUN_WIDTH)
+    for line in lines:
+        console.print(escape(line), highlight=False, soft_wrap=True)
+
+
+RUN_WIDTH = 100
+"""Columns of `run`'s output when it is not a terminal."""
+
+
+def _console(width: int | None = None) -> Console:
+    """Stdout; when it is not a terminal, ``width`` columns (default: wide enough for
+    every column of the results table; names wrap rather than being cut)."""
+    return Console() if sys.stdout.isatty() else Console(width=width or 200)
 
 
 def _warn_plugin_failures() -> None:
