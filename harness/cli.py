@@ -13,6 +13,7 @@ import argparse
 import json
 import shlex
 import signal
+import sqlite3
 import sys
 import threading
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from rich.table import Table
 
 from harness import __version__
 from harness.bench import add_bench_parser
-from harness.errors import IdrsError
+from harness.errors import IdrsError, plain
 from harness.import_log import add_import_log_parser
 from harness.leaderboard import add_compare_parser, add_leaderboard_parser
 from harness.store import DEFAULT_DB, check_database
@@ -59,8 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except IdrsError as exc:
-        Console(stderr=True, soft_wrap=True).print(
-            f"[red]error:[/red] {escape(str(exc))}", highlight=False
+        _error(str(exc))
+        return 2
+    except sqlite3.Error as exc:  # damaged after it was opened, or locked for too long
+        _error(
+            f"the results database failed: {exc}; if it is damaged, restore it from a backup "
+            'or pass another --db (`sqlite3 FILE "PRAGMA quick_check"` checks it)'
         )
         return 2
     except KeyboardInterrupt as exc:
@@ -71,6 +76,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _error(message: str) -> None:
+    """``error: message`` on stderr, one line, without a library's terminal codes."""
+    Console(stderr=True, soft_wrap=True).print(
+        f"[red]error:[/red] {escape(plain(message))}", highlight=False
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -176,7 +188,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.executor != "ray" and (args.address is not None or args.workers is not None):
         raise IdrsError("--address and --workers apply to --executor ray only; add it")
     spec = load_spec(args.spec or DEFAULT_BENCHMARK, args.set)
-    validate(spec, get_plugin_manager().registry)  # every name and parameter, before torch
+    # every name and parameter, before torch and before third-party plugins are imported
+    validate(spec, get_plugin_manager().checking_registry())
     check_data_root(args.data_root, spec.dataset.name)
     check_database(args.db)
 

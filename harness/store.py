@@ -185,19 +185,30 @@ def check_database(path: str | Path) -> None:
         raise IdrsError(f"results database {str(path)!r} is a folder; pass a file with --db")
     if not path.is_file() or path.stat().st_size == 0 or path.resolve() in _CHECKED:
         return
+    wal, shm = (path.with_name(path.name + suffix) for suffix in ("-wal", "-shm"))
+    had_log = wal.exists() or shm.exists()
     try:
-        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=BUSY_SECONDS)
         try:
-            problems = [row[0] for row in db.execute("PRAGMA quick_check")]
-        finally:
-            db.close()
-    except sqlite3.DatabaseError as exc:
-        if "not a database" in str(exc):
-            raise _damaged(path, "it is not a SQLite database, or its header is damaged") from None
-        raise _damaged(path, f"SQLite cannot read it: {exc}") from None
-    if problems != ["ok"]:
-        more = f" and {len(problems) - 1} more problem(s)" if len(problems) > 1 else ""
-        raise _damaged(path, f"it fails SQLite's integrity check: {problems[0]}{more}")
+            uri = f"{path.resolve().as_uri()}?mode=ro"
+            db = sqlite3.connect(uri, uri=True, timeout=BUSY_SECONDS)
+            try:
+                problems = [row[0] for row in db.execute("PRAGMA quick_check")]
+            finally:
+                db.close()
+        except sqlite3.DatabaseError as exc:
+            if "not a database" in str(exc):
+                what = "it is not a SQLite database, or its header is damaged"
+                raise _damaged(path, what) from None
+            raise _damaged(path, f"SQLite cannot read it: {exc}") from None
+        if problems != ["ok"]:
+            more = f" and {len(problems) - 1} more problem(s)" if len(problems) > 1 else ""
+            raise _damaged(path, f"it fails SQLite's integrity check: {problems[0]}{more}")
+    except DamagedStoreError:
+        # a read-only look at a WAL database leaves an empty log and its index behind
+        if not had_log and wal.is_file() and wal.stat().st_size == 0:
+            wal.unlink()
+            shm.unlink(missing_ok=True)
+        raise
     _CHECKED.add(path.resolve())
 
 
