@@ -144,7 +144,7 @@ def test_an_edited_plugin_is_imported_again_and_plugins_lists_everything(install
 
 
 def test_a_restricted_or_failing_plugin_is_not_taken_from_the_manifest(installed, tmp_path):
-    site, marker, env = installed
+    site, _, env = installed
     unknown = _spec(tmp_path, "cohne", "{ sigma = 0.5 }")
     _cli(installed, tmp_path, "run", unknown)
     env["IDRS_BENCH_PLUGINS"] = ""  # third-party plugins off: its names are not offered
@@ -155,7 +155,7 @@ def test_a_restricted_or_failing_plugin_is_not_taken_from_the_manifest(installed
     source.write_text("raise ImportError('a missing dependency')\n" + source.read_text())
     status, out, err = _cli(installed, tmp_path, "run", unknown)
     assert status == 2 and "cohen-slow" not in err, err
-    status, out, err = _cli(installed, tmp_path, "run", unknown)  # tried again, not cached
+    _, _, err = _cli(installed, tmp_path, "run", unknown)  # tried again, not cached
     assert "cohen-slow" not in err
     assert "slow" not in json.loads((tmp_path / "cache" / "plugin-manifest.json").read_text())[
         "plugins"
