@@ -148,12 +148,12 @@ def test_a_restricted_or_failing_plugin_is_not_taken_from_the_manifest(installed
     unknown = _spec(tmp_path, "cohne", "{ sigma = 0.5 }")
     _cli(installed, tmp_path, "run", unknown)
     env["IDRS_BENCH_PLUGINS"] = ""  # third-party plugins off: its names are not offered
-    status, out, err = _cli(installed, tmp_path, "run", unknown)
+    status, _, err = _cli(installed, tmp_path, "run", unknown)
     assert status == 2 and "cohen-slow" not in err, err
     del env["IDRS_BENCH_PLUGINS"]
     source = site / "idrs_slow_plugin.py"
     source.write_text("raise ImportError('a missing dependency')\n" + source.read_text())
-    status, out, err = _cli(installed, tmp_path, "run", unknown)
+    status, _out, err = _cli(installed, tmp_path, "run", unknown)
     assert status == 2 and "cohen-slow" not in err, err
     _, _, err = _cli(installed, tmp_path, "run", unknown)  # tried again, not cached
     assert "cohen-slow" not in err
