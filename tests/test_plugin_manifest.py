@@ -157,6 +157,7 @@ def test_a_restricted_or_failing_plugin_is_not_taken_from_the_manifest(installed
     assert status == 2 and "cohen-slow" not in err, err
     _, _, err = _cli(installed, tmp_path, "run", unknown)  # tried again, not cached
     assert "cohen-slow" not in err
-    assert "slow" not in json.loads((tmp_path / "cache" / "plugin-manifest.json").read_text())[
-        "plugins"
-    ]
+    assert (
+        "slow"
+        not in json.loads((tmp_path / "cache" / "plugin-manifest.json").read_text())["plugins"]
+    )
