@@ -94,33 +94,39 @@ def _parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run (or resume) a benchmark and print its results")
     run.add_argument(
-        "spec", nargs="?", help="benchmark TOML file (default: the built-in quick benchmark)"
-    )
+        "spec", nargs="?", metavar="SPEC.toml",
+        help="benchmark TOML file (default: the built-in quick benchmark)",
+    )  # fmt: skip
     run.add_argument(
-        "--db", type=Path, default=DEFAULT_DB, help=f"results database (default {DEFAULT_DB})"
-    )
+        "--db", type=Path, default=DEFAULT_DB, metavar="PATH",
+        help=f"results database (default {DEFAULT_DB}); processes running the same benchmark "
+        "on one database share its shards",
+    )  # fmt: skip
     run.add_argument(
         "--device", type=device_name, default=None, metavar="auto|cpu|cuda[:N]",
         help="override the spec's device (cuda:1: the second GPU)",
     )  # fmt: skip
-    run.add_argument("--data-root", help="folder with dataset files")
+    run.add_argument("--data-root", metavar="DIR", help="folder with dataset files")
     run.add_argument(
         "--download", action="store_true", help="let torchvision download a missing dataset"
     )
-    run.add_argument("--cache-dir", type=Path, help="where trained base models are cached")
+    run.add_argument(
+        "--cache-dir", type=Path, metavar="DIR", help="where trained base models are cached"
+    )
     run.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE",
         help="override a spec value, e.g. --set certification.n=200 (VALUE is TOML)",
     )  # fmt: skip
     run.add_argument(
-        "--executor", choices=("local", "ray"), default="local",
+        "--executor", choices=("local", "ray"), default="local", metavar="local|ray",
         help="where shards are certified: this process (default) or Ray workers",
     )  # fmt: skip
     run.add_argument(
-        "--address", help="Ray cluster to join (--executor ray; default: start one here)"
-    )
+        "--address", metavar="HOST:PORT",
+        help="Ray cluster to join (--executor ray; default: start one here)",
+    )  # fmt: skip
     run.add_argument(
-        "--workers", type=int,
+        "--workers", type=int, metavar="K",
         help="Ray workers (--executor ray; default: one per GPU, or per CPU on CPU runs)",
     )  # fmt: skip
     run.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -133,30 +139,39 @@ def _parser() -> argparse.ArgumentParser:
     run.set_defaults(handler=_run)
 
     results = sub.add_parser("results", help="summary metrics of a run")
-    results.add_argument("run", nargs="?", help="run id or unique prefix (default: the latest)")
-    results.add_argument("--db", type=Path, default=DEFAULT_DB)
+    results.add_argument(
+        "run", nargs="?", metavar="RUN", help="run id or unique prefix (default: the latest)"
+    )
+    results.add_argument("--db", type=Path, default=DEFAULT_DB, metavar="PATH")
     results.add_argument("--json", action="store_true", help="machine-readable output")
     results.add_argument(
-        "--format", choices=("table", "cohen-log"), default="table",
+        "--format", choices=("table", "cohen-log"), default="table", metavar="table|cohen-log",
         help="cohen-log: Cohen et al.'s per-input certify log of one method and setting",
     )  # fmt: skip
-    results.add_argument("--method", help="the method whose log to write (cohen-log)")
-    results.add_argument("--setting", help="the setting whose log to write (cohen-log)")
+    results.add_argument("--method", metavar="M", help="the method whose log to write (cohen-log)")
+    results.add_argument(
+        "--setting", metavar="S", help="the setting whose log to write (cohen-log)"
+    )
     results.set_defaults(handler=_results)
 
     check = sub.add_parser("check", help="audit the certificates of a finished run")
-    check.add_argument("run", nargs="?", help="run id or unique prefix (default: the latest)")
-    check.add_argument("--db", type=Path, default=DEFAULT_DB)
-    check.add_argument("--method", help="audit only this method")
     check.add_argument(
-        "--budget", choices=("small", "full"), default="small", help="how hard to search"
+        "run", nargs="?", metavar="RUN", help="run id or unique prefix (default: the latest)"
     )
+    check.add_argument("--db", type=Path, default=DEFAULT_DB, metavar="PATH")
+    check.add_argument("--method", metavar="M", help="audit only this method")
     check.add_argument(
-        "--orders", type=int, help="input orders replayed for memory certifiers (S4d)"
+        "--budget", choices=("small", "full"), default="small", metavar="small|full",
+        help="how hard to search",
+    )  # fmt: skip
+    check.add_argument(
+        "--orders", type=int, metavar="P", help="input orders replayed for memory certifiers (S5)"
     )
     check.add_argument("--device", type=device_name, default=None, metavar="auto|cpu|cuda[:N]")
-    check.add_argument("--data-root", help="folder with dataset files")
-    check.add_argument("--cache-dir", type=Path, help="where trained base models are cached")
+    check.add_argument("--data-root", metavar="DIR", help="folder with dataset files")
+    check.add_argument(
+        "--cache-dir", type=Path, metavar="DIR", help="where trained base models are cached"
+    )
     check.add_argument("--quiet", action="store_true", help="no progress bars")
     check.add_argument("--json", action="store_true", help="machine-readable output")
     check.add_argument(
