@@ -194,7 +194,7 @@ def run(
         from harness.leases import exclusive
         from harness.soundness.runner import run_checks
 
-        with exclusive(db, run_id, "the soundness checks", reporter.log) as ours:
+        with exclusive(db, run_id, "the soundness checks", reporter.note) as ours:
             if ours:
                 run_checks(Path(db), run_id, options, reporter, budget="small")
     store = ResultStore(db)

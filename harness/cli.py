@@ -241,7 +241,7 @@ def _run(args: argparse.Namespace) -> int:
         from harness.leases import exclusive
         from harness.soundness.runner import run_checks
 
-        with exclusive(args.db, run_id, "the soundness checks", progress.log) as ours:
+        with exclusive(args.db, run_id, "the soundness checks", progress.note) as ours:
             if ours:
                 run_checks(args.db, run_id, options, progress, budget="small")
     rows = _print_results(args.db, run_id, as_json=False, compact=True)

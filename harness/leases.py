@@ -69,7 +69,7 @@ class LeaseKeeper:
     ``acquire(run, method, setting, shard)`` returns a :class:`LeaseAnswer`;
     ``lost(key)`` says whether a held lease was taken over by another process;
     ``release`` drops one; closing drops them all. ``notice`` receives one line the first
-    time each other process is met (``progress.log``).
+    time each other process is met (``progress.note``).
     """
 
     def __init__(

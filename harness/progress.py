@@ -141,6 +141,11 @@ class Progress:
         if self.enabled:
             self.console.print(escape(plain(message)), highlight=False)
 
+    def note(self, message: str) -> None:
+        """Information the user should see even when progress is disabled (e.g. that
+        another process works on the same run), as plain text."""
+        self.console.print(f"note: {escape(plain(message))}", highlight=False)
+
     def warn(self, message: str) -> None:
         """A problem the user must see, even when progress is disabled; the message is
         plain text (brackets in it are not markup, a library's terminal codes are removed)."""

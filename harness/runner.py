@@ -333,7 +333,7 @@ class LocalExecutor:
         from harness.leases import LeaseKeeper
 
         progress = prepared.context.progress
-        with LeaseKeeper(store.path, progress.log) as leases:
+        with LeaseKeeper(store.path, progress.note) as leases:
             leases.others(prepared.run_id)
             built: dict[tuple[str, str], tuple] = {}
             pending, told = list(work), False
@@ -345,7 +345,7 @@ class LocalExecutor:
                 ]
                 if waiting and not told:
                     left = sum(len(w.unfinished()) for w in waiting)
-                    progress.log(
+                    progress.note(
                         f"waiting for {left} shard(s) that other processes are certifying "
                         f"(taken over if a process stops for {leases.seconds:g} s)"
                     )
@@ -480,7 +480,7 @@ def _took_over(context: BuildContext, answer, work: SettingWork, what: str) -> N
     if answer.expired is not None:
         from harness.leases import display
 
-        context.progress.log(
+        context.progress.note(
             f"{work.method} {work.key}: taking over {what} from process "
             f"{display(answer.expired)}, whose lease expired"
         )
