@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -33,7 +33,10 @@ from harness.progress import Progress
 from harness.runstate import RunState
 from harness.sampling import SamplingEngine, default_noise, resolve_device
 from harness.spec import BenchmarkSpec, check_data_root, content_hash, setting_key, validate
-from harness.store import ResultStore, check_database
+from harness.store import LeaseAnswer, ResultStore, check_database
+
+if TYPE_CHECKING:
+    from harness.leases import LeaseKeeper
 
 
 @dataclass
@@ -362,7 +365,7 @@ def _certify_setting(
     store: ResultStore,
     prepared: Prepared,
     work: SettingWork,
-    leases,
+    leases: LeaseKeeper,
     built: dict[tuple[str, str], tuple],
 ) -> str:
     """Certify the shards of ``work`` that no other process holds; ``_DONE`` when every
@@ -378,7 +381,7 @@ def _certify_setting(
     whole = None
     try:
         method = prepared.registry.get("methods", work.method)
-        provider, certifier, state = _built_method(store, prepared, work, built)
+        provider, certifier, state, context = _built_method(store, prepared, work, built)
         if certifier.order_dependent:  # its shards in order, with its state: one process
             answer = leases.acquire(run_id, work.method, key, WHOLE_SETTING)
             if not answer.acquired:
@@ -388,7 +391,7 @@ def _certify_setting(
             work.finished |= store.finished_shards(run_id, work.method, key)
             if store.state_records(run_id, work.method, key) != state.committed:
                 built.pop((work.method, key), None)  # another process went on: restore its state
-                provider, certifier, state = _built_method(store, prepared, work, built)
+                provider, certifier, state, context = _built_method(store, prepared, work, built)
         labels = context.dataset.test_y
         waiting = False
         with context.progress.task(
@@ -449,7 +452,9 @@ def _certify_setting(
             leases.release(*whole)
 
 
-def _held_elsewhere(store: ResultStore, leases, run_id: str, work: SettingWork) -> bool:
+def _held_elsewhere(
+    store: ResultStore, leases: LeaseKeeper, run_id: str, work: SettingWork
+) -> bool:
     """Whether other processes' live leases cover every unfinished shard of ``work``."""
     from harness.store import WHOLE_SETTING
 
@@ -464,19 +469,19 @@ def _held_elsewhere(store: ResultStore, leases, run_id: str, work: SettingWork) 
 
 def _built_method(
     store: ResultStore, prepared: Prepared, work: SettingWork, built: dict[tuple[str, str], tuple]
-) -> tuple[SigmaProvider, Certifier, RunState]:
-    """The σ-provider, certifier and run state of ``work``, built once per process (the
-    state restored from the records committed in the store)."""
+) -> tuple[SigmaProvider, Certifier, RunState, BuildContext]:
+    """The σ-provider, certifier, run state and build context of ``work``, built once per
+    process (the state restored from the records committed in the store)."""
     name = (work.method, work.key)
     if name not in built:
         state = RunState(store.state_records(prepared.run_id, work.method, work.key))
         context = replace(prepared.context, method=work.method, setting=work.key, state=state)
         provider, certifier = build_method(prepared.registry, work.method, work.setting, context)
-        built[name] = (provider, certifier, state)
+        built[name] = (provider, certifier, state, context)
     return built[name]
 
 
-def _took_over(context: BuildContext, answer, work: SettingWork, what: str) -> None:
+def _took_over(context: BuildContext, answer: LeaseAnswer, work: SettingWork, what: str) -> None:
     if answer.expired is not None:
         from harness.leases import display
 
