@@ -63,6 +63,7 @@ CREATE TABLE IF NOT EXISTS certificates (
     counts_estimation TEXT,
     seconds REAL NOT NULL,
     evidence TEXT NOT NULL,
+    draws TEXT,
     PRIMARY KEY (run_id, method, setting, input_id)
 );
 CREATE TABLE IF NOT EXISTS shards (
@@ -127,7 +128,7 @@ _CERTIFICATE_INSERT = _insert(
     "INSERT OR IGNORE", "certificates",
     ("run_id", "method", "setting", "input_id", "shard", "label", "prediction", "predict",
      "radius", "p_lower", "sigma", "alpha", "counts_selection", "counts_estimation", "seconds",
-     "evidence"),
+     "evidence", "draws"),
 )  # fmt: skip
 _STATE_INSERT = _insert(
     "INSERT OR IGNORE", "state", ("run_id", "method", "setting", "seq", "record", "data")
@@ -162,6 +163,9 @@ class ResultStore:
         ):
             if column not in columns:  # a database written before these columns existed
                 self.db.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
+        columns = {r[1] for r in self.db.execute("PRAGMA table_info(certificates)")}
+        if "draws" not in columns:  # written before the harness drew the evidence itself
+            self.db.execute("ALTER TABLE certificates ADD COLUMN draws TEXT")
 
     def close(self) -> None:
         self.db.close()
@@ -239,6 +243,7 @@ class ResultStore:
                     "counts_estimation": json.dumps(cert.counts_estimation),
                     "seconds": cert.seconds,
                     "evidence": json.dumps(cert.evidence, default=_jsonable),
+                    "draws": None if cert.draws is None else json.dumps(cert.draws),
                 },
             )  # fmt: skip
 
@@ -336,6 +341,6 @@ class ResultStore:
         )
         for row in rows:
             out = dict(row)
-            for key in ("counts_selection", "counts_estimation", "evidence"):
+            for key in ("counts_selection", "counts_estimation", "evidence", "draws"):
                 out[key] = json.loads(out[key]) if out[key] is not None else None
             yield out

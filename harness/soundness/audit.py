@@ -8,13 +8,13 @@ from typing import Any
 
 import torch
 
+from harness.certify import sigma_of
 from harness.components import BuildContext, Certifier, MethodSpec, SigmaProvider
 from harness.data import Dataset
 from harness.method import build_method
 from harness.plugins import Registry
 from harness.precision import prepare_model
 from harness.protocol import CertificationProtocol
-from harness.runner import checked_sigma
 from harness.sampling import SamplingEngine
 
 
@@ -94,8 +94,9 @@ class Audit:
         return provider, certifier, context
 
     def sigma(self, x: torch.Tensor, where: str = "") -> torch.Tensor:
-        """The method's σ at ``x`` (on ``x``'s device), checked to be in range
-        (:func:`harness.runner.checked_sigma`): a bad σ is reported as the σ-provider's fault."""
-        with torch.no_grad():
-            sigma = self.sigma_provider(x)
-        return checked_sigma(sigma, len(x), self.method.sigma_provider, where)
+        """The method's σ at ``x`` (float64, on ``x``'s device), checked to be in range
+        (:func:`harness.certify.checked_sigma`): a bad σ is reported as the σ-provider's
+        fault. A σ-smoothing's σ is drawn by the harness (:func:`harness.certify.sigma_of`)."""
+        sigma, _ = sigma_of(self.context, self.sigma_provider, x, None,
+                            self.method.sigma_provider, where)  # fmt: skip
+        return torch.from_numpy(sigma).to(x.device)
