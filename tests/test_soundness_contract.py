@@ -252,8 +252,16 @@ def test_memory_formula_bounds_an_inside_certificate_by_the_enclosing_ball():
     a = {
         "input_id": 0,
         "sigma": 0.5,
-        "draws": {"base": {"kind": "hard", "n0": 10, "n": 1000, "sigma": 0.5,
-                           "selection": [0, 10], "estimation": [40, 960]}},
+        "draws": {
+            "base": {
+                "kind": "hard",
+                "n0": 10,
+                "n": 1000,
+                "sigma": 0.5,
+                "selection": [0, 10],
+                "estimation": [40, 960],
+            }
+        },
         "prediction": 1,
         "radius": 0.0,
         "evidence": {"memory_raw_prediction": 1, "memory_action": "kept", "memory_decided_by": []},
