@@ -26,9 +26,13 @@ What a plugin builds
     built objects satisfy (the attributes the soundness checks read).
     ``Regularity`` = ``Constant`` | ``SemiElastic`` | ``Lipschitz`` |
     ``Unregularized``: what a σ-provider declares about σ(x).
-    ``Certificate`` (one certified input with its evidence) and ``ABSTAIN``.
-    ``HardSmoothingCertifier``: the shared base of CERTIFY certifiers (Cohen et al.
-    2019); a subclass supplies ``radius(p_lower, sigma)`` and its ``radius_formula``.
+    ``Evidence`` (what a certifier receives: the inputs, σ(x), the α its bound holds at
+    and the harness's ``Draws``) and ``Claim`` (what it answers per input); the harness
+    draws every sample (README, "Writing a plugin"). ``SigmaSmoothing``: a σ-provider
+    whose σ(x) is a smoothed choice among noise levels, drawn by the harness too.
+    ``Certificate`` (one stored certified input: the claim and the harness's draws) and
+    ``ABSTAIN``. ``HardSmoothingCertifier``: the shared base of CERTIFY certifiers (Cohen
+    et al. 2019); a subclass supplies ``radius(p_lower, sigma)`` and its ``radius_formula``.
     ``RadiusFormula``, ``Recomputed``: how a stored certificate is re-derived from its
     evidence (``COHEN``, ``SUKENIK`` are the built-in ones); ``semi_elastic_rate``.
 
@@ -54,7 +58,7 @@ Data, training, state
 
 Errors a plugin raises
     ``IdrsError`` (the base; the CLI prints its message), ``ParameterError`` (a bad
-    parameter value), ``DatasetMissingError`` (data not on disk, with how to get it),
+    parameter value), ``ContractError`` (a component broke the plugin contract), ``DatasetMissingError`` (data not on disk, with how to get it),
     ``ModelOutputError`` (the base model returned non-finite outputs).
 
 Driving the harness (not for plugins)
@@ -97,6 +101,10 @@ _EXPORTS: dict[str, str] = {
     "Unregularized": "harness.regularity",
     "ABSTAIN": "harness.certificate",
     "Certificate": "harness.certificate",
+    "Claim": "harness.draws",
+    "Draws": "harness.draws",
+    "Evidence": "harness.draws",
+    "SigmaSmoothing": "harness.draws",
     "HardSmoothingCertifier": "harness.certify",
     "COHEN": "harness.radius",
     "SUKENIK": "harness.radius",
@@ -134,6 +142,7 @@ _EXPORTS: dict[str, str] = {
     "save_artifact": "harness.artifacts",
     "Progress": "harness.progress",
     # errors
+    "ContractError": "harness.errors",
     "DatasetMissingError": "harness.errors",
     "IdrsError": "harness.errors",
     "ModelOutputError": "harness.errors",
@@ -177,7 +186,14 @@ if TYPE_CHECKING:
         TrainerSpec,
     )
     from harness.data import Dataset  # noqa: F401
-    from harness.errors import DatasetMissingError, IdrsError, ModelOutputError, ParameterError  # noqa: F401
+    from harness.draws import Claim, Draws, Evidence, SigmaSmoothing  # noqa: F401
+    from harness.errors import (  # noqa: F401
+        ContractError,
+        DatasetMissingError,
+        IdrsError,
+        ModelOutputError,
+        ParameterError,
+    )
     from harness.hookspecs import hookimpl  # noqa: F401
     from harness.precision import prepare_model  # noqa: F401
     from harness.progress import Progress  # noqa: F401

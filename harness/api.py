@@ -23,7 +23,7 @@ from harness.errors import IdrsError
 
 CERTIFICATE_COLUMNS = (
     "method", "setting", "input_id", "label", "prediction", "predict", "radius", "p_lower",
-    "sigma", "alpha", "counts_selection", "counts_estimation", "seconds", "evidence",
+    "sigma", "alpha", "counts_selection", "counts_estimation", "seconds", "evidence", "draws",
 )  # fmt: skip
 
 
@@ -76,6 +76,7 @@ def certify(
     certified classifier, as ``[certification]`` does in a benchmark file
     (:mod:`harness.precision`); σ-providers query the model in the same arithmetic.
     """
+    from harness.certify import certify_inputs
     from harness.components import BuildContext
     from harness.data import Dataset
     from harness.method import build_method
@@ -83,7 +84,6 @@ def certify(
     from harness.precision import prepare_model
     from harness.progress import Progress
     from harness.protocol import CertificationProtocol
-    from harness.runner import checked_sigma
     from harness.sampling import SamplingEngine, resolve_device
     from harness.spec import _check_keys, setting_key
     from harness.weights import weights_digest
@@ -124,23 +124,11 @@ def certify(
         run_id=f"api-{digest[:12]}", method=method, setting=key,
     )  # fmt: skip
     provider, certifier = build_method(registry, method, full, context)
-    import time
-
     ids = list(range(len(inputs)))
-    x = inputs.to(device)
-    start = time.perf_counter()
-    sigmas = checked_sigma(provider(x), len(ids), method)
-    sigma_seconds = (time.perf_counter() - start) / max(len(ids), 1)
-    rows = []
-    for cert in certifier.certify(x, sigmas, ids):
-        rows.append(
-            {"method": method, "setting": key, "input_id": cert.input_id,
-             "label": int(labels[cert.input_id]), "prediction": cert.prediction,
-             "predict": cert.predict, "radius": cert.radius, "p_lower": cert.p_lower,
-             "sigma": cert.sigma, "alpha": cert.alpha, "counts_selection": cert.counts_selection,
-             "counts_estimation": cert.counts_estimation,
-             "seconds": cert.seconds + sigma_seconds, "evidence": cert.evidence}
-        )  # fmt: skip
+    rows = [
+        {"method": method, "setting": key, "label": int(labels[cert.input_id]), **vars(cert)}
+        for cert in certify_inputs(context, spec, provider, certifier, inputs.to(device), ids)
+    ]
     frame = pd.DataFrame(rows, columns=list(CERTIFICATE_COLUMNS))
     frame.attrs["weights_digest"] = digest
     return frame.sort_values("input_id", ignore_index=True)

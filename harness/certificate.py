@@ -1,4 +1,4 @@
-"""One certified input: what a certifier returns and what the store keeps."""
+"""One certified input as the store keeps it: the certifier's claim and the harness's draws."""
 
 from __future__ import annotations
 
@@ -13,9 +13,13 @@ class Certificate:
     """The certificate of one input and the evidence behind it.
 
     ``prediction`` is CERTIFY's class (``ABSTAIN`` = -1) with certified ℓ2 ``radius``
-    (0 when abstaining); ``p_lower`` is the lower confidence bound on p_A at level
-    ``alpha``; ``predict`` is PREDICT's class. The class counts are kept so that the
-    certificate can be recomputed without resampling.
+    (0 when abstaining); ``p_lower`` is the lower confidence bound on p_A; ``predict``
+    is PREDICT's class; ``alpha`` is the run's α, at which the whole certificate holds.
+    These and ``evidence`` (what the certifier derived) come from the certifier's
+    :class:`~harness.draws.Claim`. ``sigma``, ``draws`` (per smoothing, ``"base"`` and
+    possibly ``"sigma"``, a :meth:`~harness.draws.Draws.record`) and, for hard smoothing,
+    the base model's class counts are the harness's own: what it drew, never what a
+    plugin reported, so the certificate can be re-derived without resampling.
     """
 
     input_id: int
@@ -29,6 +33,7 @@ class Certificate:
     counts_estimation: list[int] | None = None
     seconds: float = 0.0
     evidence: dict[str, Any] = field(default_factory=dict)
+    draws: dict[str, Any] | None = None
 
     @property
     def abstained(self) -> bool:

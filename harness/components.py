@@ -11,7 +11,7 @@ each; a context carries it, so a factory can resolve other components by name.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
@@ -21,8 +21,8 @@ from harness.errors import DuplicateNameError, UnknownNameError
 if TYPE_CHECKING:
     import torch
 
-    from harness.certificate import Certificate
     from harness.data import Dataset
+    from harness.draws import Claim, Evidence
     from harness.progress import Progress
     from harness.protocol import CertificationProtocol
     from harness.regularity import Regularity
@@ -47,6 +47,10 @@ class SigmaProvider(Protocol):
       feed-forward network with 1-Lipschitz activations whose output plus a constant is
       σ(x); the harness then bounds Lip(σ) by the product of their spectral norms
       (Bergstrom et al., Thm 2) instead of trusting ``regularity.lip``.
+    - ``smoothing`` (optional): a :class:`~harness.draws.SigmaSmoothing`, for a σ(x)
+      that is a smoothed classifier's choice among noise levels (Sun et al. 2026). The
+      harness then draws that smoothing itself and sets σ(x) from its counts
+      (:func:`harness.certify.sigma_of`); the provider is not called for σ.
     """
 
     regularity: Regularity
@@ -58,33 +62,32 @@ class SigmaProvider(Protocol):
 
 @runtime_checkable
 class Certifier(Protocol):
-    """Certifies a batch of inputs whose σ(x) the runner has already computed.
+    """Claims certificates from the samples the harness drew (harness/README.md,
+    "Certifier contract").
 
-    Built by :meth:`CertifierSpec.build` with the σ-provider it certifies. Attributes the
-    soundness checks read (and nothing else):
+    Built by :meth:`CertifierSpec.build` with the σ-provider it certifies. The harness
+    draws, for every input, n0 selection and n estimation samples of the base model at
+    σ(x) and passes them as :class:`~harness.draws.Evidence`; ``certify`` answers one
+    :class:`~harness.draws.Claim` per input (never samples, counts or n: the harness
+    records those itself). Attributes the harness and the checks read (and nothing else):
 
     - ``smoothing``: ``"hard"`` (the smoothed classifier is the majority class of
-      f(x + σε); evidence: class counts) or ``"soft"`` (the argmax of E[g(x + σε)] for
-      outputs g in [0, 1]; evidence: mean outputs).
-    - ``order_dependent``: True when a certificate depends on the inputs certified
-      before it (a memory, Alfarra et al. 2022, App. C); such certifiers must also
-      satisfy :class:`OrderDependentCertifier`.
+      f(x + σε); the harness draws class counts) or ``"soft"`` (the argmax of
+      E[softmax f(x + σε)]; the harness draws mean outputs).
+    - ``order_dependent``: True when a claim depends on the inputs certified before it
+      (a memory, Alfarra et al. 2022, App. C); such certifiers must also satisfy
+      :class:`OrderDependentCertifier`.
     - ``radius_formula``: the :class:`~harness.radius.RadiusFormula` that derives every
-      stored certificate (bound on p_A, prediction, radius) from its stored evidence, the
+      stored certificate (bound on p_A, prediction, radius) from the harness's draws, the
       run's protocol and the provider's declared regularity; S0 re-derives each one.
-    - ``engine``: the :class:`~harness.sampling.SamplingEngine` whose base model the
-      certificates smooth (S4 attacks and re-samples that model).
     """
 
     smoothing: str
     order_dependent: bool
     radius_formula: Any
-    engine: SamplingEngine
 
-    def certify(
-        self, x: torch.Tensor, sigma: torch.Tensor, input_ids: Sequence[int]
-    ) -> Iterator[Certificate]:
-        """Yield one certificate per input, in any order, as soon as each is final."""
+    def certify(self, evidence: Evidence) -> Sequence[Claim]:
+        """One claim per input of ``evidence``, in its order."""
         ...
 
 

@@ -45,3 +45,8 @@ class ModelOutputError(IdrsError, FloatingPointError):
 
 class SpecError(IdrsError):
     """A benchmark specification (TOML) is malformed or inconsistent."""
+
+
+class ContractError(IdrsError):
+    """A plugin broke the contract it declared (e.g. a certifier that returns its own
+    counts instead of claims on the harness's draws); the message names the plugin."""

@@ -37,7 +37,9 @@ def idrs_register_sigma_providers(register: Callable[[SigmaProviderSpec], None])
 
     :param register: call with a :class:`~harness.components.SigmaProviderSpec` whose
         ``build(context, params)`` returns a :class:`~harness.components.SigmaProvider`
-        (``regularity`` and ``__call__(x) -> sigma``, shape [B], on x's device).
+        (``regularity`` and ``__call__(x) -> sigma``, shape [B], on x's device; or a
+        ``smoothing``, :class:`~harness.draws.SigmaSmoothing`, whose σ choice the harness
+        draws itself).
     """
 
 
@@ -60,9 +62,10 @@ def idrs_register_certifiers(register: Callable[[CertifierSpec], None]) -> None:
 
     :param register: call with a :class:`~harness.components.CertifierSpec` whose
         ``build(context, params, sigma_provider)`` returns a
-        :class:`~harness.components.Certifier` (``certify(x, sigma, input_ids)`` yielding
-        :class:`~harness.certificate.Certificate` objects, plus the declared
-        ``smoothing``, ``order_dependent``, ``radius_formula`` and ``engine``) that takes
+        :class:`~harness.components.Certifier`: ``certify(evidence)`` receives the samples
+        the harness drew (:class:`~harness.draws.Evidence`) and returns one
+        :class:`~harness.draws.Claim` per input (never samples or counts of its own), plus
+        the declared ``smoothing``, ``order_dependent`` and ``radius_formula``; it takes
         what it relies on about σ from ``sigma_provider.regularity``.
     """
 

@@ -10,7 +10,7 @@ from harness.errors import IdrsError
 from harness.plugins import Registry
 
 _SIGMA_ATTRIBUTES = ("regularity",)
-_CERTIFIER_ATTRIBUTES = ("smoothing", "order_dependent", "radius_formula", "engine", "certify")
+_CERTIFIER_ATTRIBUTES = ("smoothing", "order_dependent", "radius_formula", "certify")
 _MEMORY_ATTRIBUTES = ("ball_sigmas", "order_spread")
 
 

@@ -93,18 +93,29 @@ def _name(function: Callable) -> str:
     return f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', repr(function))}"
 
 
+def base_counts(row: Mapping[str, Any], key: str) -> list[int] | None:
+    """The base model's class counts ``key`` (``selection`` or ``estimation``) of a stored
+    certificate, from the harness's draws (``draws["base"]``) of a hard smoothing."""
+    base = (row.get("draws") or {}).get("base")
+    if base is None or base.get("kind") != "hard":
+        return None
+    return base.get(key)
+
+
 def hard_bounds(rows: Sequence[Mapping[str, Any]], alpha: float):
-    """CERTIFY's statistics from stored class counts (Cohen et al. 2019, Alg. CERTIFY).
+    """CERTIFY's statistics from the harness's class counts (Cohen et al. 2019, CERTIFY).
 
     ĉ_A = argmax of the selection counts, p_A_lower = Clopper–Pearson lower bound of
     the estimation count of ĉ_A at level ``alpha``. Returns (n0, n, ĉ_A, p_A_lower); a
-    row without counts gets n0 = n = 0 and bound 0.
+    row without the harness's hard draws gets n0 = n = 0 and bound 0.
     """
     from harness.stats import clopper_pearson_lower_array
 
-    width = max((len(r.get("counts_selection") or []) for r in rows), default=1) or 1
-    selection = np.array([r.get("counts_selection") or [0] * width for r in rows], dtype=np.int64)
-    estimation = np.array([r.get("counts_estimation") or [0] * width for r in rows], dtype=np.int64)
+    selections = [base_counts(r, "selection") for r in rows]
+    estimations = [base_counts(r, "estimation") for r in rows]
+    width = max((len(c or []) for c in selections), default=1) or 1
+    selection = np.array([c or [0] * width for c in selections], dtype=np.int64)
+    estimation = np.array([c or [0] * width for c in estimations], dtype=np.int64)
     selection = selection.reshape(len(rows), -1)
     estimation = estimation.reshape(len(rows), -1)
     top = np.argmax(selection, axis=1) if len(rows) else np.zeros(0, dtype=np.int64)

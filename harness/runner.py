@@ -18,10 +18,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
 import torch
 
 from harness import __version__
 from harness.certificate import Certificate
+from harness.certify import certifier_label, certify_drawn, sigma_of
 from harness.components import BuildContext, Certifier, MethodSpec, Registry, SigmaProvider
 from harness.data import Dataset
 from harness.errors import DatasetMissingError, IdrsError
@@ -297,7 +299,8 @@ def certify_shard(
     ids: list[int],
     todo: list[int],
 ) -> Iterator[Certificate]:
-    """Certificates of the inputs ``todo`` of the shard ``ids``, as each is produced.
+    """Certificates of the inputs ``todo`` of the shard ``ids``, as each is produced
+    (:func:`harness.certify.certify_drawn`: the harness draws, the certifier claims).
 
     σ is computed on the whole shard, as in an uninterrupted run: a σ whose last bits
     depend on the batch is then the same when a shard is resumed or retried.
@@ -305,16 +308,13 @@ def certify_shard(
     if not todo:
         return
     start = time.perf_counter()
-    whole = provider(context.dataset.test_x[ids].to(context.device))
-    sigma = checked_sigma(whole, len(ids), method.sigma_provider)
-    sigma = sigma[torch.tensor([ids.index(i) for i in todo], device=sigma.device)]
-    sigma_seconds = (time.perf_counter() - start) / len(ids)
-    sigma_of = dict(zip(todo, sigma.double().cpu().tolist(), strict=True))
-    x = context.dataset.test_x[todo].to(context.device)
-    for cert in certifier.certify(x, sigma, todo):
-        _check_certificate_sigma(cert, sigma_of, method.certifier)
-        cert.seconds += sigma_seconds  # σ(x) is part of the cost of a certificate
-        yield cert
+    x = context.dataset.test_x[ids].to(context.device)
+    sigma, sigma_draws = sigma_of(context, provider, x, ids, method.sigma_provider)
+    keep = np.array([ids.index(i) for i in todo])
+    seconds = (time.perf_counter() - start) / len(ids)  # σ(x) is part of a certificate's cost
+    drawn = None if sigma_draws is None else sigma_draws.rows(keep)
+    yield from certify_drawn(context.engine, context.protocol, certifier, x[keep], todo,
+                             sigma[keep], drawn, seconds, certifier_label(context, method))  # fmt: skip
 
 
 class LocalExecutor:
@@ -489,35 +489,3 @@ def _took_over(context: BuildContext, answer: LeaseAnswer, work: SettingWork, wh
             f"{work.method} {work.key}: taking over {what} from process "
             f"{display(answer.expired)}, whose lease expired"
         )
-
-
-def _check_certificate_sigma(cert, sigma_of: dict[int, float], certifier: str) -> None:
-    """A certificate must record the σ(x) the runner computed and passed to the certifier."""
-    expected = sigma_of.get(cert.input_id)
-    if expected is None or not cert.sigma == expected:
-        raise IdrsError(
-            f"certifier {certifier!r} stored σ = {cert.sigma!r} for input {cert.input_id}, but the "
-            f"σ-provider gave σ = {expected!r}; a certificate must record the σ it was computed at"
-        )
-
-
-SIGMA_MAX = 1e30
-"""Largest σ accepted: x + σε must stay finite in float32 (max ≈ 3.4e38) for |ε| up to ~10."""
-
-
-def checked_sigma(sigma: torch.Tensor, count: int, provider: str, where: str = "") -> torch.Tensor:
-    """``sigma`` if it has shape (count,) and every value lies in (0, SIGMA_MAX], else raise
-    an error that names the σ-provider and the offending value (not the base model)."""
-    if sigma.shape != (count,):
-        raise IdrsError(
-            f"σ-provider {provider!r} returned shape {tuple(sigma.shape)}, expected ({count},)"
-        )
-    bad = ~(torch.isfinite(sigma) & (sigma > 0) & (sigma <= SIGMA_MAX))
-    if bool(bad.any()):
-        k = int(torch.nonzero(bad)[0, 0])
-        raise IdrsError(
-            f"σ-provider {provider!r} returned σ = {float(sigma[k]):.6g}{where} (entry {k}), out of "
-            f"range (0, {SIGMA_MAX:g}]: σ must be positive and finite, and noise that large "
-            "overflows float32 inputs; the σ-provider is at fault, not the base model"
-        )
-    return sigma

@@ -79,6 +79,7 @@ CREATE TABLE IF NOT EXISTS certificates (
     counts_estimation TEXT,
     seconds REAL NOT NULL,
     evidence TEXT NOT NULL,
+    draws TEXT,
     PRIMARY KEY (run_id, method, setting, input_id)
 );
 CREATE TABLE IF NOT EXISTS shards (
@@ -152,7 +153,7 @@ _CERTIFICATE_INSERT = _insert(
     "INSERT OR IGNORE", "certificates",
     ("run_id", "method", "setting", "input_id", "shard", "label", "prediction", "predict",
      "radius", "p_lower", "sigma", "alpha", "counts_selection", "counts_estimation", "seconds",
-     "evidence"),
+     "evidence", "draws"),
 )  # fmt: skip
 _STATE_INSERT = _insert(
     "INSERT OR IGNORE", "state", ("run_id", "method", "setting", "seq", "record", "data")
@@ -249,19 +250,23 @@ class ResultStore:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
-        columns = {r[1] for r in self.db.execute("PRAGMA table_info(runs)")}
-        for column, kind in (
-            ("weights_digest", "TEXT"),
-            ("inputs", "INTEGER"),
-            ("data_files", "TEXT"),
-            ("class_names", "TEXT"),
+        for table, column, kind in (  # a database written before these columns existed
+            ("runs", "weights_digest", "TEXT"),
+            ("runs", "inputs", "INTEGER"),
+            ("runs", "data_files", "TEXT"),
+            ("runs", "class_names", "TEXT"),
+            ("certificates", "draws", "TEXT"),  # before the harness drew the evidence itself
         ):
-            if column not in columns:  # a database written before these columns existed
-                try:
-                    self.db.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
-                except sqlite3.OperationalError as exc:  # another process added it meanwhile
-                    if "duplicate column" not in str(exc):
-                        raise
+            self._add_column(table, column, kind)
+
+    def _add_column(self, table: str, column: str, kind: str) -> None:
+        if column in {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}:
+            return
+        try:
+            self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+        except sqlite3.OperationalError as exc:  # another process added it meanwhile
+            if "duplicate column" not in str(exc):
+                raise
 
     def close(self) -> None:
         self.db.close()
@@ -347,6 +352,7 @@ class ResultStore:
                     "counts_estimation": json.dumps(cert.counts_estimation),
                     "seconds": cert.seconds,
                     "evidence": json.dumps(cert.evidence, default=_jsonable),
+                    "draws": None if cert.draws is None else json.dumps(cert.draws),
                 },
             )  # fmt: skip
 
@@ -517,6 +523,6 @@ class ResultStore:
         )
         for row in rows:
             out = dict(row)
-            for key in ("counts_selection", "counts_estimation", "evidence"):
+            for key in ("counts_selection", "counts_estimation", "evidence", "draws"):
                 out[key] = json.loads(out[key]) if out[key] is not None else None
             yield out

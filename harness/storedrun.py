@@ -58,7 +58,8 @@ class StoredCertificate:
     ``prediction`` is CERTIFY's class (-1: abstained) with certified ℓ2 ``radius``,
     ``predict`` PREDICT's class, ``label`` the true class. A run export keeps only the
     columns the metrics use; the others (``shard``, ``p_lower``, ``alpha``, the class
-    counts and the evidence) are None for its certificates.
+    counts, the evidence and ``draws``, the harness's own draws per smoothing,
+    :meth:`harness.draws.Draws.record`) are None for its certificates.
     """
 
     method: str
@@ -76,6 +77,7 @@ class StoredCertificate:
     counts_selection: list[int] | None = None
     counts_estimation: list[int] | None = None
     evidence: dict[str, Any] | None = None
+    draws: dict[str, Any] | None = None
 
     @property
     def correct(self) -> bool:
@@ -86,7 +88,7 @@ class StoredCertificate:
     def from_row(cls, row: dict[str, Any]) -> StoredCertificate:
         """From a row of the ``certificates`` table (JSON columns parsed or text) or an export."""
         values = {f.name: row.get(f.name) for f in fields(cls)}
-        for key in ("counts_selection", "counts_estimation", "evidence"):
+        for key in ("counts_selection", "counts_estimation", "evidence", "draws"):
             if isinstance(values[key], str):
                 values[key] = json.loads(values[key])
         return cls(**values)

@@ -9,7 +9,7 @@ audit must reach on each plugin.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -19,9 +19,9 @@ from scipy.special import ndtri
 from harness import hookimpl
 from harness.certificate import ABSTAIN, Certificate
 from harness.components import CertifierSpec, MethodSpec, SigmaProviderSpec
+from harness.draws import Claim, Evidence
 from harness.radius import COHEN, RadiusFormula, Recomputed, hard_bounds
 from harness.regularity import Constant, Lipschitz, SemiElastic
-from harness.sampling import STREAM_ESTIMATION, STREAM_SELECTION
 from harness.stats import clopper_pearson_lower_array
 from plugins.cohen.certifier import CohenCertifier
 from plugins.lipschitz import METHOD_DEFAULTS
@@ -29,39 +29,31 @@ from plugins.lipschitz import METHOD_DEFAULTS
 LIPSCHITZ_DEFAULTS = {**METHOD_DEFAULTS, "sigma_min": 0.3}
 
 
-class LaunderedAlpha(CohenCertifier):
-    """Computes p_A's bound at α = 0.01 whatever the run's α, and says so (stores 0.01)."""
+class HiddenAlpha(CohenCertifier):
+    """Computes p_A's bound at α = 0.01 whatever the run's α (the harness stores the run's)."""
 
-    ALPHA = 0.01
+    def certify(self, evidence: Evidence) -> list[Claim]:
+        return super().certify(replace(evidence, alpha=0.01))
 
-    def certificates_from_counts(self, input_ids, sigma, selection, estimation):
+
+class LaunderedAlpha(HiddenAlpha):
+    """The same, and says so in its claims' evidence: the contract reserves α to the harness."""
+
+    def certify(self, evidence: Evidence) -> list[Claim]:
+        return [replace(c, evidence={"alpha": 0.01}) for c in super().certify(evidence)]
+
+
+class OwnCounts(CohenCertifier):
+    """Returns certificates with its own class counts, as certifiers did before the harness
+    drew the evidence itself."""
+
+    def certify(self, evidence: Evidence) -> list[Certificate]:
+        claims = super().certify(evidence)
+        rows = zip(evidence.input_ids, evidence.sigma, claims, strict=True)
         return [
-            self._laundered(i, s, sel, est)
-            for i, s, sel, est in zip(input_ids, sigma, selection, estimation, strict=True)
+            Certificate(i, c.prediction, c.radius, c.p_lower, float(s), evidence.alpha, c.predict)
+            for i, s, c in rows
         ]
-
-    def _laundered(self, input_id, sigma, selection, estimation):
-        top = int(np.argmax(selection))
-        p_lower = float(
-            clopper_pearson_lower_array(estimation[top], int(estimation.sum()), self.ALPHA)
-        )
-        certified = p_lower > 0.5
-        return Certificate(
-            int(input_id), top if certified else ABSTAIN,
-            float(sigma * ndtri(p_lower)) if certified else 0.0, p_lower, float(sigma),
-            self.stored_alpha(), top,
-            [int(c) for c in selection], [int(c) for c in estimation],
-        )  # fmt: skip
-
-    def stored_alpha(self) -> float:
-        return self.ALPHA
-
-
-class HiddenAlpha(LaunderedAlpha):
-    """Computes the bound at α = 0.01 but stores the run's α."""
-
-    def stored_alpha(self) -> float:
-        return self.protocol.alpha
 
 
 class Inflated(CohenCertifier):
@@ -87,25 +79,17 @@ class Minimal:
     order_dependent = False
     radius_formula = RadiusFormula("minimal-cohen", minimal_recompute)
 
-    def __init__(self, engine, protocol) -> None:
-        self.engine, self.protocol = engine, protocol
-
-    def certify(
-        self, x: torch.Tensor, sigma: torch.Tensor, input_ids: Sequence[int]
-    ) -> Iterator[Certificate]:
-        s = sigma.double().cpu().numpy()
-        alpha = self.protocol.alpha
-        selection = self.engine.counts(x, s, input_ids, self.protocol.n0, STREAM_SELECTION)
-        estimation = self.engine.counts(x, s, input_ids, self.protocol.n, STREAM_ESTIMATION)
-        for k, i in enumerate(input_ids):
-            top = int(np.argmax(selection[k]))
-            p = float(
-                clopper_pearson_lower_array(estimation[k, top], int(estimation[k].sum()), alpha)
-            )
+    def certify(self, evidence: Evidence) -> list[Claim]:
+        claims = []
+        for k in range(len(evidence)):
+            selection, estimation = evidence.base.selection[k], evidence.base.estimation[k]
+            top = int(np.argmax(selection))
+            p = float(clopper_pearson_lower_array(estimation[top], int(estimation.sum()),
+                                                  evidence.alpha))  # fmt: skip
             ok = p > 0.5
-            yield Certificate(int(i), top if ok else ABSTAIN, float(s[k] * ndtri(p)) if ok else 0.0,
-                              p, float(s[k]), alpha, top, selection[k].tolist(),
-                              estimation[k].tolist())  # fmt: skip
+            claims.append(Claim(top if ok else ABSTAIN,
+                                float(evidence.sigma[k] * ndtri(p)) if ok else 0.0, p, top))  # fmt: skip
+        return claims
 
 
 def impure_recompute_factory():
@@ -144,6 +128,7 @@ class Switchable:
 
 CERTIFIERS = {
     "laundered-alpha": LaunderedAlpha,
+    "own-counts": OwnCounts,
     "hidden-alpha": HiddenAlpha,
     "inflated": Inflated,
     "minimal": Minimal,
@@ -162,7 +147,7 @@ def idrs_register_sigma_providers(register) -> None:
 @hookimpl
 def idrs_register_certifiers(register) -> None:
     for name, cls in CERTIFIERS.items():
-        register(CertifierSpec(name, lambda c, p, s, cls=cls: cls(c.engine, c.protocol)))
+        register(CertifierSpec(name, lambda c, p, s, cls=cls: cls()))
 
 
 @hookimpl

@@ -14,6 +14,7 @@ import pytest
 import torch
 from scipy.stats import ncx2, norm
 
+from harness.certify import certify_drawn
 from harness.protocol import CertificationProtocol
 from harness.sampling import SamplingEngine
 from plugins.alfarra.certifier import MemoryCertifier
@@ -47,27 +48,32 @@ def setting():
     steps, beta = 300, 0.1
     sigma = OptimizedSigma(model, 0.25, steps, 64, beta, 1e-3, seed=0)(x)
     engine = SamplingEngine(model, 2, torch.device("cpu"), batch_size=4096, seed=0)
-    certifier = CohenCertifier(engine, CertificationProtocol(n0=100, n=2000, alpha=0.001))
-    yield x, sigma, certifier, steps, beta
+    protocol = CertificationProtocol(n0=100, n=2000, alpha=0.001)
+
+    def certify(certifier, x, sigma, ids):
+        """The harness's draws at σ and the certifier's claims, as in a run."""
+        return list(certify_drawn(engine, protocol, certifier, x, ids, sigma.double().numpy()))
+
+    yield x, sigma, certify, steps, beta
     torch.set_num_threads(threads)
 
 
 def test_optimize_sigma_makes_sigma_and_radius_at_x0_exceed_50(setting):
-    x, sigma, certifier, steps, beta = setting
+    x, sigma, certify, steps, beta = setting
     s0, s_origin = float(sigma[0]), float(sigma[1])
     # E_A is clamped at 0.98 at every step: σ grows by β Φ⁻¹(0.98) each time
     assert s0 == pytest.approx(0.25 + steps * beta * norm.ppf(0.98), rel=1e-9)
     assert s0 > 50
     assert p_inside(X0, s0) < 1e-3  # g(x0) = outside
     assert p_inside(ORIGIN, s_origin) > 0.8  # g(0, 0) = inside, σ stayed small
-    c_x0, c_origin = certifier.certify(x, sigma, [0, 1])
+    c_x0, c_origin = certify(CohenCertifier(), x, sigma, [0, 1])
     assert (c_x0.prediction, c_origin.prediction) == (OUTSIDE, INSIDE)
     assert c_x0.radius > 50
 
 
 def test_the_certificate_without_memory_is_violated_at_the_origin(setting):
-    x, sigma, certifier, *_ = setting
-    c_x0, _ = certifier.certify(x, sigma, [0, 1])
+    x, sigma, certify, *_ = setting
+    c_x0, _ = certify(CohenCertifier(), x, sigma, [0, 1])
     distance = math.dist(X0, ORIGIN)
     # the certificate claims g = outside on the ball of radius R(x0) > 50 around x0 ...
     assert distance < c_x0.radius and c_x0.prediction == OUTSIDE
@@ -77,9 +83,9 @@ def test_the_certificate_without_memory_is_violated_at_the_origin(setting):
 
 @pytest.mark.parametrize("order", [[0, 1], [1, 0]], ids=["x0-first", "origin-first"])
 def test_through_the_memory_no_two_regions_of_different_classes_meet(setting, order):
-    x, sigma, certifier, *_ = setting
-    memory = MemoryCertifier(certifier, Memory())
-    certs = {c.input_id: c for c in memory.certify(x[order], sigma[order], order)}
+    x, sigma, certify, *_ = setting
+    memory = MemoryCertifier(CohenCertifier(), Memory())
+    certs = {c.input_id: c for c in certify(memory, x[order], sigma[order], order)}
     c_x0, c_origin = certs[0], certs[1]
     distance = math.dist(X0, ORIGIN)
     if c_x0.prediction != c_origin.prediction:

@@ -7,6 +7,7 @@ import torch
 from scipy.spatial.distance import cdist
 
 from harness.certificate import ABSTAIN, Certificate
+from harness.draws import Claim, Evidence
 from harness.radius import COHEN
 from harness.runstate import RunState
 from harness.store import ResultStore
@@ -108,29 +109,33 @@ def test_invariant_after_every_insertion_on_random_balls(d, n, spread, max_radiu
     assert actions == {KEPT, INSIDE, SHRUNK}  # every branch was exercised
 
 
-class _Reversed:
-    """An inner certifier that answers in reverse input order with fixed certificates."""
+class _Table:
+    """An inner certifier that claims fixed (prediction, radius, PREDICT) per input id."""
 
-    smoothing, order_dependent, radius_formula, engine = "hard", False, COHEN, None
+    smoothing, order_dependent, radius_formula = "hard", False, COHEN
 
     def __init__(self, table):
         self.table = table
 
-    def certify(self, x, sigma, input_ids):
-        for i in reversed(list(input_ids)):
+    def certify(self, evidence):
+        claims = []
+        for i in evidence.input_ids:
             prediction, radius, predict = self.table[i]
-            yield Certificate(
-                i, prediction, radius, 0.9, float(sigma[0]), 0.001, predict, evidence={"inner": i}
-            )
+            claims.append(Claim(prediction, radius, 0.9, predict, {"inner": i}))
+        return claims
+
+
+def _evidence(x, ids):
+    """Evidence for inputs ``x`` (the table certifier reads only their ids)."""
+    return Evidence.from_counts(np.ones((len(ids), 2)), np.ones((len(ids), 2)), 1.0, 0.001,
+                                input_ids=ids, x=x)  # fmt: skip
 
 
 def test_wrapper_processes_in_input_order_and_records_the_evidence():
     table = {10: (0, 2.0, 0), 11: (1, 3.0, 1), 12: (1, 4.0, ABSTAIN)}
     x = torch.tensor([[0.0, 0.0], [1.5, 0.0], [5.0, 0.0]])
-    certifier = MemoryCertifier(_Reversed(table), Memory())
-    certs = list(certifier.certify(x, torch.ones(3), [10, 11, 12]))
-    assert [c.input_id for c in certs] == [10, 11, 12]
-    c10, c11, c12 = certs
+    certifier = MemoryCertifier(_Table(table), Memory())
+    c10, c11, c12 = certifier.certify(_evidence(x, [10, 11, 12]))
     assert (c11.prediction, c11.radius, c11.predict) == (0, 0.5, 0)  # LargestInSubset
     assert (c12.prediction, c12.radius, c12.predict) == (1, 3.0, ABSTAIN)  # LargestOutSubset
     assert c11.evidence == {
@@ -153,21 +158,28 @@ def test_a_restored_memory_continues_exactly_as_an_uninterrupted_one(tmp_path):
     ids = list(range(60))
     path = tmp_path / "memory.sqlite"
 
-    def results(certs):
-        return [(c.input_id, c.prediction, c.radius, c.evidence) for c in certs]
+    def one_by_one(certifier, ids):
+        """(id, claim) per input, the certifier called once per input as a run calls it."""
+        for i in ids:
+            [claim] = certifier.certify(_evidence(x[i : i + 1], [i]))
+            yield i, claim
 
-    reference = results(MemoryCertifier(_InOrder(table), Memory()).certify(x, torch.ones(60), ids))
+    def results(claims):
+        return [(i, c.prediction, c.radius, c.evidence) for i, c in claims]
+
+    reference = results(one_by_one(MemoryCertifier(_Table(table), Memory()), ids))
     assert {r[3]["memory_action"] for r in reference} == {KEPT, INSIDE, SHRUNK}
     # a run that stops after 25 committed certificates (the 26th is in flight: its
     # memory entry is staged but never reaches the database, like its certificate)
     store = ResultStore(path)
     state = RunState(store.state_records("run", "m", "s"))
-    first = MemoryCertifier(_InOrder(table), Memory(), state).certify(x, torch.ones(60), ids)
+    first = one_by_one(MemoryCertifier(_Table(table), Memory(), state), ids)
     done = []
     for _ in range(25):
-        cert = next(first)
+        i, claim = next(first)
+        cert = Certificate(i, claim.prediction, claim.radius, claim.p_lower, 1.0, 0.001)
         store.add_certificate("run", "m", "s", 0, 0, cert, state=state.take())
-        done.append(cert)
+        done.append((i, claim))
     next(first)
     store.close()
     # resumed: a fresh memory restored from the database certifies the 35 missing inputs
@@ -176,17 +188,8 @@ def test_a_restored_memory_continues_exactly_as_an_uninterrupted_one(tmp_path):
     assert [r.seq for r in records] == list(range(25))
     memory = Memory()
     assert restore(memory, records) == 25
-    rest = MemoryCertifier(_InOrder(table), memory, RunState(records)).certify(
-        x[25:], torch.ones(35), ids[25:]
-    )
+    rest = one_by_one(MemoryCertifier(_Table(table), memory, RunState(records)), ids[25:])
     assert results(done) + results(rest) == reference
     # another setting of the same run is another memory
     assert store.state_records("run", "m", "other") == []
     store.close()
-
-
-class _InOrder(_Reversed):
-    def certify(self, x, sigma, input_ids):
-        for i in input_ids:
-            prediction, radius, predict = self.table[i]
-            yield Certificate(i, prediction, radius, 0.9, 1.0, 0.001, predict)

@@ -1,11 +1,12 @@
 """Cohen's CERTIFY: the radius formula and coverage on a linear base classifier."""
 
-import numpy as np
 import pytest
 import torch
 from scipy import stats
 
 from harness.certificate import ABSTAIN
+from harness.certify import certify_drawn
+from harness.draws import Evidence
 from harness.protocol import CertificationProtocol
 from harness.sampling import SamplingEngine
 from plugins.cohen.certifier import CohenCertifier, ConstantSigma
@@ -29,10 +30,10 @@ def _certify_linear(linear_model, radius_scale=1.0, trials=600, d=784, alpha=0.0
         def radius(self, p_lower, s):
             return radius_scale * super().radius(p_lower, s)
 
-    certifier = Scaled(engine, CertificationProtocol(n0=64, n=512, alpha=alpha))
-    sig = ConstantSigma(sigma)(x)
+    protocol = CertificationProtocol(n0=64, n=512, alpha=alpha)
+    sig = ConstantSigma(sigma)(x).numpy()
     violations = certified = 0
-    for cert in certifier.certify(x, sig, list(range(trials))):
+    for cert in certify_drawn(engine, protocol, Scaled(), x, list(range(trials)), sig):
         if cert.prediction == ABSTAIN:
             continue
         certified += 1
@@ -45,10 +46,8 @@ def _certify_linear(linear_model, radius_scale=1.0, trials=600, d=784, alpha=0.0
 
 
 def test_radius_from_stored_counts_is_sigma_times_probit_of_clopper_pearson():
-    certifier = CohenCertifier(
-        engine=None, protocol=CertificationProtocol(n0=10, n=1000, alpha=0.001)
-    )
-    cert = certifier.from_counts(7, 0.25, np.array([1, 9, 0]), np.array([20, 970, 10]))
+    evidence = Evidence.from_counts([1, 9, 0], [20, 970, 10], 0.25, alpha=0.001)
+    [cert] = CohenCertifier().certify(evidence)
     p_lower = stats.beta.ppf(0.001, 970, 1000 - 970 + 1)
     assert cert.prediction == 1
     assert cert.p_lower == pytest.approx(p_lower, rel=1e-12)
@@ -57,10 +56,7 @@ def test_radius_from_stored_counts_is_sigma_times_probit_of_clopper_pearson():
 
 
 def test_abstains_when_lower_bound_is_at_most_one_half():
-    certifier = CohenCertifier(
-        engine=None, protocol=CertificationProtocol(n0=10, n=100, alpha=0.001)
-    )
-    cert = certifier.from_counts(0, 1.0, np.array([6, 4]), np.array([55, 45]))
+    [cert] = CohenCertifier().certify(Evidence.from_counts([6, 4], [55, 45], 1.0, alpha=0.001))
     assert cert.prediction == ABSTAIN and cert.radius == 0.0
     assert cert.predict == ABSTAIN  # 55 vs 45 is no evidence at level 0.001
 

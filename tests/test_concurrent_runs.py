@@ -15,8 +15,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 PLUGIN = '''
-"""Cohen's certifier at a constant σ, sleeping before each certificate, so that two
-processes overlap and one can be killed in the middle of a shard."""
+"""Cohen's certifier at a constant σ, sleeping `delay` seconds per input it claims, so
+that two processes overlap and one can be killed in the middle of a shard."""
 
 import time
 
@@ -38,10 +38,9 @@ class Slow:
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
-    def certify(self, x, sigma, input_ids):
-        for cert in self._inner.certify(x, sigma, input_ids):
-            time.sleep(self._delay)
-            yield cert
+    def certify(self, evidence):
+        time.sleep(self._delay * len(evidence.input_ids))
+        return self._inner.certify(evidence)
 
 
 def _slow(context, params, provider):
@@ -67,11 +66,11 @@ def idrs_register_methods(register):
 SPEC = """
 name = "shared"
 seed = 5
-shard_size = 4
+shard_size = 16  # two chunks of claims (harness.certify.CLAIM_CHUNK = 8) per shard
 
 [dataset]
 name = "cone-2"
-test_count = 16
+test_count = 32
 
 [model]
 architecture = "mlp"
@@ -87,7 +86,7 @@ batch_size = 512
 
 [[methods]]
 name = "slow-cohen"
-settings = [{ sigma = 0.5, delay = 0.1 }]
+settings = [{ sigma = 0.5, delay = 0.05 }]
 
 [[methods]]
 name = "alfarra-ds-memory"
@@ -96,7 +95,7 @@ settings = [{ sigma = 0.5, steps = 8, beta = 0.05 }]
 
 CERTIFICATES = (
     "SELECT method, setting, input_id, shard, label, prediction, predict, radius, p_lower, sigma,"
-    " counts_selection, counts_estimation, evidence FROM certificates"
+    " counts_selection, counts_estimation, evidence, draws FROM certificates"
     " ORDER BY method, setting, input_id"
 )
 STATE = "SELECT method, setting, seq, record, data FROM state ORDER BY method, setting, seq"
@@ -139,7 +138,7 @@ def setup(tmp_path_factory):
     done = subprocess.run(_command(spec, reference, "--no-check"), cwd=ROOT, env=env,
                           capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert len(_query(reference, CERTIFICATES)) == 32
+    assert len(_query(reference, CERTIFICATES)) == 64
     return spec, env, reference
 
 
@@ -155,7 +154,7 @@ def _start(setup, db: Path, log: Path, *extra: str) -> subprocess.Popen:
 
 def _same_as_reference(db: Path, reference: Path) -> None:
     assert _query(db, CERTIFICATES) == _query(reference, CERTIFICATES)
-    assert len(_query(reference, STATE)) == 16  # the memory's records, one per input
+    assert len(_query(reference, STATE)) == 32  # the memory's records, one per input
     assert _query(db, STATE) == _query(reference, STATE)
     assert _query(db, "SELECT * FROM leases") == []
     assert len(_query(db, "SELECT 1 FROM runs WHERE finished IS NOT NULL")) == 1
@@ -172,9 +171,9 @@ def test_two_processes_share_the_shards_and_equal_one_process(setup, tmp_path):
     for text, other in zip(texts, reversed(procs), strict=True):
         assert f":{other.pid} is working on this run in {db} too" in text, text
     # each process certified part of the Cohen shards, neither all of them
-    done = [int(t.split("slow-cohen delay=0.1,sigma=0.5: finished, ")[1].split("/")[0])
+    done = [int(t.split("slow-cohen delay=0.05,sigma=0.5: finished, ")[1].split("/")[0])
             for t in texts]  # fmt: skip
-    assert all(0 < n < 16 for n in done), texts
+    assert all(0 < n < 32 for n in done), texts
 
 
 HOLD = """
@@ -228,7 +227,7 @@ def test_a_process_killed_mid_shard_leaves_its_shard_to_the_other(setup, tmp_pat
         for (k,) in held:
             stored = _query(db, "SELECT COUNT(*) FROM certificates WHERE method = 'slow-cohen'"
                             " AND shard = ?", (k,))[0][0]  # fmt: skip
-            if 0 < stored < 4:
+            if 0 < stored < 16:
                 shard = k
         time.sleep(0.002)
     a.kill()

@@ -8,12 +8,14 @@ import torch
 from scipy import stats
 
 from harness.certificate import ABSTAIN
+from harness.certify import certify_drawn
+from harness.draws import Evidence
 from harness.errors import IdrsError, ParameterError
 from harness.protocol import CertificationProtocol
 from harness.regularity import Constant, Lipschitz
-from harness.sampling import SamplingEngine, SoftStats
+from harness.sampling import SamplingEngine
 from plugins.cohen.certifier import ConstantSigma
-from plugins.lipschitz.certifier import LipschitzCertifier, confidence_bounds
+from plugins.lipschitz.certifier import LipschitzCertifier, confidence_bounds, normalized_means
 from plugins.lipschitz.network import CertifiedSigma, SigmaNetwork, certify_sigma_network
 from plugins.lipschitz.normalization import NormalizedModel
 
@@ -101,12 +103,28 @@ def _linear_setup(linear_model, trials, d, seed, scale=50.0):
     return model, x, distances
 
 
-def _certifier(model, regularity, n0, n, alpha, p_min=1e-7, dim=784, seed=0):
-    engine = SamplingEngine(
-        NormalizedModel(model, 2, p_min), 2, torch.device("cpu"), batch_size=4096, seed=seed
-    )
-    protocol = CertificationProtocol(n0=n0, n=n, alpha=alpha)
-    return LipschitzCertifier(engine, protocol, regularity, p_min, dim)
+class _Certify:
+    """A LipschitzCertifier fed as in a run: the harness's soft draws of the raw model
+    (mean softmax outputs), the certifier's claims on the means of g (Remark 2)."""
+
+    def __init__(self, model, regularity, n0, n, alpha, p_min=1e-7, dim=784, seed=0, classes=2):
+        self.engine = SamplingEngine(
+            model, classes, torch.device("cpu"), batch_size=4096, seed=seed
+        )
+        self.protocol = CertificationProtocol(n0=n0, n=n, alpha=alpha)
+        self.certifier = LipschitzCertifier(regularity, p_min, dim)
+        self.lipschitz, self.p_min = self.certifier.lipschitz, p_min
+
+    def certify(self, x, sigma, ids):
+        sigma = torch.as_tensor(sigma).double().numpy()
+        return certify_drawn(self.engine, self.protocol, self.certifier, x, ids, sigma)
+
+    def means(self, cert, key="estimation"):
+        """The means of g behind a certificate: Remark 2's map of the harness's draws."""
+        return normalized_means(cert.draws["base"][key], self.p_min)
+
+
+_certifier = _Certify
 
 
 def test_zero_lipschitz_gives_one_over_sigma_and_the_soft_cohen_radius(linear_model):
@@ -117,8 +135,8 @@ def test_zero_lipschitz_gives_one_over_sigma_and_the_soft_cohen_radius(linear_mo
     width = (1 - 2 * p_min) * math.sqrt(math.log(2 / alpha) / (2 * n))  # Hoeffding, α/2 each
     checked = 0
     for cert in certifier.certify(x, ConstantSigma(sigma)(x), list(range(16))):
-        means = np.array(cert.evidence["means_estimation"])
-        top = int(np.argmax(cert.evidence["means_selection"]))
+        means = certifier.means(cert)
+        top = int(np.argmax(certifier.means(cert, "selection")))
         lower = min(max(means[top] - width, p_min), 1 - p_min)
         upper = min(max(min(means[1 - top] + width, 1 - lower), p_min), 1 - p_min)
         soft_cohen = sigma / 2 * (stats.norm.ppf(lower) - stats.norm.ppf(upper))
@@ -179,10 +197,9 @@ def test_coverage_on_linear_classifier_with_a_lipschitz_sigma_network(linear_mod
 
 def test_radius_never_exceeds_the_cap_that_l_allows():
     p_min = 1e-7
-    certifier = _certifier(FixedLogits([[0.0, 40.0]]), Lipschitz(0.5, 0.65), 10, 10**6, 0.001)
-    cert = certifier.from_means(
-        0, 0.7, np.array([0.0, 1.0]), SoftStats(10**6, np.array([p_min, 1 - p_min]) * 10**6, None)
-    )
+    certifier = LipschitzCertifier(Lipschitz(0.5, 0.65), p_min, 784)
+    # softmax means (0, 1) are g means (p_min, 1 − p_min), the extreme Remark 2 allows
+    [cert] = certifier.certify(Evidence.from_means([0.0, 1.0], [0.0, 1.0], 0.7, 0.001, 10, 10**6))
     cap = (stats.norm.ppf(1 - p_min) - stats.norm.ppf(p_min)) / (2 * certifier.lipschitz)
     assert 0 < cert.radius < cap
     assert cert.evidence["L"] == certifier.lipschitz
@@ -192,7 +209,7 @@ def test_radius_never_exceeds_the_cap_that_l_allows():
 def test_refuses_sigma_below_the_floor_and_unregularized_sigma():
     certifier = _certifier(FixedLogits([[0.0, 1.0]]), Lipschitz(0.1, 0.5), 10, 100, 0.01)
     with pytest.raises(IdrsError, match="below the declared floor"):
-        list(certifier.certify(torch.zeros(2, 784), torch.tensor([0.5, 0.4]), [0, 1]))
+        list(certifier.certify(torch.zeros(2, 784), [0.5, 0.4], [0, 1]))
     from harness.regularity import Unregularized
 
     with pytest.raises(IdrsError):
@@ -247,14 +264,11 @@ def test_predict_is_the_soft_smoothed_classifiers_own_answer():
     width = (1 - 2 * p_min) * math.sqrt(math.log(2 * 3 / alpha) / (2 * n))
     for probs in ([0.70, 0.2, 0.1], [0.45, 0.44, 0.11], [0.1, 0.3, 0.6]):
         logits = torch.log(torch.tensor(probs))
-        model = FixedLogits(logits)
-        engine = SamplingEngine(NormalizedModel(model, 3, p_min), 3, torch.device("cpu"), seed=0)
-        certifier = LipschitzCertifier(
-            engine, CertificationProtocol(n0=16, n=n, alpha=alpha), Lipschitz(0.0, 0.5), p_min, 784
-        )
+        certifier = _Certify(FixedLogits(logits), Lipschitz(0.0, 0.5), 16, n, alpha, p_min,
+                             classes=3)  # fmt: skip
         x = torch.zeros(2, 784)
         for cert in certifier.certify(x, ConstantSigma(0.5)(x), [0, 1]):
-            means = np.array(cert.evidence["means_estimation"])
+            means = certifier.means(cert)
             order = np.argsort(means)[::-1]
             beats = means[order[0]] - width > means[order[1]] + width
             assert cert.predict == (int(order[0]) if beats else ABSTAIN)

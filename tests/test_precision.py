@@ -9,6 +9,7 @@ import torch
 from scipy.stats import norm
 
 from harness.batchsize import CACHE_FILE, auto_batch_size
+from harness.certify import certify_drawn
 from harness.errors import ParameterError, SpecError
 from harness.precision import PrecisionModel, prepare_model
 from harness.progress import Progress
@@ -91,7 +92,7 @@ def test_bf16_certification_of_a_linear_classifier_matches_the_exact_probability
     engine = SamplingEngine(model, 2, torch.device("cpu"), batch_size=300, seed=2)
     x = torch.zeros(3, 10)
     x[:, 0] = torch.tensor([0.2, 0.5, -0.4])
-    certs = list(CohenCertifier(engine, protocol).certify(x, torch.full((3,), 0.5), [0, 1, 2]))
+    certs = list(certify_drawn(engine, protocol, CohenCertifier(), x, [0, 1, 2], np.full(3, 0.5)))
     for cert, x0 in zip(certs, (0.2, 0.5, -0.4), strict=True):
         p = norm.cdf(x0 / 0.5)
         assert binomtest(cert.counts_estimation[1], 4000, p).pvalue > 1e-4
@@ -201,13 +202,14 @@ def test_checks_query_the_classifier_that_was_certified(tmp_path, manager):
     reference = PrecisionModel(trained, "bf16", False).eval()  # built here, independently
     x = found["cohen"].inputs
     for audit in found.values():
-        classifier = audit.certifier.engine.model
+        classifier = audit.context.engine.model
         with torch.no_grad():
             out = classifier(x)
             assert out.dtype == torch.bfloat16 and torch.equal(out, reference(x))
         # replaying CERTIFY with the audit's σ and classifier gives the stored counts exactly
         ids = [c["input_id"] for c in audit.certificates]
-        replay = audit.certifier.certify(x, audit.sigma(x), ids)
+        replay = certify_drawn(audit.context.engine, audit.context.protocol, audit.certifier, x,
+                               ids, audit.sigma(x).numpy())  # fmt: skip
         for stored, again in zip(audit.certificates, sorted(replay, key=lambda c: c.input_id),
                                  strict=True):  # fmt: skip
             assert stored["counts_estimation"] == list(again.counts_estimation)
@@ -226,7 +228,7 @@ def test_an_fp32_run_on_the_cpu_queries_the_model_as_trained(tmp_path, manager):
            "methods": CHECKED["methods"][:2]}  # fmt: skip
     found = _run_and_audit(tmp_path, manager, raw)
     for audit in found.values():
-        assert audit.certifier.engine.model is audit.context.model
+        assert audit.context.engine.model is audit.context.model
     assert found["alfarra-ds"].sigma_provider.model is audit.context.model
 
 
@@ -255,7 +257,7 @@ def test_the_api_certifies_in_the_precision_it_is_given(linear_model):
     protocol = CertificationProtocol(n0=20, n=500, precision="bf16")
     engine = SamplingEngine(PrecisionModel(linear_model(w, 0.0), "bf16", False), 2,
                             torch.device("cpu"), batch_size=128, seed=4)  # fmt: skip
-    expected = CohenCertifier(engine, protocol).certify(x, torch.full((4,), 0.5), [0, 1, 2, 3])
+    expected = certify_drawn(engine, protocol, CohenCertifier(), x, [0, 1, 2, 3], np.full(4, 0.5))
     assert [list(c.counts_estimation) for c in expected] == table["counts_estimation"].tolist()
     with pytest.raises(ParameterError, match="unknown precision 'fp64'"):
         certify(linear_model(w, 0.0), x, y, precision="fp64", **args)

@@ -96,10 +96,10 @@ def test_a_failing_method_is_reported_and_the_rest_goes_on(tmp_path, manager, ca
     plugin = types.ModuleType("failing")
 
     class Failing:
-        smoothing, order_dependent, engine = "hard", False, None
+        smoothing, order_dependent = "hard", False
         radius_formula = COHEN
 
-        def certify(self, x, sigma, ids):
+        def certify(self, evidence):
             raise RuntimeError("certifier exploded")
 
     @hookimpl

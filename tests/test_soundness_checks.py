@@ -26,7 +26,7 @@ def _doubled_plugin():
             def radius(self, p_lower, sigma):
                 return 2 * super().radius(p_lower, sigma)
 
-        return Doubled(context.engine, context.protocol)
+        return Doubled()
 
     @hookimpl
     def idrs_register_certifiers(register):

@@ -57,16 +57,38 @@ def _audits(db, run_id, manager):
         store.close()
 
 
-def test_s0_catches_alpha_laundering_hidden_alpha_and_an_inflated_radius(tmp_path, plugins):
-    methods = ["cohen", "laundered-alpha", "hidden-alpha", "inflated", "minimal"]
+def test_a_certifier_that_reports_its_own_alpha_or_counts_breaks_the_contract(tmp_path, plugins):
+    """The harness records α and every sample itself: a certifier that hands back its own
+    α or class counts fails with an error naming it, its plugin and the contract, and the
+    other methods of the benchmark finish."""
+    from harness.store import ResultStore
+
+    db, run_id = _run(tmp_path, plugins, ["laundered-alpha", "own-counts", "cohen"], count=6)
+    store = ResultStore(db)
+    try:
+        failures = {f["method"]: f["error"] for f in store.failures(run_id)}
+        assert store.stored_inputs(run_id, "cohen", "default") == set(range(6))
+    finally:
+        store.close()
+    assert set(failures) == {"laundered-alpha", "own-counts"}
+    plugin = "plugin 'soundness-test-plugins'"
+    assert (
+        f"certifier 'laundered-alpha' ({plugin}) put 'alpha' in a claim"
+        in failures["laundered-alpha"]
+    )
+    assert (
+        f"certifier 'own-counts' ({plugin}) returned a Certificate with its own class counts"
+        in (failures["own-counts"])
+    )
+    assert all("the harness draws every sample" in e for e in failures.values())
+
+
+def test_s0_catches_a_hidden_alpha_and_an_inflated_radius(tmp_path, plugins):
+    methods = ["cohen", "hidden-alpha", "inflated", "minimal"]
     db, run_id = _run(tmp_path, plugins, methods)
     results = {name: check_evidence(a) for name, a in _audits(db, run_id, plugins).items()}
     assert results["cohen"].verdict == Verdict.SOUND, results["cohen"].summary
     assert results["minimal"].verdict == Verdict.SOUND, results["minimal"].summary
-    laundered = results["laundered-alpha"]
-    assert laundered.verdict == Verdict.VIOLATED
-    assert laundered.evidence["first"]["quantity"] == "α"
-    assert "input 0: stored α 0.01 differs from the run's α 0.001" in laundered.summary
     hidden = results["hidden-alpha"]
     assert hidden.verdict == Verdict.VIOLATED
     first = hidden.evidence["first"]
@@ -230,13 +252,23 @@ def test_memory_formula_bounds_an_inside_certificate_by_the_enclosing_ball():
     a = {
         "input_id": 0,
         "sigma": 0.5,
-        "counts_selection": [0, 10],
-        "counts_estimation": [40, 960],
+        "draws": {
+            "base": {
+                "kind": "hard",
+                "n0": 10,
+                "n": 1000,
+                "sigma": 0.5,
+                "selection": [0, 10],
+                "estimation": [40, 960],
+            }
+        },
         "prediction": 1,
         "radius": 0.0,
         "evidence": {"memory_raw_prediction": 1, "memory_action": "kept", "memory_decided_by": []},
     }
-    b = {"input_id": 1, "sigma": 0.3, "counts_selection": [10, 0], "counts_estimation": [990, 10],
+    b = {"input_id": 1, "sigma": 0.3,
+         "draws": {"base": {"kind": "hard", "n0": 10, "n": 1000, "sigma": 0.3,
+                            "selection": [10, 0], "estimation": [990, 10]}},
          "prediction": 1, "radius": 0.0,
          "evidence": {"memory_raw_prediction": 0, "memory_action": "inside", "memory_decided_by": [0]}}  # fmt: skip
     x = torch.tensor([[0.0, 0.0], [0.3, 0.4]], dtype=torch.float64)

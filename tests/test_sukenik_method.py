@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
+from harness.certify import certify_drawn
 from harness.cli import main
+from harness.draws import Evidence
 from harness.progress import Progress
 from harness.protocol import CertificationProtocol
 from harness.regularity import Constant, SemiElastic
@@ -50,18 +52,14 @@ def test_sukenik_and_cohen_certify_the_same_cached_fashion_mnist_model(tmp_path,
 
 
 def test_certificate_uses_the_thm_3_2_radius():
-    certifier = SukenikCertifier(
-        None, CertificationProtocol(n0=10, n=1000, alpha=0.001), SemiElastic(0.01), dim=784
-    )
-    cert = certifier.from_counts(1, 0.3, np.array([0, 10]), np.array([40, 960]))
+    evidence = Evidence.from_counts([0, 10], [40, 960], 0.3, alpha=0.001)
+    [cert] = SukenikCertifier(SemiElastic(0.01), dim=784).certify(evidence)
     assert cert.prediction == 1
     assert cert.radius == pytest.approx(
         float(certified_radius(cert.p_lower, 0.3, 0.01, 784)), rel=1e-12
     )
     assert 0 < cert.radius < 0.3 * norm.ppf(cert.p_lower)
-    zero_rate = SukenikCertifier(None, certifier.protocol, Constant(0.3), dim=784).from_counts(
-        1, 0.3, np.array([0, 10]), np.array([40, 960])
-    )
+    [zero_rate] = SukenikCertifier(Constant(0.3), dim=784).certify(evidence)
     assert zero_rate.radius == 0.3 * norm.ppf(zero_rate.p_lower)  # r = 0 is Cohen exactly
 
 
@@ -96,22 +94,19 @@ def test_shard_radii_are_computed_in_one_call_and_equal_the_per_input_radii(line
     model = linear_model(w, 0.0)
     engine = SamplingEngine(model, 2, torch.device("cpu"), batch_size=512, seed=3)
     protocol = CertificationProtocol(n0=20, n=2000, alpha=0.001)
-    certifier = SukenikCertifier(engine, protocol, SemiElastic(0.02), dim=784)
+    certifier = SukenikCertifier(SemiElastic(0.02), dim=784)
     calls = []
     inner = certifier.radius
     certifier.radius = lambda p, s: calls.append(len(p)) or inner(p, s)
     x = torch.zeros(6, 784)
     x[:, 0] = torch.tensor([0.05, 0.1, 0.2, 0.4, -0.3, 0.8])
-    sigma = torch.tensor([0.3, 0.25, 0.5, 0.3, 0.3, 0.4])
-    batched = list(certifier.certify(x, sigma, list(range(6))))
+    sigma = np.array([0.3, 0.25, 0.5, 0.3, 0.3, 0.4])
+    batched = list(certify_drawn(engine, protocol, certifier, x, list(range(6)), sigma))
     assert len(calls) == 1 and calls[0] == sum(c.radius > 0 for c in batched) >= 4
     for cert in batched:
-        alone = SukenikCertifier(None, protocol, SemiElastic(0.02), dim=784).from_counts(
-            cert.input_id,
-            cert.sigma,
-            np.array(cert.counts_selection),
-            np.array(cert.counts_estimation),
-        )
+        evidence = Evidence.from_counts(cert.counts_selection, cert.counts_estimation,
+                                        cert.sigma, protocol.alpha)  # fmt: skip
+        [alone] = SukenikCertifier(SemiElastic(0.02), dim=784).certify(evidence)
         assert (alone.prediction, alone.p_lower) == (cert.prediction, cert.p_lower)
         # one bisection bracket per input, closed at a relative width of 1e-9
         assert alone.radius == pytest.approx(cert.radius, rel=1e-8)

@@ -2,20 +2,34 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import torch
 
+from harness.certify import sigma_of
 from harness.components import BuildContext, Certifier, MethodSpec, SigmaProvider
 from harness.data import Dataset
 from harness.method import build_method
 from harness.plugins import Registry
 from harness.precision import prepare_model
 from harness.protocol import CertificationProtocol
-from harness.runner import checked_sigma
 from harness.sampling import SamplingEngine
+
+
+def fresh_entropy() -> int:
+    """128 bits from the operating system's entropy source, drawn at audit time."""
+    return int.from_bytes(os.urandom(16), "little")
+
+
+def derived_seed(entropy: int, purpose: str) -> int:
+    """A 64-bit seed for ``purpose`` (e.g. ``"coverage/ball"``) from the audit's entropy."""
+    digest = hashlib.sha256(f"{entropy:032x}/{purpose}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
 
 
 @dataclass(frozen=True)
@@ -31,6 +45,7 @@ class Budget:
     attack_steps: int  # S4c: PGD steps on the smoothed classifier
     attack_samples: int  # S4c: noise samples per attack step / confirmation samples / 10
     orders: int  # S4d: input orders replayed for memory certifiers
+    replay_inputs: int = 16  # replay: inputs per row re-certified from the run's keys
 
     def statement(self) -> str:
         """What the checks examine at this budget, and where their power is measured."""
@@ -50,9 +65,11 @@ class Budget:
 
 BUDGETS = {
     "small": Budget("small", coverage_trials=120, coverage_n=200, pairs=8, ascent_steps=10,
-                    audited_inputs=16, attack_steps=10, attack_samples=64, orders=20),
+                    audited_inputs=16, attack_steps=10, attack_samples=64, orders=20,
+                    replay_inputs=16),
     "full": Budget("full", coverage_trials=1000, coverage_n=1000, pairs=32, ascent_steps=50,
-                   audited_inputs=200, attack_steps=50, attack_samples=256, orders=100),
+                   audited_inputs=200, attack_steps=50, attack_samples=256, orders=100,
+                   replay_inputs=64),
 }  # fmt: skip
 
 
@@ -65,6 +82,12 @@ class Audit:
     inputs in the same order. ``sigma_provider`` and ``certifier`` are built by
     :func:`harness.method.build_method` (the certifier with that provider); checks read
     only the attributes their protocols declare. ``radii`` are the benchmark's radii.
+
+    ``entropy`` is drawn when the audit is made (``os.urandom``, 128 bits) and recorded
+    in every check's evidence: every random choice of a check (trial points, pairs,
+    audited inputs, attack starts) comes from :meth:`generator` or :meth:`rng`, so an
+    audit is reproducible from its record and unpredictable before it (a plugin cannot
+    simulate it offline from the run's public seed).
     """
 
     run_id: str
@@ -79,6 +102,15 @@ class Audit:
     budget: Budget
     registry: Registry
     radii: tuple[float, ...] = ()
+    entropy: int = field(default_factory=lambda: fresh_entropy())
+
+    def generator(self, purpose: str, device: str | torch.device = "cpu") -> torch.Generator:
+        """A torch generator for one purpose of one check, seeded from the audit's entropy."""
+        return torch.Generator(device=device).manual_seed(derived_seed(self.entropy, purpose) >> 1)
+
+    def rng(self, purpose: str) -> np.random.Generator:
+        """A numpy generator for one purpose of one check, seeded from the audit's entropy."""
+        return np.random.default_rng(derived_seed(self.entropy, purpose))
 
     def rebuild(self, dataset: Dataset, model: torch.nn.Module, protocol: CertificationProtocol):
         """The same method and setting on another dataset and base model (for S1).
@@ -94,8 +126,9 @@ class Audit:
         return provider, certifier, context
 
     def sigma(self, x: torch.Tensor, where: str = "") -> torch.Tensor:
-        """The method's σ at ``x`` (on ``x``'s device), checked to be in range
-        (:func:`harness.runner.checked_sigma`): a bad σ is reported as the σ-provider's fault."""
-        with torch.no_grad():
-            sigma = self.sigma_provider(x)
-        return checked_sigma(sigma, len(x), self.method.sigma_provider, where)
+        """The method's σ at ``x`` (float64, on ``x``'s device), checked to be in range
+        (:func:`harness.certify.checked_sigma`): a bad σ is reported as the σ-provider's
+        fault. A σ-smoothing's σ is drawn by the harness (:func:`harness.certify.sigma_of`)."""
+        sigma, _ = sigma_of(self.context, self.sigma_provider, x, None,
+                            self.method.sigma_provider, where)  # fmt: skip
+        return torch.from_numpy(sigma).to(x.device)

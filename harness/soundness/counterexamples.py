@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from harness.certificate import ABSTAIN
-from harness.runner import checked_sigma
+from harness.certify import checked_sigma
 from harness.soundness.analytic import BallClassifier
 from harness.soundness.audit import Audit
 from harness.soundness.verdict import P_THRESHOLD, CheckResult, Verdict, false_certificates_pvalue
@@ -285,7 +285,7 @@ def attack_certificates(audit: Audit, gen: torch.Generator) -> tuple[list[dict],
     ]
     if not chosen:
         return [], 0, audited
-    engine = audit.certifier.engine
+    engine = audit.context.engine
     model, device, provider = engine.model, audit.context.device, audit.sigma_provider
     x0 = audit.inputs[torch.tensor(chosen)].to(device, torch.float32)
     radius = torch.tensor([certs[k]["radius"] for k in chosen], device=device)

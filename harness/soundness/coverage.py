@@ -38,6 +38,14 @@ import torch
 from scipy import stats
 
 from harness.certificate import ABSTAIN
+from harness.certify import (
+    certifier_label,
+    certify_drawn,
+    certify_inputs,
+    checked_sigma,
+    sigma_of,
+    sigma_smoothing,
+)
 from harness.data import Dataset
 from harness.protocol import CertificationProtocol
 from harness.soundness.analytic import BallClassifier, LinearClassifier
@@ -86,17 +94,17 @@ def _dataset(audit: Audit, kind: str, model: torch.nn.Module, points: torch.Tens
                    points, test_y, 2, ("0", "1"))  # fmt: skip
 
 
-def _certify(certifier, provider, x: torch.Tensor, ids: list[int]):
-    with torch.no_grad():
-        sigma = provider(x)
-    return sorted(certifier.certify(x, sigma, ids), key=lambda c: c.input_id)
+def _certify(audit: Audit, context, provider, certifier, x: torch.Tensor, ids: list[int]):
+    """Certificates of a rebuilt method, drawn and claimed as in a run."""
+    certificates = certify_inputs(context, audit.method, provider, certifier, x, ids)
+    return sorted(certificates, key=lambda c: c.input_id)
 
 
 def _linear_trials(audit: Audit, points: torch.Tensor, trials: int, gen: torch.Generator) -> dict:
     device, dim = audit.context.device, points[0].numel()
     model = LinearClassifier(dim, one_hot=True).to(device)
     protocol = _protocol(audit)
-    provider = certifier = None
+    provider = certifier = context = None
     failures, done, example = 0, 0, None
     flat = points.flatten(1).double()
     while done < trials:
@@ -107,9 +115,9 @@ def _linear_trials(audit: Audit, points: torch.Tensor, trials: int, gen: torch.G
         model.set_plane(normal, offset)
         if certifier is None or certifier.order_dependent:  # a memory lives for one classifier
             dataset = _dataset(audit, "linear", model, points[:take])
-            provider, certifier, _ = audit.rebuild(dataset, model, protocol)
+            provider, certifier, context = audit.rebuild(dataset, model, protocol)
         x = points[:take].to(device)
-        for c in _certify(certifier, provider, x, list(range(done, done + take))):
+        for c in _certify(audit, context, provider, certifier, x, list(range(done, done + take))):
             if c.prediction == ABSTAIN or c.radius <= 0:
                 continue
             signed = float(flat[c.input_id - done] @ normal) - offset
@@ -128,7 +136,7 @@ def _ball_trials(audit: Audit, points: torch.Tensor, trials: int, gen: torch.Gen
     model = BallClassifier(dim, one_hot=True).to(device)
     protocol = _protocol(audit)
     dataset = _dataset(audit, "ball", model, points)
-    provider, certifier, _ = audit.rebuild(dataset, model, protocol)
+    provider, certifier, context = audit.rebuild(dataset, model, protocol)
     with torch.no_grad():
         sigma_ref = provider(points.to(device)).double().cpu()
     failures, certified, example = 0, 0, None
@@ -141,9 +149,16 @@ def _ball_trials(audit: Audit, points: torch.Tensor, trials: int, gen: torch.Gen
         radius = s * math.sqrt(stats.ncx2.ppf(q, dim, 1.0))
         model.set_ball(x0.flatten().double().cpu() + s * u / u.norm(), radius)
         if certifier.order_dependent:  # a memory lives for one classifier
-            provider, certifier, _ = audit.rebuild(dataset, model, protocol)
-        sigma, gradient = sigma_and_gradient(provider, x0)
-        [c] = certifier.certify(x0, sigma, [t])
+            provider, certifier, context = audit.rebuild(dataset, model, protocol)
+        if sigma_smoothing(provider) is None:  # σ and ∇σ in one evaluation of the provider
+            sigma, gradient = sigma_and_gradient(provider, x0)
+            sigma = checked_sigma(sigma, 1, audit.method.sigma_provider).double().cpu().numpy()
+            drawn = None
+        else:  # σ drawn by the harness; a smoothed choice among levels has no gradient
+            sigma, drawn = sigma_of(context, provider, x0, [t], audit.method.sigma_provider)
+            gradient = None
+        [c] = certify_drawn(context.engine, protocol, certifier, x0, [t], sigma, drawn,
+                            label=certifier_label(context, audit.method))  # fmt: skip
         if c.prediction == ABSTAIN or c.radius <= 0:
             continue
         certified += 1

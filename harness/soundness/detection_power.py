@@ -61,12 +61,14 @@ def rigged_plugin() -> types.ModuleType:
             def radius(self, p_lower, sigma):
                 return factor * super().radius(p_lower, sigma)
 
-        return lambda context, params, sigma_provider: Inflated(context.engine, context.protocol)
+        return lambda context, params, sigma_provider: Inflated()
 
     def laundered(alpha: float):
-        return lambda context, params, sigma_provider: CohenCertifier(
-            context.engine, replace(context.protocol, alpha=alpha)
-        )
+        class Laundered(CohenCertifier):
+            def certify(self, evidence):
+                return super().certify(replace(evidence, alpha=alpha))
+
+        return lambda context, params, sigma_provider: Laundered()
 
     certifiers = {f"cohen-radius-x{f:g}": inflated(f) for f in RADIUS_FACTORS}
     certifiers |= {f"cohen-alpha-{a:g}": laundered(a) for a in ALPHA_EFFECTIVE}

@@ -19,9 +19,10 @@ and 3) are audited by the harness from the objects themselves, never from the
 certifier's own report: Lip(σ) <= lip from the provider's ``weights`` (product of their
 spectral norms, ``torch.linalg.matrix_norm(ord=2)``) when it exposes them, and from
 random pairs around the audited inputs; σ >= σ_min on every certificate and at those
-points; the normalized outputs g of ``certifier.engine.model`` on noisy samples lie in
-[p_min, 1 − (K − 1) p_min] and no certificate declares un-normalized outputs. L and
-the radius are re-derived by S0 (:mod:`harness.soundness.evidence`).
+points; every certificate records a floor 0 < p_min < 1/K and declares normalized
+outputs, so that the means of g = (1 − K·p_min)·softmax + p_min, which S0 forms from the
+harness's mean softmax outputs (:mod:`harness.soundness.evidence`), lie in
+[p_min, 1 − (K − 1)·p_min] by construction; L and the radius are re-derived by S0.
 
 Applicability: every certifier that is not ``order_dependent`` (memory certificates
 keep σ constant inside each certified ball, Alfarra et al., App. C, so there is no σ
@@ -36,8 +37,8 @@ import numpy as np
 import torch
 
 from harness.certificate import ABSTAIN
+from harness.certify import checked_sigma
 from harness.regularity import Constant, Lipschitz, SemiElastic
-from harness.runner import checked_sigma
 from harness.soundness.audit import Audit
 from harness.soundness.verdict import CheckResult, Verdict
 from harness.worstcase import xi
@@ -226,24 +227,15 @@ def _soft_hypotheses(audit: Audit, declared) -> CheckResult:
         failed.append(
             f"σ >= σ_min = {declared.sigma_min:.10g}: found σ = {min(min_sigma, stored_min):.10g}"
         )
-    p_mins = [c["evidence"].get("p_min") for c in certs if c.get("evidence")]
-    if any(c.get("evidence", {}).get("normalized") is False for c in certs):
+    p_mins = [(c.get("evidence") or {}).get("p_min") for c in certs]
+    if any((c.get("evidence") or {}).get("normalized") is False for c in certs):
         failed.append("outputs normalized to [p_min, 1 − p_min] (Remark 2): the certificates "
                       "declare raw outputs")  # fmt: skip
     if p_mins and all(p is not None for p in p_mins):
         p_min = min(p_mins)
-        engine = audit.certifier.engine
-        sigma = s0.float().view((-1,) + (1,) * (x0.dim() - 1))
-        noise = torch.randn((8, *x0.shape), generator=gen).to(device)
-        with torch.no_grad():
-            out = engine.model((x0[None] + sigma[None] * noise).flatten(0, 1))
-            g = torch.softmax(out.double(), dim=1)
-        high = 1 - (g.shape[1] - 1) * p_min
-        g_lo, g_hi = float(g.min()), float(g.max())
-        evidence.update(p_min=p_min, output_range=[g_lo, g_hi])
-        if g_lo < p_min * (1 - 1e-9) or g_hi > high * (1 + 1e-12):
-            failed.append(f"outputs in [{p_min:.10g}, {high:.10g}] (Remark 2): found "
-                          f"[{g_lo:.10g}, {g_hi:.10g}]")  # fmt: skip
+        evidence["p_min"] = p_min
+        if not 0 < p_min < 1 / max(2, audit.context.dataset.num_classes):
+            failed.append(f"0 < p_min < 1/K (Remark 2): the certificates record p_min = {p_min!r}")
     else:
         failed.append("outputs in [p_min, 1 − p_min] (Remark 2): the certificates record no p_min")
     evidence["failed"] = failed

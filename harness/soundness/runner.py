@@ -14,7 +14,7 @@ from harness.plugins import PluginManager, get_plugin_manager
 from harness.progress import Progress
 from harness.results import benchmark_radii
 from harness.runner import RunOptions, prepare
-from harness.soundness.audit import BUDGETS, Audit, Budget
+from harness.soundness.audit import BUDGETS, Audit, Budget, fresh_entropy
 from harness.soundness.verdict import CheckResult, Verdict
 from harness.spec import setting_key, spec_from_dict
 from harness.store import ResultStore
@@ -30,8 +30,10 @@ def audits(
     method: str | None = None,
     budget: str | Budget = "small",
     orders: int | None = None,
+    entropy: int | None = None,
 ) -> Iterator[Audit]:
-    """One :class:`Audit` per (method, setting) of the run that has certificates."""
+    """One :class:`Audit` per (method, setting) of the run that has certificates, each with
+    fresh audit-time entropy (``entropy``, when given, re-runs an audit from its record)."""
     if isinstance(budget, str) and budget not in BUDGETS:
         raise IdrsError(f"unknown budget {budget!r}; choose one of {sorted(BUDGETS)}")
     if orders is not None and orders < 1:
@@ -78,21 +80,27 @@ def audits(
             provider, certifier = build_method(prepared.registry, config.name, params, context)
             inputs = prepared.dataset.test_x[torch.tensor([c.input_id for c in row.certificates])]
             yield Audit(run["run_id"], method_spec, key, params, context, provider, certifier, certs,
-                        inputs, limits, prepared.registry, radii)  # fmt: skip
+                        inputs, limits, prepared.registry, radii,
+                        fresh_entropy() if entropy is None else entropy)  # fmt: skip
 
 
 def run_checks(
     db, run_id: str | None, options: RunOptions, progress: Progress,
     manager: PluginManager | None = None, method: str | None = None, budget: str | Budget = "small",
-    orders: int | None = None,
+    orders: int | None = None, entropy: int | None = None,
 ) -> dict[tuple[str, str], list[CheckResult]]:  # fmt: skip
-    """Run every registered check on every (method, setting); store and return the results."""
+    """Run every registered check on every (method, setting); store and return the results.
+
+    Each row's audit-time entropy is recorded in each of its checks' evidence
+    (``entropy``, hex), from which the audit can be re-run (``entropy``)."""
     manager = manager or get_plugin_manager()
     checks = [manager.registry.get("checks", n) for n in manager.registry.names("checks")]
     store = ResultStore(db)
     out: dict[tuple[str, str], list[CheckResult]] = {}
     try:
-        for audit in audits(store, run_id, options, progress, manager, method, budget, orders):
+        for audit in audits(
+            store, run_id, options, progress, manager, method, budget, orders, entropy
+        ):
             results = []
             with progress.task(
                 f"checks {audit.method.name} {audit.setting}", len(checks), "checks"
@@ -115,6 +123,7 @@ def run_checks(
                             f"check {check.name} raised on {audit.method.name} ({audit.setting}): "
                             f"{exc}; the row is not verified"
                         )
+                    result.evidence.setdefault("entropy", f"{audit.entropy:032x}")
                     store.add_check(
                         audit.run_id, audit.method.name, audit.setting, result, audit.budget.name
                     )

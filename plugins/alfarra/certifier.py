@@ -1,8 +1,8 @@
 """The certifier wrapper ``memory``: any certifier followed by Alg. 3 (Alfarra et al. 2022, App. C).
 
-The inner certifier's certificates are put through the memory in the order of the
-inputs it was given (the runner's order of test inputs), whatever order the inner
-certifier yields them in. Each certificate records in its evidence
+The inner certifier's claims on the harness's evidence are put through the memory in
+the order of the inputs (the runner's order of test inputs). Each claim records in its
+evidence
 
 - ``memory_position``: its place in the memory (the input order of the run);
 - ``memory_raw_prediction``, ``memory_raw_radius``, ``memory_raw_predict``: the inner
@@ -14,11 +14,11 @@ certifier yields them in. Each certificate records in its evidence
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 import torch
 
-from harness import Certificate, Certifier, IdrsError, RadiusFormula, Recomputed, RunState
+from harness import Certifier, Claim, Evidence, IdrsError, RadiusFormula, Recomputed, RunState
 from plugins.alfarra.memory import INSIDE, Memory, MemoryEntry
 from plugins.alfarra.memory_store import stage_entry
 
@@ -68,49 +68,43 @@ class MemoryCertifier:
         self.memory = memory
         self.state = state
         self.smoothing = inner.smoothing
-        self.engine = inner.engine
         self.radius_formula = RadiusFormula(
             f"memory({inner.radius_formula.name})", memory_recompute, inner.radius_formula
         )
 
-    def certify(
-        self, x: torch.Tensor, sigma: torch.Tensor, input_ids: Sequence[int]
-    ) -> Iterator[Certificate]:
-        order = [int(i) for i in input_ids]
+    def certify(self, evidence: Evidence) -> list[Claim]:
+        """The inner certifier's claims put through the memory, in the inputs' order."""
+        order = [int(i) for i in evidence.input_ids]
         if len(set(order)) != len(order):
             raise IdrsError("the memory certifier needs distinct input ids in one call")
-        pending: dict[int, Certificate] = {}
-        done = 0
-        for cert in self.inner.certify(x, sigma, input_ids):
-            pending[int(cert.input_id)] = cert
-            while done < len(order) and order[done] in pending:
-                yield self._adjust(pending.pop(order[done]), x[done])
-                done += 1
-        if done < len(order):
+        claims = list(self.inner.certify(evidence))
+        if len(claims) != len(order):
             raise IdrsError(
-                f"the inner certifier returned no certificate for input {order[done]}; "
+                f"the inner certifier returned {len(claims)} claims for {len(order)} inputs; "
                 "the memory needs every input in order"
             )
+        return [
+            self._adjust(i, claim, x) for i, claim, x in zip(order, claims, evidence.x, strict=True)
+        ]
 
-    def _adjust(self, cert: Certificate, x: torch.Tensor) -> Certificate:
-        known = cert.input_id in self.memory
-        entry: MemoryEntry = self.memory.certify(cert.input_id, x, cert.prediction, cert.radius)
+    def _adjust(self, input_id: int, claim: Claim, x: torch.Tensor) -> Claim:
+        known = input_id in self.memory
+        entry: MemoryEntry = self.memory.certify(input_id, x, claim.prediction, claim.radius)
         if not known and self.state is not None:
             stage_entry(self.state, entry, x)
         ids = [self.memory.entries[p].input_id for p in entry.decided_by]
-        cert.evidence = {
-            **cert.evidence,
+        evidence = {
+            **claim.evidence,
             "memory_position": entry.position,
             "memory_raw_prediction": entry.raw_prediction,
             "memory_raw_radius": entry.raw_radius,
-            "memory_raw_predict": cert.predict,
+            "memory_raw_predict": claim.predict,
             "memory_action": entry.action,
             "memory_decided_by": ids,
         }
-        cert.prediction, cert.radius = entry.prediction, entry.radius
-        if entry.action == INSIDE:
-            cert.predict = entry.prediction
-        return cert
+        predict = entry.prediction if entry.action == INSIDE else claim.predict
+        return replace(claim, prediction=entry.prediction, radius=entry.radius, predict=predict,
+                       evidence=evidence)  # fmt: skip
 
 
 def memory_recompute(rows, inputs, protocol, regularity, inner: RadiusFormula) -> Recomputed:

@@ -33,7 +33,7 @@ def _constant_sigma(context: BuildContext, params: Mapping[str, Any]):
 def _cohen_certifier(context: BuildContext, params: Mapping[str, Any], sigma_provider):
     from plugins.cohen.certifier import CohenCertifier
 
-    return CohenCertifier(context.engine, context.protocol)
+    return CohenCertifier()
 
 
 def train_gaussian_augmentation(model, dataset, params: Mapping[str, Any], context: TrainContext):

@@ -92,21 +92,11 @@ def _lipschitz_net(context: BuildContext, params: Mapping[str, Any]):
 
 def _lipschitz_certifier(context: BuildContext, params: Mapping[str, Any], sigma_provider):
     """Thm 3 with Lip(σ) and σ_min from ``sigma_provider.regularity`` (its declaration)."""
-    from harness import SamplingEngine
     from plugins.lipschitz.certifier import LipschitzCertifier
-    from plugins.lipschitz.normalization import NormalizedModel
 
-    classes = context.dataset.num_classes
-    normalize = bool(params["normalize"])
-    base = context.engine.model  # the base model as certified (the run's precision)
-    model = NormalizedModel(base, classes, float(params["p_min"])) if normalize else base
-    engine = SamplingEngine(
-        model, classes, context.device, context.engine.batch_size, context.engine.seed,
-        noise=context.engine.noise,
-    )  # fmt: skip
     return LipschitzCertifier(
-        engine, context.protocol, sigma_provider.regularity, float(params["p_min"]), context.dataset.dim,
-        normalized=normalize, bounds=bool(params["confidence_bounds"]),
+        sigma_provider.regularity, float(params["p_min"]), context.dataset.dim,
+        normalized=bool(params["normalize"]), bounds=bool(params["confidence_bounds"]),
     )  # fmt: skip
 
 

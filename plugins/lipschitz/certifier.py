@@ -31,26 +31,19 @@ class other than argmax ḡ) with probability at most α, as Cohen et al.'s PRED
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator, Sequence
-
 import numpy as np
-import torch
 from scipy.special import ndtri
 
 from harness import (
     ABSTAIN,
-    STREAM_ESTIMATION,
-    STREAM_SELECTION,
-    Certificate,
     CertificationProtocol,
+    Claim,
     Constant,
+    Evidence,
     IdrsError,
     Lipschitz,
     RadiusFormula,
     Recomputed,
-    SamplingEngine,
-    SoftStats,
     check_alpha,
     hoeffding_lower,
     hoeffding_upper,
@@ -102,21 +95,30 @@ def soft_radius(lower: float, upper: float, lipschitz: float) -> float:
     return float((ndtri(lower) - ndtri(upper)) / (2.0 * lipschitz))
 
 
-class LipschitzCertifier:
-    """Thm 3 certificates for σ with the given regularity, on the normalized base model.
+def normalized_means(means: np.ndarray, p_min: float, normalized: bool = True) -> np.ndarray:
+    """Means of g = (1 − n·p_min)·softmax + p_min (Remark 2) from the harness's mean
+    softmax outputs: g is affine in the softmax, so its mean is the same map of theirs."""
+    means = np.asarray(means, dtype=np.float64)
+    return (1.0 - means.shape[-1] * p_min) * means + p_min if normalized else means
 
-    :param engine: a SamplingEngine on :class:`~plugins.lipschitz.normalization.NormalizedModel`
-        (its soft statistics are then means of g).
+
+class LipschitzCertifier:
+    """Thm 3 claims for σ with the given regularity, on the normalized base output.
+
+    The harness draws the soft smoothing of the base model (mean softmax outputs); the
+    claims use the means of g = (1 − n·p_min)·softmax + p_min (Remark 2, ``normalized``).
+
     :param regularity: ``Lipschitz(lip, sigma_min)`` of σ (or ``Constant(σ)``: Lip(σ) = 0).
     :param p_min: the normalization floor; Lemma 3's precondition is checked here, before any
         certificate, and :class:`~harness.errors.ParameterError` raised if it fails.
     :param dim: the input dimension d of χ²_d.
     """
 
+    smoothing = "soft"
+    order_dependent = False
+
     def __init__(
         self,
-        engine: SamplingEngine,
-        protocol: CertificationProtocol,
         regularity: Lipschitz | Constant,
         p_min: float,
         dim: int,
@@ -130,8 +132,6 @@ class LipschitzCertifier:
                 f"the lipschitz certifier needs a Lipschitz σ with a floor σ_min, got "
                 f"{regularity.describe()}; use the σ-provider lipschitz-net"
             )
-        self.engine = engine
-        self.protocol = protocol
         self.regularity = regularity
         self.p_min = check_p_min(p_min)
         self.dim = dim
@@ -140,59 +140,33 @@ class LipschitzCertifier:
         self.normalized, self.bounds = normalized, bounds
         self.radius_formula = LIPSCHITZ_THM3
 
-    smoothing = "soft"
-    order_dependent = False
-
-    def _check_sigma(self, sigma: np.ndarray) -> None:
-        if np.any(sigma < self.regularity.sigma_min):
+    def certify(self, evidence: Evidence) -> list[Claim]:
+        if np.any(evidence.sigma < self.regularity.sigma_min):
             raise IdrsError(
-                f"σ(x) = {float(sigma.min()):g} is below the declared floor "
+                f"σ(x) = {float(evidence.sigma.min()):g} is below the declared floor "
                 f"σ_min = {self.regularity.sigma_min:g}; Thm 3 does not apply"
             )
+        base = evidence.base
+        selection = normalized_means(base.selection, self.p_min, self.normalized)
+        estimation = normalized_means(base.estimation, self.p_min, self.normalized)
+        return [self.claim(selection[i], estimation[i], base.n, evidence.alpha)
+                for i in range(len(evidence))]  # fmt: skip
 
-    def certify(
-        self, x: torch.Tensor, sigma: torch.Tensor, input_ids: Sequence[int]
-    ) -> Iterator[Certificate]:
-        sigma_values = torch.as_tensor(sigma).double().cpu().numpy()
-        self._check_sigma(sigma_values)
-        n0, n = self.protocol.n0, self.protocol.n
-        start = time.perf_counter()
-        selection = self.engine.soft_stats(x, sigma_values, input_ids, n0, STREAM_SELECTION)
-        share = (time.perf_counter() - start) / max(len(input_ids), 1)
-        last = time.perf_counter()
-        runs = self.engine.run(x, sigma_values, input_ids, n, STREAM_ESTIMATION, soft=True)
-        for index, stats in runs:
-            certificate = self.from_means(
-                input_ids[index], sigma_values[index], selection[index].means, stats
-            )
-            certificate.evidence["n0"] = int(selection[index].num)
-            now = time.perf_counter()
-            certificate.seconds = share + (now - last)
-            last = now
-            yield certificate
-
-    def from_means(
-        self, input_id: int, sigma: float, selection_means: np.ndarray, estimation: SoftStats
-    ) -> Certificate:
-        """The certificate implied by the selection means and the estimation statistics."""
-        alpha = self.protocol.alpha
+    def claim(self, selection_means: np.ndarray, means: np.ndarray, n: int, alpha: float) -> Claim:
+        """The claim implied by the selection means and the estimation means of g over n."""
         top = int(np.argmax(selection_means))
-        means = np.asarray(estimation.means, dtype=np.float64)
         if self.bounds:
-            lower, upper = confidence_bounds(means, top, estimation.num, alpha, self.p_min)
+            lower, upper = confidence_bounds(means, top, n, alpha, self.p_min)
         else:  # the paper's experiments: raw Monte Carlo means (no guarantee)
             lower, upper = float(means[top]), float(np.max(np.delete(means, top)))
         radius = soft_radius(lower, upper, self.lipschitz)
         prediction = top if radius > 0 else ABSTAIN
         others = np.delete(np.arange(len(means)), top)
-        return Certificate(
-            input_id=int(input_id),
+        return Claim(
             prediction=prediction,
             radius=radius if prediction != ABSTAIN else 0.0,
             p_lower=lower,
-            sigma=float(sigma),
-            alpha=alpha,
-            predict=soft_predict(means, estimation.num, alpha, self.p_min),
+            predict=soft_predict(means, n, alpha, self.p_min),
             evidence={
                 "upper_runner_up": upper,
                 "runner_up": int(others[np.argmax(means[others])]),
@@ -202,17 +176,16 @@ class LipschitzCertifier:
                 "p_min": self.p_min,
                 "bound": BOUND if self.bounds else "none (raw means)",
                 "normalized": self.normalized,
-                "n": int(estimation.num),
-                "means_selection": [float(v) for v in selection_means],
-                "means_estimation": [float(v) for v in means],
             },
         )
 
 
 def lipschitz_recompute(rows, inputs, protocol: CertificationProtocol, regularity) -> Recomputed:
-    """Thm 3 re-derived from stored mean outputs: y = argmax of the selection means, the
-    Hoeffding bounds of :func:`confidence_bounds` at the run's α, L of Thm 2 from the
-    declared ``Lipschitz(lip, σ_min)`` (Lemma 3 checked), R = (Φ⁻¹(lower) − Φ⁻¹(upper)) / 2L."""
+    """Thm 3 re-derived from the harness's mean softmax outputs: g's means by Remark 2 at
+    the certificate's p_min (``normalized`` as it declares), y = argmax of the selection
+    means, the Hoeffding bounds of :func:`confidence_bounds` at the run's α, L of Thm 2
+    from the declared ``Lipschitz(lip, σ_min)`` (Lemma 3 checked),
+    R = (Φ⁻¹(lower) − Φ⁻¹(upper)) / 2L."""
     if isinstance(regularity, Constant):
         regularity = Lipschitz(0.0, regularity.sigma)
     if not isinstance(regularity, Lipschitz):
@@ -223,20 +196,22 @@ def lipschitz_recompute(rows, inputs, protocol: CertificationProtocol, regularit
     out = {k: np.zeros(len(rows)) for k in ("n0", "n", "bound", "prediction", "radius")}
     for i, row in enumerate(rows):
         ev = row.get("evidence") or {}
-        if "means_estimation" not in ev or "p_min" not in ev:
+        base = (row.get("draws") or {}).get("base")
+        if base is None or base.get("kind") != "soft" or "p_min" not in ev:
             out["prediction"][i] = ABSTAIN
             continue
         p_min = float(ev["p_min"])
         if p_min not in constants:
             check_lemma3(check_p_min(p_min), dim)
             constants[p_min] = lipschitz_constant(regularity.sigma_min, regularity.lip, p_min, dim)
-        top = int(np.argmax(ev["means_selection"]))
-        n = int(ev["n"])
-        lower, upper = confidence_bounds(
-            np.asarray(ev["means_estimation"]), top, n, protocol.alpha, p_min
-        )
+        normalized = ev.get("normalized", True) is not False
+        selection = normalized_means(base["selection"], p_min, normalized)
+        means = normalized_means(base["estimation"], p_min, normalized)
+        top = int(np.argmax(selection))
+        n = int(base["n"])
+        lower, upper = confidence_bounds(means, top, n, protocol.alpha, p_min)
         radius = soft_radius(lower, upper, constants[p_min])
-        out["n0"][i], out["n"][i], out["bound"][i] = ev.get("n0", 0), n, lower
+        out["n0"][i], out["n"][i], out["bound"][i] = base["n0"], n, lower
         out["prediction"][i] = top if radius > 0 else ABSTAIN
         out["radius"][i] = max(radius, 0.0)
     return Recomputed(out["n0"].astype(np.int64), out["n"].astype(np.int64), out["bound"],

@@ -78,9 +78,7 @@ def _certifier(context, params: Mapping[str, Any], sigma_provider):
     """Thm 3.2 at the rate r the σ-provider declares (``sigma_provider.regularity``)."""
     from plugins.sukenik.certifier import SukenikCertifier
 
-    return SukenikCertifier(
-        context.engine, context.protocol, sigma_provider.regularity, context.dataset.dim
-    )
+    return SukenikCertifier(sigma_provider.regularity, context.dataset.dim)
 
 
 def _train_input_dependent(model, dataset, params, context):

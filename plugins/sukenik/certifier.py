@@ -14,8 +14,7 @@ class SukenikCertifier(HardSmoothingCertifier):
 
     radius_formula = SUKENIK
 
-    def __init__(self, engine, protocol, regularity, dim: int) -> None:
-        super().__init__(engine, protocol)
+    def __init__(self, regularity, dim: int) -> None:
         self.rate, self.dim = semi_elastic_rate(regularity), dim
 
     def radius(self, p_lower: np.ndarray, sigma: np.ndarray) -> np.ndarray:
