@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from harness.errors import IdrsError
-from harness.store import LeaseAnswer, ResultStore
+from harness.store import PRESENCE, LeaseAnswer, ResultStore
 
 LEASE_ENV_VAR = "IDRS_BENCH_LEASE_SECONDS"
 DEFAULT_LEASE_SECONDS = 60.0
@@ -66,10 +66,11 @@ def process_name() -> str:
 class LeaseKeeper:
     """The leases of this process on one database, renewed from a thread while open.
 
-    ``acquire(run, method, setting, shard)`` returns a :class:`LeaseAnswer`;
-    ``lost(key)`` says whether a held lease was taken over by another process;
-    ``release`` drops one; closing drops them all. ``notice`` receives one line the first
-    time each other process is met (``progress.note``).
+    ``join(run)`` leases this process's presence on a run (so that the others know it
+    works on it); ``acquire(run, method, setting, shard)`` returns a
+    :class:`LeaseAnswer`; ``lost(key)`` says whether a held lease was taken over by
+    another process; ``release`` drops one; closing drops them all. ``notice`` receives
+    one line the first time each other process is met (``progress.note``).
     """
 
     def __init__(
@@ -86,6 +87,7 @@ class LeaseKeeper:
         self.held: set[Key] = set()
         self._lost: set[Key] = set()
         self._met: set[str] = set()
+        self._joined: set[str] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._heartbeat, daemon=True, name="leases")
@@ -96,6 +98,12 @@ class LeaseKeeper:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def join(self, run_id: str) -> list[str]:
+        """Say that this process works on ``run_id``; the others that do (``host:pid``)."""
+        self.acquire(run_id, "", self.owner, PRESENCE)
+        self._joined.add(run_id)
+        return self.others(run_id)
 
     def acquire(self, run_id: str, method: str, setting: str, shard: int) -> LeaseAnswer:
         answer = self.store.acquire_lease(run_id, method, setting, shard, self.owner, self.seconds)
@@ -141,6 +149,8 @@ class LeaseKeeper:
             held, self.held = set(self.held), set()
         for key in held:
             self.store.release_lease(*key, self.owner)
+        for run_id in self._joined:  # processes that died without saying so
+            self.store.drop_expired_leases(run_id, PRESENCE)
         self.store.close()
 
     def _heartbeat(self) -> None:

@@ -337,7 +337,7 @@ class LocalExecutor:
 
         progress = prepared.context.progress
         with LeaseKeeper(store.path, progress.note) as leases:
-            leases.others(prepared.run_id)
+            leases.join(prepared.run_id)
             built: dict[tuple[str, str], tuple] = {}
             pending, told = list(work), False
             while pending:
@@ -355,6 +355,7 @@ class LocalExecutor:
                     told = True
                 if waiting:
                     time.sleep(min(self.poll, leases.seconds / 4))
+                leases.others(prepared.run_id)  # (says which processes joined meanwhile)
                 pending = waiting
 
 
@@ -394,7 +395,7 @@ def _certify_setting(
                 provider, certifier, state, context = _built_method(store, prepared, work, built)
         labels = context.dataset.test_y
         waiting = False
-        with context.progress.task(
+        with context.progress.task(  # counts what this process certifies
             f"{work.method} {key}", total=work.remaining, unit="inputs"
         ) as advance:
             for shard in work.unfinished():
@@ -408,7 +409,6 @@ def _certify_setting(
                 try:
                     if shard in store.finished_shards(run_id, work.method, key):
                         work.finished.add(shard)  # by another process, meanwhile
-                        advance(len(work.todo(shard)))
                         continue
                     work.stored |= store.stored_inputs(run_id, work.method, key, shard)
                     todo = work.todo(shard)
@@ -436,6 +436,7 @@ def _certify_setting(
                         return _WAITING
                     store.finish_shard(run_id, work.method, key, shard)
                     work.finished.add(shard)
+                    leases.others(run_id)  # (says which processes joined meanwhile)
                 finally:
                     if whole is None:
                         leases.release(*lease)

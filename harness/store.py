@@ -45,6 +45,8 @@ BUSY_SECONDS = 60.0
 
 WHOLE_SETTING = -1
 """The shard number of a lease on every shard of a setting (an order-dependent certifier)."""
+PRESENCE = -2
+"""The shard number of a process's presence on a run (method "", setting: the process)."""
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -441,6 +443,15 @@ class ResultStore:
             sql, args = sql + " AND owner = ?", (*args, owner)
         with self.db:
             self.db.execute(sql, args)
+
+    def drop_expired_leases(self, run_id: str, shard: int) -> None:
+        """Delete the expired leases of ``run_id`` on ``shard`` (e.g. :data:`PRESENCE`: of
+        processes that died)."""
+        with self.db:
+            self.db.execute(
+                "DELETE FROM leases WHERE run_id = ? AND shard = ? AND expires <= ?",
+                (run_id, shard, time.time()),
+            )
 
     def lease_holder(self, run_id: str, method: str, setting: str, shard: int) -> str | None:
         """The owner of the lease on ``shard``, expired or not; None when there is none."""

@@ -4,6 +4,7 @@ bit for bit: two at once, then two with one SIGKILLed in the middle of a shard, 
 shard the other takes over once its lease expires."""
 
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -15,9 +16,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 PLUGIN = '''
-"""Cohen's certifier at a constant σ, sleeping `delay` seconds per input it claims, so
-that two processes overlap and one can be killed in the middle of a shard."""
+"""Cohen's certifier at a constant σ, sleeping $SLOW_WORK_DELAY seconds per input it
+claims, so that two processes overlap and one can be killed in the middle of a shard."""
 
+import os
 import time
 
 from harness import CertifierSpec, Constant, MethodSpec, SigmaProviderSpec, hookimpl
@@ -32,20 +34,19 @@ class Constant_:
 
 
 class Slow:
-    def __init__(self, inner, delay):
-        self._inner, self._delay = inner, delay
+    def __init__(self, inner):
+        self._inner = inner
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
     def certify(self, evidence):
-        time.sleep(self._delay * len(evidence.input_ids))
+        time.sleep(float(os.environ.get("SLOW_WORK_DELAY", 0)) * len(evidence.input_ids))
         return self._inner.certify(evidence)
 
 
 def _slow(context, params, provider):
-    cohen = context.registry.get("certifiers", "cohen").build(context, params, provider)
-    return Slow(cohen, params["delay"])
+    return Slow(context.registry.get("certifiers", "cohen").build(context, params, provider))
 
 
 @hookimpl
@@ -60,7 +61,7 @@ def idrs_register_certifiers(register):
 
 @hookimpl
 def idrs_register_methods(register):
-    register(MethodSpec("slow-cohen", "slow-constant", "slow-cohen", {"sigma": 0.5, "delay": 0.0}))
+    register(MethodSpec("slow-cohen", "slow-constant", "slow-cohen", {"sigma": 0.5}))
 '''
 
 SPEC = """
@@ -86,7 +87,7 @@ batch_size = 512
 
 [[methods]]
 name = "slow-cohen"
-settings = [{ sigma = 0.5, delay = 0.05 }]
+settings = [{ sigma = 0.5 }]
 
 [[methods]]
 name = "alfarra-ds-memory"
@@ -146,10 +147,28 @@ def _command(spec: Path, db: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "harness.cli", "run", str(spec), "--db", str(db), *extra]
 
 
-def _start(setup, db: Path, log: Path, *extra: str) -> subprocess.Popen:
+def _start(setup, db: Path, log: Path, delay: float, *extra: str) -> subprocess.Popen:
+    """`idrs-bench run` in the background, its plugin sleeping ``delay`` s per input."""
     spec, env, _ = setup
-    return subprocess.Popen(_command(spec, db, *extra), cwd=ROOT, env=env,
+    return subprocess.Popen(_command(spec, db, *extra), cwd=ROOT,
+                            env={**env, "SLOW_WORK_DELAY": str(delay)},
                             stdout=subprocess.DEVNULL, stderr=log.open("w"))  # fmt: skip
+
+
+def _wait_for(condition, proc: subprocess.Popen, log: Path, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
+        time.sleep(0.01)
+
+
+def _leases_of(db: Path, proc: subprocess.Popen) -> list[tuple]:
+    return _query(db, "SELECT method, shard FROM leases WHERE owner LIKE ?", (f"%:{proc.pid}:%",))
+
+
+def _certified(text: str) -> int:
+    """Inputs a process certified, from its progress lines (`...: finished, 16/32 inputs`)."""
+    return sum(int(m) for m in re.findall(r": finished, (\d+)/\d+ inputs", text))
 
 
 def _same_as_reference(db: Path, reference: Path) -> None:
@@ -163,17 +182,19 @@ def _same_as_reference(db: Path, reference: Path) -> None:
 def test_two_processes_share_the_shards_and_equal_one_process(setup, tmp_path):
     db = tmp_path / "shared.sqlite"
     logs = [tmp_path / "a.err", tmp_path / "b.err"]
-    procs = [_start(setup, db, log, "--no-check") for log in logs]
+    first = _start(setup, db, logs[0], 0.25, "--no-check")
+    _wait_for(lambda: _leases_of(db, first), first, logs[0])  # it works: start the second
+    second = _start(setup, db, logs[1], 0.25, "--no-check")
+    procs = [first, second]
     for proc, log in zip(procs, logs, strict=True):
         assert proc.wait(timeout=300) == 0, log.read_text()
     _same_as_reference(db, setup[2])
     texts = [log.read_text() for log in logs]
     for text, other in zip(texts, reversed(procs), strict=True):
         assert f":{other.pid} is working on this run in {db} too" in text, text
-    # each process certified part of the Cohen shards, neither all of them
-    done = [int(t.split("slow-cohen delay=0.05,sigma=0.5: finished, ")[1].split("/")[0])
-            for t in texts]  # fmt: skip
-    assert all(0 < n < 32 for n in done), texts
+    # each process certified part of the inputs, and no input was certified twice
+    done = [_certified(text) for text in texts]
+    assert all(n > 0 for n in done) and sum(done) == 2 * 32, (done, texts)
 
 
 HOLD = """
@@ -216,21 +237,23 @@ def test_one_process_runs_the_checks_the_others_wait_or_take_over(setup, tmp_pat
 def test_a_process_killed_mid_shard_leaves_its_shard_to_the_other(setup, tmp_path):
     db = tmp_path / "shared.sqlite"
     a_log, b_log = tmp_path / "a.err", tmp_path / "b.err"
-    a = _start(setup, db, a_log, "--no-check")
-    b = _start(setup, db, b_log, "--no-check")
-    deadline = time.monotonic() + 120
-    shard = None
-    while shard is None:  # A holds a Cohen shard of which some inputs are stored
-        assert time.monotonic() < deadline and a.poll() is None, a_log.read_text()
-        held = _query(db, "SELECT shard FROM leases WHERE method = 'slow-cohen' AND owner LIKE ?",
-                      (f"%:{a.pid}:%",))  # fmt: skip
-        for (k,) in held:
-            stored = _query(db, "SELECT COUNT(*) FROM certificates WHERE method = 'slow-cohen'"
-                            " AND shard = ?", (k,))[0][0]  # fmt: skip
-            if 0 < stored < 16:
-                shard = k
-        time.sleep(0.002)
-    a.kill()
+    a = _start(setup, db, a_log, 1.0, "--no-check")  # a claim a second: stopped mid-shard
+
+    def a_mid_shard() -> int | None:
+        """A Cohen shard A holds, of which some inputs are stored but not all."""
+        for method, shard in _leases_of(db, a):
+            stored = _query(db, "SELECT COUNT(*) FROM certificates WHERE method = ? AND shard = ?",
+                            (method, shard))[0][0]  # fmt: skip
+            if method == "slow-cohen" and 0 < stored < 16:
+                return shard
+        return None
+
+    _wait_for(lambda: a_mid_shard() is not None, a, a_log)
+    b = _start(setup, db, b_log, 0.0, "--no-check")
+    _wait_for(lambda: f":{a.pid} is working on this run" in b_log.read_text(), b, b_log)
+    shard = a_mid_shard()
+    assert shard is not None, a_log.read_text()
+    a.kill()  # SIGKILL: its lease is left to expire
     a.wait()
     assert b.wait(timeout=300) == 0, b_log.read_text()
     text = b_log.read_text()
