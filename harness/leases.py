@@ -157,12 +157,14 @@ class LeaseKeeper:
         store = ResultStore(self.db, verify=False)
         try:
             while not self._stop.wait(self.seconds / 3):
+                with self._lock:
+                    before = set(self.held)  # (a lease acquired meanwhile is not judged)
                 try:
                     still = store.renew_leases(self.owner, self.seconds)
                 except Exception:  # a busy database: renewed at the next beat
                     continue
                 with self._lock:
-                    self._lost |= self.held - still
+                    self._lost |= before - still
         finally:
             store.close()
 
