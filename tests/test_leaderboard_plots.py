@@ -5,6 +5,7 @@ however many rows; class-wise columns named by the dataset's classes with their 
 from __future__ import annotations
 
 import colorsys
+import itertools
 
 import pytest
 from matplotlib.colors import to_rgb
@@ -63,7 +64,7 @@ def test_one_family_and_style_per_method_shades_and_markers_per_sigma(table):
         assert max(hue) - min(hue) < 0.08  # one colour family
         hues.append(sum(hue) / len(hue))
     hues.sort()
-    assert all(b - a > 0.1 for a, b in zip(hues, hues[1:], strict=False))  # three families
+    assert all(b - a > 0.1 for a, b in itertools.pairwise(hues))  # three families
 
 
 @pytest.mark.parametrize("methods", [1, 3, 6])
