@@ -151,8 +151,12 @@ def run(
 
     ``overrides`` set spec values by dotted key, with ``__`` standing for the dot:
     ``run("b.toml", certification__n=200)`` is ``--set certification.n=200``. Returns
-    the run id, the per-row summary (a DataFrame, one row per method and setting) and
-    the certificates (a DataFrame with the store's columns).
+    the run id, the weights digest, the per-row summary (a DataFrame, one row per method
+    and setting, with each row's ``verdict``, the ``checks_applied`` and their ``flags``,
+    as ``idrs-bench results`` shows them), the ``verdicts`` (a dict (method, setting) ->
+    verdict) and the certificates (a DataFrame with the store's columns). Processes that
+    run the same benchmark on the same database share the work, as ``idrs-bench run``
+    does.
     """
     from harness.progress import Progress
     from harness.runner import RunOptions, run_benchmark
@@ -175,19 +179,30 @@ def run(
     reporter = Progress(enabled=progress)
     run_id = run_benchmark(loaded, options, reporter)
     if check:
+        from harness.leases import exclusive
         from harness.soundness.runner import run_checks
 
-        run_checks(Path(db), run_id, options, reporter, budget="small")
+        with exclusive(db, run_id, "the soundness checks", reporter.note) as ours:
+            if ours:
+                run_checks(Path(db), run_id, options, reporter, budget="small")
     store = ResultStore(db)
     try:
         stored = read_run(store, run_id)
         certificates = list(store.certificates(run_id))
     finally:
         store.close()
-    summary = pd.DataFrame(stored.summaries())
+    rows = stored.rows()
+    verdicts = {(row.method, row.setting): row.verdict for row in rows}
+    summary = pd.DataFrame(
+        [
+            s | {"verdict": row.verdict, "checks_applied": row.applied, "flags": row.flags}
+            for s, row in zip(stored.summaries(), rows, strict=True)
+        ]
+    )
     return {
         "run_id": run_id,
         "weights_digest": stored.run.get("weights_digest"),
         "summary": summary,
+        "verdicts": verdicts,
         "certificates": pd.DataFrame(certificates),
     }

@@ -20,8 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from harness.errors import plain
 from harness.progress import Progress
 
 CACHE_ENV_VAR = "IDRS_BENCH_CACHE"
@@ -52,6 +51,8 @@ def _digest_path(path: Path) -> Path:
 
 def save_artifact(path: Path, state: dict[str, Any]) -> None:
     """Write ``state`` (tensors) to ``path`` atomically, with its SHA-256 beside it."""
+    import torch  # (here: the cache root is read before torch is imported)
+
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     torch.save(state, tmp)
@@ -68,6 +69,8 @@ def load_artifact(path: Path, progress: Progress, what: str = "cached file") -> 
     """
     if not path.is_file():
         return None
+    import torch
+
     digest_file = _digest_path(path)
     try:
         if digest_file.is_file():
@@ -89,5 +92,5 @@ def quarantine(path: Path, reason: BaseException | str, progress: Progress, what
     aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
     path.replace(aside)
     _digest_path(path).unlink(missing_ok=True)
-    text = (str(reason).splitlines() or [type(reason).__name__])[0]
+    text = (plain(str(reason)).splitlines() or [type(reason).__name__])[0]
     progress.warn(f"{what} {path} is damaged ({text}); moved to {aside.name}, rebuilding")

@@ -72,10 +72,13 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--models",
         default=None,
+        metavar="NAME,...",
         help=f"comma-separated, from {', '.join(BENCH_MODELS)} (default: every one whose "
         "architecture is registered)",
     )
-    parser.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
+    parser.add_argument(
+        "--device", default="auto", metavar="auto|cpu|cuda", help="cpu, cuda or auto (default)"
+    )
     parser.add_argument(
         "--n",
         type=int,
@@ -88,17 +91,23 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="inputs certified per model (default 8 on cuda, 4 on cpu)",
     )
-    parser.add_argument("--batch-size", default="auto", help="samples per forward pass or auto")
+    parser.add_argument(
+        "--batch-size", default="auto", metavar="B|auto", help="samples per forward pass or auto"
+    )
     parser.add_argument(
         "--seconds",
         type=float,
         default=None,
         help="seconds per raw / ideal measurement (default 2 on cuda, 5 on cpu: shorter windows measure noise)",
     )
-    parser.add_argument("--sigma", type=float, default=0.25)
-    parser.add_argument("--precision", default="fp32", help="fp32, tf32, bf16 or fp16")
+    parser.add_argument("--sigma", type=float, default=0.25, metavar="S")
+    parser.add_argument(
+        "--precision", default="fp32", metavar="fp32|tf32|bf16|fp16", help="the arithmetic"
+    )
     parser.add_argument("--channels-last", action="store_true")
-    parser.add_argument("--noise", default="auto", help="auto, philox-v1 or block-v1")
+    parser.add_argument(
+        "--noise", default="auto", metavar="auto|philox-v1|block-v1", help="the noise scheme"
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(handler=bench_command)  # fmt: skip
 

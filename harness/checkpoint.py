@@ -19,12 +19,14 @@ file's SHA-256 and how it is read.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from harness.artifacts import file_digest
+from harness.checkpoint_diagnosis import diagnose
 from harness.components import Registry
 from harness.data import Dataset
 from harness.errors import IdrsError, ParameterError
@@ -55,16 +57,18 @@ def load_checkpoint(
     )  # fmt: skip
     if config.format == "torchscript":
         try:
-            model = torch.jit.load(str(path), map_location="cpu")
-        except RuntimeError as exc:
-            raise CheckpointError(f"{path} is not a TorchScript file: {exc}") from None
+            with warnings.catch_warnings():  # torch.jit's deprecation notice, on every load
+                warnings.simplefilter("ignore", FutureWarning)
+                model = torch.jit.load(str(path), map_location="cpu")
+        except Exception as exc:  # not TorchScript, damaged
+            raise CheckpointError(diagnose(path, config.format, exc)) from None
         return model.eval(), key
     try:
-        content = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # pickle errors, a wrong format, a truncated file
-        raise CheckpointError(
-            f"{path} cannot be read with torch.load(weights_only=True): {exc}".splitlines()[0]
-        ) from None
+        with warnings.catch_warnings():  # a TorchScript file is named in the error instead
+            warnings.simplefilter("ignore", UserWarning)
+            content = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a pickled object, a wrong format, a truncated file
+        raise CheckpointError(diagnose(path, config.format, exc)) from None
     if config.format == "cohen":
         state, params = _cohen_state(content, config, dataset, path)
     else:

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import signal
+import sqlite3
 import sys
 import threading
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -24,10 +27,10 @@ from rich.table import Table
 
 from harness import __version__
 from harness.bench import add_bench_parser
-from harness.errors import IdrsError
+from harness.errors import IdrsError, plain
 from harness.import_log import add_import_log_parser
 from harness.leaderboard import add_compare_parser, add_leaderboard_parser
-from harness.store import DEFAULT_DB
+from harness.store import DEFAULT_DB, check_database
 
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], object]] = [
     add_leaderboard_parser,
@@ -57,8 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except IdrsError as exc:
-        Console(stderr=True, soft_wrap=True).print(
-            f"[red]error:[/red] {escape(str(exc))}", highlight=False
+        _error(str(exc))
+        return 2
+    except sqlite3.Error as exc:  # damaged after it was opened, or locked for too long
+        _error(
+            f"the results database failed: {exc}; if it is damaged, restore it from a backup "
+            'or pass another --db (`sqlite3 FILE "PRAGMA quick_check"` checks it)'
         )
         return 2
     except KeyboardInterrupt as exc:
@@ -71,6 +78,13 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous)
 
 
+def _error(message: str) -> None:
+    """``error: message`` on stderr, one line, without a library's terminal codes."""
+    Console(stderr=True, soft_wrap=True).print(
+        f"[red]error:[/red] {escape(plain(message))}", highlight=False
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="idrs-bench", description="Benchmark input-dependent randomized smoothing, soundly."
@@ -80,32 +94,39 @@ def _parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run (or resume) a benchmark and print its results")
     run.add_argument(
-        "spec", nargs="?", help="benchmark TOML file (default: the built-in quick benchmark)"
-    )
+        "spec", nargs="?", metavar="SPEC.toml",
+        help="benchmark TOML file (default: the built-in quick benchmark)",
+    )  # fmt: skip
     run.add_argument(
-        "--db", type=Path, default=DEFAULT_DB, help=f"results database (default {DEFAULT_DB})"
-    )
+        "--db", type=Path, default=DEFAULT_DB, metavar="PATH",
+        help=f"results database (default {DEFAULT_DB}); processes running the same benchmark "
+        "on one database share its shards",
+    )  # fmt: skip
     run.add_argument(
-        "--device", choices=("auto", "cpu", "cuda"), default=None, help="override the spec's device"
-    )
-    run.add_argument("--data-root", help="folder with dataset files")
+        "--device", type=device_name, default=None, metavar="auto|cpu|cuda[:N]",
+        help="override the spec's device (cuda:1: the second GPU)",
+    )  # fmt: skip
+    run.add_argument("--data-root", metavar="DIR", help="folder with dataset files")
     run.add_argument(
         "--download", action="store_true", help="let torchvision download a missing dataset"
     )
-    run.add_argument("--cache-dir", type=Path, help="where trained base models are cached")
+    run.add_argument(
+        "--cache-dir", type=Path, metavar="DIR", help="where trained base models are cached"
+    )
     run.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE",
         help="override a spec value, e.g. --set certification.n=200 (VALUE is TOML)",
     )  # fmt: skip
     run.add_argument(
-        "--executor", choices=("local", "ray"), default="local",
+        "--executor", choices=("local", "ray"), default="local", metavar="local|ray",
         help="where shards are certified: this process (default) or Ray workers",
     )  # fmt: skip
     run.add_argument(
-        "--address", help="Ray cluster to join (--executor ray; default: start one here)"
-    )
+        "--address", metavar="HOST:PORT",
+        help="Ray cluster to join (--executor ray; default: start one here)",
+    )  # fmt: skip
     run.add_argument(
-        "--workers", type=int,
+        "--workers", type=int, metavar="K",
         help="Ray workers (--executor ray; default: one per GPU, or per CPU on CPU runs)",
     )  # fmt: skip
     run.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -118,30 +139,39 @@ def _parser() -> argparse.ArgumentParser:
     run.set_defaults(handler=_run)
 
     results = sub.add_parser("results", help="summary metrics of a run")
-    results.add_argument("run", nargs="?", help="run id or unique prefix (default: the latest)")
-    results.add_argument("--db", type=Path, default=DEFAULT_DB)
+    results.add_argument(
+        "run", nargs="?", metavar="RUN", help="run id or unique prefix (default: the latest)"
+    )
+    results.add_argument("--db", type=Path, default=DEFAULT_DB, metavar="PATH")
     results.add_argument("--json", action="store_true", help="machine-readable output")
     results.add_argument(
-        "--format", choices=("table", "cohen-log"), default="table",
+        "--format", choices=("table", "cohen-log"), default="table", metavar="table|cohen-log",
         help="cohen-log: Cohen et al.'s per-input certify log of one method and setting",
     )  # fmt: skip
-    results.add_argument("--method", help="the method whose log to write (cohen-log)")
-    results.add_argument("--setting", help="the setting whose log to write (cohen-log)")
+    results.add_argument("--method", metavar="M", help="the method whose log to write (cohen-log)")
+    results.add_argument(
+        "--setting", metavar="S", help="the setting whose log to write (cohen-log)"
+    )
     results.set_defaults(handler=_results)
 
     check = sub.add_parser("check", help="audit the certificates of a finished run")
-    check.add_argument("run", nargs="?", help="run id or unique prefix (default: the latest)")
-    check.add_argument("--db", type=Path, default=DEFAULT_DB)
-    check.add_argument("--method", help="audit only this method")
     check.add_argument(
-        "--budget", choices=("small", "full"), default="small", help="how hard to search"
+        "run", nargs="?", metavar="RUN", help="run id or unique prefix (default: the latest)"
     )
+    check.add_argument("--db", type=Path, default=DEFAULT_DB, metavar="PATH")
+    check.add_argument("--method", metavar="M", help="audit only this method")
     check.add_argument(
-        "--orders", type=int, help="input orders replayed for memory certifiers (S4d)"
+        "--budget", choices=("small", "full"), default="small", metavar="small|full",
+        help="how hard to search",
+    )  # fmt: skip
+    check.add_argument(
+        "--orders", type=int, metavar="P", help="input orders replayed for memory certifiers (S5)"
     )
-    check.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None)
-    check.add_argument("--data-root", help="folder with dataset files")
-    check.add_argument("--cache-dir", type=Path, help="where trained base models are cached")
+    check.add_argument("--device", type=device_name, default=None, metavar="auto|cpu|cuda[:N]")
+    check.add_argument("--data-root", metavar="DIR", help="folder with dataset files")
+    check.add_argument(
+        "--cache-dir", type=Path, metavar="DIR", help="where trained base models are cached"
+    )
     check.add_argument("--quiet", action="store_true", help="no progress bars")
     check.add_argument("--json", action="store_true", help="machine-readable output")
     check.add_argument(
@@ -158,6 +188,14 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def device_name(text: str) -> str:
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (an argparse type)."""
+    kind, _, index = text.partition(":")
+    if text in ("auto", "cpu", "cuda") or (kind == "cuda" and index.isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r} is not auto, cpu, cuda or cuda:N (e.g. cuda:1)")
+
+
 def _run(args: argparse.Namespace) -> int:
     from harness.plugins import get_plugin_manager
     from harness.spec import DEFAULT_BENCHMARK, check_data_root, load_spec, validate
@@ -165,18 +203,26 @@ def _run(args: argparse.Namespace) -> int:
     if args.executor != "ray" and (args.address is not None or args.workers is not None):
         raise IdrsError("--address and --workers apply to --executor ray only; add it")
     spec = load_spec(args.spec or DEFAULT_BENCHMARK, args.set)
-    validate(spec, get_plugin_manager().registry)  # every name and parameter, before torch
+    # every name and parameter, before torch and before third-party plugins are imported
+    validate(spec, get_plugin_manager().checking_registry())
     check_data_root(args.data_root, spec.dataset.name)
+    check_database(args.db)
 
     from harness.progress import Progress
     from harness.runner import RunOptions, run_benchmark
 
-    if args.device == "cuda":
+    if args.device is not None and args.device.startswith("cuda"):
         import torch
 
         if not torch.cuda.is_available():
             raise IdrsError(
-                "--device cuda, but no CUDA device is available; use --device cpu or auto"
+                f"--device {args.device}, but no CUDA device is available; use --device cpu or auto"
+            )
+        index = int(args.device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise IdrsError(
+                f"--device {args.device}, but this machine has {torch.cuda.device_count()} "
+                f"CUDA device(s): cuda:0 to cuda:{torch.cuda.device_count() - 1}"
             )
     options = RunOptions(
         db=args.db, device=args.device, data_root=args.data_root,
@@ -192,16 +238,20 @@ def _run(args: argparse.Namespace) -> int:
     progress = Progress(enabled=not args.quiet)
     run_id = run_benchmark(spec, options, progress, executor=executor)
     if not args.no_check:
+        from harness.leases import exclusive
         from harness.soundness.runner import run_checks
 
-        run_checks(args.db, run_id, options, progress, budget="small")
-    _print_results(args.db, run_id, as_json=False)
+        with exclusive(args.db, run_id, "the soundness checks", progress.note) as ours:
+            if ours:
+                run_checks(args.db, run_id, options, progress, budget="small")
+    rows = _print_results(args.db, run_id, as_json=False, compact=True)
     if not args.no_check:
         from harness.soundness.audit import BUDGETS
 
-        _console().print(escape(BUDGETS["small"].statement()))
+        _console(RUN_WIDTH).print(escape(BUDGETS["small"].statement()))
     if args.timings:
         _print_timings(progress.timings)
+    _print_next_steps(args.db, run_id, spec.name, rows)
     return 0
 
 
@@ -273,7 +323,11 @@ def _results(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
+def _print_results(
+    db: Path, run_id: str | None, as_json: bool, compact: bool = False
+) -> list[dict[str, Any]]:
+    """Print a run's summary (``compact``: the few columns `run` shows, in
+    :data:`RUN_WIDTH` columns when piped); returns its rows."""
     from harness.results import RADII, summary
     from harness.store import ResultStore
     from harness.storedrun import IMPORTED, incomplete_note, read_run
@@ -317,9 +371,9 @@ def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
             "data_files": stored.data_files,
         }
         print(json.dumps(out, indent=2))
-        return
+        return rows
     protocol = run["config"]["protocol"]
-    console = _console()
+    console = _console(RUN_WIDTH if compact else None)
     title = (
         f"run {run['run_id'][:12]} · {escape(run['name'])} · {escape(run['config']['dataset']['name'])} · "
         f"model {run['model_hash'][:12]} · "
@@ -327,22 +381,18 @@ def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
         + f"n0={protocol['n0']} n={protocol['n']} "
         f"α={protocol['alpha']} · {run['device']}"
     )
-    table = Table(title=title)
-    radii = list(rows[0]["certified_accuracy"]) if rows else []
-    for column in ("method", "setting", "inputs", "clean acc", *[f"cert@{r}" for r in radii],
-                   "ACR", "abstain", "misclass", "mean σ", "s/input", "verdict", "checks applied"):  # fmt: skip
-        table.add_column(column, justify="left" if column in ("method", "setting") else "right")
-    for row in rows:
-        table.add_row(
-            escape(row["method"]), escape(row["setting"]), str(row["inputs"]),
-            f"{row['clean_accuracy']:.3f}",
-            *[f"{row['certified_accuracy'][r]:.3f}" for r in radii],
-            f"{row['acr']:.3f}", f"{row['abstention_rate']:.3f}",
-            f"{row['misclassification_rate']:.3f}", f"{row['mean_sigma']:.3f}",
-            f"{row['seconds_per_input']:.3f}", escape(row["verdict"]),
-            escape(", ".join(row["checks_applied"]) or "–"),
-        )  # fmt: skip
-    console.print(table)
+    if compact:
+        console.print(_compact_table(title, rows, _headline_radius(run["config"])))
+    else:
+        console.print(_full_table(title, rows))
+        console.print("checks applied:", highlight=False)
+        for row in rows:
+            applied = ", ".join(row["checks_applied"]) or "none"
+            console.print(
+                escape(f"  {row['method']} {row['setting']}: {applied}"),
+                highlight=False,
+                soft_wrap=True,
+            )
     note = incomplete_note(settings)
     if note is not None:
         console.print(
@@ -354,11 +404,95 @@ def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
             f"[red]failed:[/red] {escape(failure['method'])} ({escape(failure['setting'])}): "
             f"{escape(failure['error'].splitlines()[0])}"
         )
+    return rows
 
 
-def _console() -> Console:
-    """Stdout; wide enough for the results table when it is not a terminal."""
-    return Console() if sys.stdout.isatty() else Console(width=200)
+def _headline_radius(config: dict[str, Any]) -> float:
+    """The radius `run`'s compact table reports certified accuracy at (the board's)."""
+    from harness.leaderboard.board import headline_radius
+    from harness.results import benchmark_radii
+
+    return headline_radius(config, benchmark_radii(config))
+
+
+def _name_column(table: Table, header: str) -> None:
+    """A column of names, never cut: they wrap (fold) when space runs out."""
+    table.add_column(header, overflow="fold")
+
+
+def _compact_table(title: str, rows: list[dict[str, Any]], radius: float) -> Table:
+    """Method, setting, inputs, clean accuracy, certified accuracy at the headline radius,
+    ACR and the verdict (its flags and the checks applied are in `results`)."""
+    from rich import box
+
+    table = Table(
+        title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True
+    )
+    _name_column(table, "method")
+    _name_column(table, "setting")
+    for column in ("inputs", "clean acc", f"cert@{radius:g}", "ACR"):
+        table.add_column(column, justify="right", no_wrap=True)
+    _name_column(table, "verdict")
+    for row in rows:
+        verdict = row["verdict"].split(" (")[0] if row["complete"] else row["verdict"]
+        table.add_row(
+            escape(row["method"]), escape(row["setting"]), str(row["inputs"]),
+            f"{row['clean_accuracy']:.3f}", f"{row['certified_accuracy'][f'{radius:g}']:.3f}",
+            f"{row['acr']:.3f}", escape(verdict),
+        )  # fmt: skip
+    return table
+
+
+def _full_table(title: str, rows: list[dict[str, Any]]) -> Table:
+    """Every metric of every row and the verdict with its flags."""
+    table = Table(title=title)
+    radii = list(rows[0]["certified_accuracy"]) if rows else []
+    _name_column(table, "method")
+    _name_column(table, "setting")
+    for column in ("inputs", "clean acc", *[f"cert@{r}" for r in radii], "ACR", "abstain",
+                   "misclass", "mean σ", "s/input"):  # fmt: skip
+        table.add_column(column, justify="right", no_wrap=True)
+    _name_column(table, "verdict")
+    for row in rows:
+        table.add_row(
+            escape(row["method"]), escape(row["setting"]), str(row["inputs"]),
+            f"{row['clean_accuracy']:.3f}",
+            *[f"{row['certified_accuracy'][r]:.3f}" for r in radii],
+            f"{row['acr']:.3f}", f"{row['abstention_rate']:.3f}",
+            f"{row['misclassification_rate']:.3f}", f"{row['mean_sigma']:.3f}",
+            f"{row['seconds_per_input']:.3f}", escape(row["verdict"]),
+        )  # fmt: skip
+    return table
+
+
+def _print_next_steps(db: Path, run_id: str, name: str, rows: list[dict[str, Any]]) -> None:
+    """Where the results are, the verdict counts, and the commands to type next."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        verdict = row["verdict"].split(" (")[0] if row["complete"] else "incomplete"
+        counts[verdict] = counts.get(verdict, 0) + 1
+    verdicts = ", ".join(f"{n} {v}" for v, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    short = run_id[:12]
+    db_arg = "" if db == DEFAULT_DB else f" --db {shlex.quote(str(db))}"
+    board = shlex.quote(f"leaderboards/{name}.md")
+    lines = [
+        f"results: {db}, run {short}: {verdicts or 'no rows'}",
+        f"next: idrs-bench results {short}{db_arg}   (every metric and check)",
+        f"      idrs-bench leaderboard {short}{db_arg} --out {board}",
+    ]
+    console = _console(RUN_WIDTH)
+    for line in lines:
+        console.print(escape(line), highlight=False, soft_wrap=True)
+
+
+RUN_WIDTH = 100
+"""Columns of `run`'s output when it is not a terminal."""
+
+
+def _console(width: int | None = None) -> Console:
+    """Stdout; when it is not a terminal, ``width`` columns (default: wide enough for
+    every column of the results table; names wrap rather than being cut)."""
+    return Console() if sys.stdout.isatty() else Console(width=width or 200)
 
 
 def _warn_plugin_failures() -> None:

@@ -240,12 +240,14 @@ class DatasetSpec:
     """``load(data_root, **family_args) -> Dataset``.
 
     A name ending in ``-N`` (e.g. ``cone-N``) declares a family: ``cone-60`` loads
-    with ``dim=60``.
+    with ``dim=60``. ``class_names``, when the classes are fixed, names them for boards
+    of runs that did not record them (a run records its dataset's ``class_names``).
     """
 
     name: str
     load: Callable[..., Dataset]
     description: str = ""
+    class_names: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

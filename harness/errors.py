@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
+_TERMINAL_CODES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def plain(text: str) -> str:
+    """``text`` without terminal escape codes (a library's bold or colour)."""
+    return _TERMINAL_CODES.sub("", text)
+
 
 class IdrsError(Exception):
     """An error the CLI prints as one line (no traceback) and exits non-zero."""

@@ -5,12 +5,16 @@ results and leaderboards. Checkpoints are state dicts loaded with
 ``torch.load(..., weights_only=True)``: nothing is unpickled.
 
 Cached models heal like every cached artifact (:mod:`harness.artifacts`): a damaged
-file is moved aside with a warning and the model is trained again.
+file is moved aside with a warning and the model is trained again. Processes that need
+the same missing model at once (``idrs-bench run`` started twice) train it once: the
+others wait on a lock file beside it and then load it.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +67,44 @@ def obtain_model(
     digest = content_hash(recipe)
     cache_dir = cache_dir or default_cache_dir()
     path = cache_dir / f"{digest}.pt"
+    with _exclusive(path.with_suffix(".lock"), progress, f"base model {digest[:12]}"):
+        model = _cached_or_trained(config, dataset, registry, device, progress, recipe, path)
+    return model.to(device).eval(), digest
+
+
+@contextmanager
+def _exclusive(lock: Path, progress: Progress, what: str) -> Iterator[None]:
+    """Hold an exclusive lock on the file ``lock`` (waiting, with a line, while another
+    process holds it); a no-op where ``fcntl`` does not exist."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        yield
+        return
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress.log(f"waiting for another process that is training {what}")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _cached_or_trained(
+    config: ModelConfig,
+    dataset: Dataset,
+    registry: Registry,
+    device: torch.device,
+    progress: Progress,
+    recipe: dict[str, Any],
+    path: Path,
+) -> torch.nn.Module:
+    """The model of ``recipe`` from ``path``, or trained now and saved there."""
+    digest = path.stem
     torch.manual_seed(config.seed)  # the initial weights are part of the recipe
     arch = registry.get("models", config.architecture)
     model = arch.build(dataset.input_shape, dataset.num_classes, recipe["architecture_params"])
@@ -86,4 +128,4 @@ def obtain_model(
         save_artifact(path, {k: v.cpu() for k, v in model.state_dict().items()})
         path.with_suffix(".json").write_text(json.dumps(recipe, indent=2, sort_keys=True))
         progress.log(f"base model {digest[:12]} trained and cached at {path}")
-    return model.to(device).eval(), digest
+    return model

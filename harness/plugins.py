@@ -12,6 +12,12 @@ them). A plugin that fails to import or to register is recorded in
 component name provided twice fails naming both plugins
 (:class:`~harness.errors.DuplicateNameError`).
 
+Third-party plugins are imported when first needed (:attr:`PluginManager.registry`,
+:meth:`PluginManager.describe`, :attr:`PluginManager.failures`); a benchmark file is
+checked before that against what they registered last time
+(:meth:`PluginManager.checking_registry`, :mod:`harness.plugin_manifest`), so that its
+errors do not wait for their imports.
+
 Tests and tools register plugins of their own with :meth:`PluginManager.register`.
 """
 
@@ -50,10 +56,24 @@ class PluginManager:
         """Load the built-in plugins and, unless ``third_party`` is False, the others."""
         self.pm = pluggy.PluginManager("idrs_bench")
         self.pm.add_hookspecs(hookspecs)
-        self.failures: list[PluginFailure] = []
+        self._failures: list[PluginFailure] = []
         self._versions: dict[str, str] = {}
         self._registry: Registry | None = None
+        self._pending: list[importlib.metadata.EntryPoint] = []  # third-party, not imported
+        self._third_party: list[importlib.metadata.EntryPoint] = []
         self._load_entry_points(third_party)
+
+    @property
+    def failures(self) -> list[PluginFailure]:
+        """Plugins that failed to import or register (every plugin is loaded first)."""
+        self.load_all()
+        return self._failures
+
+    def load_all(self) -> None:
+        """Import the third-party plugins not imported yet."""
+        pending, self._pending = self._pending, []
+        for ep in pending:
+            self._load(ep)
 
     def register(self, plugin: ModuleType | object, name: str, version: str = "") -> None:
         """Register a plugin object (usually a module with ``@hookimpl`` functions)."""
@@ -68,17 +88,42 @@ class PluginManager:
 
     @property
     def registry(self) -> Registry:
-        """The components of every loaded plugin (built on first use)."""
+        """The components of every plugin (all imported; built on first use)."""
+        self.load_all()
         if self._registry is None:
             self._registry = self._build_registry()
+            from harness import plugin_manifest
+
+            failed = {f.plugin for f in self._failures}
+            plugin_manifest.write_entries(self._registry, self._third_party, failed)
         return self._registry
 
+    def checking_registry(self) -> Registry:
+        """A registry to check a benchmark file against, without importing third-party
+        plugins whose components :mod:`harness.plugin_manifest` recorded: theirs are
+        stand-ins (names, defaults, compositions; a method's ``check`` imports them).
+        The full :attr:`registry` when any of them has no valid record."""
+        if not self._pending:
+            return self.registry
+        from harness import plugin_manifest
+
+        entries = plugin_manifest.read_entries(self._pending)
+        if entries is None:
+            return self.registry
+        base = self._registry if self._registry is not None else self._build_registry()
+
+        def real_check(name: str):
+            return lambda params: self.registry.get("methods", name).check(params)
+
+        return plugin_manifest.stand_in_registry(base, entries, real_check)
+
     def plugin_names(self) -> list[str]:
+        self.load_all()
         return sorted(name for name, _ in self.pm.list_name_plugin())
 
     def describe(self) -> list[dict[str, Any]]:
         """Name, version, implemented hooks and provided components of every plugin."""
-        registry = self.registry
+        registry = self.registry  # (imports every plugin)
         rows = []
         for name, plugin in sorted(self.pm.list_name_plugin()):
             hooks = sorted(h.name for h in self.pm.get_hookcallers(plugin) or [])
@@ -97,23 +142,12 @@ class PluginManager:
         entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
         builtins = [ep for ep in entry_points if is_builtin(ep)]
         others = [ep for ep in entry_points if not is_builtin(ep)]
-        for ep in [*builtins, *others]:  # built-ins first: they keep their names
-            if not is_builtin(ep) and allowed is not None and ep.name not in allowed:
-                continue
-            try:  # a broken plugin, built-in or not, must not take the CLI down
-                taken = self.pm.get_plugin(ep.name)
-                if taken is not None:
-                    raise DuplicateNameError(
-                        f"plugin name {ep.name!r} is declared twice: by "
-                        f"{getattr(taken, '__name__', repr(taken))!r} and by entry point "
-                        f"{ep.value!r}; rename one or leave a third-party plugin out with "
-                        f"{PLUGINS_ENV_VAR}"
-                    )
-                self.register(ep.load(), name=ep.name, version=ep.dist.version if ep.dist else "")
-            except Exception as exc:
-                self._fail(ep.name, exc)
+        for ep in builtins:  # built-ins first: they keep their names
+            self._load(ep)
+        self._third_party = [ep for ep in others if allowed is None or ep.name in allowed]
+        self._pending = list(self._third_party)
         if not builtins:
-            self.failures.append(
+            self._failures.append(
                 PluginFailure(
                     DISTRIBUTION,
                     f"no {ENTRY_POINT_GROUP!r} entry points of the {DISTRIBUTION!r} distribution "
@@ -122,9 +156,24 @@ class PluginManager:
                 )
             )
 
+    def _load(self, ep: importlib.metadata.EntryPoint) -> None:
+        """Import and register one entry point; a failure is recorded, not raised."""
+        try:  # a broken plugin, built-in or not, must not take the CLI down
+            taken = self.pm.get_plugin(ep.name)
+            if taken is not None:
+                raise DuplicateNameError(
+                    f"plugin name {ep.name!r} is declared twice: by "
+                    f"{getattr(taken, '__name__', repr(taken))!r} and by entry point "
+                    f"{ep.value!r}; rename one or leave a third-party plugin out with "
+                    f"{PLUGINS_ENV_VAR}"
+                )
+            self.register(ep.load(), name=ep.name, version=ep.dist.version if ep.dist else "")
+        except Exception as exc:
+            self._fail(ep.name, exc)
+
     def _build_registry(self) -> Registry:
         registry = Registry()
-        self.failures = [f for f in self.failures if not f.error.startswith("register: ")]
+        self._failures = [f for f in self._failures if not f.error.startswith("register: ")]
         for kind in COMPONENT_KINDS:
             caller = getattr(self.pm.hook, f"idrs_register_{kind}")
             for impl in caller.get_hookimpls():  # in registration order
@@ -135,13 +184,13 @@ class PluginManager:
                 try:
                     impl.function(register=register)
                 except Exception as exc:
-                    self.failures.append(
+                    self._failures.append(
                         PluginFailure(impl.plugin_name, f"register: {_describe(exc)}")
                     )
         return registry
 
     def _fail(self, name: str, exc: BaseException) -> None:
-        self.failures.append(PluginFailure(name, _describe(exc)))
+        self._failures.append(PluginFailure(name, _describe(exc)))
 
 
 def _describe(exc: BaseException) -> str:

@@ -25,6 +25,8 @@ from rich.progress import (
 )
 from rich.progress import Progress as RichProgress
 
+from harness.errors import plain
+
 LINE_INTERVAL = 30.0
 """Seconds between progress lines when the output is not a terminal."""
 
@@ -135,10 +137,16 @@ class Progress:
         self.console.print(escape(text), highlight=False)
 
     def log(self, message: str) -> None:
-        """Information (shown only when enabled)."""
+        """Information (shown only when enabled), as plain text."""
         if self.enabled:
-            self.console.print(message)
+            self.console.print(escape(plain(message)), highlight=False)
+
+    def note(self, message: str) -> None:
+        """Information the user should see even when progress is disabled (e.g. that
+        another process works on the same run), as plain text."""
+        self.console.print(f"note: {escape(plain(message))}", highlight=False)
 
     def warn(self, message: str) -> None:
-        """A problem the user must see, even when progress is disabled."""
-        self.console.print(f"[yellow]warning:[/yellow] {message}")
+        """A problem the user must see, even when progress is disabled; the message is
+        plain text (brackets in it are not markup, a library's terminal codes are removed)."""
+        self.console.print(f"[yellow]warning:[/yellow] {escape(plain(message))}", highlight=False)

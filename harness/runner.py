@@ -3,7 +3,8 @@
 The unit of work is (run, method, setting, shard of test inputs): a finished shard is
 never redone, and inside an unfinished one only the inputs without a stored
 certificate are certified. A method that fails is recorded and reported; the other
-methods go on.
+methods go on. Processes that run the same benchmark on the same database share the
+shards through leases in it (:mod:`harness.leases`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -34,7 +35,10 @@ from harness.progress import Progress
 from harness.runstate import RunState
 from harness.sampling import SamplingEngine, default_noise, resolve_device
 from harness.spec import BenchmarkSpec, check_data_root, content_hash, setting_key, validate
-from harness.store import ResultStore
+from harness.store import LeaseAnswer, ResultStore, check_database
+
+if TYPE_CHECKING:
+    from harness.leases import LeaseKeeper
 
 
 @dataclass
@@ -130,7 +134,8 @@ def prepare(
     context = build_context(
         spec, dataset, model, model_hash, device, batch_size, progress, registry, certified
     )
-    run_id = content_hash({"spec": spec.to_dict(), "device": str(device), "model": model_hash})
+    # the device type, not its index: processes on cuda:0 and cuda:1 certify the same run
+    run_id = content_hash({"spec": spec.to_dict(), "device": device.type, "model": model_hash})
     context.run_id = run_id
     from harness.weights import weights_digest
 
@@ -220,26 +225,42 @@ def run_benchmark(
 ) -> str:
     """Run (or resume) ``spec`` with ``executor`` (default: in this process); returns the
     run id."""
+    check_database(options.db)  # a damaged database is refused before any work
     prepared = prepare(spec, options, progress, manager)
     run_id, context, spec = prepared.run_id, prepared.context, prepared.spec
-    store = ResultStore(options.db)
+    store = ResultStore(options.db, verify=False)
     try:
         if not store.begin_run(
             run_id, spec.name, spec.to_dict(), library_versions(), git_commit(),
-            str(context.device), spec.seed, prepared.model_hash,
+            context.device.type, spec.seed, prepared.model_hash,
             weights_digest=prepared.weights_digest,
         ):  # fmt: skip
+            _check_weights(store.run(run_id), prepared)
             progress.log(f"resuming run {run_id[:12]}")
         test_ids = prepared.dataset.test_subset(
             spec.dataset.test_every, spec.dataset.test_count
         ).tolist()
-        store.set_run_data(run_id, len(test_ids), prepared.dataset.files)
+        store.set_run_data(
+            run_id, len(test_ids), prepared.dataset.files, prepared.dataset.class_names
+        )
         work = pending_work(store, run_id, spec, test_ids)
         (executor or LocalExecutor()).certify(prepared, store, work, options)
         store.finish_run(run_id)
     finally:
         store.close()
     return run_id
+
+
+def _check_weights(run: dict[str, Any], prepared: Prepared) -> None:
+    """A run resumed (or shared by another process) must certify the weights it began with."""
+    recorded = run.get("weights_digest")
+    if recorded and prepared.weights_digest and recorded != prepared.weights_digest:
+        raise IdrsError(
+            f"run {prepared.run_id[:12]} was certified on base-model weights {recorded[:12]}, "
+            f"this process has {prepared.weights_digest[:12]} (the model was trained again and "
+            "came out different); certify the run's weights with --set model.checkpoint=FILE "
+            "--set model.format=state_dict, or pass another --db"
+        )
 
 
 def pending_work(
@@ -297,42 +318,175 @@ def certify_shard(
 
 
 class LocalExecutor:
-    """Every setting in turn, its shards in order, in this process."""
+    """Every setting in turn, its shards in order, in this process.
+
+    Shards are leased in the results database (:mod:`harness.leases`): a shard another
+    process holds is left to it, and this process waits at the end until every shard is
+    finished, taking over those whose lease expires (their process died).
+    """
+
+    def __init__(self, poll: float = 1.0) -> None:
+        self.poll = poll  # seconds between looks at shards other processes hold
 
     def certify(
         self, prepared: Prepared, store: ResultStore, work: list[SettingWork], options: RunOptions
     ) -> None:
-        for setting in work:
-            _certify_setting(store, prepared, setting)
+        if not work:
+            return
+        from harness.leases import LeaseKeeper
+
+        progress = prepared.context.progress
+        with LeaseKeeper(store.path, progress.note) as leases:
+            leases.join(prepared.run_id)
+            built: dict[tuple[str, str], tuple] = {}
+            pending, told = list(work), False
+            while pending:
+                waiting = [
+                    setting
+                    for setting in pending
+                    if _certify_setting(store, prepared, setting, leases, built) == _WAITING
+                ]
+                if waiting and not told:
+                    left = sum(len(w.unfinished()) for w in waiting)
+                    progress.note(
+                        f"waiting for {left} shard(s) that other processes are certifying "
+                        f"(taken over if a process stops for {leases.seconds:g} s)"
+                    )
+                    told = True
+                if waiting:
+                    time.sleep(min(self.poll, leases.seconds / 4))
+                leases.others(prepared.run_id)  # (says which processes joined meanwhile)
+                pending = waiting
 
 
-def _certify_setting(store: ResultStore, prepared: Prepared, work: SettingWork) -> None:
+_DONE, _WAITING, _FAILED = "done", "waiting", "failed"
+
+
+def _certify_setting(
+    store: ResultStore,
+    prepared: Prepared,
+    work: SettingWork,
+    leases: LeaseKeeper,
+    built: dict[tuple[str, str], tuple],
+) -> str:
+    """Certify the shards of ``work`` that no other process holds; ``_DONE`` when every
+    shard is finished, ``_WAITING`` when other processes hold some, ``_FAILED``."""
+    from harness.store import WHOLE_SETTING
+
     run_id, context, key = prepared.run_id, prepared.context, work.key
+    work.finished |= store.finished_shards(run_id, work.method, key)
+    if not work.unfinished():
+        return _DONE
+    if _held_elsewhere(store, leases, run_id, work):
+        return _WAITING  # (not built for nothing)
+    whole = None
     try:
         method = prepared.registry.get("methods", work.method)
-        state = RunState(store.state_records(run_id, work.method, key))
-        context = replace(context, method=work.method, setting=key, state=state)
-        provider, certifier = build_method(prepared.registry, work.method, work.setting, context)
+        provider, certifier, state, context = _built_method(store, prepared, work, built)
+        if certifier.order_dependent:  # its shards in order, with its state: one process
+            answer = leases.acquire(run_id, work.method, key, WHOLE_SETTING)
+            if not answer.acquired:
+                return _WAITING
+            whole = (run_id, work.method, key, WHOLE_SETTING)
+            _took_over(context, answer, work, "its shards")
+            work.finished |= store.finished_shards(run_id, work.method, key)
+            if store.state_records(run_id, work.method, key) != state.committed:
+                built.pop((work.method, key), None)  # another process went on: restore its state
+                provider, certifier, state, context = _built_method(store, prepared, work, built)
         labels = context.dataset.test_y
-        with context.progress.task(
+        waiting = False
+        with context.progress.task(  # counts what this process certifies
             f"{work.method} {key}", total=work.remaining, unit="inputs"
         ) as advance:
             for shard in work.unfinished():
-                todo = work.todo(shard)
-                if todo:
-                    certificates = certify_shard(
-                        context, method, provider, certifier, work.shards[shard], todo
-                    )
-                    for cert in certificates:
-                        store.add_certificate(
-                            run_id, work.method, key, shard, int(labels[cert.input_id]), cert,
-                            state=state.take(),
-                        )  # fmt: skip
-                        advance(1)
-                store.finish_shard(run_id, work.method, key, shard)
+                lease = (run_id, work.method, key, shard)
+                if whole is None:
+                    answer = leases.acquire(*lease)
+                    if not answer.acquired:
+                        waiting = True
+                        continue
+                    _took_over(context, answer, work, f"shard {shard}")
+                try:
+                    if shard in store.finished_shards(run_id, work.method, key):
+                        work.finished.add(shard)  # by another process, meanwhile
+                        continue
+                    work.stored |= store.stored_inputs(run_id, work.method, key, shard)
+                    todo = work.todo(shard)
+                    lost = False
+                    if todo:
+                        certificates = certify_shard(
+                            context, method, provider, certifier, work.shards[shard], todo
+                        )
+                        for cert in certificates:
+                            store.add_certificate(
+                                run_id, work.method, key, shard, int(labels[cert.input_id]),
+                                cert, state=state.take(),
+                            )  # fmt: skip
+                            work.stored.add(cert.input_id)
+                            advance(1)
+                            if leases.lost(whole or lease):
+                                lost = True
+                                break
+                    if lost:  # it stalled past its lease; the new holder finishes it
+                        context.progress.warn(
+                            f"{work.method} ({key}): another process took over shard "
+                            f"{shard} after this one stalled past its lease; leaving it"
+                        )
+                        built.pop((work.method, key), None)
+                        return _WAITING
+                    store.finish_shard(run_id, work.method, key, shard)
+                    work.finished.add(shard)
+                    leases.others(run_id)  # (says which processes joined meanwhile)
+                finally:
+                    if whole is None:
+                        leases.release(*lease)
+        return _WAITING if waiting else _DONE
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # a failing plugin is reported; the benchmark goes on
         message = failure_message(exc)
         store.record_failure(run_id, work.method, key, message)
         context.progress.warn(f"method {work.method} ({key}) failed: {message.splitlines()[0]}")
+        return _FAILED
+    finally:
+        if whole is not None:
+            leases.release(*whole)
+
+
+def _held_elsewhere(
+    store: ResultStore, leases: LeaseKeeper, run_id: str, work: SettingWork
+) -> bool:
+    """Whether other processes' live leases cover every unfinished shard of ``work``."""
+    from harness.store import WHOLE_SETTING
+
+    held = set()
+    for lease in store.live_leases(run_id):
+        mine = lease["owner"] == leases.owner
+        if (lease["method"], lease["setting"]) == (work.method, work.key) and not mine:
+            leases.meet(lease["owner"])
+            held.add(lease["shard"])
+    return WHOLE_SETTING in held or set(work.unfinished()) <= held
+
+
+def _built_method(
+    store: ResultStore, prepared: Prepared, work: SettingWork, built: dict[tuple[str, str], tuple]
+) -> tuple[SigmaProvider, Certifier, RunState, BuildContext]:
+    """The σ-provider, certifier, run state and build context of ``work``, built once per
+    process (the state restored from the records committed in the store)."""
+    name = (work.method, work.key)
+    if name not in built:
+        state = RunState(store.state_records(prepared.run_id, work.method, work.key))
+        context = replace(prepared.context, method=work.method, setting=work.key, state=state)
+        provider, certifier = build_method(prepared.registry, work.method, work.setting, context)
+        built[name] = (provider, certifier, state, context)
+    return built[name]
+
+
+def _took_over(context: BuildContext, answer: LeaseAnswer, work: SettingWork, what: str) -> None:
+    if answer.expired is not None:
+        from harness.leases import display
+
+        context.progress.note(
+            f"{work.method} {work.key}: taking over {what} from process "
+            f"{display(answer.expired)}, whose lease expired"
+        )

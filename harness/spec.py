@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,6 +46,7 @@ from harness.protocol import LEGACY_NOISE, CertificationProtocol
 CHECKPOINT_FORMATS = ("cohen", "state_dict", "torchscript")
 BENCHMARKS_DIR = Path(__file__).parent / "benchmarks"
 DEFAULT_BENCHMARK = BENCHMARKS_DIR / "quick.toml"
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 RADII = (0.0, 0.25, 0.5, 0.75, 1.0)
 """The radii certified accuracy is reported at when a benchmark names none (``radii``)."""
 
@@ -146,7 +148,11 @@ def load_spec(
     """
     path = Path(path)
     if not path.is_file():
-        raise SpecError(f"benchmark file {str(path)!r} not found")
+        shipped = ", ".join(sorted(f.name for f in BENCHMARKS_DIR.glob("*.toml")))
+        raise SpecError(
+            f"benchmark file {str(path)!r} not found (paths are relative to the working "
+            f"directory); the shipped ones are in {BENCHMARKS_DIR}: {shipped}"
+        )
     try:
         raw = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
@@ -162,7 +168,10 @@ def load_spec(
 def _table(raw: dict, key: str, where: str, allowed: set[str]) -> dict:
     value = raw.get(key)
     if not isinstance(value, dict):
-        raise SpecError(f"{where}: missing table [{key}]")
+        raise SpecError(
+            f'{where}: missing table [{key}]; add it (README.md, "Benchmark files", shows '
+            "every table)"
+        )
     unknown = set(value) - allowed
     if unknown:
         raise SpecError(
@@ -171,9 +180,12 @@ def _table(raw: dict, key: str, where: str, allowed: set[str]) -> dict:
     return value
 
 
-def _typed(value: Any, kind: type | tuple[type, ...], what: str) -> Any:
+_TYPE_NAMES = {int: "an integer", str: "a string", dict: "a table", bool: "true or false"}
+
+
+def _typed(value: Any, kind: type, what: str) -> Any:
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise SpecError(f"{what} has the wrong type: {value!r}")
+        raise SpecError(f"{what} must be {_TYPE_NAMES[kind]}, got {value!r}")
     return value
 
 
@@ -254,15 +266,17 @@ def parse_spec(raw: dict[str, Any], default_name: str = "benchmark") -> Benchmar
         not isinstance(spec.headline_radius, int | float) or spec.headline_radius < 0
     ):
         raise SpecError(f"headline_radius must be a number >= 0, got {spec.headline_radius!r}")
-    if spec.dataset.test_every < 1 or (
-        spec.dataset.test_count is not None and spec.dataset.test_count < 1
-    ):
-        raise SpecError("dataset.test_every and dataset.test_count must be >= 1")
-    if spec.shard_size < 1:
-        raise SpecError("shard_size must be >= 1")
+    for key, value in (("dataset.test_every", spec.dataset.test_every),
+                       ("dataset.test_count", spec.dataset.test_count),
+                       ("shard_size", spec.shard_size)):  # fmt: skip
+        if value is not None and value < 1:
+            raise SpecError(f"{key} must be >= 1, got {value}")
+    if not _DEVICE.fullmatch(spec.device):
+        raise SpecError(f"device must be auto, cpu, cuda or cuda:N, got {spec.device!r}")
     if spec.model.format not in CHECKPOINT_FORMATS:
         raise SpecError(
-            f"model.format {spec.model.format!r} is unknown; choose one of {CHECKPOINT_FORMATS}"
+            f"model.format {spec.model.format!r} is unknown; choose one of "
+            f"{', '.join(CHECKPOINT_FORMATS)}"
         )
     if spec.model.checkpoint is None and "format" in model:
         raise SpecError("model.format needs model.checkpoint = PATH")
@@ -308,7 +322,12 @@ def validate(spec: BenchmarkSpec, registry: Registry) -> None:
         for setting in method.settings:
             _check_keys(setting, method_spec.defaults, f"method {method.name!r}")
             if method_spec.check is not None:
-                method_spec.check({**method_spec.defaults, **setting})
+                try:
+                    method_spec.check({**method_spec.defaults, **setting})
+                except ParameterError as exc:
+                    raise ParameterError(
+                        f"method {method.name!r}, setting {setting_key(setting)}: {exc}"
+                    ) from None
 
 
 def check_data_root(data_root: str | None, dataset: str) -> None:

@@ -10,6 +10,14 @@ certifier staged while producing a certificate are written in the same transacti
 as that certificate (:meth:`ResultStore.add_certificate`), so the state never holds
 an input whose certificate was lost, nor the reverse. See :mod:`harness.runstate`.
 
+Several processes may certify one run in one database at once (``idrs-bench run``
+started twice): the ``leases`` table says which process works on which shard, until
+when (:mod:`harness.leases`).
+
+Opening a database checks it first (:func:`check_database`): a file that is not a
+SQLite database, or fails SQLite's ``PRAGMA quick_check``, is refused with a
+:class:`DamagedStoreError` before anything is written to it.
+
 Rows are inserted by column name. The typed read side (a run's certificates, checks
 and verdict per method and setting) is :mod:`harness.storedrun`.
 """
@@ -18,7 +26,9 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,6 +39,14 @@ from harness.runstate import StateRecord
 
 DEFAULT_DB = Path("idrs-bench.sqlite")
 """The results database of every command when no ``--db`` is given."""
+
+BUSY_SECONDS = 60.0
+"""How long a write waits for another process's transaction on the same database."""
+
+WHOLE_SETTING = -1
+"""The shard number of a lease on every shard of a setting (an order-dependent certifier)."""
+PRESENCE = -2
+"""The shard number of a process's presence on a run (method "", setting: the process)."""
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -96,6 +114,15 @@ CREATE TABLE IF NOT EXISTS state (
     data BLOB NOT NULL,
     PRIMARY KEY (run_id, method, setting, seq)
 );
+CREATE TABLE IF NOT EXISTS leases (
+    run_id TEXT NOT NULL,
+    method TEXT NOT NULL,
+    setting TEXT NOT NULL,
+    shard INTEGER NOT NULL,
+    owner TEXT NOT NULL,
+    expires REAL NOT NULL,
+    PRIMARY KEY (run_id, method, setting, shard)
+);
 CREATE TABLE IF NOT EXISTS failures (
     run_id TEXT NOT NULL,
     method TEXT NOT NULL,
@@ -144,28 +171,104 @@ _CHECK_INSERT = _insert(
 )  # fmt: skip
 
 
-class ResultStore:
-    """A SQLite results database (created on first use)."""
+class DamagedStoreError(IdrsError):
+    """A results database that is not a SQLite database or fails its integrity check."""
 
-    def __init__(self, path: str | Path) -> None:
+
+def check_database(path: str | Path) -> None:
+    """Raise :class:`DamagedStoreError` unless ``path`` is missing, empty (SQLite makes
+    it a new database) or a SQLite database that passes ``PRAGMA quick_check``.
+
+    Reads only, through a read-only SQLite connection (never a file handle of its own:
+    closing one would drop the locks SQLite holds on the file for this process's other
+    connections). A database is checked once per process.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise IdrsError(f"results database {str(path)!r} is a folder; pass a file with --db")
+    if not path.is_file() or path.stat().st_size == 0 or path.resolve() in _CHECKED:
+        return
+    wal, shm = (path.with_name(path.name + suffix) for suffix in ("-wal", "-shm"))
+    had_log = wal.exists() or shm.exists()
+    try:
+        try:
+            uri = f"{path.resolve().as_uri()}?mode=ro"
+            db = sqlite3.connect(uri, uri=True, timeout=BUSY_SECONDS)
+            try:
+                problems = [row[0] for row in db.execute("PRAGMA quick_check")]
+            finally:
+                db.close()
+        except sqlite3.DatabaseError as exc:
+            if "not a database" in str(exc):
+                what = "it is not a SQLite database, or its header is damaged"
+                raise _damaged(path, what) from None
+            raise _damaged(path, f"SQLite cannot read it: {exc}") from None
+        if problems != ["ok"]:
+            more = f" and {len(problems) - 1} more problem(s)" if len(problems) > 1 else ""
+            raise _damaged(path, f"it fails SQLite's integrity check: {problems[0]}{more}")
+    except DamagedStoreError:
+        # a read-only look at a WAL database leaves an empty log and its index behind
+        if not had_log and wal.is_file() and wal.stat().st_size == 0:
+            wal.unlink()
+            shm.unlink(missing_ok=True)
+        raise
+    _CHECKED.add(path.resolve())
+
+
+_CHECKED: set[Path] = set()
+"""Databases :func:`check_database` passed in this process."""
+
+
+def _damaged(path: Path, what: str) -> DamagedStoreError:
+    return DamagedStoreError(
+        f"results database {str(path)!r} is damaged ({what}); nothing was written to it. "
+        f"Restore it from a backup, or save what is readable with "
+        f'`sqlite3 {path} ".recover" | sqlite3 recovered.sqlite` and pass --db recovered.sqlite, '
+        "or pass another --db to start a new database"
+    )
+
+
+@dataclass(frozen=True)
+class LeaseAnswer:
+    """The outcome of :meth:`ResultStore.acquire_lease`: ``acquired``, else the ``holder``
+    of a live lease in the way; ``expired`` names the owner whose lapsed lease was taken."""
+
+    acquired: bool
+    holder: str | None = None
+    expired: str | None = None
+
+
+class ResultStore:
+    """A SQLite results database (created on first use; checked with
+    :func:`check_database` first unless ``verify`` is False)."""
+
+    def __init__(self, path: str | Path, verify: bool = True) -> None:
         self.path = Path(path)
+        if verify:
+            check_database(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(self.path)
+        self.db = sqlite3.connect(self.path, timeout=BUSY_SECONDS)
         self.db.row_factory = sqlite3.Row
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
-        columns = {r[1] for r in self.db.execute("PRAGMA table_info(runs)")}
-        for column, kind in (
-            ("weights_digest", "TEXT"),
-            ("inputs", "INTEGER"),
-            ("data_files", "TEXT"),
+        for table, column, kind in (  # a database written before these columns existed
+            ("runs", "weights_digest", "TEXT"),
+            ("runs", "inputs", "INTEGER"),
+            ("runs", "data_files", "TEXT"),
+            ("runs", "class_names", "TEXT"),
+            ("certificates", "draws", "TEXT"),  # before the harness drew the evidence itself
         ):
-            if column not in columns:  # a database written before these columns existed
-                self.db.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
-        columns = {r[1] for r in self.db.execute("PRAGMA table_info(certificates)")}
-        if "draws" not in columns:  # written before the harness drew the evidence itself
-            self.db.execute("ALTER TABLE certificates ADD COLUMN draws TEXT")
+            self._add_column(table, column, kind)
+
+    def _add_column(self, table: str, column: str, kind: str) -> None:
+        if column in {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}:
+            return
+        try:
+            self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+        except sqlite3.OperationalError as exc:  # another process added it meanwhile
+            if "duplicate column" not in str(exc):
+                raise
 
     def close(self) -> None:
         self.db.close()
@@ -196,9 +299,16 @@ class ResultStore:
             )  # fmt: skip
         return cursor.rowcount == 1
 
-    def set_run_data(self, run_id: str, inputs: int, data_files: dict[str, str]) -> None:
-        """Record how many test inputs each setting certifies and the data files read
-        (path -> SHA-256); a resumed run whose files differ is refused."""
+    def set_run_data(
+        self,
+        run_id: str,
+        inputs: int,
+        data_files: dict[str, str],
+        class_names: Sequence[str] = (),
+    ) -> None:
+        """Record how many test inputs each setting certifies, the data files read
+        (path -> SHA-256) and the dataset's class names; a resumed run whose files
+        differ is refused."""
         row = self.db.execute("SELECT data_files FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         if row is not None and row[0] is not None and json.loads(row[0]) != data_files:
             raise IdrsError(
@@ -207,9 +317,10 @@ class ResultStore:
             )
         with self.db:
             self.db.execute(
-                "UPDATE runs SET inputs = ?, data_files = ? WHERE run_id = ?",
-                (inputs, json.dumps(data_files, sort_keys=True), run_id),
-            )
+                "UPDATE runs SET inputs = ?, data_files = ?, class_names = ? WHERE run_id = ?",
+                (inputs, json.dumps(data_files, sort_keys=True),
+                 json.dumps(list(class_names)) if class_names else None, run_id),
+            )  # fmt: skip
 
     def finish_run(self, run_id: str) -> None:
         with self.db:
@@ -271,12 +382,94 @@ class ResultStore:
         )
         return {r[0] for r in rows}
 
-    def stored_inputs(self, run_id: str, method: str, setting: str) -> set[int]:
+    def stored_inputs(
+        self, run_id: str, method: str, setting: str, shard: int | None = None
+    ) -> set[int]:
+        """Input ids with a stored certificate (of one ``shard`` when given)."""
+        sql = "SELECT input_id FROM certificates WHERE run_id = ? AND method = ? AND setting = ?"
+        args: tuple = (run_id, method, setting)
+        if shard is not None:
+            sql, args = sql + " AND shard = ?", (*args, shard)
+        return {r[0] for r in self.db.execute(sql, args)}
+
+    def acquire_lease(
+        self, run_id: str, method: str, setting: str, shard: int, owner: str, seconds: float
+    ) -> LeaseAnswer:
+        """Lease ``shard`` (or :data:`WHOLE_SETTING`) of (run, method, setting) to ``owner``
+        for ``seconds``, unless another owner's unexpired lease covers it: a shard is
+        covered by its own lease and by a whole-setting lease, a whole setting by any
+        lease of it. An expired lease is taken over. One transaction (``BEGIN IMMEDIATE``),
+        so two processes never both acquire."""
+        now = time.time()
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            rows = self.db.execute(
+                "SELECT shard, owner, expires FROM leases WHERE run_id = ? AND method = ? AND "
+                "setting = ? AND (shard = ? OR shard = ? OR ? = ?)",
+                (run_id, method, setting, shard, WHOLE_SETTING, shard, WHOLE_SETTING),
+            ).fetchall()
+            live = [r["owner"] for r in rows if r["owner"] != owner and r["expires"] > now]
+            if live:
+                return LeaseAnswer(False, holder=live[0])
+            lapsed = [r["owner"] for r in rows if r["owner"] != owner and r["shard"] == shard]
+            self.db.execute(
+                "INSERT OR REPLACE INTO leases (run_id, method, setting, shard, owner, expires)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (run_id, method, setting, shard, owner, now + seconds),
+            )
+            return LeaseAnswer(True, expired=lapsed[0] if lapsed else None)
+        finally:
+            self.db.commit()
+
+    def renew_leases(self, owner: str, seconds: float) -> set[tuple[str, str, str, int]]:
+        """Extend every lease of ``owner`` to ``seconds`` from now; the (run, method,
+        setting, shard) keys it still holds (a lease another owner took over is gone)."""
+        with self.db:
+            self.db.execute(
+                "UPDATE leases SET expires = ? WHERE owner = ?", (time.time() + seconds, owner)
+            )
         rows = self.db.execute(
-            "SELECT input_id FROM certificates WHERE run_id = ? AND method = ? AND setting = ?",
-            (run_id, method, setting),
+            "SELECT run_id, method, setting, shard FROM leases WHERE owner = ?", (owner,)
         )
-        return {r[0] for r in rows}
+        return {tuple(r) for r in rows}
+
+    def release_lease(
+        self, run_id: str, method: str, setting: str, shard: int, owner: str | None = None
+    ) -> None:
+        """Drop the lease on ``shard`` (only ``owner``'s when given)."""
+        sql = "DELETE FROM leases WHERE run_id = ? AND method = ? AND setting = ? AND shard = ?"
+        args: tuple = (run_id, method, setting, shard)
+        if owner is not None:
+            sql, args = sql + " AND owner = ?", (*args, owner)
+        with self.db:
+            self.db.execute(sql, args)
+
+    def drop_expired_leases(self, run_id: str, shard: int) -> None:
+        """Delete the expired leases of ``run_id`` on ``shard`` (e.g. :data:`PRESENCE`: of
+        processes that died)."""
+        with self.db:
+            self.db.execute(
+                "DELETE FROM leases WHERE run_id = ? AND shard = ? AND expires <= ?",
+                (run_id, shard, time.time()),
+            )
+
+    def lease_holder(self, run_id: str, method: str, setting: str, shard: int) -> str | None:
+        """The owner of the lease on ``shard``, expired or not; None when there is none."""
+        row = self.db.execute(
+            "SELECT owner FROM leases WHERE run_id = ? AND method = ? AND setting = ?"
+            " AND shard = ?",
+            (run_id, method, setting, shard),
+        ).fetchone()
+        return None if row is None else row[0]
+
+    def live_leases(self, run_id: str) -> list[dict[str, Any]]:
+        """The unexpired leases of ``run_id``: method, setting, shard, owner, expires."""
+        rows = self.db.execute(
+            "SELECT method, setting, shard, owner, expires FROM leases"
+            " WHERE run_id = ? AND expires > ? ORDER BY method, setting, shard",
+            (run_id, time.time()),
+        )
+        return [dict(r) for r in rows]
 
     def record_failure(self, run_id: str, method: str, setting: str, error: str) -> None:
         with self.db:

@@ -47,7 +47,8 @@ RUN_FIELDS = (
     "run_id", "name", "created", "finished", "config", "versions", "git_commit", "device",
     "seed", "model_hash",
 )  # fmt: skip
-"""The fields of the ``runs`` row a :class:`StoredRun` keeps (plus ``weights_digest``)."""
+"""The fields of the ``runs`` row a :class:`StoredRun` keeps (plus ``weights_digest`` and
+``class_names``, the dataset's class names, where recorded)."""
 
 
 @dataclass(frozen=True)
@@ -242,7 +243,8 @@ class StoredRun:
     failures (ordered by time, method, setting) and checks."""
 
     run: dict[str, Any]
-    """The ``runs`` row: :data:`RUN_FIELDS`, plus ``weights_digest`` when recorded."""
+    """The ``runs`` row: :data:`RUN_FIELDS`, plus ``weights_digest`` and ``class_names``
+    when recorded."""
     certificates: list[StoredCertificate] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
     """Dicts with method, setting, error (the traceback) and at (the time)."""
@@ -325,9 +327,11 @@ def read_run(store: ResultStore, run_id: str | None = None) -> StoredRun:
         StoredCheck.from_row(dict(row))
         for row in store.db.execute("SELECT * FROM checks WHERE run_id = ?", (full_id,))
     ]
-    weights = {"weights_digest": run["weights_digest"]} if run.get("weights_digest") else {}
+    extra = {"weights_digest": run["weights_digest"]} if run.get("weights_digest") else {}
+    if run.get("class_names"):
+        extra["class_names"] = json.loads(run["class_names"])
     return StoredRun(
-        run={k: run[k] for k in RUN_FIELDS} | weights,
+        run={k: run[k] for k in RUN_FIELDS} | extra,
         certificates=certificates,
         failures=sorted(failures, key=lambda f: (f["at"], f["method"], f["setting"])),
         checks=sorted(checks, key=lambda c: (c.method, c.setting, c.check)),

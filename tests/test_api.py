@@ -62,3 +62,21 @@ def test_run_with_overrides(tmp_path, write_mnist):
     assert len(out["run_id"]) == 64 and len(out["weights_digest"]) == 64
     assert out["summary"]["inputs"].tolist() == [2]
     assert sorted(out["certificates"]["input_id"]) == [0, 20]
+
+
+def test_run_returns_the_verdicts_with_the_summary(tmp_path):
+    spec = {
+        "name": "api-verdicts",
+        "dataset": {"name": "cone-2", "test_count": 4},
+        "model": {"architecture": "mlp", "trainer": "gaussian-augmentation",
+                  "architecture_params": {"width": 8}, "trainer_params": {"epochs": 1}},
+        "certification": {"n0": 10, "n": 200, "alpha": 0.01, "batch_size": 256},
+        "methods": [{"name": "cohen", "settings": [{"sigma": 0.5}]}],
+    }  # fmt: skip
+    out = run(spec, db=tmp_path / "r.sqlite", device="cpu")
+    summary = out["summary"]
+    assert summary[["method", "setting"]].values.tolist() == [["cohen", "sigma=0.5"]]
+    verdict = summary["verdict"][0]
+    assert out["verdicts"] == {("cohen", "sigma=0.5"): verdict}
+    assert verdict in ("sound", "unjustified", "violated", "not-verified")  # it was checked
+    assert "evidence" in summary["checks_applied"][0] and summary["flags"][0] == []

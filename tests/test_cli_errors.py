@@ -47,7 +47,9 @@ def test_invalid_spec_is_one_clear_line(tmp_path, capsys, overrides, message, sp
 def test_nonpositive_sigma_is_reported(tmp_path, capsys, sigma, spec_template):
     code, err = _run(tmp_path, capsys, spec_template, sigma=sigma)
     assert code == 2
-    assert err == f"error: sigma must be a positive number, got {sigma}"
+    assert err == (
+        f"error: method 'cohen', setting sigma={sigma}: sigma must be a positive number, got {sigma}"
+    )
 
 
 def test_unknown_setting_parameter(tmp_path, capsys, spec_template):
@@ -93,3 +95,62 @@ def test_results_unknown_run(tmp_path, capsys, spec_template):
     _run(tmp_path, capsys, spec_template)
     assert main(["results", "ffff", "--db", str(tmp_path / "r.sqlite")]) == 2
     assert "no run matches 'ffff'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ('device = "tpu"', "device must be auto, cpu, cuda or cuda:N, got 'tpu'"),
+        ('seed = "a"', "seed must be an integer, got 'a'"),
+        ("shard_size = 0", "shard_size must be >= 1, got 0"),
+        ("radii = [-1]", "radii must be a non-empty list of numbers >= 0, got [-1]"),
+    ],
+)
+def test_top_level_spec_values_name_what_is_expected(tmp_path, capsys, spec_template, override,
+                                                     message):  # fmt: skip
+    spec = tmp_path / "s.toml"
+    text = spec_template.format(dataset="cone-4", arch="mlp", n0=10, n=20, alpha=0.01,
+                                method="cohen", sigma=0.5)  # fmt: skip
+    spec.write_text(override + "\n" + text)
+    assert main(["run", str(spec), "--db", str(tmp_path / "r.sqlite"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: {message}"
+
+
+def test_a_missing_table_and_a_missing_file_say_what_to_do(tmp_path, capsys):
+    spec = tmp_path / "s.toml"
+    spec.write_text('name = "x"\n')
+    assert main(["run", str(spec), "--quiet"]) == 2
+    assert "missing table [dataset]; add it (README.md" in capsys.readouterr().err
+    assert main(["run", str(tmp_path / "absent.toml"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "relative to the working directory" in err and "quick.toml" in err
+
+
+@pytest.mark.parametrize("damage", ["magic", "short", "gzip"])
+def test_a_damaged_dataset_file_is_named_with_the_fix(tmp_path, capsys, write_mnist, damage):
+    """Fashion-MNIST's IDX files (MNIST's format) under --data-root, one of them damaged."""
+    import gzip
+
+    write_mnist(tmp_path / "data")
+    root = tmp_path / "data" / "MNIST" / "raw"
+    bad = root / "t10k-images-idx3-ubyte"
+    raw = bad.read_bytes()
+    if damage == "magic":
+        bad.write_bytes(b"\x01" + raw[1:])
+    elif damage == "short":
+        bad.write_bytes(raw[:-100])
+    else:
+        bad.unlink()
+        bad = root / "t10k-images-idx3-ubyte.gz"
+        bad.write_bytes(gzip.compress(raw)[:-40])
+    spec = tmp_path / "s.toml"
+    spec.write_text(
+        '[dataset]\nname = "fashion-mnist"\ntest_count = 1\n[model]\narchitecture = "mlp"\n'
+        'trainer = "gaussian-augmentation"\n[[methods]]\nname = "cohen"\n'
+    )
+    argv = ["run", str(spec), "--data-root", str(root), "--db", str(tmp_path / "r.sqlite")]
+    assert main([*argv, "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith(f"error: {bad} is damaged (") and "replace it with the original" in err

@@ -138,6 +138,20 @@ def test_default_benchmark_smoke_on_a_tiny_subset(tmp_path, capsys):
     assert main(["run", str(spec), "--db", str(db), "--quiet", "--no-check"]) == 0
     table = capsys.readouterr().out
     assert "sigma=0.12" in table and "sigma=0.5" in table and "cert@0.5" in table
+    # piped, `run` fits 100 columns (but for the lines it ends with, which name the
+    # database by its path), names every method in full and ends with what to type next
+    assert max(map(len, table.splitlines()[:-3])) <= 100, table
+    first_words = {line.split()[0] for line in table.splitlines() if line.strip()}
+    assert {"lipschitz-sigma-net", "alfarra-ds-memory", "chen-fgss", "sukenik"} <= first_words
+    run_id = json.loads((main(["results", "--db", str(db), "--json"]), capsys.readouterr().out)[1])[
+        "run_id"
+    ]
+    *_, summary, results, board = table.strip().splitlines()
+    assert summary == f"results: {db}, run {run_id[:12]}: 10 not checked"
+    assert results.split() == ["next:", "idrs-bench", "results", run_id[:12], "--db", str(db),
+                               "(every", "metric", "and", "check)"]  # fmt: skip
+    assert board.split() == ["idrs-bench", "leaderboard", run_id[:12], "--db", str(db), "--out",
+                             "leaderboards/quick.md"]  # fmt: skip
     assert main(["results", "--db", str(db), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     rows = {(m["method"], m["setting"]): m for m in out["methods"]}

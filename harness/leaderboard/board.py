@@ -18,6 +18,7 @@ default). Rows and their verdicts come from :meth:`harness.storedrun.StoredRun.r
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -46,6 +47,7 @@ class Row:
     correct_radii: list[float]  # sorted radii of the correctly certified inputs (for curves)
     applied: list[str] = field(default_factory=list)  # checks that applied to the row
     order: dict[str, Any] | None = None  # memory rows: orders replayed, ACR spread
+    class_counts: dict[int, int] = field(default_factory=dict)  # inputs per label
 
     @property
     def sound(self) -> bool:
@@ -79,6 +81,11 @@ class Table:
     @property
     def failures(self) -> list[dict[str, Any]]:
         return [f | {"run_id": run.run_id} for run in self.runs for f in run.failures]
+
+    @property
+    def class_names(self) -> list[str]:
+        """The dataset's class names as its runs recorded them (empty when none did)."""
+        return next((list(r.run["class_names"]) for r in self.runs if r.run.get("class_names")), [])
 
 
 @dataclass
@@ -153,6 +160,7 @@ def _rows(run: StoredRun, radii: Sequence[float]) -> list[Row]:
                 correct_radii=sorted(c.radius for c in certs if c.correct),
                 applied=stored.applied,
                 order=order,
+                class_counts=dict(sorted(Counter(int(c.label) for c in certs).items())),
             )
         )
     return out

@@ -32,10 +32,12 @@ def add_leaderboard_parser(sub: argparse._SubParsersAction) -> argparse.Argument
         "(its latest run); default: the latest run in --db",
     )  # fmt: skip
     parser.add_argument(
-        "--db", type=Path, default=None,
+        "--db", type=Path, default=None, metavar="PATH",
         help=f"results database (default {DEFAULT_DB}; with --verify: the board's NAME.run.json)",
     )  # fmt: skip
-    parser.add_argument("--out", type=Path, help="write NAME.md and its files (default: stdout)")
+    parser.add_argument(
+        "--out", type=Path, metavar="NAME.md", help="write NAME.md and its files (default: stdout)"
+    )
     parser.add_argument("--no-plots", action="store_true", help="do not draw the PNG plots")
     parser.add_argument(
         "--verify", type=Path, metavar="BOARD.md",

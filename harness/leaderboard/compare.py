@@ -173,9 +173,12 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPars
         "run_b", metavar="RUN_B", help="run id or prefix, *.run.json, or a database"
     )
     parser.add_argument(
-        "--db", type=Path, default=DEFAULT_DB, help=f"results database (default {DEFAULT_DB})"
+        "--db", type=Path, default=DEFAULT_DB, metavar="PATH",
+        help=f"results database (default {DEFAULT_DB})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--db-b", type=Path, metavar="PATH", help="results database of RUN_B (default: --db)"
     )
-    parser.add_argument("--db-b", type=Path, help="results database of RUN_B (default: --db)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(handler=compare_command)
     return parser

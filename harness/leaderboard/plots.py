@@ -1,10 +1,15 @@
 """The PNG plots of a leaderboard table (matplotlib, Agg canvas, no pyplot state).
 
 - certified accuracy vs radius: for every row, the fraction of inputs certified
-  correctly with radius >= r, on a grid of r from 0 to just past the largest radius;
-  verified-sound rows solid, the others dashed and marked "not certified";
-- class-wise accuracy: a heat map of PREDICT's accuracy per class (columns) for every
-  row (Mohapatra et al. 2021, §3.2).
+  correctly with radius >= r, on a grid of r from 0 to just past the largest radius.
+  Each method has a colour family (blues, oranges, greens, ...) and a line style of its
+  own, so two methods whose curves coincide stay apart; its settings are shades of that
+  family, light to dark in order of mean σ, with a marker each. Verified-sound rows are drawn full, the
+  others thinner and lighter and marked "not certified". The legend lists the rows by
+  method and σ beside the axes, in columns below them when there are many;
+- class-wise accuracy: a heat map of PREDICT's accuracy per class (columns, named by
+  the dataset's class names with the number of inputs of each) for every row
+  (Mohapatra et al. 2021, §3.2).
 
 Plugin text is drawn with mathtext off, so a ``$`` in a name is just a dollar sign.
 The PNG metadata carries no software version or date: same data, same matplotlib,
@@ -14,13 +19,28 @@ same bytes.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.leaderboard.board import Row, Table
 from harness.leaderboard.escape import flatten
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 _RC = {"text.parse_math": False, "text.usetex": False, "font.size": 9}
 _PNG_METADATA = {"Software": None}
+FAMILIES = ("Blues", "Oranges", "Greens", "Reds", "Purples", "Greys", "YlOrBr", "PuRd", "BuGn",
+            "RdPu")  # fmt: skip
+"""Sequential colour maps, one per method, in the table's order (best-ranked first)."""
+LINE_STYLES = ((0, ()), (0, (6, 2)), (0, (1, 1.5)), (0, (6, 2, 1, 2)), (0, (3, 1)),
+               (0, (6, 1.5, 1, 1.5, 1, 1.5)))  # fmt: skip
+"""Solid, dashed, dotted, dash-dot, ...: one per method, cycled."""
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+"""Markers of a method's settings in order of mean σ (sparse along each curve)."""
+LEGEND_BESIDE = 12
+"""Legends of up to this many rows go beside the axes; longer ones below, in columns."""
 
 
 def certified_plot_name(stem: str, table: Table) -> str:
@@ -43,8 +63,37 @@ def _curve(row: Row, grid: list[float]) -> list[float]:
     return [(len(radii) - bisect.bisect_left(radii, r)) / count for r in grid]
 
 
+def line_styles(rows: Sequence[Row]) -> dict[int, tuple[tuple, object, str]]:
+    """For each row (by position): (colour, line style, marker). A method's rows share a
+    colour map and a line style (the first families and styles, the clearest, go to the
+    methods of the best-ranked rows); by mean σ, their shades go from light to dark and
+    their markers through :data:`MARKERS`."""
+    import matplotlib
+
+    methods = list(dict.fromkeys(row.method for row in rows))
+    out = {}
+    for k, method in enumerate(methods):
+        cmap = matplotlib.colormaps[FAMILIES[k % len(FAMILIES)]]
+        mine = sorted(
+            (i for i, row in enumerate(rows) if row.method == method),
+            key=lambda i: (rows[i].metrics["mean_sigma"], rows[i].setting, rows[i].run_id),
+        )
+        for j, i in enumerate(mine):
+            shade = 0.8 if len(mine) == 1 else 0.45 + 0.55 * j / (len(mine) - 1)
+            out[i] = (cmap(shade), LINE_STYLES[k % len(LINE_STYLES)], MARKERS[j % len(MARKERS)])
+    return out
+
+
 def write_certified_plot(table: Table, path: Path, title: str) -> None:
-    """Certified accuracy vs radius of every row of ``table``."""
+    """Certified accuracy vs radius of every row of ``table``, as a PNG at ``path``."""
+    import matplotlib
+
+    with matplotlib.rc_context(_RC):
+        certified_figure(table, title).savefig(path, format="png", metadata=_PNG_METADATA)
+
+
+def certified_figure(table: Table, title: str) -> Figure:
+    """The figure of :func:`write_certified_plot`."""
     import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -54,28 +103,69 @@ def write_certified_plot(table: Table, path: Path, title: str) -> None:
     top = top * 1.05 if top > 0 else 1.0
     grid = [top * i / 400 for i in range(401)]
     with_run = len(table.runs) > 1
+    styles = line_styles(rows)
+    order = sorted(range(len(rows)), key=lambda i: (rows[i].method, rows[i].metrics["mean_sigma"],
+                                                    rows[i].setting, rows[i].run_id))  # fmt: skip
+    beside = len(rows) <= LEGEND_BESIDE
+    labels = [row_label(row, with_run) for row in rows]
+    longest = max(map(len, labels), default=0)
+    columns = 1 if beside else max(1, min(3, int(110 // max(longest, 1))))
+    below = 0 if beside else 0.2 * -(-len(rows) // columns) + 0.4
+    width = 6.5 + (0.055 * longest + 0.5 if beside else 0)
     with matplotlib.rc_context(_RC):
-        fig = Figure(figsize=(9, 4.8), dpi=100)
+        fig = Figure(figsize=(max(width, 7.5), 4.8 + below), dpi=100)
         FigureCanvasAgg(fig)
         ax = fig.add_subplot()
-        colors = matplotlib.colormaps["tab10" if len(rows) <= 10 else "tab20"].colors
-        for i, row in enumerate(rows):
-            ax.step(grid, _curve(row, grid), where="post", color=colors[i % len(colors)],
-                    linestyle="-" if row.sound else "--", label=row_label(row, with_run))  # fmt: skip
+        for n, i in enumerate(order):
+            row, (color, style, marker) = rows[i], styles[i]
+            curve = _curve(row, grid)
+            marks = [k for k in range(7 * n % 40, len(grid), 40) if curve[k] > 0]
+            ax.step(grid, curve, where="post", color=color, linestyle=style,
+                    linewidth=1.8 if row.sound else 1.2, alpha=1.0 if row.sound else 0.8,
+                    marker=marker, markersize=3.5, markevery=marks,
+                    label=labels[i])  # fmt: skip
         ax.set_xlim(0, top)
         ax.set_ylim(0, 1.02)
         ax.set_xlabel("radius (ℓ2)")
         ax.set_ylabel("certified accuracy")
         ax.set_title(flatten(f"certified accuracy · {title}"))
         ax.grid(alpha=0.3)
-        if rows:
-            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+        if rows and beside:
+            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False,
+                      handlelength=3.5)  # fmt: skip
+        elif rows:
+            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), fontsize=7, frameon=False,
+                      ncols=columns, handlelength=3.5)  # fmt: skip
         fig.tight_layout()
+    return fig
+
+
+def class_labels(table: Table, names: Sequence[str], classes: Sequence[int]) -> list[str]:
+    """Each class's name (its index when ``names`` lacks it) and its number of inputs
+    (a range when the rows certified different numbers)."""
+    out = []
+    for c in classes:
+        counts = sorted({row.class_counts.get(c, 0) for row in table.rows})
+        count = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
+        name = flatten(names[c]) if 0 <= c < len(names) else str(c)
+        out.append(f"{name}\n{count} inputs")
+    return out
+
+
+def write_classwise_plot(
+    table: Table, path: Path, title: str, class_names: Sequence[str] = ()
+) -> None:
+    """Heat map of per-class clean accuracy, one line per row of ``table``; columns are
+    named by ``class_names`` (the dataset's, by label) with their number of inputs."""
+    import matplotlib
+
+    with matplotlib.rc_context(_RC):
+        fig = classwise_figure(table, title, class_names)
         fig.savefig(path, format="png", metadata=_PNG_METADATA)
 
 
-def write_classwise_plot(table: Table, path: Path, title: str) -> None:
-    """Heat map of per-class clean accuracy, one line per row of ``table``."""
+def classwise_figure(table: Table, title: str, class_names: Sequence[str] = ()) -> Figure:
+    """The figure of :func:`write_classwise_plot`."""
     import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -87,8 +177,10 @@ def write_classwise_plot(table: Table, path: Path, title: str) -> None:
     with_run = len(table.runs) > 1
     with matplotlib.rc_context(_RC):
         labels = [row_label(row, with_run) for row in rows]
-        width = 2.5 + 0.55 * max(len(classes), 2) + 0.065 * max(map(len, labels), default=0)
-        fig = Figure(figsize=(max(width, 6.0), 1.6 + 0.32 * max(len(rows), 1)), dpi=100)
+        ticks = class_labels(table, class_names, classes)
+        column = max(0.55, 0.062 * max((len(t.split("\n")[0]) for t in ticks), default=0))
+        width = 2.5 + column * max(len(classes), 2) + 0.065 * max(map(len, labels), default=0)
+        fig = Figure(figsize=(max(width, 6.0), 2.0 + 0.32 * max(len(rows), 1)), dpi=100)
         FigureCanvasAgg(fig)
         ax = fig.add_subplot()
         if rows and classes:
@@ -99,9 +191,9 @@ def write_classwise_plot(table: Table, path: Path, title: str) -> None:
                         ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7,
                                 color="black" if value > 0.6 else "white")  # fmt: skip
             fig.colorbar(image, ax=ax, label="clean accuracy")
-        ax.set_xticks(range(len(classes)), [str(c) for c in classes])
+        ax.set_xticks(range(len(classes)), ticks, fontsize=7)
         ax.set_yticks(range(len(rows)), labels)
-        ax.set_xlabel("class")
+        ax.set_xlabel("class (inputs certified)")
         fig.suptitle(flatten(f"class-wise clean accuracy · {title}"))
         fig.tight_layout()
-        fig.savefig(path, format="png", metadata=_PNG_METADATA)
+    return fig

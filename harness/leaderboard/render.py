@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.errors import IdrsError
-from harness.leaderboard.board import Board, build_board
+from harness.leaderboard.board import Board, Table, build_board
 from harness.leaderboard.markdown import render_markdown
 from harness.leaderboard.plots import (
     certified_plot_name,
@@ -54,6 +54,19 @@ def plot_names(board: Board, stem: str) -> list[str]:
     ]
 
 
+def class_names(table: Table) -> list[str]:
+    """The class names its runs recorded, else those its dataset's plugin declares
+    (runs made before class names were recorded), else none."""
+    if table.class_names:
+        return table.class_names
+    from harness.plugins import get_plugin_manager
+
+    try:
+        return list(get_plugin_manager().registry.get("datasets", table.dataset).class_names)
+    except IdrsError:  # a dataset no loaded plugin provides
+        return []
+
+
 def write_board(runs: list[StoredRun], out: Path, plots: bool = True) -> list[Path]:
     """Render ``runs`` into ``out`` (NAME.md) and the files beside it; returns their paths."""
     stem = board_stem(out)
@@ -73,6 +86,6 @@ def write_board(runs: list[StoredRun], out: Path, plots: bool = True) -> list[Pa
             write_certified_plot(table, path, title)
             written.append(path)
             path = out.parent / classwise_plot_name(stem, table)
-            write_classwise_plot(table, path, title)
+            write_classwise_plot(table, path, title, class_names(table))
             written.append(path)
     return written

@@ -5,6 +5,12 @@ from __future__ import annotations
 
 from harness import DatasetSpec, hookimpl
 
+FASHION_MNIST_CLASSES = (
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+    "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+)  # fmt: skip
+CONE_CLASSES = ("outside", "cone")
+
 
 def _fashion_mnist(data_root=None, download: bool = False, seed: int = 0, **_):
     from plugins.datasets.fashion_mnist import load_fashion_mnist
@@ -20,8 +26,10 @@ def _cone(data_root=None, download: bool = False, seed: int = 0, dim: int = 2, *
 
 @hookimpl
 def idrs_register_datasets(register) -> None:
-    register(DatasetSpec("fashion-mnist", _fashion_mnist, "Fashion-MNIST 28×28 grey images"))
-    register(DatasetSpec("cone-N", _cone, "Súkeník et al. App. A.5 cone vs. rest, N dimensions"))
+    register(DatasetSpec("fashion-mnist", _fashion_mnist, "Fashion-MNIST 28×28 grey images",
+                         FASHION_MNIST_CLASSES))  # fmt: skip
+    register(DatasetSpec("cone-N", _cone, "Súkeník et al. App. A.5 cone vs. rest, N dimensions",
+                         CONE_CLASSES))  # fmt: skip
     from plugins.datasets.gauss_mix import register_gauss_mix  # Mohapatra et al. 2021 §3.1
 
     register_gauss_mix(register)

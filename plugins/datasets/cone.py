@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from harness import Dataset, ParameterError
+from plugins.datasets import CONE_CLASSES
 
 
 def sample_cone(
@@ -61,5 +62,5 @@ def load_cone(dim: int, seed: int = 0, train_size: int = 2000, test_size: int = 
         test_x=torch.from_numpy(test_x.astype(np.float32)),
         test_y=torch.from_numpy(test_y),
         num_classes=2,
-        class_names=("outside", "cone"),
+        class_names=CONE_CLASSES,
     )

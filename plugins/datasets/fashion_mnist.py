@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from harness import Dataset, DatasetMissingError
+from plugins.datasets import FASHION_MNIST_CLASSES
 from plugins.datasets.idx import read_idx
 
 DEBIAN_LOCATION = Path("/usr/share/datasets/fashion-mnist")
@@ -22,10 +23,6 @@ FILES = {
     "test_x": "t10k-images-idx3-ubyte",
     "test_y": "t10k-labels-idx1-ubyte",
 }
-CLASS_NAMES = (
-    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-    "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
-)  # fmt: skip
 
 
 def _find(folder: Path, stem: str) -> Path | None:
@@ -78,7 +75,7 @@ def load_fashion_mnist(data_root: str | Path | None = None, download: bool = Fal
         test_x=images(arrays["test_x"]),
         test_y=torch.from_numpy(arrays["test_y"].astype(np.int64)),
         num_classes=10,
-        class_names=CLASS_NAMES,
+        class_names=FASHION_MNIST_CLASSES,
         files={str(path.resolve()): file_digest(path) for path in paths.values()},
     )
 

@@ -27,6 +27,7 @@ A = 1.0
 K = 4.0
 EPSILON = 0.2
 SIGMA_O = 0.25
+CLASSES = ("mixture", "centre")
 _STREAM = 2021  # separates this generator's stream from other seeded datasets
 
 
@@ -76,7 +77,7 @@ def load_gauss_mix(
         test_x=torch.from_numpy(test_x.astype(np.float32)),
         test_y=torch.from_numpy(test_y),
         num_classes=2,
-        class_names=("mixture", "centre"),
+        class_names=CLASSES,
     )
 
 
@@ -90,5 +91,5 @@ def register_gauss_mix(register) -> None:
     from harness import DatasetSpec
 
     description = "Mohapatra et al. (2021) §3.1 Gaussian mixture"
-    register(DatasetSpec("gauss-mix", load, description + ", 1 dimension"))
-    register(DatasetSpec("gauss-mix-N", load, description + ", N dimensions"))
+    register(DatasetSpec("gauss-mix", load, description + ", 1 dimension", CLASSES))
+    register(DatasetSpec("gauss-mix-N", load, description + ", N dimensions", CLASSES))
