@@ -10,6 +10,11 @@ certifier staged while producing a certificate are written in the same transacti
 as that certificate (:meth:`ResultStore.add_certificate`), so the state never holds
 an input whose certificate was lost, nor the reverse. See :mod:`harness.runstate`.
 
+The ``files`` table names what a replay of a run needs besides the database (the base
+model's weights, plugins' fitted artifacts, the σ-estimator of a σ-smoothing), with
+their SHA-256; ``runs.arithmetic`` is the fingerprint of the arithmetic it certified
+with (:mod:`harness.arithmetic`).
+
 Rows are inserted by column name. The typed read side (a run's certificates, checks
 and verdict per method and setting) is :mod:`harness.storedrun`.
 """
@@ -44,7 +49,8 @@ CREATE TABLE IF NOT EXISTS runs (
     model_hash TEXT,
     weights_digest TEXT,
     inputs INTEGER,
-    data_files TEXT
+    data_files TEXT,
+    arithmetic TEXT
 );
 CREATE TABLE IF NOT EXISTS certificates (
     run_id TEXT NOT NULL REFERENCES runs(run_id),
@@ -96,6 +102,15 @@ CREATE TABLE IF NOT EXISTS state (
     data BLOB NOT NULL,
     PRIMARY KEY (run_id, method, setting, seq)
 );
+CREATE TABLE IF NOT EXISTS files (
+    run_id TEXT NOT NULL,
+    role TEXT NOT NULL,
+    name TEXT NOT NULL,
+    path TEXT NOT NULL,
+    sha256 TEXT NOT NULL,
+    meta TEXT NOT NULL,
+    PRIMARY KEY (run_id, role, name)
+);
 CREATE TABLE IF NOT EXISTS failures (
     run_id TEXT NOT NULL,
     method TEXT NOT NULL,
@@ -136,6 +151,9 @@ _STATE_INSERT = _insert(
 _SHARD_INSERT = _insert(
     "INSERT OR IGNORE", "shards", ("run_id", "method", "setting", "shard", "finished")
 )
+_FILE_INSERT = _insert(
+    "INSERT OR REPLACE", "files", ("run_id", "role", "name", "path", "sha256", "meta")
+)
 _FAILURE_INSERT = _insert("INSERT", "failures", ("run_id", "method", "setting", "error", "at"))
 _CHECK_INSERT = _insert(
     "INSERT OR REPLACE", "checks",
@@ -160,6 +178,7 @@ class ResultStore:
             ("weights_digest", "TEXT"),
             ("inputs", "INTEGER"),
             ("data_files", "TEXT"),
+            ("arithmetic", "TEXT"),
         ):
             if column not in columns:  # a database written before these columns existed
                 self.db.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
@@ -210,6 +229,39 @@ class ResultStore:
                 "UPDATE runs SET inputs = ?, data_files = ? WHERE run_id = ?",
                 (inputs, json.dumps(data_files, sort_keys=True), run_id),
             )
+
+    def record_arithmetic(self, run_id: str, fingerprint: dict[str, Any]) -> None:
+        """Record the arithmetic the run certifies with (:mod:`harness.arithmetic`); a run
+        resumed with another arithmetic is marked as varied (:func:`~harness.arithmetic.combined`)."""
+        from harness.arithmetic import combined
+
+        row = self.db.execute("SELECT arithmetic FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        recorded = json.loads(row[0]) if row is not None and row[0] else None
+        with self.db:
+            self.db.execute(
+                "UPDATE runs SET arithmetic = ? WHERE run_id = ?",
+                (json.dumps(combined(recorded, fingerprint), sort_keys=True), run_id),
+            )
+
+    def add_file(
+        self, run_id: str, role: str, name: str, path: str, sha256: str, meta: dict[str, Any]
+    ) -> None:
+        """Record a file a replay of the run needs (``role``: ``weights``, ``plugin-artifact``,
+        ``sigma-model``), with its SHA-256; recorded again, it replaces the earlier entry."""
+        with self.db:
+            self.db.execute(
+                _FILE_INSERT,
+                {"run_id": run_id, "role": role, "name": name, "path": path, "sha256": sha256,
+                 "meta": json.dumps(meta, sort_keys=True)},
+            )  # fmt: skip
+
+    def files(self, run_id: str) -> list[dict[str, Any]]:
+        """The recorded files of a run (role, name, path, sha256, meta), by role and name."""
+        rows = self.db.execute(
+            "SELECT role, name, path, sha256, meta FROM files WHERE run_id = ? ORDER BY role, name",
+            (run_id,),
+        )
+        return [dict(r) | {"meta": json.loads(r["meta"])} for r in rows]
 
     def finish_run(self, run_id: str) -> None:
         with self.db:
@@ -332,6 +384,7 @@ class ResultStore:
         out["config"] = json.loads(out["config"])
         out["versions"] = json.loads(out["versions"])
         out["data_files"] = json.loads(out["data_files"]) if out.get("data_files") else None
+        out["arithmetic"] = json.loads(out["arithmetic"]) if out.get("arithmetic") else None
         return out
 
     def certificates(self, run_id: str) -> Iterable[dict[str, Any]]:
