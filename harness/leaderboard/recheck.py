@@ -11,9 +11,11 @@ re-derives, for every row:
    name, resolved only from idrs-bench and the plugins installed here
    (:func:`harness.radius.formula_from_record`), and the σ-provider's regularity as
    data; formulas that need the inputs get them from the run's dataset, loaded here.
-   The bound, prediction and radius must *equal* the re-derived ones (relative 1e-9),
-   and the certificates must hash to the digest S0 recorded, so an edited count, bound
-   or radius, in either direction, never verifies;
+   S0's recorded verdict must be the one the evidence gives; where it is ``sound``, the
+   bound, prediction and radius must moreover *equal* the re-derived ones (relative
+   1e-9; a certifier that claims less than its declared formula derives cannot be
+   verified from a board), and the certificates must hash to the digest S0 recorded,
+   so an edited count, bound or radius, in either direction, never verifies;
 2. **the verdicts** of the checks whose rule is a function of their recorded evidence:
    S0 (as the audit judged it, one-sided) and the replay check
    (:func:`harness.soundness.replay.judge`, from its recorded draws, or its fresh
@@ -136,11 +138,11 @@ def _recheck_row(run: StoredRun, row: StoredRow, protocol, inputs: _Inputs) -> l
         if inputs.error:
             why += f" (the run's dataset could not be loaded: {inputs.error}; pass --data-root)"
         return [*problems, f"{label}: cannot re-derive its certificates: {why}"]
-    if exact.verdict != "sound":
-        problems.append(f"{label}: a certificate is not what its evidence derives: {exact.summary}")
     if audited.verdict != s0.verdict:
         problems.append(f"{label}: S0's recorded verdict is {s0.verdict!r}, its evidence "
-                        f"gives {audited.verdict.value!r}")  # fmt: skip
+                        f"gives {audited.verdict.value!r}: {audited.summary}")  # fmt: skip
+    elif s0.verdict == "sound" and exact.verdict != "sound":
+        problems.append(f"{label}: a certificate is not what its evidence derives: {exact.summary}")
     replay = checks.get(REPLAY)
     if replay is not None and replay.verdict not in ("error", "not-applicable"):
         if not replay.evidence or "inputs" not in replay.evidence:
