@@ -55,7 +55,7 @@ def fingerprint(
         "torch": torch.__version__,
         "cuda": torch.version.cuda if cuda else None,
         "threads": None if cuda else torch.get_num_threads(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_capability": None if cuda else torch.backends.cpu.get_cpu_capability(),
         "precision": getattr(protocol, "precision", "fp32"),
         "channels_last": bool(getattr(protocol, "channels_last", False)),
         "noise": getattr(protocol, "noise", None),
