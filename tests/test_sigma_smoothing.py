@@ -1,0 +1,178 @@
+"""A σ-smoothing drawn by the harness: σ(x) = levels[ĉ_σ], its α share, R_σ caps the radius.
+
+A plugin written here against the public API declares a ``SigmaSmoothing`` (a fixed
+two-level σ-estimator: level 1 where x_1 > 0); the harness draws its selection and
+estimation samples (streams 4 and 5), sets σ, gives the certifier the α left, and S0
+re-derives the σ level and R_σ from those draws.
+"""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import beta, norm
+
+from harness import (
+    COHEN,
+    CertifierSpec,
+    Claim,
+    Constant,
+    HardSmoothingCertifier,
+    MethodSpec,
+    SigmaProviderSpec,
+    SigmaSmoothing,
+    cohen_radius,
+    hookimpl,
+)
+from harness.progress import Progress
+from harness.runner import RunOptions, run_benchmark
+from harness.sampling import SamplingEngine
+from harness.soundness.evidence import check_evidence
+from harness.soundness.runner import audits
+from harness.soundness.verdict import Verdict
+from harness.spec import parse_spec
+from harness.store import ResultStore
+
+LEVELS, NOISE, SHARE = (0.2, 0.4), 0.5, 0.0004
+
+
+class Halfspace(torch.nn.Module):
+    """Logits (0, 50·x_1): level 1 where x_1 > 0."""
+
+    def forward(self, x):
+        first = 50.0 * x.flatten(1)[:, 0]
+        return torch.stack([torch.zeros_like(first), first], dim=1)
+
+
+class Chosen:
+    regularity = Constant(LEVELS[0])  # not read for σ: the harness draws the smoothing
+
+    def __init__(self):
+        self.smoothing = SigmaSmoothing(Halfspace(), NOISE, LEVELS, SHARE)
+
+    def __call__(self, x):
+        raise AssertionError("the harness draws a σ-smoothing; it never calls the provider")
+
+
+class Capped(HardSmoothingCertifier):
+    """Cohen's claim at the α left, capped at R_σ (what a dual-RS certificate claims)."""
+
+    radius_formula = COHEN
+
+    def radius(self, p_lower, sigma):
+        return cohen_radius(p_lower, sigma)
+
+    def certify(self, evidence):
+        claims = super().certify(evidence)
+        drawn = evidence.sigma_draws
+        out = []
+        for k, claim in enumerate(claims):
+            top = int(np.argmax(drawn.selection[k]))
+            count, n = int(drawn.estimation[k, top]), drawn.n
+            p = beta.ppf(drawn.alpha, count, n - count + 1) if count else 0.0
+            r_sigma = NOISE * norm.ppf(p) if p > 0.5 else 0.0
+            out.append(Claim(claim.prediction, min(claim.radius, r_sigma), claim.p_lower,
+                             claim.predict) if claim.radius else claim)  # fmt: skip
+        return out
+
+
+class Uncapped(Capped):
+    """Forgets R_σ."""
+
+    def certify(self, evidence):
+        return HardSmoothingCertifier.certify(self, evidence)
+
+
+class FullAlpha(Capped):
+    """Spends the whole α on its own bound (the σ-smoothing's share not subtracted)."""
+
+    def certify(self, evidence):
+        from dataclasses import replace
+
+        return super().certify(replace(evidence, alpha=evidence.alpha + SHARE))
+
+
+def _plugin():
+    module = types.ModuleType("sigma_smoothing_test")
+    certifiers = {"capped": Capped, "uncapped": Uncapped, "full-alpha": FullAlpha}
+
+    @hookimpl
+    def idrs_register_sigma_providers(register):
+        register(SigmaProviderSpec("chosen", lambda context, params: Chosen()))
+
+    @hookimpl
+    def idrs_register_certifiers(register):
+        for name, cls in certifiers.items():
+            register(CertifierSpec(name, lambda c, p, s, cls=cls: cls()))
+
+    @hookimpl
+    def idrs_register_methods(register):
+        for name in certifiers:
+            register(MethodSpec(f"smoothed-{name}", "chosen", name))
+
+    module.idrs_register_sigma_providers = idrs_register_sigma_providers
+    module.idrs_register_certifiers = idrs_register_certifiers
+    module.idrs_register_methods = idrs_register_methods
+    return module
+
+
+@pytest.fixture
+def run(tmp_path, manager):
+    manager.register(_plugin(), name="sigma-smoothing-test")
+    raw = {
+        "name": "sigma-smoothing", "seed": 3,
+        "dataset": {"name": "ball-2", "test_count": 16},
+        "model": {"architecture": "ball-N", "trainer": "none"},
+        "certification": {"n0": 50, "n": 2000, "alpha": 0.001, "batch_size": 4096},
+        "methods": [{"name": f"smoothed-{m}"} for m in ("capped", "uncapped", "full-alpha")],
+    }  # fmt: skip
+    db = tmp_path / "r.sqlite"
+    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), Progress(enabled=False), manager)
+    store = ResultStore(db)
+    try:
+        found = {a.method.name: a for a in audits(store, run_id, RunOptions(db=db),
+                                                  Progress(enabled=False), manager)}  # fmt: skip
+    finally:
+        store.close()
+    return found
+
+
+def test_sigma_is_the_level_the_harness_draws_choose(run):
+    audit = run["smoothed-capped"]
+    x = audit.inputs
+    ids = [c["input_id"] for c in audit.certificates]
+    engine = SamplingEngine(Halfspace(), 2, torch.device("cpu"), 4096, seed=3)
+    selection = engine.counts(x, np.full(len(x), NOISE), ids, 50, 4)  # stream 4, redrawn here
+    for cert, counts in zip(audit.certificates, selection, strict=True):
+        assert cert["sigma"] == LEVELS[int(np.argmax(counts))]
+        drawn = cert["draws"]["sigma"]
+        assert drawn["selection"] == counts.tolist() and drawn["alpha"] == SHARE
+        assert drawn["levels"] == list(LEVELS) and drawn["sigma"] == NOISE
+    assert {c["sigma"] for c in audit.certificates} == set(LEVELS)  # both sides of x_1 = 0
+
+
+def test_the_certifier_gets_the_alpha_left_and_s0_caps_at_r_sigma(run):
+    capped = check_evidence(run["smoothed-capped"])
+    assert capped.verdict == Verdict.SOUND, capped.summary
+    assert capped.evidence["sigma_smoothing_alpha"] == SHARE
+    row = next(c for c in run["smoothed-capped"].certificates if c["prediction"] >= 0)
+    base = row["draws"]["base"]
+    top = int(np.argmax(base["selection"]))
+    k, n = base["estimation"][top], base["n"]
+    assert row["p_lower"] == pytest.approx(beta.ppf(0.001 - SHARE, k, n - k + 1), rel=1e-12)
+    uncapped = check_evidence(run["smoothed-uncapped"])
+    assert uncapped.verdict == Verdict.VIOLATED and uncapped.evidence["first"]["quantity"] == "R_σ"
+    first = uncapped.evidence["first"]
+    row = next(
+        c for c in run["smoothed-uncapped"].certificates if c["input_id"] == first["input_id"]
+    )
+    sigma_draws = row["draws"]["sigma"]
+    top = int(np.argmax(sigma_draws["selection"]))
+    k = sigma_draws["estimation"][top]
+    expected = NOISE * norm.ppf(beta.ppf(SHARE, k, 2000 - k + 1))
+    assert first["recomputed"] == pytest.approx(max(expected, 0.0), rel=1e-12)
+    full = check_evidence(run["smoothed-full-alpha"])
+    assert full.verdict == Verdict.VIOLATED and full.evidence["first"]["quantity"] == "bound"
