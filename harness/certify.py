@@ -193,7 +193,7 @@ def sigma_of(
     input_ids = point_ids(x) if input_ids is None else input_ids
     engine = SamplingEngine(
         prepare_model(smoothing.model, protocol), len(levels), context.device,
-        context.engine.batch_size, context.seed, noise=context.engine.noise,
+        context.engine.batch_size, context.seed, noise=context.engine.noise, pad_batches=True,
     )  # fmt: skip
     noise = np.full(len(x), float(smoothing.noise))
     selection = engine.counts(x, noise, input_ids, protocol.n0, STREAM_SIGMA_SELECTION)

@@ -107,12 +107,21 @@ class SigmaSmoothing:
     R_σ = noise·Φ⁻¹(p_lower) (p_lower the Clopper–Pearson bound at level ``alpha`` of ĉ's
     estimation count), so σ is constant there; the certifier's own bound gets the rest
     of the run's α (``Evidence.alpha``), and every certificate is capped at R_σ.
+
+    ``architecture`` (a registered model name, e.g. ``"mlp"``) and ``architecture_params``
+    say how to rebuild ``model`` from its state dict: the harness saves that state dict
+    with the run (a file with its SHA-256, :mod:`harness.runfiles`), and the replay check
+    redraws the σ draws in a process that loads no third-party plugin, so the
+    architecture must be a built-in one. A σ-smoothing without it cannot be replayed
+    (the replay check then does not complete, and the row is not verified).
     """
 
     model: Any
     noise: float
     levels: tuple[float, ...]
     alpha: float
+    architecture: str | None = None
+    architecture_params: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -169,3 +169,42 @@ def sukenik_recompute(rows, inputs, protocol: CertificationProtocol, regularity)
 
 COHEN = RadiusFormula("cohen", cohen_recompute)
 SUKENIK = RadiusFormula("sukenik-thm3.2", sukenik_recompute)
+
+
+def formula_record(formula: RadiusFormula) -> dict[str, Any]:
+    """A formula as data: its name, the importable qualified name of its ``recompute``
+    and its ``inner`` formula's record (as a board's run export holds it)."""
+    out: dict[str, Any] = {"name": formula.name, "recompute": _name(formula.recompute)}
+    if formula.inner is not None:
+        out["inner"] = formula_record(formula.inner)
+    return out
+
+
+def trusted_packages() -> set[str]:
+    """Top-level packages whose functions a formula record may name: ``harness`` and those
+    of every installed ``idrs_bench`` entry point (the built-in plugins and the
+    third-party ones installed here)."""
+    from importlib.metadata import entry_points
+
+    return {"harness"} | {ep.value.split(":")[0].split(".")[0]
+                          for ep in entry_points(group="idrs_bench")}  # fmt: skip
+
+
+def formula_from_record(record: dict[str, Any]) -> RadiusFormula:
+    """The formula a record names, resolved only from :func:`trusted_packages` and only
+    if it is pure (:func:`is_pure`); anything else is an error naming it."""
+    qualified = str(record.get("recompute", ""))
+    module, _, name = qualified.rpartition(".")
+    if module.split(".")[0] not in trusted_packages():
+        raise IdrsError(
+            f"radius formula {qualified!r} is not provided by idrs-bench or an installed plugin "
+            f"(packages {', '.join(sorted(trusted_packages()))}); install the plugin that provides it"
+        )
+    try:
+        function = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        raise IdrsError(f"radius formula {qualified!r} cannot be imported here") from None
+    if not is_pure(function):
+        raise IdrsError(f"radius formula {qualified!r} is not a pure module-level function")
+    inner = formula_from_record(record["inner"]) if record.get("inner") else None
+    return RadiusFormula(str(record.get("name", name)), function, inner)

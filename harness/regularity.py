@@ -51,3 +51,25 @@ class Unregularized:
 
 
 Regularity = Constant | SemiElastic | Lipschitz | Unregularized
+
+
+def regularity_record(regularity: Regularity) -> dict[str, object]:
+    """A declared regularity as data (``{"kind": "SemiElastic", "rate": 0.01}``), as a
+    board's run export records it."""
+    from dataclasses import asdict
+
+    return {"kind": type(regularity).__name__, **asdict(regularity)}
+
+
+def regularity_from_record(record: dict[str, object]) -> Regularity:
+    """The inverse of :func:`regularity_record`, built only from this module's classes."""
+    from harness.errors import IdrsError
+
+    kinds = {cls.__name__: cls for cls in (Constant, SemiElastic, Lipschitz, Unregularized)}
+    fields = {k: v for k, v in record.items() if k != "kind"}
+    try:
+        return kinds[str(record.get("kind"))](**fields)
+    except (KeyError, TypeError):
+        raise IdrsError(
+            f"unknown regularity {record!r}; known kinds: {', '.join(sorted(kinds))}"
+        ) from None

@@ -157,12 +157,15 @@ def build_context(
 ) -> BuildContext:
     """The build context of a benchmark whose noise and batch size are resolved: the base
     model behind the protocol's precision switch (``certified``, made here when None),
-    in a sampling engine."""
+    in a sampling engine whose forward passes all have ``batch_size`` rows."""
     if certified is None:
         certified = prepare_model(model, spec.protocol)
+    # every forward pass has batch_size rows, so each sample's logits are those of any
+    # other batch it could share (the replay check re-draws a few inputs alone)
     engine = SamplingEngine(
-        certified, dataset.num_classes, device, batch_size, spec.seed, noise=spec.protocol.noise
-    )
+        certified, dataset.num_classes, device, batch_size, spec.seed, noise=spec.protocol.noise,
+        pad_batches=True,
+    )  # fmt: skip
     return BuildContext(
         dataset=dataset,
         model=model,
@@ -243,8 +246,18 @@ def run_benchmark(
         store.set_run_data(
             run_id, len(test_ids), prepared.dataset.files, prepared.dataset.class_names
         )
+        executor = executor or LocalExecutor()
+        from harness.arithmetic import fingerprint
+
+        where = "local" if isinstance(executor, LocalExecutor) else type(executor).__name__
+        store.record_arithmetic(
+            run_id, fingerprint(context.device, spec.protocol, prepared.batch_size, where)
+        )
         work = pending_work(store, run_id, spec, test_ids)
-        (executor or LocalExecutor()).certify(prepared, store, work, options)
+        executor.certify(prepared, store, work, options)
+        from harness.runfiles import record_run_files
+
+        record_run_files(store, prepared, options.cache_dir)
         store.finish_run(run_id)
     finally:
         store.close()
@@ -478,6 +491,9 @@ def _built_method(
         state = RunState(store.state_records(prepared.run_id, work.method, work.key))
         context = replace(prepared.context, method=work.method, setting=work.key, state=state)
         provider, certifier = build_method(prepared.registry, work.method, work.setting, context)
+        from harness.runfiles import record_sigma_model
+
+        record_sigma_model(store, prepared.run_id, work.method, work.key, provider)
         built[name] = (provider, certifier, state, context)
     return built[name]
 

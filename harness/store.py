@@ -18,6 +18,11 @@ Opening a database checks it first (:func:`check_database`): a file that is not 
 SQLite database, or fails SQLite's ``PRAGMA quick_check``, is refused with a
 :class:`DamagedStoreError` before anything is written to it.
 
+The ``files`` table names what a replay of a run needs besides the database (the base
+model's weights, plugins' fitted artifacts, the σ-estimator of a σ-smoothing), with
+their SHA-256; ``runs.arithmetic`` is the fingerprint of the arithmetic it certified
+with (:mod:`harness.arithmetic`).
+
 Rows are inserted by column name. The typed read side (a run's certificates, checks
 and verdict per method and setting) is :mod:`harness.storedrun`.
 """
@@ -62,7 +67,8 @@ CREATE TABLE IF NOT EXISTS runs (
     model_hash TEXT,
     weights_digest TEXT,
     inputs INTEGER,
-    data_files TEXT
+    data_files TEXT,
+    arithmetic TEXT
 );
 CREATE TABLE IF NOT EXISTS certificates (
     run_id TEXT NOT NULL REFERENCES runs(run_id),
@@ -123,6 +129,15 @@ CREATE TABLE IF NOT EXISTS leases (
     expires REAL NOT NULL,
     PRIMARY KEY (run_id, method, setting, shard)
 );
+CREATE TABLE IF NOT EXISTS files (
+    run_id TEXT NOT NULL,
+    role TEXT NOT NULL,
+    name TEXT NOT NULL,
+    path TEXT NOT NULL,
+    sha256 TEXT NOT NULL,
+    meta TEXT NOT NULL,
+    PRIMARY KEY (run_id, role, name)
+);
 CREATE TABLE IF NOT EXISTS failures (
     run_id TEXT NOT NULL,
     method TEXT NOT NULL,
@@ -163,6 +178,9 @@ _STATE_INSERT = _insert(
 _SHARD_INSERT = _insert(
     "INSERT OR IGNORE", "shards", ("run_id", "method", "setting", "shard", "finished")
 )
+_FILE_INSERT = _insert(
+    "INSERT OR REPLACE", "files", ("run_id", "role", "name", "path", "sha256", "meta")
+)
 _FAILURE_INSERT = _insert("INSERT", "failures", ("run_id", "method", "setting", "error", "at"))
 _CHECK_INSERT = _insert(
     "INSERT OR REPLACE", "checks",
@@ -195,7 +213,8 @@ def check_database(path: str | Path) -> None:
             uri = f"{path.resolve().as_uri()}?mode=ro"
             db = sqlite3.connect(uri, uri=True, timeout=BUSY_SECONDS)
             try:
-                problems = [row[0] for row in db.execute("PRAGMA quick_check")]
+                # a problem may span lines (e.g. "Page 15: ..."): one line of text each
+                problems = [" ".join(row[0].split()) for row in db.execute("PRAGMA quick_check")]
             finally:
                 db.close()
         except sqlite3.DatabaseError as exc:
@@ -257,6 +276,7 @@ class ResultStore:
             ("runs", "inputs", "INTEGER"),
             ("runs", "data_files", "TEXT"),
             ("runs", "class_names", "TEXT"),
+            ("runs", "arithmetic", "TEXT"),
             ("certificates", "draws", "TEXT"),  # before the harness drew the evidence itself
         ):
             self._add_column(table, column, kind)
@@ -321,6 +341,39 @@ class ResultStore:
                 (inputs, json.dumps(data_files, sort_keys=True),
                  json.dumps(list(class_names)) if class_names else None, run_id),
             )  # fmt: skip
+
+    def record_arithmetic(self, run_id: str, fingerprint: dict[str, Any]) -> None:
+        """Record the arithmetic the run certifies with (:mod:`harness.arithmetic`); a run
+        resumed with another arithmetic is marked as varied (:func:`~harness.arithmetic.combined`)."""
+        from harness.arithmetic import combined
+
+        row = self.db.execute("SELECT arithmetic FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        recorded = json.loads(row[0]) if row is not None and row[0] else None
+        with self.db:
+            self.db.execute(
+                "UPDATE runs SET arithmetic = ? WHERE run_id = ?",
+                (json.dumps(combined(recorded, fingerprint), sort_keys=True), run_id),
+            )
+
+    def add_file(
+        self, run_id: str, role: str, name: str, path: str, sha256: str, meta: dict[str, Any]
+    ) -> None:
+        """Record a file a replay of the run needs (``role``: ``weights``, ``plugin-artifact``,
+        ``sigma-model``), with its SHA-256; recorded again, it replaces the earlier entry."""
+        with self.db:
+            self.db.execute(
+                _FILE_INSERT,
+                {"run_id": run_id, "role": role, "name": name, "path": path, "sha256": sha256,
+                 "meta": json.dumps(meta, sort_keys=True)},
+            )  # fmt: skip
+
+    def files(self, run_id: str) -> list[dict[str, Any]]:
+        """The recorded files of a run (role, name, path, sha256, meta), by role and name."""
+        rows = self.db.execute(
+            "SELECT role, name, path, sha256, meta FROM files WHERE run_id = ? ORDER BY role, name",
+            (run_id,),
+        )
+        return [dict(r) | {"meta": json.loads(r["meta"])} for r in rows]
 
     def finish_run(self, run_id: str) -> None:
         with self.db:
@@ -525,6 +578,7 @@ class ResultStore:
         out["config"] = json.loads(out["config"])
         out["versions"] = json.loads(out["versions"])
         out["data_files"] = json.loads(out["data_files"]) if out.get("data_files") else None
+        out["arithmetic"] = json.loads(out["arithmetic"]) if out.get("arithmetic") else None
         return out
 
     def certificates(self, run_id: str) -> Iterable[dict[str, Any]]:

@@ -48,7 +48,8 @@ RUN_FIELDS = (
     "seed", "model_hash",
 )  # fmt: skip
 """The fields of the ``runs`` row a :class:`StoredRun` keeps (plus ``weights_digest`` and
-``class_names``, the dataset's class names, where recorded)."""
+``class_names``, the dataset's class names, and ``arithmetic``, :mod:`harness.arithmetic`,
+where recorded)."""
 
 
 @dataclass(frozen=True)
@@ -56,10 +57,12 @@ class StoredCertificate:
     """One row of the ``certificates`` table.
 
     ``prediction`` is CERTIFY's class (-1: abstained) with certified ℓ2 ``radius``,
-    ``predict`` PREDICT's class, ``label`` the true class. A run export keeps only the
-    columns the metrics use; the others (``shard``, ``p_lower``, ``alpha``, the class
-    counts, the evidence and ``draws``, the harness's own draws per smoothing,
-    :meth:`harness.draws.Draws.record`) are None for its certificates.
+    ``predict`` PREDICT's class, ``label`` the true class; ``draws`` are the harness's
+    own draws per smoothing (:meth:`harness.draws.Draws.record`). A run export keeps
+    the columns the metrics use and the evidence (``p_lower``, ``alpha``, ``evidence``,
+    ``draws``); ``shard`` and the legacy class-count columns (the counts are in
+    ``draws``) are None for its certificates, and so is the evidence of a format-1
+    export.
     """
 
     method: str
@@ -100,9 +103,10 @@ class StoredCertificate:
 
 @dataclass(frozen=True)
 class StoredCheck:
-    """One soundness check's stored verdict on a (method, setting), without its evidence,
-    except, for memory certificates, the worst replayed input order and the ACR spread
-    over orders (``order``) at which a board scores them."""
+    """One soundness check's stored verdict on a (method, setting) with its ``evidence``
+    (a dict; None when not recorded, e.g. a format-1 run export), and, for memory
+    certificates, the worst replayed input order and the ACR spread over orders
+    (``order``) at which a board scores them."""
 
     method: str
     setting: str
@@ -112,6 +116,7 @@ class StoredCheck:
     flags: tuple[str, ...] = ()
     budget: str | None = None
     order: dict[str, Any] | None = None
+    evidence: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
     @property
     def applied(self) -> bool:
@@ -129,6 +134,12 @@ class StoredCheck:
         order = row.get("order")
         if order is None:
             order = _order_evidence(row.get("evidence"))
+        evidence = row.get("evidence")
+        if isinstance(evidence, str):
+            try:
+                evidence = json.loads(evidence)
+            except json.JSONDecodeError:
+                evidence = None
         return cls(
             method=row["method"],
             setting=row["setting"],
@@ -138,14 +149,17 @@ class StoredCheck:
             flags=tuple(str(f) for f in (flags or [])),
             budget=None if row.get("budget") is None else str(row["budget"]),
             order=order,
+            evidence=evidence if isinstance(evidence, dict) else None,
         )
 
     def as_dict(self) -> dict[str, Any]:
-        """The check as a run export holds it (``order`` only for memory certificates)."""
+        """The check as a run export holds it (``order`` only for memory certificates;
+        ``evidence`` when it was read with it)."""
         out = asdict(self)
         out["flags"] = list(self.flags)
-        if out["order"] is None:
-            del out["order"]
+        for key in ("order", "evidence"):
+            if out[key] is None:
+                del out[key]
         return out
 
 
@@ -243,7 +257,8 @@ class StoredRun:
     failures (ordered by time, method, setting) and checks."""
 
     run: dict[str, Any]
-    """The ``runs`` row: :data:`RUN_FIELDS`, plus ``weights_digest`` and ``class_names``
+    """The ``runs`` row: :data:`RUN_FIELDS`, plus ``weights_digest``, ``class_names`` and
+    ``arithmetic``
     when recorded."""
     certificates: list[StoredCertificate] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
@@ -253,6 +268,9 @@ class StoredRun:
     """Test inputs per setting, as recorded by the run (None: not recorded, e.g. an export)."""
     data_files: dict[str, str] | None = None
     """The data files the run read (path -> SHA-256), when recorded."""
+    files: list[dict[str, Any]] = field(default_factory=list)
+    """The files a replay of the run needs (:mod:`harness.runfiles`): role, name, path,
+    sha256, meta."""
 
     @property
     def run_id(self) -> str:
@@ -330,6 +348,8 @@ def read_run(store: ResultStore, run_id: str | None = None) -> StoredRun:
     extra = {"weights_digest": run["weights_digest"]} if run.get("weights_digest") else {}
     if run.get("class_names"):
         extra["class_names"] = json.loads(run["class_names"])
+    if run.get("arithmetic"):
+        extra["arithmetic"] = run["arithmetic"]
     return StoredRun(
         run={k: run[k] for k in RUN_FIELDS} | extra,
         certificates=certificates,
@@ -337,6 +357,7 @@ def read_run(store: ResultStore, run_id: str | None = None) -> StoredRun:
         checks=sorted(checks, key=lambda c: (c.method, c.setting, c.check)),
         expected_inputs=run["inputs"],
         data_files=run["data_files"],
+        files=store.files(full_id),
     )
 
 

@@ -2,8 +2,9 @@
 
 Besides the fixtures below, the fixture modules named in :data:`pytest_plugins` provide
 the writers of tiny dataset files (``tests/field_files.py``), the third-party plugins
-written against the soundness contract (``tests/soundness_plugins.py``) and the fixed
-run behind the golden leaderboard (``tests/golden_run.py``).
+written against the soundness contract (``tests/soundness_plugins.py``), the fixed
+run behind the golden leaderboard (``tests/golden_run.py``) and the engine-patching
+plugin and small runs of the replay tests (``tests/replay_plugins.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,12 @@ import torch
 
 from harness.plugins import PluginManager
 
-pytest_plugins = ["tests.field_files", "tests.golden_run", "tests.soundness_plugins"]
+pytest_plugins = [
+    "tests.field_files",
+    "tests.golden_run",
+    "tests.soundness_plugins",
+    "tests.replay_plugins",
+]
 
 
 @pytest.fixture(scope="session", autouse=True)

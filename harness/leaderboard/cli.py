@@ -1,7 +1,8 @@
 """``idrs-bench leaderboard``: render a board from stored runs, or verify a committed one.
 
     idrs-bench leaderboard [RUN ...] [--db PATH] [--out leaderboards/NAME.md] [--no-plots]
-    idrs-bench leaderboard --verify leaderboards/NAME.md [--db PATH]
+    idrs-bench leaderboard --verify leaderboards/NAME.md [--db PATH] [--data-root DIR]
+                           [--replay K] [--device auto|cpu|cuda]
 
 Without ``--out`` the markdown goes to stdout (no files are written). ``RUN`` is a run
 id or a unique prefix in ``--db`` (default: the latest run there), a run export
@@ -44,6 +45,17 @@ def add_leaderboard_parser(sub: argparse._SubParsersAction) -> argparse.Argument
         help="re-render a committed board from its stored runs and fail if it differs",
     )  # fmt: skip
     parser.add_argument(
+        "--replay", type=int, metavar="K",
+        help="with --verify: re-certify K random inputs of every row from the files shipped "
+        "beside the board (bit for bit on the run's arithmetic, else a replication test)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--data-root", metavar="DIR", help="with --verify: where the boards' dataset files are (default: the usual places)"
+    )  # fmt: skip
+    parser.add_argument(
+        "--device", default="auto", metavar="auto|cpu|cuda", help="with --replay: auto, cpu or cuda (default auto)"
+    )
+    parser.add_argument(
         "--allow-incomplete", action="store_true",
         help="render runs whose settings are not all finished (their rows are marked, never ranked sound)",
     )  # fmt: skip
@@ -53,24 +65,9 @@ def add_leaderboard_parser(sub: argparse._SubParsersAction) -> argparse.Argument
 
 def leaderboard_command(args: argparse.Namespace) -> int:
     if args.verify is not None:
-        if args.runs or args.out:
-            raise IdrsError("--verify takes only the board (and optionally --db)")
-        from harness.leaderboard.verify import verify_board
-
-        problems = verify_board(args.verify, args.db)
-        if problems:
-            for problem in problems:
-                sys.stdout.write(problem if problem.endswith("\n") else problem + "\n")
-            print(
-                f"{args.verify}: differs from its re-rendering ({len(problems)} file(s)); "
-                "re-render it with `idrs-bench leaderboard RUN --out ...` and commit the result"
-            )
-            return 1
-        print(
-            f"{args.verify}: verified (re-rendered from the stored runs: text identical, "
-            "floats equal up to a relative 1e-9)"
-        )
-        return 0
+        return _verify(args)
+    if args.replay is not None:
+        raise IdrsError("--replay re-checks a published board: give it with --verify BOARD.md")
     runs = resolve_runs(args.runs, args.db or args.default_db)
     if not args.allow_incomplete:
         for run in runs:
@@ -88,6 +85,56 @@ def leaderboard_command(args: argparse.Namespace) -> int:
         return 0
     from harness.leaderboard.render import write_board
 
-    for path in write_board(runs, args.out, plots=not args.no_plots):
+    missing: list[str] = []
+    for path in write_board(runs, args.out, plots=not args.no_plots, problems=missing):
         print(f"wrote {path}")
+    for line in missing:
+        print(f"warning: {line}", file=sys.stderr)
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    """``--verify BOARD.md [--replay K]``: re-derive, re-render, and replay a board."""
+    if args.runs or args.out:
+        raise IdrsError("--verify takes only the board (and optionally --db, --replay K)")
+    from harness.leaderboard.verify import board_runs, rederivable, verify_board
+
+    notes: list[str] = []
+    problems = verify_board(args.verify, args.db, args.data_root, notes)
+    for note in notes:
+        print(f"note: {note}")
+    if problems:
+        for problem in problems:
+            sys.stdout.write(problem if problem.endswith("\n") else problem + "\n")
+        print(
+            f"{args.verify}: does not verify ({len(problems)} problem(s)): a certificate or "
+            "verdict its evidence does not give, or a file that differs from its re-rendering "
+            "(`idrs-bench leaderboard RUN --out ...` renders it again)"
+        )
+        return 1
+    if rederivable(args.verify, args.db):
+        which = "every certificate" if not notes else f"the certificates (but {len(notes)} row(s))"
+        print(
+            f"{args.verify}: verified ({which} and the verdicts of S0 and the replay check "
+            "re-derived from the run export's evidence; re-rendered: text identical, floats "
+            "equal up to a relative 1e-9)"
+        )
+    else:
+        print(
+            f"{args.verify}: re-rendered identically, but its run export (format 1) carries no "
+            "evidence, so nothing was re-derived; publish the board again to make it re-checkable"
+        )
+    if args.replay is None:
+        return 0
+    from harness.leaderboard.recheck import replay_board
+
+    lines, disagreements = replay_board(
+        board_runs(args.verify, args.db), args.replay, args.data_root, args.device
+    )
+    for line in lines:
+        print(line)
+    if disagreements:
+        print(f"{args.verify}: replay disagrees; first disagreement: {disagreements[0]}")
+        return 1
+    print(f"{args.verify}: replayed ({args.replay} inputs per row agreed)")
     return 0

@@ -46,6 +46,19 @@ def _arithmetic(p: dict[str, Any]) -> str:
     return out
 
 
+def _fingerprint(f: dict[str, Any]) -> str:
+    """The recorded arithmetic (:mod:`harness.arithmetic`) in a line; a replay on the same
+    one reproduces the counts bit for bit."""
+    if "varied" in f:
+        return "varied (resumed on another arithmetic): counts replay statistically only"
+    threads = f", {f['threads']} threads" if f.get("threads") else ""
+    return md_text(
+        f"{f.get('device_type')} ({f.get('device_name')}{threads}, {f.get('cpu_capability')}), "
+        f"torch {f.get('torch')}, {f.get('batch_size')} rows per forward pass, "
+        f"{f.get('executor')} executor"
+    )
+
+
 def _protocol_warning(table: Table, stem: str | None) -> list[str]:
     differ = protocol_differences([run_protocol(run, stem) for run in table.runs])
     if not differ:
@@ -75,6 +88,7 @@ def _protocol_table(p: dict[str, Any]) -> list[str]:
         ("trainer", f"{md_text(p['trainer'])} ({md_text(_params(p['trainer_params']))})"),
         ("model hash", md_code(p["model_hash"] or "unknown")),
         *([("weights (SHA-256)", md_code(p["weights_digest"]))] if p.get("weights_digest") else []),
+        *([("arithmetic", _fingerprint(p["arithmetic"]))] if p.get("arithmetic") else []),
         ("seeds", f"certification {p['seed']}, model {p['model_seed']}"),
         ("device", md_text(p["device"])),
         ("versions", md_text(versions)),
@@ -256,6 +270,19 @@ def _legend(board: Board) -> list[str]:
     return out
 
 
+def _how_to_check(stem: str | None) -> str:
+    """How anyone re-checks the board from its own files."""
+    name = md_text(stem or "BOARD")
+    return (
+        f"Re-check it: `idrs-bench leaderboard --verify {name}.md` re-derives every certificate "
+        f"and the verdicts from the evidence in `{name}.run.json` and re-renders the board; "
+        f"`idrs-bench leaderboard --verify {name}.md --replay K` also re-draws K random inputs "
+        "of every row from the files shipped beside it (the base model's weights, "
+        f"`{name}.weights.pt`, and the methods' trained parts), bit for bit on the run's "
+        "arithmetic and by a statistical replication test elsewhere."
+    )
+
+
 def render_markdown(board: Board, stem: str | None) -> str:
     """The board as markdown; ``stem`` names the plot and spec files (None: no plots)."""
     notes = _Footnotes()
@@ -264,7 +291,8 @@ def render_markdown(board: Board, stem: str | None) -> str:
         "",
         "Rendered by `idrs-bench leaderboard` from the stored run(s) "
         + ", ".join(md_code(run.run_id[:12]) for run in board.runs)
-        + "; `idrs-bench leaderboard --verify` re-renders it from them and compares.",
+        + ". "
+        + _how_to_check(stem),
         "",
     ]
     for table in board.tables:

@@ -66,4 +66,6 @@ def run_protocol(run: StoredRun, stem: str | None) -> dict[str, Any]:
     }
     if row.get("weights_digest"):  # runs from before weights digests have none
         out["weights_digest"] = row["weights_digest"]
+    if row.get("arithmetic"):  # where its counts replay bit for bit (harness.arithmetic)
+        out["arithmetic"] = row["arithmetic"]
     return out

@@ -2,12 +2,15 @@
 
 For ``leaderboards/NAME.md``: ``NAME.json`` and ``NAME.csv`` (metrics),
 ``NAME.run.json`` (the run export the board re-renders from),
-``NAME.spec-RUNID.toml`` (each run's benchmark file), and per table
-``NAME-T-certified-accuracy.png`` and ``NAME-T-classwise-accuracy.png``.
+``NAME.spec-RUNID.toml`` (each run's benchmark file), per table
+``NAME-T-certified-accuracy.png`` and ``NAME-T-classwise-accuracy.png``, and the files a
+replay needs (``NAME.weights.pt`` and the methods' trained parts,
+:func:`harness.runfiles.shipped_name`).
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from harness.errors import IdrsError
@@ -38,7 +41,7 @@ def render_texts(board: Board, stem: str) -> dict[str, str]:
         f"{stem}.md": render_markdown(board, stem),
         f"{stem}.json": board_json(board, stem),
         f"{stem}.csv": board_csv(board, stem),
-        f"{stem}.run.json": export_runs(board.runs),
+        f"{stem}.run.json": export_runs(board.runs, stem),
     }
     for run in board.runs:
         texts[run_protocol(run, stem)["spec_file"]] = spec_toml(run.run["config"])
@@ -67,8 +70,36 @@ def class_names(table: Table) -> list[str]:
         return []
 
 
-def write_board(runs: list[StoredRun], out: Path, plots: bool = True) -> list[Path]:
-    """Render ``runs`` into ``out`` (NAME.md) and the files beside it; returns their paths."""
+def ship_files(runs: list[StoredRun], folder: Path, stem: str) -> tuple[list[Path], list[str]]:
+    """Copy the files a replay needs (:mod:`harness.runfiles`) beside the board, each under
+    its shipped name and only if its SHA-256 is the recorded one. Returns the paths
+    written and, for each file that could not be shipped, why."""
+    from harness.artifacts import file_digest
+    from harness.runfiles import shipped_name
+
+    written, missing = [], []
+    for run in runs:
+        for entry in run.files:
+            source = Path(entry["path"])
+            target = folder / shipped_name(stem, run.run_id, entry, len(runs) == 1)
+            if target.is_file() and file_digest(target) == entry["sha256"]:
+                written.append(target)
+            elif not source.is_file() or file_digest(source) != entry["sha256"]:
+                what = "is missing" if not source.is_file() else "has another SHA-256 now"
+                missing.append(f"{target.name} not shipped: {source} {what}; `idrs-bench "
+                               "leaderboard --replay` will need it")  # fmt: skip
+            elif source.resolve() != target.resolve():
+                shutil.copyfile(source, target)
+                written.append(target)
+    return written, missing
+
+
+def write_board(
+    runs: list[StoredRun], out: Path, plots: bool = True, problems: list[str] | None = None
+) -> list[Path]:
+    """Render ``runs`` into ``out`` (NAME.md) and the files beside it (the replay files
+    included, :func:`ship_files`); returns their paths, and appends to ``problems`` a
+    line per replay file that could not be shipped."""
     stem = board_stem(out)
     board = build_board(runs)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -77,6 +108,10 @@ def write_board(runs: list[StoredRun], out: Path, plots: bool = True) -> list[Pa
         path = out.parent / name
         path.write_text(text, encoding="utf-8")
         written.append(path)
+    shipped, missing = ship_files(runs, out.parent, stem)
+    written += shipped
+    if problems is not None:
+        problems += missing
     if plots:
         for table in board.tables:
             if not table.rows:

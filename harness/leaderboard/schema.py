@@ -33,6 +33,7 @@ _PROTOCOL = {
         "model_seed": {"type": "integer"},
         "model_hash": {"type": ["string", "null"]},
         "weights_digest": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+        "arithmetic": {"type": "object"},
         "seed": {"type": "integer"},
         "device": {"type": "string"},
         "versions": {"type": "object", "additionalProperties": {"type": "string"}},

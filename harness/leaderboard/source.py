@@ -4,16 +4,20 @@
 into :class:`~harness.storedrun.StoredRun` objects; :func:`export_runs` and
 :func:`read_export` write and read a run export.
 
-A run export (``NAME.run.json`` beside a board) holds everything the renderer needs and
-nothing else: the ``runs`` row (config, versions, commit, device, seeds, model hash,
-dates; the weights digest when recorded), per (method, setting) the certificate columns the metrics use (input id,
-label, CERTIFY's prediction, PREDICT's answer, radius, σ, seconds; floats as their
-shortest round-trip repr, so metrics computed from the export equal those computed
-from the database bit for bit), the recorded failures, and the soundness-check rows
-without their evidence (verdict, summary, flags, budget), except, for memory
-certificates, the worst replayed input order and the ACR spread over orders (``order``)
-at which the board scores them. Class counts, p_A bounds and evidence stay in the
-database.
+A run export (``NAME.run.json`` beside a board, format ``idrs-bench/run-export/2``) holds
+everything the renderer needs and everything a reader needs to re-check the board: the
+``runs`` row (config, versions, commit, device, seeds, model hash, dates; the weights
+digest and the arithmetic fingerprint when recorded) and the data files the run read;
+per (method, setting) every certificate's columns (input id, label, CERTIFY's
+prediction, PREDICT's answer, radius, σ, seconds) and its whole evidence (p_A bound,
+α, the certifier's derived evidence and the harness's draws; floats as their shortest
+round-trip repr, so numbers computed from the export equal those computed from the
+database bit for bit); the recorded failures; the soundness-check rows with their
+evidence; and the files a replay needs (:mod:`harness.runfiles`: the base model's
+weights, plugins' fitted artifacts, σ-estimators), each under the name it ships with
+beside the board and its SHA-256. ``idrs-bench leaderboard --verify`` re-derives the
+certificates and verdicts from it (:mod:`harness.leaderboard.recheck`). A format-1
+export (no evidence) is still read, and only re-rendered.
 """
 
 from __future__ import annotations
@@ -24,8 +28,12 @@ from pathlib import Path
 from harness.errors import IdrsError
 from harness.storedrun import StoredCertificate, StoredCheck, StoredRun, load_runs
 
-EXPORT_FORMAT = "idrs-bench/run-export/1"
+EXPORT_FORMAT = "idrs-bench/run-export/2"
+FORMATS = ("idrs-bench/run-export/1", EXPORT_FORMAT)
+"""Formats :func:`read_export` reads (format 1: no evidence, files or data files)."""
 CERTIFICATE_COLUMNS = ("input_id", "label", "prediction", "predict", "radius", "sigma", "seconds")
+EVIDENCE_COLUMNS = ("p_lower", "alpha", "evidence", "draws")
+"""The certificates' evidence columns, exported since format 2."""
 
 
 def resolve_runs(names: list[str], db: Path) -> list[StoredRun]:
@@ -45,21 +53,32 @@ def resolve_runs(names: list[str], db: Path) -> list[StoredRun]:
     return runs
 
 
-def export_runs(runs: list[StoredRun]) -> str:
-    """The run export as deterministic JSON text (sorted keys, one run per line)."""
+def export_runs(runs: list[StoredRun], stem: str = "board") -> str:
+    """The run export as deterministic JSON text (sorted keys, one run per line); ``stem``
+    names the board whose folder ships the runs' files (:func:`harness.runfiles.shipped_name`)."""
+    from harness.runfiles import shipped_name
+
+    columns = CERTIFICATE_COLUMNS + EVIDENCE_COLUMNS
     items = []
     for run in runs:
         certificates = [
             {"method": row.method, "setting": row.setting,
-             "columns": {k: [getattr(c, k) for c in row.certificates] for k in CERTIFICATE_COLUMNS}}
+             "columns": {k: [getattr(c, k) for c in row.certificates] for k in columns}}
             for row in run.rows()
+        ]  # fmt: skip
+        files = [
+            {"role": f["role"], "name": f["name"], "sha256": f["sha256"], "meta": f["meta"],
+             "file": shipped_name(stem, run.run_id, f, len(runs) == 1)}
+            for f in run.files
         ]  # fmt: skip
         items.append(
             {
                 "run": run.run,
+                "data_files": run.data_files,
                 "certificates": certificates,
                 "failures": run.failures,
                 "checks": [check.as_dict() for check in run.checks],
+                "files": files,
             }
         )
     lines = [json.dumps(item, sort_keys=True, separators=(",", ":")) for item in items]
@@ -75,18 +94,30 @@ def read_export(path: str | Path) -> list[StoredRun]:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise IdrsError(f"{path} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
-        raise IdrsError(f"{path} is not an idrs-bench run export ({EXPORT_FORMAT})")
+    if not isinstance(data, dict) or data.get("format") not in FORMATS:
+        raise IdrsError(f"{path} is not an idrs-bench run export ({', '.join(FORMATS)})")
     out = []
     for item in data["runs"]:
         certificates = []
         for group in item["certificates"]:
             columns = group["columns"]
-            for values in zip(*(columns[k] for k in CERTIFICATE_COLUMNS), strict=True):
+            names = [k for k in CERTIFICATE_COLUMNS + EVIDENCE_COLUMNS if k in columns]
+            for values in zip(*(columns[k] for k in names), strict=True):
                 certificates.append(
                     StoredCertificate(group["method"], group["setting"],
-                                      **dict(zip(CERTIFICATE_COLUMNS, values, strict=True)))
+                                      **dict(zip(names, values, strict=True)))
                 )  # fmt: skip
         checks = [StoredCheck.from_row(check) for check in item["checks"]]
-        out.append(StoredRun(item["run"], certificates, item["failures"], checks))
+        files = [f | {"path": str(path.parent / f["file"])} for f in item.get("files", [])]
+        out.append(StoredRun(item["run"], certificates, item["failures"], checks,
+                             data_files=item.get("data_files"), files=files))  # fmt: skip
     return out
+
+
+def export_format(path: str | Path) -> str | None:
+    """The format an export declares (None if it is not one)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data.get("format") if isinstance(data, dict) else None

@@ -1,6 +1,7 @@
-"""``idrs-bench leaderboard --verify NAME.md``: re-render a committed board and compare.
+"""``idrs-bench leaderboard --verify NAME.md``: re-derive a committed board and re-render it.
 
-The runs come from the run export ``NAME.run.json`` beside the board, or, when a
+Every certificate and the verdicts that are functions of their recorded evidence are
+re-derived from the run export (:mod:`harness.leaderboard.recheck`). The runs come from the run export ``NAME.run.json`` beside the board, or, when a
 results database is given, from that database (the run ids are read from the export,
 else from ``NAME.json``). Every text file of the board (markdown, JSON, CSV, specs,
 and the export itself when rendering from a database) must equal its re-rendering,
@@ -71,19 +72,42 @@ def _run_ids(folder: Path, stem: str) -> list[str]:
     raise IdrsError(f"neither {export} nor {metrics} exists: which runs does the board show?")
 
 
-def verify_board(board_path: Path, db: Path | None = None) -> list[str]:
-    """The differences between the committed board and its re-rendering (empty: verified)."""
+def board_runs(board_path: Path, db: Path | None = None) -> list[StoredRun]:
+    """The runs a board renders from: its ``NAME.run.json``, or those runs in ``db``."""
     stem = board_stem(board_path)
     folder = board_path.parent
     if not board_path.is_file():
         raise IdrsError(f"board {str(board_path)!r} not found")
-    runs: list[StoredRun]
     if db is None:
-        runs = read_export(folder / f"{stem}.run.json")
-    else:
-        runs = load_runs(db, _run_ids(folder, stem))
+        return read_export(folder / f"{stem}.run.json")
+    return load_runs(db, _run_ids(folder, stem))
+
+
+def rederivable(board_path: Path, db: Path | None = None) -> bool:
+    """Whether ``--verify`` re-derives the board's certificates (a results database, or a
+    run export of format 2), rather than only re-rendering it (a format-1 export)."""
+    from harness.leaderboard.source import EXPORT_FORMAT, export_format
+
+    export = board_path.parent / f"{board_stem(board_path)}.run.json"
+    return db is not None or export_format(export) == EXPORT_FORMAT
+
+
+def verify_board(
+    board_path: Path, db: Path | None = None, data_root: str | None = None,
+    notes: list[str] | None = None,
+) -> list[str]:  # fmt: skip
+    """The problems of a committed board (empty: verified): every certificate and the
+    verdicts re-derived from its evidence (:func:`harness.leaderboard.recheck.recheck_runs`;
+    not for a format-1 export, which has none; rows that could not be re-derived for lack
+    of evidence are appended to ``notes``), and the differences between each file and its
+    re-rendering."""
+    from harness.leaderboard.recheck import recheck_runs
+
+    stem = board_stem(board_path)
+    folder = board_path.parent
+    runs = board_runs(board_path, db)
     board = build_board(runs)
-    problems = []
+    problems = recheck_runs(runs, data_root, notes) if rederivable(board_path, db) else []
     for name, expected in render_texts(board, stem).items():
         if db is None and name == f"{stem}.run.json":
             continue  # the source itself

@@ -91,6 +91,12 @@ def _justification(audit):
     return check_justification(audit)
 
 
+def _replay(audit):
+    from harness.soundness.replay import check_replay
+
+    return check_replay(audit)
+
+
 @hookimpl
 def idrs_register_checks(register) -> None:
     register(CheckSpec("evidence", _evidence,
@@ -104,3 +110,5 @@ def idrs_register_checks(register) -> None:
     register(
         CheckSpec("counterexamples", _counterexamples, "S4: concrete violations of certificates")
     )
+    register(CheckSpec("replay", _replay,
+                       "replay: σ and samples of random certificates re-drawn without plugins"))  # fmt: skip

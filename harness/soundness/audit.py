@@ -18,6 +18,7 @@ from harness.method import build_method
 from harness.plugins import Registry
 from harness.precision import prepare_model
 from harness.protocol import CertificationProtocol
+from harness.replay import ReplaySource
 from harness.sampling import SamplingEngine
 
 
@@ -88,6 +89,8 @@ class Audit:
     audited inputs, attack starts) comes from :meth:`generator` or :meth:`rng`, so an
     audit is reproducible from its record and unpredictable before it (a plugin cannot
     simulate it offline from the run's public seed).
+
+    ``source`` names the run's files for the replay check (:mod:`harness.replay`).
     """
 
     run_id: str
@@ -103,6 +106,7 @@ class Audit:
     registry: Registry
     radii: tuple[float, ...] = ()
     entropy: int = field(default_factory=lambda: fresh_entropy())
+    source: ReplaySource | None = None
 
     def generator(self, purpose: str, device: str | torch.device = "cpu") -> torch.Generator:
         """A torch generator for one purpose of one check, seeded from the audit's entropy."""

@@ -27,7 +27,11 @@ within which σ is constant (Cohen et al. 2019, Thm 1 on the σ-estimator; Sun e
 6. (σ-smoothing) its σ is not the level the σ draws choose, its σ draws are missing or
    declare another α share or levels than the σ-provider, or its radius exceeds R_σ.
 
-A conservative certificate (smaller bound or radius) passes. A formula that is not a pure
+A conservative certificate (smaller bound or radius) passes. The check's evidence
+records the declaration it re-derived against (:class:`Declaration`: the formula by its
+importable qualified name, the regularity as data, the σ-smoothing's noise, levels and α
+share) and a SHA-256 of the certificates it audited (:func:`certificates_digest`), from
+which a board's verifier re-derives it (:mod:`harness.leaderboard.recheck`). A formula that is not a pure
 function is ``unjustified``: its radii cannot be re-derived independently of the
 certifier. A run certified before the harness drew the evidence itself (no draws
 stored) is an ``error``: nothing the harness drew backs its counts; re-run it.
@@ -36,13 +40,20 @@ Applicability: every row (the check always applies).
 
 from __future__ import annotations
 
-from dataclasses import replace
+import hashlib
+import json
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
+import torch
 
 from harness.certificate import ABSTAIN
 from harness.certify import sigma_smoothing
-from harness.draws import Draws
+from harness.draws import Draws, SigmaSmoothing
+from harness.protocol import CertificationProtocol
+from harness.radius import RadiusFormula, formula_from_record, formula_record
+from harness.regularity import Regularity, regularity_from_record, regularity_record
 from harness.soundness.audit import Audit
 from harness.soundness.verdict import CheckResult, Verdict
 
@@ -51,10 +62,68 @@ RELATIVE = 1e-9
 """Relative tolerance of the bound and radius comparisons (floating-point rounding only)."""
 
 
+@dataclass(frozen=True)
+class Declaration:
+    """What a row's certificates are re-derived against: the certifier's declared
+    ``formula`` and ``smoothing`` kind, the σ-provider's declared ``regularity`` and
+    its σ-smoothing (noise, levels, α share; the model is not needed), if any."""
+
+    formula: RadiusFormula
+    regularity: Regularity
+    smoothing: str
+    sigma_smoothing: SigmaSmoothing | None = None
+
+    @classmethod
+    def of(cls, audit: Audit) -> Declaration:
+        declared = sigma_smoothing(audit.sigma_provider)
+        return cls(audit.certifier.radius_formula, audit.sigma_provider.regularity,
+                   audit.certifier.smoothing, declared)  # fmt: skip
+
+    def record(self) -> dict[str, Any]:
+        """The declaration as data (formula by qualified name, regularity by kind)."""
+        smoothing = self.sigma_smoothing
+        return {"formula": formula_record(self.formula),
+                "regularity": regularity_record(self.regularity), "smoothing": self.smoothing,
+                "sigma_smoothing": None if smoothing is None else {
+                    "noise": float(smoothing.noise), "alpha": float(smoothing.alpha),
+                    "levels": [float(v) for v in smoothing.levels]}}  # fmt: skip
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Declaration:
+        """The inverse of :meth:`record`; the formula resolved from installed code only
+        (:func:`harness.radius.formula_from_record`)."""
+        declared = record.get("sigma_smoothing")
+        smoothing = None if declared is None else SigmaSmoothing(
+            None, float(declared["noise"]), tuple(declared["levels"]), float(declared["alpha"]))  # fmt: skip
+        return cls(formula_from_record(record["formula"]),
+                   regularity_from_record(record["regularity"]), str(record["smoothing"]),
+                   smoothing)  # fmt: skip
+
+
 def check_evidence(audit: Audit) -> CheckResult:
-    formula = audit.certifier.radius_formula
-    protocol = audit.context.protocol
-    rows = audit.certificates
+    return rederive(audit.certificates, audit.inputs.detach().cpu(), audit.context.protocol,
+                    Declaration.of(audit))  # fmt: skip
+
+
+def certificates_digest(rows: list[dict[str, Any]]) -> str:
+    """SHA-256 of the certificates as audited (every stored column but the shard, in
+    input order, canonical JSON): a board's verifier finds any later edit of them."""
+    keys = ("input_id", "label", "prediction", "predict", "radius", "p_lower", "sigma", "alpha",
+            "seconds", "evidence", "draws")  # fmt: skip
+    items = sorted(([r.get(k) for k in keys] for r in rows), key=lambda item: int(item[0]))
+    text = json.dumps(items, sort_keys=True, separators=(",", ":"), default=_jsonable)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def rederive(
+    rows: list[dict[str, Any]], inputs: torch.Tensor | None, protocol: CertificationProtocol,
+    declaration: Declaration, exact: bool = False,
+) -> CheckResult:  # fmt: skip
+    """S0 on ``rows`` (stored certificates; ``inputs`` in the same order, or None when
+    the formula needs none). With ``exact``, the stored bound, prediction and radius must
+    also *equal* the re-derived ones (relative 1e-9), not merely stay below them: how a
+    board's verifier catches a claim edited in either direction."""
+    formula = declaration.formula
     impure = formula.impure_parts()
     if impure:
         return CheckResult(NAME, Verdict.UNJUSTIFIED,
@@ -77,20 +146,20 @@ def check_evidence(audit: Audit) -> CheckResult:
     stored_sigma = np.array([float(r["sigma"]) for r in rows])
     base = [r["draws"].get("base") or {} for r in rows]
     drawn_sigma = np.array([float(b.get("sigma", np.nan)) for b in base])
-    kind_ok = np.array([b.get("kind") == audit.certifier.smoothing for b in base])
-    inputs = audit.inputs.detach().cpu()
-    sigma_test, r_sigma, spent = _sigma_smoothing(audit, rows)
+    kind_ok = np.array([b.get("kind") == declaration.smoothing for b in base])
+    sigma_test, r_sigma, spent = _sigma_smoothing(declaration.sigma_smoothing, protocol, rows)
     derived = formula.derive(rows, inputs, replace(protocol, alpha=protocol.alpha - spent),
-                             audit.sigma_provider.regularity)  # fmt: skip
+                             declaration.regularity)  # fmt: skip
     evidence = {"formula": formula.name, "certificates": len(rows), "alpha": protocol.alpha,
-                "n0": protocol.n0, "n": protocol.n}  # fmt: skip
+                "n0": protocol.n0, "n": protocol.n, "declaration": declaration.record(),
+                "certificates_sha256": certificates_digest(rows)}  # fmt: skip
     if spent:
         evidence["sigma_smoothing_alpha"] = spent
     tests = [
         ("α", alpha != protocol.alpha, alpha, np.full(len(rows), protocol.alpha),
          "stored α {s} differs from the run's α {r}"),
         ("smoothing", ~kind_ok, np.array([b.get("kind") for b in base], dtype=object),
-         np.full(len(rows), audit.certifier.smoothing, dtype=object),
+         np.full(len(rows), declaration.smoothing, dtype=object),
          "the harness drew a {s} smoothing, the certifier declares {r}"),
         ("σ", ~(drawn_sigma == stored_sigma), stored_sigma, drawn_sigma,
          "stored σ {s} differs from the σ {r} the harness drew at"),
@@ -110,6 +179,16 @@ def check_evidence(audit: Audit) -> CheckResult:
          "stored radius {s} exceeds R_σ = {r}, the radius within which its σ-smoothing keeps σ "
          "constant"),
     ]  # fmt: skip
+    if exact:
+        claimed = np.minimum(np.asarray(derived.radius, dtype=np.float64), r_sigma)
+        tests += [
+            ("bound (exact)", ~_close(stored_bound, derived.bound), stored_bound, derived.bound,
+             "stored bound on p_A {s} is not the bound {r} re-derived from its evidence"),
+            ("prediction (exact)", stored_pred != derived.prediction, stored_pred,
+             derived.prediction, "claims class {s}, its evidence gives {r} (-1: abstain)"),
+            ("radius (exact)", ~_close(stored_radius, claimed), stored_radius, claimed,
+             f"stored radius {{s}} is not the radius {{r}} formula {formula.name!r} re-derives"),
+        ]  # fmt: skip
     failed = {name: int(bad.sum()) for name, bad, *_ in tests if bad.any()}
     evidence["mismatches"] = failed
     for name, bad, stored, recomputed, text in tests:
@@ -127,10 +206,18 @@ def check_evidence(audit: Audit) -> CheckResult:
                        f"{formula.name!r} at α = {protocol.alpha:g}", evidence)  # fmt: skip
 
 
-def _sigma_smoothing(audit: Audit, rows: list[dict]) -> tuple[list, np.ndarray, float]:
+def _close(stored: np.ndarray, derived) -> np.ndarray:
+    """Equal up to a relative :data:`RELATIVE` (or both within 1e-12 of each other)."""
+    derived = np.asarray(derived, dtype=np.float64)
+    return np.abs(stored - derived) <= np.maximum(RELATIVE * np.maximum(np.abs(stored),
+                                                                        np.abs(derived)), 1e-12)  # fmt: skip
+
+
+def _sigma_smoothing(
+    declared: SigmaSmoothing | None, protocol: CertificationProtocol, rows: list[dict]
+) -> tuple[list, np.ndarray, float]:
     """The σ-smoothing's tests, R_σ per certificate (inf without a σ-smoothing) and the α
     it spends, re-derived from the harness's σ draws against the provider's declaration."""
-    declared = sigma_smoothing(audit.sigma_provider)
     records = [r["draws"].get("sigma") for r in rows]
     present = np.array([rec is not None for rec in records])
     if declared is None:
@@ -157,7 +244,7 @@ def _sigma_smoothing(audit: Audit, rows: list[dict]) -> tuple[list, np.ndarray, 
     levels = np.asarray(declared.levels, dtype=np.float64)
     chosen = levels[np.argmax(draws.selection, axis=1)]
     as_rows = [{"sigma": draws.sigma[i], "draws": {"base": rec}} for i, rec in enumerate(records)]
-    protocol = replace(audit.context.protocol, alpha=float(declared.alpha))
+    protocol = replace(protocol, alpha=float(declared.alpha))
     derived = cohen_recompute(as_rows, None, protocol, None)
     stored_sigma = np.array([float(r["sigma"]) for r in rows])
     declared_as = np.array([rec.get("levels") == list(levels) and rec.get("alpha") == declared.alpha
@@ -188,6 +275,10 @@ def _sigma_smoothing(audit: Audit, rows: list[dict]) -> tuple[list, np.ndarray, 
         ),
     ]
     return tests, np.asarray(derived.radius), float(declared.alpha)
+
+
+def _jsonable(value):
+    return value.tolist() if hasattr(value, "tolist") else str(value)
 
 
 def _plain(value):

@@ -12,13 +12,14 @@ from harness.errors import IdrsError
 from harness.method import build_method
 from harness.plugins import PluginManager, get_plugin_manager
 from harness.progress import Progress
+from harness.replay import ReplaySource
 from harness.results import benchmark_radii
 from harness.runner import RunOptions, prepare
 from harness.soundness.audit import BUDGETS, Audit, Budget, fresh_entropy
 from harness.soundness.verdict import CheckResult, Verdict
 from harness.spec import setting_key, spec_from_dict
 from harness.store import ResultStore
-from harness.storedrun import read_run
+from harness.storedrun import StoredRun, read_run
 
 
 def audits(
@@ -65,6 +66,7 @@ def audits(
         )
     rows = {(row.method, row.setting): row for row in stored.rows()}
     radii = tuple(benchmark_radii(run["config"]))
+    source = replay_source(store, stored, spec, prepared.model_hash, options)
     for config in spec.methods:
         if method is not None and config.name != method:
             continue
@@ -81,7 +83,22 @@ def audits(
             inputs = prepared.dataset.test_x[torch.tensor([c.input_id for c in row.certificates])]
             yield Audit(run["run_id"], method_spec, key, params, context, provider, certifier, certs,
                         inputs, limits, prepared.registry, radii,
-                        fresh_entropy() if entropy is None else entropy)  # fmt: skip
+                        fresh_entropy() if entropy is None else entropy, source)  # fmt: skip
+
+
+def replay_source(
+    store: ResultStore, stored: StoredRun, spec, model_hash: str, options: RunOptions
+) -> ReplaySource:
+    """The files of a stored run the replay check re-draws its samples from."""
+    from harness.runfiles import SIGMA_MODEL, weights_file
+
+    run = stored.run
+    weights, fmt = weights_file(spec, model_hash, options.cache_dir)
+    models = {f["name"]: {"path": f["path"], "sha256": f["sha256"], **f["meta"]}
+              for f in store.files(run["run_id"]) if f["role"] == SIGMA_MODEL}  # fmt: skip
+    return ReplaySource(run["config"], weights, fmt, run.get("weights_digest"),
+                        run.get("arithmetic"), stored.data_files, options.data_root, models,
+                        "run `idrs-bench run` on the spec again to rebuild it")  # fmt: skip
 
 
 def run_checks(

@@ -1,0 +1,209 @@
+"""Boards anyone can re-check: ``--verify`` re-derives every certificate and the verdicts
+from the run export's evidence, ``--replay K`` re-draws K inputs per row from the files
+shipped beside the board; an edited export (a radius, a count, a verdict) never verifies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from harness.errors import IdrsError
+from harness.leaderboard import add_leaderboard_parser
+from harness.leaderboard.render import write_board
+from harness.leaderboard.source import read_export
+from harness.leaderboard.verify import verify_board
+from harness.plugins import PluginManager
+from harness.progress import Progress
+from harness.runner import RunOptions
+from harness.soundness.audit import BUDGETS
+from harness.soundness.evidence import check_evidence
+from harness.soundness.replay import check_replay
+from harness.soundness.runner import audits
+from harness.store import ResultStore
+from harness.storedrun import load_runs
+
+
+def _cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    add_leaderboard_parser(parser.add_subparsers())
+    args = parser.parse_args(["leaderboard", *argv])
+    return args.handler(args)
+
+
+def _check(db, run_id, manager, checks=(check_evidence, check_replay)) -> None:
+    """Run S0 and the replay check on every row and store them (the other checks are
+    the subject of their own tests)."""
+    store = ResultStore(db)
+    try:
+        for audit in audits(store, run_id, RunOptions(db=db), Progress(enabled=False), manager,
+                            budget=BUDGETS["small"]):  # fmt: skip
+            for check in checks:
+                result = check(audit)
+                store.add_check(run_id, audit.method.name, audit.setting, result, "small")
+    finally:
+        store.close()
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory, replay_run):
+    """A board of an honest row (cohen) and a rigged one (radius × 1.02, the soundness
+    tests' ``inflated``), both audited by S0 and the replay check; its markdown's path."""
+    import sys
+
+    folder = tmp_path_factory.mktemp("published")
+    manager = PluginManager(third_party=False)
+    manager.register(sys.modules["tests.soundness_plugins"], name="soundness-test-plugins")
+    db, run_id = replay_run(folder, manager, ["cohen", "inflated"], n=500)
+    _check(db, run_id, manager)
+    out = folder / "board" / "b.md"
+    write_board(load_runs(db), out)
+    return out
+
+
+@pytest.fixture
+def board(published, tmp_path):
+    """A copy of the published board that a test may change."""
+    shutil.copytree(published.parent, tmp_path / "board")
+    return tmp_path / "board" / "b.md"
+
+
+def _edited(board, tmp_path, edit, name="edited"):
+    """A copy of the board whose export ``edit(data)`` changed, re-rendered from it (so
+    that the markdown and the other files agree with the edited export)."""
+    folder = tmp_path / name
+    shutil.copytree(board.parent, folder)
+    export = folder / "b.run.json"
+    data = json.loads(export.read_text())
+    edit(data)
+    export.write_text(json.dumps(data))
+    write_board(read_export(export), folder / "b.md")
+    return folder / "b.md"
+
+
+def _row(data, method):
+    return next(g for g in data["runs"][0]["certificates"] if g["method"] == method)["columns"]
+
+
+def _certified(columns) -> int:
+    return next(k for k, p in enumerate(columns["prediction"]) if p >= 0)
+
+
+def _check_record(data, method, check):
+    return next(
+        c for c in data["runs"][0]["checks"] if (c["method"], c["check"]) == (method, check)
+    )
+
+
+def test_a_board_verifies_and_replays(board, capsys):
+    assert verify_board(board, notes=[]) == []
+    assert _cli(["--verify", str(board), "--replay", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "every certificate and the verdicts of S0 and the replay check re-derived" in out
+    assert out.count("3/3 inputs agreed bit for bit") == 2
+    text = board.read_text()
+    assert "--verify b.md --replay K" in text and "b.weights.pt" in text
+    export = json.loads(board.with_suffix(".run.json").read_text())
+    assert export["format"] == "idrs-bench/run-export/2"
+    files = {f["role"]: f for f in export["runs"][0]["files"]}
+    assert files["weights"]["file"] == "b.weights.pt" and (board.parent / "b.weights.pt").is_file()
+    columns = _row(export, "cohen")
+    assert {"p_lower", "alpha", "draws", "evidence"} <= set(columns)
+    assert all(c["evidence"] for c in export["runs"][0]["checks"])
+
+
+@pytest.mark.parametrize("factor", [1.3, 0.9])
+def test_an_edited_radius_never_verifies(board, tmp_path, factor):
+    def edit(data):
+        columns = _row(data, "cohen")
+        k = _certified(columns)
+        columns["radius"][k] *= factor
+
+    problems = verify_board(_edited(board, tmp_path, edit))
+    assert any("not those S0 audited" in p for p in problems), problems
+    assert any("stored radius" in p and "formula 'cohen'" in p for p in problems), problems
+
+
+def test_an_edited_count_never_verifies(board, tmp_path):
+    def edit(data):  # one vote moved from the runner-up to the top class: n unchanged
+        columns = _row(data, "cohen")
+        base = columns["draws"][_certified(columns)]["base"]
+        counts = base["estimation"]
+        top = int(np.argmax(base["selection"]))
+        if counts[1 - top] == 0:
+            counts[top] -= 1
+            counts[1 - top] += 1
+        else:
+            counts[top] += 1
+            counts[1 - top] -= 1
+
+    problems = verify_board(_edited(board, tmp_path, edit))
+    assert any("is not the bound" in p for p in problems), problems
+
+
+def test_an_edited_verdict_never_verifies(board, tmp_path):
+    original = json.loads(board.with_suffix(".run.json").read_text())
+    assert _check_record(original, "inflated", "evidence")["verdict"] == "violated"
+
+    def rigged_sound(data):
+        _check_record(data, "inflated", "evidence")["verdict"] = "sound"
+
+    problems = verify_board(_edited(board, tmp_path, rigged_sound, "a"))
+    assert any("S0's recorded verdict is 'sound', its evidence gives 'violated'" in p
+               for p in problems), problems  # fmt: skip
+
+    def replay_violated(data):
+        _check_record(data, "cohen", "replay")["verdict"] = "violated"
+
+    problems = verify_board(_edited(board, tmp_path, replay_violated, "b"))
+    assert any("the replay check's recorded verdict is 'violated'" in p for p in problems)
+
+
+def test_replay_needs_the_boards_weights_and_refuses_others(board, tmp_path):
+    weights = board.parent / "b.weights.pt"
+    saved = tmp_path / "saved.pt"
+    shutil.move(weights, saved)
+    with pytest.raises(IdrsError, match=r"b\.weights\.pt is not beside the board .*copy it from"):
+        _cli(["--verify", str(board), "--replay", "2"])
+    state = torch.load(saved, weights_only=True)
+    state = {k: v + 0.5 for k, v in state.items()}  # another model of the same architecture
+    torch.save(state, weights)
+    with pytest.raises(IdrsError) as caught:
+        _cli(["--verify", str(board), "--replay", "2"])
+    digest = json.loads(board.with_suffix(".run.json").read_text())["runs"][0]["run"]
+    assert "have SHA-256" in str(caught.value) and digest["weights_digest"] in str(caught.value)
+
+
+def test_replay_catches_what_the_export_cannot_show(
+    tmp_path, manager, replay_run, engine_patch, capsys
+):
+    """A run whose engine a plugin patched, audited by S0 only: its board verifies (the
+    counts are consistent), its replay from the shipped weights does not."""
+    manager.register(engine_patch(), name="engine-patch")
+    db, run_id = replay_run(tmp_path, manager, ["cohen"], n=500)
+    _check(db, run_id, manager, checks=(check_evidence,))
+    out = tmp_path / "patched" / "p.md"
+    write_board(load_runs(db), out)
+    assert verify_board(out) == []
+    assert _cli(["--verify", str(out), "--replay", "12"]) == 1
+    text = capsys.readouterr().out
+    assert "first disagreement: run" in text and "cohen (default): input" in text
+    assert ", stream " in text.split("first disagreement:")[1]
+
+
+def test_replay_on_another_arithmetic_uses_the_replication_test(board, tmp_path, capsys):
+    def elsewhere(data):
+        run = data["runs"][0]["run"]
+        run["arithmetic"] = run["arithmetic"] | {"device_name": "another CPU"}
+
+    edited = _edited(board, tmp_path, elsewhere)
+    assert verify_board(edited) == []
+    assert _cli(["--verify", str(edited), "--replay", "6"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("inputs agreed by the replication test") == 2
+    assert "σ not recomputed" in out
