@@ -2,7 +2,8 @@
 
 Besides the fixtures below, the fixture modules named in :data:`pytest_plugins` provide
 the writers of tiny dataset files (``tests/field_files.py``), the third-party plugins
-written against the soundness contract (``tests/soundness_plugins.py``) and the fixed
+written against the soundness contract (``tests/soundness_plugins.py``), the rigged
+methods of the detection-power measurement (``tests/rigged_methods.py``) and the fixed
 run behind the golden leaderboard (``tests/golden_run.py``).
 """
 
@@ -16,7 +17,9 @@ import torch
 
 from harness.plugins import PluginManager
 
-pytest_plugins = ["tests.field_files", "tests.golden_run", "tests.soundness_plugins"]
+pytest_plugins = [
+    "tests.field_files", "tests.golden_run", "tests.soundness_plugins", "tests.rigged_methods",
+]  # fmt: skip
 
 
 @pytest.fixture(scope="session", autouse=True)
