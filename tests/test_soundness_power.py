@@ -331,3 +331,38 @@ def test_every_rigged_method_is_caught_on_fashion_mnist_at_the_default_budget(
     assert [m for m, row in caught.items() if row["any"] != 1] == [], caught
     alarms = flags_per_check(SOUND_METHODS, [100], budget, manager, tmp_path, **common)
     assert all(row["any"] == 0 for row in alarms.values()), alarms
+
+
+def test_s4_corrects_over_the_subtests_that_ran_and_counts_the_confirmations_error(
+    tmp_path, manager
+):  # fmt: skip
+    """Off the ball model S4 runs two sub-tests (intersections, attack): Holm over two, and
+    the fewest significant confirmed violations are those of P(Binomial(m, α) >= k) +
+    the confirmations' own error < 10⁻³ / 2 (scipy)."""
+    from harness.soundness.counterexamples import (
+        CONFIRMATION_ERROR,
+        attack_pvalue,
+        check_counterexamples,
+    )
+
+    assert attack_pvalue(0, 16, 1e-3) == 1.0
+    assert attack_pvalue(2, 16, 1e-3) == pytest.approx(stats.binom.sf(1, 16, 1e-3) + 1e-5)
+    raw = {
+        "name": "gm", "seed": 0, "dataset": {"name": "gauss-mix", "test_count": 20},
+        "model": {"architecture": "mlp", "architecture_params": {"width": 16},
+                  "trainer": "gaussian-augmentation", "trainer_params": {"epochs": 1}},
+        "certification": {"n0": 20, "n": 300, "alpha": 0.001},
+        "methods": [{"name": "cohen", "settings": [{"sigma": 0.25}]}],
+    }  # fmt: skip
+    db = tmp_path / "gm.sqlite"
+    quiet = Progress(enabled=False)
+    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), quiet, manager)
+    budget = Budget("tiny", coverage_trials=8, coverage_n=100, pairs=2, ascent_steps=2,
+                    audited_inputs=12, attack_steps=2, attack_samples=16, orders=2)  # fmt: skip
+    [audit] = audits(ResultStore(db), run_id, RunOptions(db=db), quiet, manager, budget=budget)
+    result = check_counterexamples(audit)
+    attack = result.evidence["attack"]
+    assert result.evidence["correction"].startswith("Holm over 2 sub-tests")
+    assert attack["audited"] == 12 and attack["confirmation_error"] == CONFIRMATION_ERROR
+    k = next(k for k in range(1, 13) if stats.binom.sf(k - 1, 12, 1e-3) + 1e-5 < 1e-3 / 2)
+    assert attack["minimal_significant_count"] == k

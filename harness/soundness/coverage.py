@@ -14,20 +14,26 @@ analytic models are one-hot between two random classes of the K (see
 :mod:`harness.soundness.analytic`), so hard and soft smoothed classifiers are both exact
 and share the boundary P(side 1) = 1/2.
 
-- **linear-N**: per round, f = [w·x > b] with a random unit w and b the median of w·x
-  over the round's inputs (half the inputs on each side). For any σ(x) the smoothed
-  boundary is the hyperplane, so a certificate (x0, R, ĉ) is false iff ĉ is wrong or
-  R > |w·x0 − b|. This audits calibration: the p_A bound, its α, the radius formula.
-- **ball-N**: one ball per trial, f = [‖x − c‖ <= ρ], with c = x0 + σ_ref·u (u a random
-  unit vector, σ_ref = σ(x0)) and ρ with χ²_N(ρ²/σ_ref²; 1) = q, q uniform in
-  [0.02, 0.98]: x0 sits near the smoothed boundary and ρ ≈ σ_ref·√N. There
+Per trial, the exact model is placed so that the trial input x0 sits at P(side 1) = q
+at σ_ref, the run's stored σ(x0): q uniform in [0.02, 0.98] for half the trials, and for
+the other half in the *margin* 1/2 ± Φ⁻¹(1 − α)/√n, where n samples decide between
+certifying and abstaining and between the two classes (:func:`trial_quantile`).
+
+- **linear-N**: f = [w·x > b] with a random unit w and b such that x0 is at signed
+  distance σ_ref·Φ⁻¹(q). For any σ(x) the smoothed boundary is the hyperplane, so a
+  certificate (x0, R, ĉ) is false iff ĉ is wrong or R > |w·x0 − b|. This audits
+  calibration: the p_A bound, its α, the radius formula.
+- **ball-N**: f = [‖x − c‖ <= ρ], with c = x0 + σ_ref·u (u a random unit vector) and ρ
+  with χ²_N(ρ²/σ_ref²; 1) = q, so ρ ≈ σ_ref·√N. There
   P(inside) = χ²_N(ρ²/σ²; ‖x − c‖²/σ²) moves by ~√(2N)·Δσ/σ standard deviations when σ
   changes (Súkeník et al. 2022, Thm 2.3/2.4), which is where radii computed as if σ were
   constant break. A certificate is false when a point of B(x0, R) has an exact smoothed
   prediction other than ĉ (with the method's own σ at that point), searched on rays
   from x0 (:func:`harness.soundness.counterexamples.ball_flip`), the rays along ±∇σ
   included. Memory certificates keep σ constant inside each certified ball (Alfarra et
-  al., App. C) and get a fresh certifier per trial (each trial is another classifier).
+  al., App. C) and get a fresh certifier per trial (each trial is another classifier);
+  so does a σ-smoothing within R_σ, which caps its certificates (Sun et al. 2026: the
+  smoothed σ choice is certified constant there, the event it fails on is in α).
 
 Each trial is judged twice: the rebuilt certifier's claim, and the certificate the
 *run's* declared radius formula (the one S0 holds the run's certificates to) derives
@@ -192,16 +198,6 @@ def _secret(audit: Audit, context, purpose: str):
     return replace(context, seed=audit.seed(f"{purpose}/sigma-smoothing"))
 
 
-def _certify(audit: Audit, purpose: str, context, provider, certifier, x, ids) -> list[Certificate]:
-    """Certificates of a rebuilt method, drawn (σ-smoothing included) on noise seeded from
-    the audit's entropy and claimed as in a run, in the order of the inputs."""
-    sigma, drawn = sigma_of(_secret(audit, context, purpose), provider, x, ids,
-                            audit.method.sigma_provider)  # fmt: skip
-    return list(certify_drawn(audit.fresh_engine(purpose, context.engine), context.protocol,
-                              certifier, x, ids, sigma, drawn,
-                              label=certifier_label(context, audit.method)))  # fmt: skip
-
-
 def _pair(rng: np.random.Generator, num_classes: int) -> tuple[int, int]:
     """Two distinct random classes of K: (class of side 0, class of side 1)."""
     a, b = rng.choice(num_classes, size=2, replace=False)
@@ -295,98 +291,102 @@ def _judge(out: _Outcome, c: Certificate, derived: Recomputed, i: int, false, v:
     out.scores.append(_score(c, probabilities, v))
 
 
-def _linear_trials(audit: Audit, points, ids, trials: int, protocol, root: Path) -> _Outcome:
+def trial_quantile(rng: np.random.Generator, trial: int, n: int, alpha: float) -> float:
+    """The exact probability of side 1 at a trial input (at σ_ref): even trials uniform in
+    :data:`QUANTILES`; odd trials in the *margin* 1/2 ± Φ⁻¹(1 − α)/√n, where an estimate
+    of n samples decides between certifying and abstaining and between the two classes
+    (where a certifier that rescues abstentions or picks its class from the estimation
+    samples acts)."""
+    if trial % 2 == 0:
+        return float(rng.uniform(*QUANTILES))
+    width = min(float(ndtri(1 - alpha)) / math.sqrt(n), 0.5 - QUANTILES[0])
+    return float(rng.uniform(0.5 - width, 0.5 + width))
+
+
+def _place_linear(model, x0: torch.Tensor, s: float, q: float, gen) -> dict:
+    """A random hyperplane at signed distance σ_ref·Φ⁻¹(q) from x0 (P(side 1) = q at σ_ref)."""
+    normal = torch.randn(model.w.numel(), generator=gen, dtype=torch.float64)
+    normal /= normal.norm()
+    distance = s * float(ndtri(q))
+    model.set_plane(normal, float(x0.flatten().double() @ normal) - distance)
+    return {"distance": distance}
+
+
+def _place_ball(model, x0: torch.Tensor, s: float, q: float, gen) -> dict:
+    """A ball B(c, ρ), c = x0 + σ_ref·u (u a random unit vector), χ²_N(ρ²/σ_ref²; 1) = q."""
+    u = torch.randn(model.dim, generator=gen, dtype=torch.float64)
+    radius = s * math.sqrt(stats.ncx2.ppf(q, model.dim, 1.0))
+    model.set_ball(x0.flatten().double() + s * u / u.norm(), radius)
+    return {"ball_radius": radius}
+
+
+def _trials(audit: Audit, family: str, points, ids, trials: int, protocol, root: Path) -> _Outcome:
+    """``trials`` certified trial inputs on fresh placements of the family's exact model,
+    in rounds of distinct inputs (one rebuild of the method per round, per trial for a
+    memory)."""
     device, dim = audit.context.device, points[0].numel()
     classes = audit.context.dataset.num_classes
-    flat = points.flatten(1).double()
-    out = _Outcome()
-    for r in range(math.ceil(trials / len(points))):
-        purpose = f"coverage/linear/{r}"
-        rng = audit.rng(purpose)
-        chosen = np.sort(
-            rng.choice(len(points), min(trials - out.trials, len(points)), replace=False)
-        )
-        pair = _pair(rng, classes)
-        normal = torch.randn(dim, generator=audit.generator(purpose), dtype=torch.float64)
-        normal /= normal.norm()
-        model = LinearClassifier(dim, one_hot=True, num_classes=classes, classes=pair).to(device)
-        model.set_plane(normal, float((flat[chosen] @ normal).median()))
-        provider, certifier, context = audit.rebuild(_labelled(audit, model), model, protocol,
-                                                     root)  # fmt: skip
-        x = points[chosen].to(device)
-        certs = _certify(audit, purpose, context, provider, certifier, x, [ids[k] for k in chosen])
-        derived = _derived(audit, [vars(c) for c in certs], x, protocol, provider)
-        signed = model.signed_distance(points[chosen].numpy())
-        sigma = np.array([c.draws["base"]["sigma"] for c in certs])
-        probabilities = model.class_probabilities(points[chosen].numpy(), sigma)
-        out.inputs += [ids[k] for k in chosen]
-        out.classes.append(list(pair))
-        for i, c in enumerate(certs):
-            truth, distance = pair[int(signed[i] > 0)], abs(float(signed[i]))
-
-            def false(pred, radius, truth=truth, distance=distance, c=c):
-                if pred != truth or radius > distance:
-                    return {"model": f"linear-{dim}", "input_id": c.input_id, "true_class": truth,
-                            "distance_to_boundary": distance}  # fmt: skip
-                return None
-
-            _judge(out, c, derived, i, false, _uniform(rng), probabilities[i])
-    return out
-
-
-def _ball_trials(audit: Audit, points, ids, trials: int, protocol, root: Path) -> _Outcome:
-    device, dim = audit.context.device, points[0].numel()
-    classes = audit.context.dataset.num_classes
-    flat = points.flatten(1).double()
     name = audit.method.sigma_provider
+    stored_sigma = [float(c["sigma"]) for c in audit.certificates]
+    model_type, place = {"linear": (LinearClassifier, _place_linear),
+                         "ball": (BallClassifier, _place_ball)}[family]  # fmt: skip
     out = _Outcome()
     for r in range(math.ceil(trials / len(points))):
-        purpose = f"coverage/ball/{r}"
+        purpose = f"coverage/{family}/{r}"
         rng, gen = audit.rng(purpose), audit.generator(purpose)
         chosen = rng.choice(len(points), min(trials - out.trials, len(points)), replace=False)
         pair = _pair(rng, classes)
-        model = BallClassifier(dim, one_hot=True, num_classes=classes, classes=pair).to(device)
-        middle = flat[chosen].mean(0)
-        model.set_ball(middle, float((flat[chosen] - middle).norm(dim=1).median()))
-        dataset = _labelled(audit, model)  # by the round's first ball
+        model = model_type(dim, one_hot=True, num_classes=classes, classes=pair).to(device)
+        place(model, points[int(chosen[0])], stored_sigma[int(chosen[0])], 0.5, gen)
+        dataset = _labelled(audit, model)  # by the round's first placement
         provider, certifier, context = audit.rebuild(dataset, model, protocol, root)
-        draw = audit.fresh_engine(purpose, context.engine)  # the trials' ids are distinct
-        sigma_ref, _ = sigma_of(_secret(audit, context, f"{purpose}/sigma-ref"), provider,
-                                points[chosen].to(device), [ids[k] for k in chosen], name)  # fmt: skip
+        draw = audit.fresh_engine(purpose, context.engine)  # the round's inputs are distinct
         out.classes.append(list(pair))
         for j, k in enumerate(chosen.tolist()):
-            x0, s, input_id = points[k : k + 1].to(device), float(sigma_ref[j]), ids[k]
-            u = torch.randn(dim, generator=gen, dtype=torch.float64)
-            q = rng.uniform(*QUANTILES)
-            radius = s * math.sqrt(stats.ncx2.ppf(q, dim, 1.0))
-            model.set_ball(flat[k] + s * u / u.norm(), radius)
+            x0, input_id = points[k : k + 1].to(device), ids[k]
+            q = trial_quantile(rng, j, protocol.n, protocol.alpha)
+            # σ_ref: the run's σ at x0, the scale at which x0 sits at P(side 1) = q
+            placed = place(model, points[k], stored_sigma[k], q, gen)
             if certifier.order_dependent and j:  # a memory lives for one classifier
                 provider, certifier, context = audit.rebuild(dataset, model, protocol, root)
-            if sigma_smoothing(provider) is None:  # σ and ∇σ in one evaluation of the provider
+            gradient = None
+            if sigma_smoothing(provider) is None and family == "ball":  # σ, ∇σ in one call
                 sigma, gradient = sigma_and_gradient(provider, x0)
-                sigma = checked_sigma(sigma, 1, name).double().cpu().numpy()
-                drawn = None
-            else:  # σ drawn by the harness; a smoothed choice among levels has no gradient
+                sigma, drawn = checked_sigma(sigma, 1, name).double().cpu().numpy(), None
+            else:  # the provider's σ, or a σ-smoothing's drawn by the harness
                 sigma, drawn = sigma_of(_secret(audit, context, f"{purpose}/{j}"), provider, x0,
                                         [input_id], name)  # fmt: skip
-                gradient = None
             [c] = certify_drawn(draw, protocol, certifier, x0, [input_id], sigma, drawn,
                                 label=certifier_label(context, audit.method))  # fmt: skip
             derived = _derived(audit, [vars(c)], x0, protocol, provider)
-            ball_sigma = certifier.ball_sigmas([vars(c)]) if certifier.order_dependent else None
+            ball_sigma = None
+            if certifier.order_dependent:  # memory certificates: σ constant in each ball
+                ball_sigma = certifier.ball_sigmas([vars(c)])
+            elif drawn is not None:  # dual RS: σ certified constant within R_σ >= the radius
+                ball_sigma = {input_id: float(sigma[0])}
             probabilities = model.class_probabilities(x0.cpu().numpy(), sigma)[0]
             out.inputs.append(input_id)
+            where = {"model": f"{family}-{dim}", "input_id": input_id, "exact_p_side_1": q,
+                     **placed}  # fmt: skip
+            if family == "linear":  # the smoothed boundary is the plane, whatever σ
+                signed = float(model.signed_distance(x0.cpu().numpy())[0])
+                truth = pair[int(signed > 0)]
 
-            def false(pred, cert_radius, x0=x0, q=q, radius=radius, gradient=gradient,
-                      ball_sigma=ball_sigma, input_id=input_id, provider=provider, model=model,
-                      gen=gen):  # fmt: skip
-                flip = ball_flip(sigma_in_ball(provider, ball_sigma, input_id), model, x0[0],
-                                 cert_radius, pred, gen, None if ball_sigma else gradient)  # fmt: skip
-                if flip is None:
+                def false(pred, radius, truth=truth, signed=signed, where=where):
+                    if pred != truth or radius > abs(signed):
+                        return {**where, "true_class": truth, "distance_to_boundary": abs(signed)}
                     return None
-                return {"model": f"ball-{dim}", "input_id": input_id, "ball_radius": radius,
-                        "exact_p_inside_at_input": q,
-                        **{key: v for key, v in flip.items() if key != "point"}}  # fmt: skip
+
+            else:
+
+                def false(pred, radius, x0=x0, gradient=gradient, ball_sigma=ball_sigma,
+                          input_id=input_id, provider=provider, model=model, where=where,
+                          gen=gen):  # fmt: skip
+                    flip = ball_flip(sigma_in_ball(provider, ball_sigma, input_id), model, x0[0],
+                                     radius, pred, gen, None if ball_sigma else gradient)  # fmt: skip
+                    if flip is None:
+                        return None
+                    return {**where, **{key: v for key, v in flip.items() if key != "point"}}
 
             _judge(out, c, derived, 0, false, _uniform(rng), probabilities)
     return out
@@ -402,8 +402,8 @@ def check_coverage(audit: Audit) -> CheckResult:
     half = max(1, budget.coverage_trials // 2)
     names = (f"linear-{dim}", f"ball-{dim}")
     with tempfile.TemporaryDirectory(prefix="idrs-bench-s1-") as root:
-        outcomes = [run(audit, points, ids, half, protocol, Path(root))
-                    for run in (_linear_trials, _ball_trials)]  # fmt: skip
+        outcomes = [_trials(audit, family, points, ids, half, protocol, Path(root))
+                    for family in ("linear", "ball")]  # fmt: skip
     scores = np.array([z for o in outcomes for z in o.scores])
     p_bias, p_dispersion = calibration_pvalues(scores)
     level = P_THRESHOLD / SUBTESTS  # the smallest level Holm's procedure tests at
