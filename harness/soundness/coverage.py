@@ -87,7 +87,8 @@ from harness.stats import holm_rejections
 
 NAME = "coverage"
 QUANTILES = (0.02, 0.98)
-"""Range of the exact P(inside) at the trial input (with σ_ref) over ball trials."""
+"""Range of the exact P(side 1) at the trial input (at σ_ref) of the trials outside the
+margin (:func:`trial_quantile`)."""
 RELATIVE = 1e-9
 """Relative tolerance when a claim is compared with its formula's derivation (as S0)."""
 SUBTESTS = 4

@@ -84,25 +84,30 @@ def flags_per_check(
     manager: PluginManager, workdir: Path, name: str = "ball-2", test_count: int | None = None,
     n: int = N, around: Callable[[], contextlib.AbstractContextManager] | None = None,
     label: str | None = None, epochs: int = 10, data_root: str | None = None,
+    progress: Progress | None = None,
 ) -> dict[str, dict[str, int]]:  # fmt: skip
     """For each method, how many seeds each check flagged (and ``any``: any check).
 
     ``around`` (e.g. a plugin that patches the engine) is entered for each seed's run and
-    checks; ``label`` names the row when one method is run (default: its name)."""
+    checks; ``label`` names the row when one method is run (default: its name);
+    ``progress`` reports the seeds done."""
     counts: dict[str, dict[str, int]] = {}
-    for seed in seeds:
-        db = workdir / f"{name}-{label or 'methods'}-seed{seed}.sqlite"
-        quiet = Progress(enabled=False)
-        spec = benchmark(name, seed, methods, test_count, n, epochs)
-        options = RunOptions(db=db, data_root=data_root)
-        with around() if around else contextlib.nullcontext():
-            run_id = run_benchmark(spec, options, quiet, manager)
-            results = run_checks(db, run_id, options, quiet, manager, budget=budget)
-        for (method, _), checks in results.items():
-            row = counts.setdefault(label or method, {"any": 0})
-            for r in checks:
-                row[r.check] = row.get(r.check, 0) + (r.verdict in FLAGGED)
-            row["any"] += any(r.verdict in FLAGGED for r in checks)
+    quiet = Progress(enabled=False)
+    what = f"{name}: {label or ', '.join(methods)}"
+    with (progress or quiet).task(what, len(seeds), "seeds") as advance:
+        for seed in seeds:
+            db = workdir / f"{name}-{label or 'methods'}-seed{seed}.sqlite"
+            spec = benchmark(name, seed, methods, test_count, n, epochs)
+            options = RunOptions(db=db, data_root=data_root)
+            with around() if around else contextlib.nullcontext():
+                run_id = run_benchmark(spec, options, quiet, manager)
+                results = run_checks(db, run_id, options, quiet, manager, budget=budget)
+            for (method, _), checks in results.items():
+                row = counts.setdefault(label or method, {"any": 0})
+                for r in checks:
+                    row[r.check] = row.get(r.check, 0) + (r.verdict in FLAGGED)
+                row["any"] += any(r.verdict in FLAGGED for r in checks)
+            advance(1)
     return counts
 
 
@@ -119,10 +124,11 @@ def markdown(title: str, counts: Mapping[str, Mapping[str, int]], seeds: int) ->
 def measure(
     name: str, rigged: Sequence[str], seeds: int, alarm_seeds: int, budget: Budget,
     manager: PluginManager, workdir: Path, engine_patch=None, test_count: int | None = None,
-    data_root: str | None = None,
+    data_root: str | None = None, progress: Progress | None = None,
 ) -> tuple[dict, dict]:  # fmt: skip
     """(rigged rows, sound rows) of one benchmark: seeds flagged per method and check."""
-    common = {"name": name, "test_count": test_count, "data_root": data_root}
+    common = {"name": name, "test_count": test_count, "data_root": data_root,
+              "progress": progress}  # fmt: skip
     caught = flags_per_check({m: {} for m in rigged}, range(seeds), budget, manager, workdir,
                              **common)  # fmt: skip
     if engine_patch is not None:
@@ -158,7 +164,7 @@ def main(
         with tempfile.TemporaryDirectory() as tmp:
             caught, alarms = measure(name, plugin.METHODS, args.seeds, args.alarm_seeds, budget,
                                      manager, Path(tmp), engine_patch, args.test_count,
-                                     args.data_root)  # fmt: skip
+                                     args.data_root, Progress())  # fmt: skip
         count = TEST_COUNT[name] if args.test_count is None else args.test_count
         sections.append(
             f"## {name}: detection power at the `{args.budget}` budget\n\n"
