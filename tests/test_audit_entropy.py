@@ -90,13 +90,16 @@ def test_check_entropy_reruns_an_audit_from_the_command_line_and_the_api(
     code = main(["check", run_id[:8], "--db", str(db), "--method", "cohen", "--entropy",
                  ENTROPY, "--json", "--quiet"])  # fmt: skip
     assert code == 0
-    [row] = json.loads(capsys.readouterr().out)
+    rows = json.loads(capsys.readouterr().out)
+    assert {row["setting"] for row in rows} == {"sigma=0.25", "sigma=0.5"}
     table = check(db, run_id, method="cohen", budget="small", entropy=int(ENTROPY, 16))
-    assert set(table["check"]) == {c["check"] for c in row["checks"]}
-    for c in row["checks"]:
-        assert c["evidence"]["entropy"] == ENTROPY
-        mine = table[table["check"] == c["check"]].iloc[0]
-        assert (mine["verdict"], mine["summary"]) == (c["verdict"], c["summary"])
+    for row in rows:
+        mine = table[table["setting"] == row["setting"]]
+        assert set(mine["check"]) == {c["check"] for c in row["checks"]}
+        for c in row["checks"]:
+            assert c["evidence"]["entropy"] == ENTROPY
+            got = mine[mine["check"] == c["check"]].iloc[0]
+            assert (got["verdict"], got["summary"]) == (c["verdict"], c["summary"])
 
 
 @pytest.mark.parametrize("bad", ["xyz", "", "1" * 33, "-5"])
