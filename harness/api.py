@@ -6,7 +6,9 @@
 :func:`certify` returns one row per input with the columns of the results store's
 ``certificates`` table (prediction, radius, p_A's lower bound, σ, class counts,
 evidence), so a certificate made here carries the same evidence as one from
-``idrs-bench run``. :func:`run` runs a benchmark file as ``idrs-bench run`` does.
+``idrs-bench run``. :func:`run` runs a benchmark file as ``idrs-bench run`` does, and
+:func:`check` audits a stored run as ``idrs-bench check`` does (``entropy`` re-runs an
+audit from its record).
 """
 
 from __future__ import annotations
@@ -206,3 +208,40 @@ def run(
         "verdicts": verdicts,
         "certificates": pd.DataFrame(certificates),
     }
+
+
+def check(
+    db: str | Path = "idrs-bench.sqlite",
+    run: str | None = None,
+    method: str | None = None,
+    budget: str = "small",
+    entropy: str | int | None = None,
+    device: str | None = None,
+    data_root: str | None = None,
+    cache_dir: str | Path | None = None,
+    progress: bool = False,
+) -> pd.DataFrame:
+    """Audit the run ``run`` (id or unique prefix; default: the latest) in ``db`` as
+    ``idrs-bench check`` does, and store the verdicts.
+
+    Each audit draws fresh entropy (``os.urandom``) and records it (hex) in every check's
+    evidence; ``entropy`` (that hex string, or the integer) re-runs an audit from its
+    record with the same random choices, hence the same verdicts and evidence. Returns one
+    row per (method, setting, check): verdict, summary, evidence.
+    """
+    from harness.progress import Progress
+    from harness.runner import RunOptions
+    from harness.soundness.audit import parse_entropy
+    from harness.soundness.runner import run_checks
+
+    options = RunOptions(
+        db=Path(db), device=device, data_root=data_root,
+        cache_dir=None if cache_dir is None else Path(cache_dir),
+    )  # fmt: skip
+    results = run_checks(Path(db), run, options, Progress(enabled=progress), method=method,
+                         budget=budget, entropy=parse_entropy(entropy))  # fmt: skip
+    return pd.DataFrame([
+        {"method": m, "setting": s, "check": r.check, "verdict": str(r.verdict),
+         "summary": r.summary, "evidence": r.evidence}
+        for (m, s), rs in results.items() for r in rs
+    ])  # fmt: skip

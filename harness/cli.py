@@ -177,6 +177,10 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--timings", action="store_true", help="print the wall time of each setting's checks"
     )
+    check.add_argument(
+        "--entropy", metavar="HEX",
+        help="re-run an audit from its record: the entropy (hex) in its checks' evidence",
+    )  # fmt: skip
     check.set_defaults(handler=_check)
 
     plugins = sub.add_parser("plugins", help="list loaded plugins and what they provide")
@@ -269,10 +273,11 @@ def _print_timings(timings: list[tuple[str, float]]) -> None:
 def _check(args: argparse.Namespace) -> int:
     from harness.progress import Progress
     from harness.runner import RunOptions
-    from harness.soundness.audit import BUDGETS
+    from harness.soundness.audit import BUDGETS, parse_entropy
     from harness.soundness.runner import run_checks
     from harness.soundness.verdict import applied, overall
 
+    entropy = parse_entropy(args.entropy)
     if not args.db.is_file():
         raise IdrsError(
             f"results database {str(args.db)!r} not found; run a benchmark first or pass --db"
@@ -282,7 +287,8 @@ def _check(args: argparse.Namespace) -> int:
     )
     progress = Progress(enabled=not args.quiet and not args.json)
     results = run_checks(args.db, args.run, options, progress,
-                         method=args.method, budget=args.budget, orders=args.orders)  # fmt: skip
+                         method=args.method, budget=args.budget, orders=args.orders,
+                         entropy=entropy)  # fmt: skip
     if args.json:
         print(json.dumps([
             {"method": m, "setting": s, "verdict": str(overall(rs)), "checks_applied": applied(rs),

@@ -119,7 +119,9 @@ class BuildContext:
     in the run's database (a certifier with per-run state, such as a memory, restores
     from it and stages new records; None outside a run), and
     ``registry`` resolves components by name (e.g. a wrapped certifier); ``model_hash``
-    is the base model's content hash (a key for anything fitted to it).
+    is the base model's content hash (a key for anything fitted to it), and
+    ``artifact_root`` where :meth:`artifact_dir` keeps files (None: the cache root; the
+    soundness checks give a rebuilt method a temporary one).
 
     The runner gives each method and setting a copy (``dataclasses.replace``); the
     copies share ``memos``, the store behind :meth:`memo`.
@@ -138,6 +140,7 @@ class BuildContext:
     method: str | None = None
     setting: str | None = None
     state: RunState | None = None
+    artifact_root: Path | None = None
     memos: dict[Hashable, tuple[Any, Any]] = field(default_factory=dict, repr=False, compare=False)
 
     def artifact_dir(self, plugin: str) -> Path | None:
@@ -155,7 +158,8 @@ class BuildContext:
             return None
         from harness.artifacts import cache_root
 
-        path = cache_root() / "plugins" / plugin / self.model_hash
+        root = cache_root() if self.artifact_root is None else self.artifact_root
+        path = root / "plugins" / plugin / self.model_hash
         path.mkdir(parents=True, exist_ok=True)
         return path
 

@@ -2,7 +2,8 @@
 
 Besides the fixtures below, the fixture modules named in :data:`pytest_plugins` provide
 the writers of tiny dataset files (``tests/field_files.py``), the third-party plugins
-written against the soundness contract (``tests/soundness_plugins.py``), the fixed
+written against the soundness contract (``tests/soundness_plugins.py``), the rigged
+methods of the detection-power measurement (``tests/rigged_methods.py``), the fixed
 run behind the golden leaderboard (``tests/golden_run.py``) and the engine-patching
 plugin and small runs of the replay tests (``tests/replay_plugins.py``).
 """
@@ -21,6 +22,7 @@ pytest_plugins = [
     "tests.field_files",
     "tests.golden_run",
     "tests.soundness_plugins",
+    "tests.rigged_methods",
     "tests.replay_plugins",
 ]
 

@@ -2,11 +2,16 @@
 
 A naive "Cohen's radius at σ(x)" method with Súkeník's kNN σ on Fashion-MNIST (784-d)
 is flagged by S1, while cohen and sukenik (the same σ with its own certificate) are not;
-the rigged ×1.15 radius of the detection-power script is flagged; soft smoothing of the
-one-hot analytic models equals the closed form.
+S1 rebuilds a method in a context like the run's (model hash, the benchmark's dataset
+and classes, its n) and calibrates the harness's draws against the exact binomial law,
+which catches a plugin that patches the engine in-process; every rigged method of
+``tests/rigged_methods.py`` is caught on ball-2; soft smoothing of the one-hot analytic
+models equals the closed form.
 """
 
+import contextlib
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,9 +24,14 @@ from harness.progress import Progress
 from harness.runner import RunOptions, run_benchmark
 from harness.sampling import SamplingEngine
 from harness.soundness.analytic import BallClassifier, LinearClassifier
-from harness.soundness.audit import Budget
-from harness.soundness.coverage import check_coverage, detectable_rate
-from harness.soundness.detection_power import flags_per_check, rigged_plugin
+from harness.soundness.audit import BUDGETS, Budget
+from harness.soundness.coverage import (
+    calibration_pvalues,
+    check_coverage,
+    detectable_rate,
+    pit_score,
+)
+from harness.soundness.detection_power import SOUND_METHODS, flags_per_check
 from harness.soundness.runner import audits
 from harness.soundness.verdict import Verdict, false_certificates_pvalue
 from harness.spec import parse_spec
@@ -73,14 +83,27 @@ def test_s1_flags_cohen_at_an_input_dependent_sigma_in_the_runs_dimension(tmp_pa
     assert verdicts["sukenik"][0] == Verdict.SOUND, verdicts
 
 
-def test_detection_power_core_flags_the_inflated_radius_and_not_cohen(tmp_path, manager):
-    plugin = rigged_plugin()
-    manager.register(plugin, name="rigged")
-    counts = flags_per_check({"cohen-radius-x1.15": {}, "cohen": {"sigma": 0.25}}, [0], TINY,
-                             manager, tmp_path, test_count=40)  # fmt: skip
-    mine = ("coverage", "counterexamples")
-    assert sum(counts["cohen-radius-x1.15"].get(c, 0) for c in mine) >= 1, counts
-    assert counts["cohen"]["any"] == 0, counts
+def test_every_rigged_method_is_caught_on_ball2_and_no_sound_method_flagged(
+    tmp_path, manager, rigged_methods
+):  # fmt: skip
+    """One seed of the detection-power table on ball-2 (n = 10,000, 30 points; cheap in 2-D)."""
+    manager.register(rigged_methods, name="rigged")
+    budget = Budget("test", coverage_trials=60, coverage_n=10_000, pairs=4, ascent_steps=4,
+                    audited_inputs=8, attack_steps=4, attack_samples=32, orders=2)  # fmt: skip
+    common = {"name": "ball-2", "test_count": 30}
+    caught = flags_per_check({m: {} for m in rigged_methods.METHODS}, [0], budget, manager,
+                             tmp_path, **common)  # fmt: skip
+    caught |= flags_per_check({"cohen": {"sigma": 0.25}}, [0], budget, manager, tmp_path,
+                              around=rigged_methods.engine_patched, label="engine-patch", **common)  # fmt: skip
+    missed = [m for m, row in caught.items() if row["any"] != 1]
+    assert missed == [], caught
+    assert set(caught) == {*rigged_methods.METHODS, "engine-patch"}
+    # the self-consistent cheats pass S0; S1 audits the run's formula on exact models
+    for method in ("padded-formula", "honest-when-rebuilt", "engine-patch"):
+        assert caught[method]["evidence"] == 0 and caught[method]["coverage"] == 1, caught
+    sound = {m: s for m, s in SOUND_METHODS.items() if m != "lipschitz-sigma-net"}
+    alarms = flags_per_check(sound, [100], budget, manager, tmp_path, **common)
+    assert all(row["any"] == 0 for row in alarms.values()), alarms
 
 
 def test_holm_against_its_definition():
@@ -156,7 +179,190 @@ def test_the_budget_statement_names_what_the_checks_examine():
     budget = Budget("probe", coverage_trials=123, coverage_n=456, pairs=7, ascent_steps=11,
                     audited_inputs=13, attack_steps=17, attack_samples=19, orders=23)  # fmt: skip
     text = budget.statement()
-    for number in ("123", "456", "7 pairs", "11 ascent", "13 certificates", "17 attack",
+    for number in ("123", "456", "7 pairs", "11 ascent", "13 random certificates", "17 attack",
                    "19 samples", "23 input orders"):  # fmt: skip
         assert number in text, number
+    for claim in ("entropy", "calibration", "10⁻³ per statistical check", "Fashion-MNIST"):
+        assert claim in text, claim
     assert "--budget probe" in text  # where its detection power is measured
+
+
+def test_the_randomized_transform_is_exactly_uniform_and_keeps_its_tails():
+    """P(u <= t) = t for u = F(k − 1) + V·P(k), k ~ Binomial(n, p), V ~ U(0, 1), summed
+    exactly over k (scipy's binomial law); the far tail keeps Φ(−z) = 1 − u."""
+    n, p = 9, 0.3
+    cdf = stats.binom.cdf(np.arange(-1, n + 1), n, p)
+    for t in (0.01, 0.2, 0.5, 0.77, 0.999):
+        below = cdf[:-1]
+        mass = np.diff(cdf)
+        assert np.sum(mass * np.clip((t - below) / mass, 0, 1)) == pytest.approx(t, abs=1e-12)
+    for k, v in ((0, 0.4), (3, 0.9), (9, 0.1)):
+        u = stats.binom.cdf(k - 1, n, p) + v * stats.binom.pmf(k, n, p)
+        assert pit_score(k, n, p, v) == pytest.approx(stats.norm.ppf(u), rel=1e-12)
+    z = pit_score(1000, 1000, 0.5, 0.3)  # u = 1 − 0.7·2⁻¹⁰⁰⁰ in exact arithmetic
+    assert z > 30 and stats.norm.sf(z) == pytest.approx(0.7 * 0.5**1000, rel=1e-9)
+    assert pit_score(3, 10, 0.0, 0.5) == np.inf  # a count the law does not allow
+    assert pit_score(0, 10, 0.0, 0.5) == pytest.approx(stats.norm.ppf(0.5), abs=1e-15)
+
+
+def test_calibration_pvalues_against_scipy():
+    z = np.array([0.3, -1.2, 2.5, 0.1, 1.7])
+    p_bias, p_disp = calibration_pvalues(z)
+    assert p_bias == pytest.approx(2 * stats.norm.sf(abs(z.sum()) / np.sqrt(5)), rel=1e-12)
+    chi = np.sum(z**2)
+    assert p_disp == pytest.approx(2 * min(stats.chi2.cdf(chi, 5), stats.chi2.sf(chi, 5)))
+    assert calibration_pvalues(np.array([0.0, np.inf])) == (0.0, 0.0)
+
+
+def _probe_plugin(seen: list):
+    """``probe``: Cohen at a constant σ whose σ-provider records every context it is built in."""
+    from harness import Constant, SigmaProviderSpec
+
+    module = types.ModuleType("probe")
+
+    class Probe:
+        regularity = Constant(0.25)
+
+        def __call__(self, x):
+            return torch.full((len(x),), 0.25, dtype=torch.float64, device=x.device)
+
+    def build(context, params):
+        seen.append({"model_hash": context.model_hash, "dataset": context.dataset.name,
+                     "shape": context.dataset.input_shape, "classes": context.dataset.num_classes,
+                     "test_points": len(context.dataset.test_x), "seed": context.seed,
+                     "n": context.protocol.n, "artifacts": context.artifact_dir("probe")})  # fmt: skip
+        return Probe()
+
+    @hookimpl
+    def idrs_register_sigma_providers(register):
+        register(SigmaProviderSpec("probe", build))
+
+    @hookimpl
+    def idrs_register_methods(register):
+        register(MethodSpec("probe", "probe", "cohen", {}))
+
+    module.idrs_register_sigma_providers = idrs_register_sigma_providers
+    module.idrs_register_methods = idrs_register_methods
+    return module
+
+
+def test_s1_rebuilds_the_method_in_a_context_like_the_runs(tmp_path, manager):
+    seen: list[dict] = []
+    manager.register(_probe_plugin(seen), name="probe")
+    raw = {
+        "name": "fm", "seed": 5,
+        "dataset": {"name": "fashion-mnist", "test_every": 500, "test_count": 8},
+        "model": {"architecture": "mlp", "trainer": "gaussian-augmentation",
+                  "trainer_params": {"epochs": 0}},
+        "certification": {"n0": 20, "n": 300, "alpha": 0.001},
+        "methods": [{"name": "probe", "settings": [{}]}],
+    }  # fmt: skip
+    db = tmp_path / "fm.sqlite"
+    quiet = Progress(enabled=False)
+    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), quiet, manager)
+    budget = Budget("probe", coverage_trials=16, coverage_n=100, pairs=2, ascent_steps=2,
+                    audited_inputs=4, attack_steps=2, attack_samples=16, orders=2)  # fmt: skip
+    [audit] = audits(ResultStore(db), run_id, RunOptions(db=db), quiet, manager, budget=budget)
+    result = check_coverage(audit)
+    assert result.verdict == Verdict.SOUND, result.summary
+    run, rebuilt = seen[0], seen[2:]  # the run's build, the audit's, then S1's
+    assert len(rebuilt) == 2  # one linear round, one ball round
+    for ctx in rebuilt:
+        assert ctx["model_hash"] is not None and ctx["model_hash"] != run["model_hash"]
+        assert len(ctx["model_hash"]) == len(run["model_hash"]) == 64
+        same = ("dataset", "shape", "classes", "test_points", "seed")
+        assert {k: ctx[k] for k in same} == {k: run[k] for k in same}
+        assert ctx["n"] == 100  # min(run's n, budget.coverage_n)
+        assert ctx["artifacts"] is not None and not ctx["artifacts"].exists()  # removed after S1
+        assert ctx["artifacts"].parents[2] != run["artifacts"].parents[2]  # not the cache
+    assert result.evidence["classes"] == 10 and result.evidence["n"] == 100
+    assert "sensitivity" in result.evidence  # S1 ran below the run's n: it says what is lost
+    pairs = result.evidence["linear-784"]["classes"] + result.evidence["ball-784"]["classes"]
+    assert all(a != b and 0 <= a < 10 and 0 <= b < 10 for a, b in pairs)
+
+
+def test_s1_calibration_catches_a_plugin_that_patches_the_engine(tmp_path, manager, rigged_methods):
+    """The patch moves 3 % of the votes onto the top class in every estimation draw: S0
+    re-derives the patched counts consistently, S1's calibration against Binomial(n, p)
+    on the exact models does not (the replay check catches it in a separate process)."""
+    raw = {
+        "name": "ball", "seed": 0, "dataset": {"name": "ball-2", "test_count": 30},
+        "model": {"architecture": "ball-N", "trainer": "none"},
+        "certification": {"n0": 32, "n": 2000, "alpha": 0.001},
+        "methods": [{"name": "cohen", "settings": [{"sigma": 0.25}]}],
+    }  # fmt: skip
+    budget = Budget("tiny", coverage_trials=40, coverage_n=2000, pairs=2, ascent_steps=2,
+                    audited_inputs=4, attack_steps=2, attack_samples=16, orders=2)  # fmt: skip
+    quiet = Progress(enabled=False)
+    for patched in (False, True):
+        db = tmp_path / f"patched-{patched}.sqlite"
+        around = rigged_methods.engine_patched() if patched else contextlib.nullcontext()
+        with around:
+            run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), quiet, manager)
+            [audit] = audits(ResultStore(db), run_id, RunOptions(db=db), quiet, manager,
+                             budget=budget)  # fmt: skip
+            result = check_coverage(audit)
+        calibration = result.evidence["calibration"]
+        if patched:
+            assert result.verdict == Verdict.VIOLATED, result.summary
+            assert calibration["bias"] > 10 and calibration["p_bias"] < 1e-6, calibration
+        else:
+            assert result.verdict == Verdict.SOUND, result.summary
+            assert calibration["p_bias"] > 1e-3 and calibration["p_dispersion"] > 1e-3
+
+
+@pytest.mark.reproduction
+@pytest.mark.skipif(
+    not Path("/usr/share/datasets/fashion-mnist").is_dir(),
+    reason="needs Fashion-MNIST under /usr/share/datasets",
+)
+def test_every_rigged_method_is_caught_on_fashion_mnist_at_the_default_budget(
+    tmp_path, manager, rigged_methods
+):  # fmt: skip
+    """One seed of the Fashion-MNIST table (784-d, the default MLP, 100 points, n = 10,000)
+    at the `small` budget: every rigged method caught, no sound method flagged."""
+    manager.register(rigged_methods, name="rigged")
+    budget = BUDGETS["small"]
+    common = {"name": "fashion-mnist"}
+    caught = flags_per_check({m: {} for m in rigged_methods.METHODS}, [0], budget, manager,
+                             tmp_path, **common)  # fmt: skip
+    caught |= flags_per_check({"cohen": {"sigma": 0.25}}, [0], budget, manager, tmp_path,
+                              around=rigged_methods.engine_patched, label="engine-patch", **common)  # fmt: skip
+    assert [m for m, row in caught.items() if row["any"] != 1] == [], caught
+    alarms = flags_per_check(SOUND_METHODS, [100], budget, manager, tmp_path, **common)
+    assert all(row["any"] == 0 for row in alarms.values()), alarms
+
+
+def test_s4_corrects_over_the_subtests_that_ran_and_counts_the_confirmations_error(
+    tmp_path, manager
+):  # fmt: skip
+    """Off the ball model S4 runs two sub-tests (intersections, attack): Holm over two, and
+    the fewest significant confirmed violations are those of P(Binomial(m, α) >= k) +
+    the confirmations' own error < 10⁻³ / 2 (scipy)."""
+    from harness.soundness.counterexamples import (
+        CONFIRMATION_ERROR,
+        attack_pvalue,
+        check_counterexamples,
+    )
+
+    assert attack_pvalue(0, 16, 1e-3) == 1.0
+    assert attack_pvalue(2, 16, 1e-3) == pytest.approx(stats.binom.sf(1, 16, 1e-3) + 1e-5)
+    raw = {
+        "name": "gm", "seed": 0, "dataset": {"name": "gauss-mix", "test_count": 20},
+        "model": {"architecture": "mlp", "architecture_params": {"width": 16},
+                  "trainer": "gaussian-augmentation", "trainer_params": {"epochs": 1}},
+        "certification": {"n0": 20, "n": 300, "alpha": 0.001},
+        "methods": [{"name": "cohen", "settings": [{"sigma": 0.25}]}],
+    }  # fmt: skip
+    db = tmp_path / "gm.sqlite"
+    quiet = Progress(enabled=False)
+    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), quiet, manager)
+    budget = Budget("tiny", coverage_trials=8, coverage_n=100, pairs=2, ascent_steps=2,
+                    audited_inputs=12, attack_steps=2, attack_samples=16, orders=2)  # fmt: skip
+    [audit] = audits(ResultStore(db), run_id, RunOptions(db=db), quiet, manager, budget=budget)
+    result = check_counterexamples(audit)
+    attack = result.evidence["attack"]
+    assert result.evidence["correction"].startswith("Holm over 2 sub-tests")
+    assert attack["audited"] == 12 and attack["confirmation_error"] == CONFIRMATION_ERROR
+    k = next(k for k in range(1, 13) if stats.binom.sf(k - 1, 12, 1e-3) + 1e-5 < 1e-3 / 2)
+    assert attack["minimal_significant_count"] == k

@@ -21,6 +21,7 @@ from harness.leaderboard.metrics import Metric, certified_key, metric_catalog
 from harness.leaderboard.plots import certified_plot_name, classwise_plot_name
 from harness.leaderboard.protocol import protocol_differences, run_protocol
 from harness.leaderboard.reproduce import spec_toml
+from harness.soundness.verdict import false_alarm_statement
 from harness.storedrun import IMPORTED, NOT_CHECKED
 
 
@@ -298,6 +299,11 @@ def render_markdown(board: Board, stem: str | None) -> str:
     for table in board.tables:
         out += _table_section(table, stem, notes)
     out += _legend(board)
+    applied = [row.applied for table in board.tables for row in table.rows]
+    out += [
+        "**What sound asserts, and false alarms.** " + md_text(false_alarm_statement(applied)),
+        "",
+    ]
     if notes.lines:
         out += [*notes.lines, ""]
     return "\n".join(out).rstrip("\n") + "\n"

@@ -5,18 +5,23 @@ sound method may issue a few false ones; each kind of counterexample (a)–(c) b
 counted and tested against Binomial(trials, α) (one-sided; trials = the certificates
 examined, abstentions included), and the p-values of the sub-tests that ran are combined
 by Holm's step-down procedure at :data:`~harness.soundness.verdict.P_THRESHOLD`
-(family-wise error <= the threshold). The method is ``violated`` when a sub-test is
-rejected. (d) is a flag, not a test. One false certificate among m trials has
-p >= 1 − (1 − α)^m >= α, so with α >= the threshold at least two are needed; the
-evidence states the fewest confirmed violations that would be significant.
+(family-wise error <= the threshold, over the sub-tests that ran). The method is
+``violated`` when a sub-test is rejected. (d) is a flag, not a test. One false
+certificate among m trials has p >= 1 − (1 − α)^m >= α, so with α >= the threshold at
+least two are needed; the evidence states the fewest confirmed violations that would be
+significant.
 
 (a) Two certified inputs with different predictions whose certified balls intersect:
 a point in both balls would have to be classified as both, so one certificate is false.
 (b) On the analytic ``ball-N`` base model: a point inside a certified ball whose exact
 smoothed prediction (with the method's σ at that point) differs from the certified one.
-(c) An ℓ2 PGD attack on the smoothed classifier inside each audited certified ball,
-σ(x1) recomputed by the method at x1, every candidate confirmed by a fresh Monte Carlo
-estimate whose Clopper–Pearson upper bound on the certified class is below 1/2.
+(c) An ℓ2 PGD attack on the smoothed classifier inside each certified ball among
+``budget.audited_inputs`` certificates drawn at random from the audit's entropy (as is
+the attack's noise), σ(x1) recomputed by the method at x1, every candidate confirmed by
+a fresh Monte Carlo estimate (noise seeded from the audit's entropy) whose
+Clopper–Pearson upper bound on the certified class is below another class's lower
+bound. The confirmations err jointly with probability <= :data:`CONFIRMATION_ERROR`,
+which is added to the attack's p-value (:func:`attack_pvalue`).
 (d) Memory-based certifiers (``order_dependent``) are flagged ``order-dependent`` and
 not attacked; S5 (:mod:`harness.soundness.order`) replays their input orders.
 """
@@ -60,17 +65,32 @@ def intersecting_pairs(points: torch.Tensor, radii: torch.Tensor, predictions: t
     return i[order], j[order], dist[i, j][order], overlap[i, j][order]
 
 
+CONFIRMATION_ERROR = P_THRESHOLD / 100
+"""Probability that some fresh Monte Carlo confirmation of an attack candidate is wrong
+(its bounds hold jointly over every candidate and class with probability 1 − this); it
+is added to the attack's p-value."""
+
+
+def attack_pvalue(confirmed: int, audited: int, alpha: float) -> float:
+    """P(at least ``confirmed`` confirmed violations among ``audited`` sound certificates)
+    <= P(Binomial(audited, α) >= confirmed) + :data:`CONFIRMATION_ERROR`: a confirmed
+    violation is a false certificate unless some confirmation erred."""
+    if not confirmed:
+        return 1.0
+    return min(1.0, false_certificates_pvalue(confirmed, audited, alpha) + CONFIRMATION_ERROR)
+
+
 def _minimal_count(trials: int, alpha: float, threshold: float) -> int | None:
-    """Fewest false certificates among ``trials`` that give p < ``threshold``, or None."""
+    """Fewest confirmed violations among ``trials`` that give p < ``threshold``, or None."""
     for k in range(1, trials + 1):
-        if false_certificates_pvalue(k, trials, alpha) < threshold:
+        if attack_pvalue(k, trials, alpha) < threshold:
             return k
     return None
 
 
 def check_counterexamples(audit: Audit) -> CheckResult:
     certs = audit.certificates
-    gen = torch.Generator().manual_seed(audit.context.seed + 5)
+    gen = audit.generator(f"{NAME}/flips")
     alpha = audit.context.protocol.alpha
     evidence: dict = {"null": "Binomial(trials, α) per sub-test, trials = certificates examined "
                               "(abstentions included)"}  # fmt: skip
@@ -131,14 +151,15 @@ def check_counterexamples(audit: Audit) -> CheckResult:
         flags.append("order-dependent")
         evidence["attack"] = "not applicable: memory certificates depend on the order of inputs"
     else:
-        confirmed, attacked, audited = attack_certificates(audit, gen)
-        p_attack = false_certificates_pvalue(len(confirmed), audited, alpha)
+        confirmed, attacked, audited = attack_certificates(audit)
+        p_attack = attack_pvalue(len(confirmed), len(audited), alpha)
         evidence["attack"] = {
-            "audited": audited,
+            "audited": len(audited),
+            "inputs": audited,
             "attacked": attacked,
             "confirmed": len(confirmed),
             "p_value": p_attack,
-            "minimal_significant_count": _minimal_count(audited, alpha, P_THRESHOLD / 3),
+            "confirmation_error": CONFIRMATION_ERROR,
             "examples": confirmed[:3],
         }
         message = ""
@@ -153,6 +174,10 @@ def check_counterexamples(audit: Audit) -> CheckResult:
         tests["attack"] = (p_attack, message)
     names = list(tests)
     rejected = holm_rejections([tests[k][0] for k in names], P_THRESHOLD)
+    if isinstance(evidence["attack"], dict):  # at Holm's smallest level, over the sub-tests run
+        evidence["attack"]["minimal_significant_count"] = _minimal_count(
+            evidence["attack"]["audited"], alpha, P_THRESHOLD / len(names)
+        )
     evidence["correction"] = (
         f"Holm over {len(names)} sub-tests ({', '.join(names)}) at {P_THRESHOLD:g}"
     )
@@ -229,7 +254,8 @@ def ball_flip(
     gradient: torch.Tensor | None = None,
 ):  # fmt: skip
     """A point of B(center, radius) whose exact smoothed prediction on the ball classifier
-    ``model`` (with the method's own σ there) is not ``prediction``, or None.
+    ``model`` (with the method's own σ there: ``model.classes[inside]``) is not the class
+    ``prediction``, or None.
 
     Searched at the center and on rays from it: in 2-D every angle of a 48-gon at 8
     fractions of the radius; in more dimensions (each σ evaluation may be a costly
@@ -261,7 +287,9 @@ def ball_flip(
     with torch.no_grad():
         sigma = provider(points.to(center.device)).double().cpu().numpy()
     inside = model.smoothed_probability(points.numpy(), sigma)
-    flipped = np.nonzero((inside > 0.5).astype(int) != prediction)[0]
+    flipped = np.nonzero(np.where(inside > 0.5, model.classes[1], model.classes[0]) != prediction)[
+        0
+    ]
     if not len(flipped):
         return None
     k = int(flipped[0])
@@ -270,21 +298,23 @@ def ball_flip(
 
 
 STREAM_CONFIRM = 3
-"""Noise stream of the fresh Monte Carlo estimates that confirm attack candidates."""
+"""Noise stream of the fresh Monte Carlo estimates that confirm attack candidates (on
+an engine whose seed comes from the audit's entropy)."""
 
 
-def attack_certificates(audit: Audit, gen: torch.Generator) -> tuple[list[dict], int, int]:
-    """S4c: PGD inside the certified balls among the first ``audited_inputs`` certificates
-    (abstentions count as audited trials: the guarantee is per input asked about).
+def attack_certificates(audit: Audit) -> tuple[list[dict], int, list[int]]:
+    """S4c: PGD inside the certified balls among ``audited_inputs`` certificates drawn at
+    random from the audit's entropy (abstentions count as audited trials: the guarantee is
+    per input asked about); the attack's noise and the confirmations' too.
 
-    Returns (confirmed violations, attacked, audited)."""
+    Returns (confirmed violations, attacked, the audited input ids)."""
     budget, certs = audit.budget, audit.certificates
-    audited = min(len(certs), budget.audited_inputs)
-    chosen = [
-        k for k, c in enumerate(certs[:audited]) if c["prediction"] != ABSTAIN and c["radius"] > 0
-    ]
+    picked = audit.subset(f"{NAME}/attack-inputs", len(certs), budget.audited_inputs).tolist()
+    audited = [int(certs[k]["input_id"]) for k in picked]
+    chosen = [k for k in picked if certs[k]["prediction"] != ABSTAIN and certs[k]["radius"] > 0]
     if not chosen:
         return [], 0, audited
+    gen = audit.generator(f"{NAME}/attack")
     engine = audit.context.engine
     model, device, provider = engine.model, audit.context.device, audit.sigma_provider
     x0 = audit.inputs[torch.tensor(chosen)].to(device, torch.float32)
@@ -318,17 +348,19 @@ def attack_certificates(audit: Audit, gen: torch.Generator) -> tuple[list[dict],
             # strictly inside the open certified ball
             scale = ((1 - 1e-6) * radius / delta.norm(dim=1).clamp_min(1e-12)).clamp(max=1.0)
             x1 = x0 + (delta * scale[:, None]).view_as(x0)
+    engine = audit.fresh_engine(f"{NAME}/confirm")
     return _confirm(audit, engine, x0, x1.detach(), chosen, target), len(chosen), audited
 
 
 def _confirm(audit, engine, x0, x1, chosen, target) -> list[dict]:
-    """Fresh Monte Carlo at each candidate x1: does another class beat the certified one?
+    """Fresh Monte Carlo at each candidate x1 (noise seeded from the audit's entropy):
+    does another class beat the certified one?
 
-    With probability >= 1 − α jointly over all candidates and classes: an upper bound on
-    the certified class's probability (or mean output, for soft smoothing) and a lower
-    bound for every other class; a candidate is confirmed when some other class's lower
-    bound exceeds the certified class's upper bound, so the smoothed classifier at x1
-    (argmax) is not the certified class.
+    With probability >= 1 − :data:`CONFIRMATION_ERROR` jointly over all candidates and
+    classes: an upper bound on the certified class's probability (or mean output, for soft
+    smoothing) and a lower bound for every other class; a candidate is confirmed when some
+    other class's lower bound exceeds the certified class's upper bound, so the smoothed
+    classifier at x1 (argmax) is not the certified class.
     """
     certs, budget = audit.certificates, audit.budget
     num = 16 * budget.attack_samples
@@ -336,7 +368,7 @@ def _confirm(audit, engine, x0, x1, chosen, target) -> list[dict]:
         sigma = audit.sigma(x1, " at a PGD point inside a certified ball").double().cpu()
     ids = [certs[k]["input_id"] for k in chosen]
     classes = engine.num_classes
-    level = audit.context.protocol.alpha / (len(chosen) * classes)  # union over candidates, classes
+    level = CONFIRMATION_ERROR / (len(chosen) * classes)  # union over candidates, classes
     soft = audit.certifier.smoothing == "soft"
     if soft:
         means = np.stack([s.means for s in engine.soft_stats(x1, sigma, ids, num, STREAM_CONFIRM)])

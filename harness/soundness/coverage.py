@@ -1,53 +1,84 @@
 """S1: coverage on base classifiers whose smoothed classifier is known exactly.
 
-The method (its σ-provider and certifier, rebuilt on an analytic base model) certifies
-trial inputs that are **the run's own certified inputs**, in the run's dimension N, with
-the run's training data as the σ-provider's data (so a kNN σ, for instance, behaves as
-on the benchmark). The analytic models are one-hot (see :mod:`harness.soundness.analytic`),
-so hard and soft smoothed classifiers are both exact and share the decision boundary
-P(f = 1) = 1/2; soft certifiers are thereby audited against the exact soft expectation.
+The method (its σ-provider and certifier) is rebuilt on an analytic base model in a
+context made like a run's (:meth:`~harness.soundness.audit.Audit.rebuild`): the
+benchmark's dataset (its name, input shape, number of classes K and inputs, labelled by
+the analytic model, so that a kNN σ or a fitted σ-network behaves as on the benchmark),
+a model hash (the analytic model's content hash; its artifacts go to a temporary
+folder), the run's seed and protocol at n = min(run's n, ``budget.coverage_n``) in
+fp32. Its trial inputs are the run's own certified inputs (with their input ids), chosen
+at random from the audit's entropy. The harness draws the trials' samples (and a
+σ-smoothing's) on noise seeded from the audit's entropy, not with the context's engine,
+so a method that simulates them through ``context.engine`` predicts nothing. The
+analytic models are one-hot between two random classes of the K (see
+:mod:`harness.soundness.analytic`), so hard and soft smoothed classifiers are both exact
+and share the boundary P(side 1) = 1/2.
 
-- **linear-N**: per round, f = [w·x > b] with a random unit w and b the median of w·x
-  over the inputs (half the inputs on each side). For any σ(x) the smoothed boundary is
-  the hyperplane, so a certificate (x0, R, ĉ) is false iff ĉ is wrong or R > |w·x0 − b|.
-  This audits calibration: the p_A bound, its α, the radius formula.
-- **ball-N**: one ball per trial, f = [‖x − c‖ <= ρ], with c = x0 + σ_ref·u (u a random
-  unit vector, σ_ref = σ(x0)) and ρ with χ²_N(ρ²/σ_ref²; 1) = q, q uniform in
-  [0.02, 0.98]: x0 sits near the smoothed boundary and ρ ≈ σ_ref·√N. There
+Per trial, the exact model is placed so that the trial input x0 sits at P(side 1) = q
+at σ_ref, the run's stored σ(x0): q uniform in [0.02, 0.98] for half the trials, and for
+the other half in the *margin* 1/2 ± Φ⁻¹(1 − α)/√n, where n samples decide between
+certifying and abstaining and between the two classes (:func:`trial_quantile`).
+
+- **linear-N**: f = [w·x > b] with a random unit w and b such that x0 is at signed
+  distance σ_ref·Φ⁻¹(q). For any σ(x) the smoothed boundary is the hyperplane, so a
+  certificate (x0, R, ĉ) is false iff ĉ is wrong or R > |w·x0 − b|. This audits
+  calibration: the p_A bound, its α, the radius formula.
+- **ball-N**: f = [‖x − c‖ <= ρ], with c = x0 + σ_ref·u (u a random unit vector) and ρ
+  with χ²_N(ρ²/σ_ref²; 1) = q, so ρ ≈ σ_ref·√N. There
   P(inside) = χ²_N(ρ²/σ²; ‖x − c‖²/σ²) moves by ~√(2N)·Δσ/σ standard deviations when σ
   changes (Súkeník et al. 2022, Thm 2.3/2.4), which is where radii computed as if σ were
   constant break. A certificate is false when a point of B(x0, R) has an exact smoothed
   prediction other than ĉ (with the method's own σ at that point), searched on rays
   from x0 (:func:`harness.soundness.counterexamples.ball_flip`), the rays along ±∇σ
   included. Memory certificates keep σ constant inside each certified ball (Alfarra et
-  al., App. C) and get a fresh certifier per trial (each trial is another classifier).
+  al., App. C) and get a fresh certifier per trial (each trial is another classifier);
+  so does a σ-smoothing within R_σ, which caps its certificates (Sun et al. 2026: the
+  smoothed σ choice is certified constant there, the event it fails on is in α).
 
-**Null.** A valid certifier issues a false certificate with probability at most α per
-*trial* (per input it is asked about, abstentions included), so the number of false
-certificates among T trials is tested against Binomial(T, α), one-sided. The two
-sub-tests are combined by Holm's step-down procedure at
-:data:`~harness.soundness.verdict.P_THRESHOLD` (family-wise error <= the threshold).
+Each trial is judged twice: the rebuilt certifier's claim, and the certificate the
+*run's* declared radius formula (the one S0 holds the run's certificates to) derives
+from the trial's draws; the trial is false if either is. A formula is a pure function of
+the draws and the protocol, so it cannot tell a trial from a run's input: a method that
+certifies honestly only when rebuilt still has its run's formula audited. A claim that
+its own formula does not derive from the harness's draws (as S0 asks) is ``violated``
+outright.
+
+**Nulls.** (1, 2) A valid certifier issues a false certificate with probability at most
+α per *trial* (per input asked about, abstentions included), so the number of false
+certificates among T trials is tested against Binomial(T, α), one-sided. (3, 4) The
+draws are calibrated: with ĉ the top class of a trial's selection draws (independent of
+its estimation draws), the estimation count k of ĉ is Binomial(n, p_exact(ĉ)) exactly; a
+randomized probability-integral transform u = F(k − 1) + V·P(k), V uniform, makes
+z = Φ⁻¹(u) exactly N(0, 1), independent over trials, so the bias Σz/√m is N(0, 1) and
+the dispersion Σz² is χ²_m (both two-sided). Counts the engine did not draw honestly (a
+patched engine, padded votes) fail these at any n. The four sub-tests are combined by
+Holm's step-down procedure at :data:`~harness.soundness.verdict.P_THRESHOLD`
+(family-wise error <= the threshold); the evidence states what each detects.
 """
 
 from __future__ import annotations
 
 import math
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 import torch
 from scipy import stats
+from scipy.special import ndtr, ndtri
 
-from harness.certificate import ABSTAIN
+from harness.certificate import ABSTAIN, Certificate
 from harness.certify import (
     certifier_label,
     certify_drawn,
-    certify_inputs,
     checked_sigma,
     sigma_of,
     sigma_smoothing,
 )
 from harness.data import Dataset
 from harness.protocol import CertificationProtocol
+from harness.radius import Recomputed, cohen_recompute
 from harness.soundness.analytic import BallClassifier, LinearClassifier
 from harness.soundness.audit import Audit
 from harness.soundness.counterexamples import ball_flip, sigma_and_gradient, sigma_in_ball
@@ -56,7 +87,12 @@ from harness.stats import holm_rejections
 
 NAME = "coverage"
 QUANTILES = (0.02, 0.98)
-"""Range of the exact P(inside) at the trial input (with σ_ref) over ball trials."""
+"""Range of the exact P(side 1) at the trial input (at σ_ref) of the trials outside the
+margin (:func:`trial_quantile`)."""
+RELATIVE = 1e-9
+"""Relative tolerance when a claim is compared with its formula's derivation (as S0)."""
+SUBTESTS = 4
+"""linear and ball false certificates, calibration bias and dispersion (Holm family)."""
 
 
 def detectable_rate(trials: int, alpha: float, threshold: float, power: float = 0.9) -> float:
@@ -79,127 +115,344 @@ def detectable_rate(trials: int, alpha: float, threshold: float, power: float = 
     return high
 
 
-def _protocol(audit: Audit) -> CertificationProtocol:
-    n = audit.budget.coverage_n
-    return CertificationProtocol(n0=max(1, n // 8), n=n, alpha=audit.context.protocol.alpha,
-                                 batch_size=audit.context.protocol.batch_size)  # fmt: skip
+def pit_score(k: int, n: int, p: float, v: float) -> float:
+    """z = Φ⁻¹(u), u = F(k − 1) + v·P(K = k) for K ~ Binomial(n, p) and v in (0, 1): the
+    randomized probability-integral transform, exactly N(0, 1) when k ~ Binomial(n, p)
+    and v ~ U(0, 1). Computed from the nearer tail (1 − u = P(K > k) + (1 − v)·P(K = k)),
+    so that |z| up to ~37 keeps its precision; a k impossible under p gives ±inf."""
+    below = float(stats.binom.cdf(k - 1, n, p))
+    mass = float(stats.binom.pmf(k, n, p))
+    u = below + v * mass
+    if u <= 0.5:
+        return float(ndtri(u))
+    return -float(ndtri(float(stats.binom.sf(k, n, p)) + (1.0 - v) * mass))
 
 
-def _dataset(audit: Audit, kind: str, model: torch.nn.Module, points: torch.Tensor) -> Dataset:
-    """The run's training inputs (the σ-provider's data) and trial inputs, labelled by ``model``."""
-    train = audit.context.dataset.train_x
-    with torch.no_grad():
-        test_y = model(points.to(audit.context.device)).argmax(1).cpu()
-    return Dataset(f"{kind}-{points[0].numel()}", train, torch.zeros(len(train), dtype=torch.long),
-                   points, test_y, 2, ("0", "1"))  # fmt: skip
+def calibration_pvalues(scores: np.ndarray) -> tuple[float, float]:
+    """Two-sided p-values of the bias Σz/√m against N(0, 1) and of the dispersion Σz²
+    against χ²_m, for m independent N(0, 1) scores (1.0 each without scores)."""
+    m = len(scores)
+    if m == 0:
+        return 1.0, 1.0
+    bias = float(np.sum(scores)) / math.sqrt(m)
+    dispersion = float(np.sum(np.square(scores)))
+    p_bias = 2.0 * float(ndtr(-abs(bias))) if math.isfinite(bias) else 0.0
+    if not math.isfinite(dispersion):
+        return p_bias, 0.0
+    tail = min(float(stats.chi2.cdf(dispersion, m)), float(stats.chi2.sf(dispersion, m)))
+    return p_bias, min(1.0, 2.0 * tail)
 
 
-def _certify(audit: Audit, context, provider, certifier, x: torch.Tensor, ids: list[int]):
-    """Certificates of a rebuilt method, drawn and claimed as in a run."""
-    certificates = certify_inputs(context, audit.method, provider, certifier, x, ids)
-    return sorted(certificates, key=lambda c: c.input_id)
+def calibration_power(m: int, n: int, threshold: float, power: float = 0.9) -> dict:
+    """What the calibration sub-tests flag with probability ``power`` at level ``threshold``
+    with m scores of counts of n samples: a shift of the mean score (and of the counts, as
+    a fraction of n, at p = 1/2, where a count's sd is largest) and a factor on its variance."""
+    if m == 0:
+        return {"bias_shift": math.inf, "count_shift": math.inf, "variance_factor": math.inf}
+    shift = (float(ndtri(1 - threshold / 2)) + float(ndtri(power))) / math.sqrt(m)
+    factor = float(stats.chi2.isf(threshold / 2, m)) / float(stats.chi2.ppf(1 - power, m))
+    return {"bias_shift": shift, "count_shift": shift * 0.5 / math.sqrt(n),
+            "variance_factor": factor}  # fmt: skip
 
 
-def _linear_trials(audit: Audit, points: torch.Tensor, trials: int, gen: torch.Generator) -> dict:
+def coverage_protocol(audit: Audit) -> CertificationProtocol:
+    """The run's protocol at n = min(run's n, ``budget.coverage_n``), in fp32 (the analytic
+    models are exact in fp32 only)."""
+    run = audit.context.protocol
+    return replace(run, n=min(run.n, audit.budget.coverage_n), precision="fp32")
+
+
+@dataclass
+class _Outcome:
+    """One sub-test's trials: false certificates, underived claims and calibration scores."""
+
+    trials: int = 0
+    certified: int = 0
+    failures: int = 0
+    example: dict | None = None
+    underived: list[dict] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+    inputs: list[int] = field(default_factory=list)
+    classes: list[list[int]] = field(default_factory=list)
+
+    def record(self, alpha: float) -> dict:
+        return {"trials": self.trials, "certified": self.certified, "failures": self.failures,
+                "p_value": false_certificates_pvalue(self.failures, self.trials, alpha),
+                "example": self.example, "inputs": self.inputs, "classes": self.classes}  # fmt: skip
+
+
+def _labelled(audit: Audit, model: torch.nn.Module) -> Dataset:
+    """The benchmark's dataset (name, inputs, shapes, K, files) labelled by ``model``."""
+    data, device = audit.context.dataset, audit.context.device
+
+    def labels(x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            parts = [model(chunk.to(device)).argmax(1).cpu() for chunk in x.split(8192)]
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+
+    return replace(data, train_y=labels(data.train_x), test_y=labels(data.test_x))
+
+
+def _secret(audit: Audit, context, purpose: str):
+    """``context`` whose seed (of the harness's σ-smoothing draws) comes from the audit's
+    entropy."""
+    return replace(context, seed=audit.seed(f"{purpose}/sigma-smoothing"))
+
+
+def _pair(rng: np.random.Generator, num_classes: int) -> tuple[int, int]:
+    """Two distinct random classes of K: (class of side 0, class of side 1)."""
+    a, b = rng.choice(num_classes, size=2, replace=False)
+    return int(a), int(b)
+
+
+def _derived(audit: Audit, rows: list[dict], x: torch.Tensor, protocol, provider) -> Recomputed:
+    """The run's declared formula on the trials' draws (as S0 derives the run's): with a
+    σ-smoothing, at the α it leaves, and capped at R_σ."""
+    smoothing = sigma_smoothing(provider)
+    spent = 0.0 if smoothing is None else float(smoothing.alpha)
+    out = audit.certifier.radius_formula.derive(
+        rows, x.detach().cpu(), replace(protocol, alpha=protocol.alpha - spent), provider.regularity
+    )
+    if smoothing is None:
+        return out
+    sigma_rows = [{"sigma": r["draws"]["sigma"]["sigma"], "draws": {"base": r["draws"]["sigma"]}}
+                  for r in rows]  # fmt: skip
+    cap = cohen_recompute(sigma_rows, None, replace(protocol, alpha=spent), None).radius
+    return replace(out, radius=np.minimum(np.asarray(out.radius, dtype=np.float64), cap))
+
+
+def _candidates(c: Certificate, derived: Recomputed, i: int) -> list[tuple[str, int, float]]:
+    """The certificates a trial stands for: the claim and the formula's, where they certify
+    (the formula's only where the claim's ball of the same class does not contain it)."""
+    out = []
+    claimed = c.prediction != ABSTAIN and c.radius > 0
+    if claimed:
+        out.append(("claim", int(c.prediction), float(c.radius)))
+    pred, radius = int(derived.prediction[i]), float(derived.radius[i])
+    if pred != ABSTAIN and radius > 0 and not (claimed and pred == c.prediction
+                                                and radius <= c.radius):  # fmt: skip
+        out.append(("formula", pred, radius))
+    return out
+
+
+def _underived(c: Certificate, derived: Recomputed, i: int) -> dict | None:
+    """The claim's first quantity that its formula does not derive (as S0), or None."""
+    bound, pred, radius = (
+        float(derived.bound[i]),
+        int(derived.prediction[i]),
+        float(derived.radius[i]),
+    )
+    if not c.p_lower <= bound * (1 + RELATIVE):
+        return {"input_id": c.input_id, "quantity": "bound", "claimed": c.p_lower, "derived": bound}
+    if c.prediction != ABSTAIN and c.prediction != pred:
+        return {"input_id": c.input_id, "quantity": "prediction", "claimed": c.prediction,
+                "derived": pred}  # fmt: skip
+    if not c.radius <= radius * (1 + RELATIVE):
+        return {
+            "input_id": c.input_id,
+            "quantity": "radius",
+            "claimed": c.radius,
+            "derived": radius,
+        }
+    return None
+
+
+def _score(c: Certificate, probabilities: np.ndarray, v: float) -> float:
+    """The calibration score of a trial's estimation draws (:func:`pit_score`) at the top
+    class of its selection draws; soft draws of a one-hot model are counts divided by n."""
+    base = c.draws["base"]
+    n = int(base["n"])
+    top = int(np.argmax(base["selection"]))
+    k = base["estimation"][top]
+    k = int(k) if base["kind"] == "hard" else round(float(k) * n)
+    return pit_score(k, n, float(probabilities[top]), v)
+
+
+def _uniform(rng: np.random.Generator) -> float:
+    """V of the randomized transform, uniform in (0, 1)."""
+    return min(max(float(rng.random()), 1e-15), 1 - 1e-15)
+
+
+def _judge(out: _Outcome, c: Certificate, derived: Recomputed, i: int, false, v: float,
+           probabilities: np.ndarray) -> None:  # fmt: skip
+    """Record one trial: false (``false(prediction, radius)`` -> example or None) for its
+    claim or its formula's certificate, underived claims, and its calibration score."""
+    out.trials += 1
+    out.certified += c.prediction != ABSTAIN and c.radius > 0
+    missing = _underived(c, derived, i)
+    if missing is not None:
+        out.underived.append(missing)
+    for source, pred, radius in _candidates(c, derived, i):
+        found = false(pred, radius)
+        if found is not None:
+            out.failures += 1
+            out.example = out.example or {"certificate": source, "prediction": pred,
+                                          "radius": radius, **found}  # fmt: skip
+            break
+    out.scores.append(_score(c, probabilities, v))
+
+
+def trial_quantile(rng: np.random.Generator, trial: int, n: int, alpha: float) -> float:
+    """The exact probability of side 1 at a trial input (at σ_ref): even trials uniform in
+    :data:`QUANTILES`; odd trials in the *margin* 1/2 ± Φ⁻¹(1 − α)/√n, where an estimate
+    of n samples decides between certifying and abstaining and between the two classes
+    (where a certifier that rescues abstentions or picks its class from the estimation
+    samples acts)."""
+    if trial % 2 == 0:
+        return float(rng.uniform(*QUANTILES))
+    width = min(float(ndtri(1 - alpha)) / math.sqrt(n), 0.5 - QUANTILES[0])
+    return float(rng.uniform(0.5 - width, 0.5 + width))
+
+
+def _place_linear(model, x0: torch.Tensor, s: float, q: float, gen) -> dict:
+    """A random hyperplane at signed distance σ_ref·Φ⁻¹(q) from x0 (P(side 1) = q at σ_ref)."""
+    normal = torch.randn(model.w.numel(), generator=gen, dtype=torch.float64)
+    normal /= normal.norm()
+    distance = s * float(ndtri(q))
+    model.set_plane(normal, float(x0.flatten().double() @ normal) - distance)
+    return {"distance": distance}
+
+
+def _place_ball(model, x0: torch.Tensor, s: float, q: float, gen) -> dict:
+    """A ball B(c, ρ), c = x0 + σ_ref·u (u a random unit vector), χ²_N(ρ²/σ_ref²; 1) = q."""
+    u = torch.randn(model.dim, generator=gen, dtype=torch.float64)
+    radius = s * math.sqrt(stats.ncx2.ppf(q, model.dim, 1.0))
+    model.set_ball(x0.flatten().double() + s * u / u.norm(), radius)
+    return {"ball_radius": radius}
+
+
+def _trials(audit: Audit, family: str, points, ids, trials: int, protocol, root: Path) -> _Outcome:
+    """``trials`` certified trial inputs on fresh placements of the family's exact model,
+    in rounds of distinct inputs (one rebuild of the method per round, per trial for a
+    memory)."""
     device, dim = audit.context.device, points[0].numel()
-    model = LinearClassifier(dim, one_hot=True).to(device)
-    protocol = _protocol(audit)
-    provider = certifier = context = None
-    failures, done, example = 0, 0, None
-    flat = points.flatten(1).double()
-    while done < trials:
-        take = min(trials - done, len(points))
-        normal = torch.randn(dim, generator=gen, dtype=torch.float64)
-        normal /= normal.norm()
-        offset = float((flat[:take] @ normal).median())
-        model.set_plane(normal, offset)
-        if certifier is None or certifier.order_dependent:  # a memory lives for one classifier
-            dataset = _dataset(audit, "linear", model, points[:take])
-            provider, certifier, context = audit.rebuild(dataset, model, protocol)
-        x = points[:take].to(device)
-        for c in _certify(audit, context, provider, certifier, x, list(range(done, done + take))):
-            if c.prediction == ABSTAIN or c.radius <= 0:
-                continue
-            signed = float(flat[c.input_id - done] @ normal) - offset
-            if c.prediction != int(signed > 0) or c.radius > abs(signed):
-                failures += 1
-                example = example or {"model": f"linear-{dim}", "trial": c.input_id,
-                                      "input": c.input_id - done, "radius": c.radius,
-                                      "distance_to_boundary": abs(signed),
-                                      "prediction": c.prediction}  # fmt: skip
-        done += take
-    return {"trials": trials, "failures": failures, "example": example}
-
-
-def _ball_trials(audit: Audit, points: torch.Tensor, trials: int, gen: torch.Generator) -> dict:
-    device, dim = audit.context.device, points[0].numel()
-    model = BallClassifier(dim, one_hot=True).to(device)
-    protocol = _protocol(audit)
-    dataset = _dataset(audit, "ball", model, points)
-    provider, certifier, context = audit.rebuild(dataset, model, protocol)
-    with torch.no_grad():
-        sigma_ref = provider(points.to(device)).double().cpu()
-    failures, certified, example = 0, 0, None
-    rng = np.random.default_rng(audit.context.seed + 17)
-    for t in range(trials):
-        k = t % len(points)
-        x0, s = points[k : k + 1].to(device), float(sigma_ref[k])
-        u = torch.randn(dim, generator=gen, dtype=torch.float64)
-        q = rng.uniform(*QUANTILES)
-        radius = s * math.sqrt(stats.ncx2.ppf(q, dim, 1.0))
-        model.set_ball(x0.flatten().double().cpu() + s * u / u.norm(), radius)
-        if certifier.order_dependent:  # a memory lives for one classifier
-            provider, certifier, context = audit.rebuild(dataset, model, protocol)
-        if sigma_smoothing(provider) is None:  # σ and ∇σ in one evaluation of the provider
-            sigma, gradient = sigma_and_gradient(provider, x0)
-            sigma = checked_sigma(sigma, 1, audit.method.sigma_provider).double().cpu().numpy()
-            drawn = None
-        else:  # σ drawn by the harness; a smoothed choice among levels has no gradient
-            sigma, drawn = sigma_of(context, provider, x0, [t], audit.method.sigma_provider)
+    classes = audit.context.dataset.num_classes
+    name = audit.method.sigma_provider
+    stored_sigma = [float(c["sigma"]) for c in audit.certificates]
+    model_type, place = {"linear": (LinearClassifier, _place_linear),
+                         "ball": (BallClassifier, _place_ball)}[family]  # fmt: skip
+    out = _Outcome()
+    for r in range(math.ceil(trials / len(points))):
+        purpose = f"coverage/{family}/{r}"
+        rng, gen = audit.rng(purpose), audit.generator(purpose)
+        chosen = rng.choice(len(points), min(trials - out.trials, len(points)), replace=False)
+        pair = _pair(rng, classes)
+        model = model_type(dim, one_hot=True, num_classes=classes, classes=pair).to(device)
+        place(model, points[int(chosen[0])], stored_sigma[int(chosen[0])], 0.5, gen)
+        dataset = _labelled(audit, model)  # by the round's first placement
+        provider, certifier, context = audit.rebuild(dataset, model, protocol, root)
+        draw = audit.fresh_engine(purpose, context.engine)  # the round's inputs are distinct
+        out.classes.append(list(pair))
+        for j, k in enumerate(chosen.tolist()):
+            x0, input_id = points[k : k + 1].to(device), ids[k]
+            q = trial_quantile(rng, j, protocol.n, protocol.alpha)
+            # σ_ref: the run's σ at x0, the scale at which x0 sits at P(side 1) = q
+            placed = place(model, points[k], stored_sigma[k], q, gen)
+            if certifier.order_dependent and j:  # a memory lives for one classifier
+                provider, certifier, context = audit.rebuild(dataset, model, protocol, root)
             gradient = None
-        [c] = certify_drawn(context.engine, protocol, certifier, x0, [t], sigma, drawn,
-                            label=certifier_label(context, audit.method))  # fmt: skip
-        if c.prediction == ABSTAIN or c.radius <= 0:
-            continue
-        certified += 1
-        ball_sigma = None
-        if certifier.order_dependent:  # memory certificates: σ is constant inside each ball
-            ball_sigma = certifier.ball_sigmas([vars(c)])
-        flip = ball_flip(sigma_in_ball(provider, ball_sigma, t), model, x0[0], c.radius,
-                         c.prediction, gen, None if ball_sigma else gradient)  # fmt: skip
-        if flip is not None:
-            failures += 1
-            example = example or {"model": f"ball-{dim}", "trial": t, "input": k,
-                                  "ball_radius": radius, "exact_p_inside_at_input": q,
-                                  "radius": c.radius, "prediction": c.prediction,
-                                  **{key: v for key, v in flip.items() if key != "point"}}  # fmt: skip
-    return {"trials": trials, "certified": certified, "failures": failures, "example": example}
+            if sigma_smoothing(provider) is None and family == "ball":  # σ, ∇σ in one call
+                sigma, gradient = sigma_and_gradient(provider, x0)
+                sigma, drawn = checked_sigma(sigma, 1, name).double().cpu().numpy(), None
+            else:  # the provider's σ, or a σ-smoothing's drawn by the harness
+                sigma, drawn = sigma_of(_secret(audit, context, f"{purpose}/{j}"), provider, x0,
+                                        [input_id], name)  # fmt: skip
+            [c] = certify_drawn(draw, protocol, certifier, x0, [input_id], sigma, drawn,
+                                label=certifier_label(context, audit.method))  # fmt: skip
+            derived = _derived(audit, [vars(c)], x0, protocol, provider)
+            ball_sigma = None
+            if certifier.order_dependent:  # memory certificates: σ constant in each ball
+                ball_sigma = certifier.ball_sigmas([vars(c)])
+            elif drawn is not None:  # dual RS: σ certified constant within R_σ >= the radius
+                ball_sigma = {input_id: float(sigma[0])}
+            probabilities = model.class_probabilities(x0.cpu().numpy(), sigma)[0]
+            out.inputs.append(input_id)
+            where = {"model": f"{family}-{dim}", "input_id": input_id, "exact_p_side_1": q,
+                     **placed}  # fmt: skip
+            if family == "linear":  # the smoothed boundary is the plane, whatever σ
+                signed = float(model.signed_distance(x0.cpu().numpy())[0])
+                truth = pair[int(signed > 0)]
+
+                def false(pred, radius, truth=truth, signed=signed, where=where):
+                    if pred != truth or radius > abs(signed):
+                        return {**where, "true_class": truth, "distance_to_boundary": abs(signed)}
+                    return None
+
+            else:
+
+                def false(pred, radius, x0=x0, gradient=gradient, ball_sigma=ball_sigma,
+                          input_id=input_id, provider=provider, model=model, where=where,
+                          gen=gen):  # fmt: skip
+                    flip = ball_flip(sigma_in_ball(provider, ball_sigma, input_id), model, x0[0],
+                                     radius, pred, gen, None if ball_sigma else gradient)  # fmt: skip
+                    if flip is None:
+                        return None
+                    return {**where, **{key: v for key, v in flip.items() if key != "point"}}
+
+            _judge(out, c, derived, 0, false, _uniform(rng), probabilities)
+    return out
 
 
 def check_coverage(audit: Audit) -> CheckResult:
     alpha, budget = audit.context.protocol.alpha, audit.budget
+    protocol = coverage_protocol(audit)
+    run_n = audit.context.protocol.n
     points = audit.inputs.float().cpu()
-    gen = torch.Generator().manual_seed(audit.context.seed + 11)
+    ids = [int(c["input_id"]) for c in audit.certificates]
     dim = points[0].numel()
     half = max(1, budget.coverage_trials // 2)
-    evidence: dict = {"alpha": alpha, "dimension": dim, "null": "Binomial(trials, α), one-sided",
-                      "correction": f"Holm over 2 sub-tests at {P_THRESHOLD:g}",
-                      "power": f"{half} trials per sub-test flag a false-certificate rate >= "
-                               f"{detectable_rate(half, alpha, P_THRESHOLD / 2):.3g} with "
-                               f"probability 0.9"}  # fmt: skip
     names = (f"linear-{dim}", f"ball-{dim}")
-    runs = (_linear_trials, _ball_trials)
-    pvalues = []
-    for name, run in zip(names, runs, strict=True):
-        result = run(audit, points, half, gen)
-        result["p_value"] = false_certificates_pvalue(result["failures"], result["trials"], alpha)
-        evidence[name] = result
-        pvalues.append(result["p_value"])
+    with tempfile.TemporaryDirectory(prefix="idrs-bench-s1-") as root:
+        outcomes = [_trials(audit, family, points, ids, half, protocol, Path(root))
+                    for family in ("linear", "ball")]  # fmt: skip
+    scores = np.array([z for o in outcomes for z in o.scores])
+    p_bias, p_dispersion = calibration_pvalues(scores)
+    level = P_THRESHOLD / SUBTESTS  # the smallest level Holm's procedure tests at
+    detect = calibration_power(len(scores), protocol.n, level)
+    evidence: dict = {
+        "alpha": alpha, "dimension": dim, "classes": audit.context.dataset.num_classes,
+        "n": protocol.n, "run_n": run_n, "n0": protocol.n0,
+        "null": "false certificates: Binomial(trials, α), one-sided; calibration: randomized "
+                "PIT scores of the estimation counts against Binomial(n, p_exact), bias "
+                "Σz/√m ~ N(0, 1) and dispersion Σz² ~ χ²_m, two-sided",
+        "correction": f"Holm over {SUBTESTS} sub-tests at {P_THRESHOLD:g}",
+        "power": f"{half} trials per false-certificate sub-test flag a false-certificate rate "
+                 f">= {detectable_rate(half, alpha, level):.3g}; the calibration of "
+                 f"{len(scores)} trials a shift of the counts by >= {detect['count_shift']:.2%} "
+                 f"of n or a variance inflated by >= {detect['variance_factor']:.3g}x "
+                 "(each with probability 0.9)",
+    }  # fmt: skip
+    if protocol.n < run_n:
+        evidence["sensitivity"] = (
+            f"S1 certifies at n = {protocol.n:,} of the run's {run_n:,}: a shift of the counts "
+            f"by a fraction of n is seen at {math.sqrt(protocol.n / run_n):.3g}x the z it has "
+            "at the run's n, and trial certificates have the wider bounds of the smaller n"
+        )
+    for name, outcome in zip(names, outcomes, strict=True):
+        evidence[name] = outcome.record(alpha)
+    evidence["calibration"] = {"trials": len(scores), "bias": float(np.sum(scores) / math.sqrt(
+        max(len(scores), 1))), "dispersion": float(np.sum(np.square(scores))),
+        "p_bias": p_bias, "p_dispersion": p_dispersion}  # fmt: skip
+    pvalues = [evidence[name]["p_value"] for name in names] + [p_bias, p_dispersion]
     rejected = holm_rejections(pvalues, P_THRESHOLD)
     summary = [
         f"{name}: {evidence[name]['failures']}/{evidence[name]['trials']} trials give a false "
         f"certificate (p = {p:.3g}{', rejected' if r else ''})"
-        for name, p, r in zip(names, pvalues, rejected, strict=True)
+        for name, p, r in zip(names, pvalues[:2], rejected[:2], strict=True)
     ]
-    verdict = Verdict.VIOLATED if any(rejected) else Verdict.SOUND
+    cal = evidence["calibration"]
+    summary.append(
+        f"calibration of {len(scores)} trials' counts at n = {protocol.n:,}: bias "
+        f"{cal['bias']:.3g} (p = {p_bias:.3g}{', rejected' if rejected[2] else ''}), dispersion "
+        f"{cal['dispersion']:.4g} on {len(scores)} df (p = {p_dispersion:.3g}"
+        f"{', rejected' if rejected[3] else ''})"
+    )
+    underived = [u for o in outcomes for u in o.underived]
+    evidence["underived"] = {"count": len(underived), "examples": underived[:3]}
+    if underived:
+        u = underived[0]
+        summary.insert(0, f"{len(underived)} trial claims not derived from the harness's draws by "
+                          f"the declared formula, e.g. input {u['input_id']}: {u['quantity']} "
+                          f"{u['claimed']!r} claimed, {u['derived']!r} derived")  # fmt: skip
+    verdict = Verdict.VIOLATED if any(rejected) or underived else Verdict.SOUND
     return CheckResult(NAME, verdict, "; ".join(summary) + f"; {evidence['power']}", evidence)

@@ -1,6 +1,7 @@
 """S3: does a valid proof cover each claimed radius? (Súkeník et al. 2022, §2–3)
 
-For a hard-smoothing certificate (x0, R, σ0 = σ(x0), p_A_lower), every x1 in B(x0, R)
+For a hard-smoothing certificate (x0, R, σ0 = σ(x0), p_A_lower) (``budget.audited_inputs``
+of the row's certified inputs, drawn at random from the audit's entropy), every x1 in B(x0, R)
 is smoothed with σ(x1) — the σ the method itself would use there. By Thm 2.2–2.3, the
 worst case over base classifiers with P(f(x0 + σ0ε) = A) >= p_A_lower gives class B
 probability ξ(‖x1 − x0‖, σ0, σ(x1)) at x1, which grows with the distance and with
@@ -96,8 +97,9 @@ def check_justification(audit: Audit) -> CheckResult:
     if certifier.smoothing == "soft":
         return _soft_hypotheses(audit, declared)
     certs = audit.certificates
-    chosen = [k for k, c in enumerate(certs) if c["prediction"] != ABSTAIN and c["radius"] > 0]
-    chosen = chosen[: audit.budget.audited_inputs]
+    certified = [k for k, c in enumerate(certs) if c["prediction"] != ABSTAIN and c["radius"] > 0]
+    picked = audit.subset(f"{NAME}/inputs", len(certified), audit.budget.audited_inputs)
+    chosen = [certified[int(i)] for i in picked]
     if not chosen:
         return CheckResult(NAME, Verdict.SOUND, "no certified radius to justify")
     device = audit.context.device
@@ -105,7 +107,7 @@ def check_justification(audit: Audit) -> CheckResult:
     radius = np.array([certs[k]["radius"] for k in chosen])
     sigma0 = np.array([certs[k]["sigma"] for k in chosen])
     p_lower = np.array([certs[k]["p_lower"] for k in chosen])
-    gen = torch.Generator().manual_seed(audit.context.seed + 3)
+    gen = audit.generator(f"{NAME}/extremes")
     lo, hi = sigma_extremes(_checked(audit), x0, torch.tensor(radius, dtype=torch.float32, device=device),
                             audit.budget.ascent_steps, gen)  # fmt: skip
     lo, hi = np.minimum(lo, sigma0), np.maximum(hi, sigma0)
@@ -119,7 +121,8 @@ def check_justification(audit: Audit) -> CheckResult:
                "sigma1_min": float(lo[k]), "sigma1_max": float(hi[k]), "p_lower": float(p_lower[k]),
                "xi_at_min": float(xi_lo[k]), "xi_at_max": float(xi_hi[k])}  # fmt: skip
     evidence = {"audited": len(chosen), "unjustified": len(bad), "worst": example, "dim": dim,
-                "declared": declared.describe()}  # fmt: skip
+                "declared": declared.describe(),
+                "inputs": [int(certs[k]["input_id"]) for k in chosen]}  # fmt: skip
     if len(bad):
         return CheckResult(
             NAME, Verdict.UNJUSTIFIED,
@@ -209,8 +212,9 @@ def _soft_hypotheses(audit: Audit, declared) -> CheckResult:
         evidence["lip_from_weights"] = product
         if product > declared.lip * (1 + LIP_SLACK):
             failed.append(f"Lip(σ) <= {declared.lip:.10g}: the weights only give {product:.10g}")
-    x0 = audit.inputs[: budget.audited_inputs].to(device, torch.float32)
-    gen = torch.Generator(device="cpu").manual_seed(audit.context.seed + 4)
+    chosen = audit.subset(f"{NAME}/pairs-inputs", len(audit.inputs), budget.audited_inputs)
+    x0 = audit.inputs[torch.as_tensor(chosen)].to(device, torch.float32)
+    gen = audit.generator(f"{NAME}/pairs")
     s0 = audit.sigma(x0).double()
     worst_q, min_sigma = 0.0, float(s0.min())
     for scale in (0.01, 0.1, 1.0):

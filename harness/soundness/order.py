@@ -3,7 +3,8 @@
 A memory (Alfarra et al. 2022, Alg. 3) adjusts each certificate to those issued before
 it, so its radii certify no fixed smoothed classifier and change with the order of the
 inputs. Such a row is never ``sound``: this check replays the stored certificates over
-``budget.orders`` random input orders (``certifier.order_spread``), reports the spread
+``budget.orders`` random input orders (``certifier.order_spread``, seeded from the
+audit's entropy), reports the spread
 of the certified accuracy and ACR, and keeps the certificates of the order with the
 lowest ACR, at which the leaderboard scores the row. Its verdict is ``order-dependent``.
 
@@ -27,7 +28,8 @@ def check_order(audit: Audit) -> CheckResult:
     certs = audit.certificates
     inputs = {int(c["input_id"]): x for c, x in zip(certs, audit.inputs.cpu(), strict=True)}
     radii = list(audit.radii) or [0.5]
-    spread = certifier.order_spread(certs, inputs, audit.budget.orders, radii, audit.context.seed)
+    spread = certifier.order_spread(certs, inputs, audit.budget.orders, radii,
+                                     audit.seed(f"{NAME}/orders"))  # fmt: skip
     acr = spread["acr"]
     k = len(radii) // 2
     evidence = {key: spread[key] for key in ("orders", "radii", "min", "median", "max", "recorded",

@@ -1,6 +1,7 @@
 """S2: is σ(x) as regular as its provider declares? (Súkeník et al. 2022, Def. 3.1)
 
-Random pairs around the audited inputs, then projected gradient ascent from the worst
+Random pairs around the audited inputs (``budget.audited_inputs`` of the run's, drawn at
+random from the audit's entropy, as are the pairs), then projected gradient ascent from the worst
 pair on the quotient the certificate relies on:
 
 - semi-elasticity |log σ(x1) − log σ(x0)| / ‖x1 − x0‖ (Súkeník et al. 2022, Def. 3.1)
@@ -40,9 +41,10 @@ def check_sigma_regularity(audit: Audit) -> CheckResult:
     provider, budget = audit.sigma_provider, audit.budget
     declared = provider.regularity
     lipschitz = isinstance(declared, Lipschitz)
-    x0 = audit.inputs[: budget.audited_inputs].to(audit.context.device, torch.float32)
+    chosen = audit.subset(f"{NAME}/inputs", len(audit.inputs), budget.audited_inputs)
+    x0 = audit.inputs[torch.as_tensor(chosen)].to(audit.context.device, torch.float32)
     flat = x0.flatten(1)
-    gen = torch.Generator().manual_seed(audit.context.seed + 2)
+    gen = audit.generator(f"{NAME}/pairs")
     with torch.no_grad():
         s0 = provider(x0).double()
     best_q = torch.zeros(len(x0), dtype=torch.float64)
@@ -68,7 +70,8 @@ def check_sigma_regularity(audit: Audit) -> CheckResult:
         "declared": declared.describe(),
         "worst_quotient": found,
         "quotient": "|σ1 − σ0|/‖δ‖" if lipschitz else "|log σ1 − log σ0|/‖δ‖",
-        "input_id": audit.certificates[worst]["input_id"],
+        "input_id": audit.certificates[int(chosen[worst])]["input_id"],
+        "audited": [int(audit.certificates[int(k)]["input_id"]) for k in chosen],
         "distance": float((best_x1[worst] - x0[worst]).flatten().norm()),
         "sigma0": float(s0[worst]),
         "sigma1": float(provider(best_x1[worst : worst + 1]).double()[0].detach()),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -88,3 +89,47 @@ def false_certificates_pvalue(false: int, trials: int, alpha: float) -> float:
     issued mostly on α-events.
     """
     return float(stats.binom.sf(false - 1, trials, alpha)) if trials and false else 1.0
+
+
+STATISTICAL_CHECKS = ("coverage", "counterexamples", "replay")
+"""Checks whose verdict rests on a statistical test: each flags a sound row with
+probability at most :data:`P_THRESHOLD` (its sub-tests Holm-corrected; replay only in
+its replication test on another device type). The others (S0 evidence, S2
+σ-regularity, S3 worst-case justification, S5 memory order, replay bit for bit) compare
+exact quantities and never flag a sound row."""
+
+SOUND_MEANS = (
+    "A row verified sound asserts three things, no more: every certificate rests on evidence the "
+    "harness drew itself on its own keys (the class counts or mean outputs of its samples, "
+    "re-derived by S0 and, where the replay check runs, re-drawn and found equal); the "
+    "hypotheses of the theorem behind its radius were verified by the harness on the "
+    "objects themselves (the declared formula re-derived by S0 and held to exact smoothed "
+    "classifiers by S1; σ's declared regularity, the worst σ in each certified ball and "
+    "the theorem's constants by S2 and S3); and the regularity the certificate relies on "
+    "was not refuted by searches of the stated budget (S2's pairs and ascent, S3's "
+    "extremes, S4's attack: a search that finds nothing is not a proof)."
+)
+
+
+def false_alarm_rates(applied_per_row: Sequence[Sequence[str]]) -> tuple[float, float]:
+    """(row-level, board-level) family-wise false-alarm bounds: a sound row is flagged with
+    probability at most :data:`P_THRESHOLD` times the statistical checks that applied to it
+    (Bonferroni over its checks; the largest over the rows), and some sound row of the
+    board with probability at most the sum over its rows (capped at 1)."""
+    per_row = [P_THRESHOLD * sum(c in STATISTICAL_CHECKS for c in applied)
+               for applied in applied_per_row]  # fmt: skip
+    return max(per_row, default=0.0), min(1.0, sum(per_row))
+
+
+def false_alarm_statement(applied_per_row: Sequence[Sequence[str]]) -> str:
+    """What :data:`SOUND_MEANS`, and the false-alarm rates of the rows' checks."""
+    row, board = false_alarm_rates(applied_per_row)
+    rows = sum(1 for applied in applied_per_row if applied)
+    return (
+        f"{SOUND_MEANS} False alarms: each statistical check (S1 coverage, S4 "
+        f"counterexamples, the replay check's replication test) flags a sound row with "
+        f"probability at most {P_THRESHOLD:g} (Holm over its sub-tests); the other checks "
+        f"compare exact quantities. A sound row is flagged with probability at most {row:.3g} "
+        f"(the sum over its statistical checks), some sound row of these {rows} checked rows "
+        f"with probability at most {board:.3g} (the sum over the rows)."
+    )

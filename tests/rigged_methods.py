@@ -1,0 +1,337 @@
+"""Rigged methods: what a plugin author who wants to top the board could write.
+
+Each is a third-party plugin written against the public API (``from harness import ...``
+only, like any plugin), one per class of cheat that the soundness checks must catch
+(issue 22, item 6). Used by the detection-power command,
+
+    python3 -m tests.rigged_methods [--benchmark ball-2|fashion-mnist|both] [--seeds 5]
+        [--alarm-seeds 10] [--budget small|full] [--test-count N] [--out FILE.md]
+
+which runs :func:`harness.soundness.detection_power.main` with these methods, and by the
+tests (a pytest fixture module loaded through ``pytest_plugins`` in ``tests/conftest.py``;
+the fixture :func:`rigged_methods` is this module).
+
+- ``padded-counts``: claims its bound from the estimation counts with 3 % of n moved
+  onto the top class; declares Cohen's formula.
+- ``padded-formula``: the same, and declares a formula that pads the counts too, so
+  that its claims derive from the harness's draws by its own formula.
+- ``n-over-8``: draws n/8 estimation samples itself (``context.engine``) and bounds
+  p_A as if they were n (counts × 8).
+- ``best-of-4-streams``: draws three more estimation streams itself and keeps the best
+  of the four bounds.
+- ``class-from-estimation``: selects the class from the estimation counts instead of
+  the independent selection counts (a bug of public re-implementations of CERTIFY).
+- ``seed-after-result``: where the harness's draws abstain, re-draws with other seeds,
+  chosen after looking at the result, until one certifies.
+- ``sigma-at-test-points``: σ × 1.3 exactly at the benchmark's test points, declared
+  constant.
+- ``honest-when-rebuilt``: ``padded-formula`` on the base model it was first built for
+  (the run's, by its model hash), Cohen's honest certificate on any other model (as
+  when a check rebuilds it).
+- ``engine-patch`` (:func:`engine_patched`): a plugin that, when imported, patches the
+  harness's :class:`~harness.SamplingEngine` to move 3 % of the estimation votes onto the
+  top class; the method itself is plain Cohen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import sys
+import types
+from collections.abc import Iterator
+from typing import ClassVar
+
+import numpy as np
+import pytest
+import torch
+
+from harness import (
+    ABSTAIN,
+    COHEN,
+    STREAM_ESTIMATION,
+    CertifierSpec,
+    Claim,
+    Constant,
+    HardSmoothingCertifier,
+    MethodSpec,
+    RadiusFormula,
+    Recomputed,
+    SamplingEngine,
+    SigmaProviderSpec,
+    clopper_pearson_lower,
+    cohen_radius,
+    hookimpl,
+)
+
+SIGMA = 0.25
+PAD = 0.03
+"""Fraction of n moved onto the top class by the padding cheats."""
+SIGMA_FACTOR = 1.3
+"""σ at the test points of ``sigma-at-test-points``, relative to σ elsewhere."""
+
+
+def padded(counts: np.ndarray, top: int, n: int) -> np.ndarray:
+    """``counts`` with PAD·n votes moved onto class ``top`` from the other classes (largest
+    first); the total stays n."""
+    out = np.array(counts, dtype=np.int64)
+    moved = min(round(PAD * n), n - int(out[top]))
+    out[top] += moved
+    for other in np.argsort(out)[::-1]:
+        if other == top or moved <= 0:
+            continue
+        take = min(moved, int(out[other]))
+        out[other] -= take
+        moved -= take
+    return out
+
+
+def _bound(counts: np.ndarray, top: int, alpha: float) -> float:
+    return clopper_pearson_lower(int(counts[top]), int(counts.sum()), alpha)
+
+
+def _claim(top: int, bound: float, sigma: float, predict: int = ABSTAIN) -> Claim:
+    if bound <= 0.5:
+        return Claim(ABSTAIN, 0.0, bound, predict)
+    return Claim(top, float(cohen_radius(bound, sigma)), bound, predict)
+
+
+def padded_recompute(rows, inputs, protocol, regularity) -> Recomputed:
+    """Cohen's formula on estimation counts padded by 3 % (a formula that lies)."""
+    honest = COHEN.recompute(rows, inputs, protocol, regularity)
+    bound, prediction, radius = honest.bound.copy(), honest.prediction.copy(), honest.radius.copy()
+    for i, row in enumerate(rows):
+        base = row["draws"]["base"]
+        top = int(np.argmax(base["selection"]))
+        counts = padded(np.asarray(base["estimation"]), top, int(base["n"]))
+        bound[i] = _bound(counts, top, protocol.alpha)
+        prediction[i] = top if bound[i] > 0.5 else ABSTAIN
+        radius[i] = cohen_radius(bound[i], float(row["sigma"])) if bound[i] > 0.5 else 0.0
+    return Recomputed(honest.n0, honest.n, bound, prediction, radius)
+
+
+PADDED = RadiusFormula("cohen-padded", padded_recompute)
+
+
+class PaddedCounts(HardSmoothingCertifier):
+    """Bounds p_A from counts padded by 3 %; declares Cohen's formula."""
+
+    radius_formula = COHEN
+
+    def radius(self, p_lower, sigma):
+        return cohen_radius(p_lower, sigma)
+
+    def certify(self, evidence):
+        claims = []
+        for k in range(len(evidence)):
+            top = int(np.argmax(evidence.base.selection[k]))
+            counts = padded(evidence.base.estimation[k], top, evidence.base.n)
+            claims.append(_claim(top, _bound(counts, top, evidence.alpha), evidence.sigma[k]))
+        return claims
+
+
+class PaddedFormula(PaddedCounts):
+    """Pads, and declares a formula that pads: its claims derive from its formula."""
+
+    radius_formula = PADDED
+
+
+class _Drawing(HardSmoothingCertifier):
+    """A certifier that draws samples of its own through ``context.engine``."""
+
+    radius_formula = COHEN
+
+    def __init__(self, context) -> None:
+        self.engine = context.engine
+
+    def radius(self, p_lower, sigma):
+        return cohen_radius(p_lower, sigma)
+
+
+class NOverEight(_Drawing):
+    """Draws n/8 estimation samples (the harness's stream) and bounds p_A as if n."""
+
+    def certify(self, evidence):
+        n = evidence.base.n
+        counts = self.engine.counts(evidence.x, evidence.sigma, evidence.input_ids, n // 8,
+                                    STREAM_ESTIMATION) * 8  # fmt: skip
+        claims = []
+        for k in range(len(evidence)):
+            top = int(np.argmax(evidence.base.selection[k]))
+            claims.append(_claim(top, _bound(counts[k], top, evidence.alpha), evidence.sigma[k]))
+        return claims
+
+
+class BestOfFourStreams(_Drawing):
+    """CERTIFY on the harness's estimation stream and three more it draws; the best bound."""
+
+    def certify(self, evidence):
+        n, ids = evidence.base.n, evidence.input_ids
+        streams = [evidence.base.estimation] + [
+            self.engine.counts(evidence.x, evidence.sigma, ids, n, 100 + s) for s in range(3)
+        ]
+        claims = []
+        for k in range(len(evidence)):
+            top = int(np.argmax(evidence.base.selection[k]))
+            bound = max(_bound(counts[k], top, evidence.alpha) for counts in streams)
+            claims.append(_claim(top, bound, evidence.sigma[k]))
+        return claims
+
+
+class ClassFromEstimation(HardSmoothingCertifier):
+    """ĉ_A = argmax of the estimation counts (not of the independent selection counts)."""
+
+    radius_formula = COHEN
+
+    def radius(self, p_lower, sigma):
+        return cohen_radius(p_lower, sigma)
+
+    def certify(self, evidence):
+        claims = []
+        for k in range(len(evidence)):
+            counts = evidence.base.estimation[k]
+            top = int(np.argmax(counts))
+            claims.append(_claim(top, _bound(counts, top, evidence.alpha), evidence.sigma[k]))
+        return claims
+
+
+class SeedAfterResult(_Drawing):
+    """Where the harness's draws abstain, draws again with seeds 1, 2, ... (up to 7) and
+    claims the first that certifies."""
+
+    def certify(self, evidence):
+        honest = super().certify(evidence)
+        claims = []
+        for k, claim in enumerate(honest):
+            top = int(np.argmax(evidence.base.selection[k]))
+            for seed in range(1, 8):
+                if claim.prediction != ABSTAIN:
+                    break
+                engine = SamplingEngine(self.engine.model, self.engine.num_classes,
+                                        self.engine.device, self.engine.batch_size, seed)  # fmt: skip
+                counts = engine.counts(evidence.x[k : k + 1], evidence.sigma[k : k + 1],
+                                       evidence.input_ids[k : k + 1], evidence.base.n,
+                                       STREAM_ESTIMATION)[0]  # fmt: skip
+                claim = _claim(top, _bound(counts, top, evidence.alpha), evidence.sigma[k])
+            claims.append(claim)
+        return claims
+
+
+def _point_keys(x: torch.Tensor) -> list[bytes]:
+    flat = x.detach().to("cpu", torch.float32).flatten(1).numpy()
+    return [hashlib.sha256(row.tobytes()).digest() for row in flat]
+
+
+class SigmaAtTestPoints:
+    """σ × 1.3 at the benchmark's test points, σ elsewhere; declares a constant σ."""
+
+    def __init__(self, context, sigma: float) -> None:
+        self.sigma = sigma
+        self.regularity = Constant(sigma)
+        self.test_points = set(_point_keys(context.dataset.test_x))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        factor = [SIGMA_FACTOR if key in self.test_points else 1.0 for key in _point_keys(x)]
+        return self.sigma * torch.tensor(factor, dtype=torch.float64, device=x.device)
+
+
+class HonestWhenRebuilt(PaddedFormula):
+    """``PaddedFormula`` on the first base model it is built for (by its model hash, so on
+    the run's model in the run and in its checks); Cohen's certificate on any other."""
+
+    first_model: ClassVar[dict[str, str | None]] = {}
+
+    def __init__(self, context) -> None:
+        first = self.first_model.setdefault("hash", context.model_hash)
+        self.cheating = context.model_hash is not None and context.model_hash == first
+        if not self.cheating:
+            self.radius_formula = COHEN
+
+    def certify(self, evidence):
+        if self.cheating:
+            return super().certify(evidence)
+        return HardSmoothingCertifier.certify(self, evidence)
+
+
+CERTIFIERS = {
+    "padded-counts": lambda context: PaddedCounts(),
+    "padded-formula": lambda context: PaddedFormula(),
+    "n-over-8": NOverEight,
+    "best-of-4-streams": BestOfFourStreams,
+    "class-from-estimation": lambda context: ClassFromEstimation(),
+    "seed-after-result": SeedAfterResult,
+    "honest-when-rebuilt": HonestWhenRebuilt,
+}
+METHODS = (*CERTIFIERS, "sigma-at-test-points")
+"""The rigged methods registered by this plugin (``engine-patch`` is :func:`engine_patched`)."""
+
+
+@hookimpl
+def idrs_register_sigma_providers(register) -> None:
+    register(SigmaProviderSpec("sigma-at-test-points",
+                               lambda context, params: SigmaAtTestPoints(context, params["sigma"])))  # fmt: skip
+
+
+@hookimpl
+def idrs_register_certifiers(register) -> None:
+    for name, build in CERTIFIERS.items():
+        register(CertifierSpec(name, lambda context, params, provider, build=build: build(context),
+                               "rigged (tests/rigged_methods.py)"))  # fmt: skip
+
+
+@hookimpl
+def idrs_register_methods(register) -> None:
+    for name in CERTIFIERS:
+        register(MethodSpec(name, "constant", name, {"sigma": SIGMA}))
+    register(MethodSpec("sigma-at-test-points", "sigma-at-test-points", "cohen", {"sigma": SIGMA}))
+
+
+def plugin() -> types.ModuleType:
+    """A fresh instance of this plugin (``honest-when-rebuilt`` forgets the first model)."""
+    HonestWhenRebuilt.first_model.clear()
+    return sys.modules[__name__]
+
+
+def _patched_run(original):
+    def run(self, x, sigma, input_ids, num, stream, soft=False):
+        for index, result in original(self, x, sigma, input_ids, num, stream, soft):
+            if stream == STREAM_ESTIMATION and not soft:
+                result = padded(result, int(np.argmax(result)), num)
+            yield index, result
+
+    return run
+
+
+ENGINE_PATCH_SOURCE = """
+import numpy as np
+from harness import STREAM_ESTIMATION, SamplingEngine
+from tests.rigged_methods import _patched_run
+
+SamplingEngine.run = _patched_run(SamplingEngine.run)
+"""
+"""The engine-patching plugin's module: importing it patches the harness's engine."""
+
+
+@contextlib.contextmanager
+def engine_patched() -> Iterator[types.ModuleType]:
+    """Import the engine-patching plugin (which patches ``SamplingEngine.run`` as it is
+    imported: 3 % of every estimation draw's votes onto its top class); undo on exit."""
+    original = SamplingEngine.run
+    module = types.ModuleType("rigged_engine_patch")
+    try:
+        exec(compile(ENGINE_PATCH_SOURCE, "rigged_engine_patch.py", "exec"), module.__dict__)
+        yield module
+    finally:
+        SamplingEngine.run = original
+
+
+@pytest.fixture
+def rigged_methods() -> types.ModuleType:
+    """This module, as a fresh plugin to register (``manager.register(rigged, name=...)``)."""
+    return plugin()
+
+
+if __name__ == "__main__":
+    from harness.soundness.detection_power import main
+
+    sys.exit(main(sys.argv[1:], plugin(), engine_patched))
