@@ -114,6 +114,10 @@ def prepare(
     validate(spec, registry)
     device = resolve_device(options.device or spec.device)
     dataset = load_dataset(spec, registry, options)
+    if spec.model.checkpoint is not None:  # a published file names its architecture
+        from harness.checkpoint import resolve_architecture
+
+        spec = replace(spec, model=resolve_architecture(spec.model, dataset.name, registry))
     model, model_hash = obtain_model(
         spec.model, dataset, registry, device, progress, options.cache_dir
     )
