@@ -287,7 +287,7 @@ def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
     radii = run["config"].get("radii", RADII)
     rows = []
     for row in stored.rows():
-        out = summary(row.method, row.setting, row.certificates, radii)
+        out = summary(row.method, row.setting, row.certificates, radii, stored.unknown_metrics)
         flags = f" ({', '.join(row.flags)})" if row.flags else ""
         out["verdict"] = (
             "imported (claims, no evidence)" if row.verdict == IMPORTED else row.verdict + flags
@@ -327,7 +327,8 @@ def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
         + f"n0={protocol['n0']} n={protocol['n']} "
         f"α={protocol['alpha']} · {run['device']}"
     )
-    table = Table(title=title)
+    table = Table(title=title, caption=f"accuracies: value [95 % Clopper–Pearson interval over "
+                  f"the {rows[0]['inputs'] if rows else 0} test inputs]")  # fmt: skip
     radii = list(rows[0]["certified_accuracy"]) if rows else []
     for column in ("method", "setting", "inputs", "clean acc", *[f"cert@{r}" for r in radii],
                    "ACR", "abstain", "misclass", "mean σ", "s/input", "verdict", "checks applied"):  # fmt: skip
@@ -335,11 +336,12 @@ def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
     for row in rows:
         table.add_row(
             escape(row["method"]), escape(row["setting"]), str(row["inputs"]),
-            f"{row['clean_accuracy']:.3f}",
-            *[f"{row['certified_accuracy'][r]:.3f}" for r in radii],
-            f"{row['acr']:.3f}", f"{row['abstention_rate']:.3f}",
-            f"{row['misclassification_rate']:.3f}", f"{row['mean_sigma']:.3f}",
-            f"{row['seconds_per_input']:.3f}", escape(row["verdict"]),
+            _with_interval(row["clean_accuracy"], row["clean_accuracy_interval"]),
+            *[_with_interval(row["certified_accuracy"][r], row["certified_accuracy_interval"][r])
+              for r in radii],
+            *[_number(row[k]) for k in ("acr", "abstention_rate", "misclassification_rate",
+                                        "mean_sigma", "seconds_per_input")],
+            escape(row["verdict"]),
             escape(", ".join(row["checks_applied"]) or "–"),
         )  # fmt: skip
     console.print(table)
@@ -354,6 +356,15 @@ def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
             f"[red]failed:[/red] {escape(failure['method'])} ({escape(failure['setting'])}): "
             f"{escape(failure['error'].splitlines()[0])}"
         )
+
+
+def _number(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
+def _with_interval(value: float, interval: list[float]) -> str:
+    """``0.710 [0.642, 0.772]``: a value and its 95 % interval."""
+    return f"{value:.3f} [{interval[0]:.3f}, {interval[1]:.3f}]"
 
 
 def _console() -> Console:

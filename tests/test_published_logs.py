@@ -41,9 +41,7 @@ def write_cohen(path, lines, seconds=False, crlf=False):
     text = "idx\tlabel\tpredict\tradius\tcorrect\ttime" + end
     for i, label, prediction, radius, t, _ in lines:
         time = f"{t:.3}" if seconds else str(datetime.timedelta(seconds=t))
-        text += "{}\t{}\t{}\t{:.3}\t{}\t{}".format(
-            i, label, prediction, radius, int(prediction == label), time
-        ) + end
+        text += f"{i}\t{label}\t{prediction}\t{radius:.3}\t{int(prediction == label)}\t{time}" + end
     path.write_text(text, newline="")
 
 
@@ -51,10 +49,7 @@ def write_ddrs(path, lines):
     """Alfarra et al.'s certify_ds.py: ``idx label predict radius correct sigma time``."""
     text = "idx\tlabel\tpredict\tradius\tcorrect\tsigma\ttime\n"
     for i, label, prediction, radius, t, sigma in lines:
-        text += "{}\t{}\t{}\t{:.3}\t{}\t{:.3}\t{}\n".format(
-            i, label, prediction, radius, int(prediction == label), sigma,
-            str(datetime.timedelta(seconds=t)),
-        )  # fmt: skip
+        text += f"{i}\t{label}\t{prediction}\t{radius:.3}\t{int(prediction == label)}\t{sigma:.3}\t{datetime.timedelta(seconds=t)!s}\n"  # fmt: skip
     path.write_text(text)
 
 
@@ -63,10 +58,7 @@ def write_ancer(path, lines):
     text = "idx\tlabel\tpredict\tradius\tradius_proxy\tcorrect\tmin_sigma\ttime\n"
     for i, label, prediction, radius, t, sigma in lines:
         proxy = 1.7 * radius if radius > 0 else 0.0
-        text += "{}\t{}\t{}\t{:.3}\t{:.3}\t{}\t{:.3}\t{}\n".format(
-            i, label, prediction, radius, proxy, int(prediction == label), sigma,
-            str(datetime.timedelta(seconds=t)),
-        )  # fmt: skip
+        text += f"{i}\t{label}\t{prediction}\t{radius:.3}\t{proxy:.3}\t{int(prediction == label)}\t{sigma:.3}\t{datetime.timedelta(seconds=t)!s}\n"  # fmt: skip
     path.write_text(text)
 
 
@@ -181,6 +173,7 @@ def test_macer_mat_file(tmp_path):
     assert not db.exists()
     for key, radii in (("hard", hard), ("soft", soft)):
         run, row, metrics = _imported(db, tmp_path / "440.mat", key=key, name=key)
+        assert run.config["imported"]["key"] == key
         accuracy, acr = _macer_summary(radii.tolist(), GRID[1:])
         assert [metrics[certified_key(r)] for r in GRID] == pytest.approx(accuracy, abs=1e-15)
         assert metrics["acr"] == pytest.approx(acr, rel=1e-12)

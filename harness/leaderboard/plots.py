@@ -2,7 +2,10 @@
 
 - certified accuracy vs radius: for every row, the fraction of inputs certified
   correctly with radius >= r, on a grid of r from 0 to just past the largest radius;
-  verified-sound rows solid, the others dashed and marked "not certified";
+  verified-sound rows solid, the others dashed and marked "not certified"; where the
+  empirical attack ran, the row's empirical robust accuracy at the attacked radii as a
+  dotted line with markers in the row's colour (an upper bound: the certified curve
+  should lie below it);
 - class-wise accuracy: a heat map of PREDICT's accuracy per class (columns) for every
   row (Mohapatra et al. 2021, §3.2).
 
@@ -18,6 +21,7 @@ from pathlib import Path
 
 from harness.leaderboard.board import Row, Table
 from harness.leaderboard.escape import flatten
+from harness.results import empirical_key
 
 _RC = {"text.parse_math": False, "text.usetex": False, "font.size": 9}
 _PNG_METADATA = {"Software": None}
@@ -43,6 +47,12 @@ def _curve(row: Row, grid: list[float]) -> list[float]:
     return [(len(radii) - bisect.bisect_left(radii, r)) / count for r in grid]
 
 
+def _attack_curve(row: Row, radii: list[float]) -> list[tuple[float, float]]:
+    """(radius, empirical robust accuracy) at the radii the attack ran."""
+    return [(r, row.metrics[empirical_key(r)]) for r in radii
+            if row.metrics.get(empirical_key(r)) is not None]  # fmt: skip
+
+
 def write_certified_plot(table: Table, path: Path, title: str) -> None:
     """Certified accuracy vs radius of every row of ``table``."""
     import matplotlib
@@ -62,6 +72,11 @@ def write_certified_plot(table: Table, path: Path, title: str) -> None:
         for i, row in enumerate(rows):
             ax.step(grid, _curve(row, grid), where="post", color=colors[i % len(colors)],
                     linestyle="-" if row.sound else "--", label=row_label(row, with_run))  # fmt: skip
+            attacked = _attack_curve(row, table.radii)
+            if attacked:
+                ax.plot(*zip(*attacked, strict=True), color=colors[i % len(colors)],
+                        linestyle=":", marker="o", markersize=3,
+                        label=flatten(f"{row.method} ({row.setting})") + " · attack (upper bound)")  # fmt: skip
         ax.set_xlim(0, top)
         ax.set_ylim(0, 1.02)
         ax.set_xlabel("radius (ℓ2)")

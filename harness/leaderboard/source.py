@@ -12,8 +12,9 @@ shortest round-trip repr, so metrics computed from the export equal those comput
 from the database bit for bit), the recorded failures, and the soundness-check rows
 without their evidence (verdict, summary, flags, budget), except, for memory
 certificates, the worst replayed input order and the ACR spread over orders (``order``)
-at which the board scores them. Class counts, p_A bounds and evidence stay in the
-database.
+at which the board scores them, and the empirical attack's result per row (radii
+attacked, which input broke at which radius, the attack's strength). Class counts, p_A
+bounds and evidence stay in the database.
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ import json
 from pathlib import Path
 
 from harness.errors import IdrsError
-from harness.storedrun import StoredCertificate, StoredCheck, StoredRun, load_runs
+from harness.storedrun import (
+    StoredAttack,
+    StoredCertificate,
+    StoredCheck,
+    StoredRun,
+    load_runs,
+)
 
 EXPORT_FORMAT = "idrs-bench/run-export/1"
 CERTIFICATE_COLUMNS = ("input_id", "label", "prediction", "predict", "radius", "sigma", "seconds")
@@ -54,14 +61,15 @@ def export_runs(runs: list[StoredRun]) -> str:
              "columns": {k: [getattr(c, k) for c in row.certificates] for k in CERTIFICATE_COLUMNS}}
             for row in run.rows()
         ]  # fmt: skip
-        items.append(
-            {
-                "run": run.run,
-                "certificates": certificates,
-                "failures": run.failures,
-                "checks": [check.as_dict() for check in run.checks],
-            }
-        )
+        item = {
+            "run": run.run,
+            "certificates": certificates,
+            "failures": run.failures,
+            "checks": [check.as_dict() for check in run.checks],
+        }
+        if run.attacks:
+            item["attacks"] = [attack.as_dict() for attack in run.attacks]
+        items.append(item)
     lines = [json.dumps(item, sort_keys=True, separators=(",", ":")) for item in items]
     return '{"format":"' + EXPORT_FORMAT + '","runs":[\n' + ",\n".join(lines) + "\n]}\n"
 
@@ -88,5 +96,6 @@ def read_export(path: str | Path) -> list[StoredRun]:
                                       **dict(zip(CERTIFICATE_COLUMNS, values, strict=True)))
                 )  # fmt: skip
         checks = [StoredCheck.from_row(check) for check in item["checks"]]
-        out.append(StoredRun(item["run"], certificates, item["failures"], checks))
+        attacks = [StoredAttack.from_row(attack) for attack in item.get("attacks", [])]
+        out.append(StoredRun(item["run"], certificates, item["failures"], checks, attacks=attacks))
     return out
