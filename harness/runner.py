@@ -238,12 +238,33 @@ def run_benchmark(
             spec.dataset.test_every, spec.dataset.test_count
         ).tolist()
         store.set_run_data(run_id, len(test_ids), prepared.dataset.files)
+        if spec.model.checkpoint is not None:
+            _check_checkpoint(prepared, test_ids)
         work = pending_work(store, run_id, spec, test_ids)
         (executor or LocalExecutor()).certify(prepared, store, work, options)
         store.finish_run(run_id)
     finally:
         store.close()
     return run_id
+
+
+def _check_checkpoint(prepared: Prepared, test_ids: list[int]) -> None:
+    """A user's base model, tried on the test subset before it is certified; a warning
+    names the likely cause and the fix when it is near chance (:mod:`harness.checkpoint_sanity`)."""
+    from harness.checkpoint_sanity import check_base_model
+
+    context, data = prepared.context, prepared.dataset
+    ids = torch.tensor(test_ids)
+    report = check_base_model(context.model, data.test_x[ids], data.test_y[ids],
+                              data.num_classes, context.device)  # fmt: skip
+    context.progress.log(
+        f"base model: clean accuracy {report.accuracy:.1%} on the {report.inputs} test inputs"
+    )
+    warning = report.warning(str(prepared.spec.model.checkpoint))
+    if warning is not None:
+        from rich.markup import escape
+
+        context.progress.warn(escape(warning))
 
 
 def pending_work(
