@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
     from harness.soundness.audit import Audit
 
-STREAM_ATTACK = 4
+STREAM_ATTACK = 6
 """Noise stream of the fresh Monte Carlo estimates that confirm the attack's candidates."""
 
 

@@ -111,7 +111,8 @@ def flags_per_check(
         quiet = Progress(enabled=False)
         spec = benchmark(seed, methods, test_count, n)
         run_id = run_benchmark(spec, RunOptions(db=db), quiet, manager)
-        results = run_checks(db, run_id, RunOptions(db=db), quiet, manager, budget=budget)
+        results = run_checks(db, run_id, RunOptions(db=db), quiet, manager, budget=budget,
+                             attack=False)  # fmt: skip
         for (method, _), checks in results.items():
             row = counts[method]
             for r in checks:
