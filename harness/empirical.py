@@ -97,8 +97,9 @@ def attack_row(audit: Audit, strength: AttackStrength) -> dict[str, Any]:
 
     Returns the stored result: ``radii`` (attacked, sorted), ``inputs``, ``broken``
     (input id -> the radius at which it broke), ``level`` (of each confirmation bound),
-    ``strength``, ``candidates`` (points confirmed or not), ``examples`` (a few
-    confirmed points), ``seconds`` and, for memory rows, ``classifier`` (what was attacked).
+    ``strength``, ``entropy`` (of the audit, which seeds the PGD noise), ``candidates``
+    (points confirmed or not), ``examples`` (a few confirmed points), ``seconds`` and,
+    for memory rows, ``classifier`` (what was attacked).
     """
     import torch
 
@@ -115,7 +116,7 @@ def attack_row(audit: Audit, strength: AttackStrength) -> dict[str, Any]:
     x = audit.inputs.to(device, torch.float32)
     sigma0 = torch.tensor([float(c["sigma"]) for c in certs], device=device)
     level = audit.context.protocol.alpha / (len(certs) * len(radii) * engine.num_classes)
-    gen = torch.Generator().manual_seed(audit.context.seed + 11)
+    gen = audit.generator("empirical/pgd")  # the audit's own entropy: unforeseeable noise
     broken: dict[int, float] = {}
     examples: list[dict[str, Any]] = []
     tried = 0
@@ -159,6 +160,7 @@ def attack_row(audit: Audit, strength: AttackStrength) -> dict[str, Any]:
         "broken": {str(i): r for i, r in sorted(broken.items())},
         "level": level,
         "strength": asdict(strength),
+        "entropy": f"{audit.entropy:032x}",
         "candidates": tried,
         "examples": examples,
         "seconds": time.perf_counter() - start_time,

@@ -234,7 +234,7 @@ class ResultStore:
                         "predict": c.predict, "radius": c.radius, "p_lower": c.p_lower,
                         "sigma": c.sigma, "alpha": c.alpha, "counts_selection": "null",
                         "counts_estimation": "null", "seconds": c.seconds,
-                        "evidence": json.dumps(c.evidence, default=_jsonable)}
+                        "evidence": json.dumps(c.evidence, default=_jsonable), "draws": None}
                  for label, c in certificates],
             )  # fmt: skip
             self.db.execute(_SHARD_INSERT, key | {"finished": now})
