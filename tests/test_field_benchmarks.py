@@ -42,6 +42,16 @@ def test_set_overrides_are_toml_typed():
         load_spec(BENCHMARKS_DIR / "mnist.toml", ["certification.n"])
 
 
+def test_test_count_all_is_the_whole_split():
+    spec = load_spec(BENCHMARKS_DIR / "mnist.toml", ["dataset.test_count=all"])
+    assert spec.dataset.test_count is None
+    assert load_spec(BENCHMARKS_DIR / "mnist.toml", ['dataset.test_count="all"']).dataset == (
+        spec.dataset
+    )
+    with pytest.raises(IdrsError, match='test_count must be a number >= 1 or "all"'):
+        load_spec(BENCHMARKS_DIR / "mnist.toml", ["dataset.test_count=every"])
+
+
 def test_cifar10_cohen_on_a_cohen_checkpoint(tmp_path, write_cifar10, write_cohen_checkpoint):
     write_cifar10(tmp_path / "data", per_batch=4, test=40)
     checkpoint = tmp_path / "checkpoint.pth.tar"
