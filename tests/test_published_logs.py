@@ -238,3 +238,24 @@ def test_imported_radii_default_to_the_reported_ones(tmp_path):
     write_cohen(path, _lines(5, count=8))
     run, _, _ = _imported(tmp_path / "r.sqlite", path)
     assert run.config["radii"] == list(RADII)
+
+
+def test_a_macer_import_on_a_board(tmp_path):
+    """Metrics MACER's file cannot give show as '–' (null in JSON, valid by the schema)."""
+    import json
+
+    import jsonschema
+    from scipy.io import savemat
+
+    from harness.leaderboard.render import write_board
+    from harness.leaderboard.schema import BOARD_SCHEMA
+
+    savemat(tmp_path / "m.mat", {"hard": np.array([0.5, -1.0, 0.2, 1.1])})
+    db = tmp_path / "r.sqlite"
+    run_id = import_log(tmp_path / "m.mat", db, "cifar10", "macer", 0.25)
+    write_board(load_runs(db, [run_id]), tmp_path / "b.md", plots=False)
+    data = json.loads((tmp_path / "b.json").read_text())
+    jsonschema.validate(data, BOARD_SCHEMA)
+    (row,) = data["rows"]
+    assert row["abstention_rate"] is None and row["certified_accuracy@0.5"] == 0.5
+    assert "| – |" in (tmp_path / "b.md").read_text()
