@@ -200,6 +200,7 @@ def _run(args: argparse.Namespace) -> int:
         from harness.soundness.audit import BUDGETS
 
         _console().print(escape(BUDGETS["small"].statement()))
+        _console().print(escape(_attack_statement("small")))
     if args.timings:
         _print_timings(progress.timings)
     return 0
@@ -254,6 +255,7 @@ def _check(args: argparse.Namespace) -> int:
                           escape(r.summary))  # fmt: skip
     _console().print(table)
     _console().print(escape(BUDGETS[args.budget].statement()))
+    _console().print(escape(_attack_statement(args.budget)))
     if args.timings:
         _print_timings(progress.timings)
     return 0
@@ -356,6 +358,13 @@ def _print_results(db: Path, run_id: str | None, as_json: bool) -> None:
             f"[red]failed:[/red] {escape(failure['method'])} ({escape(failure['setting'])}): "
             f"{escape(failure['error'].splitlines()[0])}"
         )
+
+
+def _attack_statement(budget: str) -> str:
+    """What the empirical attack after the checks did (:mod:`harness.empirical`)."""
+    from harness.empirical import STRENGTHS
+
+    return f"empirical robust accuracy ({budget} budget): {STRENGTHS[budget].statement()}"
 
 
 def _number(value: float | None) -> str:
