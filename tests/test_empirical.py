@@ -64,7 +64,8 @@ def test_every_break_is_real_and_clear_breaks_are_found(ball_run):
     db, run_id = ball_run
     store = ResultStore(db)
     try:
-        (audit,) = audits(store, run_id, RunOptions(db=db), Progress(False), _manager(), None)
+        (audit,) = audits(store, run_id, RunOptions(db=db), Progress(False), _manager(), None,
+                          entropy=0x5EED)  # a fixed audit: the same PGD noise every time  # fmt: skip
     finally:
         store.close()
     result = attack_row(audit, STRENGTHS["small"])
@@ -75,9 +76,10 @@ def test_every_break_is_real_and_clear_breaks_are_found(ball_run):
     for k, i in enumerate(ids):
         if i in broken:  # a confirmed break lies within the radius: the exact margin is smaller
             assert robust[k] < broken[i] + 1e-9, (i, robust[k], broken[i])
-    # a point beyond the boundary by 0.4 (Φ-gap wide enough for 256 confirmation samples)
+    # a point that can be pushed 0.5 beyond the boundary (P(inside) <= 0.2 there, far from
+    # the screening's margin of 0.3 with 32 samples and clear for 256 confirming samples)
     for r in result["radii"]:
-        clear = [i for k, i in enumerate(ids) if robust[k] < r - 0.4]
+        clear = [i for k, i in enumerate(ids) if robust[k] < r - 0.5]
         assert all(i in broken and broken[i] <= r for i in clear), r
     assert result["radii"] == list(RADII) and result["inputs"] == len(ids)
     assert len(broken) > 10  # the test has teeth
