@@ -253,6 +253,7 @@ def _run(args: argparse.Namespace) -> int:
         from harness.soundness.audit import BUDGETS
 
         _console(RUN_WIDTH).print(escape(BUDGETS["small"].statement()))
+        _console(RUN_WIDTH).print(escape(_attack_statement("small")))
     if args.timings:
         _print_timings(progress.timings)
     _print_next_steps(args.db, run_id, spec.name, rows)
@@ -310,6 +311,7 @@ def _check(args: argparse.Namespace) -> int:
                           escape(r.summary))  # fmt: skip
     _console().print(table)
     _console().print(escape(BUDGETS[args.budget].statement()))
+    _console().print(escape(_attack_statement(args.budget)))
     if args.timings:
         _print_timings(progress.timings)
     return 0
@@ -347,7 +349,7 @@ def _print_results(
     radii = run["config"].get("radii", RADII)
     rows = []
     for row in stored.rows():
-        out = summary(row.method, row.setting, row.certificates, radii)
+        out = summary(row.method, row.setting, row.certificates, radii, stored.unknown_metrics)
         flags = f" ({', '.join(row.flags)})" if row.flags else ""
         out["verdict"] = (
             "imported (claims, no evidence)" if row.verdict == IMPORTED else row.verdict + flags
@@ -450,8 +452,11 @@ def _compact_table(title: str, rows: list[dict[str, Any]], radius: float) -> Tab
 
 
 def _full_table(title: str, rows: list[dict[str, Any]]) -> Table:
-    """Every metric of every row and the verdict with its flags."""
-    table = Table(title=title)
+    """Every metric of every row, accuracies with their 95 % intervals, and the verdict
+    with its flags."""
+    inputs = rows[0]["inputs"] if rows else 0
+    table = Table(title=title, caption=f"accuracies: value [95 % Clopper–Pearson interval "
+                  f"over the {inputs} test inputs]")  # fmt: skip
     radii = list(rows[0]["certified_accuracy"]) if rows else []
     _name_column(table, "method")
     _name_column(table, "setting")
@@ -462,13 +467,30 @@ def _full_table(title: str, rows: list[dict[str, Any]]) -> Table:
     for row in rows:
         table.add_row(
             escape(row["method"]), escape(row["setting"]), str(row["inputs"]),
-            f"{row['clean_accuracy']:.3f}",
-            *[f"{row['certified_accuracy'][r]:.3f}" for r in radii],
-            f"{row['acr']:.3f}", f"{row['abstention_rate']:.3f}",
-            f"{row['misclassification_rate']:.3f}", f"{row['mean_sigma']:.3f}",
-            f"{row['seconds_per_input']:.3f}", escape(row["verdict"]),
+            _with_interval(row["clean_accuracy"], row["clean_accuracy_interval"]),
+            *[_with_interval(row["certified_accuracy"][r], row["certified_accuracy_interval"][r])
+              for r in radii],
+            *[_number(row[k]) for k in ("acr", "abstention_rate", "misclassification_rate",
+                                        "mean_sigma", "seconds_per_input")],
+            escape(row["verdict"]),
         )  # fmt: skip
     return table
+
+
+def _attack_statement(budget: str) -> str:
+    """What the empirical attack after the checks did (:mod:`harness.empirical`)."""
+    from harness.empirical import STRENGTHS
+
+    return f"empirical robust accuracy ({budget} budget): {STRENGTHS[budget].statement()}"
+
+
+def _number(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
+def _with_interval(value: float, interval: list[float]) -> str:
+    """``0.710 [0.642, 0.772]``: a value and its 95 % interval."""
+    return f"{value:.3f} [{interval[0]:.3f}, {interval[1]:.3f}]"
 
 
 def _print_next_steps(db: Path, run_id: str, name: str, rows: list[dict[str, Any]]) -> None:

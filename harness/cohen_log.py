@@ -1,32 +1,33 @@
 """Cohen et al.'s (2019) certification log, the format published per-input results use.
 
-``certify.py`` of Cohen et al. (also the MACER and SmoothAdv code) writes a header line
+``certify.py`` of Cohen et al. (also SmoothAdv's) writes a header line
 ``idx	label	predict	radius	correct	time`` and one tab-separated line per input::
 
     20	7	7	0.0734	1	0:00:13.771528
 
 ``predict`` −1 means abstain (radius 0), ``radius`` is printed with 3 significant
 digits (Python's ``{:.3}``), ``correct`` is 1 when predict = label, and ``time`` is the
-wall-clock time of the input as ``str(datetime.timedelta)`` (H:MM:SS.ffffff).
-Such a log holds claims only: no class counts, so no certificate can be checked.
+wall-clock time of the input as ``str(datetime.timedelta)`` (H:MM:SS.ffffff); the
+CIFAR-10 logs Cohen et al. published give it in seconds (``15.4``), which is read too
+(:func:`harness.published_logs.parse_time`). Such a log holds claims only: no class
+counts, so no certificate can be checked. This module writes the format and reads it;
+:mod:`harness.published_logs` reads it and the other published formats.
 """
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 from harness.errors import IdrsError
+from harness.published_logs import COHEN, parse_text_log, parse_time
 from harness.storedrun import StoredCertificate, load_runs
 
-HEADER = ("idx", "label", "predict", "radius", "correct", "time")
-_TIME = re.compile(
-    r"^(?:(?P<days>-?\d+) days?, )?(?P<h>\d+):(?P<m>\d\d):(?P<s>\d\d(?:\.\d{1,6})?)$"
-)
+HEADER = COHEN.columns
+__all__ = ["HEADER", "LogLine", "format_line", "format_log", "parse_log", "parse_time",
+           "read_log", "run_log_lines", "write_run_log"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -45,14 +46,6 @@ def format_time(seconds: float) -> str:
     return str(timedelta(seconds=seconds))
 
 
-def parse_time(text: str) -> float:
-    match = _TIME.match(text)
-    if match is None:
-        raise ValueError(f"time {text!r} is not H:MM:SS[.ffffff]")
-    days = int(match["days"] or 0)
-    return days * 86400 + int(match["h"]) * 3600 + int(match["m"]) * 60 + float(match["s"])
-
-
 def format_line(line: LogLine) -> str:
     correct = int(line.predict == line.label)
     return (
@@ -67,38 +60,10 @@ def format_log(lines: list[LogLine]) -> str:
 
 def parse_log(text: str, source: str = "log") -> list[LogLine]:
     """The lines of a log; a malformed line is one error naming its line number."""
-    rows = text.splitlines()
-    if not rows or tuple(c.strip() for c in rows[0].split("\t")) != HEADER:
-        raise IdrsError(
-            f"{source}:1: expected the header {chr(9).join(HEADER)!r} (tab-separated), "
-            f"got {rows[0][:80] if rows else ''!r}"
-        )
-    out, seen = [], set()
-    for number, row in enumerate(rows[1:], start=2):
-        if not row.strip():
-            continue
-        fields = row.rstrip("\r").split("\t")
-        try:
-            if len(fields) != len(HEADER):
-                raise ValueError(f"{len(fields)} tab-separated fields, expected {len(HEADER)}")
-            idx, label, predict, correct = (int(fields[k]) for k in (0, 1, 2, 4))
-            radius = float(fields[3])
-            seconds = parse_time(fields[5].strip())
-            if idx < 0 or label < 0 or predict < -1:
-                raise ValueError("idx and label must be >= 0 and predict >= -1")
-            if not math.isfinite(radius) or radius < 0 or (predict == -1 and radius != 0):
-                raise ValueError(f"radius {fields[3]!r} must be >= 0, and 0 when abstaining")
-            if correct != int(predict == label):
-                raise ValueError(f"correct is {correct} but predict {predict}, label {label}")
-            if idx in seen:
-                raise ValueError(f"idx {idx} appears twice")
-        except ValueError as exc:
-            raise IdrsError(f"{source}:{number}: malformed line ({exc}): {row[:80]!r}") from None
-        seen.add(idx)
-        out.append(LogLine(idx, label, predict, radius, seconds))
-    if not out:
-        raise IdrsError(f"{source}: the log has a header but no inputs")
-    return out
+    return [
+        LogLine(x.idx, x.label, x.predict, x.radius, x.seconds)  # type: ignore[arg-type]
+        for x in parse_text_log(text, COHEN, source)
+    ]
 
 
 def read_log(path: str | Path) -> list[LogLine]:

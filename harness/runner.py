@@ -118,6 +118,10 @@ def prepare(
     validate(spec, registry)
     device = resolve_device(options.device or spec.device)
     dataset = load_dataset(spec, registry, options)
+    if spec.model.checkpoint is not None:  # a published file names its architecture
+        from harness.checkpoint import resolve_architecture
+
+        spec = replace(spec, model=resolve_architecture(spec.model, dataset.name, registry))
     model, model_hash = obtain_model(
         spec.model, dataset, registry, device, progress, options.cache_dir
     )
@@ -253,6 +257,8 @@ def run_benchmark(
         store.record_arithmetic(
             run_id, fingerprint(context.device, spec.protocol, prepared.batch_size, where)
         )
+        if spec.model.checkpoint is not None:
+            _check_checkpoint(prepared, test_ids)
         work = pending_work(store, run_id, spec, test_ids)
         executor.certify(prepared, store, work, options)
         from harness.runfiles import record_run_files
@@ -274,6 +280,25 @@ def _check_weights(run: dict[str, Any], prepared: Prepared) -> None:
             "came out different); certify the run's weights with --set model.checkpoint=FILE "
             "--set model.format=state_dict, or pass another --db"
         )
+
+
+def _check_checkpoint(prepared: Prepared, test_ids: list[int]) -> None:
+    """A user's base model, tried on the test subset before it is certified; a warning
+    names the likely cause and the fix when it is near chance (:mod:`harness.checkpoint_sanity`)."""
+    from harness.checkpoint_sanity import check_base_model
+
+    context, data = prepared.context, prepared.dataset
+    ids = torch.tensor(test_ids)
+    report = check_base_model(context.model, data.test_x[ids], data.test_y[ids],
+                              data.num_classes, context.device)  # fmt: skip
+    context.progress.log(
+        f"base model: clean accuracy {report.accuracy:.1%} on the {report.inputs} test inputs"
+    )
+    warning = report.warning(str(prepared.spec.model.checkpoint))
+    if warning is not None:
+        from rich.markup import escape
+
+        context.progress.warn(escape(warning))
 
 
 def pending_work(

@@ -44,6 +44,9 @@ from harness.errors import DatasetMissingError, ParameterError, SpecError
 from harness.protocol import LEGACY_NOISE, CertificationProtocol
 
 CHECKPOINT_FORMATS = ("cohen", "state_dict", "torchscript")
+AUTO_ARCHITECTURE = "auto"
+"""``[model] architecture`` of a ``format = "cohen"`` checkpoint that leaves it out: the
+file names it (:func:`harness.checkpoint.resolve_architecture`), and the run records it."""
 BENCHMARKS_DIR = Path(__file__).parent / "benchmarks"
 DEFAULT_BENCHMARK = BENCHMARKS_DIR / "quick.toml"
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
@@ -55,7 +58,7 @@ RADII = (0.0, 0.25, 0.5, 0.75, 1.0)
 class DataConfig:
     name: str
     test_every: int = 1
-    test_count: int | None = None
+    test_count: int | None = None  # None (or "all" in a spec): every test_every-th point
 
 
 @dataclass(frozen=True)
@@ -205,6 +208,15 @@ def parse_spec(raw: dict[str, Any], default_name: str = "benchmark") -> Benchmar
          "checkpoint", "format"},
     )  # fmt: skip
     checkpoint = model.get("checkpoint")
+    if checkpoint is not None and "architecture" not in model:
+        fmt = model.get("format", "state_dict")
+        if fmt == "state_dict":
+            raise SpecError(
+                '[model] checkpoint in format "state_dict" needs architecture = NAME (a state '
+                "dict does not say which network it is; `idrs-bench plugins` lists them); "
+                "format = \"cohen\" reads it from Cohen et al.'s and MACER's files, "
+                'format = "torchscript" from a TorchScript file'
+            )
     cert = raw.get("certification", {})
     allowed_cert = {"n0", "n", "alpha", "batch_size", "precision", "channels_last", "noise"}
     if set(cert) - allowed_cert:
@@ -228,6 +240,8 @@ def parse_spec(raw: dict[str, Any], default_name: str = "benchmark") -> Benchmar
             raise SpecError(f"method {entry['name']!r}: settings must be a list of tables")
         method_configs.append(MethodConfig(_typed(entry["name"], str, "method name"), settings))
     test_count = data.get("test_count")
+    if isinstance(test_count, str) and test_count != "all":
+        raise SpecError(f'dataset.test_count must be a number >= 1 or "all", got {test_count!r}')
     spec = BenchmarkSpec(
         name=_typed(raw.get("name", default_name), str, "name"),
         seed=_typed(raw.get("seed", 0), int, "seed"),
@@ -237,12 +251,12 @@ def parse_spec(raw: dict[str, Any], default_name: str = "benchmark") -> Benchmar
             name=_typed(data.get("name"), str, "dataset.name"),
             test_every=_typed(data.get("test_every", 1), int, "dataset.test_every"),
             test_count=None
-            if test_count is None
+            if test_count in (None, "all")
             else _typed(test_count, int, "dataset.test_count"),
         ),
         model=ModelConfig(
             architecture=_typed(
-                model.get("architecture", "torchscript" if checkpoint else None),
+                model.get("architecture", _default_architecture(checkpoint, model)),
                 str,
                 "model.architecture",
             ),
@@ -270,7 +284,8 @@ def parse_spec(raw: dict[str, Any], default_name: str = "benchmark") -> Benchmar
                        ("dataset.test_count", spec.dataset.test_count),
                        ("shard_size", spec.shard_size)):  # fmt: skip
         if value is not None and value < 1:
-            raise SpecError(f"{key} must be >= 1, got {value}")
+            hint = ' (or "all": every test_every-th point)' if key.endswith("count") else ""
+            raise SpecError(f"{key} must be >= 1{hint}, got {value}")
     if not _DEVICE.fullmatch(spec.device):
         raise SpecError(f"device must be auto, cpu, cuda or cuda:N, got {spec.device!r}")
     if spec.model.format not in CHECKPOINT_FORMATS:
@@ -281,6 +296,13 @@ def parse_spec(raw: dict[str, Any], default_name: str = "benchmark") -> Benchmar
     if spec.model.checkpoint is None and "format" in model:
         raise SpecError("model.format needs model.checkpoint = PATH")
     return spec
+
+
+def _default_architecture(checkpoint: Any, model: dict[str, Any]) -> str | None:
+    """A checkpoint's architecture when the spec leaves it out: read from the file."""
+    if checkpoint is None:
+        return None
+    return AUTO_ARCHITECTURE if model.get("format") == "cohen" else "torchscript"
 
 
 def _radii(value: Any) -> tuple[float, ...]:
@@ -304,7 +326,10 @@ def validate(spec: BenchmarkSpec, registry: Registry) -> None:
     """Check every name and parameter against the loaded plugins (before any work)."""
     registry.get("datasets", spec.dataset.name)
     checkpoint = spec.model.checkpoint
-    if checkpoint is None or spec.model.format != "torchscript":
+    from_file = checkpoint is not None and (
+        spec.model.format == "torchscript" or spec.model.architecture == AUTO_ARCHITECTURE
+    )
+    if not from_file:
         model_spec = registry.get("models", spec.model.architecture)
         _check_keys(
             spec.model.architecture_params, model_spec.defaults, f"architecture {model_spec.name!r}"

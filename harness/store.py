@@ -148,6 +148,20 @@ CREATE TABLE IF NOT EXISTS failures (
 """
 
 
+ATTACK_SCHEMA = """
+CREATE TABLE IF NOT EXISTS attacks (
+    run_id TEXT NOT NULL,
+    method TEXT NOT NULL,
+    setting TEXT NOT NULL,
+    budget TEXT NOT NULL,
+    result TEXT NOT NULL,
+    at TEXT NOT NULL,
+    PRIMARY KEY (run_id, method, setting)
+);
+"""
+"""The empirical attack's result per (run, method, setting) (:mod:`harness.empirical`)."""
+
+
 def _jsonable(value: Any) -> Any:
     """numpy scalars and arrays, tensors and the like as plain JSON values."""
     if hasattr(value, "tolist"):
@@ -271,6 +285,7 @@ class ResultStore:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
+        self.db.executescript(ATTACK_SCHEMA)
         for table, column, kind in (  # a database written before these columns existed
             ("runs", "weights_digest", "TEXT"),
             ("runs", "inputs", "INTEGER"),
@@ -318,6 +333,35 @@ class ResultStore:
                  git_commit, device, seed, model_hash, weights_digest),
             )  # fmt: skip
         return cursor.rowcount == 1
+
+    def add_imported_run(
+        self, run_id: str, name: str, config: dict[str, Any], versions: dict[str, str],
+        method: str, setting: str, certificates: Sequence[tuple[int, Certificate]], sha256: str,
+    ) -> bool:  # fmt: skip
+        """Store a run imported from a published log, finished, in one transaction (all of
+        it or, when anything fails, nothing); False when the run exists (nothing changed)."""
+        now = _now()
+        with self.db:
+            cursor = self.db.execute(
+                "INSERT OR IGNORE INTO runs (run_id, name, created, finished, config, versions,"
+                " device, seed, model_hash, inputs) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (run_id, name, now, now, json.dumps(config, sort_keys=True), json.dumps(versions),
+                 "unknown", 0, sha256, len(certificates)),
+            )  # fmt: skip
+            if cursor.rowcount != 1:
+                return False
+            key = {"run_id": run_id, "method": method, "setting": setting, "shard": 0}
+            self.db.executemany(
+                _CERTIFICATE_INSERT,
+                [key | {"input_id": c.input_id, "label": label, "prediction": c.prediction,
+                        "predict": c.predict, "radius": c.radius, "p_lower": c.p_lower,
+                        "sigma": c.sigma, "alpha": c.alpha, "counts_selection": "null",
+                        "counts_estimation": "null", "seconds": c.seconds,
+                        "evidence": json.dumps(c.evidence, default=_jsonable), "draws": None}
+                 for label, c in certificates],
+            )  # fmt: skip
+            self.db.execute(_SHARD_INSERT, key | {"finished": now})
+        return True
 
     def set_run_data(
         self,
@@ -554,6 +598,28 @@ class ResultStore:
                  "evidence": json.dumps(result.evidence, default=_jsonable, sort_keys=True),
                  "flags": json.dumps(result.flags), "budget": budget, "at": _now()},
             )  # fmt: skip
+
+    def add_attack(
+        self, run_id: str, method: str, setting: str, budget: str, result: dict[str, Any]
+    ) -> None:
+        """Store the empirical attack's ``result`` on a (method, setting), replacing an earlier one."""
+        with self.db:
+            self.db.execute(
+                "INSERT OR REPLACE INTO attacks (run_id, method, setting, budget, result, at)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (run_id, method, setting, budget,
+                 json.dumps(result, default=_jsonable, sort_keys=True), _now()),
+            )  # fmt: skip
+
+    def attacks(self, run_id: str) -> list[dict[str, Any]]:
+        """The stored attack results of a run (method, setting, budget, result parsed)."""
+        rows = self.db.execute(
+            "SELECT method, setting, budget, result FROM attacks WHERE run_id = ?"
+            " ORDER BY method, setting",
+            (run_id,),
+        )
+        return [{"method": m, "setting": s, "budget": b, "result": json.loads(r)}
+                for m, s, b, r in rows]  # fmt: skip
 
     def run(self, run_id: str | None = None) -> dict[str, Any]:
         """The run ``run_id`` (a unique prefix is enough), or the latest run."""

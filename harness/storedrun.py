@@ -17,6 +17,9 @@ harness does not know counts as ``violated`` (the safe side). A row without any 
 row is ``not checked``; a row of a run imported from a published log is ``imported``
 (claims without evidence, never checked).
 
+The empirical attack's result on a row (:mod:`harness.empirical`), when one ran, is its
+:class:`StoredAttack`: the radii attacked, the inputs, which broke at which radius.
+
 Completeness (:meth:`StoredRun.settings`): a setting of the run's spec is complete when
 the run finished and stored as many certificates as the run recorded test inputs (when
 it recorded none, e.g. in an export, a finished run counts as complete).
@@ -177,6 +180,34 @@ def _order_evidence(evidence: Any) -> dict[str, Any] | None:
 
 
 @dataclass(frozen=True)
+class StoredAttack:
+    """The empirical attack on one (method, setting) (:func:`harness.empirical.attack_row`):
+    ``result`` has ``radii``, ``inputs``, ``broken`` (input id -> radius) and ``strength``;
+    a run export keeps those (and ``classifier`` for memory rows), the database also the
+    examples, level and time."""
+
+    method: str
+    setting: str
+    budget: str
+    result: dict[str, Any]
+
+    EXPORTED = ("radii", "inputs", "broken", "strength", "classifier")
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> StoredAttack:
+        result = row["result"]
+        if isinstance(result, str):
+            result = json.loads(result)
+        return cls(row["method"], row["setting"], str(row["budget"]), result)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The attack as a run export holds it."""
+        kept = {k: self.result[k] for k in self.EXPORTED if k in self.result}
+        return {"method": self.method, "setting": self.setting, "budget": self.budget,
+                "result": kept}  # fmt: skip
+
+
+@dataclass(frozen=True)
 class Completeness:
     """How many inputs a (method, setting) of the spec stored, of how many, and whether
     it is complete."""
@@ -223,6 +254,7 @@ class StoredRow:
     checks: tuple[StoredCheck, ...]
     verdict: str
     status: Completeness | None
+    attack: StoredAttack | None = None
 
     @property
     def inputs(self) -> int:
@@ -271,6 +303,8 @@ class StoredRun:
     files: list[dict[str, Any]] = field(default_factory=list)
     """The files a replay of the run needs (:mod:`harness.runfiles`): role, name, path,
     sha256, meta."""
+    attacks: list[StoredAttack] = field(default_factory=list)
+    """The empirical attack's result per (method, setting), where one ran."""
 
     @property
     def run_id(self) -> str:
@@ -285,6 +319,11 @@ class StoredRun:
     def imported(self) -> bool:
         """A run imported from a published log (``idrs-bench import-log``)."""
         return bool(self.config.get("imported"))
+
+    @property
+    def unknown_metrics(self) -> tuple[str, ...]:
+        """Metrics an imported log cannot give (MACER's has no labels or times)."""
+        return tuple(self.config.get("imported", {}).get("unknown_metrics", ()))
 
     @property
     def finished(self) -> bool:
@@ -318,11 +357,13 @@ class StoredRun:
         for check in self.checks:
             checks.setdefault((check.method, check.setting), []).append(check)
         status = {(s.method, s.setting): s for s in self.settings()}
+        attacks = {(a.method, a.setting): a for a in self.attacks}
         out = []
         for key, certs in groups.items():
             mine = tuple(checks.get(key, ()))
             verdict = IMPORTED if self.imported else combined_verdict(mine)
-            out.append(StoredRow(self.run_id, *key, tuple(certs), mine, verdict, status.get(key)))
+            out.append(StoredRow(self.run_id, *key, tuple(certs), mine, verdict, status.get(key),
+                                 attacks.get(key)))  # fmt: skip
         return out
 
     def summaries(self, radii: Sequence[float] | None = None) -> list[dict[str, Any]]:
@@ -330,7 +371,10 @@ class StoredRun:
         (``radii`` of its config, else :data:`harness.results.RADII`)."""
         if radii is None:
             radii = self.config.get("radii", RADII)
-        return [summary(r.method, r.setting, r.certificates, radii) for r in self.rows()]
+        return [
+            summary(r.method, r.setting, r.certificates, radii, self.unknown_metrics)
+            for r in self.rows()
+        ]
 
 
 def read_run(store: ResultStore, run_id: str | None = None) -> StoredRun:
@@ -345,6 +389,7 @@ def read_run(store: ResultStore, run_id: str | None = None) -> StoredRun:
         StoredCheck.from_row(dict(row))
         for row in store.db.execute("SELECT * FROM checks WHERE run_id = ?", (full_id,))
     ]
+    attacks = [StoredAttack.from_row(row) for row in store.attacks(full_id)]
     extra = {"weights_digest": run["weights_digest"]} if run.get("weights_digest") else {}
     if run.get("class_names"):
         extra["class_names"] = json.loads(run["class_names"])
@@ -358,6 +403,7 @@ def read_run(store: ResultStore, run_id: str | None = None) -> StoredRun:
         expected_inputs=run["inputs"],
         data_files=run["data_files"],
         files=store.files(full_id),
+        attacks=attacks,
     )
 
 

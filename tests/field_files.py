@@ -127,6 +127,21 @@ def _write_cohen_checkpoint(path: Path, arch: str = "cifar_resnet20", seed: int 
     return state
 
 
+def _write_macer_checkpoint(path: Path, seed: int = 0) -> dict:
+    """A file as MACER's main.py writes it (Zhai et al. 2020): ``{'net':
+    base_model.state_dict(), 'epoch': epoch}``, its ResNet-110 without a normalization
+    layer (module names conv1, bn1, layer1-3, fc, as Cohen et al.'s). Returns the net's
+    state dict."""
+    import torch
+
+    from plugins.models.normalized import CifarResNet
+
+    torch.manual_seed(seed)
+    state = CifarResNet(110, 10).state_dict()
+    torch.save({"net": state, "epoch": 440}, path)
+    return state
+
+
 @pytest.fixture(scope="session")
 def write_mnist():
     """``write_mnist(root, train=20, test=10, seed=0)``: MNIST's IDX files."""
@@ -162,3 +177,10 @@ def write_cohen_checkpoint():
     """``write_cohen_checkpoint(path, arch="cifar_resnet20", seed=0) -> state dict``: a
     checkpoint as Cohen et al.'s train.py writes it."""
     return _write_cohen_checkpoint
+
+
+@pytest.fixture(scope="session")
+def write_macer_checkpoint():
+    """``write_macer_checkpoint(path, seed=0) -> the net's state dict``: a checkpoint as
+    MACER's main.py writes it."""
+    return _write_macer_checkpoint

@@ -42,15 +42,26 @@ def test_set_overrides_are_toml_typed():
         load_spec(BENCHMARKS_DIR / "mnist.toml", ["certification.n"])
 
 
+def test_test_count_all_is_the_whole_split():
+    spec = load_spec(BENCHMARKS_DIR / "mnist.toml", ["dataset.test_count=all"])
+    assert spec.dataset.test_count is None
+    assert load_spec(BENCHMARKS_DIR / "mnist.toml", ['dataset.test_count="all"']).dataset == (
+        spec.dataset
+    )
+    with pytest.raises(IdrsError, match='test_count must be a number >= 1 or "all"'):
+        load_spec(BENCHMARKS_DIR / "mnist.toml", ["dataset.test_count=every"])
+
+
 def test_cifar10_cohen_on_a_cohen_checkpoint(tmp_path, write_cifar10, write_cohen_checkpoint):
     write_cifar10(tmp_path / "data", per_batch=4, test=40)
     checkpoint = tmp_path / "checkpoint.pth.tar"
     write_cohen_checkpoint(checkpoint, "cifar_resnet20")
-    with pytest.warns(UserWarning, match="MD5"):
-        run, certs = _run(tmp_path, "cifar10-cohen.toml", "--set", f"model.checkpoint={checkpoint}",
-                          "--set", "model.architecture_params.depth=20")  # fmt: skip
+    with pytest.warns(UserWarning, match="MD5"):  # the file names no architecture: its arch does
+        run, certs = _run(tmp_path, "cifar10-cohen.toml", "--set", f"model.checkpoint={checkpoint}")
     assert [c["input_id"] for c in certs] == [0, 20]  # every 20th test image
-    assert run["config"]["model"]["checkpoint"] == str(checkpoint)
+    model = run["config"]["model"]
+    assert model["checkpoint"] == str(checkpoint) and model["architecture"] == "cifar-resnet"
+    assert model["architecture_params"] == {"depth": 20, "normalization": "cifar10"}
     from harness.checkpoint import load_checkpoint
     from harness.plugins import get_plugin_manager
     from harness.spec import spec_from_dict

@@ -229,11 +229,11 @@ def test_verify_passes_then_fails_with_a_diff(db, tmp_path, capsys, golden_run):
     assert _cli(["--verify", str(out), "--db", str(db)]) == 0
     capsys.readouterr()
     # a hand edit of the committed markdown is caught, with a diff
-    out.write_text(out.read_text().replace("| 0.750 |", "| 0.800 |", 1))
+    out.write_text(out.read_text().replace("| 0.750 [", "| 0.800 [", 1))
     assert _cli(["--verify", str(out)]) == 1
     report = capsys.readouterr().out
-    assert "-| 1 | cohen | sigma=0.5 | 0.800 |" in report
-    assert "+| 1 | cohen | sigma=0.5 | 0.750 |" in report
+    assert "-| 1 | cohen | sigma=0.5 | 0.800 [0.194, 0.994] |" in report
+    assert "+| 1 | cohen | sigma=0.5 | 0.750 [0.194, 0.994] |" in report
     assert "differs from its re-rendering" in report
 
 
@@ -308,7 +308,10 @@ def test_radii_and_headline_radius_from_the_spec(tmp_path, monkeypatch, make_run
     assert [r.setting for r in table.sound_rows] == ["sigma=0.5", "sigma=0.25"]
     text = render_markdown(build_board(load_runs(tmp_path / "r.sqlite")), "r")
     assert "| cert\\@0 | cert\\@1 | cert\\@2 | ACR |" in text
-    assert "leads at radius 1 with certified accuracy 0.500" in text
+    assert (
+        "at radius 1, no single row leads: cohen (sigma=0.5) has the highest certified accuracy, 0.500"
+        in text
+    )  # 4 inputs: a tie
 
 
 def _perturb_acr(path, factor: float) -> tuple[str, str]:

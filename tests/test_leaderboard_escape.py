@@ -129,8 +129,8 @@ def test_a_board_of_hostile_names_keeps_its_structure(tmp_path, monkeypatch, mak
     assert images == ["hostile-1-certified-accuracy.png", "hostile-1-classwise-accuracy.png"]
     # every table row has as many cells as its header
     widths = {len(row) for row in parsed.rows if row}
-    assert widths == {2, 18}, widths  # the protocol table and the two metric tables
-    metric_rows = [row for row in parsed.rows if len(row) == 18 and row[0] != "#"]
+    assert widths == {2, 19}, widths  # the protocol table and the two metric tables
+    metric_rows = [row for row in parsed.rows if len(row) == 19 and row[0] != "#"]
     assert sorted(row[1] for row in metric_rows) == sorted(_flat(h) for h in HOSTILE)
     assert all(row[1] == row[2] for row in metric_rows)  # method == setting, both literal
     verdicts = {row[1]: row[-1] for row in metric_rows}

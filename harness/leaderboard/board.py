@@ -14,6 +14,13 @@ that ties are broken deterministically.
 The benchmark's radii are :func:`harness.results.benchmark_radii`; the headline radius
 is the spec's ``headline_radius`` if present, else the median of the radii (0.5 by
 default). Rows and their verdicts come from :meth:`harness.storedrun.StoredRun.rows`.
+
+Every accuracy carries its 95 % interval over the test inputs, and every row below the
+first of its group is compared with that leader, paired over the inputs both certified,
+by McNemar's exact test at the headline radius (:mod:`harness.significance`); a row
+whose difference is not significant ties with the leader. Where the empirical attack
+ran (:mod:`harness.empirical`), each row also has its empirical robust accuracy at the
+radii attacked.
 """
 
 from __future__ import annotations
@@ -23,7 +30,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from harness.results import benchmark_radii, certified_key, row_metrics
+from harness.results import (
+    benchmark_radii,
+    certified_key,
+    empirical_key,
+    empirical_successes,
+    row_metrics,
+)
+from harness.significance import PairedComparison, paired_comparison, proportion_interval
 from harness.storedrun import (
     IMPORTED,
     ORDER_DEPENDENT,
@@ -48,6 +62,13 @@ class Row:
     applied: list[str] = field(default_factory=list)  # checks that applied to the row
     order: dict[str, Any] | None = None  # memory rows: orders replayed, ACR spread
     class_counts: dict[int, int] = field(default_factory=dict)  # inputs per label
+    certified: dict[int, float | None] = field(default_factory=dict)  # input -> radius if correct
+    paired: PairedComparison | None = None  # against the first row of its group
+    attack: dict[str, Any] | None = None  # the empirical attack's result, where it ran
+
+    def certified_at(self, radius: float) -> dict[int, bool]:
+        """Per input id: certified correctly with radius >= ``radius``."""
+        return {i: r is not None and r >= radius for i, r in self.certified.items()}
 
     @property
     def sound(self) -> bool:
@@ -135,8 +156,32 @@ def build_board(runs: Sequence[StoredRun]) -> Board:
         table.other_rows = [
             r for r in ordered if not r.sound and not r.order_dependent and r.verdict != IMPORTED
         ]
+        for group in (table.sound_rows, table.memory_rows, table.other_rows, table.imported_rows):
+            compare_with_leader(group, table.headline_radius)
     names = list(dict.fromkeys(run.run["name"] for run in runs))
     return Board(title=", ".join(names), runs=list(runs), tables=list(tables.values()))
+
+
+def compare_with_leader(rows: Sequence[Row], radius: float) -> None:
+    """Set each row's paired comparison with the first of ``rows`` at ``radius``."""
+    if not rows:
+        return
+    leader = rows[0].certified_at(radius)
+    for row in rows[1:]:
+        row.paired = paired_comparison(leader, row.certified_at(radius), radius)
+
+
+def empirical_metrics(attack: dict[str, Any] | None, radii: Sequence[float]) -> dict[str, Any]:
+    """The empirical robust accuracy at each radius (None where the attack did not run)
+    and its 95 % intervals."""
+    values: dict[str, Any] = {}
+    intervals: dict[str, tuple[float, float]] = {}
+    for r in radii:
+        k = None if attack is None else empirical_successes(attack, r)
+        values[empirical_key(r)] = None if k is None else k / attack["inputs"]  # type: ignore[index]
+        if k is not None:
+            intervals[empirical_key(r)] = proportion_interval(k, attack["inputs"])  # type: ignore[index]
+    return values | {"intervals": intervals}
 
 
 def _rows(run: StoredRun, radii: Sequence[float]) -> list[Row]:
@@ -149,18 +194,24 @@ def _rows(run: StoredRun, radii: Sequence[float]) -> list[Row]:
         done = stored.status
         if done is not None and not done.complete:
             verdict = f"incomplete ({done.inputs} of {done.expected or '?'} inputs), {verdict}"
+        metrics = row_metrics(certs, radii, run.unknown_metrics)
+        attack = None if stored.attack is None else stored.attack.result
+        empirical = empirical_metrics(attack, radii)
+        metrics["intervals"] |= empirical.pop("intervals")
         out.append(
             Row(
                 run_id=run.run_id,
                 method=stored.method,
                 setting=stored.setting,
-                metrics=row_metrics(certs, radii),
+                metrics=metrics | empirical,
                 verdict=verdict,
                 checks=stored.checks,
                 correct_radii=sorted(c.radius for c in certs if c.correct),
                 applied=stored.applied,
                 order=order,
                 class_counts=dict(sorted(Counter(int(c.label) for c in certs).items())),
+                certified={int(c.input_id): c.radius if c.correct else None for c in certs},
+                attack=attack,
             )
         )
     return out

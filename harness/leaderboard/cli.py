@@ -53,7 +53,10 @@ def add_leaderboard_parser(sub: argparse._SubParsersAction) -> argparse.Argument
         "--data-root", metavar="DIR", help="with --verify: where the boards' dataset files are (default: the usual places)"
     )  # fmt: skip
     parser.add_argument(
-        "--device", default="auto", metavar="auto|cpu|cuda", help="with --replay: auto, cpu or cuda (default auto)"
+        "--device",
+        default="auto",
+        metavar="auto|cpu|cuda",
+        help="with --replay: auto, cpu or cuda (default auto)",
     )
     parser.add_argument(
         "--allow-incomplete", action="store_true",

@@ -1,7 +1,13 @@
 """The leaderboard as markdown (GitHub-flavoured: tables and footnotes).
 
 Layout: a title; per table (one per dataset and base model) the protocol of each run,
-a headline sentence (from verified-sound rows only), the verified-sound rows ranked,
+the sampling error of its accuracies (95 % Clopper–Pearson intervals over the n test
+inputs, the widest half-width, and, on a subset of the test split, how to certify all
+of it), a headline sentence (from verified-sound rows only; a leader whose paired
+difference from the next rows is not significant is named as a tie), the verified-sound
+rows ranked (each accuracy with its interval; a column compares each row with its
+group's first by McNemar's exact test at the headline radius; where the empirical
+attack ran, its robust accuracy beside each certified accuracy),
 then under their own heading the memory (order-dependent) rows ranked at their worst
 replayed input order with the spread over orders, then the rows whose radii are not
 certified (a check found a problem, did not complete, or none ran), the plots, the failures and each run's spec; the verdict footnotes and the metric legend
@@ -17,18 +23,33 @@ from urllib.parse import quote
 
 from harness.leaderboard.board import Board, Row, Table
 from harness.leaderboard.escape import md_code, md_fence, md_text
-from harness.leaderboard.metrics import Metric, certified_key, metric_catalog
+from harness.leaderboard.metrics import Metric, certified_key, has_interval, metric_catalog
 from harness.leaderboard.plots import certified_plot_name, classwise_plot_name
 from harness.leaderboard.protocol import protocol_differences, run_protocol
 from harness.leaderboard.reproduce import spec_toml
+from harness.significance import CONFIDENCE, SIGNIFICANCE, widest_half_width
 from harness.soundness.verdict import false_alarm_statement
 from harness.storedrun import IMPORTED, NOT_CHECKED
 
 
-def fmt(metric: Metric, value: Any) -> str:
+def fmt(metric: Metric, value: Any, interval: tuple[float, float] | None = None) -> str:
+    """A cell: the value in the metric's format, with its interval when it has one."""
     if value is None:
         return "–"
-    return f"{value:.{metric.digits}f}" if metric.digits is not None else f"{value:#.3g}"
+    text = f"{value:.{metric.digits}f}" if metric.digits is not None else f"{value:#.3g}"
+    if interval is not None and has_interval(metric.key):
+        text += f" [{interval[0]:.{metric.digits}f}, {interval[1]:.{metric.digits}f}]"
+    return text
+
+
+def _paired(row: Row, rank: int) -> str:
+    """The comparison cell: ``leader``, ``tie (p = 0.50)``, ``p = 0.003`` or ``not paired``."""
+    if rank == 1:
+        return "leader"
+    if row.paired is None:
+        return "not paired"
+    p = row.paired.p_value
+    return f"tie (p = {p:.2f})" if row.paired.tie else f"p = {p:.2g}"
 
 
 def _params(params: dict[str, Any]) -> str:
@@ -110,10 +131,27 @@ def _headline(table: Table) -> str:
     key = certified_key(radius)
     if table.sound_rows:
         best = table.sound_rows[0]
+        ties = [r for r in table.sound_rows[1:] if r.paired is not None and r.paired.tie]
+        lo, hi = best.metrics["intervals"][key]
+        if ties:
+            names = ", ".join(f"{_row_name(r)} ({r.metrics[key]:.3f})" for r in ties)
+            return (
+                f"**Headline.** Among verified-sound rows at radius {radius:g}, no single row "
+                f"leads: {_row_name(best)} has the highest certified accuracy, "
+                f"{best.metrics[key]:.3f} [{lo:.3f}, {hi:.3f}] (ACR {best.metrics['acr']:.3f}), "
+                f"but its difference from {names} is not significant (McNemar's exact test "
+                f"on the paired inputs, p >= {SIGNIFICANCE:g}): a tie."
+            )
         return (
             f"**Headline.** Among verified-sound rows, {_row_name(best)} leads at radius "
-            f"{radius:g} with certified accuracy {best.metrics[key]:.3f} "
-            f"(ACR {best.metrics['acr']:.3f})."
+            f"{radius:g} with certified accuracy {best.metrics[key]:.3f} [{lo:.3f}, {hi:.3f}] "
+            f"(ACR {best.metrics['acr']:.3f})"
+            + (
+                f", significantly above the next row (McNemar's exact test on the paired "
+                f"inputs, p = {table.sound_rows[1].paired.p_value:.2g})."
+                if len(table.sound_rows) > 1 and table.sound_rows[1].paired is not None
+                else "."
+            )
         )
     if table.other_rows or table.memory_rows:
         best = (table.other_rows or table.memory_rows)[0]
@@ -163,32 +201,64 @@ def _metric_table(
     rows: list[Row], table: Table, catalog: list[Metric], notes: _Footnotes, spread: bool = False
 ) -> list[str]:
     with_run = len(table.runs) > 1
+    versus = f"vs #1 at {table.headline_radius:g}"
     head = ["#", *(["run"] if with_run else []), "method", "setting",
             *[md_text(m.header) for m in catalog], *(["ACR over orders"] if spread else []),
-            "verdict"]  # fmt: skip
+            versus, "verdict"]  # fmt: skip
     align = ["--:", *([":--"] if with_run else []), ":--", ":--",
-             *["--:" for _ in catalog], *([":--"] if spread else []), ":--"]  # fmt: skip
+             *["--:" for _ in catalog], *([":--"] if spread else []), ":--", ":--"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
     for rank, row in enumerate(rows, 1):
         verdict = md_text(row.verdict)
         if row.verdict not in (NOT_CHECKED, IMPORTED):
             verdict += " " + notes.add(row)
+        intervals = row.metrics.get("intervals", {})
         cells = [str(rank), *([md_code(row.run_id[:12])] if with_run else []),
                  md_text(row.method), md_text(row.setting),
-                 *[fmt(m, row.metrics.get(m.key)) for m in catalog],
-                 *([_spread(row)] if spread else []), verdict]  # fmt: skip
+                 *[fmt(m, row.metrics.get(m.key), intervals.get(m.key)) for m in catalog],
+                 *([_spread(row)] if spread else []), _paired(row, rank), verdict]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
+def _sampling_error(table: Table, stem: str | None) -> list[str]:
+    """What the intervals mean on this table, and how to certify the whole test split."""
+    runs = [run for run in table.runs if not run.imported]
+    sizes = sorted({row.metrics["inputs"] for row in table.rows if row.run_id in
+                    {run.run_id for run in runs}})  # fmt: skip
+    if not sizes:
+        return []
+    widest = ", ".join(f"±{widest_half_width(n):.3f} with {n} inputs" for n in sizes)
+    out = (
+        f"**Sampling error.** Each accuracy carries its {CONFIDENCE:.0%} Clopper–Pearson "
+        f"interval over the test inputs, [low, high]; the widest (at accuracy 0.5) is {widest}. "
+        "Rows are compared paired (same inputs, same model) with the first row of their group "
+        f"by McNemar's exact test at radius {table.headline_radius:g}: `tie` marks a "
+        f"difference that is not significant (p >= {SIGNIFICANCE:g})."
+    )
+    subset = [run for run in runs if run.config["dataset"].get("test_every", 1) != 1
+              or run.config["dataset"].get("test_count") is not None]  # fmt: skip
+    if subset:
+        spec = run_protocol(subset[0], stem)["spec_file"]
+        out += (
+            " This board certifies a subset of the test split; the whole split: "
+            + md_code(
+                f"idrs-bench run {spec} --set dataset.test_every=1 --set dataset.test_count=all"
+            )
+            + " (its intervals shrink as 1/√n)."
+        )
+    return [out, ""]
+
+
 def _table_section(table: Table, stem: str | None, notes: _Footnotes) -> list[str]:
-    catalog = metric_catalog(table.radii)
+    catalog = metric_catalog(table.radii, any(row.attack for row in table.rows))
     title = f"{md_text(table.dataset)} · {md_text(table.architecture)} · model {md_code(table.model_hash[:12])}"
     out = [f"## {table.index}. {title}", ""]
     for run in table.runs:
         p = run_protocol(run, stem)
         out += [f"### Protocol of run {md_code(run.run_id[:12])}", "", *_protocol_table(p), ""]
     out += _protocol_warning(table, stem)
+    out += _sampling_error(table, stem)
     out += [_headline(table), ""]
     out += ["### Verified sound", ""]
     if table.sound_rows:
@@ -255,12 +325,34 @@ def _table_section(table: Table, stem: str | None, notes: _Footnotes) -> list[st
 
 def _legend(board: Board) -> list[str]:
     radii = sorted({r for t in board.tables for r in t.radii})
+    attacks = [row.attack for t in board.tables for row in t.rows if row.attack]
     out = ["## Columns", ""]
-    for metric in metric_catalog(radii):
+    for metric in metric_catalog(radii, bool(attacks)):
         direction = {True: "higher is better", False: "lower is better", None: "descriptive"}[
             metric.higher_is_better
         ]
         out.append(f"- **{md_text(metric.header)}**: {md_text(metric.description)} ({direction}).")
+    out.append(
+        f"- **[low, high]**: the {CONFIDENCE:.0%} Clopper–Pearson interval of an accuracy over "
+        "the row's test inputs (sampling error of the test subset; each certificate's own "
+        "Monte Carlo error is in its α)."
+    )
+    out.append(
+        "- **vs #1**: the row against the first row of its group on the same inputs, "
+        "McNemar's exact test of certified accuracy at the headline radius; `tie`: not "
+        f"significant (p >= {SIGNIFICANCE:g}); `not paired`: other inputs."
+    )
+    from harness.empirical import AttackStrength
+
+    for strength in sorted({tuple(sorted(a["strength"].items())) for a in attacks}):
+        text = AttackStrength(**dict(strength)).statement()
+        out.append(f"- **emp** attack: {md_text(text)}.")
+    if any(a.get("classifier") for a in attacks):
+        out.append(
+            "- **emp** of a memory row: the attack targets the classifier its memory certifies "
+            "through (its σ(x), no memory): with a memory, the answer at a point depends on the "
+            "inputs before it, so no fixed classifier exists to attack."
+        )
     out += [
         "- **verdict**: the worst verdict of the soundness checks of the row (footnote: the "
         "checks that applied, each check's verdict and summary); `not-verified` when a check "

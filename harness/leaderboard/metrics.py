@@ -3,7 +3,10 @@
 The values are :func:`harness.results.row_metrics`'s, under the same keys (clean
 accuracy of PREDICT, certified accuracy at each radius, ACR, abstention and
 misclassification rates, the class-wise accuracy of Mohapatra et al. (2021), §3.2 and
-Table 2, mean σ(x), seconds per input).
+Table 2, mean σ(x), seconds per input), and, where the empirical attack ran, the
+empirical robust accuracy beside certified accuracy at each radius
+(:mod:`harness.empirical`). The accuracies over test inputs carry 95 % intervals
+(:data:`INTERVAL_KEYS` names which).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from harness.results import certified_key
+from harness.results import certified_key, empirical_key
 
 
 @dataclass(frozen=True)
@@ -25,14 +28,28 @@ class Metric:
     digits: int | None = 3  # fixed decimals in markdown; None: 3 significant digits (#.3g)
 
 
-def metric_catalog(radii: Sequence[float]) -> list[Metric]:
-    """Every metric of a row at ``radii``, in table order."""
+def has_interval(key: str) -> bool:
+    """Whether a metric is an accuracy over test inputs with a 95 % interval."""
+    return key == "clean_accuracy" or key.startswith(("certified_accuracy@", "empirical_accuracy@"))
+
+
+def metric_catalog(radii: Sequence[float], empirical: bool = False) -> list[Metric]:
+    """Every metric of a row at ``radii``, in table order; ``empirical``: with the
+    empirical robust accuracy beside each certified accuracy."""
     return [
         Metric("clean_accuracy", "clean acc", True, "accuracy of PREDICT (abstention counts as an error)"),
         *[
-            Metric(certified_key(r), f"cert@{r:g}", True,
-                   f"fraction of inputs CERTIFY classifies correctly with radius >= {r:g}")
+            metric
             for r in radii
+            for metric in [
+                Metric(certified_key(r), f"cert@{r:g}", True,
+                       f"fraction of inputs CERTIFY classifies correctly with radius >= {r:g}"),
+                *([Metric(empirical_key(r), f"emp@{r:g}", None,
+                          f"fraction of inputs a PGD attack on the smoothed classifier did not "
+                          f"break within radius {r:g} (each break confirmed by fresh Monte Carlo): "
+                          "an upper bound on robust accuracy, not a certificate")]
+                  if empirical else []),
+            ]
         ],
         Metric("acr", "ACR", True, "average certified radius (0 for wrong or abstained inputs)"),
         Metric("abstention_rate", "abstain", False, "fraction of inputs CERTIFY abstains on"),

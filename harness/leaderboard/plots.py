@@ -6,7 +6,10 @@
   own, so two methods whose curves coincide stay apart; its settings are shades of that
   family, light to dark in order of mean σ, with a marker each. Verified-sound rows are drawn full, the
   others thinner and lighter and marked "not certified". The legend lists the rows by
-  method and σ beside the axes, in columns below them when there are many;
+  method and σ beside the axes, in columns below them when there are many. Where the
+  empirical attack ran, the row's empirical robust accuracy at the attacked radii is a
+  thin dotted line with crosses in the row's colour (an upper bound: the certified curve
+  should lie below it);
 - class-wise accuracy: a heat map of PREDICT's accuracy per class (columns, named by
   the dataset's class names with the number of inputs of each) for every row
   (Mohapatra et al. 2021, §3.2).
@@ -25,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from harness.leaderboard.board import Row, Table
 from harness.leaderboard.escape import flatten
+from harness.results import empirical_key
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -84,6 +88,12 @@ def line_styles(rows: Sequence[Row]) -> dict[int, tuple[tuple, object, str]]:
     return out
 
 
+def _attack_curve(row: Row, radii: list[float]) -> list[tuple[float, float]]:
+    """(radius, empirical robust accuracy) at the radii the attack ran."""
+    return [(r, row.metrics[empirical_key(r)]) for r in radii
+            if row.metrics.get(empirical_key(r)) is not None]  # fmt: skip
+
+
 def write_certified_plot(table: Table, path: Path, title: str) -> None:
     """Certified accuracy vs radius of every row of ``table``, as a PNG at ``path``."""
     import matplotlib
@@ -124,10 +134,18 @@ def certified_figure(table: Table, title: str) -> Figure:
                     linewidth=1.8 if row.sound else 1.2, alpha=1.0 if row.sound else 0.8,
                     marker=marker, markersize=3.5, markevery=marks,
                     label=labels[i])  # fmt: skip
+            attacked = _attack_curve(row, table.radii)
+            if attacked:
+                ax.plot(*zip(*attacked, strict=True), color=color, linestyle=(0, (1, 1.5)),
+                        linewidth=1.0, marker="x", markersize=4,
+                        label=labels[i] + " · attack (upper bound)")  # fmt: skip
         ax.set_xlim(0, top)
         ax.set_ylim(0, 1.02)
         ax.set_xlabel("radius (ℓ2)")
-        ax.set_ylabel("certified accuracy")
+        attacked = any(_attack_curve(row, table.radii) for row in rows)
+        ax.set_ylabel(
+            "certified (—) and empirical (··) accuracy" if attacked else "certified accuracy"
+        )
         ax.set_title(flatten(f"certified accuracy · {title}"))
         ax.grid(alpha=0.3)
         if rows and beside:

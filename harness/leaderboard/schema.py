@@ -52,6 +52,7 @@ _ROW = {
         "verdict", "sound", "inputs", "clean_accuracy", "acr", "abstention_rate",
         "misclassification_rate", "classwise_accuracy_min", "classwise_accuracy_max",
         "classwise_accuracy_std", "mean_sigma", "seconds_per_input", "classwise_accuracy",
+        "intervals", "paired",
     ],
     "properties": {
         "table": {"type": "integer", "minimum": 1},
@@ -69,12 +70,35 @@ _ROW = {
             "patternProperties": {"^-?[0-9]+$": {"type": "number", "minimum": 0, "maximum": 1}},
             "additionalProperties": False,
         },
+        "intervals": {  # 95 % Clopper–Pearson [low, high] of each accuracy over test inputs
+            "type": "object",
+            "patternProperties": {
+                "^(clean_accuracy|certified_accuracy@.+|empirical_accuracy@.+)$": {
+                    "type": "array", "minItems": 2, "maxItems": 2,
+                    "items": {"type": "number", "minimum": 0, "maximum": 1},
+                },
+            },
+            "additionalProperties": False,
+        },
+        "paired": {  # McNemar's exact test against the first row of the group (null: none)
+            "type": ["object", "null"],
+            "required": ["radius", "inputs", "leader_only", "row_only", "p_value", "tie"],
+            "additionalProperties": False,
+            "properties": {
+                "radius": {"type": "number", "minimum": 0},
+                "inputs": {"type": "integer", "minimum": 1},
+                "leader_only": {"type": "integer", "minimum": 0},
+                "row_only": {"type": "integer", "minimum": 0},
+                "p_value": {"type": "number", "minimum": 0, "maximum": 1},
+                "tie": {"type": "boolean"},
+            },
+        },
     },
     "patternProperties": {
-        "^(clean_accuracy|certified_accuracy@.+|abstention_rate|misclassification_rate"
-        "|classwise_accuracy_(min|max|std))$": {"type": ["number", "null"], "minimum": 0,
-                                                 "maximum": 1},
-        "^(acr|mean_sigma|seconds_per_input)$": {"type": "number", "minimum": 0},
+        "^(clean_accuracy|certified_accuracy@.+|empirical_accuracy@.+|abstention_rate"
+        "|misclassification_rate|classwise_accuracy_(min|max|std))$": {
+            "type": ["number", "null"], "minimum": 0, "maximum": 1},
+        "^(acr|mean_sigma|seconds_per_input)$": {"type": ["number", "null"], "minimum": 0},
     },
 }  # fmt: skip
 

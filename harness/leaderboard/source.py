@@ -17,7 +17,9 @@ evidence; and the files a replay needs (:mod:`harness.runfiles`: the base model'
 weights, plugins' fitted artifacts, σ-estimators), each under the name it ships with
 beside the board and its SHA-256. ``idrs-bench leaderboard --verify`` re-derives the
 certificates and verdicts from it (:mod:`harness.leaderboard.recheck`). A format-1
-export (no evidence) is still read, and only re-rendered.
+export (no evidence) is still read, and only re-rendered. The empirical attack's result
+per row (radii attacked, which input broke at which radius, the attack's strength) is
+exported beside the checks.
 """
 
 from __future__ import annotations
@@ -26,7 +28,13 @@ import json
 from pathlib import Path
 
 from harness.errors import IdrsError
-from harness.storedrun import StoredCertificate, StoredCheck, StoredRun, load_runs
+from harness.storedrun import (
+    StoredAttack,
+    StoredCertificate,
+    StoredCheck,
+    StoredRun,
+    load_runs,
+)
 
 EXPORT_FORMAT = "idrs-bench/run-export/2"
 FORMATS = ("idrs-bench/run-export/1", EXPORT_FORMAT)
@@ -80,6 +88,7 @@ def export_runs(runs: list[StoredRun], stem: str = "board") -> str:
                 "checks": [check.as_dict() for check in run.checks],
                 "files": files,
             }
+            | ({"attacks": [attack.as_dict() for attack in run.attacks]} if run.attacks else {})
         )
     lines = [json.dumps(item, sort_keys=True, separators=(",", ":")) for item in items]
     return '{"format":"' + EXPORT_FORMAT + '","runs":[\n' + ",\n".join(lines) + "\n]}\n"
@@ -109,8 +118,10 @@ def read_export(path: str | Path) -> list[StoredRun]:
                 )  # fmt: skip
         checks = [StoredCheck.from_row(check) for check in item["checks"]]
         files = [f | {"path": str(path.parent / f["file"])} for f in item.get("files", [])]
+        attacks = [StoredAttack.from_row(attack) for attack in item.get("attacks", [])]
         out.append(StoredRun(item["run"], certificates, item["failures"], checks,
-                             data_files=item.get("data_files"), files=files))  # fmt: skip
+                             data_files=item.get("data_files"), files=files,
+                             attacks=attacks))  # fmt: skip
     return out
 
 

@@ -5,10 +5,18 @@ the protocol of every run, the metric catalog (each metric with its higher-is-be
 flag; ``null`` for descriptive ones such as mean σ), the tables, one record per row
 (ranked, with its verdict and the per-class accuracies) and the failures.
 
+Each row record also holds ``intervals`` (every accuracy over test inputs -> its 95 %
+Clopper–Pearson [low, high]) and ``paired`` (McNemar's exact test against the first row
+of its group at the headline radius: discordant counts, p-value, tie; null for that
+first row or rows on other inputs); where the empirical attack ran, the
+``empirical_accuracy@r`` metrics.
+
 ``NAME.csv`` is the same rows in long form, one line per (row, metric): the run's
-protocol columns, the row's identity and verdict, ``metric``, ``radius`` (certified
-accuracy only), ``class`` (per-class accuracy only), ``value`` and ``higher_is_better``.
-Floats are written as their shortest round-trip repr in both files.
+protocol columns, the row's identity and verdict, ``metric``, ``radius`` (certified and
+empirical accuracy, and the paired test), ``class`` (per-class accuracy only),
+``value``, ``lower`` and ``upper`` (the 95 % interval, where the metric has one) and
+``higher_is_better``; the metric ``paired_p_value`` is the McNemar p-value against the
+group's first row. Floats are written as their shortest round-trip repr in both files.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from harness.leaderboard.board import Board, Row, Table
 from harness.leaderboard.metrics import Metric, certified_key, metric_catalog
 from harness.leaderboard.plots import certified_plot_name, classwise_plot_name
 from harness.leaderboard.protocol import run_protocol
+from harness.results import empirical_key
 
 BOARD_FORMAT = "idrs-bench/leaderboard/1"
 PROTOCOL_COLUMNS = ("dataset", "model_hash", "n0", "n", "alpha", "seed", "device")
@@ -28,6 +37,10 @@ PROTOCOL_COLUMNS = ("dataset", "model_hash", "n0", "n", "alpha", "seed", "device
 
 def board_radii(board: Board) -> list[float]:
     return sorted({r for table in board.tables for r in table.radii})
+
+
+def _attacked(rows: list[Row]) -> bool:
+    return any(row.attack for row in rows)
 
 
 def _sections(table: Table) -> list[tuple[str, int, Row]]:
@@ -62,6 +75,8 @@ def _records(board: Board, catalog: list[Metric]) -> list[dict[str, Any]]:
             record["classwise_accuracy"] = {
                 str(c): a for c, a in row.metrics["classwise_accuracy"].items()
             }
+            record["intervals"] = {k: list(v) for k, v in sorted(row.metrics["intervals"].items())}
+            record["paired"] = None if row.paired is None else row.paired.as_dict()
             records.append(record)
     return records
 
@@ -79,10 +94,13 @@ def board_json(board: Board, stem: str) -> str:
     """``NAME.json`` as deterministic text."""
     import pandas as pd
 
-    catalog = metric_catalog(board_radii(board))
-    frame = pd.DataFrame(_records(board, catalog))
+    catalog = metric_catalog(board_radii(board), any(_attacked(t.rows) for t in board.tables))
+    records = _records(board, catalog)
+    nested = ("classwise_accuracy", "intervals", "paired")
+    frame = pd.DataFrame([{k: v for k, v in r.items() if k not in nested} for r in records])
     rows = [
-        {k: _native(v) for k, v in record.items()} for record in frame.to_dict(orient="records")
+        {k: _native(v) for k, v in record.items()} | {k: source[k] for k in nested}
+        for record, source in zip(frame.to_dict(orient="records"), records, strict=True)
     ]
     data = {
         "format": BOARD_FORMAT,
@@ -130,7 +148,7 @@ def board_csv(board: Board, stem: str) -> str:
     protocols = {run.run_id: run_protocol(run, stem) for run in board.runs}
     lines = []
     for table in board.tables:
-        catalog = metric_catalog(table.radii)
+        catalog = metric_catalog(table.radii, _attacked(table.rows))
         for section, rank, row in _sections(table):
             base = {
                 "table": table.index,
@@ -143,15 +161,23 @@ def board_csv(board: Board, stem: str) -> str:
                 "verdict": row.verdict,
             }
             for metric in catalog:
-                radius = next((r for r in table.radii if certified_key(r) == metric.key), None)
+                radius = next((r for r in table.radii if metric.key in (certified_key(r),
+                               empirical_key(r))), None)  # fmt: skip
+                low, high = row.metrics["intervals"].get(metric.key, (None, None))
                 lines.append(base | {"metric": metric.key, "radius": radius, "class": None,
-                                     "value": row.metrics[metric.key],
+                                     "value": row.metrics[metric.key], "lower": low,
+                                     "upper": high,
                                      "higher_is_better": metric.higher_is_better})  # fmt: skip
+            if row.paired is not None:
+                lines.append(base | {"metric": "paired_p_value", "radius": row.paired.radius,
+                                     "class": None, "value": row.paired.p_value,
+                                     "higher_is_better": None})  # fmt: skip
             for label, accuracy in row.metrics["classwise_accuracy"].items():
                 lines.append(base | {"metric": "class_accuracy", "radius": None, "class": label,
                                      "value": accuracy, "higher_is_better": True})  # fmt: skip
     columns = ["table", "section", "rank", "run_id", *PROTOCOL_COLUMNS, "method", "setting",
-               "verdict", "metric", "radius", "class", "value", "higher_is_better"]  # fmt: skip
+               "verdict", "metric", "radius", "class", "value", "lower", "upper",
+               "higher_is_better"]  # fmt: skip
     frame = pd.DataFrame(lines, columns=columns)
     frame["class"] = frame["class"].astype("Int64")
     frame["higher_is_better"] = frame["higher_is_better"].astype("boolean")

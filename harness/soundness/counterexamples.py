@@ -29,6 +29,7 @@ not attacked; S5 (:mod:`harness.soundness.order`) replays their input orders.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -302,6 +303,91 @@ STREAM_CONFIRM = 3
 an engine whose seed comes from the audit's entropy)."""
 
 
+def pgd_on_smoothed(
+    model: torch.nn.Module,
+    x0: torch.Tensor,
+    target: torch.Tensor,
+    radius: torch.Tensor,
+    sigma_at: Callable[[torch.Tensor], torch.Tensor],
+    steps: int,
+    samples: int,
+    gen: torch.Generator,
+    start: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """ℓ2 PGD on the smoothed classifier: points of the balls B(x0_i, radius_i) where class
+    ``target_i`` of the mean softmax over ``samples`` noise draws loses the most.
+
+    Each of ``steps`` steps descends the log-margin log p_target − log max_{c≠target} p_c
+    of E[softmax(f(x + σ(x)ε))] (the differentiable surrogate of both smoothings, as in
+    Salman et al. 2019, §3) by 2.5·radius/steps along the normalized gradient, then
+    projects strictly inside the open ball. ``sigma_at(x)`` gives σ at the iterates (it
+    may carry a gradient); the walk starts at ``start`` (default ``x0``).
+    """
+    device = x0.device
+    shape = (-1,) + (1,) * (x0.dim() - 1)
+    x1 = (x0 if start is None else start).clone()
+    step = 2.5 * radius / max(steps, 1)
+    for _ in range(steps):
+        x1 = x1.detach().requires_grad_(True)
+        with torch.enable_grad():
+            sigma = sigma_at(x1)
+            eps = torch.randn((samples, *x1.shape), generator=gen).to(device)
+            noisy = (x1[None] + sigma.float().view(1, *shape) * eps).reshape(-1, *x1.shape[1:])
+            probs = torch.softmax(model(noisy), dim=-1).view(samples, len(x1), -1).mean(0)
+            own = probs.gather(1, target[:, None]).squeeze(1)
+            other = probs.scatter(1, target[:, None], -1.0).max(dim=1).values
+            margin = torch.log(own.clamp_min(1e-12)) - torch.log(other.clamp_min(1e-12))
+            (grad,) = torch.autograd.grad(margin.sum(), x1)
+        with torch.no_grad():
+            g = grad.flatten(1)
+            g = g / g.norm(dim=1, keepdim=True).clamp_min(1e-12)
+            x1 = x1 - step.view(shape) * g.view_as(x1)
+            delta = (x1 - x0).flatten(1)
+            # strictly inside the open certified ball
+            scale = ((1 - 1e-6) * radius / delta.norm(dim=1).clamp_min(1e-12)).clamp(max=1.0)
+            x1 = x0 + (delta * scale[:, None]).view_as(x0)
+    return x1.detach()
+
+
+def confirm_other_class(
+    engine, x: torch.Tensor, sigma: torch.Tensor, ids: list[int], target: list[int], num: int,
+    level: float, soft: bool, stream: int = STREAM_CONFIRM,
+) -> list[dict | None]:  # fmt: skip
+    """Fresh Monte Carlo at each point ``x_k`` (σ ``sigma_k``, noise of input ``ids_k`` in
+    ``stream``): does another class beat ``target_k``?
+
+    Per point, an upper bound on the target's probability (or mean output, for soft
+    smoothing: Hoeffding) and a lower bound for every other class, each at ``level``
+    (Clopper–Pearson for counts); a point is confirmed when some other class's lower bound
+    exceeds the target's upper bound, so the smoothed classifier there (argmax) is not
+    the target. Returns per point None or the winning class with both bounds.
+    """
+    classes = engine.num_classes
+    if soft:
+        means = np.stack([s.means for s in engine.soft_stats(x, sigma, ids, num, stream)])
+    else:
+        counts = engine.counts(x, sigma, ids, num, stream)
+    out: list[dict | None] = []
+    for k, t in enumerate(target):
+        others = [j for j in range(classes) if j != t]
+        if soft:
+            upper = float(hoeffding_upper(means[k, t], num, level))
+            lowers = hoeffding_lower(means[k, others], num, level)
+        else:
+            upper = clopper_pearson_upper(int(counts[k, t]), num, level)
+            lowers = clopper_pearson_lower_array(
+                counts[k, others], np.full(len(others), num), level
+            )
+        best = int(np.argmax(lowers))
+        out.append(
+            {"winning_class": others[best], "lower_bound_winning_class": float(lowers[best]),
+             "upper_bound_certified_class": upper}
+            if lowers[best] > upper
+            else None
+        )  # fmt: skip
+    return out
+
+
 def attack_certificates(audit: Audit) -> tuple[list[dict], int, list[int]]:
     """S4c: PGD inside the certified balls among ``audited_inputs`` certificates drawn at
     random from the audit's entropy (abstentions count as audited trials: the guarantee is
@@ -316,81 +402,41 @@ def attack_certificates(audit: Audit) -> tuple[list[dict], int, list[int]]:
         return [], 0, audited
     gen = audit.generator(f"{NAME}/attack")
     engine = audit.context.engine
-    model, device, provider = engine.model, audit.context.device, audit.sigma_provider
+    device, provider = audit.context.device, audit.sigma_provider
     x0 = audit.inputs[torch.tensor(chosen)].to(device, torch.float32)
     radius = torch.tensor([certs[k]["radius"] for k in chosen], device=device)
     target = torch.tensor([certs[k]["prediction"] for k in chosen], device=device)
-    shape = (-1,) + (1,) * (x0.dim() - 1)
-    x1 = x0.clone()
-    step = 2.5 * radius / max(budget.attack_steps, 1)
-    for _ in range(budget.attack_steps):
-        x1 = x1.detach().requires_grad_(True)
-        with torch.enable_grad():
-            sigma = provider(x1)
-            checked_sigma(sigma.detach(), len(x1), audit.method.sigma_provider,
-                          " at a PGD point inside a certified ball")  # fmt: skip
-            if not sigma.requires_grad:
-                sigma = sigma.detach()
-            eps = torch.randn((budget.attack_samples, *x1.shape), generator=gen).to(device)
-            noisy = (x1[None] + sigma.float().view(1, *shape) * eps).reshape(-1, *x1.shape[1:])
-            probs = (
-                torch.softmax(model(noisy), dim=-1).view(budget.attack_samples, len(x1), -1).mean(0)
-            )
-            own = probs.gather(1, target[:, None]).squeeze(1)
-            other = probs.scatter(1, target[:, None], -1.0).max(dim=1).values
-            margin = torch.log(own.clamp_min(1e-12)) - torch.log(other.clamp_min(1e-12))
-            (grad,) = torch.autograd.grad(margin.sum(), x1)
-        with torch.no_grad():
-            g = grad.flatten(1)
-            g = g / g.norm(dim=1, keepdim=True).clamp_min(1e-12)
-            x1 = x1 - step.view(shape) * g.view_as(x1)
-            delta = (x1 - x0).flatten(1)
-            # strictly inside the open certified ball
-            scale = ((1 - 1e-6) * radius / delta.norm(dim=1).clamp_min(1e-12)).clamp(max=1.0)
-            x1 = x0 + (delta * scale[:, None]).view_as(x0)
+
+    def sigma_at(x1: torch.Tensor) -> torch.Tensor:
+        sigma = provider(x1)
+        checked_sigma(sigma.detach(), len(x1), audit.method.sigma_provider,
+                      " at a PGD point inside a certified ball")  # fmt: skip
+        return sigma if sigma.requires_grad else sigma.detach()
+
+    x1 = pgd_on_smoothed(engine.model, x0, target, radius, sigma_at, budget.attack_steps,
+                         budget.attack_samples, gen)  # fmt: skip
     engine = audit.fresh_engine(f"{NAME}/confirm")
-    return _confirm(audit, engine, x0, x1.detach(), chosen, target), len(chosen), audited
+    return _confirm(audit, engine, x0, x1, chosen, target), len(chosen), audited
 
 
 def _confirm(audit, engine, x0, x1, chosen, target) -> list[dict]:
-    """Fresh Monte Carlo at each candidate x1 (noise seeded from the audit's entropy):
-    does another class beat the certified one?
-
-    With probability >= 1 − :data:`CONFIRMATION_ERROR` jointly over all candidates and
-    classes: an upper bound on the certified class's probability (or mean output, for soft
-    smoothing) and a lower bound for every other class; a candidate is confirmed when some
-    other class's lower bound exceeds the certified class's upper bound, so the smoothed
-    classifier at x1 (argmax) is not the certified class.
-    """
+    """Fresh Monte Carlo at each candidate x1 (:func:`confirm_other_class`, noise seeded
+    from the audit's entropy), jointly at level :data:`CONFIRMATION_ERROR` over all
+    candidates and classes (a union bound)."""
     certs, budget = audit.certificates, audit.budget
     num = 16 * budget.attack_samples
     with torch.no_grad():
         sigma = audit.sigma(x1, " at a PGD point inside a certified ball").double().cpu()
     ids = [certs[k]["input_id"] for k in chosen]
-    classes = engine.num_classes
-    level = CONFIRMATION_ERROR / (len(chosen) * classes)  # union over candidates, classes
+    level = CONFIRMATION_ERROR / (len(chosen) * engine.num_classes)  # union bound
     soft = audit.certifier.smoothing == "soft"
-    if soft:
-        means = np.stack([s.means for s in engine.soft_stats(x1, sigma, ids, num, STREAM_CONFIRM)])
-    else:
-        counts = engine.counts(x1, sigma, ids, num, STREAM_CONFIRM)
     found = []
-    for k, t in enumerate(target.tolist()):
-        others = [j for j in range(classes) if j != t]
-        if soft:
-            upper = float(hoeffding_upper(means[k, t], num, level))
-            lowers = hoeffding_lower(means[k, others], num, level)
-        else:
-            upper = clopper_pearson_upper(int(counts[k, t]), num, level)
-            lowers = clopper_pearson_lower_array(
-                counts[k, others], np.full(len(others), num), level
-            )
-        best = int(np.argmax(lowers))
-        if lowers[best] > upper:
+    verdicts = confirm_other_class(engine, x1, sigma, ids, target.tolist(), num, level, soft)
+    for k, (t, hit) in enumerate(zip(target.tolist(), verdicts, strict=True)):
+        if hit is not None:
             found.append({
                 "input_id": ids[k], "certified_class": t, "radius": certs[chosen[k]]["radius"],
                 "distance": float((x1[k] - x0[k]).flatten().norm()), "sigma_at_point": float(sigma[k]),
-                "upper_bound_certified_class": upper, "winning_class": others[best],
-                "lower_bound_winning_class": float(lowers[best]), "samples": num, "level": level,
+                **hit, "samples": num, "level": level,
             })  # fmt: skip
     return found

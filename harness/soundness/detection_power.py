@@ -101,7 +101,8 @@ def flags_per_check(
             options = RunOptions(db=db, data_root=data_root)
             with around() if around else contextlib.nullcontext():
                 run_id = run_benchmark(spec, options, quiet, manager)
-                results = run_checks(db, run_id, options, quiet, manager, budget=budget)
+                results = run_checks(db, run_id, options, quiet, manager, budget=budget,
+                                     attack=False)  # fmt: skip
             for (method, _), checks in results.items():
                 row = counts.setdefault(label or method, {"any": 0})
                 for r in checks:

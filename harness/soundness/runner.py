@@ -104,16 +104,21 @@ def replay_source(
 def run_checks(
     db, run_id: str | None, options: RunOptions, progress: Progress,
     manager: PluginManager | None = None, method: str | None = None, budget: str | Budget = "small",
-    orders: int | None = None, entropy: int | None = None,
+    orders: int | None = None, entropy: int | None = None, attack: bool = True,
 ) -> dict[tuple[str, str], list[CheckResult]]:  # fmt: skip
     """Run every registered check on every (method, setting); store and return the results.
 
     Each row's audit-time entropy is recorded in each of its checks' evidence
-    (``entropy``, hex), from which the audit can be re-run (``entropy``)."""
+    (``entropy``, hex), from which the audit can be re-run (``entropy``).
+
+    With ``attack``, each row is then attacked (:func:`run_attack`) at the strength of its
+    budget (``small`` or ``full``; a custom budget does not attack): the empirical robust
+    accuracy a board shows beside the certified one."""
     manager = manager or get_plugin_manager()
     checks = [manager.registry.get("checks", n) for n in manager.registry.names("checks")]
     store = ResultStore(db)
     out: dict[tuple[str, str], list[CheckResult]] = {}
+    attacked: dict[str, dict] = {}
     try:
         for audit in audits(
             store, run_id, options, progress, manager, method, budget, orders, entropy
@@ -147,6 +152,32 @@ def run_checks(
                     results.append(result)
                     advance(1)
             out[audit.method.name, audit.setting] = results
+            if attack:
+                run_attack(store, audit, progress, attacked)
     finally:
         store.close()
     return out
+
+
+def run_attack(store: ResultStore, audit: Audit, progress: Progress, attacked: dict) -> None:
+    """The empirical attack on one row (:mod:`harness.empirical`), stored; rows with the
+    same smoothed classifier (``attacked``, by :func:`harness.empirical.classifier_key`)
+    share one attack. An attack that raises is reported and stores nothing (the board
+    then shows no empirical accuracy for the row)."""
+    from harness.empirical import STRENGTHS, attack_row, classifier_key
+
+    strength = STRENGTHS.get(audit.budget.name)
+    if strength is None:
+        return
+    key = classifier_key(audit)
+    name = f"attack {audit.method.name} {audit.setting}"
+    with progress.task(name, 1, "rows") as advance:
+        try:
+            if key not in attacked:
+                attacked[key] = attack_row(audit, strength)
+            result = attacked[key]
+        except Exception as exc:  # reported, never a silent number
+            progress.warn(f"{name} raised {type(exc).__name__}: {exc}; no empirical accuracy")
+            return
+        store.add_attack(audit.run_id, audit.method.name, audit.setting, audit.budget.name, result)
+        advance(1)

@@ -30,6 +30,9 @@ NORMALIZATIONS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     "svhn": ((0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970)),
     "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
     "mnist": ((0.1307,), (0.3081,)),
+    # SmoothAdv's InputCenterLayer (Salman et al. 2019): the mean subtracted, no division
+    "cifar10-centered": ((0.4914, 0.4822, 0.4465), (1.0, 1.0, 1.0)),
+    "imagenet-centered": ((0.485, 0.456, 0.406), (1.0, 1.0, 1.0)),
     "none": ((0.0,), (1.0,)),
 }
 
