@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.certify import sigma_of
+from harness.certify import sigma_of, sigma_smoothing
 from harness.components import BuildContext, Certifier, MethodSpec, SigmaProvider
 from harness.data import Dataset
 from harness.method import build_method
@@ -117,11 +117,19 @@ class Audit:
 
         Returns (σ-provider, certifier, context). ``context.model`` is ``model``; the
         engine queries it in ``protocol``'s arithmetic (:func:`harness.precision.prepare_model`).
+        A σ-provider that declares a σ-smoothing is kept as audited: its σ-estimator is a
+        model of its own, fitted to the run's base model, and its certificate does not
+        depend on the classifier, so only the certifier is built again.
         """
         engine = SamplingEngine(prepare_model(model, protocol), dataset.num_classes, self.context.device, protocol.batch_size,
                                 self.context.seed)  # fmt: skip
         context = replace(self.context, dataset=dataset, model=model, protocol=protocol,
                           engine=engine, model_hash=None)  # fmt: skip
+        if sigma_smoothing(self.sigma_provider) is not None:
+            method = self.registry.get("methods", self.method.name)
+            spec = self.registry.get("certifiers", method.certifier)
+            certifier = spec.build(context, {**method.defaults, **self.params}, self.sigma_provider)
+            return self.sigma_provider, certifier, context
         provider, certifier = build_method(self.registry, self.method.name, self.params, context)
         return provider, certifier, context
 

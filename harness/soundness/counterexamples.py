@@ -19,6 +19,10 @@ smoothed prediction (with the method's σ at that point) differs from the certif
 estimate whose Clopper–Pearson upper bound on the certified class is below 1/2.
 (d) Memory-based certifiers (``order_dependent``) are flagged ``order-dependent`` and
 not attacked; S5 (:mod:`harness.soundness.order`) replays their input orders.
+
+For a σ-smoothing (dual RS, Sun et al. 2026), σ at a point is the harness's draw of the
+σ-estimator, and (b) and (c) count a point only if it is a counterexample at every σ
+level plausible there (:mod:`harness.soundness.sigma_smoothing`).
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ import numpy as np
 import torch
 
 from harness.certificate import ABSTAIN
-from harness.certify import checked_sigma
+from harness.certify import checked_sigma, sigma_smoothing
+from harness.soundness import sigma_smoothing as smoothed
 from harness.soundness.analytic import BallClassifier
 from harness.soundness.audit import Audit
 from harness.soundness.verdict import P_THRESHOLD, CheckResult, Verdict, false_certificates_pvalue
@@ -102,16 +107,17 @@ def check_counterexamples(audit: Audit) -> CheckResult:
         flips = []
         memory = audit.certifier.order_dependent
         ball_sigma = audit.certifier.ball_sigmas(certs) if memory else None
+        flip_at = _smoothed_flip(audit, gen, len(certs))
         for c, x in zip(certs, audit.inputs, strict=True):
             if c["prediction"] != ABSTAIN and c["radius"] > 0:
-                flip = ball_flip(
+                flip = flip_at(c, x) if flip_at else ball_flip(
                     sigma_in_ball(audit.sigma_provider, ball_sigma, c["input_id"]),
                     model,
                     x.to(audit.context.device),
                     c["radius"],
                     c["prediction"],
                     gen,
-                )
+                )  # fmt: skip
                 if flip is not None:
                     flips.append({"input_id": c["input_id"], "radius": c["radius"], **flip})
         p_flips = false_certificates_pvalue(len(flips), len(certs), alpha)
@@ -198,6 +204,23 @@ def _intersections(certs: list[dict], inputs: torch.Tensor) -> dict:
     return out
 
 
+def _smoothed_flip(audit: Audit, gen: torch.Generator, searches: int):
+    """For a σ-smoothing (dual RS), the exact-flip search of one stored certificate at the
+    σ levels the harness draws (:func:`harness.soundness.sigma_smoothing.ball_flip`);
+    None for any other σ-provider."""
+    smoothing = sigma_smoothing(audit.sigma_provider)
+    if smoothing is None:
+        return None
+
+    def flip(c: dict, x: torch.Tensor):
+        level = int(np.argmax(c["draws"]["sigma"]["selection"]))
+        return smoothed.ball_flip(audit, audit.context, smoothing, audit.context.model,
+                                  x.to(audit.context.device), c["radius"], c["prediction"], level,
+                                  gen, f"counterexamples/flip/{c['input_id']}", searches)  # fmt: skip
+
+    return flip
+
+
 def sigma_in_ball(provider, ball_sigma: dict[int, float] | None, input_id: int):
     """σ at the points of a certified ball: the method's σ(x), or for memory
     certificates the constant σ of the ball (``ball_sigma`` by input id)."""
@@ -278,6 +301,8 @@ def attack_certificates(audit: Audit, gen: torch.Generator) -> tuple[list[dict],
     (abstentions count as audited trials: the guarantee is per input asked about).
 
     Returns (confirmed violations, attacked, audited)."""
+    if sigma_smoothing(audit.sigma_provider) is not None:  # σ drawn by the harness (dual RS)
+        return smoothed.attack(audit, gen, STREAM_CONFIRM)
     budget, certs = audit.budget, audit.certificates
     audited = min(len(certs), budget.audited_inputs)
     chosen = [

@@ -21,6 +21,9 @@ P(f = 1) = 1/2; soft certifiers are thereby audited against the exact soft expec
   from x0 (:func:`harness.soundness.counterexamples.ball_flip`), the rays along ±∇σ
   included. Memory certificates keep σ constant inside each certified ball (Alfarra et
   al., App. C) and get a fresh certifier per trial (each trial is another classifier).
+  For a σ-smoothing (dual RS) σ at each point is drawn by the harness from the
+  σ-estimator, and a point counts only if it flips at every level plausible there
+  (:func:`harness.soundness.sigma_smoothing.ball_flip`).
 
 **Null.** A valid certifier issues a false certificate with probability at most α per
 *trial* (per input it is asked about, abstentions included), so the number of false
@@ -48,6 +51,7 @@ from harness.certify import (
 )
 from harness.data import Dataset
 from harness.protocol import CertificationProtocol
+from harness.soundness import sigma_smoothing as smoothed
 from harness.soundness.analytic import BallClassifier, LinearClassifier
 from harness.soundness.audit import Audit
 from harness.soundness.counterexamples import ball_flip, sigma_and_gradient, sigma_in_ball
@@ -137,8 +141,7 @@ def _ball_trials(audit: Audit, points: torch.Tensor, trials: int, gen: torch.Gen
     protocol = _protocol(audit)
     dataset = _dataset(audit, "ball", model, points)
     provider, certifier, context = audit.rebuild(dataset, model, protocol)
-    with torch.no_grad():
-        sigma_ref = provider(points.to(device)).double().cpu()
+    sigma_ref = _reference_sigma(audit, context, provider, points.to(device))
     failures, certified, example = 0, 0, None
     rng = np.random.default_rng(audit.context.seed + 17)
     for t in range(trials):
@@ -165,8 +168,13 @@ def _ball_trials(audit: Audit, points: torch.Tensor, trials: int, gen: torch.Gen
         ball_sigma = None
         if certifier.order_dependent:  # memory certificates: σ is constant inside each ball
             ball_sigma = certifier.ball_sigmas([vars(c)])
-        flip = ball_flip(sigma_in_ball(provider, ball_sigma, t), model, x0[0], c.radius,
-                         c.prediction, gen, None if ball_sigma else gradient)  # fmt: skip
+        if drawn is None:
+            flip = ball_flip(sigma_in_ball(provider, ball_sigma, t), model, x0[0], c.radius,
+                             c.prediction, gen, None if ball_sigma else gradient)  # fmt: skip
+        else:  # flips at every σ level plausible at the point, drawn by the harness
+            flip = smoothed.ball_flip(audit, context, sigma_smoothing(provider), model, x0[0],
+                                      c.radius, c.prediction, int(np.argmax(drawn.selection[0])),
+                                      gen, f"coverage/ball/{t}", trials)  # fmt: skip
         if flip is not None:
             failures += 1
             example = example or {"model": f"ball-{dim}", "trial": t, "input": k,
@@ -174,6 +182,16 @@ def _ball_trials(audit: Audit, points: torch.Tensor, trials: int, gen: torch.Gen
                                   "radius": c.radius, "prediction": c.prediction,
                                   **{key: v for key, v in flip.items() if key != "point"}}  # fmt: skip
     return {"trials": trials, "certified": certified, "failures": failures, "example": example}
+
+
+def _reference_sigma(audit: Audit, context, provider, points: torch.Tensor) -> torch.Tensor:
+    """σ at the trial inputs (float64, CPU) that sizes each trial's ball: the provider's
+    answer, or for a σ-smoothing the level the harness's draws choose."""
+    if sigma_smoothing(provider) is None:
+        with torch.no_grad():
+            return provider(points).double().cpu()
+    sigma, _ = sigma_of(context, provider, points, None, audit.method.sigma_provider)
+    return torch.from_numpy(sigma)
 
 
 def check_coverage(audit: Audit) -> CheckResult:
