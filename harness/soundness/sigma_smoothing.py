@@ -33,14 +33,14 @@ if it holds at every level plausible at the point).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from harness.certificate import ABSTAIN
 from harness.certify import point_ids, sigma_smoothing
-from harness.draws import Draws, SigmaSmoothing
+from harness.draws import SigmaSmoothing
 from harness.precision import prepare_model
 from harness.soundness.audit import Audit, derived_seed
 from harness.soundness.verdict import P_THRESHOLD, CheckResult, Verdict, false_certificates_pvalue
@@ -187,10 +187,10 @@ def probe_constancy(
 
 def stored_sigma_certificates(audit: Audit) -> tuple[np.ndarray, np.ndarray]:
     """Per stored certificate: the level k̂ its σ draws chose and R_σ re-derived from them
-    (Clopper–Pearson at the σ-smoothing's α share, Cohen's radius at σ_v; 0 where the
-    bound is <= 1/2), as check S0 derives them. Raises if a certificate has no σ draws."""
+    as check S0 derives it (Cohen's formula on the σ draws at the σ-smoothing's α share;
+    0 where the bound is <= 1/2). Raises if a certificate has no σ draws."""
     from harness.errors import IdrsError
-    from harness.worstcase import cohen_radius
+    from harness.radius import cohen_recompute
 
     smoothing = sigma_smoothing(audit.sigma_provider)
     records = [(r.get("draws") or {}).get("sigma") for r in audit.certificates]
@@ -200,14 +200,11 @@ def stored_sigma_certificates(audit: Audit) -> tuple[np.ndarray, np.ndarray]:
                         "of their σ-smoothing; check S0 reports them")  # fmt: skip
     if not records:
         return np.zeros(0, dtype=np.int64), np.zeros(0)
-    draws = Draws.from_records(records)
-    top = np.argmax(draws.selection, axis=1)
-    count = draws.estimation[np.arange(len(top)), top]
-    bound = clopper_pearson_lower_array(count, draws.estimation.sum(axis=1), smoothing.alpha)
-    ok = bound > 0.5
-    radius = np.zeros(len(top))
-    radius[ok] = cohen_radius(bound[ok], np.full(ok.sum(), float(smoothing.noise)))
-    return top, radius
+    rows = [{"sigma": rec["sigma"], "draws": {"base": rec}} for rec in records]
+    protocol = replace(audit.context.protocol, alpha=float(smoothing.alpha))
+    derived = cohen_recompute(rows, None, protocol, None)
+    top = np.array([int(np.argmax(rec["selection"])) for rec in records], dtype=np.int64)
+    return top, np.asarray(derived.radius, dtype=np.float64)
 
 
 def _verdict_of_count(name: str, flagged: int, trials: int, searched: int, alpha: float,
