@@ -548,7 +548,7 @@ def _plugins(args: argparse.Namespace) -> int:
         table.add_column(column)
     for row in rows:
         provides = "\n".join(
-            f"{kind}: {', '.join(names)}" for kind, names in row["provides"].items()
+            f"{kind}: {', '.join(names)}" for kind, names in sorted(row["provides"].items())
         )
         hooks = "\n".join(h.removeprefix("idrs_register_") for h in row["hooks"])
         table.add_row(escape(row["name"]), escape(row["version"]), hooks, escape(provides))

@@ -75,6 +75,15 @@ def test_cifar10_cohen_on_a_cohen_checkpoint(tmp_path, write_cifar10, write_cohe
     assert run["weights_digest"] == weights_digest(model)
 
 
+def _inline(value) -> str:
+    """``value`` as a TOML inline value (strings quoted, tables inline)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_inline(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_inline(v) for v in value) + "]"
+    return json.dumps(value)
+
+
 def test_cifar10_idrs_every_method_on_one_checkpoint(
     tmp_path, write_cifar10, write_cohen_checkpoint
 ):
@@ -83,13 +92,14 @@ def test_cifar10_idrs_every_method_on_one_checkpoint(
     checkpoint = tmp_path / "checkpoint.pth.tar"
     write_cohen_checkpoint(checkpoint, "cifar_resnet20")
     spec = load_spec(BENCHMARKS_DIR / "cifar10-idrs.toml")
-    short = {"chen-fgss": "num_starts=1, num_samples=8, max_steps=2",
-             "alfarra-ds": "steps=2", "alfarra-ds-memory": "steps=2",
-             "lipschitz-sigma-net": "train_examples=8, train_steps=2, train_batch=4, train_samples=2",
-             "sukenik": "k=5"}  # fmt: skip
+    short = {"chen-fgss": {"num_starts": 1, "num_samples": 8, "max_steps": 2},
+             "alfarra-ds": {"steps": 2}, "alfarra-ds-memory": {"steps": 2},
+             "lipschitz-sigma-net": {"train_examples": 8, "train_steps": 2, "train_batch": 4,
+                                     "train_samples": 2},
+             "sukenik": {"k": 5},
+             "dual-rs": {"train_examples": 8, "label_samples": 2, "epochs": 1}}  # fmt: skip
     methods = ", ".join(
-        f'{{name="{m.name}", settings=[{{{", ".join(f"{k}={v}" for k, v in s.items())}'
-        f'{", " if s and m.name in short else ""}{short.get(m.name, "")}}}]}}'
+        f'{{name="{m.name}", settings=[{_inline({**s, **short.get(m.name, {})})}]}}'
         for m in spec.methods for s in m.settings[:1]
     )  # fmt: skip
     with pytest.warns(UserWarning, match="MD5"):

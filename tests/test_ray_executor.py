@@ -67,6 +67,10 @@ settings = [{ sigma = 0.25, steps = 8, beta = 0.05 }]
 [[methods]]
 name = "lipschitz-sigma-net"
 settings = [{ width = 16, train_examples = 64, train_steps = 20 }]
+
+[[methods]]
+name = "dual-rs"
+settings = [{ levels = [0.25, 0.5], estimator_sigma = 0.25, train_examples = 64, label_samples = 8, epochs = 2, estimator_params = { width = 8 } }]
 """
 
 SLOW = """
@@ -155,18 +159,18 @@ def test_ray_certificates_equal_local_ones_row_for_row_for_every_method(cluster,
     rows = _query(local_db, CERTIFICATES)
     methods = {r[0] for r in rows}
     assert methods == {"cohen", "sukenik", "chen-fgss", "alfarra-ds", "alfarra-ds-memory",
-                       "lipschitz-sigma-net"}  # fmt: skip
-    assert len(rows) == 7 * 8
+                       "lipschitz-sigma-net", "dual-rs"}  # fmt: skip
+    assert len(rows) == 8 * 8
     assert _query(ray_db, CERTIFICATES) == rows
     state = _query(local_db, STATE)
     assert len(state) == 8  # the memory certifier: one entry per input, in input order
     assert _query(ray_db, STATE) == state
-    assert _query(ray_db, "SELECT COUNT(*) FROM shards") == [(7 * 3,)]
+    assert _query(ray_db, "SELECT COUNT(*) FROM shards") == [(8 * 3,)]
     failures = "SELECT method, setting, error FROM failures"
     assert _query(ray_db, failures) == _query(local_db, failures)
     assert [r[:2] for r in _query(ray_db, failures)] == [("sukenik", "k=100000000")]
     assert "method sukenik (k=100000000) failed: ParameterError: k = 100000000" in out.getvalue()
-    assert executor.stats.certificates == 56 and executor.stats.shards == 21
+    assert executor.stats.certificates == 64 and executor.stats.shards == 24
     assert executor.stats.bytes_received > 0 and executor.stats.inserts_per_second > 0
 
 

@@ -1,10 +1,10 @@
-"""Expected verdicts of the five built-in methods (harness/README.md, "Soundness checks").
+"""Expected verdicts of the built-in methods (harness/README.md, "Soundness checks").
 
 On the analytic ball-2 classifier: cohen and sukenik sound, chen-fgss and alfarra-ds
 (without memory) violated, alfarra-ds-memory order-dependent (never sound: Súkeník et al.
-2022, App. C.2), the Lipschitz
-σ-network sound when its hypotheses hold and unjustified when the output normalization
-is switched off. On fashion-mnist, chen-fgss and alfarra-ds are at least unjustified.
+2022, App. C.2), the Lipschitz σ-network sound when its hypotheses hold and unjustified
+when the output normalization is switched off, dual randomized smoothing sound. On
+fashion-mnist, chen-fgss and alfarra-ds are at least unjustified.
 Small budgets, fixed seeds, CPU.
 """
 
@@ -41,6 +41,8 @@ def _ball(seed: int, methods: list[dict]) -> dict:
 
 
 LIPSCHITZ = {"train_examples": 128, "train_steps": 30, "lip_sigma": 0.5, "sigma_min": 0.3}
+DUAL_RS = {"levels": [0.25, 0.5], "estimator_sigma": 0.25, "train_examples": 256,
+           "label_samples": 16, "epochs": 3, "estimator_params": {"width": 16}}  # fmt: skip
 EXPECTED = [
     ("cohen", {"sigma": 0.25}, Verdict.SOUND, set()),
     ("sukenik", {"sigma": 0.25, "rate": 0.2, "k": 5}, Verdict.SOUND, set()),
@@ -54,6 +56,7 @@ EXPECTED = [
     ),
     ("lipschitz-sigma-net", LIPSCHITZ, Verdict.SOUND, set()),
     ("lipschitz-sigma-net", {**LIPSCHITZ, "normalize": False}, Verdict.UNJUSTIFIED, set()),
+    ("dual-rs", DUAL_RS, Verdict.SOUND, set()),
 ]
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.certify import sigma_of
+from harness.certify import sigma_of, sigma_smoothing
 from harness.components import BuildContext, Certifier, MethodSpec, SigmaProvider
 from harness.data import Dataset
 from harness.errors import IdrsError
@@ -172,7 +172,10 @@ class Audit:
         a check draws its own samples with :meth:`fresh_engine`, so what the method
         simulates with ``context.engine`` does not predict them. Artifacts a plugin saves
         go under ``artifact_root`` (give a temporary folder: the cache is not for models
-        that exist only in an audit).
+        that exist only in an audit). A σ-provider that declares a σ-smoothing is kept as
+        audited: its σ-estimator is a model of its own, fitted to the run's base model,
+        and its certificate does not depend on the classifier, so only the certifier is
+        built again.
         """
         run = self.context.engine
         engine = SamplingEngine(prepare_model(model, protocol), dataset.num_classes,
@@ -182,6 +185,11 @@ class Audit:
         context = replace(self.context, dataset=dataset, model=model, protocol=protocol,
                           engine=engine, artifact_root=artifact_root,
                           model_hash=content_hash() if content_hash else None)  # fmt: skip
+        if sigma_smoothing(self.sigma_provider) is not None:
+            method = self.registry.get("methods", self.method.name)
+            spec = self.registry.get("certifiers", method.certifier)
+            certifier = spec.build(context, {**method.defaults, **self.params}, self.sigma_provider)
+            return self.sigma_provider, certifier, context
         provider, certifier = build_method(self.registry, self.method.name, self.params, context)
         return provider, certifier, context
 

@@ -24,6 +24,10 @@ bound. The confirmations err jointly with probability <= :data:`CONFIRMATION_ERR
 which is added to the attack's p-value (:func:`attack_pvalue`).
 (d) Memory-based certifiers (``order_dependent``) are flagged ``order-dependent`` and
 not attacked; S5 (:mod:`harness.soundness.order`) replays their input orders.
+
+For a σ-smoothing (dual RS, Sun et al. 2026), σ at a point is the harness's draw of the
+σ-estimator, and (b) and (c) count a point only if it is a counterexample at every σ
+level plausible there (:mod:`harness.soundness.sigma_smoothing`).
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ import numpy as np
 import torch
 
 from harness.certificate import ABSTAIN
-from harness.certify import checked_sigma
+from harness.certify import checked_sigma, sigma_smoothing
+from harness.soundness import sigma_smoothing as smoothed
 from harness.soundness.analytic import BallClassifier
 from harness.soundness.audit import Audit
 from harness.soundness.verdict import P_THRESHOLD, CheckResult, Verdict, false_certificates_pvalue
@@ -123,16 +128,17 @@ def check_counterexamples(audit: Audit) -> CheckResult:
         flips = []
         memory = audit.certifier.order_dependent
         ball_sigma = audit.certifier.ball_sigmas(certs) if memory else None
+        flip_at = _smoothed_flip(audit, gen, len(certs))
         for c, x in zip(certs, audit.inputs, strict=True):
             if c["prediction"] != ABSTAIN and c["radius"] > 0:
-                flip = ball_flip(
+                flip = flip_at(c, x) if flip_at else ball_flip(
                     sigma_in_ball(audit.sigma_provider, ball_sigma, c["input_id"]),
                     model,
                     x.to(audit.context.device),
                     c["radius"],
                     c["prediction"],
                     gen,
-                )
+                )  # fmt: skip
                 if flip is not None:
                     flips.append({"input_id": c["input_id"], "radius": c["radius"], **flip})
         p_flips = false_certificates_pvalue(len(flips), len(certs), alpha)
@@ -222,6 +228,23 @@ def _intersections(certs: list[dict], inputs: torch.Tensor) -> dict:
             "distance": float(dist[0]),
         }
     return out
+
+
+def _smoothed_flip(audit: Audit, gen: torch.Generator, searches: int):
+    """For a σ-smoothing (dual RS), the exact-flip search of one stored certificate at the
+    σ levels the harness draws (:func:`harness.soundness.sigma_smoothing.ball_flip`);
+    None for any other σ-provider."""
+    smoothing = sigma_smoothing(audit.sigma_provider)
+    if smoothing is None:
+        return None
+
+    def flip(c: dict, x: torch.Tensor):
+        level = int(np.argmax(c["draws"]["sigma"]["selection"]))
+        return smoothed.ball_flip(audit, audit.context, smoothing, audit.context.model,
+                                  x.to(audit.context.device), c["radius"], c["prediction"], level,
+                                  gen, f"counterexamples/flip/{c['input_id']}", searches)  # fmt: skip
+
+    return flip
 
 
 def sigma_in_ball(provider, ball_sigma: dict[int, float] | None, input_id: int):
@@ -403,11 +426,14 @@ def attack_certificates(audit: Audit) -> tuple[list[dict], int, list[int]]:
     gen = audit.generator(f"{NAME}/attack")
     engine = audit.context.engine
     device, provider = audit.context.device, audit.sigma_provider
+    smoothing = sigma_smoothing(provider)
     x0 = audit.inputs[torch.tensor(chosen)].to(device, torch.float32)
     radius = torch.tensor([certs[k]["radius"] for k in chosen], device=device)
     target = torch.tensor([certs[k]["prediction"] for k in chosen], device=device)
 
     def sigma_at(x1: torch.Tensor) -> torch.Tensor:
+        if smoothing is not None:  # the certificate's own σ, meant to be constant in its ball
+            return torch.tensor([certs[k]["sigma"] for k in chosen], device=device)
         sigma = provider(x1)
         checked_sigma(sigma.detach(), len(x1), audit.method.sigma_provider,
                       " at a PGD point inside a certified ball")  # fmt: skip
@@ -422,21 +448,49 @@ def attack_certificates(audit: Audit) -> tuple[list[dict], int, list[int]]:
 def _confirm(audit, engine, x0, x1, chosen, target) -> list[dict]:
     """Fresh Monte Carlo at each candidate x1 (:func:`confirm_other_class`, noise seeded
     from the audit's entropy), jointly at level :data:`CONFIRMATION_ERROR` over all
-    candidates and classes (a union bound)."""
+    candidates, classes and σ (a union bound).
+
+    σ at x1 is the method's; for a σ-smoothing, every level plausible at x1 by the
+    harness's draws of its σ-estimator
+    (:func:`harness.soundness.sigma_smoothing.plausible_at`, which spends a share of the
+    same error), and a candidate is confirmed only if another class wins at each."""
     certs, budget = audit.certificates, audit.budget
     num = 16 * budget.attack_samples
-    with torch.no_grad():
-        sigma = audit.sigma(x1, " at a PGD point inside a certified ball").double().cpu()
     ids = [certs[k]["input_id"] for k in chosen]
-    level = CONFIRMATION_ERROR / (len(chosen) * engine.num_classes)  # union bound
+    smoothing = sigma_smoothing(audit.sigma_provider)
+    if smoothing is None:
+        with torch.no_grad():
+            sigma = audit.sigma(x1, " at a PGD point inside a certified ball").double().cpu()
+        candidates = [(sigma, np.ones(len(chosen), dtype=bool))]
+        error = CONFIRMATION_ERROR
+    else:
+        levels, plausible = smoothed.plausible_at(audit, smoothing, x1, num, CONFIRMATION_ERROR / 2,
+                                                  f"{NAME}/confirm-sigma")  # fmt: skip
+        candidates = [(torch.full((len(chosen),), s, dtype=torch.float64), plausible[:, j])
+                      for j, s in enumerate(levels)]  # fmt: skip
+        error = CONFIRMATION_ERROR / 2
+    level = error / (len(chosen) * engine.num_classes * len(candidates))  # union bound
     soft = audit.certifier.smoothing == "soft"
+    weakest: list[dict | None] = [None] * len(chosen)  # per candidate, its weakest plausible σ
+    confirmed = np.ones(len(chosen), dtype=bool)
+    for sigma, applies in candidates:
+        verdicts = confirm_other_class(engine, x1, sigma, ids, target.tolist(), num, level, soft)
+        for k, hit in enumerate(verdicts):
+            if not applies[k]:
+                continue
+            if hit is None:
+                confirmed[k] = False
+                continue
+            gap = hit["lower_bound_winning_class"] - hit["upper_bound_certified_class"]
+            if weakest[k] is None or gap < weakest[k]["gap"]:
+                weakest[k] = {"gap": gap, "sigma_at_point": float(sigma[k]), **hit}
     found = []
-    verdicts = confirm_other_class(engine, x1, sigma, ids, target.tolist(), num, level, soft)
-    for k, (t, hit) in enumerate(zip(target.tolist(), verdicts, strict=True)):
-        if hit is not None:
+    for k, t in enumerate(target.tolist()):
+        if confirmed[k] and weakest[k] is not None:
+            hit = {key: v for key, v in weakest[k].items() if key != "gap"}
             found.append({
                 "input_id": ids[k], "certified_class": t, "radius": certs[chosen[k]]["radius"],
-                "distance": float((x1[k] - x0[k]).flatten().norm()), "sigma_at_point": float(sigma[k]),
-                **hit, "samples": num, "level": level,
+                "distance": float((x1[k] - x0[k]).flatten().norm()), **hit, "samples": num,
+                "level": level,
             })  # fmt: skip
     return found

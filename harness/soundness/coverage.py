@@ -31,9 +31,10 @@ certifying and abstaining and between the two classes (:func:`trial_quantile`).
   prediction other than ĉ (with the method's own σ at that point), searched on rays
   from x0 (:func:`harness.soundness.counterexamples.ball_flip`), the rays along ±∇σ
   included. Memory certificates keep σ constant inside each certified ball (Alfarra et
-  al., App. C) and get a fresh certifier per trial (each trial is another classifier);
-  so does a σ-smoothing within R_σ, which caps its certificates (Sun et al. 2026: the
-  smoothed σ choice is certified constant there, the event it fails on is in α).
+  al., App. C) and get a fresh certifier per trial (each trial is another classifier).
+  For a σ-smoothing (dual RS) σ at each point is drawn by the harness from the
+  σ-estimator, and a point counts only if it flips at every level plausible there
+  (:func:`harness.soundness.sigma_smoothing.ball_flip`).
 
 Each trial is judged twice: the rebuilt certifier's claim, and the certificate the
 *run's* declared radius formula (the one S0 holds the run's certificates to) derives
@@ -79,6 +80,7 @@ from harness.certify import (
 from harness.data import Dataset
 from harness.protocol import CertificationProtocol
 from harness.radius import Recomputed, cohen_recompute
+from harness.soundness import sigma_smoothing as smoothed
 from harness.soundness.analytic import BallClassifier, LinearClassifier
 from harness.soundness.audit import Audit
 from harness.soundness.counterexamples import ball_flip, sigma_and_gradient, sigma_in_ball
@@ -363,8 +365,6 @@ def _trials(audit: Audit, family: str, points, ids, trials: int, protocol, root:
             ball_sigma = None
             if certifier.order_dependent:  # memory certificates: σ constant in each ball
                 ball_sigma = certifier.ball_sigmas([vars(c)])
-            elif drawn is not None:  # dual RS: σ certified constant within R_σ >= the radius
-                ball_sigma = {input_id: float(sigma[0])}
             probabilities = model.class_probabilities(x0.cpu().numpy(), sigma)[0]
             out.inputs.append(input_id)
             where = {"model": f"{family}-{dim}", "input_id": input_id, "exact_p_side_1": q,
@@ -377,6 +377,18 @@ def _trials(audit: Audit, family: str, points, ids, trials: int, protocol, root:
                     if pred != truth or radius > abs(signed):
                         return {**where, "true_class": truth, "distance_to_boundary": abs(signed)}
                     return None
+
+            elif drawn is not None:  # flips at every σ level plausible there, drawn by the harness
+                smoothing, level = sigma_smoothing(provider), int(np.argmax(drawn.selection[0]))
+
+                def false(pred, radius, x0=x0, model=model, where=where, gen=gen,
+                          context=context, smoothing=smoothing, level=level,
+                          search=f"{purpose}/{j}"):  # fmt: skip
+                    flip = smoothed.ball_flip(audit, context, smoothing, model, x0[0], radius,
+                                              pred, level, gen, search, trials)  # fmt: skip
+                    if flip is None:
+                        return None
+                    return {**where, **{key: v for key, v in flip.items() if key != "point"}}
 
             else:
 

@@ -25,7 +25,9 @@ within which σ is constant (Cohen et al. 2019, Thm 1 on the σ-estimator; Sun e
 4. it certifies a class the formula does not certify;
 5. its stored radius exceeds the recomputed one (relative tolerance 1e-9);
 6. (σ-smoothing) its σ is not the level the σ draws choose, its σ draws are missing or
-   declare another α share or levels than the σ-provider, or its radius exceeds R_σ.
+   declare another α share or levels than the σ-provider, its radius exceeds R_σ, or it
+   certifies a class where R_σ = 0 (the σ level itself is not certified there, so even
+   the claim at x rests on a σ that may not be σ(x)).
 
 A conservative certificate (smaller bound or radius) passes. The check's evidence
 records the declaration it re-derived against (:class:`Declaration`: the formula by its
@@ -247,6 +249,7 @@ def _sigma_smoothing(
     protocol = replace(protocol, alpha=float(declared.alpha))
     derived = cohen_recompute(as_rows, None, protocol, None)
     stored_sigma = np.array([float(r["sigma"]) for r in rows])
+    stored_pred = np.array([int(r["prediction"]) for r in rows])
     declared_as = np.array([rec.get("levels") == list(levels) and rec.get("alpha") == declared.alpha
                             and rec.get("sigma") == declared.noise for rec in records])  # fmt: skip
     n_ok = (np.asarray(derived.n0) == protocol.n0) & (np.asarray(derived.n) == protocol.n)
@@ -272,6 +275,14 @@ def _sigma_smoothing(
             stored_sigma,
             chosen,
             "stored σ {s} is not the level {r} its σ draws choose",
+        ),
+        (
+            "σ certified",
+            (stored_pred != ABSTAIN) & ~(np.asarray(derived.radius) > 0),
+            stored_pred,
+            np.full(len(rows), ABSTAIN),
+            "certifies class {s} where its σ draws do not certify the σ level (R_σ = 0), so "
+            "it must abstain ({r})",
         ),
     ]
     return tests, np.asarray(derived.radius), float(declared.alpha)

@@ -25,6 +25,11 @@ outputs, so that the means of g = (1 − K·p_min)·softmax + p_min, which S0 fo
 harness's mean softmax outputs (:mod:`harness.soundness.evidence`), lie in
 [p_min, 1 − (K − 1)·p_min] by construction; L and the radius are re-derived by S0.
 
+A σ-provider that declares a σ-smoothing (dual RS, Sun et al. 2026) uses a σ meant to be
+constant on each certified ball: the ball is searched for a point where the harness's
+draws of its σ-estimator confidently choose another level
+(:func:`harness.soundness.sigma_smoothing.check_justification`).
+
 Applicability: every certifier that is not ``order_dependent`` (memory certificates
 keep σ constant inside each certified ball, Alfarra et al., App. C, so there is no σ
 variation to justify; S5 handles them).
@@ -38,8 +43,9 @@ import numpy as np
 import torch
 
 from harness.certificate import ABSTAIN
-from harness.certify import checked_sigma
+from harness.certify import checked_sigma, sigma_smoothing
 from harness.regularity import Constant, Lipschitz, SemiElastic
+from harness.soundness import sigma_smoothing as smoothed
 from harness.soundness.audit import Audit
 from harness.soundness.verdict import CheckResult, Verdict
 from harness.worstcase import xi
@@ -93,6 +99,8 @@ def check_justification(audit: Audit) -> CheckResult:
     if certifier.order_dependent:
         return CheckResult(NAME, Verdict.NOT_APPLICABLE,
                            "memory certificates: σ is constant inside each certified ball (Alfarra et al., App. C)")  # fmt: skip
+    if sigma_smoothing(audit.sigma_provider) is not None:  # σ drawn by the harness (dual RS)
+        return smoothed.check_justification(audit, NAME)
     declared = audit.sigma_provider.regularity
     if certifier.smoothing == "soft":
         return _soft_hypotheses(audit, declared)

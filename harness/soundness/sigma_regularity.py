@@ -11,16 +11,23 @@ pair on the quotient the certificate relies on:
 
 A declared regularity that a pair contradicts makes the certificates ``unjustified``.
 
+A σ-provider that declares a σ-smoothing (dual RS, Sun et al. 2026) is held to what the
+smoothing certifies instead: its level constant on every B(x, R_σ(x))
+(:func:`harness.soundness.sigma_smoothing.check_regularity`).
+
 Applicability: the σ-provider declares a regularity (``Constant``, ``SemiElastic`` or
-``Lipschitz``); for ``Unregularized`` there is nothing to hold σ against, so the check
-is ``not-applicable`` and the worst semi-elasticity found is information only.
+``Lipschitz``) or a σ-smoothing; for ``Unregularized`` without one there is nothing to
+hold σ against, so the check is ``not-applicable`` and the worst semi-elasticity found
+is information only.
 """
 
 from __future__ import annotations
 
 import torch
 
+from harness.certify import sigma_smoothing
 from harness.regularity import Constant, Lipschitz, SemiElastic, Unregularized
+from harness.soundness import sigma_smoothing as smoothed
 from harness.soundness.audit import Audit
 from harness.soundness.verdict import CheckResult, Verdict
 
@@ -38,6 +45,8 @@ def _quotient(
 
 
 def check_sigma_regularity(audit: Audit) -> CheckResult:
+    if sigma_smoothing(audit.sigma_provider) is not None:  # σ drawn by the harness (dual RS)
+        return smoothed.check_regularity(audit, NAME)
     provider, budget = audit.sigma_provider, audit.budget
     declared = provider.regularity
     lipschitz = isinstance(declared, Lipschitz)
