@@ -55,7 +55,7 @@ def _rows(db: Path) -> list[tuple]:
 def test_interrupted_run_resumes_without_loss_or_duplicates(tmp_path, stored_certificates):
     spec = tmp_path / "tiny.toml"
     spec.write_text(TINY.format(n=40000))
-    command = [sys.executable, "-m", "harness.cli", "run", str(spec), "--quiet"]
+    command = [sys.executable, "-m", "harness.cli", "run", str(spec), "--quiet", "--no-check"]
     # the uninterrupted reference (it also trains and caches the shared base model)
     subprocess.run(
         [*command, "--db", str(tmp_path / "ref.sqlite")], check=True, capture_output=True
@@ -129,6 +129,10 @@ def test_default_benchmark_smoke_on_a_tiny_subset(tmp_path, capsys):
     raw["dataset"]["test_count"] = 4
     raw["certification"].update(n0=20, n=200)
     raw["model"]["trainer_params"]["epochs"] = 1
+    small = {"lipschitz-sigma-net": {"train_examples": 64, "train_steps": 5},
+             "dual-rs": {"train_examples": 64, "label_samples": 4, "epochs": 1}}  # fmt: skip
+    for method in raw["methods"]:
+        method["settings"] = [{**s, **small.get(method["name"], {})} for s in method["settings"]]
     spec = tmp_path / "quick-tiny.toml"
     import tomli_w
 
@@ -142,12 +146,13 @@ def test_default_benchmark_smoke_on_a_tiny_subset(tmp_path, capsys):
     # database by its path), names every method in full and ends with what to type next
     assert max(map(len, table.splitlines()[:-3])) <= 100, table
     first_words = {line.split()[0] for line in table.splitlines() if line.strip()}
-    assert {"lipschitz-sigma-net", "alfarra-ds-memory", "chen-fgss", "sukenik"} <= first_words
+    assert {"lipschitz-sigma-net", "alfarra-ds-memory", "chen-fgss", "sukenik", "dual-rs"} <= first_words
     run_id = json.loads((main(["results", "--db", str(db), "--json"]), capsys.readouterr().out)[1])[
         "run_id"
     ]
     *_, summary, results, board = table.strip().splitlines()
-    assert summary == f"results: {db}, run {run_id[:12]}: 10 not checked"
+    settings = sum(len(m["settings"]) for m in raw["methods"])
+    assert settings == 11 and summary == f"results: {db}, run {run_id[:12]}: 11 not checked"
     assert results.split() == ["next:", "idrs-bench", "results", run_id[:12], "--db", str(db),
                                "(every", "metric", "and", "check)"]  # fmt: skip
     assert board.split() == ["idrs-bench", "leaderboard", run_id[:12], "--db", str(db), "--out",
