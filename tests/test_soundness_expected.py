@@ -87,7 +87,7 @@ def test_unsound_methods_are_at_least_unjustified_on_fashion_mnist(tmp_path, man
                   "trainer_params": {"sigma": 0.25, "epochs": 1}},
         "certification": {"n0": 20, "n": 500, "alpha": 0.001},
         "methods": [{"name": "chen-fgss", "settings": [{"sigma": 0.25, "num_samples": 100}]},
-                    {"name": "alfarra-ds", "settings": [{"sigma": 0.25}]}],
+                    {"name": "alfarra-ds", "settings": [{"sigma": 0.25, "steps": 25}]}],
     }  # fmt: skip
     budget = Budget("tiny", coverage_trials=40, coverage_n=100, pairs=2, ascent_steps=2,
                     audited_inputs=4, attack_steps=2, attack_samples=16, orders=2)  # fmt: skip

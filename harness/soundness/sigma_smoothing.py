@@ -328,9 +328,11 @@ def ball_flip(
     prediction: int, level: int, gen: torch.Generator, purpose: str, searches: int,
 ) -> dict | None:  # fmt: skip
     """A point of B(center, radius) whose exact smoothed prediction on the ball classifier
-    ``model`` (``model.classes[inside]``) differs from ``prediction`` at *every* σ level plausible there (the harness's
-    draws of the σ-estimator under ``context``'s protocol; bounds at a level that keeps
-    the false-alarm probability of all ``searches`` such searches <= FALSE_CHANGE), or None.
+    ``model`` (``model.classes[inside]``) differs from ``prediction`` at *every* σ level
+    plausible there (the harness's draws of the σ-estimator under ``context``'s protocol;
+    bounds at a level that keeps the false-alarm probability of all ``searches`` such
+    searches <= FALSE_CHANGE), or None. The estimator is drawn only at points where some
+    level flips (elsewhere no level can make a counterexample).
 
     Points as :func:`harness.soundness.counterexamples.ball_flip` searches them (the
     centre; in 2-D a 48-gon at 8 fractions of the radius; otherwise 10 rays at the edge:
@@ -361,27 +363,30 @@ def ball_flip(
     fractions[-1] = EDGE
     points = (flat + radius * fractions[:, None, None] * directions[None]).reshape(-1, dim)
     points = torch.cat([flat[None], points]).float().view(-1, *center.shape)
-    num = 16 * audit.budget.attack_samples
-    counts = level_counts(audit, smoothing, points.to(center.device), num, purpose, context)
-    delta = FALSE_CHANGE / (2 * max(1, searches) * len(points) * len(smoothing.levels))
-    plausible = plausible_levels(counts, num, delta)
     levels = np.asarray(smoothing.levels, dtype=np.float64)
-    flipped = np.ones(len(points), dtype=bool)
-    inside = np.full(len(points), np.nan)
-    for j in range(len(levels)):
-        rows = np.flatnonzero(plausible[:, j])
-        if len(rows):
-            p = model.smoothed_probability(points[rows].numpy(), np.full(len(rows), levels[j]))
-            flipped[rows] &= np.asarray(model.classes)[(p > 0.5).astype(int)] != prediction
-            inside[rows] = p
+    classes = np.asarray(model.classes)
+    inside = np.stack([model.smoothed_probability(points.numpy(), np.full(len(points), v))
+                       for v in levels], axis=1)  # fmt: skip
+    flips = classes[(inside > 0.5).astype(int)] != prediction  # [points, levels], exact
+    # only where some level flips can the σ level decide (the estimator is drawn there)
+    candidates = np.flatnonzero(flips.any(axis=1))
+    if not len(candidates):
+        return None
+    num = 16 * audit.budget.attack_samples
+    counts = level_counts(audit, smoothing, points[candidates].to(center.device), num, purpose,
+                          context)  # fmt: skip
+    delta = FALSE_CHANGE / (2 * max(1, searches) * len(points) * len(levels))
+    plausible = plausible_levels(counts, num, delta)
+    flipped = np.all(flips[candidates] | ~plausible, axis=1)  # at every plausible level
     hits = np.flatnonzero(flipped)
     if not len(hits):
         return None
-    k = int(hits[0])
-    return {"point": points[k].flatten().tolist(),
-            "sigma": [float(levels[j]) for j in np.flatnonzero(plausible[k])],
-            "exact_p_inside": float(inside[k]),
-            "distance": float((points[k].double().flatten() - flat).norm())}  # fmt: skip
+    k, at = int(hits[0]), int(candidates[hits[0]])
+    j = int(np.flatnonzero(plausible[k])[0])
+    return {"point": points[at].flatten().tolist(),
+            "sigma": [float(levels[i]) for i in np.flatnonzero(plausible[k])],
+            "exact_p_inside": float(inside[at, j]),
+            "distance": float((points[at].double().flatten() - flat).norm())}  # fmt: skip
 
 
 def plausible_at(

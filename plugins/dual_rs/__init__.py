@@ -3,8 +3,9 @@
 σ(x) is the choice of a *smoothed* σ-estimator among a discrete set of noise levels,
 and the benchmark's base model is smoothed at that σ(x). The paper proves that
 randomized smoothing stays valid with input-dependent noise levels provided the level
-is locally constant around each input; smoothing the estimator itself certifies that
-constancy (Cohen et al. 2019, Thm 1 applied to the estimator). The certificate is
+is locally constant around each input (its Theorems 4.1 and 4.2); smoothing the
+estimator itself certifies that constancy (Cohen et al. 2019, Thm 1 applied to the
+estimator). The certificate is
 
     R = min(R_σ, R_c),  R_σ = σ_v Φ⁻¹(p_σ lower at α_σ),  R_c = σ(x) Φ⁻¹(p_A lower at α − α_σ),
 
@@ -18,9 +19,11 @@ certifier ``dual-rs`` (Cohen's CERTIFY at σ(x), capped at R_σ) and the method
 ``dual-rs``. Modules: ``estimator`` (the σ-provider), ``training`` (labels and fit of
 the σ-estimator, cached per base model), ``certifier``.
 
-Source: the paper's abstract and the ICLR 2026 reviews were read here (the body and the
-reference code, eth-sri/Dual-Randomized-Smoothing, were not reachable), so docstrings
-state the method in these terms and cite no section or theorem numbers.
+Source: the paper's abstract and its ICLR 2026 reviews, which cite the local-constancy
+results as Theorems 4.1 and 4.2 (the body and the reference code,
+eth-sri/Dual-Randomized-Smoothing, were not reachable here); the certificate above is
+that result combined with Cohen et al.'s, and the checks verify its hypothesis
+themselves (harness/README.md, "Soundness checks").
 """
 
 from __future__ import annotations

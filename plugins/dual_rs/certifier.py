@@ -12,7 +12,7 @@ contract a certifier and a σ-provider declare"):
   bound at ``evidence.alpha`` = α − α_σ, R_c = σ(x) Φ⁻¹(p_A).
 
 On B(x, R_σ) the input-dependent smoothed classifier is the constant-σ one at σ(x)
-(the paper's local-constancy result), which is constant on B(x, R_c); so the class ĉ_A
+(Sun et al. 2026, Thms 4.1/4.2: local constancy), which is constant on B(x, R_c); so the class ĉ_A
 is certified on B(x, min(R_σ, R_c)), failing with probability <= α_σ + (α − α_σ) = α by
 the union bound. Where p_σ <= 1/2 the σ choice itself is not certified and the
 certifier abstains. PREDICT composes likewise: the base model's PREDICT at α − α_σ,
