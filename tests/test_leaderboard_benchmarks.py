@@ -76,13 +76,10 @@ PUBLISHED = sorted(
 @pytest.mark.skipif(not PUBLISHED, reason="no published board yet")
 @pytest.mark.parametrize("board", PUBLISHED, ids=lambda p: p.name)
 def test_published_boards_verify(board):
-    """``idrs-bench leaderboard --verify`` on every committed board (from its run export).
-
-    A board published with a format-1 export (no evidence) was rendered before boards said
-    how to re-check them; it is re-published with the current renderer, not verified."""
+    """``idrs-bench leaderboard --verify`` on every committed board (from its run export,
+    which must be of the current format: one without the evidence cannot be re-checked)."""
     from harness.leaderboard.source import EXPORT_FORMAT, export_format
     from harness.leaderboard.verify import verify_board
 
-    if export_format(board.with_suffix(".run.json")) != EXPORT_FORMAT:
-        pytest.skip(f"{board.name} has a format-1 run export: re-publish it")
+    assert export_format(board.with_suffix(".run.json")) == EXPORT_FORMAT, "re-publish it"
     assert verify_board(board) == []

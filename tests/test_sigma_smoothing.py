@@ -184,3 +184,31 @@ def test_the_certifier_gets_the_alpha_left_and_s0_caps_at_r_sigma(run):
     assert uncapped.evidence["mismatches"] == {"R_σ": beyond, "σ certified": uncertified}
     full = check_evidence(run["smoothed-full-alpha"])
     assert full.verdict == Verdict.VIOLATED and full.evidence["first"]["quantity"] == "bound"
+
+
+def test_a_boards_exact_rederivation_expects_an_abstention_where_r_sigma_is_0(run):
+    """``leaderboard --verify`` re-derives with ``exact``: a certificate whose σ level is not
+    certified (R_σ = 0, by scipy) must abstain, and one edited into a class does not verify."""
+    from harness.soundness.evidence import Declaration, rederive
+
+    audit = run["smoothed-capped"]
+    rows = [dict(r) for r in audit.certificates]
+    uncertified = []
+    for k, row in enumerate(rows):
+        sigma_draws = row["draws"]["sigma"]
+        count = sigma_draws["estimation"][int(np.argmax(sigma_draws["selection"]))]
+        p_sigma = beta.ppf(SHARE, count, 2000 - count + 1) if count else 0.0
+        if not p_sigma > 0.5:
+            uncertified.append(k)
+    assert uncertified and all(rows[k]["prediction"] == ABSTAIN for k in uncertified)
+    x, protocol, declared = audit.inputs.cpu(), audit.context.protocol, Declaration.of(audit)
+    assert rederive(rows, x, protocol, declared, exact=True).verdict == Verdict.SOUND
+    edited = dict(
+        rows[uncertified[0]],
+        prediction=int(np.argmax(rows[uncertified[0]]["draws"]["base"]["selection"])),
+    )
+    rows[uncertified[0]] = edited
+    result = rederive(rows, x, protocol, declared, exact=True)
+    assert (
+        result.verdict == Verdict.VIOLATED and result.evidence["first"]["quantity"] == "σ certified"
+    )
