@@ -177,10 +177,11 @@ def test_s1_and_s4_run_on_cuda(tmp_path, manager):
 
 def test_the_budget_statement_names_what_the_checks_examine():
     budget = Budget("probe", coverage_trials=123, coverage_n=456, pairs=7, ascent_steps=11,
-                    audited_inputs=13, attack_steps=17, attack_samples=19, orders=23)  # fmt: skip
+                    audited_inputs=13, attack_steps=17, attack_samples=19, orders=23,
+                    replay_inputs=29)  # fmt: skip
     text = budget.statement()
     for number in ("123", "456", "7 pairs", "11 ascent", "13 random certificates", "17 attack",
-                   "19 samples", "23 input orders"):  # fmt: skip
+                   "19 samples", "23 input orders", "re-draws 29 random inputs"):  # fmt: skip
         assert number in text, number
     for claim in ("entropy", "calibration", "10⁻³ per statistical check", "Fashion-MNIST"):
         assert claim in text, claim

@@ -81,8 +81,11 @@ class Budget:
             f"S2, S3 and S4's attack audit {self.audited_inputs} random certificates per row "
             f"({self.pairs} pairs, {self.ascent_steps} ascent steps, {self.attack_steps} "
             f"attack steps of {self.attack_samples} samples); S5 replays {self.orders} "
-            "input orders. A sound row is flagged with probability <= 10⁻³ per statistical "
-            "check (S1, S4). What this budget detects and how often sound methods are flagged "
+            f"input orders; the replay check re-draws {self.replay_inputs} random inputs per "
+            "row in a process without third-party plugins (bit for bit on the run's "
+            "arithmetic, else a replication test). A sound row is flagged with probability "
+            "<= 10⁻³ per statistical check (S1, S4, a replication test). What this budget "
+            "detects and how often sound methods are flagged "
             "is measured on ball-2 and Fashion-MNIST by `python3 -m "
             f"tests.rigged_methods --budget {self.name}` (leaderboards/README.md)."
         )
