@@ -4,7 +4,7 @@ This package's namespace is the **plugin API**: a plugin (built-in or third-part
 imports what it needs from ``harness`` and nothing from its submodules, which are
 internal and may change. Every name below is stable; each is loaded on first use
 (``import harness`` imports neither torch nor scipy). A plugin is a module with
-``@hookimpl`` functions (the hooks are listed in :mod:`harness.hookspecs`), declared
+``@hookimpl`` functions (the hooks are listed in :mod:`harness.plugin.hookspecs`), declared
 as an entry point of the group ``idrs_bench``; see the README's section on writing a
 plugin.
 
@@ -66,7 +66,7 @@ Driving the harness (not for plugins)
     scripts, such as a paper's reproduction script shipped beside a plugin. It sits
     above the runner and the checks, so this namespace does not re-export it.
 
-``harness.soundness`` is a built-in plugin but part of the core: it audits every
+``harness.audit`` is a built-in plugin but part of the core: it audits every
 plugin and uses the harness's internals directly.
 """
 
@@ -75,78 +75,78 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from harness.foundation.version import __version__
 
 _EXPORTS: dict[str, str] = {
-    "hookimpl": "harness.hookspecs",
+    "hookimpl": "harness.plugin.hookspecs",
     # components and contexts
-    "BuildContext": "harness.components",
-    "CertifierSpec": "harness.components",
-    "Certifier": "harness.components",
-    "CheckSpec": "harness.components",
-    "DatasetSpec": "harness.components",
-    "MethodSpec": "harness.components",
-    "ModelSpec": "harness.components",
-    "OrderDependentCertifier": "harness.components",
-    "Registry": "harness.components",
-    "SigmaProvider": "harness.components",
-    "SigmaProviderSpec": "harness.components",
-    "TrainContext": "harness.components",
-    "TrainerSpec": "harness.components",
+    "BuildContext": "harness.plugin.components",
+    "CertifierSpec": "harness.plugin.components",
+    "Certifier": "harness.plugin.components",
+    "CheckSpec": "harness.plugin.components",
+    "DatasetSpec": "harness.plugin.components",
+    "MethodSpec": "harness.plugin.components",
+    "ModelSpec": "harness.plugin.components",
+    "OrderDependentCertifier": "harness.plugin.components",
+    "Registry": "harness.plugin.components",
+    "SigmaProvider": "harness.plugin.components",
+    "SigmaProviderSpec": "harness.plugin.components",
+    "TrainContext": "harness.plugin.components",
+    "TrainerSpec": "harness.plugin.components",
     # declarations, certificates, radii
-    "Constant": "harness.regularity",
-    "Lipschitz": "harness.regularity",
-    "Regularity": "harness.regularity",
-    "SemiElastic": "harness.regularity",
-    "Unregularized": "harness.regularity",
-    "ABSTAIN": "harness.certificate",
-    "Certificate": "harness.certificate",
-    "Claim": "harness.draws",
-    "Draws": "harness.draws",
-    "Evidence": "harness.draws",
-    "SigmaSmoothing": "harness.draws",
-    "HardSmoothingCertifier": "harness.certify",
-    "COHEN": "harness.radius",
-    "SUKENIK": "harness.radius",
-    "RadiusFormula": "harness.radius",
-    "Recomputed": "harness.radius",
-    "semi_elastic_rate": "harness.radius",
-    "certified_radius": "harness.worstcase",
-    "cohen_radius": "harness.worstcase",
-    "is_certified": "harness.worstcase",
-    "xi": "harness.worstcase",
-    "xi_greater": "harness.worstcase",
-    "xi_less": "harness.worstcase",
+    "Constant": "harness.foundation.regularity",
+    "Lipschitz": "harness.foundation.regularity",
+    "Regularity": "harness.foundation.regularity",
+    "SemiElastic": "harness.foundation.regularity",
+    "Unregularized": "harness.foundation.regularity",
+    "ABSTAIN": "harness.foundation.certificate",
+    "Certificate": "harness.foundation.certificate",
+    "Claim": "harness.engine.draws",
+    "Draws": "harness.engine.draws",
+    "Evidence": "harness.engine.draws",
+    "SigmaSmoothing": "harness.engine.draws",
+    "HardSmoothingCertifier": "harness.certification.certify",
+    "COHEN": "harness.mathematics.radius",
+    "SUKENIK": "harness.mathematics.radius",
+    "RadiusFormula": "harness.mathematics.radius",
+    "Recomputed": "harness.mathematics.radius",
+    "semi_elastic_rate": "harness.mathematics.radius",
+    "certified_radius": "harness.mathematics.worstcase",
+    "cohen_radius": "harness.mathematics.worstcase",
+    "is_certified": "harness.mathematics.worstcase",
+    "xi": "harness.mathematics.worstcase",
+    "xi_greater": "harness.mathematics.worstcase",
+    "xi_less": "harness.mathematics.worstcase",
     # sampling, protocol, statistics
-    "STREAM_ESTIMATION": "harness.sampling",
-    "STREAM_SELECTION": "harness.sampling",
-    "SamplingEngine": "harness.sampling",
-    "SoftStats": "harness.sampling",
-    "noise_seed": "harness.sampling",
-    "prepare_model": "harness.precision",
-    "CertificationProtocol": "harness.protocol",
-    "check_alpha": "harness.protocol",
-    "check_sigma": "harness.protocol",
-    "clopper_pearson_lower": "harness.stats",
-    "clopper_pearson_upper": "harness.stats",
-    "hoeffding_lower": "harness.stats",
-    "hoeffding_upper": "harness.stats",
+    "STREAM_ESTIMATION": "harness.engine.sampling",
+    "STREAM_SELECTION": "harness.engine.sampling",
+    "SamplingEngine": "harness.engine.sampling",
+    "SoftStats": "harness.engine.sampling",
+    "noise_seed": "harness.engine.sampling",
+    "prepare_model": "harness.engine.precision",
+    "CertificationProtocol": "harness.foundation.protocol",
+    "check_alpha": "harness.foundation.protocol",
+    "check_sigma": "harness.foundation.protocol",
+    "clopper_pearson_lower": "harness.mathematics.stats",
+    "clopper_pearson_upper": "harness.mathematics.stats",
+    "hoeffding_lower": "harness.mathematics.stats",
+    "hoeffding_upper": "harness.mathematics.stats",
     # data, training, state
-    "Dataset": "harness.data",
-    "train_with_gaussian_augmentation": "harness.training",
-    "SigmaCache": "harness.sigmacache",
-    "RunState": "harness.runstate",
-    "StateRecord": "harness.runstate",
-    "file_digest": "harness.artifacts",
-    "load_artifact": "harness.artifacts",
-    "save_artifact": "harness.artifacts",
-    "Progress": "harness.progress",
+    "Dataset": "harness.foundation.data",
+    "train_with_gaussian_augmentation": "harness.running.training",
+    "SigmaCache": "harness.foundation.sigmacache",
+    "RunState": "harness.foundation.runstate",
+    "StateRecord": "harness.foundation.runstate",
+    "file_digest": "harness.foundation.artifacts",
+    "load_artifact": "harness.foundation.artifacts",
+    "save_artifact": "harness.foundation.artifacts",
+    "Progress": "harness.foundation.progress",
     # errors
-    "ContractError": "harness.errors",
-    "DatasetMissingError": "harness.errors",
-    "IdrsError": "harness.errors",
-    "ModelOutputError": "harness.errors",
-    "ParameterError": "harness.errors",
+    "ContractError": "harness.foundation.errors",
+    "DatasetMissingError": "harness.foundation.errors",
+    "IdrsError": "harness.foundation.errors",
+    "ModelOutputError": "harness.foundation.errors",
+    "ParameterError": "harness.foundation.errors",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -167,10 +167,59 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from harness.artifacts import file_digest, load_artifact, save_artifact  # noqa: F401
-    from harness.certificate import ABSTAIN, Certificate  # noqa: F401
-    from harness.certify import HardSmoothingCertifier  # noqa: F401
-    from harness.components import (  # noqa: F401
+    from harness.certification.certify import HardSmoothingCertifier  # noqa: F401
+    from harness.engine.draws import Claim, Draws, Evidence, SigmaSmoothing  # noqa: F401
+    from harness.engine.precision import prepare_model  # noqa: F401
+    from harness.engine.sampling import (  # noqa: F401
+        STREAM_ESTIMATION,
+        STREAM_SELECTION,
+        SamplingEngine,
+        SoftStats,
+        noise_seed,
+    )
+    from harness.foundation.artifacts import file_digest, load_artifact, save_artifact  # noqa: F401
+    from harness.foundation.certificate import ABSTAIN, Certificate  # noqa: F401
+    from harness.foundation.data import Dataset  # noqa: F401
+    from harness.foundation.errors import (  # noqa: F401
+        ContractError,
+        DatasetMissingError,
+        IdrsError,
+        ModelOutputError,
+        ParameterError,
+    )
+    from harness.foundation.progress import Progress  # noqa: F401
+    from harness.foundation.protocol import CertificationProtocol, check_alpha, check_sigma  # noqa: F401
+    from harness.foundation.regularity import (  # noqa: F401
+        Constant,
+        Lipschitz,
+        Regularity,
+        SemiElastic,
+        Unregularized,
+    )
+    from harness.foundation.runstate import RunState, StateRecord  # noqa: F401
+    from harness.foundation.sigmacache import SigmaCache  # noqa: F401
+    from harness.mathematics.radius import (  # noqa: F401
+        COHEN,
+        SUKENIK,
+        RadiusFormula,
+        Recomputed,
+        semi_elastic_rate,
+    )
+    from harness.mathematics.stats import (  # noqa: F401
+        clopper_pearson_lower,
+        clopper_pearson_upper,
+        hoeffding_lower,
+        hoeffding_upper,
+    )
+    from harness.mathematics.worstcase import (  # noqa: F401
+        certified_radius,
+        cohen_radius,
+        is_certified,
+        xi,
+        xi_greater,
+        xi_less,
+    )
+    from harness.plugin.components import (  # noqa: F401
         BuildContext,
         Certifier,
         CertifierSpec,
@@ -185,42 +234,5 @@ if TYPE_CHECKING:
         TrainContext,
         TrainerSpec,
     )
-    from harness.data import Dataset  # noqa: F401
-    from harness.draws import Claim, Draws, Evidence, SigmaSmoothing  # noqa: F401
-    from harness.errors import (  # noqa: F401
-        ContractError,
-        DatasetMissingError,
-        IdrsError,
-        ModelOutputError,
-        ParameterError,
-    )
-    from harness.hookspecs import hookimpl  # noqa: F401
-    from harness.precision import prepare_model  # noqa: F401
-    from harness.progress import Progress  # noqa: F401
-    from harness.protocol import CertificationProtocol, check_alpha, check_sigma  # noqa: F401
-    from harness.radius import COHEN, SUKENIK, RadiusFormula, Recomputed, semi_elastic_rate  # noqa: F401
-    from harness.regularity import Constant, Lipschitz, Regularity, SemiElastic, Unregularized  # noqa: F401
-    from harness.runstate import RunState, StateRecord  # noqa: F401
-    from harness.sampling import (  # noqa: F401
-        STREAM_ESTIMATION,
-        STREAM_SELECTION,
-        SamplingEngine,
-        SoftStats,
-        noise_seed,
-    )
-    from harness.sigmacache import SigmaCache  # noqa: F401
-    from harness.stats import (  # noqa: F401
-        clopper_pearson_lower,
-        clopper_pearson_upper,
-        hoeffding_lower,
-        hoeffding_upper,
-    )
-    from harness.training import train_with_gaussian_augmentation  # noqa: F401
-    from harness.worstcase import (  # noqa: F401
-        certified_radius,
-        cohen_radius,
-        is_certified,
-        xi,
-        xi_greater,
-        xi_less,
-    )
+    from harness.plugin.hookspecs import hookimpl  # noqa: F401
+    from harness.running.training import train_with_gaussian_augmentation  # noqa: F401

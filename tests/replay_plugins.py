@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.progress import Progress
-from harness.runner import RunOptions, run_benchmark
-from harness.spec import parse_spec
+from harness.foundation.progress import Progress
+from harness.running.preparation import RunOptions
+from harness.running.runner import run_benchmark
+from harness.running.spec import parse_spec
 
 ENGINE_PATCH = '''
 """Pads the top class of every count the engine makes by 3 % of the samples."""

@@ -9,12 +9,12 @@ import pytest
 import torch
 from scipy.stats import norm
 
-from harness.components import TrainContext
-from harness.data import Dataset
-from harness.errors import ParameterError
-from harness.plugins import PluginManager
-from harness.progress import Progress
-from harness.spec import parse_spec, validate
+from harness.foundation.data import Dataset
+from harness.foundation.errors import ParameterError
+from harness.foundation.progress import Progress
+from harness.plugin.components import TrainContext
+from harness.plugin.manager import PluginManager
+from harness.running.spec import parse_spec, validate
 from plugins.alfarra import TRAINER_DEFAULTS
 from plugins.alfarra.training import DataDependentSigmas, train_alfarra_ds
 

@@ -7,11 +7,11 @@ import copy
 import pytest
 import torch
 
-from harness.checkpoint import CheckpointError, load_checkpoint, resolve_architecture
-from harness.data import Dataset
-from harness.errors import SpecError
-from harness.spec import AUTO_ARCHITECTURE, ModelConfig, parse_spec
-from harness.weights import weights_digest
+from harness.foundation.data import Dataset
+from harness.foundation.errors import SpecError
+from harness.running.checkpoint import CheckpointError, load_checkpoint, resolve_architecture
+from harness.running.spec import AUTO_ARCHITECTURE, ModelConfig, parse_spec
+from harness.running.weights import weights_digest
 
 
 def _images(shape, classes, count=2):

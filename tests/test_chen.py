@@ -10,13 +10,14 @@ import torch
 from scipy import stats
 
 from harness import cohen_radius
-from harness.errors import ParameterError
-from harness.plugins import PluginManager
-from harness.progress import Progress
-from harness.regularity import Unregularized
-from harness.runner import RunOptions, run_benchmark
-from harness.sampling import SamplingEngine
-from harness.spec import parse_spec
+from harness.engine.sampling import SamplingEngine
+from harness.foundation.errors import ParameterError
+from harness.foundation.progress import Progress
+from harness.foundation.regularity import Unregularized
+from harness.plugin.manager import PluginManager
+from harness.running.preparation import RunOptions
+from harness.running.runner import run_benchmark
+from harness.running.spec import parse_spec
 from plugins.chen.config import SEARCH_DEFAULTS, SearchConfig
 from plugins.chen.search import (
     STEP_STRIDE,

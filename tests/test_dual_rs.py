@@ -15,24 +15,25 @@ import torch
 from scipy import stats
 
 from harness import hookimpl
-from harness.cli import main
-from harness.components import BuildContext, CertifierSpec, MethodSpec, SigmaProviderSpec
-from harness.data import Dataset
-from harness.draws import HARD, Draws, Evidence
-from harness.errors import ParameterError
-from harness.plugins import PluginManager
-from harness.progress import Progress
-from harness.protocol import CertificationProtocol
-from harness.regularity import Unregularized
-from harness.runner import RunOptions, run_benchmark
-from harness.sampling import SamplingEngine
-from harness.soundness.analytic import LinearClassifier
-from harness.soundness.audit import Budget
-from harness.soundness.runner import audits, run_checks
-from harness.soundness.sigma_smoothing import probe_constancy
-from harness.soundness.verdict import Verdict, overall
-from harness.spec import parse_spec
-from harness.store import ResultStore
+from harness.audit.analytic import LinearClassifier
+from harness.audit.audit import Budget
+from harness.audit.runner import audits, run_checks
+from harness.audit.sigma_smoothing import probe_constancy
+from harness.cli.main import main
+from harness.engine.draws import HARD, Draws, Evidence
+from harness.engine.sampling import SamplingEngine
+from harness.foundation.data import Dataset
+from harness.foundation.errors import ParameterError
+from harness.foundation.progress import Progress
+from harness.foundation.protocol import CertificationProtocol
+from harness.foundation.regularity import Unregularized
+from harness.foundation.verdict import Verdict, overall
+from harness.plugin.components import BuildContext, CertifierSpec, MethodSpec, SigmaProviderSpec
+from harness.plugin.manager import PluginManager
+from harness.running.preparation import RunOptions
+from harness.running.runner import run_benchmark
+from harness.running.spec import parse_spec
+from harness.store.store import ResultStore
 from plugins.dual_rs import METHOD_DEFAULTS, check_params
 from plugins.dual_rs.certifier import DualCertifier
 from plugins.dual_rs.estimator import SmoothedSigmaChoice

@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-from harness.cli import main
-from harness.errors import IdrsError
-from harness.spec import BENCHMARKS_DIR, load_spec
-from harness.store import ResultStore
+from harness.cli.main import main
+from harness.foundation.errors import IdrsError
+from harness.running.spec import BENCHMARKS_DIR, load_spec
+from harness.store.store import ResultStore
 
 SMALL = ["--set", "certification.n0=10", "--set", "certification.n=100",
          "--set", "certification.batch_size=100"]  # fmt: skip
@@ -62,10 +62,10 @@ def test_cifar10_cohen_on_a_cohen_checkpoint(tmp_path, write_cifar10, write_cohe
     model = run["config"]["model"]
     assert model["checkpoint"] == str(checkpoint) and model["architecture"] == "cifar-resnet"
     assert model["architecture_params"] == {"depth": 20, "normalization": "cifar10"}
-    from harness.checkpoint import load_checkpoint
-    from harness.plugins import get_plugin_manager
-    from harness.spec import spec_from_dict
-    from harness.weights import weights_digest
+    from harness.plugin.manager import get_plugin_manager
+    from harness.running.checkpoint import load_checkpoint
+    from harness.running.spec import spec_from_dict
+    from harness.running.weights import weights_digest
     from plugins.datasets.torchvision_sets import load_cifar10
 
     spec = spec_from_dict(run["config"])
@@ -143,8 +143,8 @@ def test_imagenet_cohen_on_a_resnet50_checkpoint(
 
 @pytest.mark.parametrize("writer, name", [("write_cifar10", "cifar10"), ("write_svhn", "svhn")])
 def test_gaussian_augmentation_trains_on_image_datasets(manager, tmp_path, writer, name, request):
-    from harness.components import TrainContext
-    from harness.progress import Progress
+    from harness.foundation.progress import Progress
+    from harness.plugin.components import TrainContext
 
     request.getfixturevalue(writer)(tmp_path)
     with pytest.warns(UserWarning):

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.leaderboard.cli import add_leaderboard_parser
-from harness.progress import Progress
-from harness.runner import RunOptions, run_benchmark
-from harness.spec import BENCHMARKS_DIR, load_spec, parse_spec, validate
+from harness.foundation.progress import Progress
+from harness.reports.leaderboard.cli import add_leaderboard_parser
+from harness.running.preparation import RunOptions
+from harness.running.runner import run_benchmark
+from harness.running.spec import BENCHMARKS_DIR, load_spec, parse_spec, validate
 
 SHIPPED = ["fashion-mnist", "cone-2", "cone-60", "cone-400", "hidden-cost"]
 
@@ -80,8 +81,8 @@ def test_published_boards_verify(board):
 
     A board published with a format-1 export (no evidence) was rendered before boards said
     how to re-check them; it is re-published with the current renderer, not verified."""
-    from harness.leaderboard.source import EXPORT_FORMAT, export_format
-    from harness.leaderboard.verify import verify_board
+    from harness.reports.leaderboard.source import EXPORT_FORMAT, export_format
+    from harness.reports.leaderboard.verify import verify_board
 
     if export_format(board.with_suffix(".run.json")) != EXPORT_FORMAT:
         pytest.skip(f"{board.name} has a format-1 run export: re-publish it")

@@ -10,15 +10,16 @@ import pytest
 import torch
 from scipy import stats
 
-from harness.components import BuildContext
-from harness.data import Dataset
-from harness.errors import ParameterError
-from harness.plugins import PluginManager
-from harness.progress import Progress
-from harness.protocol import CertificationProtocol
-from harness.runner import RunOptions, run_benchmark
-from harness.sampling import SamplingEngine
-from harness.spec import parse_spec
+from harness.engine.sampling import SamplingEngine
+from harness.foundation.data import Dataset
+from harness.foundation.errors import ParameterError
+from harness.foundation.progress import Progress
+from harness.foundation.protocol import CertificationProtocol
+from harness.plugin.components import BuildContext
+from harness.plugin.manager import PluginManager
+from harness.running.preparation import RunOptions
+from harness.running.runner import run_benchmark
+from harness.running.spec import parse_spec
 from plugins.lipschitz import METHOD_DEFAULTS, check_params
 from plugins.lipschitz.fit import fit_lipschitz_sigma, obtain_sigma_network
 from plugins.lipschitz.network import SVD_SAFETY, CertifiedSigma, SigmaNetwork

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import harness
-from harness.components import BuildContext
-from harness.data import Dataset
-from harness.progress import Progress
-from harness.protocol import CertificationProtocol
-from harness.sampling import SamplingEngine
+from harness.engine.sampling import SamplingEngine
+from harness.foundation.data import Dataset
+from harness.foundation.progress import Progress
+from harness.foundation.protocol import CertificationProtocol
+from harness.plugin.components import BuildContext
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,8 +56,8 @@ def test_the_check_names_file_and_line(tmp_path):
     bad = tmp_path / "plugins" / "probe.py"
     bad.parent.mkdir()
     bad.write_text("from harness import hookimpl\nfrom harness.api import run\n\n\n"
-                   "def f():\n    import harness.spec\n")  # fmt: skip
-    assert _harness_submodule_imports(bad, tmp_path) == ["plugins/probe.py:6 harness.spec"]
+                   "def f():\n    import harness.running.spec\n")  # fmt: skip
+    assert _harness_submodule_imports(bad, tmp_path) == ["plugins/probe.py:6 harness.running.spec"]
 
 
 def test_every_exported_name_resolves_and_the_type_checking_block_matches():

@@ -7,10 +7,10 @@ import types
 import pytest
 
 from harness import hookimpl
-from harness.cli import main
-from harness.components import MethodSpec
-from harness.errors import DuplicateNameError, UnknownNameError
-from harness.plugins import PluginManager, is_builtin
+from harness.cli.main import main
+from harness.foundation.errors import DuplicateNameError, UnknownNameError
+from harness.plugin.components import MethodSpec
+from harness.plugin.manager import PluginManager, is_builtin
 
 
 def _method_plugin(name: str):
@@ -32,7 +32,8 @@ def test_builtins_are_registered_with_their_provider(manager):
     assert registry.provider("methods", "cohen") == "cohen"
     assert registry.provider("datasets", "fashion-mnist") == "datasets"
     assert set(registry.names("models")) >= {"mlp", "cnn", "linear-N", "ball-N"}
-    assert registry.provider("models", "ball-N") == "soundness"
+    assert registry.provider("models", "ball-N") == "analytic"
+    assert registry.provider("checks", "coverage") == "soundness"
     assert manager.failures == []
 
 
@@ -63,7 +64,7 @@ def test_duplicate_name_is_rejected_naming_both_providers(manager):
     assert "'cohen'" in failure.error and "'impostor'" in failure.error
     assert "DuplicateNameError" in failure.error
     with pytest.raises(DuplicateNameError, match="by plugin 'a' and by plugin 'b'"):
-        from harness.plugins import Registry
+        from harness.plugin.manager import Registry
 
         r = Registry()
         spec = MethodSpec("x", "constant", "cohen")
@@ -127,7 +128,7 @@ def test_environment_variable_restricts_external_plugins(monkeypatch):
 def test_builtins_are_the_entry_points_of_this_distribution():
     eps = list(importlib.metadata.entry_points(group="idrs_bench"))
     assert {ep.name for ep in eps if is_builtin(ep)} == set(PluginManager().plugin_names())
-    assert {ep.value for ep in eps if is_builtin(ep)} >= {"plugins.cohen", "harness.soundness"}
+    assert {ep.value for ep in eps if is_builtin(ep)} >= {"plugins.cohen", "harness.audit"}
     assert not is_builtin(_FakeEntryPoint("x", None))
 
 

@@ -8,15 +8,16 @@ import pytest
 import torch
 from scipy.stats import norm
 
-from harness.batchsize import CACHE_FILE, auto_batch_size
-from harness.certify import certify_drawn
-from harness.errors import ParameterError, SpecError
-from harness.precision import PrecisionModel, prepare_model
-from harness.progress import Progress
-from harness.protocol import CertificationProtocol
-from harness.runner import RunOptions, run_benchmark
-from harness.sampling import SamplingEngine
-from harness.spec import parse_spec, spec_from_dict
+from harness.certification.certify import certify_drawn
+from harness.engine.batchsize import CACHE_FILE, auto_batch_size
+from harness.engine.precision import PrecisionModel, prepare_model
+from harness.engine.sampling import SamplingEngine
+from harness.foundation.errors import ParameterError, SpecError
+from harness.foundation.progress import Progress
+from harness.foundation.protocol import CertificationProtocol
+from harness.running.preparation import RunOptions
+from harness.running.runner import run_benchmark
+from harness.running.spec import parse_spec, spec_from_dict
 from plugins.cohen.certifier import CohenCertifier
 
 TINY = {
@@ -122,7 +123,9 @@ def test_auto_batch_size_on_cpu_is_bounded_and_cached(tmp_path, monkeypatch):
     size = auto_batch_size(model, (1, 8, 8), "cpu", tmp_path)
     assert 64 <= size <= 8192 and size & (size - 1) == 0
     # the second call reads the cache and probes nothing
-    monkeypatch.setattr("harness.batchsize._probe_cpu", lambda *a, **k: pytest.fail("probed"))
+    monkeypatch.setattr(
+        "harness.engine.batchsize._probe_cpu", lambda *a, **k: pytest.fail("probed")
+    )
     assert auto_batch_size(model, (1, 8, 8), "cpu", tmp_path) == size
     # another input shape is another entry
     monkeypatch.undo()
@@ -173,9 +176,9 @@ CHECKED = {
 
 
 def _run_and_audit(tmp_path, manager, raw):
-    from harness.soundness.audit import Budget
-    from harness.soundness.runner import audits
-    from harness.store import ResultStore
+    from harness.audit.audit import Budget
+    from harness.audit.runner import audits
+    from harness.store.store import ResultStore
 
     db = tmp_path / f"{raw['certification']['precision']}.sqlite"
     options = RunOptions(db=db, cache_dir=tmp_path / "cache")
@@ -234,7 +237,7 @@ def test_an_fp32_run_on_the_cpu_queries_the_model_as_trained(tmp_path, manager):
 
 def test_exact_ball_flips_do_not_apply_to_a_rounded_ball(tmp_path, manager):
     """S4b compares with the closed form of the fp32 ball; a bf16 ball is another classifier."""
-    from harness.soundness.counterexamples import check_counterexamples
+    from harness.audit.counterexamples import check_counterexamples
 
     raw = {"name": "ball-bf16", "seed": 0, "dataset": {"name": "ball-2", "test_count": 8},
            "model": {"architecture": "ball-N", "trainer": "none"},

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.progress import Progress
-from harness.runner import RunOptions, run_benchmark
-from harness.spec import DEFAULT_BENCHMARK, parse_spec
-from harness.store import ResultStore
+from harness.foundation.progress import Progress
+from harness.running.preparation import RunOptions
+from harness.running.runner import run_benchmark
+from harness.running.spec import DEFAULT_BENCHMARK, parse_spec
+from harness.store.store import ResultStore
 
 BOARDS = Path(__file__).resolve().parent.parent / "leaderboards"
 DATA = Path("/usr/share/datasets")

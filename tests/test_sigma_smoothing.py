@@ -28,14 +28,15 @@ from harness import (
     cohen_radius,
     hookimpl,
 )
-from harness.progress import Progress
-from harness.runner import RunOptions, run_benchmark
-from harness.sampling import SamplingEngine
-from harness.soundness.evidence import check_evidence
-from harness.soundness.runner import audits
-from harness.soundness.verdict import Verdict
-from harness.spec import parse_spec
-from harness.store import ResultStore
+from harness.audit.evidence import check_evidence
+from harness.audit.runner import audits
+from harness.engine.sampling import SamplingEngine
+from harness.foundation.progress import Progress
+from harness.foundation.verdict import Verdict
+from harness.running.preparation import RunOptions
+from harness.running.runner import run_benchmark
+from harness.running.spec import parse_spec
+from harness.store.store import ResultStore
 
 LEVELS, NOISE, SHARE = (0.2, 0.4), 0.5, 0.0004
 

@@ -7,13 +7,14 @@ import pytest
 import torch
 
 from harness import hookimpl
-from harness.components import CertifierSpec, MethodSpec
-from harness.progress import Progress
-from harness.runner import RunOptions, run_benchmark
-from harness.soundness.counterexamples import intersecting_pairs
-from harness.soundness.runner import run_checks
-from harness.soundness.verdict import CheckResult, Verdict, overall
-from harness.spec import parse_spec
+from harness.audit.counterexamples import intersecting_pairs
+from harness.audit.runner import run_checks
+from harness.foundation.progress import Progress
+from harness.foundation.verdict import CheckResult, Verdict, overall
+from harness.plugin.components import CertifierSpec, MethodSpec
+from harness.running.preparation import RunOptions
+from harness.running.runner import run_benchmark
+from harness.running.spec import parse_spec
 
 
 def _doubled_plugin():

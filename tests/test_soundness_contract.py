@@ -10,18 +10,19 @@ import numpy as np
 import pytest
 from scipy.stats import beta, norm
 
-from harness.leaderboard.board import build_board
-from harness.leaderboard.markdown import render_markdown
-from harness.progress import Progress
-from harness.radius import COHEN, SUKENIK, is_pure
-from harness.runner import RunOptions, run_benchmark
-from harness.soundness.audit import Budget
-from harness.soundness.evidence import check_evidence
-from harness.soundness.justification import check_justification
-from harness.soundness.runner import audits, run_checks
-from harness.soundness.verdict import Verdict, overall
-from harness.spec import parse_spec
-from harness.storedrun import load_runs
+from harness.audit.audit import Budget
+from harness.audit.evidence import check_evidence
+from harness.audit.justification import check_justification
+from harness.audit.runner import audits, run_checks
+from harness.foundation.progress import Progress
+from harness.foundation.verdict import Verdict, overall
+from harness.mathematics.radius import COHEN, SUKENIK, is_pure
+from harness.reports.leaderboard.board import build_board
+from harness.reports.leaderboard.markdown import render_markdown
+from harness.running.preparation import RunOptions
+from harness.running.runner import run_benchmark
+from harness.running.spec import parse_spec
+from harness.store.storedrun import load_runs
 
 TINY = Budget("tiny", coverage_trials=40, coverage_n=100, pairs=4, ascent_steps=3,
               audited_inputs=6, attack_steps=3, attack_samples=16, orders=4)  # fmt: skip
@@ -47,7 +48,7 @@ def _run(tmp_path, manager, methods, alpha=0.001, n=400, count=24, dataset="ball
 
 
 def _audits(db, run_id, manager):
-    from harness.store import ResultStore
+    from harness.store.store import ResultStore
 
     store = ResultStore(db)
     try:
@@ -61,7 +62,7 @@ def test_a_certifier_that_reports_its_own_alpha_or_counts_breaks_the_contract(tm
     """The harness records α and every sample itself: a certifier that hands back its own
     α or class counts fails with an error naming it, its plugin and the contract, and the
     other methods of the benchmark finish."""
-    from harness.store import ResultStore
+    from harness.store.store import ResultStore
 
     db, run_id = _run(tmp_path, plugins, ["laundered-alpha", "own-counts", "cohen"], count=6)
     store = ResultStore(db)
@@ -186,7 +187,7 @@ def test_the_default_benchmark_methods_and_checks_run_on_cuda(tmp_path, manager)
     """Every check completes on cuda (no cpu/cuda mixing): none is an ``error``."""
     import tomllib
 
-    from harness.spec import BENCHMARKS_DIR
+    from harness.running.spec import BENCHMARKS_DIR
 
     raw = tomllib.loads((BENCHMARKS_DIR / "fashion-mnist.toml").read_text())
     raw["dataset"].update(test_every=1000, test_count=6)
@@ -244,8 +245,8 @@ def test_memory_formula_bounds_an_inside_certificate_by_the_enclosing_ball():
     claim at most R_A − ‖x_B − x_A‖, with R_A Cohen's radius at the ball's own σ."""
     import torch
 
-    from harness.protocol import CertificationProtocol
-    from harness.regularity import Unregularized
+    from harness.foundation.protocol import CertificationProtocol
+    from harness.foundation.regularity import Unregularized
     from plugins.alfarra.certifier import memory_recompute
 
     protocol = CertificationProtocol(n0=10, n=1000, alpha=0.001)

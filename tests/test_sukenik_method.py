@@ -7,15 +7,16 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from harness.certify import certify_drawn
-from harness.cli import main
-from harness.draws import Evidence
-from harness.progress import Progress
-from harness.protocol import CertificationProtocol
-from harness.regularity import Constant, SemiElastic
-from harness.runner import RunOptions, run_benchmark
-from harness.spec import parse_spec
-from harness.worstcase import certified_radius
+from harness.certification.certify import certify_drawn
+from harness.cli.main import main
+from harness.engine.draws import Evidence
+from harness.foundation.progress import Progress
+from harness.foundation.protocol import CertificationProtocol
+from harness.foundation.regularity import Constant, SemiElastic
+from harness.mathematics.worstcase import certified_radius
+from harness.running.preparation import RunOptions
+from harness.running.runner import run_benchmark
+from harness.running.spec import parse_spec
 from plugins.sukenik.certifier import SukenikCertifier
 
 
@@ -87,7 +88,7 @@ def test_invalid_parameters_are_rejected_before_work(
 def test_shard_radii_are_computed_in_one_call_and_equal_the_per_input_radii(linear_model):
     import torch
 
-    from harness.sampling import SamplingEngine
+    from harness.engine.sampling import SamplingEngine
 
     w = torch.zeros(784)
     w[0] = 1.0

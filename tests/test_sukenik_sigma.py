@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.regularity import SemiElastic
+from harness.foundation.regularity import SemiElastic
 from plugins.sukenik.knn_sigma import TRAIN_CHUNK, KnnSigma, knn_mean_distance, propose_m
 
 
@@ -84,11 +84,11 @@ def test_proposed_m_is_computed_once_per_run_and_stored_for_later_runs(tmp_path,
     directory; it equals the brute-force minimum of the sampled mean kNN distances."""
     import dataclasses
 
-    from harness.components import BuildContext
-    from harness.data import Dataset
-    from harness.progress import Progress
-    from harness.protocol import CertificationProtocol
-    from harness.sampling import SamplingEngine
+    from harness.engine.sampling import SamplingEngine
+    from harness.foundation.data import Dataset
+    from harness.foundation.progress import Progress
+    from harness.foundation.protocol import CertificationProtocol
+    from harness.plugin.components import BuildContext
     from plugins import sukenik
     from plugins.sukenik import knn_sigma
 

@@ -1,0 +1,51 @@
+"""Building a method: its σ-provider, then its certifier built with that provider."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from harness.foundation.errors import IdrsError
+from harness.plugin.components import (
+    BuildContext,
+    Certifier,
+    OrderDependentCertifier,
+    SigmaProvider,
+)
+from harness.plugin.manager import Registry
+
+_SIGMA_ATTRIBUTES = ("regularity",)
+_CERTIFIER_ATTRIBUTES = ("smoothing", "order_dependent", "radius_formula", "certify")
+_MEMORY_ATTRIBUTES = ("ball_sigmas", "order_spread")
+
+
+def build_method(
+    registry: Registry, method_name: str, params: Mapping[str, Any], context: BuildContext
+) -> tuple[SigmaProvider, Certifier]:
+    """(σ-provider, certifier) of ``method_name`` with ``params`` (the method's defaults
+    overridden by ``params``), each checked against its declared protocol."""
+    method = registry.get("methods", method_name)
+    merged = {**method.defaults, **params}
+    provider = registry.get("sigma_providers", method.sigma_provider).build(context, merged)
+    _require(provider, SigmaProvider, _SIGMA_ATTRIBUTES, f"σ-provider {method.sigma_provider!r}")
+    certifier = registry.get("certifiers", method.certifier).build(context, merged, provider)
+    _require(certifier, Certifier, _CERTIFIER_ATTRIBUTES, f"certifier {method.certifier!r}")
+    if certifier.smoothing not in ("hard", "soft"):
+        raise IdrsError(
+            f"certifier {method.certifier!r} declares smoothing = {certifier.smoothing!r}; "
+            "use 'hard' or 'soft'"
+        )
+    if certifier.order_dependent:
+        _require(certifier, OrderDependentCertifier, _MEMORY_ATTRIBUTES,
+                 f"order-dependent certifier {method.certifier!r}")  # fmt: skip
+    return provider, certifier
+
+
+def _require(obj: Any, protocol: type, attributes: tuple[str, ...], what: str) -> None:
+    if isinstance(obj, protocol):
+        return
+    missing = [a for a in attributes if not hasattr(obj, a)]
+    raise IdrsError(
+        f"{what} lacks the declared attribute(s) {', '.join(missing) or '?'} of "
+        f"harness.plugin.components.{protocol.__name__}; see the README's section on writing a plugin"
+    )

@@ -1,0 +1,140 @@
+"""What a benchmark's workers share: its dataset, base model, engine and build context.
+
+:func:`prepare` turns a validated benchmark into a :class:`Prepared`: the dataset loaded,
+the base model trained or read and put in the protocol's precision, the batch size
+resolved, the engine and the :class:`~harness.plugin.components.BuildContext` built.
+The runner, every executor and the replay process prepare through it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from harness.engine.precision import prepare_model
+from harness.engine.sampling import SamplingEngine, default_noise, resolve_device
+from harness.foundation.data import Dataset
+from harness.foundation.errors import DatasetMissingError
+from harness.foundation.identity import content_hash
+from harness.foundation.progress import Progress
+from harness.plugin.components import BuildContext, Registry
+from harness.plugin.manager import PluginManager, get_plugin_manager
+from harness.running.modelcache import obtain_model
+from harness.running.spec import BenchmarkSpec, check_data_root, validate
+
+
+@dataclass
+class RunOptions:
+    db: Path
+    device: str | None = None
+    data_root: str | None = None
+    download: bool = False
+    cache_dir: Path | None = None
+
+
+def load_dataset(spec: BenchmarkSpec, registry: Registry, options: RunOptions) -> Dataset:
+    """The spec's dataset; an explicit ``--data-root`` is used or refused, never ignored."""
+    check_data_root(options.data_root, spec.dataset.name)
+    dataset_spec = registry.get("datasets", spec.dataset.name)
+    family = registry.family_args("datasets", spec.dataset.name)
+    dataset = dataset_spec.load(
+        data_root=options.data_root, download=options.download, seed=spec.seed, **family
+    )
+    if options.data_root is not None and not dataset.files:
+        raise DatasetMissingError(
+            f"dataset {spec.dataset.name!r} reads no files (it is generated), so --data-root "
+            f"{options.data_root!r} would be ignored; leave it out"
+        )
+    return dataset
+
+
+@dataclass
+class Prepared:
+    """A benchmark ready to certify: its dataset, shared base model and build context."""
+
+    spec: BenchmarkSpec
+    dataset: Dataset
+    model_hash: str
+    context: BuildContext
+    registry: Registry
+    run_id: str
+    weights_digest: str | None = None  # SHA-256 of the base model's weights
+    batch_size: int | None = None  # the protocol's batch size, resolved
+
+
+def prepare(
+    spec: BenchmarkSpec,
+    options: RunOptions,
+    progress: Progress,
+    manager: PluginManager | None = None,
+) -> Prepared:
+    """Check the spec, load the dataset, train or load the base model, build the engine."""
+    registry = (manager or get_plugin_manager()).registry
+    validate(spec, registry)
+    device = resolve_device(options.device or spec.device)
+    dataset = load_dataset(spec, registry, options)
+    if spec.model.checkpoint is not None:  # a published file names its architecture
+        from harness.running.checkpoint import resolve_architecture
+
+        spec = replace(spec, model=resolve_architecture(spec.model, dataset.name, registry))
+    model, model_hash = obtain_model(
+        spec.model, dataset, registry, device, progress, options.cache_dir
+    )
+    if spec.protocol.noise == "auto":  # recorded resolved: the run states its noise
+        spec = replace(spec, protocol=replace(spec.protocol, noise=default_noise(device)))
+    certified = prepare_model(model, spec.protocol)
+    batch_size = spec.protocol.batch_size
+    if batch_size == "auto":
+        from harness.engine.batchsize import auto_batch_size
+
+        batch_size = auto_batch_size(
+            certified, tuple(dataset.test_x.shape[1:]), device, options.cache_dir
+        )
+    context = build_context(
+        spec, dataset, model, model_hash, device, batch_size, progress, registry, certified
+    )
+    # the device type, not its index: processes on cuda:0 and cuda:1 certify the same run
+    run_id = content_hash({"spec": spec.to_dict(), "device": device.type, "model": model_hash})
+    context.run_id = run_id
+    from harness.running.weights import weights_digest
+
+    return Prepared(
+        spec, dataset, model_hash, context, registry, run_id, weights_digest(model), batch_size
+    )
+
+
+def build_context(
+    spec: BenchmarkSpec,
+    dataset: Dataset,
+    model: torch.nn.Module,
+    model_hash: str,
+    device: torch.device,
+    batch_size: int,
+    progress: Progress,
+    registry: Registry,
+    certified: torch.nn.Module | None = None,
+) -> BuildContext:
+    """The build context of a benchmark whose noise and batch size are resolved: the base
+    model behind the protocol's precision switch (``certified``, made here when None),
+    in a sampling engine whose forward passes all have ``batch_size`` rows."""
+    if certified is None:
+        certified = prepare_model(model, spec.protocol)
+    # every forward pass has batch_size rows, so each sample's logits are those of any
+    # other batch it could share (the replay check re-draws a few inputs alone)
+    engine = SamplingEngine(
+        certified, dataset.num_classes, device, batch_size, spec.seed, noise=spec.protocol.noise,
+        pad_batches=True,
+    )  # fmt: skip
+    return BuildContext(
+        dataset=dataset,
+        model=model,
+        device=device,
+        seed=spec.seed,
+        protocol=spec.protocol,
+        engine=engine,
+        progress=progress,
+        registry=registry,
+        model_hash=model_hash,
+    )
