@@ -87,11 +87,11 @@ def certify(
     from harness.foundation.progress import Progress
     from harness.foundation.protocol import CertificationProtocol
     from harness.plugin.components import BuildContext
-    from harness.plugin.manager import get_plugin_manager
+    from harness.plugin.manager import PluginManager
     from harness.running.spec import _check_keys
     from harness.running.weights import weights_digest
 
-    registry = get_plugin_manager().registry
+    registry = PluginManager().registry
     spec = registry.get("methods", method)
     setting = {"sigma": sigma, **params} if "sigma" in spec.defaults else dict(params)
     _check_keys(setting, spec.defaults, f"method {method!r}")

@@ -28,7 +28,13 @@ from harness.foundation.progress import Progress
 from harness.foundation.protocol import CertificationProtocol
 from harness.foundation.regularity import Unregularized
 from harness.foundation.verdict import Verdict, overall
-from harness.plugin.components import BuildContext, CertifierSpec, MethodSpec, SigmaProviderSpec
+from harness.plugin.components import (
+    BuildContext,
+    CertifierSpec,
+    MethodSpec,
+    RunMemo,
+    SigmaProviderSpec,
+)
 from harness.plugin.manager import PluginManager
 from harness.running.preparation import RunOptions
 from harness.running.runner import run_benchmark
@@ -337,8 +343,8 @@ def test_training_is_deterministic_and_depends_on_the_seed(tmp_path, monkeypatch
     params = {**METHOD_DEFAULTS, **SMALL}
     context = _context(tmp_path, monkeypatch, linear_model)
     first, summary = fit_estimator(context, params)
-    again, _ = fit_estimator(dataclasses.replace(context, memos={}), params)
-    other, _ = fit_estimator(dataclasses.replace(context, seed=1, memos={}), params)
+    again, _ = fit_estimator(dataclasses.replace(context, memos=RunMemo()), params)
+    other, _ = fit_estimator(dataclasses.replace(context, seed=1, memos=RunMemo()), params)
     a, b, c = (m.state_dict() for m in (first, again, other))
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not all(torch.equal(a[k], c[k]) for k in a)
@@ -357,13 +363,13 @@ def test_the_fit_is_cached_under_the_base_models_hash(tmp_path, monkeypatch, lin
     assert provider.smoothing.alpha == pytest.approx(0.5 * 0.01)
     assert provider.smoothing.levels == (0.25, 0.5) and provider.smoothing.noise == 0.25
     assert obtain_estimator(context, params).network is provider.network  # memo: one fit per run
-    fresh = obtain_estimator(dataclasses.replace(context, memos={}), params)  # a new process
+    fresh = obtain_estimator(dataclasses.replace(context, memos=RunMemo()), params)  # a new process
     assert len(calls) == 1  # loaded from the artifact directory, not refitted
     saved = list((tmp_path / "plugins" / "dual-rs" / ("f" * 64)).glob("sigma-estimator-*.pt"))
     assert len(saved) == 1
     a, b = provider.network.state_dict(), fresh.network.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
-    obtain_estimator(dataclasses.replace(context, memos={}), {**params, "epochs": 4})
+    obtain_estimator(dataclasses.replace(context, memos=RunMemo()), {**params, "epochs": 4})
     assert len(calls) == 2  # another fit parameter: another file
     with pytest.raises(Exception, match="drawn by the harness"):
         provider(torch.zeros(1, 6))  # nothing may take σ from the method itself

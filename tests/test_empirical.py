@@ -91,9 +91,9 @@ def test_every_break_is_real_and_clear_breaks_are_found(ball_run):
 
 
 def _manager():
-    from harness.plugin.manager import get_plugin_manager
+    from harness.plugin.manager import PluginManager
 
-    return get_plugin_manager()
+    return PluginManager()
 
 
 def test_the_attack_is_stored_exported_and_shown(ball_run, tmp_path):

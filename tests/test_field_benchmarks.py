@@ -62,7 +62,7 @@ def test_cifar10_cohen_on_a_cohen_checkpoint(tmp_path, write_cifar10, write_cohe
     model = run["config"]["model"]
     assert model["checkpoint"] == str(checkpoint) and model["architecture"] == "cifar-resnet"
     assert model["architecture_params"] == {"depth": 20, "normalization": "cifar10"}
-    from harness.plugin.manager import get_plugin_manager
+    from harness.plugin.manager import PluginManager
     from harness.running.checkpoint import load_checkpoint
     from harness.running.spec import spec_from_dict
     from harness.running.weights import weights_digest
@@ -71,7 +71,7 @@ def test_cifar10_cohen_on_a_cohen_checkpoint(tmp_path, write_cifar10, write_cohe
     spec = spec_from_dict(run["config"])
     with pytest.warns(UserWarning):
         data = load_cifar10(tmp_path / "data")
-    model, _ = load_checkpoint(spec.model, data, get_plugin_manager().registry)
+    model, _ = load_checkpoint(spec.model, data, PluginManager().registry)
     assert run["weights_digest"] == weights_digest(model)
 
 

@@ -15,7 +15,7 @@ from harness.foundation.data import Dataset
 from harness.foundation.errors import ParameterError
 from harness.foundation.progress import Progress
 from harness.foundation.protocol import CertificationProtocol
-from harness.plugin.components import BuildContext
+from harness.plugin.components import BuildContext, RunMemo
 from harness.plugin.manager import PluginManager
 from harness.running.preparation import RunOptions
 from harness.running.runner import run_benchmark
@@ -244,7 +244,7 @@ def test_a_reloaded_fit_is_the_same_sigma_with_the_same_regularity(
     fitted = obtain_sigma_network(context, params)
     saved = list((tmp_path / "plugins" / "lipschitz" / ("0" * 64)).glob("sigma-net-*.pt"))
     assert len(saved) == 1  # in the plugin's artifact directory of this base model
-    later_run = dataclasses.replace(context, memos={})  # a new run: nothing fitted in memory
+    later_run = dataclasses.replace(context, memos=RunMemo())  # a new run: nothing fitted in memory
     reloaded = obtain_sigma_network(later_run, params)
     assert reloaded is not fitted
     assert reloaded.regularity.sigma_min == 0.65 == fitted.regularity.sigma_min

@@ -14,7 +14,7 @@ from harness.engine.sampling import SamplingEngine
 from harness.foundation.data import Dataset
 from harness.foundation.progress import Progress
 from harness.foundation.protocol import CertificationProtocol
-from harness.plugin.components import BuildContext
+from harness.plugin.components import BuildContext, RunMemo
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -105,7 +105,7 @@ def test_artifact_dir_is_per_plugin_and_base_model(monkeypatch, tmp_path):
     assert _context("cd" * 32).artifact_dir("mine") != path
 
 
-def test_memo_builds_once_per_key_and_model_and_is_shared_by_copies():
+def test_memo_builds_once_per_key_and_run_and_is_shared_by_copies():
     calls = []
 
     def build(value):
@@ -118,7 +118,7 @@ def test_memo_builds_once_per_key_and_model_and_is_shared_by_copies():
     assert setting.memo("p", "k", lambda: build(2)) is first
     assert context.memo("other", "k", lambda: build(3)) == [3]
     assert context.memo("p", "k2", lambda: build(4)) == [4]
-    other_model = dataclasses.replace(context, model=torch.nn.Linear(2, 2))
+    other_model = dataclasses.replace(context, model=torch.nn.Linear(2, 2), memos=RunMemo())
     assert other_model.memo("p", "k", lambda: build(5)) == [5]
     assert calls == [1, 3, 4, 5]
     assert _context().memo("p", "k", lambda: build(6)) == [6]  # a new run starts empty

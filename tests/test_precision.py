@@ -134,12 +134,15 @@ def test_auto_batch_size_on_cpu_is_bounded_and_cached(tmp_path, monkeypatch):
     assert len(json.loads((tmp_path / CACHE_FILE).read_text())) == 2
 
 
-def test_engine_resolves_auto_batch_size_itself(tmp_path, monkeypatch):
+def test_engine_batch_size_is_decided_before_it_is_made(tmp_path, monkeypatch):
     monkeypatch.setenv("IDRS_BENCH_CACHE", str(tmp_path))
     model = torch.nn.Sequential(torch.nn.Linear(6, 3)).eval()
-    engine = SamplingEngine(model, 3, torch.device("cpu"), batch_size="auto", seed=0)
+    with pytest.raises(ValueError, match="resolve 'auto'"):
+        SamplingEngine(model, 3, torch.device("cpu"), batch_size="auto", seed=0)
+    batch = auto_batch_size(model, (6,), "cpu")
+    engine = SamplingEngine(model, 3, torch.device("cpu"), batch_size=batch, seed=0)
     counts = engine.counts(torch.rand(2, 6), [0.5, 0.5], [0, 1], 100, stream=1)
-    assert isinstance(engine.batch_size, int) and np.all(counts.sum(1) == 100)
+    assert engine.batch_size == batch and np.all(counts.sum(1) == 100)
 
 
 @pytest.mark.gpu

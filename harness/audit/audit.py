@@ -14,12 +14,13 @@ import torch
 
 from harness.certification.certify import sigma_of, sigma_smoothing
 from harness.certification.method import build_method
+from harness.engine.batchsize import auto_batch_size
 from harness.engine.precision import prepare_model
 from harness.engine.sampling import SamplingEngine
 from harness.foundation.data import Dataset
 from harness.foundation.errors import IdrsError
 from harness.foundation.protocol import CertificationProtocol
-from harness.plugin.components import BuildContext, Certifier, MethodSpec, SigmaProvider
+from harness.plugin.components import BuildContext, Certifier, MethodSpec, RunMemo, SigmaProvider
 from harness.plugin.manager import Registry
 from harness.running.replay import ReplaySource
 
@@ -161,7 +162,7 @@ class Audit:
 
     def rebuild(
         self, dataset: Dataset, model: torch.nn.Module, protocol: CertificationProtocol,
-        artifact_root: Path | None = None,
+        artifact_root: Path | None = None, memos: RunMemo | None = None,
     ):  # fmt: skip
         """The same method and setting on another dataset and base model (for S1).
 
@@ -178,12 +179,15 @@ class Audit:
         built again.
         """
         run = self.context.engine
-        engine = SamplingEngine(prepare_model(model, protocol), dataset.num_classes,
-                                self.context.device, protocol.batch_size, self.context.seed,
-                                noise=run.noise)  # fmt: skip
+        certified = prepare_model(model, protocol)
+        batch = protocol.batch_size
+        if batch == "auto":
+            batch = auto_batch_size(certified, dataset.input_shape, self.context.device)
+        engine = SamplingEngine(certified, dataset.num_classes, self.context.device, batch,
+                                self.context.seed, noise=run.noise)  # fmt: skip
         content_hash = getattr(model, "content_hash", None)
         context = replace(self.context, dataset=dataset, model=model, protocol=protocol,
-                          engine=engine, artifact_root=artifact_root,
+                          engine=engine, artifact_root=artifact_root, memos=memos or RunMemo(),
                           model_hash=content_hash() if content_hash else None)  # fmt: skip
         if sigma_smoothing(self.sigma_provider) is not None:
             method = self.registry.get("methods", self.method.name)

@@ -297,7 +297,9 @@ def _trials(audit: Audit, family: str, points, ids, trials: int, protocol, root:
             # σ_ref: the run's σ at x0, the scale at which x0 sits at P(side 1) = q
             placed = place(model, points[k], stored_sigma[k], q, gen)
             if certifier.order_dependent and j:  # a memory lives for one classifier
-                provider, certifier, context = audit.rebuild(dataset, model, protocol, root)
+                provider, certifier, context = audit.rebuild(
+                    dataset, model, protocol, root, context.memos
+                )
             gradient = None
             if sigma_smoothing(provider) is None and family == "ball":  # σ, ∇σ in one call
                 sigma, gradient = sigma_and_gradient(provider, x0)

@@ -15,7 +15,7 @@ from harness.foundation.identity import setting_key
 from harness.foundation.progress import Progress
 from harness.foundation.verdict import CheckResult, Verdict
 from harness.mathematics.accuracy import benchmark_radii
-from harness.plugin.manager import PluginManager, get_plugin_manager
+from harness.plugin.manager import PluginManager
 from harness.running.preparation import RunOptions, prepare
 from harness.running.replay import ReplaySource
 from harness.running.spec import spec_from_dict
@@ -115,7 +115,7 @@ def run_checks(
     With ``attack``, each row is then attacked (:func:`run_attack`) at the strength of its
     budget (``small`` or ``full``; a custom budget does not attack): the empirical robust
     accuracy a board shows beside the certified one."""
-    manager = manager or get_plugin_manager()
+    manager = manager or PluginManager()
     checks = [manager.registry.get("checks", n) for n in manager.registry.names("checks")]
     store = ResultStore(db)
     out: dict[tuple[str, str], list[CheckResult]] = {}

@@ -1,14 +1,18 @@
-"""Building a method: its σ-provider, then its certifier built with that provider."""
+"""Building a method: its σ-provider, then its certifier built with that provider; and
+one (method, setting) of a run, as the local executor and every Ray worker build it."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from harness.foundation.errors import IdrsError
+from harness.foundation.runstate import RunState, StateRecord
 from harness.plugin.components import (
     BuildContext,
     Certifier,
+    MethodSpec,
     OrderDependentCertifier,
     SigmaProvider,
 )
@@ -39,6 +43,30 @@ def build_method(
         _require(certifier, OrderDependentCertifier, _MEMORY_ATTRIBUTES,
                  f"order-dependent certifier {method.certifier!r}")  # fmt: skip
     return provider, certifier
+
+
+@dataclass(frozen=True)
+class BuiltSetting:
+    """One (method, setting) of a run, ready to certify: its σ-provider and certifier,
+    its run state and the build context they were built with."""
+
+    method: MethodSpec
+    provider: SigmaProvider
+    certifier: Certifier
+    state: RunState
+    context: BuildContext
+
+
+def build_setting(
+    context: BuildContext, name: str, setting: Mapping[str, Any], key: str,
+    records: Iterable[StateRecord],
+) -> BuiltSetting:  # fmt: skip
+    """Method ``name`` at ``setting`` (canonical ``key``) on a run's ``context`` (whose
+    registry resolves it), its run state restored from the committed ``records``."""
+    state = RunState(list(records))
+    context = replace(context, method=name, setting=key, state=state)
+    provider, certifier = build_method(context.registry, name, setting, context)
+    return BuiltSetting(context.registry.get("methods", name), provider, certifier, state, context)
 
 
 def _require(obj: Any, protocol: type, attributes: tuple[str, ...], what: str) -> None:

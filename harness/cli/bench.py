@@ -157,9 +157,9 @@ def bench_command(args: argparse.Namespace) -> int:
 
 
 def _registry():
-    from harness.plugin.manager import get_plugin_manager
+    from harness.plugin.manager import PluginManager
 
-    return get_plugin_manager().registry
+    return PluginManager().registry
 
 
 def _build(registry, name: str):

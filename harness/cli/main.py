@@ -17,6 +17,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
@@ -36,6 +37,9 @@ from harness.reports.import_log import add_import_log_parser
 from harness.reports.leaderboard import add_compare_parser, add_leaderboard_parser
 from harness.store.integrity import check_database
 from harness.store.store import DEFAULT_DB
+
+if TYPE_CHECKING:
+    from harness.plugin.manager import PluginManager
 
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], object]] = [
     add_leaderboard_parser,
@@ -206,14 +210,15 @@ def device_name(text: str) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from harness.plugin.manager import get_plugin_manager
+    from harness.plugin.manager import PluginManager
     from harness.running.spec import DEFAULT_BENCHMARK, check_data_root, load_spec, validate
 
     if args.executor != "ray" and (args.address is not None or args.workers is not None):
         raise IdrsError("--address and --workers apply to --executor ray only; add it")
     spec = load_spec(args.spec or DEFAULT_BENCHMARK, args.set)
     # every name and parameter, before torch and before third-party plugins are imported
-    validate(spec, get_plugin_manager().checking_registry())
+    manager = PluginManager()  # this command's: passed to the run and to the checks
+    spec = validate(spec, manager.checking_registry())
     check_data_root(args.data_root, spec.dataset.name)
     check_database(args.db)
 
@@ -238,7 +243,7 @@ def _run(args: argparse.Namespace) -> int:
         db=args.db, device=args.device, data_root=args.data_root,
         download=args.download, cache_dir=args.cache_dir,
     )  # fmt: skip
-    _warn_plugin_failures()
+    _warn_plugin_failures(manager)
     executor = None
     if args.executor == "ray":
         from harness.running.ray_executor import RayExecutor
@@ -247,14 +252,14 @@ def _run(args: argparse.Namespace) -> int:
         import_ray()  # a missing Ray is an error before the model is trained
         executor = RayExecutor(address=args.address, workers=args.workers)
     progress = Progress(enabled=not args.quiet)
-    run_id = run_benchmark(spec, options, progress, executor=executor)
+    run_id = run_benchmark(spec, options, progress, manager, executor=executor)
     if not args.no_check:
         from harness.audit.runner import run_checks
         from harness.store.leases import exclusive
 
         with exclusive(args.db, run_id, "the soundness checks", progress.note) as ours:
             if ours:
-                run_checks(args.db, run_id, options, progress, budget="small")
+                run_checks(args.db, run_id, options, progress, manager, budget="small")
     rows = print_results(args.db, run_id, as_json=False, compact=True)
     if not args.no_check:
         from harness.audit.audit import BUDGETS
@@ -338,10 +343,7 @@ def _results(args: argparse.Namespace) -> int:
     return 0
 
 
-def _warn_plugin_failures() -> None:
-    from harness.plugin.manager import get_plugin_manager
-
-    manager = get_plugin_manager()
+def _warn_plugin_failures(manager: PluginManager) -> None:
     manager.registry  # noqa: B018 - building it records registration failures
     for failure in manager.failures:
         Console(stderr=True, soft_wrap=True).print(
@@ -350,9 +352,9 @@ def _warn_plugin_failures() -> None:
 
 
 def _plugins(args: argparse.Namespace) -> int:
-    from harness.plugin.manager import get_plugin_manager
+    from harness.plugin.manager import PluginManager
 
-    manager = get_plugin_manager()
+    manager = PluginManager()
     rows = manager.describe()
     failures = [{"plugin": f.plugin, "error": f.error} for f in manager.failures]
     if args.json:

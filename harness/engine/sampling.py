@@ -87,7 +87,9 @@ class SamplingEngine:
 
     :param model: the base classifier (logits), already on ``device`` and in eval mode.
     :param num_classes: size of the count vectors.
-    :param batch_size: noisy samples per forward pass.
+    :param batch_size: noisy samples per forward pass, decided before the engine is made
+        (a protocol's ``auto`` is resolved by :func:`harness.engine.batchsize.auto_batch_size`)
+        and fixed for its lifetime.
     :param seed: the run's seed; noise is a function of (seed, stream, input id, index).
     :param noise_threads: threads that draw noise blocks in parallel (CPU, block-v1
         only); defaults to torch's intra-op thread count.
@@ -115,6 +117,11 @@ class SamplingEngine:
         self.pad_batches = pad_batches
         self.num_classes = num_classes
         self.device = torch.device(device)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(
+                f"batch_size must be a positive integer, got {batch_size!r} (resolve 'auto' "
+                "with harness.engine.batchsize.auto_batch_size before making the engine)"
+            )
         self.batch_size = batch_size
         self.seed = seed
         self.noise = default_noise(self.device) if noise == "auto" else noise
@@ -188,10 +195,6 @@ class SamplingEngine:
             _Job(x[i], float(s), int(i_id), num)
             for i, (s, i_id) in enumerate(zip(sigmas, input_ids, strict=True))
         ]
-        if self.batch_size == "auto":
-            from harness.engine.batchsize import auto_batch_size
-
-            self.batch_size = auto_batch_size(self.model, tuple(x.shape[1:]), self.device)
         philox = self.noise == "philox-v1"
         if philox:
             flat_x = x.reshape(len(x), -1)

@@ -124,7 +124,8 @@ class BuildContext:
     soundness checks give a rebuilt method a temporary one).
 
     The runner gives each method and setting a copy (``dataclasses.replace``); the
-    copies share ``memos``, the store behind :meth:`memo`.
+    copies share ``memos``, the run's :class:`RunMemo` behind :meth:`memo`. A context
+    on another base model (the checks' analytic models) gets a memo of its own.
     """
 
     dataset: Dataset
@@ -141,7 +142,7 @@ class BuildContext:
     setting: str | None = None
     state: RunState | None = None
     artifact_root: Path | None = None
-    memos: dict[Hashable, tuple[Any, Any]] = field(default_factory=dict, repr=False, compare=False)
+    memos: RunMemo = field(default_factory=lambda: RunMemo(), repr=False, compare=False)
 
     def artifact_dir(self, plugin: str) -> Path | None:
         """The directory where ``plugin`` keeps what it derives from this base model.
@@ -164,17 +165,28 @@ class BuildContext:
         return path
 
     def memo(self, plugin: str, key: Hashable, build: Callable[[], T]) -> T:
-        """``build()``, computed once per (``plugin``, ``key``, base model) in this run.
+        """``build()``, computed once per (``plugin``, ``key``) in this run and base model.
 
         Kept in ``memos``, which every copy of this context shares, so building the
-        method again (another setting, the soundness checks) reuses the value; the
-        base model is part of the key (the checks rebuild methods on other models).
+        method again (another setting, the soundness checks) reuses the value.
         """
-        entry = (plugin, id(self.model), key)
-        hit = self.memos.get(entry)
-        if hit is None:  # the entry holds the model, so its id is not reused meanwhile
-            hit = self.memos[entry] = (self.model, build())
-        return hit[1]
+        return self.memos.get(plugin, key, build)
+
+
+class RunMemo:
+    """Values plugins compute once per run and base model (:meth:`BuildContext.memo`),
+    by (plugin, key). One belongs to each prepared run (and to each context the checks
+    make on another base model); nothing is shared between runs."""
+
+    def __init__(self) -> None:
+        self._values: dict[tuple[str, Hashable], Any] = {}
+
+    def get(self, plugin: str, key: Hashable, build: Callable[[], T]) -> T:
+        """The value of (``plugin``, ``key``), built by ``build()`` the first time."""
+        entry = (plugin, key)
+        if entry not in self._values:
+            self._values[entry] = build()
+        return self._values[entry]
 
 
 @dataclass

@@ -26,7 +26,6 @@ from __future__ import annotations
 import importlib.metadata
 import os
 from dataclasses import dataclass
-from functools import cache
 from types import ModuleType
 from typing import Any
 
@@ -208,9 +207,3 @@ def _allowed_external_plugins() -> set[str] | None:
     if value is None:
         return None
     return {name.strip() for name in value.split(",") if name.strip()}
-
-
-@cache
-def get_plugin_manager() -> PluginManager:
-    """The process-wide plugin manager used by the CLI and the runner."""
-    return PluginManager()

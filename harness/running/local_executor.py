@@ -4,10 +4,9 @@ leased in the results database so that several processes can share a run."""
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from harness.certification.method import build_method
+from harness.certification.method import build_setting
 from harness.foundation.runstate import RunState
 from harness.plugin.components import BuildContext, Certifier, SigmaProvider
 from harness.running.preparation import Prepared, RunOptions
@@ -177,13 +176,12 @@ def _built_method(
     process (the state restored from the records committed in the store)."""
     name = (work.method, work.key)
     if name not in built:
-        state = RunState(store.state_records(prepared.run_id, work.method, work.key))
-        context = replace(prepared.context, method=work.method, setting=work.key, state=state)
-        provider, certifier = build_method(prepared.registry, work.method, work.setting, context)
+        records = store.state_records(prepared.run_id, work.method, work.key)
+        b = build_setting(prepared.context, work.method, work.setting, work.key, records)
         from harness.running.runfiles import record_sigma_model
 
-        record_sigma_model(store, prepared.run_id, work.method, work.key, provider)
-        built[name] = (provider, certifier, state, context)
+        record_sigma_model(store, prepared.run_id, work.method, work.key, b.provider)
+        built[name] = (b.provider, b.certifier, b.state, b.context)
     return built[name]
 
 

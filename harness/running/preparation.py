@@ -20,9 +20,9 @@ from harness.foundation.errors import DatasetMissingError
 from harness.foundation.identity import content_hash
 from harness.foundation.progress import Progress
 from harness.plugin.components import BuildContext, Registry
-from harness.plugin.manager import PluginManager, get_plugin_manager
+from harness.plugin.manager import PluginManager
 from harness.running.modelcache import obtain_model
-from harness.running.spec import BenchmarkSpec, check_data_root, validate
+from harness.running.spec import BenchmarkSpec, CheckedBenchmark, check_data_root, validate
 
 
 @dataclass
@@ -70,9 +70,11 @@ def prepare(
     progress: Progress,
     manager: PluginManager | None = None,
 ) -> Prepared:
-    """Check the spec, load the dataset, train or load the base model, build the engine."""
-    registry = (manager or get_plugin_manager()).registry
-    validate(spec, registry)
+    """Check the spec (unless :func:`~harness.running.spec.validate` did), load the
+    dataset, train or load the base model, build the engine."""
+    registry = (manager or PluginManager()).registry
+    if not isinstance(spec, CheckedBenchmark):
+        spec = validate(spec, registry)
     device = resolve_device(options.device or spec.device)
     dataset = load_dataset(spec, registry, options)
     if spec.model.checkpoint is not None:  # a published file names its architecture
@@ -92,17 +94,21 @@ def prepare(
         batch_size = auto_batch_size(
             certified, tuple(dataset.test_x.shape[1:]), device, options.cache_dir
         )
+    run_id = run_identity(spec, device, model_hash)
     context = build_context(
-        spec, dataset, model, model_hash, device, batch_size, progress, registry, certified
+        spec, dataset, model, model_hash, device, batch_size, progress, registry, run_id, certified
     )
-    # the device type, not its index: processes on cuda:0 and cuda:1 certify the same run
-    run_id = content_hash({"spec": spec.to_dict(), "device": device.type, "model": model_hash})
-    context.run_id = run_id
     from harness.running.weights import weights_digest
 
     return Prepared(
         spec, dataset, model_hash, context, registry, run_id, weights_digest(model), batch_size
     )
+
+
+def run_identity(spec: BenchmarkSpec, device: torch.device, model_hash: str) -> str:
+    """A run's id: the content hash of the resolved benchmark, the device type (not its
+    index: processes on cuda:0 and cuda:1 certify the same run) and the model's recipe hash."""
+    return content_hash({"spec": spec.to_dict(), "device": device.type, "model": model_hash})
 
 
 def build_context(
@@ -114,11 +120,13 @@ def build_context(
     batch_size: int,
     progress: Progress,
     registry: Registry,
+    run_id: str | None,
     certified: torch.nn.Module | None = None,
 ) -> BuildContext:
-    """The build context of a benchmark whose noise and batch size are resolved: the base
-    model behind the protocol's precision switch (``certified``, made here when None),
-    in a sampling engine whose forward passes all have ``batch_size`` rows."""
+    """The build context of run ``run_id``, whose noise and batch size are resolved: the
+    base model behind the protocol's precision switch (``certified``, made here when
+    None), in a sampling engine whose forward passes all have ``batch_size`` rows. The
+    driver, every Ray worker and a board's re-check build it the same way."""
     if certified is None:
         certified = prepare_model(model, spec.protocol)
     # every forward pass has batch_size rows, so each sample's logits are those of any
@@ -137,4 +145,5 @@ def build_context(
         progress=progress,
         registry=registry,
         model_hash=model_hash,
+        run_id=run_id,
     )

@@ -5,7 +5,7 @@ back to the driver (:mod:`harness.running.ray_executor`), which alone writes the
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,11 +58,11 @@ class CertifyWorker:
         import ray
 
         from harness.foundation.progress import Progress
-        from harness.plugin.manager import get_plugin_manager
+        from harness.plugin.manager import PluginManager
         from harness.running.preparation import build_context, load_dataset
 
         self.setup = setup
-        self.registry = get_plugin_manager().registry
+        self.registry = PluginManager().registry  # this worker's own
         options = RunOptions(db=Path(os.devnull), data_root=setup.data_root)
         dataset = load_dataset(setup.spec, self.registry, options)
         device = torch.device(setup.device)
@@ -70,9 +70,8 @@ class CertifyWorker:
         model = _worker_model(setup, dataset, self.registry, state, device)
         self.context = build_context(
             setup.spec, dataset, model, setup.model_hash, device, setup.batch_size,
-            Progress(enabled=False), self.registry,
+            Progress(enabled=False), self.registry, setup.run_id,
         )  # fmt: skip
-        self.context.run_id = setup.run_id
         self.built: dict[tuple[str, str], tuple[Any, Any, Any, RunState]] = {}
 
     def pid(self) -> int:
@@ -81,15 +80,13 @@ class CertifyWorker:
     def _method(self, name: str, setting: dict, key: str, records: list[StateRecord] | None):
         """(method spec, σ-provider, certifier, run state), built once per setting; rebuilt
         from ``records`` when the committed state differs from the one held here."""
-        from harness.certification.method import build_method
+        from harness.certification.method import build_setting
 
         held = self.built.get((name, key))
         if held is not None and (records is None or held[3].committed == records):
             return held
-        state = RunState(list(records or []))
-        context = replace(self.context, method=name, setting=key, state=state)
-        provider, certifier = build_method(self.registry, name, setting, context)
-        held = (self.registry.get("methods", name), provider, certifier, state)
+        b = build_setting(self.context, name, setting, key, records or [])
+        held = (b.method, b.provider, b.certifier, b.state)
         self.built[(name, key)] = held
         return held
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +96,13 @@ class BenchmarkSpec:
         if self.model.checkpoint is None:  # keeps the run ids of trained-model specs as they were
             del out["model"]["checkpoint"], out["model"]["format"]
         return out
+
+
+@dataclass(frozen=True)
+class CheckedBenchmark(BenchmarkSpec):
+    """A benchmark whose every name and parameter :func:`validate` checked against the
+    registry: what the CLI hands to the runner, which then does not check it again.
+    Its fields, its :meth:`~BenchmarkSpec.to_dict` and so its run id are the spec's."""
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -309,8 +316,9 @@ def _protocol(cert: dict[str, Any]) -> CertificationProtocol:
         raise SpecError(f"[certification]: {exc}") from None
 
 
-def validate(spec: BenchmarkSpec, registry: Registry) -> None:
-    """Check every name and parameter against the loaded plugins (before any work)."""
+def validate(spec: BenchmarkSpec, registry: Registry) -> CheckedBenchmark:
+    """Check every name and parameter against the loaded plugins (before any work); the
+    spec, marked checked."""
     registry.get("datasets", spec.dataset.name)
     checkpoint = spec.model.checkpoint
     from_file = checkpoint is not None and (
@@ -340,6 +348,7 @@ def validate(spec: BenchmarkSpec, registry: Registry) -> None:
                     raise ParameterError(
                         f"method {method.name!r}, setting {setting_key(setting)}: {exc}"
                     ) from None
+    return CheckedBenchmark(**{f.name: getattr(spec, f.name) for f in fields(spec)})
 
 
 def check_data_root(data_root: str | None, dataset: str) -> None:

@@ -65,13 +65,13 @@ class _Inputs:
 
     def rows(self, ids: list[int]):
         if self.dataset is None and self.error is None:
-            from harness.plugin.manager import get_plugin_manager
+            from harness.plugin.manager import PluginManager
             from harness.running.preparation import RunOptions, load_dataset
             from harness.running.spec import spec_from_dict
 
             spec = spec_from_dict(self.run.config)
             try:
-                self.dataset = load_dataset(spec, get_plugin_manager().registry,
+                self.dataset = load_dataset(spec, PluginManager().registry,
                                             RunOptions(db=Path(os.devnull), data_root=self.data_root))  # fmt: skip
             except Exception as exc:
                 self.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
@@ -324,7 +324,7 @@ class _Methods:
     def _build_context(self):
         from harness.foundation.artifacts import file_digest
         from harness.foundation.progress import Progress
-        from harness.plugin.manager import get_plugin_manager
+        from harness.plugin.manager import PluginManager
         from harness.running.checkpoint import load_checkpoint
         from harness.running.preparation import RunOptions, build_context, load_dataset
         from harness.running.runfiles import PLUGIN_ARTIFACT
@@ -342,7 +342,7 @@ class _Methods:
                 shutil.copyfile(source, target)
                 (target.parent / (target.name + ".sha256")).write_text(f["sha256"] + "\n")
         spec = spec_from_dict(self.run.config)
-        registry = get_plugin_manager().registry
+        registry = PluginManager().registry
         dataset = load_dataset(spec, registry, RunOptions(db=Path(os.devnull),
                                                           data_root=self.source.data_root))  # fmt: skip
         config = replace(spec.model, checkpoint=str(self.source.weights),
@@ -351,8 +351,7 @@ class _Methods:
         batch = (self.run.run.get("arithmetic") or {}).get("batch_size") or spec.protocol.batch_size
         context = build_context(spec, dataset, model.to(self.device).eval(),
                                 self.run.run["model_hash"], self.device, batch, Progress(False),
-                                registry)  # fmt: skip
-        context.run_id = self.run.run_id
+                                registry, self.run.run_id)  # fmt: skip
         return spec, registry, context
 
     def _method(self, row: StoredRow):

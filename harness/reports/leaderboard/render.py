@@ -62,10 +62,10 @@ def class_names(table: Table) -> list[str]:
     (runs made before class names were recorded), else none."""
     if table.class_names:
         return table.class_names
-    from harness.plugin.manager import get_plugin_manager
+    from harness.plugin.manager import PluginManager
 
     try:
-        return list(get_plugin_manager().registry.get("datasets", table.dataset).class_names)
+        return list(PluginManager().registry.get("datasets", table.dataset).class_names)
     except IdrsError:  # a dataset no loaded plugin provides
         return []
 
