@@ -73,81 +73,80 @@ plugin and uses the harness's internals directly.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from harness.foundation.version import __version__
 
-_EXPORTS: dict[str, str] = {
-    "hookimpl": "harness.plugin.hookspecs",
-    # components and contexts
-    "BuildContext": "harness.plugin.components",
-    "CertifierSpec": "harness.plugin.components",
-    "Certifier": "harness.plugin.components",
-    "CheckSpec": "harness.plugin.components",
-    "DatasetSpec": "harness.plugin.components",
-    "MethodSpec": "harness.plugin.components",
-    "ModelSpec": "harness.plugin.components",
-    "OrderDependentCertifier": "harness.plugin.components",
-    "Registry": "harness.plugin.components",
-    "SigmaProvider": "harness.plugin.components",
-    "SigmaProviderSpec": "harness.plugin.components",
-    "TrainContext": "harness.plugin.components",
-    "TrainerSpec": "harness.plugin.components",
-    # declarations, certificates, radii
-    "Constant": "harness.foundation.regularity",
-    "Lipschitz": "harness.foundation.regularity",
-    "Regularity": "harness.foundation.regularity",
-    "SemiElastic": "harness.foundation.regularity",
-    "Unregularized": "harness.foundation.regularity",
-    "ABSTAIN": "harness.foundation.certificate",
-    "Certificate": "harness.foundation.certificate",
-    "Claim": "harness.engine.draws",
-    "Draws": "harness.engine.draws",
-    "Evidence": "harness.engine.draws",
-    "SigmaSmoothing": "harness.engine.draws",
-    "HardSmoothingCertifier": "harness.certification.certify",
-    "COHEN": "harness.mathematics.radius",
-    "SUKENIK": "harness.mathematics.radius",
-    "RadiusFormula": "harness.mathematics.radius",
-    "Recomputed": "harness.mathematics.radius",
-    "semi_elastic_rate": "harness.mathematics.radius",
-    "certified_radius": "harness.mathematics.worstcase",
-    "cohen_radius": "harness.mathematics.worstcase",
-    "is_certified": "harness.mathematics.worstcase",
-    "xi": "harness.mathematics.worstcase",
-    "xi_greater": "harness.mathematics.worstcase",
-    "xi_less": "harness.mathematics.worstcase",
-    # sampling, protocol, statistics
-    "STREAM_ESTIMATION": "harness.engine.sampling",
-    "STREAM_SELECTION": "harness.engine.sampling",
-    "SamplingEngine": "harness.engine.sampling",
-    "SoftStats": "harness.engine.sampling",
-    "noise_seed": "harness.engine.sampling",
-    "prepare_model": "harness.engine.precision",
-    "CertificationProtocol": "harness.foundation.protocol",
-    "check_alpha": "harness.foundation.protocol",
-    "check_sigma": "harness.foundation.protocol",
-    "clopper_pearson_lower": "harness.mathematics.stats",
-    "clopper_pearson_upper": "harness.mathematics.stats",
-    "hoeffding_lower": "harness.mathematics.stats",
-    "hoeffding_upper": "harness.mathematics.stats",
-    # data, training, state
-    "Dataset": "harness.foundation.data",
-    "train_with_gaussian_augmentation": "harness.running.training",
-    "SigmaCache": "harness.foundation.sigmacache",
-    "RunState": "harness.foundation.runstate",
-    "StateRecord": "harness.foundation.runstate",
-    "file_digest": "harness.foundation.artifacts",
-    "load_artifact": "harness.foundation.artifacts",
-    "save_artifact": "harness.foundation.artifacts",
-    "Progress": "harness.foundation.progress",
-    # errors
-    "ContractError": "harness.foundation.errors",
-    "DatasetMissingError": "harness.foundation.errors",
-    "IdrsError": "harness.foundation.errors",
-    "ModelOutputError": "harness.foundation.errors",
-    "ParameterError": "harness.foundation.errors",
+_MODULES: dict[str, tuple[str, ...]] = {
+    "harness.plugin.hookspecs": ("hookimpl",),
+    "harness.plugin.components": (
+        "BuildContext",
+        "CertifierSpec",
+        "Certifier",
+        "CheckSpec",
+        "DatasetSpec",
+        "MethodSpec",
+        "ModelSpec",
+        "OrderDependentCertifier",
+        "Registry",
+        "SigmaProvider",
+        "SigmaProviderSpec",
+        "TrainContext",
+        "TrainerSpec",
+    ),
+    "harness.foundation.regularity": (
+        "Constant",
+        "Lipschitz",
+        "Regularity",
+        "SemiElastic",
+        "Unregularized",
+    ),
+    "harness.foundation.certificate": ("ABSTAIN", "Certificate"),
+    "harness.engine.draws": ("Claim", "Draws", "Evidence", "SigmaSmoothing"),
+    "harness.certification.certify": ("HardSmoothingCertifier",),
+    "harness.mathematics.radius": (
+        "COHEN",
+        "SUKENIK",
+        "RadiusFormula",
+        "Recomputed",
+        "semi_elastic_rate",
+    ),
+    "harness.mathematics.worstcase": (
+        "certified_radius",
+        "cohen_radius",
+        "is_certified",
+        "xi",
+        "xi_greater",
+        "xi_less",
+    ),
+    "harness.engine.sampling": ("STREAM_ESTIMATION", "STREAM_SELECTION", "SamplingEngine"),
+    "harness.engine.accumulators": ("SoftStats",),
+    "harness.engine.noise": ("noise_seed",),
+    "harness.engine.precision": ("prepare_model",),
+    "harness.foundation.protocol": ("CertificationProtocol", "check_alpha", "check_sigma"),
+    "harness.mathematics.stats": (
+        "clopper_pearson_lower",
+        "clopper_pearson_upper",
+        "hoeffding_lower",
+        "hoeffding_upper",
+    ),
+    "harness.foundation.data": ("Dataset",),
+    "harness.running.training": ("train_with_gaussian_augmentation",),
+    "harness.foundation.sigmacache": ("SigmaCache",),
+    "harness.foundation.runstate": ("RunState", "StateRecord"),
+    "harness.foundation.artifacts": ("file_digest", "load_artifact", "save_artifact"),
+    "harness.foundation.progress": ("Progress",),
+    "harness.foundation.errors": (
+        "ContractError",
+        "DatasetMissingError",
+        "IdrsError",
+        "ModelOutputError",
+        "ParameterError",
+    ),
 }
+"""Every exported name, by the module that defines it (the one list of the API)."""
+
+_EXPORTS: dict[str, str] = {name: module for module, names in _MODULES.items() for name in names}
 
 __all__ = ["__version__", *_EXPORTS]
 
@@ -164,75 +163,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *_EXPORTS})
-
-
-if TYPE_CHECKING:
-    from harness.certification.certify import HardSmoothingCertifier  # noqa: F401
-    from harness.engine.draws import Claim, Draws, Evidence, SigmaSmoothing  # noqa: F401
-    from harness.engine.precision import prepare_model  # noqa: F401
-    from harness.engine.sampling import (  # noqa: F401
-        STREAM_ESTIMATION,
-        STREAM_SELECTION,
-        SamplingEngine,
-        SoftStats,
-        noise_seed,
-    )
-    from harness.foundation.artifacts import file_digest, load_artifact, save_artifact  # noqa: F401
-    from harness.foundation.certificate import ABSTAIN, Certificate  # noqa: F401
-    from harness.foundation.data import Dataset  # noqa: F401
-    from harness.foundation.errors import (  # noqa: F401
-        ContractError,
-        DatasetMissingError,
-        IdrsError,
-        ModelOutputError,
-        ParameterError,
-    )
-    from harness.foundation.progress import Progress  # noqa: F401
-    from harness.foundation.protocol import CertificationProtocol, check_alpha, check_sigma  # noqa: F401
-    from harness.foundation.regularity import (  # noqa: F401
-        Constant,
-        Lipschitz,
-        Regularity,
-        SemiElastic,
-        Unregularized,
-    )
-    from harness.foundation.runstate import RunState, StateRecord  # noqa: F401
-    from harness.foundation.sigmacache import SigmaCache  # noqa: F401
-    from harness.mathematics.radius import (  # noqa: F401
-        COHEN,
-        SUKENIK,
-        RadiusFormula,
-        Recomputed,
-        semi_elastic_rate,
-    )
-    from harness.mathematics.stats import (  # noqa: F401
-        clopper_pearson_lower,
-        clopper_pearson_upper,
-        hoeffding_lower,
-        hoeffding_upper,
-    )
-    from harness.mathematics.worstcase import (  # noqa: F401
-        certified_radius,
-        cohen_radius,
-        is_certified,
-        xi,
-        xi_greater,
-        xi_less,
-    )
-    from harness.plugin.components import (  # noqa: F401
-        BuildContext,
-        Certifier,
-        CertifierSpec,
-        CheckSpec,
-        DatasetSpec,
-        MethodSpec,
-        ModelSpec,
-        OrderDependentCertifier,
-        Registry,
-        SigmaProvider,
-        SigmaProviderSpec,
-        TrainContext,
-        TrainerSpec,
-    )
-    from harness.plugin.hookspecs import hookimpl  # noqa: F401
-    from harness.running.training import train_with_gaussian_augmentation  # noqa: F401

@@ -6,7 +6,7 @@ import pytest
 import torch
 from scipy.stats import norm
 
-from harness.engine.sampling import noise_seed
+from harness.engine.noise import noise_seed
 from harness.foundation.errors import ParameterError
 from harness.plugin.manager import PluginManager
 from plugins.alfarra.optimize_sigma import (

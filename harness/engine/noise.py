@@ -45,6 +45,11 @@ def mix64(*parts: int) -> int:
     return z
 
 
+def noise_seed(seed: int, stream: int, input_id: int, block: int) -> int:
+    """The generator seed of one noise block: a 63-bit hash of its four coordinates."""
+    return mix64(seed, stream, input_id, block) >> 1
+
+
 def noise_key(seed: int, stream: int, input_id: int) -> tuple[int, int]:
     """The Philox key (k0, k1) of one input's noise in one stream."""
     z = mix64(seed, stream, input_id, 0x5048494C)  # the last word separates it from block seeds

@@ -19,20 +19,15 @@ device and copied back once per input, when it is done.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from harness.engine.noise import mix64, noise_key, noisy_batch
+from harness.engine.accumulators import HardCounts, SoftStats, SoftSums
+from harness.engine.noise_schemes import BlockNoise, Job, PhiloxNoise
 from harness.foundation.errors import ModelOutputError
 from harness.foundation.protocol import NOISE_SCHEMES, SIGMA_MAX
-
-NOISE_BLOCK = 256
-"""Samples per independently seeded noise block (part of the reproducibility contract)."""
 
 PLAN_WINDOW = 64
 """Batches planned at once (their row indices are made in one host-to-device copy)."""
@@ -41,11 +36,6 @@ STREAM_SELECTION = 0
 """Noise stream of CERTIFY's n0 selection samples."""
 STREAM_ESTIMATION = 1
 """Noise stream of CERTIFY's n estimation samples (also used by PREDICT)."""
-
-
-def noise_seed(seed: int, stream: int, input_id: int, block: int) -> int:
-    """The generator seed of one noise block: a 63-bit hash of its four coordinates."""
-    return mix64(seed, stream, input_id, block) >> 1
 
 
 def default_noise(device: torch.device) -> str:
@@ -58,28 +48,6 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
-
-
-@dataclass
-class SoftStats:
-    """Soft smoothing evidence of one input: per-class sums of probabilities and squares."""
-
-    num: int
-    sums: np.ndarray
-    sums_sq: np.ndarray
-
-    @property
-    def means(self) -> np.ndarray:
-        return self.sums / self.num
-
-
-@dataclass
-class _Job:
-    x: torch.Tensor
-    sigma: float
-    input_id: int
-    num: int
-    done: int = 0
 
 
 class SamplingEngine:
@@ -131,10 +99,12 @@ class SamplingEngine:
             )
         threads = 1 if self.device.type != "cpu" else (noise_threads or torch.get_num_threads())
         self._threads = threads
-        self._pool = ThreadPoolExecutor(threads) if threads > 1 else None
-        self._local = threading.local()
+        self._scheme = (
+            PhiloxNoise(self.device, seed)
+            if self.noise == "philox-v1"
+            else BlockNoise(self.device, seed, threads)
+        )
         self._buffer: torch.Tensor | None = None
-        self._free_blocks: list[torch.Tensor] = []
 
     def padded(self) -> SamplingEngine:
         """The same engine (model, seed, noise, batch size) with ``pad_batches`` on."""
@@ -192,80 +162,66 @@ class SamplingEngine:
             raise ValueError(f"{len(input_ids)} inputs but {len(sigmas)} values of sigma")
         x = x.to(self.device, torch.float32)
         jobs = [
-            _Job(x[i], float(s), int(i_id), num)
+            Job(x[i], float(s), int(i_id), num)
             for i, (s, i_id) in enumerate(zip(sigmas, input_ids, strict=True))
         ]
-        philox = self.noise == "philox-v1"
-        if philox:
-            flat_x = x.reshape(len(x), -1)
-            keys = torch.tensor(
-                [noise_key(self.seed, stream, job.input_id) for job in jobs], device=self.device
-            )
-            sigma_t = torch.tensor([job.sigma for job in jobs], device=self.device)
-        classes = self.num_classes
-        acc = torch.zeros(
-            len(jobs), classes, device=self.device, dtype=torch.float64 if soft else torch.int64
-        )
-        acc_sq = torch.zeros_like(acc) if soft else None
+        kind = SoftSums if soft else HardCounts
+        acc = kind(len(jobs), self.num_classes, self.batch_size, self.device)
+        self._scheme.begin(x, jobs, stream)
+        finished = self._sample(jobs, self._scheme, acc, self._batch_buffer(x.shape[1:]))
+        for index in finished:
+            yield index, acc.result(index, num)
 
-        def result(index: int) -> np.ndarray | SoftStats:
-            """Input ``index``'s evidence, copied to the host once it is complete."""
-            if soft:
-                return SoftStats(num, acc[index].cpu().numpy(), acc_sq[index].cpu().numpy())
-            return acc[index].cpu().numpy()
-
-        ones = None if soft else torch.ones(self.batch_size, dtype=torch.int64, device=self.device)
+    def _sample(
+        self, jobs: list[Job], scheme: PhiloxNoise | BlockNoise, acc: HardCounts | SoftSums,
+        buffer: torch.Tensor,
+    ) -> Iterator[int]:  # fmt: skip
+        """Every batch of ``jobs`` in order: filled by the noise ``scheme``, through the
+        model (padded to the full batch with ``pad_batches``), into ``acc``; yields each
+        job's index once all its samples are in (every index, also when num = 0)."""
         # Σ of all logits in float64: non-finite iff some logit is (no float32 logit can
         # overflow it), one reduction per batch instead of a test of every logit
         total = torch.zeros((), dtype=torch.float64, device=self.device)
-        buffer = self._batch_buffer(x.shape[1:])
-        blocks: dict[tuple[int, int], torch.Tensor] = {}
         cursor = 0
         with torch.no_grad():
-            for window in self._plan(jobs, None if philox else NOISE_BLOCK):
-                rows_w, samples_w, offsets = self._window_rows(window, philox)
-                flat_w = None if soft else rows_w * classes
+            for window in self._plan(jobs, scheme.block):
+                rows_w, samples_w, offsets = self._window_rows(window, scheme.block is None)
+                acc.begin_window(rows_w)
                 for b, segments in enumerate(window):
                     lo, hi = offsets[b], offsets[b + 1]
                     fill = hi - lo
-                    rows = rows_w[lo:hi]
-                    if philox:
-                        noisy_batch(flat_x, sigma_t, keys, rows, samples_w[lo:hi],
-                                    buffer.view(len(buffer), -1)[:fill])  # fmt: skip
-                    else:
-                        self._fill_blocks(jobs, window, b, stream, buffer, blocks)
+                    samples = None if samples_w is None else samples_w[lo:hi]
+                    scheme.fill(window, b, rows_w[lo:hi], samples, buffer, fill)
                     for index, start, take in segments:
                         jobs[index].done = start + take
-                    if self.pad_batches and fill < len(buffer):
-                        buffer[fill:].zero_()
-                        logits = self.model(buffer)[:fill]
-                    else:
-                        logits = self.model(buffer[:fill])
+                    logits = self._forward(buffer, fill)
                     total += logits.sum(dtype=torch.float64)
-                    if soft:
-                        probs = torch.softmax(logits.double(), dim=1)
-                        acc.index_add_(0, rows, probs)
-                        acc_sq.index_add_(0, rows, probs * probs)
-                    else:
-                        flat = flat_w[lo:hi] + logits.argmax(dim=1)
-                        acc.view(-1).index_add_(0, flat, ones[:fill])
+                    acc.add(lo, hi, rows_w[lo:hi], logits)
                     while cursor < len(jobs) and jobs[cursor].done == jobs[cursor].num:
                         if not bool(torch.isfinite(total)):
                             raise ModelOutputError(_nonfinite_message(jobs))
-                        yield cursor, result(cursor)
+                        yield cursor
                         cursor += 1
-        for index in range(cursor, len(jobs)):  # num = 0: nothing to sample
-            yield index, result(index)
+        yield from range(cursor, len(jobs))  # num = 0: nothing to sample
+
+    def _forward(self, buffer: torch.Tensor, fill: int) -> torch.Tensor:
+        """The logits of the batch's first ``fill`` rows (with ``pad_batches``, of the
+        whole buffer with the rest zeroed, the padding's outputs dropped)."""
+        if self.pad_batches and fill < len(buffer):
+            buffer[fill:].zero_()
+            return self.model(buffer)[:fill]
+        return self.model(buffer[:fill])
 
     def _batch_buffer(self, shape: torch.Size) -> torch.Tensor:
         """The batch of noisy inputs, allocated once (fresh pages are costly to touch)."""
         if self._buffer is None or self._buffer.shape[1:] != shape:
             self._buffer = torch.empty((self.batch_size, *shape), device=self.device)
-            self._free_blocks = []
+            if isinstance(self._scheme, BlockNoise):
+                self._scheme.forget_blocks()
         return self._buffer
 
     def _plan(
-        self, jobs: list[_Job], block: int | None
+        self, jobs: list[Job], block: int | None
     ) -> Iterator[list[list[tuple[int, int, int]]]]:
         """The batches, in windows of up to :data:`PLAN_WINDOW`: each batch a list of
         (job index, first sample, number of samples) segments.
@@ -316,76 +272,6 @@ class SamplingEngine:
             local = np.arange(offsets[-1], dtype=np.int64) - np.repeat(first_row - start, take)
             samples = torch.from_numpy(local).to(self.device)
         return rows, samples, offsets
-
-    def _fill_blocks(
-        self,
-        jobs: list[_Job],
-        window: list[list[tuple[int, int, int]]],
-        b: int,
-        stream: int,
-        buffer: torch.Tensor,
-        blocks: dict[tuple[int, int], torch.Tensor],
-    ) -> None:
-        """block-v1: batch ``b`` of the window, x + σ·(rows of noise blocks), into ``buffer``.
-
-        ``blocks`` holds the drawn blocks not yet used up; when some of this batch's are
-        missing, they are drawn together with the next batches' (up to one per noise
-        thread), so that small batches also draw in parallel. A block is returned to
-        the free list once its last sample is used.
-        """
-        missing: dict[tuple[int, int], None] = {}
-        for index, start, _ in window[b]:
-            key = (index, start // NOISE_BLOCK)
-            if key not in blocks:
-                missing[key] = None
-        if missing:
-            for later in window[b + 1 :]:
-                for index, start, _ in later:
-                    if len(missing) >= self._threads:
-                        break
-                    key = (index, start // NOISE_BLOCK)
-                    if key not in blocks:
-                        missing[key] = None
-            blocks.update(self._draw_blocks(jobs, list(missing), stream))
-        fill = 0
-        for index, start, take in window[b]:
-            job = jobs[index]
-            key = (index, start // NOISE_BLOCK)
-            offset = start % NOISE_BLOCK
-            torch.add(
-                job.x, blocks[key][offset : offset + take], alpha=job.sigma,
-                out=buffer[fill : fill + take],
-            )  # fmt: skip
-            fill += take
-            end = start + take
-            if end % NOISE_BLOCK == 0 or end == job.num:
-                self._free_blocks.append(blocks.pop(key))
-
-    def _draw_blocks(
-        self, jobs: list[_Job], draws: list[tuple[int, int]], stream: int
-    ) -> dict[tuple[int, int], torch.Tensor]:
-        """The noise blocks keyed (job index, block index), drawn in parallel threads on CPU."""
-        shape = (NOISE_BLOCK, *jobs[draws[0][0]].x.shape)
-        empty = [
-            self._free_blocks.pop() if self._free_blocks else torch.empty(shape, device=self.device)
-            for _ in draws
-        ]
-        if self._pool is not None and len(draws) > 1:
-            drawn = list(
-                self._pool.map(lambda k, t: self._draw(jobs[k[0]], t, k[1], stream), draws, empty)
-            )
-        else:
-            drawn = [
-                self._draw(jobs[k[0]], t, k[1], stream) for k, t in zip(draws, empty, strict=True)
-            ]
-        return dict(zip(draws, drawn, strict=True))
-
-    def _draw(self, job: _Job, block: torch.Tensor, block_index: int, stream: int) -> torch.Tensor:
-        generator = getattr(self._local, "generator", None)
-        if generator is None:
-            generator = self._local.generator = torch.Generator(device=self.device)
-        generator.manual_seed(noise_seed(self.seed, stream, job.input_id, block_index))
-        return block.normal_(generator=generator)
 
 
 def _nonfinite_message(jobs) -> str:
