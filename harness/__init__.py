@@ -88,12 +88,12 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "MethodSpec",
         "ModelSpec",
         "OrderDependentCertifier",
-        "Registry",
         "SigmaProvider",
         "SigmaProviderSpec",
         "TrainContext",
         "TrainerSpec",
     ),
+    "harness.plugin.registry": ("Registry",),
     "harness.foundation.regularity": (
         "Constant",
         "Lipschitz",

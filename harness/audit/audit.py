@@ -21,7 +21,7 @@ from harness.foundation.data import Dataset
 from harness.foundation.errors import IdrsError
 from harness.foundation.protocol import CertificationProtocol
 from harness.plugin.components import BuildContext, Certifier, MethodSpec, RunMemo, SigmaProvider
-from harness.plugin.manager import Registry
+from harness.plugin.registry import Registry
 from harness.running.replay import ReplaySource
 
 ENTROPY_BITS = 128

@@ -16,7 +16,7 @@ from harness.plugin.components import (
     OrderDependentCertifier,
     SigmaProvider,
 )
-from harness.plugin.manager import Registry
+from harness.plugin.registry import Registry
 
 _SIGMA_ATTRIBUTES = ("regularity",)
 _CERTIFIER_ATTRIBUTES = ("smoothing", "order_dependent", "radius_formula", "certify")

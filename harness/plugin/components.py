@@ -4,19 +4,16 @@ Each ``idrs_register_*`` hook receives a ``register`` callback and calls it with
 of the ``*Spec`` dataclasses below. A spec is cheap to create (no torch work); its
 callable builds the actual object when a benchmark needs it, from a
 :class:`BuildContext` (σ-providers, certifiers) or a :class:`TrainContext` (trainers).
-The :class:`Registry` holds the specs by kind and name with the plugin that provided
+The :class:`~harness.plugin.registry.Registry` holds the specs by kind and name with the plugin that provided
 each; a context carries it, so a factory can resolve other components by name.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
-
-from harness.foundation.errors import DuplicateNameError, UnknownNameError
 
 if TYPE_CHECKING:
     import torch
@@ -28,6 +25,7 @@ if TYPE_CHECKING:
     from harness.foundation.protocol import CertificationProtocol
     from harness.foundation.regularity import Regularity
     from harness.foundation.runstate import RunState
+    from harness.plugin.registry import Registry
 
 T = TypeVar("T")
 
@@ -283,83 +281,3 @@ class CheckSpec:
     name: str
     run: Callable[..., Any]
     description: str = ""
-
-
-COMPONENT_KINDS: dict[str, type] = {
-    "sigma_providers": SigmaProviderSpec,
-    "trainers": TrainerSpec,
-    "certifiers": CertifierSpec,
-    "methods": MethodSpec,
-    "datasets": DatasetSpec,
-    "models": ModelSpec,
-    "checks": CheckSpec,
-}
-_SINGULAR = {
-    "sigma_providers": "σ-provider",
-    "trainers": "trainer",
-    "certifiers": "certifier",
-    "methods": "method",
-    "datasets": "dataset",
-    "models": "architecture",
-    "checks": "check",
-}
-_FAMILY_SUFFIX = re.compile(r"^(?P<stem>.+)-(?P<dim>\d+)$")
-
-
-class Registry:
-    """Components by kind and name, each with the name of the plugin that provided it."""
-
-    def __init__(self) -> None:
-        self._items: dict[str, dict[str, tuple[Any, str]]] = {k: {} for k in COMPONENT_KINDS}
-
-    def add(self, kind: str, spec: Any, plugin: str) -> None:
-        """Store ``spec`` under its name; a name already taken raises, naming both."""
-        expected = COMPONENT_KINDS[kind]
-        if not isinstance(spec, expected):
-            raise TypeError(
-                f"plugin {plugin!r} registered {spec!r} as a {_SINGULAR[kind]}; "
-                f"expected a {expected.__name__}"
-            )
-        taken = self._items[kind].get(spec.name)
-        if taken is not None:
-            raise DuplicateNameError(
-                f"{_SINGULAR[kind]} {spec.name!r} is provided twice: by plugin "
-                f"{taken[1]!r} and by plugin {plugin!r}; rename one or leave a "
-                "third-party plugin out with IDRS_BENCH_PLUGINS"
-            )
-        self._items[kind][spec.name] = (spec, plugin)
-
-    def names(self, kind: str) -> list[str]:
-        return sorted(self._items[kind])
-
-    def get(self, kind: str, name: str) -> Any:
-        """The spec named ``name``; ``cone-60`` finds the family ``cone-N``."""
-        return self._lookup(kind, name)[0]
-
-    def provider(self, kind: str, name: str) -> str:
-        return self._lookup(kind, name)[1]
-
-    def family_args(self, kind: str, name: str) -> dict[str, int]:
-        """``{"dim": 60}`` for ``cone-60`` when only the family ``cone-N`` exists."""
-        if name in self._items[kind]:
-            return {}
-        match = _FAMILY_SUFFIX.match(name)
-        return {"dim": int(match["dim"])} if match else {}
-
-    def _lookup(self, kind: str, name: str) -> tuple[Any, str]:
-        items = self._items[kind]
-        if name in items:
-            return items[name]
-        match = _FAMILY_SUFFIX.match(name)
-        if match and f"{match['stem']}-N" in items:
-            return items[f"{match['stem']}-N"]
-        raise UnknownNameError(_SINGULAR[kind], name, list(items))
-
-    def provided_by(self, plugin: str) -> dict[str, list[str]]:
-        """What ``plugin`` provides, by kind (kinds it provides nothing of are left out)."""
-        out = {}
-        for kind, items in self._items.items():
-            names = sorted(n for n, (_, p) in items.items() if p == plugin)
-            if names:
-                out[kind] = names
-        return out

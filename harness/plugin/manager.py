@@ -33,7 +33,7 @@ import pluggy
 
 from harness.foundation.errors import DuplicateNameError
 from harness.plugin import hookspecs
-from harness.plugin.components import COMPONENT_KINDS, Registry
+from harness.plugin.registry import COMPONENT_KINDS, Registry
 
 ENTRY_POINT_GROUP = "idrs_bench"
 DISTRIBUTION = "idrs-bench"
@@ -171,25 +171,40 @@ class PluginManager:
             self._fail(ep.name, exc)
 
     def _build_registry(self) -> Registry:
+        """Call every plugin's register hooks through pluggy's hook caller (restricted to
+        that plugin, so that one plugin's failure does not stop the others), collect what
+        it registers, and add it whole or, when a hook raises or a registration is
+        refused, not at all (the failure is recorded)."""
         registry = Registry()
         self._failures = [f for f in self._failures if not f.error.startswith("register: ")]
-        for kind in COMPONENT_KINDS:
-            caller = getattr(self.pm.hook, f"idrs_register_{kind}")
-            for impl in caller.get_hookimpls():  # in registration order
-
-                def register(spec: Any, _plugin: str = impl.plugin_name, _kind: str = kind) -> None:
-                    registry.add(_kind, spec, _plugin)
-
-                try:
-                    impl.function(register=register)
-                except Exception as exc:
-                    self._failures.append(
-                        PluginFailure(impl.plugin_name, f"register: {_describe(exc)}")
-                    )
+        plugins = [p for _, p in self.pm.list_name_plugin() if p is not None]  # in order
+        for plugin in plugins:
+            name = self.pm.get_name(plugin)
+            staged: list[tuple[str, Any]] = []
+            try:
+                for kind in COMPONENT_KINDS:
+                    hook = f"idrs_register_{kind}"
+                    impls = self._impls(hook)
+                    if not any(i.plugin is plugin and not _wraps(i) for i in impls):
+                        continue
+                    others = [i.plugin for i in impls if i.plugin is not plugin and not _wraps(i)]
+                    only = self.pm.subset_hook_caller(hook, remove_plugins=others)  # wrappers stay
+                    only(register=lambda spec, _k=kind, _s=staged: _s.append((_k, spec)))
+                registry.add_all(name, staged)
+            except Exception as exc:
+                self._failures.append(PluginFailure(name, f"register: {_describe(exc)}"))
         return registry
+
+    def _impls(self, hook: str) -> list[Any]:
+        return getattr(self.pm.hook, hook).get_hookimpls()
 
     def _fail(self, name: str, exc: BaseException) -> None:
         self._failures.append(PluginFailure(name, _describe(exc)))
+
+
+def _wraps(impl: Any) -> bool:
+    """Whether a hook implementation is a wrapper (it sees the others' calls)."""
+    return bool(getattr(impl, "wrapper", False) or getattr(impl, "hookwrapper", False))
 
 
 def _describe(exc: BaseException) -> str:

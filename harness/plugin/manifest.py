@@ -32,7 +32,7 @@ from typing import Any
 
 from harness.foundation.errors import DuplicateNameError
 from harness.foundation.version import __version__
-from harness.plugin.components import COMPONENT_KINDS, Registry
+from harness.plugin.registry import COMPONENT_KINDS, Registry
 
 FORMAT = 1
 FILE_NAME = "plugin-manifest.json"

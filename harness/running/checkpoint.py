@@ -44,7 +44,7 @@ from harness.foundation.artifacts import file_digest
 from harness.foundation.data import Dataset
 from harness.foundation.errors import IdrsError, ParameterError
 from harness.foundation.identity import content_hash
-from harness.plugin.components import Registry
+from harness.plugin.registry import Registry
 from harness.running.checkpoint_diagnosis import diagnose
 from harness.running.spec import AUTO_ARCHITECTURE, ModelConfig
 

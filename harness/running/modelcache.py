@@ -24,7 +24,8 @@ from harness.foundation.artifacts import default_cache_dir, load_artifact, quara
 from harness.foundation.data import Dataset
 from harness.foundation.identity import content_hash
 from harness.foundation.progress import Progress
-from harness.plugin.components import Registry, TrainContext
+from harness.plugin.components import TrainContext
+from harness.plugin.registry import Registry
 from harness.running.spec import ModelConfig
 
 

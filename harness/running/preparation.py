@@ -19,8 +19,9 @@ from harness.foundation.data import Dataset
 from harness.foundation.errors import DatasetMissingError
 from harness.foundation.identity import content_hash
 from harness.foundation.progress import Progress
-from harness.plugin.components import BuildContext, Registry
+from harness.plugin.components import BuildContext
 from harness.plugin.manager import PluginManager
+from harness.plugin.registry import Registry
 from harness.running.modelcache import obtain_model
 from harness.running.spec import BenchmarkSpec, CheckedBenchmark, check_data_root, validate
 

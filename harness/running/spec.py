@@ -41,7 +41,7 @@ from harness.foundation.errors import DatasetMissingError, ParameterError, SpecE
 from harness.foundation.identity import setting_key
 from harness.foundation.protocol import LEGACY_NOISE, CertificationProtocol
 from harness.mathematics.accuracy import RADII
-from harness.plugin.components import Registry
+from harness.plugin.registry import Registry
 
 CHECKPOINT_FORMATS = ("cohen", "state_dict", "torchscript")
 AUTO_ARCHITECTURE = "auto"
