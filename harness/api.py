@@ -88,7 +88,7 @@ def certify(
     from harness.foundation.protocol import CertificationProtocol
     from harness.plugin.components import BuildContext
     from harness.plugin.manager import PluginManager
-    from harness.running.spec import _check_keys
+    from harness.running.benchmark import _check_keys
     from harness.running.weights import weights_digest
 
     registry = PluginManager().registry
@@ -162,9 +162,9 @@ def run(
     does.
     """
     from harness.foundation.progress import Progress
+    from harness.running.benchmark import load_benchmark, parse_benchmark, set_value
     from harness.running.preparation import RunOptions
     from harness.running.runner import run_benchmark
-    from harness.running.spec import load_spec, parse_spec, set_value
     from harness.store.store import ResultStore
     from harness.store.storedrun import read_run
 
@@ -173,9 +173,9 @@ def run(
         raw = copy.deepcopy(dict(spec))
         for key, value in dotted.items():
             set_value(raw, key, value)
-        loaded = parse_spec(raw)
+        loaded = parse_benchmark(raw)
     else:
-        loaded = load_spec(spec, dotted)
+        loaded = load_benchmark(spec, dotted)
     options = RunOptions(
         db=Path(db), device=device, data_root=data_root, download=download,
         cache_dir=None if cache_dir is None else Path(cache_dir),

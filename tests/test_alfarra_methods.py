@@ -10,9 +10,9 @@ import torch
 
 from harness.foundation.progress import Progress
 from harness.plugin.manager import PluginManager
+from harness.running.benchmark import parse_benchmark
 from harness.running.preparation import RunOptions
 from harness.running.runner import run_benchmark
-from harness.running.spec import parse_spec
 from harness.store.store import ResultStore
 from plugins.alfarra.memory import INSIDE, KEPT, SHRUNK
 from plugins.alfarra.order import pairwise_distances, raw_certificate, replay, replay_orders
@@ -68,7 +68,7 @@ def alfarra_manager():
 
 
 def _run(manager, db):
-    spec = parse_spec(tomllib.loads(SPEC))
+    spec = parse_benchmark(tomllib.loads(SPEC))
     return run_benchmark(spec, RunOptions(db=db), Progress(enabled=False), manager), spec
 
 

@@ -12,7 +12,7 @@ from scipy.stats import beta, norm
 
 from harness.api import CERTIFICATE_COLUMNS, certify, run
 from harness.foundation.errors import IdrsError
-from harness.running.spec import BENCHMARKS_DIR
+from harness.running.benchmark import BENCHMARKS_DIR
 
 README = Path(__file__).parent.parent / "README.md"
 

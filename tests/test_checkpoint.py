@@ -9,8 +9,8 @@ import torch
 
 from harness.foundation.data import Dataset
 from harness.foundation.errors import SpecError
+from harness.running.benchmark import AUTO_ARCHITECTURE, ModelConfig, parse_benchmark
 from harness.running.checkpoint import CheckpointError, load_checkpoint, resolve_architecture
-from harness.running.spec import AUTO_ARCHITECTURE, ModelConfig, parse_spec
 from harness.running.weights import weights_digest
 
 
@@ -152,7 +152,7 @@ def test_macer_checkpoint(manager, tmp_path, write_macer_checkpoint):
 
 def test_checkpoint_without_an_architecture_in_the_spec():
     def spec(fmt):
-        return parse_spec({"dataset": {"name": "cifar10"}, "methods": [{"name": "cohen"}],
+        return parse_benchmark({"dataset": {"name": "cifar10"}, "methods": [{"name": "cohen"}],
                            "model": {"checkpoint": "m.pt", **fmt}})  # fmt: skip
 
     assert spec({"format": "cohen"}).model.architecture == AUTO_ARCHITECTURE

@@ -112,7 +112,7 @@ def test_a_run_on_a_near_chance_checkpoint_warns(tmp_path, capsys, write_cifar10
                                                   write_cohen_checkpoint):  # fmt: skip
     """Random weights certify at chance: the run says so before certifying."""
     from harness.cli.main import main
-    from harness.running.spec import BENCHMARKS_DIR
+    from harness.running.benchmark import BENCHMARKS_DIR
 
     write_cifar10(tmp_path / "data", per_batch=4, test=40)
     checkpoint = tmp_path / "checkpoint.pth.tar"

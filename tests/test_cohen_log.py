@@ -11,7 +11,7 @@ import pytest
 from harness.cli.main import main
 from harness.foundation.errors import IdrsError
 from harness.reports.cohen_log import LogLine, format_line, parse_log
-from harness.running.spec import BENCHMARKS_DIR
+from harness.running.benchmark import BENCHMARKS_DIR
 
 HEADER = "idx\tlabel\tpredict\tradius\tcorrect\ttime\n"
 LOG = (

@@ -36,9 +36,9 @@ from harness.plugin.components import (
     SigmaProviderSpec,
 )
 from harness.plugin.manager import PluginManager
+from harness.running.benchmark import parse_benchmark
 from harness.running.preparation import RunOptions
 from harness.running.runner import run_benchmark
-from harness.running.spec import parse_spec
 from harness.store.store import ResultStore
 from plugins.dual_rs import METHOD_DEFAULTS, check_params
 from plugins.dual_rs.certifier import DualCertifier
@@ -212,7 +212,9 @@ def _run(tmp_path, manager, methods, count=40, seed=0):
         "methods": methods,
     }  # fmt: skip
     db = tmp_path / "r.sqlite"
-    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), Progress(enabled=False), manager)
+    run_id = run_benchmark(
+        parse_benchmark(raw), RunOptions(db=db), Progress(enabled=False), manager
+    )
     return db, run_id
 
 

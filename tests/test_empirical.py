@@ -18,9 +18,9 @@ from harness.reports.leaderboard.render import write_board
 from harness.reports.leaderboard.schema import BOARD_SCHEMA
 from harness.reports.leaderboard.source import export_runs, read_export
 from harness.reports.leaderboard.verify import verify_board
+from harness.running.benchmark import parse_benchmark
 from harness.running.preparation import RunOptions
 from harness.running.runner import run_benchmark
-from harness.running.spec import parse_spec
 from harness.store.store import ResultStore
 from harness.store.storedrun import load_runs
 
@@ -42,7 +42,7 @@ def ball_run(tmp_path_factory):
     """A Cohen run on the exact ball-2 classifier, checked (and so attacked)."""
     db = tmp_path_factory.mktemp("attack") / "r.sqlite"
     options = RunOptions(db=db)
-    run_id = run_benchmark(parse_spec(_spec()), options, Progress(enabled=False))
+    run_id = run_benchmark(parse_benchmark(_spec()), options, Progress(enabled=False))
     run_checks(db, run_id, options, Progress(enabled=False))
     return db, run_id
 

@@ -199,7 +199,7 @@ def test_export_round_trip_gives_the_same_board(db, tmp_path):
 def test_spec_file_reproduces_the_stored_config(db, tmp_path, golden_run):
     import tomllib
 
-    from harness.running.spec import parse_spec
+    from harness.running.benchmark import parse_benchmark
 
     write_board(load_runs(db), tmp_path / "golden.md", plots=False)
     spec = tomllib.loads((tmp_path / f"golden.spec-{golden_run.run_id[:12]}.toml").read_text())
@@ -208,7 +208,11 @@ def test_spec_file_reproduces_the_stored_config(db, tmp_path, golden_run):
     # (block-v1 on this CPU run's device)
     protocol = {**golden_run.config["protocol"], "precision": "fp32", "channels_last": False,
                 "noise": "auto"}  # fmt: skip
-    assert parse_spec(spec).to_dict() == {**golden_run.config, **defaults, "protocol": protocol}
+    assert parse_benchmark(spec).to_dict() == {
+        **golden_run.config,
+        **defaults,
+        "protocol": protocol,
+    }
     assert (
         f"idrs-bench run golden.spec-{golden_run.run_id[:12]}.toml --device cpu"
         in (tmp_path / "golden.md").read_text()

@@ -17,9 +17,9 @@ from harness.foundation.progress import Progress
 from harness.foundation.protocol import CertificationProtocol
 from harness.plugin.components import BuildContext, RunMemo
 from harness.plugin.manager import PluginManager
+from harness.running.benchmark import parse_benchmark
 from harness.running.preparation import RunOptions
 from harness.running.runner import run_benchmark
-from harness.running.spec import parse_spec
 from plugins.lipschitz import METHOD_DEFAULTS, check_params
 from plugins.lipschitz.fit import fit_lipschitz_sigma, obtain_sigma_network
 from plugins.lipschitz.network import SVD_SAFETY, CertifiedSigma, SigmaNetwork
@@ -204,7 +204,7 @@ def test_method_runs_next_to_cohen_in_a_benchmark(tmp_path):
     manager = PluginManager(third_party=False)
     db = tmp_path / "r.sqlite"
     run_benchmark(
-        parse_spec(tomllib.loads(TINY)), RunOptions(db=db), Progress(enabled=False), manager
+        parse_benchmark(tomllib.loads(TINY)), RunOptions(db=db), Progress(enabled=False), manager
     )
     with sqlite3.connect(db) as con:
         assert con.execute("SELECT COUNT(*) FROM failures").fetchone()[0] == 0

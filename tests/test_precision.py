@@ -15,9 +15,9 @@ from harness.engine.sampling import SamplingEngine
 from harness.foundation.errors import ParameterError, SpecError
 from harness.foundation.progress import Progress
 from harness.foundation.protocol import CertificationProtocol
+from harness.running.benchmark import benchmark_from_dict, parse_benchmark
 from harness.running.preparation import RunOptions
 from harness.running.runner import run_benchmark
-from harness.running.spec import parse_spec, spec_from_dict
 from plugins.cohen.certifier import CohenCertifier
 
 TINY = {
@@ -44,19 +44,19 @@ TINY = {
 )
 def test_protocol_values_are_validated(key, value, message):
     with pytest.raises(ParameterError, match=message.replace("(", r"\(")):
-        parse_spec({**TINY, "certification": {**TINY["certification"], key: value}})
+        parse_benchmark({**TINY, "certification": {**TINY["certification"], key: value}})
 
 
 def test_unknown_certification_key_names_the_allowed_ones():
     with pytest.raises(SpecError, match="precision"):
-        parse_spec({**TINY, "certification": {"n": 10, "precison": "bf16"}})
+        parse_benchmark({**TINY, "certification": {"n": 10, "precison": "bf16"}})
 
 
 def test_old_runs_read_as_block_noise_and_fp32():
-    config = parse_spec(TINY).to_dict()
+    config = parse_benchmark(TINY).to_dict()
     for key in ("precision", "channels_last", "noise"):
         del config["protocol"][key]
-    protocol = spec_from_dict(config).protocol
+    protocol = benchmark_from_dict(config).protocol
     assert (protocol.noise, protocol.precision, protocol.channels_last) == (
         "block-v1",
         "fp32",
@@ -104,7 +104,9 @@ def test_bf16_certification_of_a_linear_classifier_matches_the_exact_probability
 def test_a_run_records_precision_noise_and_auto_batch_size(tmp_path, manager, monkeypatch):
     monkeypatch.setenv("IDRS_BENCH_CACHE", str(tmp_path / "cache"))
     db = tmp_path / "r.sqlite"
-    run_id = run_benchmark(parse_spec(TINY), RunOptions(db=db), Progress(enabled=False), manager)
+    run_id = run_benchmark(
+        parse_benchmark(TINY), RunOptions(db=db), Progress(enabled=False), manager
+    )
     with sqlite3.connect(db) as con:
         config = json.loads(
             con.execute("SELECT config FROM runs WHERE run_id = ?", (run_id,)).fetchone()[0]
@@ -185,7 +187,7 @@ def _run_and_audit(tmp_path, manager, raw):
 
     db = tmp_path / f"{raw['certification']['precision']}.sqlite"
     options = RunOptions(db=db, cache_dir=tmp_path / "cache")
-    run_id = run_benchmark(parse_spec(raw), options, Progress(enabled=False), manager)
+    run_id = run_benchmark(parse_benchmark(raw), options, Progress(enabled=False), manager)
     budget = Budget("tiny", coverage_trials=8, coverage_n=50, pairs=2, ascent_steps=1,
                     audited_inputs=6, attack_steps=1, attack_samples=8, orders=2)  # fmt: skip
     store = ResultStore(db)

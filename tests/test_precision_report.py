@@ -73,10 +73,10 @@ def test_report_counts_what_differs_between_the_two_runs(tmp_path, monkeypatch):
             assert row["decisions"] >= lost and row["sigmas"] == 0
     assert report["settings"]["alfarra-ds beta=0.05,samples=4,sigma=0.5,steps=3"]["sigmas"] > 0
     # clean decisions, recounted here on the whole test split
+    from harness.running.benchmark import load_benchmark
     from harness.running.preparation import prepare
-    from harness.running.spec import load_spec
 
-    context = prepare(load_spec(spec), options, Progress(enabled=False)).context
+    context = prepare(load_benchmark(spec), options, Progress(enabled=False)).context
     x = context.dataset.test_x
     bf16 = PrecisionModel(context.model, "bf16", False)
     with torch.no_grad():

@@ -17,10 +17,10 @@ from rich.console import Console
 
 from harness.foundation.errors import IdrsError
 from harness.foundation.progress import Progress
+from harness.running.benchmark import parse_benchmark
 from harness.running.local_executor import LocalExecutor
 from harness.running.preparation import RunOptions
 from harness.running.runner import run_benchmark
-from harness.running.spec import parse_spec
 
 ray = pytest.importorskip("ray", reason='the Ray executor tests need pip install "idrs-bench[ray]"')
 
@@ -142,7 +142,7 @@ def _run(text: str, db: Path, executor, progress: Progress | None = None) -> str
 def parse_spec_text(text: str):
     import tomllib
 
-    return parse_spec(tomllib.loads(text))
+    return parse_benchmark(tomllib.loads(text))
 
 
 @pytest.fixture(scope="module")

@@ -325,13 +325,15 @@ def test_a_sigma_smoothing_is_replayed_from_its_saved_estimator(tmp_path, manage
 
 @pytest.mark.gpu
 def test_a_cuda_run_replays_bit_for_bit(tmp_path, manager, replay_run):
+    from harness.running.benchmark import parse_benchmark
     from harness.running.runner import run_benchmark
-    from harness.running.spec import parse_spec
 
     raw = {"name": "cuda", "device": "cuda", "dataset": {"name": "ball-2", "test_count": 8},
            "model": {"architecture": "ball-N", "trainer": "none"},
            "certification": {"n0": 64, "n": 2000, "batch_size": 512}, "methods": [{"name": "cohen"}]}  # fmt: skip
     db = tmp_path / "cuda.sqlite"
-    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), Progress(enabled=False), manager)
+    run_id = run_benchmark(
+        parse_benchmark(raw), RunOptions(db=db), Progress(enabled=False), manager
+    )
     result = check_replay(_audits(db, run_id, manager)["cohen", "default"])
     assert result.verdict == Verdict.SOUND and result.evidence["mode"] == "exact", result.summary

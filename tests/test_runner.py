@@ -14,9 +14,9 @@ import pytest
 from harness.cli.main import main
 from harness.foundation.identity import setting_key
 from harness.foundation.progress import Progress
+from harness.running.benchmark import DEFAULT_BENCHMARK, parse_benchmark
 from harness.running.preparation import RunOptions
 from harness.running.runner import run_benchmark
-from harness.running.spec import DEFAULT_BENCHMARK, parse_spec
 
 TINY = """
 name = "tiny"
@@ -118,7 +118,9 @@ def test_a_failing_method_is_reported_and_the_rest_goes_on(tmp_path, manager, ca
     raw = tomllib.loads(TINY.format(n=200))
     raw["methods"].insert(0, {"name": "failing"})
     db = tmp_path / "r.sqlite"
-    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), Progress(enabled=False), manager)
+    run_id = run_benchmark(
+        parse_benchmark(raw), RunOptions(db=db), Progress(enabled=False), manager
+    )
     assert main(["results", run_id[:8], "--db", str(db), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [m["method"] for m in out["methods"]] == ["cohen", "cohen"]

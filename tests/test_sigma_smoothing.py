@@ -33,9 +33,9 @@ from harness.audit.runner import audits
 from harness.engine.sampling import SamplingEngine
 from harness.foundation.progress import Progress
 from harness.foundation.verdict import Verdict
+from harness.running.benchmark import parse_benchmark
 from harness.running.preparation import RunOptions
 from harness.running.runner import run_benchmark
-from harness.running.spec import parse_spec
 from harness.store.store import ResultStore
 
 LEVELS, NOISE, SHARE = (0.2, 0.4), 0.5, 0.0004
@@ -138,7 +138,9 @@ def run(tmp_path, manager):
         "methods": [{"name": f"smoothed-{m}"} for m in ("capped", "uncapped", "full-alpha")],
     }  # fmt: skip
     db = tmp_path / "r.sqlite"
-    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), Progress(enabled=False), manager)
+    run_id = run_benchmark(
+        parse_benchmark(raw), RunOptions(db=db), Progress(enabled=False), manager
+    )
     store = ResultStore(db)
     try:
         found = {a.method.name: a for a in audits(store, run_id, RunOptions(db=db),

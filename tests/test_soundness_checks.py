@@ -12,9 +12,9 @@ from harness.audit.runner import run_checks
 from harness.foundation.progress import Progress
 from harness.foundation.verdict import CheckResult, Verdict, overall
 from harness.plugin.components import CertifierSpec, MethodSpec
+from harness.running.benchmark import parse_benchmark
 from harness.running.preparation import RunOptions
 from harness.running.runner import run_benchmark
-from harness.running.spec import parse_spec
 
 
 def _doubled_plugin():
@@ -54,7 +54,9 @@ def _ball_spec(seed: int, methods: list[dict]) -> dict:
 
 def _check(tmp_path, manager, raw) -> dict:
     db = tmp_path / f"r{raw['seed']}.sqlite"
-    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), Progress(enabled=False), manager)
+    run_id = run_benchmark(
+        parse_benchmark(raw), RunOptions(db=db), Progress(enabled=False), manager
+    )
     return run_checks(db, run_id, RunOptions(db=db), Progress(enabled=False), manager)
 
 

@@ -19,9 +19,9 @@ from harness.foundation.verdict import Verdict, overall
 from harness.mathematics.radius import COHEN, SUKENIK, is_pure
 from harness.reports.leaderboard.board import build_board
 from harness.reports.leaderboard.markdown import render_markdown
+from harness.running.benchmark import parse_benchmark
 from harness.running.preparation import RunOptions
 from harness.running.runner import run_benchmark
-from harness.running.spec import parse_spec
 from harness.store.storedrun import load_runs
 
 TINY = Budget("tiny", coverage_trials=40, coverage_n=100, pairs=4, ascent_steps=3,
@@ -43,7 +43,9 @@ def _run(tmp_path, manager, methods, alpha=0.001, n=400, count=24, dataset="ball
         "methods": [{"name": m} for m in methods],
     }  # fmt: skip
     db = tmp_path / "r.sqlite"
-    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), Progress(enabled=False), manager)
+    run_id = run_benchmark(
+        parse_benchmark(raw), RunOptions(db=db), Progress(enabled=False), manager
+    )
     return db, run_id
 
 
@@ -187,7 +189,7 @@ def test_the_default_benchmark_methods_and_checks_run_on_cuda(tmp_path, manager)
     """Every check completes on cuda (no cpu/cuda mixing): none is an ``error``."""
     import tomllib
 
-    from harness.running.spec import BENCHMARKS_DIR
+    from harness.running.benchmark import BENCHMARKS_DIR
 
     raw = tomllib.loads((BENCHMARKS_DIR / "fashion-mnist.toml").read_text())
     raw["dataset"].update(test_every=1000, test_count=6)
@@ -198,7 +200,7 @@ def test_the_default_benchmark_methods_and_checks_run_on_cuda(tmp_path, manager)
         method["settings"] = method["settings"][1:2]
     db = tmp_path / "gpu.sqlite"
     options = RunOptions(db=db, device="cuda")
-    run_id = run_benchmark(parse_spec(raw), options, Progress(enabled=False), manager)
+    run_id = run_benchmark(parse_benchmark(raw), options, Progress(enabled=False), manager)
     results = run_checks(db, run_id, options, Progress(enabled=False), manager, budget=TINY)
     assert len(results) == len(raw["methods"])
     for key, checks in results.items():
@@ -216,7 +218,9 @@ def test_memory_certificates_are_their_own_category_scored_at_the_worst_order(tm
                     {"name": "cohen", "settings": [{"sigma": 0.25}]}],
     }  # fmt: skip
     db = tmp_path / "m.sqlite"
-    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), Progress(enabled=False), manager)
+    run_id = run_benchmark(
+        parse_benchmark(raw), RunOptions(db=db), Progress(enabled=False), manager
+    )
     budget = Budget("tiny", coverage_trials=40, coverage_n=100, pairs=4, ascent_steps=3,
                     audited_inputs=6, attack_steps=3, attack_samples=16, orders=12)  # fmt: skip
     results = run_checks(db, run_id, RunOptions(db=db), Progress(enabled=False), manager,

@@ -15,9 +15,9 @@ from harness.audit.runner import run_checks
 from harness.foundation.identity import setting_key
 from harness.foundation.progress import Progress
 from harness.foundation.verdict import Verdict, overall
+from harness.running.benchmark import parse_benchmark
 from harness.running.preparation import RunOptions
 from harness.running.runner import run_benchmark
-from harness.running.spec import parse_spec
 
 TINY = Budget("tiny", coverage_trials=80, coverage_n=200, pairs=4, ascent_steps=4,
               audited_inputs=8, attack_steps=5, attack_samples=32, orders=5)  # fmt: skip
@@ -25,7 +25,9 @@ TINY = Budget("tiny", coverage_trials=80, coverage_n=200, pairs=4, ascent_steps=
 
 def _verdicts(tmp_path, manager, raw, budget=TINY) -> dict:
     db = tmp_path / f"{raw['name']}-{raw['seed']}.sqlite"
-    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), Progress(enabled=False), manager)
+    run_id = run_benchmark(
+        parse_benchmark(raw), RunOptions(db=db), Progress(enabled=False), manager
+    )
     results = run_checks(
         db, run_id, RunOptions(db=db), Progress(enabled=False), manager, budget=budget
     )

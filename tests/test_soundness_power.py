@@ -30,9 +30,9 @@ from harness.foundation.verdict import Verdict
 from harness.mathematics.calibration import calibration_pvalues, detectable_rate, pit_score
 from harness.mathematics.stats import false_certificates_pvalue, holm_rejections
 from harness.plugin.components import MethodSpec
+from harness.running.benchmark import parse_benchmark
 from harness.running.preparation import RunOptions
 from harness.running.runner import run_benchmark
-from harness.running.spec import parse_spec
 from harness.store.store import ResultStore
 from plugins.lipschitz.normalization import NormalizedModel
 
@@ -68,7 +68,7 @@ def test_s1_flags_cohen_at_an_input_dependent_sigma_in_the_runs_dimension(tmp_pa
     }  # fmt: skip
     db = tmp_path / "gm.sqlite"
     quiet = Progress(enabled=False)
-    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), quiet, manager)
+    run_id = run_benchmark(parse_benchmark(raw), RunOptions(db=db), quiet, manager)
     verdicts = {}
     for audit in audits(ResultStore(db), run_id, RunOptions(db=db), quiet, manager, budget=TINY):
         result = check_coverage(audit)
@@ -162,7 +162,7 @@ def test_s1_and_s4_run_on_cuda(tmp_path, manager):
     db = tmp_path / "cuda.sqlite"
     options = RunOptions(db=db, device="cuda")
     quiet = Progress(enabled=False)
-    run_id = run_benchmark(parse_spec(raw), options, quiet, manager)
+    run_id = run_benchmark(parse_benchmark(raw), options, quiet, manager)
     results = run_checks(db, run_id, options, quiet, manager, budget=TINY)
     for key, checks in results.items():
         mine = {r.check: r for r in checks if r.check in ("coverage", "counterexamples")}
@@ -256,7 +256,7 @@ def test_s1_rebuilds_the_method_in_a_context_like_the_runs(tmp_path, manager):
     }  # fmt: skip
     db = tmp_path / "fm.sqlite"
     quiet = Progress(enabled=False)
-    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), quiet, manager)
+    run_id = run_benchmark(parse_benchmark(raw), RunOptions(db=db), quiet, manager)
     budget = Budget("probe", coverage_trials=16, coverage_n=100, pairs=2, ascent_steps=2,
                     audited_inputs=4, attack_steps=2, attack_samples=16, orders=2)  # fmt: skip
     [audit] = audits(ResultStore(db), run_id, RunOptions(db=db), quiet, manager, budget=budget)
@@ -295,7 +295,7 @@ def test_s1_calibration_catches_a_plugin_that_patches_the_engine(tmp_path, manag
         db = tmp_path / f"patched-{patched}.sqlite"
         around = rigged_methods.engine_patched() if patched else contextlib.nullcontext()
         with around:
-            run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), quiet, manager)
+            run_id = run_benchmark(parse_benchmark(raw), RunOptions(db=db), quiet, manager)
             [audit] = audits(ResultStore(db), run_id, RunOptions(db=db), quiet, manager,
                              budget=budget)  # fmt: skip
             result = check_coverage(audit)
@@ -353,7 +353,7 @@ def test_s4_corrects_over_the_subtests_that_ran_and_counts_the_confirmations_err
     }  # fmt: skip
     db = tmp_path / "gm.sqlite"
     quiet = Progress(enabled=False)
-    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), quiet, manager)
+    run_id = run_benchmark(parse_benchmark(raw), RunOptions(db=db), quiet, manager)
     budget = Budget("tiny", coverage_trials=8, coverage_n=100, pairs=2, ascent_steps=2,
                     audited_inputs=12, attack_steps=2, attack_samples=16, orders=2)  # fmt: skip
     [audit] = audits(ResultStore(db), run_id, RunOptions(db=db), quiet, manager, budget=budget)

@@ -14,9 +14,9 @@ from harness.foundation.progress import Progress
 from harness.foundation.protocol import CertificationProtocol
 from harness.foundation.regularity import Constant, SemiElastic
 from harness.mathematics.worstcase import certified_radius
+from harness.running.benchmark import parse_benchmark
 from harness.running.preparation import RunOptions
 from harness.running.runner import run_benchmark
-from harness.running.spec import parse_spec
 from plugins.sukenik.certifier import SukenikCertifier
 
 
@@ -31,7 +31,9 @@ def test_sukenik_and_cohen_certify_the_same_cached_fashion_mnist_model(tmp_path,
                     {"name": "sukenik", "settings": [{"sigma": 0.25}]}],
     }  # fmt: skip
     db = tmp_path / "fm.sqlite"
-    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), Progress(enabled=False), manager)
+    run_id = run_benchmark(
+        parse_benchmark(raw), RunOptions(db=db), Progress(enabled=False), manager
+    )
     with sqlite3.connect(db) as con:
         assert con.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 1
         rows = con.execute(

@@ -39,9 +39,9 @@ from harness.audit.runner import run_checks
 from harness.foundation.progress import Progress
 from harness.foundation.verdict import Verdict
 from harness.plugin.manager import PluginManager
+from harness.running.benchmark import parse_benchmark
 from harness.running.preparation import RunOptions
 from harness.running.runner import run_benchmark
-from harness.running.spec import parse_spec
 
 RUN_ALPHA = 0.001
 N = 10_000
@@ -77,7 +77,7 @@ def benchmark(
                         "trainer_params": {"sigma": 0.25, "epochs": epochs}}  # fmt: skip
     else:
         raise ValueError(f"unknown benchmark {name!r}; choose one of {', '.join(BENCHMARKS)}")
-    return parse_spec(raw)
+    return parse_benchmark(raw)
 
 
 def flags_per_check(

@@ -16,9 +16,9 @@ from harness.foundation.progress import Progress
 from harness.foundation.verdict import CheckResult, Verdict
 from harness.mathematics.accuracy import benchmark_radii
 from harness.plugin.manager import PluginManager
+from harness.running.benchmark import benchmark_from_dict
 from harness.running.preparation import RunOptions, prepare
 from harness.running.replay import ReplaySource
-from harness.running.spec import spec_from_dict
 from harness.store.store import ResultStore
 from harness.store.storedrun import StoredRun, read_run
 
@@ -49,7 +49,7 @@ def audits(
             f"run {run['run_id'][:12]} is an imported log: its radii are claims with no "
             "evidence (no class counts), so there is nothing to audit"
         )
-    spec = spec_from_dict(run["config"])
+    spec = benchmark_from_dict(run["config"])
     methods = [m.name for m in spec.methods]
     if method is not None and method not in methods:
         raise IdrsError(

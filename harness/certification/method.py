@@ -58,14 +58,15 @@ class BuiltSetting:
 
 
 def build_setting(
-    context: BuildContext, name: str, setting: Mapping[str, Any], key: str,
+    context: BuildContext, name: str, params: Mapping[str, Any], key: str,
     records: Iterable[StateRecord],
 ) -> BuiltSetting:  # fmt: skip
-    """Method ``name`` at ``setting`` (canonical ``key``) on a run's ``context`` (whose
-    registry resolves it), its run state restored from the committed ``records``."""
+    """Method ``name`` with the setting ``params`` (named ``key``, its canonical key) on
+    a run's ``context`` (whose registry resolves it), its run state restored from the
+    committed ``records``."""
     state = RunState(list(records))
     context = replace(context, method=name, setting=key, state=state)
-    provider, certifier = build_method(context.registry, name, setting, context)
+    provider, certifier = build_method(context.registry, name, params, context)
     return BuiltSetting(context.registry.get("methods", name), provider, certifier, state, context)
 
 

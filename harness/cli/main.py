@@ -211,11 +211,16 @@ def device_name(text: str) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     from harness.plugin.manager import PluginManager
-    from harness.running.spec import DEFAULT_BENCHMARK, check_data_root, load_spec, validate
+    from harness.running.benchmark import (
+        DEFAULT_BENCHMARK,
+        check_data_root,
+        load_benchmark,
+        validate,
+    )
 
     if args.executor != "ray" and (args.address is not None or args.workers is not None):
         raise IdrsError("--address and --workers apply to --executor ray only; add it")
-    spec = load_spec(args.spec or DEFAULT_BENCHMARK, args.set)
+    spec = load_benchmark(args.spec or DEFAULT_BENCHMARK, args.set)
     # every name and parameter, before torch and before third-party plugins are imported
     manager = PluginManager()  # this command's: passed to the run and to the checks
     spec = validate(spec, manager.checking_registry())

@@ -68,13 +68,13 @@ def measure(workers: list[int], overrides: list[str], device: str | None) -> dic
     import ray
 
     from harness.foundation.progress import Progress
+    from harness.running.benchmark import apply_overrides, parse_benchmark
     from harness.running.local_executor import LocalExecutor
     from harness.running.preparation import RunOptions, prepare
     from harness.running.ray_executor import RayExecutor
     from harness.running.runner import run_benchmark
-    from harness.running.spec import apply_overrides, parse_spec
 
-    spec = parse_spec(apply_overrides(tomllib.loads(CNN_BENCHMARK), overrides))
+    spec = parse_benchmark(apply_overrides(tomllib.loads(CNN_BENCHMARK), overrides))
     scratch = Path(tempfile.mkdtemp(prefix="idrs-scaling-"))
     quiet = Progress(enabled=False)
     options = RunOptions(db=scratch / "model.sqlite", device=device)

@@ -112,7 +112,8 @@ class OrderDependentCertifier(Certifier, Protocol):
 class BuildContext:
     """Everything a σ-provider or certifier factory may use for one benchmark.
 
-    ``run_id``, ``method`` and ``setting`` name the work the components are built for
+    ``run_id``, ``method`` and ``setting`` (the setting's canonical key, e.g. ``sigma=0.25``;
+    a factory receives its parameters as ``params``) name the work the components are built for
     (set by the runner); ``state`` is that setting's :class:`~harness.foundation.runstate.RunState`
     in the run's database (a certifier with per-run state, such as a memory, restores
     from it and stages new records; None outside a run), and

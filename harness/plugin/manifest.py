@@ -1,7 +1,7 @@
 """What each third-party plugin provides, remembered so a spec is checked without importing it.
 
 A benchmark file is checked against every component name and parameter before any work
-(:func:`harness.running.spec.validate`), and its errors should come at once. Importing a
+(:func:`harness.running.benchmark.validate`), and its errors should come at once. Importing a
 third-party plugin may take seconds (many import torch at module level), so the names,
 parameter defaults and method compositions each one registered are kept in
 ``<cache root>/plugin-manifest.json`` and the check runs against stand-ins built from

@@ -43,9 +43,9 @@ from harness.engine.precision import prepare_model
 from harness.engine.sampling import SamplingEngine
 from harness.foundation.certificate import ABSTAIN
 from harness.foundation.progress import Progress
+from harness.running.benchmark import load_benchmark
 from harness.running.preparation import RunOptions, prepare
 from harness.running.runner import run_benchmark
-from harness.running.spec import load_spec
 from harness.store.store import ResultStore
 
 
@@ -111,7 +111,7 @@ def noisy_decisions(engine: SamplingEngine, x: torch.Tensor, certs: list[dict], 
 def precision_report(spec_path: str, overrides: list[str], precision: str, options: RunOptions,
                      progress: Progress) -> dict[str, Any]:  # fmt: skip
     """Run ``spec_path`` in fp32 and in ``precision``; the counts of the module docstring."""
-    specs = {p: load_spec(spec_path, [*overrides, f'certification.precision="{p}"'])
+    specs = {p: load_benchmark(spec_path, [*overrides, f'certification.precision="{p}"'])
              for p in ("fp32", precision)}  # fmt: skip
     run_ids = {p: run_benchmark(s, options, progress) for p, s in specs.items()}
     store = ResultStore(options.db)
@@ -121,7 +121,7 @@ def precision_report(spec_path: str, overrides: list[str], precision: str, optio
         store.close()
     rows = compare_certificates(certs["fp32"], certs[precision])
     prepared = prepare(specs["fp32"], options, progress)
-    context, spec = prepared.context, prepared.spec
+    context, spec = prepared.context, prepared.benchmark
     model = context.model
     lower = prepare_model(model, specs[precision].protocol)
     classes = context.dataset.num_classes

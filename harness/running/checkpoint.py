@@ -45,8 +45,8 @@ from harness.foundation.data import Dataset
 from harness.foundation.errors import IdrsError, ParameterError
 from harness.foundation.identity import content_hash
 from harness.plugin.registry import Registry
+from harness.running.benchmark import AUTO_ARCHITECTURE, ModelConfig
 from harness.running.checkpoint_diagnosis import diagnose
-from harness.running.spec import AUTO_ARCHITECTURE, ModelConfig
 
 COHEN_ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
     "cifar_resnet20": ("cifar-resnet", {"depth": 20}),

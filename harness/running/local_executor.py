@@ -177,7 +177,7 @@ def _built_method(
     name = (work.method, work.key)
     if name not in built:
         records = store.state_records(prepared.run_id, work.method, work.key)
-        b = build_setting(prepared.context, work.method, work.setting, work.key, records)
+        b = build_setting(prepared.context, work.method, work.params, work.key, records)
         from harness.running.runfiles import record_sigma_model
 
         record_sigma_model(store, prepared.run_id, work.method, work.key, b.provider)

@@ -26,7 +26,7 @@ from harness.foundation.identity import content_hash
 from harness.foundation.progress import Progress
 from harness.plugin.components import TrainContext
 from harness.plugin.registry import Registry
-from harness.running.spec import ModelConfig
+from harness.running.benchmark import ModelConfig
 
 
 def model_recipe(config: ModelConfig, dataset: Dataset, registry: Registry) -> dict[str, Any]:

@@ -22,8 +22,8 @@ from harness.foundation.progress import Progress
 from harness.plugin.components import BuildContext
 from harness.plugin.manager import PluginManager
 from harness.plugin.registry import Registry
+from harness.running.benchmark import Benchmark, CheckedBenchmark, check_data_root, validate
 from harness.running.modelcache import obtain_model
-from harness.running.spec import BenchmarkSpec, CheckedBenchmark, check_data_root, validate
 
 
 @dataclass
@@ -35,17 +35,17 @@ class RunOptions:
     cache_dir: Path | None = None
 
 
-def load_dataset(spec: BenchmarkSpec, registry: Registry, options: RunOptions) -> Dataset:
-    """The spec's dataset; an explicit ``--data-root`` is used or refused, never ignored."""
-    check_data_root(options.data_root, spec.dataset.name)
-    dataset_spec = registry.get("datasets", spec.dataset.name)
-    family = registry.family_args("datasets", spec.dataset.name)
+def load_dataset(benchmark: Benchmark, registry: Registry, options: RunOptions) -> Dataset:
+    """The benchmark's dataset; an explicit ``--data-root`` is used or refused, never ignored."""
+    check_data_root(options.data_root, benchmark.dataset.name)
+    dataset_spec = registry.get("datasets", benchmark.dataset.name)
+    family = registry.family_args("datasets", benchmark.dataset.name)
     dataset = dataset_spec.load(
-        data_root=options.data_root, download=options.download, seed=spec.seed, **family
+        data_root=options.data_root, download=options.download, seed=benchmark.seed, **family
     )
     if options.data_root is not None and not dataset.files:
         raise DatasetMissingError(
-            f"dataset {spec.dataset.name!r} reads no files (it is generated), so --data-root "
+            f"dataset {benchmark.dataset.name!r} reads no files (it is generated), so --data-root "
             f"{options.data_root!r} would be ignored; leave it out"
         )
     return dataset
@@ -55,7 +55,7 @@ def load_dataset(spec: BenchmarkSpec, registry: Registry, options: RunOptions) -
 class Prepared:
     """A benchmark ready to certify: its dataset, shared base model and build context."""
 
-    spec: BenchmarkSpec
+    benchmark: Benchmark
     dataset: Dataset
     model_hash: str
     context: BuildContext
@@ -66,54 +66,67 @@ class Prepared:
 
 
 def prepare(
-    spec: BenchmarkSpec,
+    benchmark: Benchmark,
     options: RunOptions,
     progress: Progress,
     manager: PluginManager | None = None,
 ) -> Prepared:
-    """Check the spec (unless :func:`~harness.running.spec.validate` did), load the
+    """Check the benchmark (unless :func:`~harness.running.benchmark.validate` did), load the
     dataset, train or load the base model, build the engine."""
     registry = (manager or PluginManager()).registry
-    if not isinstance(spec, CheckedBenchmark):
-        spec = validate(spec, registry)
-    device = resolve_device(options.device or spec.device)
-    dataset = load_dataset(spec, registry, options)
-    if spec.model.checkpoint is not None:  # a published file names its architecture
+    if not isinstance(benchmark, CheckedBenchmark):
+        benchmark = validate(benchmark, registry)
+    device = resolve_device(options.device or benchmark.device)
+    dataset = load_dataset(benchmark, registry, options)
+    if benchmark.model.checkpoint is not None:  # a published file names its architecture
         from harness.running.checkpoint import resolve_architecture
 
-        spec = replace(spec, model=resolve_architecture(spec.model, dataset.name, registry))
+        benchmark = replace(
+            benchmark, model=resolve_architecture(benchmark.model, dataset.name, registry)
+        )
     model, model_hash = obtain_model(
-        spec.model, dataset, registry, device, progress, options.cache_dir
+        benchmark.model, dataset, registry, device, progress, options.cache_dir
     )
-    if spec.protocol.noise == "auto":  # recorded resolved: the run states its noise
-        spec = replace(spec, protocol=replace(spec.protocol, noise=default_noise(device)))
-    certified = prepare_model(model, spec.protocol)
-    batch_size = spec.protocol.batch_size
+    if benchmark.protocol.noise == "auto":  # recorded resolved: the run states its noise
+        benchmark = replace(
+            benchmark, protocol=replace(benchmark.protocol, noise=default_noise(device))
+        )
+    model_in_precision = prepare_model(model, benchmark.protocol)
+    batch_size = benchmark.protocol.batch_size
     if batch_size == "auto":
         from harness.engine.batchsize import auto_batch_size
 
         batch_size = auto_batch_size(
-            certified, tuple(dataset.test_x.shape[1:]), device, options.cache_dir
+            model_in_precision, tuple(dataset.test_x.shape[1:]), device, options.cache_dir
         )
-    run_id = run_identity(spec, device, model_hash)
+    run_id = run_identity(benchmark, device, model_hash)
     context = build_context(
-        spec, dataset, model, model_hash, device, batch_size, progress, registry, run_id, certified
+        benchmark,
+        dataset,
+        model,
+        model_hash,
+        device,
+        batch_size,
+        progress,
+        registry,
+        run_id,
+        model_in_precision,
     )
     from harness.running.weights import weights_digest
 
     return Prepared(
-        spec, dataset, model_hash, context, registry, run_id, weights_digest(model), batch_size
+        benchmark, dataset, model_hash, context, registry, run_id, weights_digest(model), batch_size
     )
 
 
-def run_identity(spec: BenchmarkSpec, device: torch.device, model_hash: str) -> str:
+def run_identity(benchmark: Benchmark, device: torch.device, model_hash: str) -> str:
     """A run's id: the content hash of the resolved benchmark, the device type (not its
     index: processes on cuda:0 and cuda:1 certify the same run) and the model's recipe hash."""
-    return content_hash({"spec": spec.to_dict(), "device": device.type, "model": model_hash})
+    return content_hash({"spec": benchmark.to_dict(), "device": device.type, "model": model_hash})
 
 
 def build_context(
-    spec: BenchmarkSpec,
+    benchmark: Benchmark,
     dataset: Dataset,
     model: torch.nn.Module,
     model_hash: str,
@@ -122,26 +135,26 @@ def build_context(
     progress: Progress,
     registry: Registry,
     run_id: str | None,
-    certified: torch.nn.Module | None = None,
+    model_in_precision: torch.nn.Module | None = None,
 ) -> BuildContext:
     """The build context of run ``run_id``, whose noise and batch size are resolved: the
-    base model behind the protocol's precision switch (``certified``, made here when
+    base model behind the protocol's precision switch (``model_in_precision``, made here when
     None), in a sampling engine whose forward passes all have ``batch_size`` rows. The
     driver, every Ray worker and a board's re-check build it the same way."""
-    if certified is None:
-        certified = prepare_model(model, spec.protocol)
+    if model_in_precision is None:
+        model_in_precision = prepare_model(model, benchmark.protocol)
     # every forward pass has batch_size rows, so each sample's logits are those of any
     # other batch it could share (the replay check re-draws a few inputs alone)
     engine = SamplingEngine(
-        certified, dataset.num_classes, device, batch_size, spec.seed, noise=spec.protocol.noise,
+        model_in_precision, dataset.num_classes, device, batch_size, benchmark.seed, noise=benchmark.protocol.noise,
         pad_batches=True,
     )  # fmt: skip
     return BuildContext(
         dataset=dataset,
         model=model,
         device=device,
-        seed=spec.seed,
-        protocol=spec.protocol,
+        seed=benchmark.seed,
+        protocol=benchmark.protocol,
         engine=engine,
         progress=progress,
         registry=registry,

@@ -240,12 +240,12 @@ class RayExecutor:
                 "pass a smaller --workers or add machines"
             )
         setup = WorkerSetup(
-            prepared.spec, options.data_root, options.cache_dir, str(prepared.context.device),
+            prepared.benchmark, options.data_root, options.cache_dir, str(prepared.context.device),
             int(prepared.batch_size), prepared.model_hash, prepared.weights_digest or "",
             prepared.run_id,
         )  # fmt: skip
         weights = None
-        if prepared.spec.model.checkpoint is None:
+        if prepared.benchmark.model.checkpoint is None:
             state = {k: v.detach().cpu() for k, v in prepared.context.model.state_dict().items()}
             # once in the object store, read by every worker (and by a restarted one: the
             # driver keeps the reference)
@@ -280,12 +280,12 @@ class RayExecutor:
         if job.shard is None:
             records = settings[(w.method, w.key)].records
             self.stats.bytes_sent += _size(records)
-            return worker.describe.remote(w.method, w.setting, w.key, records)
+            return worker.describe.remote(w.method, w.params, w.key, records)
         setting = settings[(w.method, w.key)]
         records = list(setting.records) if setting.order_dependent else None
         self.stats.bytes_sent += _size(records)
         return worker.certify.options(num_returns="streaming").remote(
-            w.method, w.setting, w.key, w.shards[job.shard], w.todo(job.shard), records
+            w.method, w.params, w.key, w.shards[job.shard], w.todo(job.shard), records
         )
 
     def _described(self, answer, setting: _Setting, worker, queue, store, run_id, progress):

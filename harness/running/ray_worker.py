@@ -13,8 +13,8 @@ import torch
 
 from harness.foundation.errors import IdrsError
 from harness.foundation.runstate import RunState, StateRecord
+from harness.running.benchmark import Benchmark
 from harness.running.preparation import RunOptions
-from harness.running.spec import BenchmarkSpec
 
 
 def import_ray() -> Any:
@@ -33,7 +33,7 @@ def import_ray() -> Any:
 class WorkerSetup:
     """What a worker needs to rebuild the driver's build context exactly."""
 
-    spec: BenchmarkSpec  # resolved (noise) as recorded in the run
+    spec: Benchmark  # resolved (noise) as recorded in the run
     data_root: str | None
     cache_dir: Path | None
     device: str
@@ -77,7 +77,7 @@ class CertifyWorker:
     def pid(self) -> int:
         return os.getpid()
 
-    def _method(self, name: str, setting: dict, key: str, records: list[StateRecord] | None):
+    def _method(self, name: str, params: dict, key: str, records: list[StateRecord] | None):
         """(method spec, σ-provider, certifier, run state), built once per setting; rebuilt
         from ``records`` when the committed state differs from the one held here."""
         from harness.certification.method import build_setting
@@ -85,29 +85,29 @@ class CertifyWorker:
         held = self.built.get((name, key))
         if held is not None and (records is None or held[3].committed == records):
             return held
-        b = build_setting(self.context, name, setting, key, records or [])
+        b = build_setting(self.context, name, params, key, records or [])
         held = (b.method, b.provider, b.certifier, b.state)
         self.built[(name, key)] = held
         return held
 
-    def describe(self, name: str, setting: dict, key: str, records: list[StateRecord]):
+    def describe(self, name: str, params: dict, key: str, records: list[StateRecord]):
         """Build the method; whether its certifier is order-dependent, or a failure."""
         from harness.running.work import failure_message
 
         try:
-            return bool(self._method(name, setting, key, records)[2].order_dependent)
+            return bool(self._method(name, params, key, records)[2].order_dependent)
         except Exception as exc:
             return ShardFailure(failure_message(exc))
 
     def certify(
-        self, name: str, setting: dict, key: str, ids: list[int], todo: list[int],
+        self, name: str, params: dict, key: str, ids: list[int], todo: list[int],
         records: list[StateRecord] | None,
     ):  # fmt: skip
         """Yield (certificate, staged state records) per input of ``todo``, or a failure."""
         from harness.running.work import certify_shard, failure_message
 
         try:
-            method, provider, certifier, state = self._method(name, setting, key, records)
+            method, provider, certifier, state = self._method(name, params, key, records)
             for cert in certify_shard(self.context, method, provider, certifier, ids, todo):
                 yield cert, state.take()
         except Exception as exc:

@@ -62,7 +62,7 @@ def fresh_streams(seed: int) -> tuple[int, int]:
 class ReplaySource:
     """Everything the replay process needs about a run besides the inputs to re-draw.
 
-    ``config``: the run's spec (:meth:`~harness.running.spec.BenchmarkSpec.to_dict`);
+    ``config``: the run's spec (:meth:`~harness.running.benchmark.Benchmark.to_dict`);
     ``weights`` and ``weights_format``: the base model's weights file and how to read it
     (:mod:`harness.running.checkpoint`); ``weights_digest``: the run's; ``arithmetic``: the run's
     fingerprint; ``data_files``: the data files the run read (path → SHA-256);
@@ -213,12 +213,12 @@ def _load_run(header: Mapping[str, Any]) -> _LoadedRun:
     from harness.engine.arithmetic import differences, fingerprint
     from harness.engine.sampling import resolve_device
     from harness.plugin.manager import PluginManager
+    from harness.running.benchmark import benchmark_from_dict
     from harness.running.checkpoint import load_checkpoint
     from harness.running.preparation import RunOptions, load_dataset
-    from harness.running.spec import spec_from_dict
     from harness.running.weights import weights_digest
 
-    spec = spec_from_dict(dict(header["config"]))
+    spec = benchmark_from_dict(dict(header["config"]))
     registry = PluginManager(third_party=False).registry
     _built_in(registry, "datasets", spec.dataset.name, "dataset")
     _built_in(registry, "models", spec.model.architecture, "architecture")

@@ -29,15 +29,15 @@ from harness.foundation.artifacts import cache_root, default_cache_dir, file_dig
 
 if TYPE_CHECKING:
     from harness.plugin.components import SigmaProvider
+    from harness.running.benchmark import Benchmark
     from harness.running.preparation import Prepared
-    from harness.running.spec import BenchmarkSpec
     from harness.store.store import ResultStore
 
 WEIGHTS, PLUGIN_ARTIFACT, SIGMA_MODEL = "weights", "plugin-artifact", "sigma-model"
 _SKIPPED = (".sha256", ".tmp")
 
 
-def weights_file(spec: BenchmarkSpec, model_hash: str, cache_dir: Path | None) -> tuple[Path, str]:
+def weights_file(spec: Benchmark, model_hash: str, cache_dir: Path | None) -> tuple[Path, str]:
     """The base model's weights file of a run and the format it is read in: the spec's
     checkpoint, else the model cache's ``<model hash>.pt`` (a state dict)."""
     if spec.model.checkpoint is not None:
@@ -48,7 +48,7 @@ def weights_file(spec: BenchmarkSpec, model_hash: str, cache_dir: Path | None) -
 def record_run_files(store: ResultStore, prepared: Prepared, cache_dir: Path | None) -> None:
     """Record the run's weights file and every plugin artifact kept for its base model."""
     run_id = prepared.run_id
-    path, fmt = weights_file(prepared.spec, prepared.model_hash, cache_dir)
+    path, fmt = weights_file(prepared.benchmark, prepared.model_hash, cache_dir)
     if path.is_file():
         store.add_file(run_id, WEIGHTS, "base model", str(path), file_digest(path),
                        {"format": fmt})  # fmt: skip

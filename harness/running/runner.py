@@ -20,9 +20,9 @@ from harness.foundation.errors import IdrsError
 from harness.foundation.progress import Progress
 from harness.foundation.version import __version__
 from harness.plugin.manager import PluginManager
+from harness.running.benchmark import Benchmark
 from harness.running.local_executor import LocalExecutor
 from harness.running.preparation import Prepared, RunOptions, prepare
-from harness.running.spec import BenchmarkSpec
 from harness.running.work import SettingWork, pending_work
 from harness.store.integrity import check_database
 from harness.store.store import ResultStore
@@ -70,28 +70,28 @@ class Executor(Protocol):
 
 
 def run_benchmark(
-    spec: BenchmarkSpec,
+    benchmark: Benchmark,
     options: RunOptions,
     progress: Progress,
     manager: PluginManager | None = None,
     executor: Executor | None = None,
 ) -> str:
-    """Run (or resume) ``spec`` with ``executor`` (default: in this process); returns the
+    """Run (or resume) ``benchmark`` with ``executor`` (default: in this process); returns the
     run id."""
     check_database(options.db)  # a damaged database is refused before any work
-    prepared = prepare(spec, options, progress, manager)
-    run_id, context, spec = prepared.run_id, prepared.context, prepared.spec
+    prepared = prepare(benchmark, options, progress, manager)
+    run_id, context, benchmark = prepared.run_id, prepared.context, prepared.benchmark
     store = ResultStore(options.db, verify=False)
     try:
         if not store.begin_run(
-            run_id, spec.name, spec.to_dict(), library_versions(), git_commit(),
-            context.device.type, spec.seed, prepared.model_hash,
+            run_id, benchmark.name, benchmark.to_dict(), library_versions(), git_commit(),
+            context.device.type, benchmark.seed, prepared.model_hash,
             weights_digest=prepared.weights_digest,
         ):  # fmt: skip
             _check_weights(store.run(run_id), prepared)
             progress.log(f"resuming run {run_id[:12]}")
         test_ids = prepared.dataset.test_subset(
-            spec.dataset.test_every, spec.dataset.test_count
+            benchmark.dataset.test_every, benchmark.dataset.test_count
         ).tolist()
         store.set_run_data(
             run_id, len(test_ids), prepared.dataset.files, prepared.dataset.class_names
@@ -101,11 +101,11 @@ def run_benchmark(
 
         where = "local" if isinstance(executor, LocalExecutor) else type(executor).__name__
         store.record_arithmetic(
-            run_id, fingerprint(context.device, spec.protocol, prepared.batch_size, where)
+            run_id, fingerprint(context.device, benchmark.protocol, prepared.batch_size, where)
         )
-        if spec.model.checkpoint is not None:
+        if benchmark.model.checkpoint is not None:
             _check_checkpoint(prepared, test_ids)
-        work = pending_work(store, run_id, spec, test_ids)
+        work = pending_work(store, run_id, benchmark, test_ids)
         executor.certify(prepared, store, work, options)
         from harness.running.runfiles import record_run_files
 
@@ -140,7 +140,7 @@ def _check_checkpoint(prepared: Prepared, test_ids: list[int]) -> None:
     context.progress.log(
         f"base model: clean accuracy {report.accuracy:.1%} on the {report.inputs} test inputs"
     )
-    warning = report.warning(str(prepared.spec.model.checkpoint))
+    warning = report.warning(str(prepared.benchmark.model.checkpoint))
     if warning is not None:
         from rich.markup import escape
 

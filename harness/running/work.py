@@ -16,7 +16,7 @@ from harness.foundation.certificate import Certificate
 from harness.foundation.errors import IdrsError
 from harness.foundation.identity import setting_key
 from harness.plugin.components import BuildContext, Certifier, MethodSpec, SigmaProvider
-from harness.running.spec import BenchmarkSpec
+from harness.running.benchmark import Benchmark
 from harness.store.store import ResultStore
 
 
@@ -26,7 +26,7 @@ class SettingWork:
     finished and the inputs already stored (a shard is certified only for the rest)."""
 
     method: str
-    setting: dict[str, Any]
+    params: dict[str, Any]  # the setting's parameters; ``key`` is the setting's name
     key: str
     shards: list[list[int]]
     finished: set[int]
@@ -47,21 +47,24 @@ class SettingWork:
 
 
 def pending_work(
-    store: ResultStore, run_id: str, spec: BenchmarkSpec, test_ids: list[int]
+    store: ResultStore, run_id: str, benchmark: Benchmark, test_ids: list[int]
 ) -> list[SettingWork]:
-    """The (method, setting)s of ``spec`` with unfinished shards, in spec order; their
+    """The (method, setting)s of ``benchmark`` with unfinished shards, in benchmark order; their
     earlier failures are cleared (they are tried again)."""
-    shards = [test_ids[i : i + spec.shard_size] for i in range(0, len(test_ids), spec.shard_size)]
+    shards = [
+        test_ids[i : i + benchmark.shard_size]
+        for i in range(0, len(test_ids), benchmark.shard_size)
+    ]
     work = []
-    for method in spec.methods:
-        for setting in method.settings:
-            key = setting_key(setting)
+    for method in benchmark.methods:
+        for params in method.settings:
+            key = setting_key(params)
             finished = store.finished_shards(run_id, method.name, key)
             if len(finished) == len(shards):
                 continue
             store.clear_failures(run_id, method.name, key)
             stored = store.stored_inputs(run_id, method.name, key)
-            work.append(SettingWork(method.name, setting, key, shards, finished, stored))
+            work.append(SettingWork(method.name, params, key, shards, finished, stored))
     return work
 
 

@@ -311,7 +311,7 @@ class StoredRun:
 
     @property
     def config(self) -> dict[str, Any]:
-        """The benchmark spec as stored (:meth:`harness.running.spec.BenchmarkSpec.to_dict`)."""
+        """The benchmark spec as stored (:meth:`harness.running.benchmark.Benchmark.to_dict`)."""
         return self.run["config"]
 
     @property

@@ -66,10 +66,10 @@ class _Inputs:
     def rows(self, ids: list[int]):
         if self.dataset is None and self.error is None:
             from harness.plugin.manager import PluginManager
+            from harness.running.benchmark import benchmark_from_dict
             from harness.running.preparation import RunOptions, load_dataset
-            from harness.running.spec import spec_from_dict
 
-            spec = spec_from_dict(self.run.config)
+            spec = benchmark_from_dict(self.run.config)
             try:
                 self.dataset = load_dataset(spec, PluginManager().registry,
                                             RunOptions(db=Path(os.devnull), data_root=self.data_root))  # fmt: skip
@@ -90,13 +90,13 @@ def recheck_runs(
     A row none of whose certificates carries the harness's draws (a run certified before
     the harness drew the evidence, whose S0 is then an ``error``) is not re-derived:
     a line saying so is appended to ``notes``."""
-    from harness.running.spec import spec_from_dict
+    from harness.running.benchmark import benchmark_from_dict
 
     problems: list[str] = []
     for run in runs:
         if run.imported:
             continue
-        protocol = spec_from_dict(run.config).protocol
+        protocol = benchmark_from_dict(run.config).protocol
         inputs = _Inputs(run, data_root)
         for row in run.rows():
             if row.checks and all(c.draws is None for c in row.certificates):
@@ -325,10 +325,10 @@ class _Methods:
         from harness.foundation.artifacts import file_digest
         from harness.foundation.progress import Progress
         from harness.plugin.manager import PluginManager
+        from harness.running.benchmark import benchmark_from_dict
         from harness.running.checkpoint import load_checkpoint
         from harness.running.preparation import RunOptions, build_context, load_dataset
         from harness.running.runfiles import PLUGIN_ARTIFACT
-        from harness.running.spec import spec_from_dict
 
         for f in self.run.files:
             if f["role"] == PLUGIN_ARTIFACT:
@@ -341,7 +341,7 @@ class _Methods:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(source, target)
                 (target.parent / (target.name + ".sha256")).write_text(f["sha256"] + "\n")
-        spec = spec_from_dict(self.run.config)
+        spec = benchmark_from_dict(self.run.config)
         registry = PluginManager().registry
         dataset = load_dataset(spec, registry, RunOptions(db=Path(os.devnull),
                                                           data_root=self.source.data_root))  # fmt: skip

@@ -1,6 +1,6 @@
 """How to reproduce a stored run: its benchmark spec as TOML, and the command to run it.
 
-The stored config is :meth:`harness.running.spec.BenchmarkSpec.to_dict`; turned back into a
+The stored config is :meth:`harness.running.benchmark.Benchmark.to_dict`; turned back into a
 benchmark file (``protocol`` is the ``[certification]`` table, unset values are
 dropped) it parses to the same spec, so ``idrs-bench run`` on it, on the same device
 kind and at the same commit, recreates the run under the same run id.

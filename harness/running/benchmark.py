@@ -79,7 +79,7 @@ class MethodConfig:
 
 
 @dataclass(frozen=True)
-class BenchmarkSpec:
+class Benchmark:
     name: str
     dataset: DataConfig
     model: ModelConfig
@@ -99,10 +99,10 @@ class BenchmarkSpec:
 
 
 @dataclass(frozen=True)
-class CheckedBenchmark(BenchmarkSpec):
+class CheckedBenchmark(Benchmark):
     """A benchmark whose every name and parameter :func:`validate` checked against the
     registry: what the CLI hands to the runner, which then does not check it again.
-    Its fields, its :meth:`~BenchmarkSpec.to_dict` and so its run id are the spec's."""
+    Its fields, its :meth:`~Benchmark.to_dict` and so its run id are the spec's."""
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -135,9 +135,9 @@ def set_value(raw: dict[str, Any], key: str, value: Any) -> None:
     node[last] = value
 
 
-def load_spec(
+def load_benchmark(
     path: str | Path, overrides: list[str] | dict[str, Any] | None = None
-) -> BenchmarkSpec:
+) -> Benchmark:
     """Parse a benchmark TOML file (not yet checked against the loaded plugins).
 
     ``overrides`` are ``KEY=VALUE`` strings (:func:`apply_overrides`) or a mapping of
@@ -159,7 +159,7 @@ def load_spec(
             set_value(raw, key, value)
     else:
         apply_overrides(raw, overrides or [])
-    return parse_spec(raw, default_name=path.stem)
+    return parse_benchmark(raw, default_name=path.stem)
 
 
 def _table(raw: dict, key: str, where: str, allowed: set[str]) -> dict:
@@ -186,7 +186,7 @@ def _typed(value: Any, kind: type, what: str) -> Any:
     return value
 
 
-def parse_spec(raw: dict[str, Any], default_name: str = "benchmark") -> BenchmarkSpec:
+def parse_benchmark(raw: dict[str, Any], default_name: str = "benchmark") -> Benchmark:
     where = "benchmark"
     top = {"name", "seed", "device", "shard_size", "radii", "headline_radius", "dataset", "model",
            "certification", "methods"}  # fmt: skip
@@ -236,7 +236,7 @@ def parse_spec(raw: dict[str, Any], default_name: str = "benchmark") -> Benchmar
     test_count = data.get("test_count")
     if isinstance(test_count, str) and test_count != "all":
         raise SpecError(f'dataset.test_count must be a number >= 1 or "all", got {test_count!r}')
-    spec = BenchmarkSpec(
+    spec = Benchmark(
         name=_typed(raw.get("name", default_name), str, "name"),
         seed=_typed(raw.get("seed", 0), int, "seed"),
         device=_typed(raw.get("device", "auto"), str, "device"),
@@ -316,7 +316,7 @@ def _protocol(cert: dict[str, Any]) -> CertificationProtocol:
         raise SpecError(f"[certification]: {exc}") from None
 
 
-def validate(spec: BenchmarkSpec, registry: Registry) -> CheckedBenchmark:
+def validate(spec: Benchmark, registry: Registry) -> CheckedBenchmark:
     """Check every name and parameter against the loaded plugins (before any work); the
     spec, marked checked."""
     registry.get("datasets", spec.dataset.name)
@@ -368,9 +368,9 @@ def _check_keys(given: dict[str, Any], known: dict[str, Any], owner: str) -> Non
         )
 
 
-def spec_from_dict(config: dict[str, Any]) -> BenchmarkSpec:
-    """Inverse of :meth:`BenchmarkSpec.to_dict` (a stored run's config)."""
-    return BenchmarkSpec(
+def benchmark_from_dict(config: dict[str, Any]) -> Benchmark:
+    """Inverse of :meth:`Benchmark.to_dict` (a stored run's config)."""
+    return Benchmark(
         name=config["name"],
         dataset=DataConfig(**config["dataset"]),
         model=ModelConfig(**config["model"]),
