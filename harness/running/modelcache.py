@@ -50,6 +50,17 @@ def model_recipe(config: ModelConfig, dataset: Dataset, registry: Registry) -> d
     }
 
 
+def build_architecture(
+    config: ModelConfig, dataset: Dataset, registry: Registry
+) -> torch.nn.Module:
+    """The recipe's architecture with its initial weights (seeded by the recipe's seed);
+    the cache, training and every Ray worker build a base model through it."""
+    torch.manual_seed(config.seed)  # the initial weights are part of the recipe
+    params = model_recipe(config, dataset, registry)["architecture_params"]
+    arch = registry.get("models", config.architecture)
+    return arch.build(dataset.input_shape, dataset.num_classes, params)
+
+
 def obtain_model(
     config: ModelConfig,
     dataset: Dataset,
@@ -107,9 +118,7 @@ def _cached_or_trained(
 ) -> torch.nn.Module:
     """The model of ``recipe`` from ``path``, or trained now and saved there."""
     digest = path.stem
-    torch.manual_seed(config.seed)  # the initial weights are part of the recipe
-    arch = registry.get("models", config.architecture)
-    model = arch.build(dataset.input_shape, dataset.num_classes, recipe["architecture_params"])
+    model = build_architecture(config, dataset, registry)
     state = load_artifact(path, progress, "cached base model")
     if state is not None:
         try:
@@ -117,10 +126,7 @@ def _cached_or_trained(
         except Exception as exc:  # a readable file that does not fit the architecture
             quarantine(path, exc, progress, "cached base model")
             state = None
-            torch.manual_seed(config.seed)
-            model = arch.build(
-                dataset.input_shape, dataset.num_classes, recipe["architecture_params"]
-            )
+            model = build_architecture(config, dataset, registry)
     if state is not None:
         progress.log(f"base model {digest[:12]} loaded from {path}")
     else:

@@ -33,7 +33,7 @@ def import_ray() -> Any:
 class WorkerSetup:
     """What a worker needs to rebuild the driver's build context exactly."""
 
-    spec: Benchmark  # resolved (noise) as recorded in the run
+    benchmark: Benchmark  # resolved (noise) as recorded in the run
     data_root: str | None
     cache_dir: Path | None
     device: str
@@ -64,12 +64,12 @@ class CertifyWorker:
         self.setup = setup
         self.registry = PluginManager().registry  # this worker's own
         options = RunOptions(db=Path(os.devnull), data_root=setup.data_root)
-        dataset = load_dataset(setup.spec, self.registry, options)
+        dataset = load_dataset(setup.benchmark, self.registry, options)
         device = torch.device(setup.device)
         state = ray.get(weights[0]) if weights is not None else None
         model = _worker_model(setup, dataset, self.registry, state, device)
         self.context = build_context(
-            setup.spec, dataset, model, setup.model_hash, device, setup.batch_size,
+            setup.benchmark, dataset, model, setup.model_hash, device, setup.batch_size,
             Progress(enabled=False), self.registry, setup.run_id,
         )  # fmt: skip
         self.built: dict[tuple[str, str], tuple[Any, Any, Any, RunState]] = {}
@@ -117,16 +117,14 @@ class CertifyWorker:
 def _worker_model(setup, dataset, registry, weights, device) -> torch.nn.Module:
     """The driver's base model, rebuilt here and checked bit for bit by its digest."""
     from harness.foundation.progress import Progress
-    from harness.running.modelcache import model_recipe, obtain_model
+    from harness.running.modelcache import build_architecture, obtain_model
     from harness.running.weights import weights_digest
 
-    config = setup.spec.model
+    config = setup.benchmark.model
     if weights is None:  # a user checkpoint: read from its path on this machine
         model, _ = obtain_model(config, dataset, registry, device, Progress(enabled=False))
     else:
-        recipe = model_recipe(config, dataset, registry)
-        arch = registry.get("models", config.architecture)
-        model = arch.build(dataset.input_shape, dataset.num_classes, recipe["architecture_params"])
+        model = build_architecture(config, dataset, registry)  # as the driver's cache does
         model.load_state_dict(weights)
         model = model.to(device).eval()
     digest = weights_digest(model)
