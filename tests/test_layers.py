@@ -92,6 +92,12 @@ def test_imports_only_go_down():
     assert upward_imports() == []
 
 
+def test_no_module_is_over_450_lines():
+    long = {str(p.relative_to(ROOT)): n for p in (ROOT / "harness").rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 450}  # fmt: skip
+    assert long == {}, "split these by concept: " + str(long)
+
+
 def test_every_folder_of_harness_is_a_layer():
     folders = {p.name for p in (ROOT / "harness").iterdir() if (p / "__init__.py").is_file()}
     assert folders == set(LAYERS)

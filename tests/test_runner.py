@@ -151,7 +151,8 @@ def test_default_benchmark_smoke_on_a_tiny_subset(tmp_path, capsys):
         "run_id"
     ]
     *_, summary, results, board = table.strip().splitlines()
-    assert summary == f"results: {db}, run {run_id[:12]}: 10 not checked"
+    rows_run = sum(len(m["settings"]) for m in raw["methods"])  # 11 with dual-rs
+    assert summary == f"results: {db}, run {run_id[:12]}: {rows_run} not checked"
     assert results.split() == ["next:", "idrs-bench", "results", run_id[:12], "--db", str(db),
                                "(every", "metric", "and", "check)"]  # fmt: skip
     assert board.split() == ["idrs-bench", "leaderboard", run_id[:12], "--db", str(db), "--out",
