@@ -4,7 +4,7 @@ This package's namespace is the **plugin API**: a plugin (built-in or third-part
 imports what it needs from ``harness`` and nothing from its submodules, which are
 internal and may change. Every name below is stable; each is loaded on first use
 (``import harness`` imports neither torch nor scipy). A plugin is a module with
-``@hookimpl`` functions (the hooks are listed in :mod:`harness.hookspecs`), declared
+``@hookimpl`` functions (the hooks are listed in :mod:`harness.plugin.hookspecs`), declared
 as an entry point of the group ``idrs_bench``; see the README's section on writing a
 plugin.
 
@@ -66,88 +66,87 @@ Driving the harness (not for plugins)
     scripts, such as a paper's reproduction script shipped beside a plugin. It sits
     above the runner and the checks, so this namespace does not re-export it.
 
-``harness.soundness`` is a built-in plugin but part of the core: it audits every
+``harness.audit`` is a built-in plugin but part of the core: it audits every
 plugin and uses the harness's internals directly.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-__version__ = "0.1.0"
+from harness.foundation.version import __version__
 
-_EXPORTS: dict[str, str] = {
-    "hookimpl": "harness.hookspecs",
-    # components and contexts
-    "BuildContext": "harness.components",
-    "CertifierSpec": "harness.components",
-    "Certifier": "harness.components",
-    "CheckSpec": "harness.components",
-    "DatasetSpec": "harness.components",
-    "MethodSpec": "harness.components",
-    "ModelSpec": "harness.components",
-    "OrderDependentCertifier": "harness.components",
-    "Registry": "harness.components",
-    "SigmaProvider": "harness.components",
-    "SigmaProviderSpec": "harness.components",
-    "TrainContext": "harness.components",
-    "TrainerSpec": "harness.components",
-    # declarations, certificates, radii
-    "Constant": "harness.regularity",
-    "Lipschitz": "harness.regularity",
-    "Regularity": "harness.regularity",
-    "SemiElastic": "harness.regularity",
-    "Unregularized": "harness.regularity",
-    "ABSTAIN": "harness.certificate",
-    "Certificate": "harness.certificate",
-    "Claim": "harness.draws",
-    "Draws": "harness.draws",
-    "Evidence": "harness.draws",
-    "SigmaSmoothing": "harness.draws",
-    "HardSmoothingCertifier": "harness.certify",
-    "COHEN": "harness.radius",
-    "SUKENIK": "harness.radius",
-    "RadiusFormula": "harness.radius",
-    "Recomputed": "harness.radius",
-    "semi_elastic_rate": "harness.radius",
-    "certified_radius": "harness.worstcase",
-    "cohen_radius": "harness.worstcase",
-    "is_certified": "harness.worstcase",
-    "xi": "harness.worstcase",
-    "xi_greater": "harness.worstcase",
-    "xi_less": "harness.worstcase",
-    # sampling, protocol, statistics
-    "STREAM_ESTIMATION": "harness.sampling",
-    "STREAM_SELECTION": "harness.sampling",
-    "SamplingEngine": "harness.sampling",
-    "SoftStats": "harness.sampling",
-    "noise_seed": "harness.sampling",
-    "prepare_model": "harness.precision",
-    "CertificationProtocol": "harness.protocol",
-    "check_alpha": "harness.protocol",
-    "check_sigma": "harness.protocol",
-    "clopper_pearson_lower": "harness.stats",
-    "clopper_pearson_upper": "harness.stats",
-    "hoeffding_lower": "harness.stats",
-    "hoeffding_upper": "harness.stats",
-    # data, training, state
-    "Dataset": "harness.data",
-    "train_with_gaussian_augmentation": "harness.training",
-    "SigmaCache": "harness.sigmacache",
-    "RunState": "harness.runstate",
-    "StateRecord": "harness.runstate",
-    "file_digest": "harness.artifacts",
-    "load_artifact": "harness.artifacts",
-    "save_artifact": "harness.artifacts",
-    "Progress": "harness.progress",
-    # errors
-    "ContractError": "harness.errors",
-    "DatasetMissingError": "harness.errors",
-    "IdrsError": "harness.errors",
-    "ModelOutputError": "harness.errors",
-    "ParameterError": "harness.errors",
+_MODULES: dict[str, tuple[str, ...]] = {
+    "harness.plugin.hookspecs": ("hookimpl",),
+    "harness.plugin.components": (
+        "BuildContext",
+        "CertifierSpec",
+        "Certifier",
+        "CheckSpec",
+        "DatasetSpec",
+        "MethodSpec",
+        "ModelSpec",
+        "OrderDependentCertifier",
+        "SigmaProvider",
+        "SigmaProviderSpec",
+        "TrainContext",
+        "TrainerSpec",
+    ),
+    "harness.plugin.registry": ("Registry",),
+    "harness.foundation.regularity": (
+        "Constant",
+        "Lipschitz",
+        "Regularity",
+        "SemiElastic",
+        "Unregularized",
+    ),
+    "harness.foundation.certificate": ("ABSTAIN", "Certificate"),
+    "harness.engine.draws": ("Claim", "Draws", "Evidence", "SigmaSmoothing"),
+    "harness.certification.certify": ("HardSmoothingCertifier",),
+    "harness.mathematics.radius": (
+        "COHEN",
+        "SUKENIK",
+        "RadiusFormula",
+        "Recomputed",
+        "semi_elastic_rate",
+    ),
+    "harness.mathematics.worstcase": (
+        "certified_radius",
+        "cohen_radius",
+        "is_certified",
+        "xi",
+        "xi_greater",
+        "xi_less",
+    ),
+    "harness.engine.sampling": ("STREAM_ESTIMATION", "STREAM_SELECTION", "SamplingEngine"),
+    "harness.engine.accumulators": ("SoftStats",),
+    "harness.engine.noise": ("noise_seed",),
+    "harness.engine.precision": ("prepare_model",),
+    "harness.foundation.protocol": ("CertificationProtocol", "check_alpha", "check_sigma"),
+    "harness.mathematics.stats": (
+        "clopper_pearson_lower",
+        "clopper_pearson_upper",
+        "hoeffding_lower",
+        "hoeffding_upper",
+    ),
+    "harness.foundation.data": ("Dataset",),
+    "harness.running.training": ("train_with_gaussian_augmentation",),
+    "harness.foundation.sigmacache": ("SigmaCache",),
+    "harness.foundation.runstate": ("RunState", "StateRecord"),
+    "harness.foundation.artifacts": ("file_digest", "load_artifact", "save_artifact"),
+    "harness.foundation.progress": ("Progress",),
+    "harness.foundation.errors": (
+        "ContractError",
+        "DatasetMissingError",
+        "IdrsError",
+        "ModelOutputError",
+        "ParameterError",
+    ),
 }
+"""Every exported name, by the module that defines it (the one list of the API)."""
+
+_EXPORTS: dict[str, str] = {name: module for module, names in _MODULES.items() for name in names}
 
 __all__ = ["__version__", *_EXPORTS]
 
@@ -164,63 +163,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *_EXPORTS})
-
-
-if TYPE_CHECKING:
-    from harness.artifacts import file_digest, load_artifact, save_artifact  # noqa: F401
-    from harness.certificate import ABSTAIN, Certificate  # noqa: F401
-    from harness.certify import HardSmoothingCertifier  # noqa: F401
-    from harness.components import (  # noqa: F401
-        BuildContext,
-        Certifier,
-        CertifierSpec,
-        CheckSpec,
-        DatasetSpec,
-        MethodSpec,
-        ModelSpec,
-        OrderDependentCertifier,
-        Registry,
-        SigmaProvider,
-        SigmaProviderSpec,
-        TrainContext,
-        TrainerSpec,
-    )
-    from harness.data import Dataset  # noqa: F401
-    from harness.draws import Claim, Draws, Evidence, SigmaSmoothing  # noqa: F401
-    from harness.errors import (  # noqa: F401
-        ContractError,
-        DatasetMissingError,
-        IdrsError,
-        ModelOutputError,
-        ParameterError,
-    )
-    from harness.hookspecs import hookimpl  # noqa: F401
-    from harness.precision import prepare_model  # noqa: F401
-    from harness.progress import Progress  # noqa: F401
-    from harness.protocol import CertificationProtocol, check_alpha, check_sigma  # noqa: F401
-    from harness.radius import COHEN, SUKENIK, RadiusFormula, Recomputed, semi_elastic_rate  # noqa: F401
-    from harness.regularity import Constant, Lipschitz, Regularity, SemiElastic, Unregularized  # noqa: F401
-    from harness.runstate import RunState, StateRecord  # noqa: F401
-    from harness.sampling import (  # noqa: F401
-        STREAM_ESTIMATION,
-        STREAM_SELECTION,
-        SamplingEngine,
-        SoftStats,
-        noise_seed,
-    )
-    from harness.sigmacache import SigmaCache  # noqa: F401
-    from harness.stats import (  # noqa: F401
-        clopper_pearson_lower,
-        clopper_pearson_upper,
-        hoeffding_lower,
-        hoeffding_upper,
-    )
-    from harness.training import train_with_gaussian_augmentation  # noqa: F401
-    from harness.worstcase import (  # noqa: F401
-        certified_radius,
-        cohen_radius,
-        is_certified,
-        xi,
-        xi_greater,
-        xi_less,
-    )

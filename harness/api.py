@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from harness.errors import IdrsError
+from harness.foundation.errors import IdrsError
 
 CERTIFICATE_COLUMNS = (
     "method", "setting", "input_id", "label", "prediction", "predict", "radius", "p_lower",
@@ -76,21 +76,22 @@ def certify(
     uses training data (e.g. ``sukenik``) need ``train_inputs`` (and ``train_labels``).
     ``precision`` (fp32, tf32, bf16, fp16) and ``channels_last`` fix the arithmetic of the
     certified classifier, as ``[certification]`` does in a benchmark file
-    (:mod:`harness.precision`); σ-providers query the model in the same arithmetic.
+    (:mod:`harness.engine.precision`); σ-providers query the model in the same arithmetic.
     """
-    from harness.certify import certify_inputs
-    from harness.components import BuildContext
-    from harness.data import Dataset
-    from harness.method import build_method
-    from harness.plugins import get_plugin_manager
-    from harness.precision import prepare_model
-    from harness.progress import Progress
-    from harness.protocol import CertificationProtocol
-    from harness.sampling import SamplingEngine, resolve_device
-    from harness.spec import _check_keys, setting_key
-    from harness.weights import weights_digest
+    from harness.certification.certify import certify_inputs
+    from harness.certification.method import build_method
+    from harness.engine.precision import prepare_model
+    from harness.engine.sampling import SamplingEngine, resolve_device
+    from harness.foundation.data import Dataset
+    from harness.foundation.identity import setting_key
+    from harness.foundation.progress import Progress
+    from harness.foundation.protocol import CertificationProtocol
+    from harness.plugin.components import BuildContext
+    from harness.plugin.manager import PluginManager
+    from harness.running.benchmark import _check_keys
+    from harness.running.weights import weights_digest
 
-    registry = get_plugin_manager().registry
+    registry = PluginManager().registry
     spec = registry.get("methods", method)
     setting = {"sigma": sigma, **params} if "sigma" in spec.defaults else dict(params)
     _check_keys(setting, spec.defaults, f"method {method!r}")
@@ -160,20 +161,21 @@ def run(
     run the same benchmark on the same database share the work, as ``idrs-bench run``
     does.
     """
-    from harness.progress import Progress
-    from harness.runner import RunOptions, run_benchmark
-    from harness.spec import load_spec, parse_spec, set_value
-    from harness.store import ResultStore
-    from harness.storedrun import read_run
+    from harness.foundation.progress import Progress
+    from harness.running.benchmark import load_benchmark, parse_benchmark, set_value
+    from harness.running.preparation import RunOptions
+    from harness.running.runner import run_benchmark
+    from harness.store.store import ResultStore
+    from harness.store.storedrun import read_run
 
     dotted = {key.replace("__", "."): value for key, value in overrides.items()}
     if isinstance(spec, Mapping):
         raw = copy.deepcopy(dict(spec))
         for key, value in dotted.items():
             set_value(raw, key, value)
-        loaded = parse_spec(raw)
+        loaded = parse_benchmark(raw)
     else:
-        loaded = load_spec(spec, dotted)
+        loaded = load_benchmark(spec, dotted)
     options = RunOptions(
         db=Path(db), device=device, data_root=data_root, download=download,
         cache_dir=None if cache_dir is None else Path(cache_dir),
@@ -181,8 +183,8 @@ def run(
     reporter = Progress(enabled=progress)
     run_id = run_benchmark(loaded, options, reporter)
     if check:
-        from harness.leases import exclusive
-        from harness.soundness.runner import run_checks
+        from harness.audit.runner import run_checks
+        from harness.store.leases import exclusive
 
         with exclusive(db, run_id, "the soundness checks", reporter.note) as ours:
             if ours:
@@ -229,10 +231,10 @@ def check(
     record with the same random choices, hence the same verdicts and evidence. Returns one
     row per (method, setting, check): verdict, summary, evidence.
     """
-    from harness.progress import Progress
-    from harness.runner import RunOptions
-    from harness.soundness.audit import parse_entropy
-    from harness.soundness.runner import run_checks
+    from harness.audit.audit import parse_entropy
+    from harness.audit.runner import run_checks
+    from harness.foundation.progress import Progress
+    from harness.running.preparation import RunOptions
 
     options = RunOptions(
         db=Path(db), device=device, data_root=data_root,

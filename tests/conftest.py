@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.plugins import PluginManager
+from harness.plugin.manager import PluginManager
 
 pytest_plugins = [
     "tests.field_files",

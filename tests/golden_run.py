@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from harness.certificate import Certificate
-from harness.store import ResultStore
+from harness.foundation.certificate import Certificate
+from harness.store.store import ResultStore
 
 RUN_ID = "0f1e2d3c4b5a" + "6" * 52
 MODEL_HASH = "ab" * 32
@@ -103,7 +103,7 @@ def make_run(
     labels=LABELS, failure=FAILURE, model_hash: str = MODEL_HASH, device: str = "cpu",
 ) -> str:  # fmt: skip
     """Write one fixed run into ``db``; returns its id."""
-    monkeypatch.setattr("harness.store._now", lambda: NOW)
+    monkeypatch.setattr("harness.store.store._now", lambda: NOW)
     store = ResultStore(db)
     try:
         store.begin_run(run_id, config["name"], config, VERSIONS, "c0ffee" * 6 + "beef",

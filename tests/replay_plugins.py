@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.progress import Progress
-from harness.runner import RunOptions, run_benchmark
-from harness.spec import parse_spec
+from harness.foundation.progress import Progress
+from harness.running.benchmark import parse_benchmark
+from harness.running.preparation import RunOptions
+from harness.running.runner import run_benchmark
 
 ENGINE_PATCH = '''
 """Pads the top class of every count the engine makes by 3 % of the samples."""
@@ -95,7 +96,9 @@ def _replay_run(
         "methods": [m if isinstance(m, dict) else {"name": m} for m in methods],
     }  # fmt: skip
     db = folder / "runs.sqlite"
-    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), Progress(enabled=False), manager)
+    run_id = run_benchmark(
+        parse_benchmark(raw), RunOptions(db=db), Progress(enabled=False), manager
+    )
     return db, run_id
 
 

@@ -7,7 +7,7 @@ only, like any plugin), one per class of cheat that the soundness checks must ca
     python3 -m tests.rigged_methods [--benchmark ball-2|fashion-mnist|both] [--seeds 5]
         [--alarm-seeds 10] [--budget small|full] [--test-count N] [--out FILE.md]
 
-which runs :func:`harness.soundness.detection_power.main` with these methods, and by the
+which runs :func:`harness.audit.detection_power.main` with these methods, and by the
 tests (a pytest fixture module loaded through ``pytest_plugins`` in ``tests/conftest.py``;
 the fixture :func:`rigged_methods` is this module).
 
@@ -332,6 +332,6 @@ def rigged_methods() -> types.ModuleType:
 
 
 if __name__ == "__main__":
-    from harness.soundness.detection_power import main
+    from harness.audit.detection_power import main
 
     sys.exit(main(sys.argv[1:], plugin(), engine_patched))

@@ -17,12 +17,12 @@ import torch
 from scipy.special import ndtri
 
 from harness import hookimpl
-from harness.certificate import ABSTAIN, Certificate
-from harness.components import CertifierSpec, MethodSpec, SigmaProviderSpec
-from harness.draws import Claim, Evidence
-from harness.radius import COHEN, RadiusFormula, Recomputed, hard_bounds
-from harness.regularity import Constant, Lipschitz, SemiElastic
-from harness.stats import clopper_pearson_lower_array
+from harness.engine.draws import Claim, Evidence
+from harness.foundation.certificate import ABSTAIN, Certificate
+from harness.foundation.regularity import Constant, Lipschitz, SemiElastic
+from harness.mathematics.radius import COHEN, RadiusFormula, Recomputed, hard_bounds
+from harness.mathematics.stats import clopper_pearson_lower_array
+from harness.plugin.components import CertifierSpec, MethodSpec, SigmaProviderSpec
 from plugins.cohen.certifier import CohenCertifier
 from plugins.lipschitz import METHOD_DEFAULTS
 
@@ -73,7 +73,7 @@ def minimal_recompute(rows, inputs, protocol, regularity) -> Recomputed:
 
 
 class Minimal:
-    """A certifier with exactly the attributes of ``harness.components.Certifier``."""
+    """A certifier with exactly the attributes of ``harness.plugin.components.Certifier``."""
 
     smoothing = "hard"
     order_dependent = False

@@ -14,9 +14,9 @@ import pytest
 import torch
 from scipy.stats import ncx2, norm
 
-from harness.certify import certify_drawn
-from harness.protocol import CertificationProtocol
-from harness.sampling import SamplingEngine
+from harness.certification.certify import certify_drawn
+from harness.engine.sampling import SamplingEngine
+from harness.foundation.protocol import CertificationProtocol
 from plugins.alfarra.certifier import MemoryCertifier
 from plugins.alfarra.memory import Memory
 from plugins.alfarra.optimize_sigma import OptimizedSigma

@@ -6,11 +6,11 @@ import pytest
 import torch
 from scipy.spatial.distance import cdist
 
-from harness.certificate import ABSTAIN, Certificate
-from harness.draws import Claim, Evidence
-from harness.radius import COHEN
-from harness.runstate import RunState
-from harness.store import ResultStore
+from harness.engine.draws import Claim, Evidence
+from harness.foundation.certificate import ABSTAIN, Certificate
+from harness.foundation.runstate import RunState
+from harness.mathematics.radius import COHEN
+from harness.store.store import ResultStore
 from plugins.alfarra.certifier import MemoryCertifier
 from plugins.alfarra.memory import INSIDE, KEPT, SHRUNK, Memory
 from plugins.alfarra.memory_store import restore

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from harness.plugins import PluginManager
-from harness.progress import Progress
-from harness.runner import RunOptions, run_benchmark
-from harness.spec import parse_spec
-from harness.store import ResultStore
+from harness.foundation.progress import Progress
+from harness.plugin.manager import PluginManager
+from harness.running.benchmark import parse_benchmark
+from harness.running.preparation import RunOptions
+from harness.running.runner import run_benchmark
+from harness.store.store import ResultStore
 from plugins.alfarra.memory import INSIDE, KEPT, SHRUNK
 from plugins.alfarra.order import pairwise_distances, raw_certificate, replay, replay_orders
 
@@ -67,7 +68,7 @@ def alfarra_manager():
 
 
 def _run(manager, db):
-    spec = parse_spec(tomllib.loads(SPEC))
+    spec = parse_benchmark(tomllib.loads(SPEC))
     return run_benchmark(spec, RunOptions(db=db), Progress(enabled=False), manager), spec
 
 

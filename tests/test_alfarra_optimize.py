@@ -6,9 +6,9 @@ import pytest
 import torch
 from scipy.stats import norm
 
-from harness.errors import ParameterError
-from harness.plugins import PluginManager
-from harness.sampling import noise_seed
+from harness.engine.noise import noise_seed
+from harness.foundation.errors import ParameterError
+from harness.plugin.manager import PluginManager
 from plugins.alfarra.optimize_sigma import (
     STREAM_OPTIMIZE,
     OptimizedSigma,

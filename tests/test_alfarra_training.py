@@ -9,12 +9,12 @@ import pytest
 import torch
 from scipy.stats import norm
 
-from harness.components import TrainContext
-from harness.data import Dataset
-from harness.errors import ParameterError
-from harness.plugins import PluginManager
-from harness.progress import Progress
-from harness.spec import parse_spec, validate
+from harness.foundation.data import Dataset
+from harness.foundation.errors import ParameterError
+from harness.foundation.progress import Progress
+from harness.plugin.components import TrainContext
+from harness.plugin.manager import PluginManager
+from harness.running.benchmark import parse_benchmark, validate
 from plugins.alfarra import TRAINER_DEFAULTS
 from plugins.alfarra.training import DataDependentSigmas, train_alfarra_ds
 
@@ -107,7 +107,7 @@ def test_invalid_trainer_parameters_are_rejected():
 
 def test_the_train_and_certify_benchmark_names_the_trainer_and_both_methods():
     manager = PluginManager(third_party=False)
-    spec = parse_spec(tomllib.loads(BENCHMARK.read_text()))
+    spec = parse_benchmark(tomllib.loads(BENCHMARK.read_text()))
     validate(spec, manager.registry)
     assert spec.model.trainer == "alfarra-ds"
     assert {m.name for m in spec.methods} >= {"cohen", "alfarra-ds", "alfarra-ds-memory"}

@@ -5,8 +5,8 @@ import pytest
 import torch
 from scipy.stats import binomtest
 
-from harness.sampling import SamplingEngine
-from harness.soundness.analytic import BallClassifier, LinearClassifier, load_ball_dataset
+from harness.audit.analytic import BallClassifier, LinearClassifier, load_ball_dataset
+from harness.engine.sampling import SamplingEngine
 
 
 @pytest.mark.parametrize("dim", [2, 50])

@@ -11,8 +11,8 @@ import torch
 from scipy.stats import beta, norm
 
 from harness.api import CERTIFICATE_COLUMNS, certify, run
-from harness.errors import IdrsError
-from harness.spec import BENCHMARKS_DIR
+from harness.foundation.errors import IdrsError
+from harness.running.benchmark import BENCHMARKS_DIR
 
 README = Path(__file__).parent.parent / "README.md"
 

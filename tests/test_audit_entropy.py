@@ -8,13 +8,14 @@ import json
 import pytest
 
 from harness.api import check
-from harness.cli import main
-from harness.errors import IdrsError
-from harness.progress import Progress
-from harness.runner import RunOptions, run_benchmark
-from harness.soundness.audit import Budget, parse_entropy
-from harness.soundness.runner import run_checks
-from harness.spec import parse_spec
+from harness.audit.audit import Budget, parse_entropy
+from harness.audit.runner import run_checks
+from harness.cli.main import main
+from harness.foundation.errors import IdrsError
+from harness.foundation.progress import Progress
+from harness.running.benchmark import parse_benchmark
+from harness.running.preparation import RunOptions
+from harness.running.runner import run_benchmark
 
 TINY = Budget("tiny", coverage_trials=24, coverage_n=400, pairs=4, ascent_steps=2,
               audited_inputs=6, attack_steps=2, attack_samples=16, orders=3)  # fmt: skip
@@ -31,7 +32,9 @@ def ball_run(tmp_path, manager):
         "methods": [{"name": "cohen", "settings": [{"sigma": 0.25}, {"sigma": 0.5}]}],
     }  # fmt: skip
     db = tmp_path / "ball.sqlite"
-    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), Progress(enabled=False), manager)
+    run_id = run_benchmark(
+        parse_benchmark(raw), RunOptions(db=db), Progress(enabled=False), manager
+    )
     return db, run_id
 
 

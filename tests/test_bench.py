@@ -7,9 +7,9 @@ import pytest
 import torch
 from scipy.stats import norm
 
-from harness import bench
-from harness.cli import main
-from harness.errors import IdrsError
+from harness.cli import bench
+from harness.cli.main import main
+from harness.foundation.errors import IdrsError
 
 KEYS = {"model", "device", "batch_size", "raw_per_s", "ideal_per_s", "engine_per_s",
         "reference_per_s", "engine_vs_ideal", "engine_vs_raw", "engine_vs_reference"}  # fmt: skip

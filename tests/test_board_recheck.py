@@ -13,20 +13,20 @@ import numpy as np
 import pytest
 import torch
 
-from harness.errors import IdrsError
-from harness.leaderboard import add_leaderboard_parser
-from harness.leaderboard.render import write_board
-from harness.leaderboard.source import read_export
-from harness.leaderboard.verify import verify_board
-from harness.plugins import PluginManager
-from harness.progress import Progress
-from harness.runner import RunOptions
-from harness.soundness.audit import BUDGETS
-from harness.soundness.evidence import check_evidence
-from harness.soundness.replay import check_replay
-from harness.soundness.runner import audits
-from harness.store import ResultStore
-from harness.storedrun import load_runs
+from harness.audit.audit import BUDGETS
+from harness.audit.evidence import check_evidence
+from harness.audit.replay import check_replay
+from harness.audit.runner import audits
+from harness.foundation.errors import IdrsError
+from harness.foundation.progress import Progress
+from harness.plugin.manager import PluginManager
+from harness.reports.leaderboard import add_leaderboard_parser
+from harness.reports.leaderboard.render import write_board
+from harness.reports.leaderboard.source import read_export
+from harness.reports.leaderboard.verify import verify_board
+from harness.running.preparation import RunOptions
+from harness.store.store import ResultStore
+from harness.store.storedrun import load_runs
 
 
 def _cli(argv: list[str]) -> int:

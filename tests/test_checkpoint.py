@@ -7,11 +7,11 @@ import copy
 import pytest
 import torch
 
-from harness.checkpoint import CheckpointError, load_checkpoint, resolve_architecture
-from harness.data import Dataset
-from harness.errors import SpecError
-from harness.spec import AUTO_ARCHITECTURE, ModelConfig, parse_spec
-from harness.weights import weights_digest
+from harness.foundation.data import Dataset
+from harness.foundation.errors import SpecError
+from harness.running.benchmark import AUTO_ARCHITECTURE, ModelConfig, parse_benchmark
+from harness.running.checkpoint import CheckpointError, load_checkpoint, resolve_architecture
+from harness.running.weights import weights_digest
 
 
 def _images(shape, classes, count=2):
@@ -152,7 +152,7 @@ def test_macer_checkpoint(manager, tmp_path, write_macer_checkpoint):
 
 def test_checkpoint_without_an_architecture_in_the_spec():
     def spec(fmt):
-        return parse_spec({"dataset": {"name": "cifar10"}, "methods": [{"name": "cohen"}],
+        return parse_benchmark({"dataset": {"name": "cifar10"}, "methods": [{"name": "cohen"}],
                            "model": {"checkpoint": "m.pt", **fmt}})  # fmt: skip
 
     assert spec({"format": "cohen"}).model.architecture == AUTO_ARCHITECTURE

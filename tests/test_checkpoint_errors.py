@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from harness.checkpoint_diagnosis import pickled_globals
-from harness.cli import main
+from harness.cli.main import main
+from harness.running.checkpoint_diagnosis import pickled_globals
 
 SPEC = """
 [dataset]

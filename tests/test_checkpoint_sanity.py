@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.checkpoint_sanity import best_relabelling, check_base_model
+from harness.running.checkpoint_sanity import best_relabelling, check_base_model
 
 CLASSES = 10
 
@@ -111,8 +111,8 @@ def test_best_relabelling_against_brute_force():
 def test_a_run_on_a_near_chance_checkpoint_warns(tmp_path, capsys, write_cifar10,
                                                   write_cohen_checkpoint):  # fmt: skip
     """Random weights certify at chance: the run says so before certifying."""
-    from harness.cli import main
-    from harness.spec import BENCHMARKS_DIR
+    from harness.cli.main import main
+    from harness.running.benchmark import BENCHMARKS_DIR
 
     write_cifar10(tmp_path / "data", per_batch=4, test=40)
     checkpoint = tmp_path / "checkpoint.pth.tar"

@@ -10,13 +10,14 @@ import torch
 from scipy import stats
 
 from harness import cohen_radius
-from harness.errors import ParameterError
-from harness.plugins import PluginManager
-from harness.progress import Progress
-from harness.regularity import Unregularized
-from harness.runner import RunOptions, run_benchmark
-from harness.sampling import SamplingEngine
-from harness.spec import parse_spec
+from harness.engine.sampling import SamplingEngine
+from harness.foundation.errors import ParameterError
+from harness.foundation.progress import Progress
+from harness.foundation.regularity import Unregularized
+from harness.plugin.manager import PluginManager
+from harness.running.benchmark import parse_benchmark
+from harness.running.preparation import RunOptions
+from harness.running.runner import run_benchmark
 from plugins.chen.config import SEARCH_DEFAULTS, SearchConfig
 from plugins.chen.search import (
     STEP_STRIDE,
@@ -286,7 +287,7 @@ settings = [{ sigma = 0.25 }]
 
 def test_runs_next_to_cohen_and_its_certificates_are_violated_on_the_ball(tmp_path):
     manager = PluginManager(third_party=False)
-    spec = parse_spec(tomllib.loads(BALL_RUN))
+    spec = parse_benchmark(tomllib.loads(BALL_RUN))
     db = tmp_path / "r.sqlite"
     run_id = run_benchmark(spec, RunOptions(db=db), Progress(enabled=False), manager)
     dataset = manager.registry.get("datasets", "ball-N").load(dim=2, seed=0)

@@ -5,12 +5,12 @@ import math
 import pytest
 import torch
 
-from harness.components import TrainContext
-from harness.data import Dataset
-from harness.errors import ParameterError
-from harness.plugins import PluginManager
-from harness.progress import Progress
-from harness.sampling import SamplingEngine
+from harness.engine.sampling import SamplingEngine
+from harness.foundation.data import Dataset
+from harness.foundation.errors import ParameterError
+from harness.foundation.progress import Progress
+from harness.plugin.components import TrainContext
+from harness.plugin.manager import PluginManager
 from plugins.chen.config import SEARCH_DEFAULTS, SearchConfig
 from plugins.chen.search import search_sigma
 from plugins.chen.training import PerExampleSigma

@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness.cli import main
+from harness.cli.main import main
 
 
 def _run(tmp_path, capsys, spec_template, **overrides):

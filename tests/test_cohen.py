@@ -4,11 +4,11 @@ import pytest
 import torch
 from scipy import stats
 
-from harness.certificate import ABSTAIN
-from harness.certify import certify_drawn
-from harness.draws import Evidence
-from harness.protocol import CertificationProtocol
-from harness.sampling import SamplingEngine
+from harness.certification.certify import certify_drawn
+from harness.engine.draws import Evidence
+from harness.engine.sampling import SamplingEngine
+from harness.foundation.certificate import ABSTAIN
+from harness.foundation.protocol import CertificationProtocol
 from plugins.cohen.certifier import CohenCertifier, ConstantSigma
 
 

@@ -8,10 +8,10 @@ from datetime import timedelta
 
 import pytest
 
-from harness.cli import main
-from harness.cohen_log import LogLine, format_line, parse_log
-from harness.errors import IdrsError
-from harness.spec import BENCHMARKS_DIR
+from harness.cli.main import main
+from harness.foundation.errors import IdrsError
+from harness.reports.cohen_log import LogLine, format_line, parse_log
+from harness.running.benchmark import BENCHMARKS_DIR
 
 HEADER = "idx\tlabel\tpredict\tradius\tcorrect\ttime\n"
 LOG = (
@@ -116,8 +116,8 @@ def test_checks_refuse_a_model_with_other_weights(db_with_run_and_log, capsys):
 
 
 def test_compare_warns_when_weights_differ(db_with_run_and_log):
-    from harness.leaderboard.compare import compare_runs
-    from harness.storedrun import load_runs
+    from harness.reports.leaderboard.compare import compare_runs
+    from harness.store.storedrun import load_runs
 
     (run,) = load_runs(db_with_run_and_log, [
         sqlite3.connect(db_with_run_and_log).execute(

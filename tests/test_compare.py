@@ -7,9 +7,13 @@ import json
 
 import pytest
 
-from harness.leaderboard.compare import add_compare_parser, compare_runs, protocol_differences
-from harness.leaderboard.source import export_runs
-from harness.storedrun import load_runs
+from harness.reports.leaderboard.compare import (
+    add_compare_parser,
+    compare_runs,
+    protocol_differences,
+)
+from harness.reports.leaderboard.source import export_runs
+from harness.store.storedrun import load_runs
 
 OTHER = "7" * 64
 

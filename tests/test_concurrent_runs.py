@@ -1,5 +1,5 @@
 """Several `idrs-bench run` processes on one benchmark and database share its shards
-(leases in the database, harness/leases.py), and their result equals one process's
+(leases in the database, harness/store/leases.py), and their result equals one process's
 bit for bit: two at once, then two with one SIGKILLed in the middle of a shard, whose
 shard the other takes over once its lease expires."""
 
@@ -67,7 +67,7 @@ def idrs_register_methods(register):
 SPEC = """
 name = "shared"
 seed = 5
-shard_size = 16  # two chunks of claims (harness.certify.CLAIM_CHUNK = 8) per shard
+shard_size = 16  # two chunks of claims (harness.certification.certify.CLAIM_CHUNK = 8) per shard
 
 [dataset]
 name = "cone-2"
@@ -144,7 +144,7 @@ def setup(tmp_path_factory):
 
 
 def _command(spec: Path, db: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "harness.cli", "run", str(spec), "--db", str(db), *extra]
+    return [sys.executable, "-m", "harness.cli.main", "run", str(spec), "--db", str(db), *extra]
 
 
 def _start(setup, db: Path, log: Path, delay: float, *extra: str) -> subprocess.Popen:
@@ -199,7 +199,7 @@ def test_two_processes_share_the_shards_and_equal_one_process(setup, tmp_path):
 
 HOLD = """
 import sys, time
-from harness.leases import exclusive
+from harness.store.leases import exclusive
 with exclusive(sys.argv[1], "run", "the work", lambda line: print(line, flush=True)) as ours:
     print("ours" if ours else "done by another", flush=True)
     if ours:

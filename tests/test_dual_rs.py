@@ -15,24 +15,31 @@ import torch
 from scipy import stats
 
 from harness import hookimpl
-from harness.cli import main
-from harness.components import BuildContext, CertifierSpec, MethodSpec, SigmaProviderSpec
-from harness.data import Dataset
-from harness.draws import HARD, Draws, Evidence
-from harness.errors import ParameterError
-from harness.plugins import PluginManager
-from harness.progress import Progress
-from harness.protocol import CertificationProtocol
-from harness.regularity import Unregularized
-from harness.runner import RunOptions, run_benchmark
-from harness.sampling import SamplingEngine
-from harness.soundness.analytic import LinearClassifier
-from harness.soundness.audit import Budget
-from harness.soundness.runner import audits, run_checks
-from harness.soundness.sigma_smoothing import probe_constancy
-from harness.soundness.verdict import Verdict, overall
-from harness.spec import parse_spec
-from harness.store import ResultStore
+from harness.audit.analytic import LinearClassifier
+from harness.audit.audit import Budget
+from harness.audit.runner import audits, run_checks
+from harness.audit.sigma_smoothing import probe_constancy
+from harness.cli.main import main
+from harness.engine.draws import HARD, Draws, Evidence
+from harness.engine.sampling import SamplingEngine
+from harness.foundation.data import Dataset
+from harness.foundation.errors import ParameterError
+from harness.foundation.progress import Progress
+from harness.foundation.protocol import CertificationProtocol
+from harness.foundation.regularity import Unregularized
+from harness.foundation.verdict import Verdict, overall
+from harness.plugin.components import (
+    BuildContext,
+    CertifierSpec,
+    MethodSpec,
+    RunMemo,
+    SigmaProviderSpec,
+)
+from harness.plugin.manager import PluginManager
+from harness.running.benchmark import parse_benchmark
+from harness.running.preparation import RunOptions
+from harness.running.runner import run_benchmark
+from harness.store.store import ResultStore
 from plugins.dual_rs import METHOD_DEFAULTS, check_params
 from plugins.dual_rs.certifier import DualCertifier
 from plugins.dual_rs.estimator import SmoothedSigmaChoice
@@ -205,7 +212,9 @@ def _run(tmp_path, manager, methods, count=40, seed=0):
         "methods": methods,
     }  # fmt: skip
     db = tmp_path / "r.sqlite"
-    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), Progress(enabled=False), manager)
+    run_id = run_benchmark(
+        parse_benchmark(raw), RunOptions(db=db), Progress(enabled=False), manager
+    )
     return db, run_id
 
 
@@ -336,8 +345,8 @@ def test_training_is_deterministic_and_depends_on_the_seed(tmp_path, monkeypatch
     params = {**METHOD_DEFAULTS, **SMALL}
     context = _context(tmp_path, monkeypatch, linear_model)
     first, summary = fit_estimator(context, params)
-    again, _ = fit_estimator(dataclasses.replace(context, memos={}), params)
-    other, _ = fit_estimator(dataclasses.replace(context, seed=1, memos={}), params)
+    again, _ = fit_estimator(dataclasses.replace(context, memos=RunMemo()), params)
+    other, _ = fit_estimator(dataclasses.replace(context, seed=1, memos=RunMemo()), params)
     a, b, c = (m.state_dict() for m in (first, again, other))
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not all(torch.equal(a[k], c[k]) for k in a)
@@ -356,13 +365,13 @@ def test_the_fit_is_cached_under_the_base_models_hash(tmp_path, monkeypatch, lin
     assert provider.smoothing.alpha == pytest.approx(0.5 * 0.01)
     assert provider.smoothing.levels == (0.25, 0.5) and provider.smoothing.noise == 0.25
     assert obtain_estimator(context, params).network is provider.network  # memo: one fit per run
-    fresh = obtain_estimator(dataclasses.replace(context, memos={}), params)  # a new process
+    fresh = obtain_estimator(dataclasses.replace(context, memos=RunMemo()), params)  # a new process
     assert len(calls) == 1  # loaded from the artifact directory, not refitted
     saved = list((tmp_path / "plugins" / "dual-rs" / ("f" * 64)).glob("sigma-estimator-*.pt"))
     assert len(saved) == 1
     a, b = provider.network.state_dict(), fresh.network.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
-    obtain_estimator(dataclasses.replace(context, memos={}), {**params, "epochs": 4})
+    obtain_estimator(dataclasses.replace(context, memos=RunMemo()), {**params, "epochs": 4})
     assert len(calls) == 2  # another fit parameter: another file
     with pytest.raises(Exception, match="drawn by the harness"):
         provider(torch.zeros(1, 6))  # nothing may take σ from the method itself

@@ -8,20 +8,21 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
-from harness.empirical import STRENGTHS, attack_row
-from harness.leaderboard.board import build_board
-from harness.leaderboard.markdown import render_markdown
-from harness.leaderboard.render import write_board
-from harness.leaderboard.schema import BOARD_SCHEMA
-from harness.leaderboard.source import export_runs, read_export
-from harness.leaderboard.verify import verify_board
-from harness.progress import Progress
-from harness.results import RADII, empirical_key, empirical_successes
-from harness.runner import RunOptions, run_benchmark
-from harness.soundness.runner import audits, run_checks
-from harness.spec import parse_spec
-from harness.store import ResultStore
-from harness.storedrun import load_runs
+from harness.audit.empirical import STRENGTHS, attack_row
+from harness.audit.runner import audits, run_checks
+from harness.foundation.progress import Progress
+from harness.mathematics.accuracy import RADII, empirical_key, empirical_successes
+from harness.reports.leaderboard.board import build_board
+from harness.reports.leaderboard.markdown import render_markdown
+from harness.reports.leaderboard.render import write_board
+from harness.reports.leaderboard.schema import BOARD_SCHEMA
+from harness.reports.leaderboard.source import export_runs, read_export
+from harness.reports.leaderboard.verify import verify_board
+from harness.running.benchmark import parse_benchmark
+from harness.running.preparation import RunOptions
+from harness.running.runner import run_benchmark
+from harness.store.store import ResultStore
+from harness.store.storedrun import load_runs
 
 SIGMA = 0.5
 
@@ -41,7 +42,7 @@ def ball_run(tmp_path_factory):
     """A Cohen run on the exact ball-2 classifier, checked (and so attacked)."""
     db = tmp_path_factory.mktemp("attack") / "r.sqlite"
     options = RunOptions(db=db)
-    run_id = run_benchmark(parse_spec(_spec()), options, Progress(enabled=False))
+    run_id = run_benchmark(parse_benchmark(_spec()), options, Progress(enabled=False))
     run_checks(db, run_id, options, Progress(enabled=False))
     return db, run_id
 
@@ -90,9 +91,9 @@ def test_every_break_is_real_and_clear_breaks_are_found(ball_run):
 
 
 def _manager():
-    from harness.plugins import get_plugin_manager
+    from harness.plugin.manager import PluginManager
 
-    return get_plugin_manager()
+    return PluginManager()
 
 
 def test_the_attack_is_stored_exported_and_shown(ball_run, tmp_path):

@@ -15,9 +15,9 @@ import pytest
 import torch
 from rich.console import Console
 
-from harness.artifacts import load_artifact, save_artifact
-from harness.cli import main
-from harness.progress import Progress
+from harness.cli.main import main
+from harness.foundation.artifacts import load_artifact, save_artifact
+from harness.foundation.progress import Progress
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,7 +58,7 @@ def _imports_torch(argv: list[str], cwd: Path) -> tuple[bool, str]:
     """Run the CLI's main(argv) in a fresh interpreter; was torch, numpy or scipy imported?"""
     code = textwrap.dedent(f"""
         import sys
-        from harness.cli import main
+        from harness.cli.main import main
         try:
             main({argv!r})
         except SystemExit:
@@ -231,7 +231,7 @@ def test_progress_heartbeat_reports_while_nothing_advances():
 def test_sigterm_is_reported_like_sigint_and_the_run_resumes(tmp_path, stored_certificates):
     spec = _spec(tmp_path, count=48, n=60000)
     db = tmp_path / "r.sqlite"
-    command = [sys.executable, "-m", "harness.cli", "run", str(spec), "--db", str(db), "--quiet",
+    command = [sys.executable, "-m", "harness.cli.main", "run", str(spec), "--db", str(db), "--quiet",
                "--no-check"]  # fmt: skip
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)  # fmt: skip
@@ -271,7 +271,7 @@ def test_incomplete_runs_are_marked_and_not_ranked(tmp_path, capsys):
 
 
 def test_sigma_cache_returns_exactly_a_fresh_computation():
-    from harness.sigmacache import SigmaCache
+    from harness.foundation.sigmacache import SigmaCache
 
     calls = []
 
@@ -291,8 +291,8 @@ def test_sigma_cache_returns_exactly_a_fresh_computation():
 
 
 def test_a_run_resumed_on_other_data_files_is_refused(tmp_path):
-    from harness.errors import IdrsError
-    from harness.store import ResultStore
+    from harness.foundation.errors import IdrsError
+    from harness.store.store import ResultStore
 
     store = ResultStore(tmp_path / "r.sqlite")
     store.begin_run("abc", "n", {}, {}, None, "cpu", 0, "m")

@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-from harness.cli import main
-from harness.errors import IdrsError
-from harness.spec import BENCHMARKS_DIR, load_spec
-from harness.store import ResultStore
+from harness.cli.main import main
+from harness.foundation.errors import IdrsError
+from harness.running.benchmark import BENCHMARKS_DIR, load_benchmark
+from harness.store.store import ResultStore
 
 SMALL = ["--set", "certification.n0=10", "--set", "certification.n=100",
          "--set", "certification.batch_size=100"]  # fmt: skip
@@ -33,23 +33,23 @@ def _run(tmp_path, spec, *extra):
 
 
 def test_set_overrides_are_toml_typed():
-    spec = load_spec(BENCHMARKS_DIR / "mnist.toml", ["certification.n=200", "name=x",
+    spec = load_benchmark(BENCHMARKS_DIR / "mnist.toml", ["certification.n=200", "name=x",
                      "model.trainer_params.sigma=0.5", 'methods=[{name="cohen"}]'])  # fmt: skip
     assert spec.protocol.n == 200 and spec.name == "x"
     assert spec.model.trainer_params == {"sigma": 0.5, "epochs": 20}
     assert [m.name for m in spec.methods] == ["cohen"]
     with pytest.raises(IdrsError, match="KEY=VALUE"):
-        load_spec(BENCHMARKS_DIR / "mnist.toml", ["certification.n"])
+        load_benchmark(BENCHMARKS_DIR / "mnist.toml", ["certification.n"])
 
 
 def test_test_count_all_is_the_whole_split():
-    spec = load_spec(BENCHMARKS_DIR / "mnist.toml", ["dataset.test_count=all"])
+    spec = load_benchmark(BENCHMARKS_DIR / "mnist.toml", ["dataset.test_count=all"])
     assert spec.dataset.test_count is None
-    assert load_spec(BENCHMARKS_DIR / "mnist.toml", ['dataset.test_count="all"']).dataset == (
+    assert load_benchmark(BENCHMARKS_DIR / "mnist.toml", ['dataset.test_count="all"']).dataset == (
         spec.dataset
     )
     with pytest.raises(IdrsError, match='test_count must be a number >= 1 or "all"'):
-        load_spec(BENCHMARKS_DIR / "mnist.toml", ["dataset.test_count=every"])
+        load_benchmark(BENCHMARKS_DIR / "mnist.toml", ["dataset.test_count=every"])
 
 
 def test_cifar10_cohen_on_a_cohen_checkpoint(tmp_path, write_cifar10, write_cohen_checkpoint):
@@ -62,16 +62,16 @@ def test_cifar10_cohen_on_a_cohen_checkpoint(tmp_path, write_cifar10, write_cohe
     model = run["config"]["model"]
     assert model["checkpoint"] == str(checkpoint) and model["architecture"] == "cifar-resnet"
     assert model["architecture_params"] == {"depth": 20, "normalization": "cifar10"}
-    from harness.checkpoint import load_checkpoint
-    from harness.plugins import get_plugin_manager
-    from harness.spec import spec_from_dict
-    from harness.weights import weights_digest
+    from harness.plugin.manager import PluginManager
+    from harness.running.benchmark import benchmark_from_dict
+    from harness.running.checkpoint import load_checkpoint
+    from harness.running.weights import weights_digest
     from plugins.datasets.torchvision_sets import load_cifar10
 
-    spec = spec_from_dict(run["config"])
+    spec = benchmark_from_dict(run["config"])
     with pytest.warns(UserWarning):
         data = load_cifar10(tmp_path / "data")
-    model, _ = load_checkpoint(spec.model, data, get_plugin_manager().registry)
+    model, _ = load_checkpoint(spec.model, data, PluginManager().registry)
     assert run["weights_digest"] == weights_digest(model)
 
 
@@ -91,7 +91,7 @@ def test_cifar10_idrs_every_method_on_one_checkpoint(
     write_cifar10(tmp_path / "data", per_batch=8, test=20)
     checkpoint = tmp_path / "checkpoint.pth.tar"
     write_cohen_checkpoint(checkpoint, "cifar_resnet20")
-    spec = load_spec(BENCHMARKS_DIR / "cifar10-idrs.toml")
+    spec = load_benchmark(BENCHMARKS_DIR / "cifar10-idrs.toml")
     short = {"chen-fgss": {"num_starts": 1, "num_samples": 8, "max_steps": 2},
              "alfarra-ds": {"steps": 2}, "alfarra-ds-memory": {"steps": 2},
              "lipschitz-sigma-net": {"train_examples": 8, "train_steps": 2, "train_batch": 4,
@@ -143,8 +143,8 @@ def test_imagenet_cohen_on_a_resnet50_checkpoint(
 
 @pytest.mark.parametrize("writer, name", [("write_cifar10", "cifar10"), ("write_svhn", "svhn")])
 def test_gaussian_augmentation_trains_on_image_datasets(manager, tmp_path, writer, name, request):
-    from harness.components import TrainContext
-    from harness.progress import Progress
+    from harness.foundation.progress import Progress
+    from harness.plugin.components import TrainContext
 
     request.getfixturevalue(writer)(tmp_path)
     with pytest.warns(UserWarning):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.errors import DatasetMissingError
+from harness.foundation.errors import DatasetMissingError
 
 
 def _load(manager, name, root):

@@ -63,7 +63,7 @@ def _query(db: Path, sql: str) -> list[tuple]:
 
 
 def _command(spec: Path, db: Path) -> list[str]:
-    return [sys.executable, "-m", "harness.cli", "run", str(spec), "--db", str(db)]
+    return [sys.executable, "-m", "harness.cli.main", "run", str(spec), "--db", str(db)]
 
 
 def _env(cache: Path) -> dict[str, str]:

@@ -69,7 +69,7 @@ def test_the_check_sees_every_form_of_import():
     local = {"tests", "conftest", "field_files", "test_cli_errors"}
     source = """
 import numpy
-from harness.data import Dataset
+from harness.foundation.data import Dataset
 from tests.conftest import LinearModel
 from tests import soundness_plugins
 import field_files

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from harness.leaderboard.board import build_board
-from harness.leaderboard.cli import add_leaderboard_parser
-from harness.leaderboard.markdown import render_markdown
-from harness.leaderboard.render import write_board
-from harness.leaderboard.source import CERTIFICATE_COLUMNS, export_runs, read_export
-from harness.leaderboard.verify import verify_board
-from harness.storedrun import load_runs
+from harness.reports.leaderboard.board import build_board
+from harness.reports.leaderboard.cli import add_leaderboard_parser
+from harness.reports.leaderboard.markdown import render_markdown
+from harness.reports.leaderboard.render import write_board
+from harness.reports.leaderboard.source import CERTIFICATE_COLUMNS, export_runs, read_export
+from harness.reports.leaderboard.verify import verify_board
+from harness.store.storedrun import load_runs
 
 DATA = Path(__file__).parent / "data"
 GOLDEN = DATA / "leaderboard_golden.md"
@@ -111,7 +111,7 @@ def test_verdict_footnotes_carry_the_check_summaries(db):
 
 
 def test_files_beside_the_board(db, tmp_path, golden_run):
-    from harness.leaderboard.verify import PNG_SIGNATURE
+    from harness.reports.leaderboard.verify import PNG_SIGNATURE
 
     out = tmp_path / "boards" / "golden.md"
     written = {p.name for p in write_board(load_runs(db), out)}
@@ -142,7 +142,7 @@ def test_plots_are_deterministic(db, tmp_path):
 
 def test_json_matches_its_schema_and_the_metrics(db, tmp_path, golden_run):
     jsonschema = pytest.importorskip("jsonschema")
-    from harness.leaderboard.schema import BOARD_SCHEMA
+    from harness.reports.leaderboard.schema import BOARD_SCHEMA
 
     write_board(load_runs(db), tmp_path / "golden.md", plots=False)
     data = json.loads((tmp_path / "golden.json").read_text())
@@ -199,7 +199,7 @@ def test_export_round_trip_gives_the_same_board(db, tmp_path):
 def test_spec_file_reproduces_the_stored_config(db, tmp_path, golden_run):
     import tomllib
 
-    from harness.spec import parse_spec
+    from harness.running.benchmark import parse_benchmark
 
     write_board(load_runs(db), tmp_path / "golden.md", plots=False)
     spec = tomllib.loads((tmp_path / f"golden.spec-{golden_run.run_id[:12]}.toml").read_text())
@@ -208,7 +208,11 @@ def test_spec_file_reproduces_the_stored_config(db, tmp_path, golden_run):
     # (block-v1 on this CPU run's device)
     protocol = {**golden_run.config["protocol"], "precision": "fp32", "channels_last": False,
                 "noise": "auto"}  # fmt: skip
-    assert parse_spec(spec).to_dict() == {**golden_run.config, **defaults, "protocol": protocol}
+    assert parse_benchmark(spec).to_dict() == {
+        **golden_run.config,
+        **defaults,
+        "protocol": protocol,
+    }
     assert (
         f"idrs-bench run golden.spec-{golden_run.run_id[:12]}.toml --device cpu"
         in (tmp_path / "golden.md").read_text()
@@ -346,7 +350,7 @@ def test_verify_names_a_number_that_differs_beyond_the_tolerance(db, tmp_path):
 
 
 def test_verify_compares_integers_and_text_exactly(db, tmp_path):
-    from harness.leaderboard.verify import numeric_differences
+    from harness.reports.leaderboard.verify import numeric_differences
 
     assert numeric_differences('{"n": 100000, "x": 0.25}', '{"n": 100001, "x": 0.25}') == [
         "line 1: committed 100000, re-rendered 100001"
@@ -360,8 +364,8 @@ def test_verify_compares_integers_and_text_exactly(db, tmp_path):
 def test_precision_and_noise_in_the_header_and_a_warning_for_mixed_protocols(db):
     import copy
 
-    from harness.leaderboard.schema import BOARD_SCHEMA
-    from harness.leaderboard.tabular import board_json
+    from harness.reports.leaderboard.schema import BOARD_SCHEMA
+    from harness.reports.leaderboard.tabular import board_json
 
     (legacy,) = load_runs(db)
     assert "precision" not in render_markdown(build_board([legacy]), "g")  # as rendered before

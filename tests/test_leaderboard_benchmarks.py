@@ -9,17 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from harness.leaderboard.cli import add_leaderboard_parser
-from harness.progress import Progress
-from harness.runner import RunOptions, run_benchmark
-from harness.spec import BENCHMARKS_DIR, load_spec, parse_spec, validate
+from harness.foundation.progress import Progress
+from harness.reports.leaderboard.cli import add_leaderboard_parser
+from harness.running.benchmark import BENCHMARKS_DIR, load_benchmark, parse_benchmark, validate
+from harness.running.preparation import RunOptions
+from harness.running.runner import run_benchmark
 
 SHIPPED = ["fashion-mnist", "cone-2", "cone-60", "cone-400", "hidden-cost"]
 
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_benchmark_parses_and_validates(name, manager):
-    spec = load_spec(BENCHMARKS_DIR / f"{name}.toml")
+    spec = load_benchmark(BENCHMARKS_DIR / f"{name}.toml")
     validate(spec, manager.registry)
     assert spec.name == name
     methods = {m.name: m.settings for m in spec.methods}
@@ -27,16 +28,16 @@ def test_shipped_benchmark_parses_and_validates(name, manager):
 
 
 def test_benchmark_parameters_follow_the_issue_and_the_papers():
-    fmnist = load_spec(BENCHMARKS_DIR / "fashion-mnist.toml")
+    fmnist = load_benchmark(BENCHMARKS_DIR / "fashion-mnist.toml")
     assert (fmnist.dataset.test_every, fmnist.dataset.test_count) == (20, 500)
     assert (fmnist.protocol.n, fmnist.protocol.alpha) == (100_000, 0.001)
     assert [s["sigma"] for s in fmnist.methods[0].settings] == [0.12, 0.25, 0.5]
-    hidden = load_spec(BENCHMARKS_DIR / "hidden-cost.toml")
+    hidden = load_benchmark(BENCHMARKS_DIR / "hidden-cost.toml")
     sigmas = [s["sigma"] for s in hidden.methods[0].settings]
     assert (min(sigmas), max(sigmas), hidden.dataset.name) == (0.12, 2.0, "gauss-mix")
     # Súkeník App. A.5: the constant σ of each dimension
     for n, sigma in ((2, 0.5), (60, 1.0), (400, 2.0)):
-        cone = load_spec(BENCHMARKS_DIR / f"cone-{n}.toml")
+        cone = load_benchmark(BENCHMARKS_DIR / f"cone-{n}.toml")
         assert cone.dataset.name == f"cone-{n}" and cone.methods[0].settings == [{"sigma": sigma}]
 
 
@@ -54,7 +55,9 @@ def test_a_tiny_hidden_cost_run_renders_and_verifies(tmp_path, manager, capsys):
     raw["model"]["trainer_params"].update(epochs=1)
     raw["methods"][0]["settings"] = [{"sigma": 0.25}, {"sigma": 2.0}]
     db = tmp_path / "r.sqlite"
-    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), Progress(enabled=False), manager)
+    run_id = run_benchmark(
+        parse_benchmark(raw), RunOptions(db=db), Progress(enabled=False), manager
+    )
     out = tmp_path / "leaderboards" / "hidden-cost.md"
     assert _cli([run_id[:10], "--db", str(db), "--out", str(out)]) == 0
     assert _cli(["--verify", str(out)]) == 0
@@ -78,8 +81,8 @@ PUBLISHED = sorted(
 def test_published_boards_verify(board):
     """``idrs-bench leaderboard --verify`` on every committed board (from its run export,
     which must be of the current format: one without the evidence cannot be re-checked)."""
-    from harness.leaderboard.source import EXPORT_FORMAT, export_format
-    from harness.leaderboard.verify import verify_board
+    from harness.reports.leaderboard.source import EXPORT_FORMAT, export_format
+    from harness.reports.leaderboard.verify import verify_board
 
     assert export_format(board.with_suffix(".run.json")) == EXPORT_FORMAT, "re-publish it"
     assert verify_board(board) == []

@@ -12,11 +12,11 @@ from html.parser import HTMLParser
 
 import pytest
 
-from harness.leaderboard.board import build_board
-from harness.leaderboard.escape import md_code, md_text
-from harness.leaderboard.markdown import render_markdown
-from harness.leaderboard.render import write_board
-from harness.storedrun import load_runs
+from harness.reports.leaderboard.board import build_board
+from harness.reports.leaderboard.escape import md_code, md_text
+from harness.reports.leaderboard.markdown import render_markdown
+from harness.reports.leaderboard.render import write_board
+from harness.store.storedrun import load_runs
 
 HOSTILE = [
     "a|b||c",

@@ -10,10 +10,10 @@ import itertools
 import pytest
 from matplotlib.colors import to_rgb
 
-from harness.leaderboard.board import build_board
-from harness.leaderboard.plots import certified_figure, classwise_figure, line_styles
-from harness.leaderboard.render import class_names, write_board
-from harness.storedrun import load_runs
+from harness.reports.leaderboard.board import build_board
+from harness.reports.leaderboard.plots import certified_figure, classwise_figure, line_styles
+from harness.reports.leaderboard.render import class_names, write_board
+from harness.store.storedrun import load_runs
 
 SIGMAS = (0.12, 0.25, 0.5, 1.0)
 

@@ -7,13 +7,13 @@ import pytest
 import torch
 from scipy import stats
 
-from harness.certificate import ABSTAIN
-from harness.certify import certify_drawn
-from harness.draws import Evidence
-from harness.errors import IdrsError, ParameterError
-from harness.protocol import CertificationProtocol
-from harness.regularity import Constant, Lipschitz
-from harness.sampling import SamplingEngine
+from harness.certification.certify import certify_drawn
+from harness.engine.draws import Evidence
+from harness.engine.sampling import SamplingEngine
+from harness.foundation.certificate import ABSTAIN
+from harness.foundation.errors import IdrsError, ParameterError
+from harness.foundation.protocol import CertificationProtocol
+from harness.foundation.regularity import Constant, Lipschitz
 from plugins.cohen.certifier import ConstantSigma
 from plugins.lipschitz.certifier import LipschitzCertifier, confidence_bounds, normalized_means
 from plugins.lipschitz.network import CertifiedSigma, SigmaNetwork, certify_sigma_network
@@ -210,7 +210,7 @@ def test_refuses_sigma_below_the_floor_and_unregularized_sigma():
     certifier = _certifier(FixedLogits([[0.0, 1.0]]), Lipschitz(0.1, 0.5), 10, 100, 0.01)
     with pytest.raises(IdrsError, match="below the declared floor"):
         list(certifier.certify(torch.zeros(2, 784), [0.5, 0.4], [0, 1]))
-    from harness.regularity import Unregularized
+    from harness.foundation.regularity import Unregularized
 
     with pytest.raises(IdrsError):
         _certifier(FixedLogits([[0.0, 1.0]]), Unregularized(), 10, 100, 0.01)
@@ -228,7 +228,7 @@ def test_certifier_runs_the_lemma3_check_before_certifying(monkeypatch):
 
 
 def test_certified_sigma_is_a_sigma_provider():
-    from harness.components import SigmaProvider
+    from harness.plugin.components import SigmaProvider
 
     w1 = torch.eye(3)
     sigma = CertifiedSigma(w1, torch.zeros(3), torch.ones(1, 3), torch.zeros(1), 0.2, 2.0)

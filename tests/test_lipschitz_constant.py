@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import special
 
-from harness.errors import ParameterError
+from harness.foundation.errors import ParameterError
 from plugins import lipschitz
 from plugins.lipschitz import constant
 

@@ -10,15 +10,16 @@ import pytest
 import torch
 from scipy import stats
 
-from harness.components import BuildContext
-from harness.data import Dataset
-from harness.errors import ParameterError
-from harness.plugins import PluginManager
-from harness.progress import Progress
-from harness.protocol import CertificationProtocol
-from harness.runner import RunOptions, run_benchmark
-from harness.sampling import SamplingEngine
-from harness.spec import parse_spec
+from harness.engine.sampling import SamplingEngine
+from harness.foundation.data import Dataset
+from harness.foundation.errors import ParameterError
+from harness.foundation.progress import Progress
+from harness.foundation.protocol import CertificationProtocol
+from harness.plugin.components import BuildContext, RunMemo
+from harness.plugin.manager import PluginManager
+from harness.running.benchmark import parse_benchmark
+from harness.running.preparation import RunOptions
+from harness.running.runner import run_benchmark
 from plugins.lipschitz import METHOD_DEFAULTS, check_params
 from plugins.lipschitz.fit import fit_lipschitz_sigma, obtain_sigma_network
 from plugins.lipschitz.network import SVD_SAFETY, CertifiedSigma, SigmaNetwork
@@ -203,7 +204,7 @@ def test_method_runs_next_to_cohen_in_a_benchmark(tmp_path):
     manager = PluginManager(third_party=False)
     db = tmp_path / "r.sqlite"
     run_benchmark(
-        parse_spec(tomllib.loads(TINY)), RunOptions(db=db), Progress(enabled=False), manager
+        parse_benchmark(tomllib.loads(TINY)), RunOptions(db=db), Progress(enabled=False), manager
     )
     with sqlite3.connect(db) as con:
         assert con.execute("SELECT COUNT(*) FROM failures").fetchone()[0] == 0
@@ -243,7 +244,7 @@ def test_a_reloaded_fit_is_the_same_sigma_with_the_same_regularity(
     fitted = obtain_sigma_network(context, params)
     saved = list((tmp_path / "plugins" / "lipschitz" / ("0" * 64)).glob("sigma-net-*.pt"))
     assert len(saved) == 1  # in the plugin's artifact directory of this base model
-    later_run = dataclasses.replace(context, memos={})  # a new run: nothing fitted in memory
+    later_run = dataclasses.replace(context, memos=RunMemo())  # a new run: nothing fitted in memory
     reloaded = obtain_sigma_network(later_run, params)
     assert reloaded is not fitted
     assert reloaded.regularity.sigma_min == 0.65 == fitted.regularity.sigma_min

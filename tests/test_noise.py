@@ -9,8 +9,8 @@ import pytest
 import torch
 from scipy import stats
 
-from harness.noise import gaussian_noise, noise_key, noisy_batch, philox4x32
-from harness.sampling import SamplingEngine
+from harness.engine.noise import gaussian_noise, noise_key, noisy_batch, philox4x32
+from harness.engine.sampling import SamplingEngine
 
 
 def _t(v: int) -> torch.Tensor:
@@ -88,7 +88,7 @@ def test_triton_kernel_matches_the_torch_ops_in_the_interpreter():
     pytest.importorskip("triton")
     code = """
 import torch
-from harness.noise import _noisy_batch_triton, gaussian_noise, noise_key
+from harness.engine.noise import _noisy_batch_triton, gaussian_noise, noise_key
 x = torch.rand(3, 785); sigma = torch.tensor([0.5, 1.0, 2.0])
 keys = torch.tensor([noise_key(0, 1, i) for i in range(3)])
 rows = torch.tensor([0, 2, 1, 1, 0]); samples = torch.tensor([0, 7, 123456, 3, 2**31 + 5])

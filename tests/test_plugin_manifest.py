@@ -1,5 +1,5 @@
 """Errors in a benchmark file come before third-party plugins are imported: their names
-and parameters are checked against what they registered before (harness/plugin_manifest.py),
+and parameters are checked against what they registered before (harness/plugin/manifest.py),
 recorded under a key of their files, so a plugin that imports torch at module level does
 not slow every spec error down; `idrs-bench plugins` and runs still load every plugin."""
 
@@ -52,7 +52,7 @@ settings = [{settings}]
 
 # exit with the CLI's status, after saying whether torch got imported
 RUN = (
-    "import sys; from harness.cli import main; status = main(sys.argv[1:]); "
+    "import sys; from harness.cli.main import main; status = main(sys.argv[1:]); "
     "print('torch imported' if 'torch' in sys.modules else 'torch not imported'); "
     "sys.exit(status)"
 )

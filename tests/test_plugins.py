@@ -7,10 +7,10 @@ import types
 import pytest
 
 from harness import hookimpl
-from harness.cli import main
-from harness.components import MethodSpec
-from harness.errors import DuplicateNameError, UnknownNameError
-from harness.plugins import PluginManager, is_builtin
+from harness.cli.main import main
+from harness.foundation.errors import DuplicateNameError, UnknownNameError
+from harness.plugin.components import MethodSpec
+from harness.plugin.manager import PluginManager, is_builtin
 
 
 def _method_plugin(name: str):
@@ -32,7 +32,8 @@ def test_builtins_are_registered_with_their_provider(manager):
     assert registry.provider("methods", "cohen") == "cohen"
     assert registry.provider("datasets", "fashion-mnist") == "datasets"
     assert set(registry.names("models")) >= {"mlp", "cnn", "linear-N", "ball-N"}
-    assert registry.provider("models", "ball-N") == "soundness"
+    assert registry.provider("models", "ball-N") == "analytic"
+    assert registry.provider("checks", "coverage") == "soundness"
     assert manager.failures == []
 
 
@@ -63,7 +64,7 @@ def test_duplicate_name_is_rejected_naming_both_providers(manager):
     assert "'cohen'" in failure.error and "'impostor'" in failure.error
     assert "DuplicateNameError" in failure.error
     with pytest.raises(DuplicateNameError, match="by plugin 'a' and by plugin 'b'"):
-        from harness.plugins import Registry
+        from harness.plugin.registry import Registry
 
         r = Registry()
         spec = MethodSpec("x", "constant", "cohen")
@@ -127,7 +128,7 @@ def test_environment_variable_restricts_external_plugins(monkeypatch):
 def test_builtins_are_the_entry_points_of_this_distribution():
     eps = list(importlib.metadata.entry_points(group="idrs_bench"))
     assert {ep.name for ep in eps if is_builtin(ep)} == set(PluginManager().plugin_names())
-    assert {ep.value for ep in eps if is_builtin(ep)} >= {"plugins.cohen", "harness.soundness"}
+    assert {ep.value for ep in eps if is_builtin(ep)} >= {"plugins.cohen", "harness.audit"}
     assert not is_builtin(_FakeEntryPoint("x", None))
 
 
@@ -176,3 +177,108 @@ def test_plugins_command_renders_a_table(capsys):
     assert main(["plugins"]) == 0
     out = capsys.readouterr().out
     assert "cohen" in out and "fashion-mnist" in out
+
+
+def _half_registering_plugin(second):
+    """Registers a dataset, a method, then ``second()`` (which raises or registers)."""
+    from harness.plugin.components import DatasetSpec
+
+    module = types.ModuleType("plugin_half")
+
+    @hookimpl
+    def idrs_register_datasets(register):
+        register(DatasetSpec("half-ds", lambda **_: None))
+
+    @hookimpl
+    def idrs_register_methods(register):
+        register(MethodSpec("half-one", "constant", "cohen", {"sigma": 0.5}))
+        second(register)
+
+    module.idrs_register_datasets = idrs_register_datasets
+    module.idrs_register_methods = idrs_register_methods
+    return module
+
+
+def _raise(register):
+    raise RuntimeError("broken half-way")
+
+
+def _duplicate(register):
+    register(MethodSpec("cohen", "constant", "cohen", {"sigma": 0.5}))  # a built-in's name
+
+
+@pytest.mark.parametrize(("second", "error"), [(_raise, "broken half-way"),
+                                                 (_duplicate, "provided twice")])  # fmt: skip
+def test_a_failed_registration_is_rolled_back_whole(manager, second, error):
+    manager.register(_half_registering_plugin(second), name="half")
+    registry = manager.registry
+    assert "half-one" not in registry.names("methods")
+    assert "half-ds" not in registry.names("datasets")
+    assert registry.provided_by("half") == {}
+    assert registry.provider("methods", "cohen") == "cohen"  # the built-in keeps its name
+    [failure] = [f for f in manager.failures if f.plugin == "half"]
+    assert failure.error.startswith("register: ") and error in failure.error
+    assert "cohen" in registry.names("methods") and manager.registry is registry
+
+
+def test_registration_goes_through_pluggys_hook_caller(manager):
+    """A hook wrapper and pluggy's call monitoring see every plugin's register hooks."""
+    seen, wrapped = [], []
+
+    def before(hook_name, impls, kwargs):
+        seen.append((hook_name, tuple(i.plugin_name for i in impls if not i.wrapper)))
+
+    manager.pm.add_hookcall_monitoring(before, lambda *args: None)
+    wrapper = types.ModuleType("plugin_wrapper")
+
+    @hookimpl(wrapper=True)
+    def idrs_register_methods(register):
+        wrapped.append("around")  # called around each plugin's registration of methods
+        return (yield)
+
+    wrapper.idrs_register_methods = idrs_register_methods
+    manager.register(_method_plugin("traced"), name="traced")
+    manager.register(wrapper, name="wrapper")
+    registry = manager.registry
+    assert ("idrs_register_methods", ("traced",)) in seen
+    assert ("idrs_register_methods", ("cohen",)) in seen
+    assert ("idrs_register_checks", ("soundness",)) in seen
+    methods_plugins = [p for hook, p in seen if hook == "idrs_register_methods"]
+    assert len(wrapped) == len(methods_plugins) >= 2
+    assert registry.methods.get("traced").certifier == "cohen"  # the typed table of its kind
+    assert registry.methods.provider("traced") == "traced"
+
+
+def test_the_registry_has_one_typed_table_per_kind(manager):
+    from harness.plugin.components import CheckSpec, DatasetSpec
+    from harness.plugin.registry import COMPONENT_KINDS
+
+    registry = manager.registry
+    for kind, spec_type in COMPONENT_KINDS.items():
+        table = registry.table(kind)
+        assert table is getattr(registry, kind) and table.spec_type is spec_type
+        assert all(isinstance(table.get(n), spec_type) for n in table.names())
+    assert isinstance(registry.datasets.get("cone-60"), DatasetSpec)
+    assert isinstance(registry.checks.get("coverage"), CheckSpec)
+    with pytest.raises(KeyError, match="unknown component kind 'method'"):
+        registry.table("method")
+
+
+def test_every_hook_is_documented_in_hookspecs_and_the_readme():
+    import ast
+    from pathlib import Path
+
+    from harness.plugin import hookspecs
+
+    root = Path(__file__).resolve().parents[1]
+    tree = ast.parse(Path(hookspecs.__file__).read_text())
+    hooks = {f.name: ast.get_docstring(f) for f in tree.body
+             if isinstance(f, ast.FunctionDef) and f.name.startswith("idrs_")}  # fmt: skip
+    readme = (root / "README.md").read_text()
+    section = readme[readme.index("## Writing a plugin") :]
+    section = section[: section.index("\n## ", 1)]
+    from harness.plugin.registry import COMPONENT_KINDS
+
+    assert set(hooks) == {f"idrs_register_{kind}" for kind in COMPONENT_KINDS}
+    assert all(doc and len(doc) > 20 for doc in hooks.values()), hooks
+    assert [h for h in hooks if f"`{h}`" not in section] == []

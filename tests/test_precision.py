@@ -8,15 +8,16 @@ import pytest
 import torch
 from scipy.stats import norm
 
-from harness.batchsize import CACHE_FILE, auto_batch_size
-from harness.certify import certify_drawn
-from harness.errors import ParameterError, SpecError
-from harness.precision import PrecisionModel, prepare_model
-from harness.progress import Progress
-from harness.protocol import CertificationProtocol
-from harness.runner import RunOptions, run_benchmark
-from harness.sampling import SamplingEngine
-from harness.spec import parse_spec, spec_from_dict
+from harness.certification.certify import certify_drawn
+from harness.engine.batchsize import CACHE_FILE, auto_batch_size
+from harness.engine.precision import PrecisionModel, prepare_model
+from harness.engine.sampling import SamplingEngine
+from harness.foundation.errors import ParameterError, SpecError
+from harness.foundation.progress import Progress
+from harness.foundation.protocol import CertificationProtocol
+from harness.running.benchmark import benchmark_from_dict, parse_benchmark
+from harness.running.preparation import RunOptions
+from harness.running.runner import run_benchmark
 from plugins.cohen.certifier import CohenCertifier
 
 TINY = {
@@ -43,19 +44,19 @@ TINY = {
 )
 def test_protocol_values_are_validated(key, value, message):
     with pytest.raises(ParameterError, match=message.replace("(", r"\(")):
-        parse_spec({**TINY, "certification": {**TINY["certification"], key: value}})
+        parse_benchmark({**TINY, "certification": {**TINY["certification"], key: value}})
 
 
 def test_unknown_certification_key_names_the_allowed_ones():
     with pytest.raises(SpecError, match="precision"):
-        parse_spec({**TINY, "certification": {"n": 10, "precison": "bf16"}})
+        parse_benchmark({**TINY, "certification": {"n": 10, "precison": "bf16"}})
 
 
 def test_old_runs_read_as_block_noise_and_fp32():
-    config = parse_spec(TINY).to_dict()
+    config = parse_benchmark(TINY).to_dict()
     for key in ("precision", "channels_last", "noise"):
         del config["protocol"][key]
-    protocol = spec_from_dict(config).protocol
+    protocol = benchmark_from_dict(config).protocol
     assert (protocol.noise, protocol.precision, protocol.channels_last) == (
         "block-v1",
         "fp32",
@@ -103,7 +104,9 @@ def test_bf16_certification_of_a_linear_classifier_matches_the_exact_probability
 def test_a_run_records_precision_noise_and_auto_batch_size(tmp_path, manager, monkeypatch):
     monkeypatch.setenv("IDRS_BENCH_CACHE", str(tmp_path / "cache"))
     db = tmp_path / "r.sqlite"
-    run_id = run_benchmark(parse_spec(TINY), RunOptions(db=db), Progress(enabled=False), manager)
+    run_id = run_benchmark(
+        parse_benchmark(TINY), RunOptions(db=db), Progress(enabled=False), manager
+    )
     with sqlite3.connect(db) as con:
         config = json.loads(
             con.execute("SELECT config FROM runs WHERE run_id = ?", (run_id,)).fetchone()[0]
@@ -122,7 +125,9 @@ def test_auto_batch_size_on_cpu_is_bounded_and_cached(tmp_path, monkeypatch):
     size = auto_batch_size(model, (1, 8, 8), "cpu", tmp_path)
     assert 64 <= size <= 8192 and size & (size - 1) == 0
     # the second call reads the cache and probes nothing
-    monkeypatch.setattr("harness.batchsize._probe_cpu", lambda *a, **k: pytest.fail("probed"))
+    monkeypatch.setattr(
+        "harness.engine.batchsize._probe_cpu", lambda *a, **k: pytest.fail("probed")
+    )
     assert auto_batch_size(model, (1, 8, 8), "cpu", tmp_path) == size
     # another input shape is another entry
     monkeypatch.undo()
@@ -131,12 +136,15 @@ def test_auto_batch_size_on_cpu_is_bounded_and_cached(tmp_path, monkeypatch):
     assert len(json.loads((tmp_path / CACHE_FILE).read_text())) == 2
 
 
-def test_engine_resolves_auto_batch_size_itself(tmp_path, monkeypatch):
+def test_engine_batch_size_is_decided_before_it_is_made(tmp_path, monkeypatch):
     monkeypatch.setenv("IDRS_BENCH_CACHE", str(tmp_path))
     model = torch.nn.Sequential(torch.nn.Linear(6, 3)).eval()
-    engine = SamplingEngine(model, 3, torch.device("cpu"), batch_size="auto", seed=0)
+    with pytest.raises(ValueError, match="resolve 'auto'"):
+        SamplingEngine(model, 3, torch.device("cpu"), batch_size="auto", seed=0)
+    batch = auto_batch_size(model, (6,), "cpu")
+    engine = SamplingEngine(model, 3, torch.device("cpu"), batch_size=batch, seed=0)
     counts = engine.counts(torch.rand(2, 6), [0.5, 0.5], [0, 1], 100, stream=1)
-    assert isinstance(engine.batch_size, int) and np.all(counts.sum(1) == 100)
+    assert engine.batch_size == batch and np.all(counts.sum(1) == 100)
 
 
 @pytest.mark.gpu
@@ -173,13 +181,13 @@ CHECKED = {
 
 
 def _run_and_audit(tmp_path, manager, raw):
-    from harness.soundness.audit import Budget
-    from harness.soundness.runner import audits
-    from harness.store import ResultStore
+    from harness.audit.audit import Budget
+    from harness.audit.runner import audits
+    from harness.store.store import ResultStore
 
     db = tmp_path / f"{raw['certification']['precision']}.sqlite"
     options = RunOptions(db=db, cache_dir=tmp_path / "cache")
-    run_id = run_benchmark(parse_spec(raw), options, Progress(enabled=False), manager)
+    run_id = run_benchmark(parse_benchmark(raw), options, Progress(enabled=False), manager)
     budget = Budget("tiny", coverage_trials=8, coverage_n=50, pairs=2, ascent_steps=1,
                     audited_inputs=6, attack_steps=1, attack_samples=8, orders=2)  # fmt: skip
     store = ResultStore(db)
@@ -234,7 +242,7 @@ def test_an_fp32_run_on_the_cpu_queries_the_model_as_trained(tmp_path, manager):
 
 def test_exact_ball_flips_do_not_apply_to_a_rounded_ball(tmp_path, manager):
     """S4b compares with the closed form of the fp32 ball; a bf16 ball is another classifier."""
-    from harness.soundness.counterexamples import check_counterexamples
+    from harness.audit.counterexamples import check_counterexamples
 
     raw = {"name": "ball-bf16", "seed": 0, "dataset": {"name": "ball-2", "test_count": 8},
            "model": {"architecture": "ball-N", "trainer": "none"},

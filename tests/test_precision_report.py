@@ -1,13 +1,13 @@
-"""harness.precision_report: what bf16 changes against fp32 on one benchmark."""
+"""harness.reports.precision_report: what bf16 changes against fp32 on one benchmark."""
 
 import numpy as np
 import torch
 
-from harness.precision import PrecisionModel
-from harness.precision_report import JointDecisions, format_report, precision_report
-from harness.progress import Progress
-from harness.runner import RunOptions
-from harness.store import ResultStore
+from harness.engine.precision import PrecisionModel
+from harness.foundation.progress import Progress
+from harness.reports.precision_report import JointDecisions, format_report, precision_report
+from harness.running.preparation import RunOptions
+from harness.store.store import ResultStore
 
 SPEC = """
 name = "tiny-precision"
@@ -73,10 +73,10 @@ def test_report_counts_what_differs_between_the_two_runs(tmp_path, monkeypatch):
             assert row["decisions"] >= lost and row["sigmas"] == 0
     assert report["settings"]["alfarra-ds beta=0.05,samples=4,sigma=0.5,steps=3"]["sigmas"] > 0
     # clean decisions, recounted here on the whole test split
-    from harness.runner import prepare
-    from harness.spec import load_spec
+    from harness.running.benchmark import load_benchmark
+    from harness.running.preparation import prepare
 
-    context = prepare(load_spec(spec), options, Progress(enabled=False)).context
+    context = prepare(load_benchmark(spec), options, Progress(enabled=False)).context
     x = context.dataset.test_x
     bf16 = PrecisionModel(context.model, "bf16", False)
     with torch.no_grad():

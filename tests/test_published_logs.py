@@ -10,12 +10,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.cli import main
-from harness.errors import IdrsError
-from harness.import_log import import_log
-from harness.published_logs import parse_time, read_published_log
-from harness.results import RADII, certified_key, row_metrics
-from harness.storedrun import load_runs
+from harness.cli.main import main
+from harness.foundation.errors import IdrsError
+from harness.mathematics.accuracy import RADII, certified_key, row_metrics
+from harness.reports.import_log import import_log
+from harness.reports.published_logs import parse_time, read_published_log
+from harness.store.storedrun import load_runs
 
 GRID = (0.0, 0.25, 0.5, 0.75, 1.0)
 
@@ -247,8 +247,8 @@ def test_a_macer_import_on_a_board(tmp_path):
     import jsonschema
     from scipy.io import savemat
 
-    from harness.leaderboard.render import write_board
-    from harness.leaderboard.schema import BOARD_SCHEMA
+    from harness.reports.leaderboard.render import write_board
+    from harness.reports.leaderboard.schema import BOARD_SCHEMA
 
     savemat(tmp_path / "m.mat", {"hard": np.array([0.5, -1.0, 0.2, 1.1])})
     db = tmp_path / "r.sqlite"

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.progress import Progress
-from harness.runner import RunOptions, run_benchmark
-from harness.spec import DEFAULT_BENCHMARK, parse_spec
-from harness.store import ResultStore
+from harness.foundation.progress import Progress
+from harness.running.benchmark import DEFAULT_BENCHMARK, parse_benchmark
+from harness.running.preparation import RunOptions
+from harness.running.runner import run_benchmark
+from harness.store.store import ResultStore
 
 BOARDS = Path(__file__).resolve().parent.parent / "leaderboards"
 DATA = Path("/usr/share/datasets")
@@ -37,7 +38,7 @@ def test_first_shard_of_the_quick_board_is_reproduced(tmp_path, monkeypatch):
     raw["model"].update(checkpoint=str(BOARDS / "quick.weights.pt"))
     raw["methods"] = [{"name": name, "settings": [s]} for name, s in SETTINGS.items()]
     db = tmp_path / "q.sqlite"
-    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db, device="cpu"), Progress(False))
+    run_id = run_benchmark(parse_benchmark(raw), RunOptions(db=db, device="cpu"), Progress(False))
     store = ResultStore(db)
     rows = list(store.certificates(run_id))
     store.close()

@@ -15,14 +15,17 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from harness.errors import IdrsError
-from harness.progress import Progress
-from harness.runner import LocalExecutor, RunOptions, run_benchmark
-from harness.spec import parse_spec
+from harness.foundation.errors import IdrsError
+from harness.foundation.progress import Progress
+from harness.running.benchmark import parse_benchmark
+from harness.running.local_executor import LocalExecutor
+from harness.running.preparation import RunOptions
+from harness.running.runner import run_benchmark
 
 ray = pytest.importorskip("ray", reason='the Ray executor tests need pip install "idrs-bench[ray]"')
 
-from harness.ray_executor import RayExecutor, import_ray  # noqa: E402
+from harness.running.ray_executor import RayExecutor  # noqa: E402
+from harness.running.ray_worker import import_ray  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -139,7 +142,7 @@ def _run(text: str, db: Path, executor, progress: Progress | None = None) -> str
 def parse_spec_text(text: str):
     import tomllib
 
-    return parse_spec(tomllib.loads(text))
+    return parse_benchmark(tomllib.loads(text))
 
 
 @pytest.fixture(scope="module")
@@ -209,7 +212,7 @@ def test_driver_killed_then_resumed_with_a_worker_killed_mid_shard_equals_an_uni
     run_id, rows, state = slow_reference
     spec, db = tmp_path / "slow.toml", tmp_path / "ray.sqlite"
     spec.write_text(SLOW)
-    command = [sys.executable, "-m", "harness.cli", "run", str(spec), "--db", str(db),
+    command = [sys.executable, "-m", "harness.cli.main", "run", str(spec), "--db", str(db),
                "--cache-dir", str(tmp_path / "cache"), "--executor", "ray",
                "--address", cluster, "--no-check", "--quiet"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0"}
@@ -249,7 +252,7 @@ def test_without_ray_the_error_says_how_to_install_it(monkeypatch):
 
 
 def test_ray_options_without_the_ray_executor_are_refused(capsys):
-    from harness.cli import main
+    from harness.cli.main import main
 
     assert main(["run", "--workers", "2"]) == 2
     assert "--executor ray" in capsys.readouterr().err

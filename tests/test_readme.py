@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from harness.cli import _parser
-from harness.plugins import PluginManager
+from harness.cli.main import _parser
+from harness.plugin.manager import PluginManager
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -21,15 +21,15 @@ from harness import (
     Unregularized,
     hookimpl,
 )
-from harness.progress import Progress
-from harness.runner import RunOptions
-from harness.soundness.audit import BUDGETS
-from harness.soundness.evidence import check_evidence
-from harness.soundness.replay import check_replay, judge
-from harness.soundness.runner import audits
-from harness.soundness.verdict import Verdict
-from harness.stats import mean_difference_z, replication_test, replication_z
-from harness.store import ResultStore
+from harness.audit.audit import BUDGETS
+from harness.audit.evidence import check_evidence
+from harness.audit.replay import check_replay, judge
+from harness.audit.runner import audits
+from harness.foundation.progress import Progress
+from harness.foundation.verdict import Verdict
+from harness.mathematics.stats import mean_difference_z, replication_test, replication_z
+from harness.running.preparation import RunOptions
+from harness.store.store import ResultStore
 
 ALL = replace(BUDGETS["small"], replay_inputs=1000)  # every certificate of a tiny row
 
@@ -49,7 +49,7 @@ def _audits(db, run_id, manager, budget=ALL):
 @pytest.mark.parametrize("stored, fresh, n", [(930, 941, 1000), (12, 30, 50), (500, 480, 1000)])
 def test_replication_z_is_the_randomized_pit_of_the_hypergeometric(stored, fresh, n):
     """z = Φ⁻¹(P(X < k) + u·P(X = k)), X ~ Hypergeom(2n, k + f, n), by SciPy's own
-    hypergeometric CDF and PMF (not the log-space formulas of harness.stats)."""
+    hypergeometric CDF and PMF (not the log-space formulas of harness.mathematics.stats)."""
     law = stats.hypergeom(2 * n, stored + fresh, n)
     for u in (0.0, 0.3, 0.999):
         expected = stats.norm.ppf(law.cdf(stored - 1) + u * law.pmf(stored))
@@ -325,13 +325,15 @@ def test_a_sigma_smoothing_is_replayed_from_its_saved_estimator(tmp_path, manage
 
 @pytest.mark.gpu
 def test_a_cuda_run_replays_bit_for_bit(tmp_path, manager, replay_run):
-    from harness.runner import run_benchmark
-    from harness.spec import parse_spec
+    from harness.running.benchmark import parse_benchmark
+    from harness.running.runner import run_benchmark
 
     raw = {"name": "cuda", "device": "cuda", "dataset": {"name": "ball-2", "test_count": 8},
            "model": {"architecture": "ball-N", "trainer": "none"},
            "certification": {"n0": 64, "n": 2000, "batch_size": 512}, "methods": [{"name": "cohen"}]}  # fmt: skip
     db = tmp_path / "cuda.sqlite"
-    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), Progress(enabled=False), manager)
+    run_id = run_benchmark(
+        parse_benchmark(raw), RunOptions(db=db), Progress(enabled=False), manager
+    )
     result = check_replay(_audits(db, run_id, manager)["cohen", "default"])
     assert result.verdict == Verdict.SOUND and result.evidence["mode"] == "exact", result.summary

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
-from harness.progress import Progress
-from harness.runner import RunOptions, run_benchmark
-from harness.spec import DEFAULT_BENCHMARK, parse_spec, setting_key
+from harness.cli.main import main
+from harness.foundation.identity import setting_key
+from harness.foundation.progress import Progress
+from harness.running.benchmark import DEFAULT_BENCHMARK, parse_benchmark
+from harness.running.preparation import RunOptions
+from harness.running.runner import run_benchmark
 
 TINY = """
 name = "tiny"
@@ -55,7 +57,7 @@ def _rows(db: Path) -> list[tuple]:
 def test_interrupted_run_resumes_without_loss_or_duplicates(tmp_path, stored_certificates):
     spec = tmp_path / "tiny.toml"
     spec.write_text(TINY.format(n=40000))
-    command = [sys.executable, "-m", "harness.cli", "run", str(spec), "--quiet", "--no-check"]
+    command = [sys.executable, "-m", "harness.cli.main", "run", str(spec), "--quiet", "--no-check"]
     # the uninterrupted reference (it also trains and caches the shared base model)
     subprocess.run(
         [*command, "--db", str(tmp_path / "ref.sqlite")], check=True, capture_output=True
@@ -90,8 +92,8 @@ def test_a_failing_method_is_reported_and_the_rest_goes_on(tmp_path, manager, ca
     import types
 
     from harness import hookimpl
-    from harness.components import CertifierSpec, MethodSpec
-    from harness.radius import COHEN
+    from harness.mathematics.radius import COHEN
+    from harness.plugin.components import CertifierSpec, MethodSpec
 
     plugin = types.ModuleType("failing")
 
@@ -116,7 +118,9 @@ def test_a_failing_method_is_reported_and_the_rest_goes_on(tmp_path, manager, ca
     raw = tomllib.loads(TINY.format(n=200))
     raw["methods"].insert(0, {"name": "failing"})
     db = tmp_path / "r.sqlite"
-    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), Progress(enabled=False), manager)
+    run_id = run_benchmark(
+        parse_benchmark(raw), RunOptions(db=db), Progress(enabled=False), manager
+    )
     assert main(["results", run_id[:8], "--db", str(db), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [m["method"] for m in out["methods"]] == ["cohen", "cohen"]

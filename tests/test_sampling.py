@@ -4,8 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from harness.errors import ModelOutputError
-from harness.sampling import NOISE_BLOCK, NOISE_SCHEMES, SamplingEngine, noise_seed
+from harness.engine.noise import noise_seed
+from harness.engine.noise_schemes import NOISE_BLOCK
+from harness.engine.sampling import NOISE_SCHEMES, SamplingEngine
+from harness.foundation.errors import ModelOutputError
 
 
 class RecordingModel(torch.nn.Module):

@@ -28,14 +28,15 @@ from harness import (
     cohen_radius,
     hookimpl,
 )
-from harness.progress import Progress
-from harness.runner import RunOptions, run_benchmark
-from harness.sampling import SamplingEngine
-from harness.soundness.evidence import check_evidence
-from harness.soundness.runner import audits
-from harness.soundness.verdict import Verdict
-from harness.spec import parse_spec
-from harness.store import ResultStore
+from harness.audit.evidence import check_evidence
+from harness.audit.runner import audits
+from harness.engine.sampling import SamplingEngine
+from harness.foundation.progress import Progress
+from harness.foundation.verdict import Verdict
+from harness.running.benchmark import parse_benchmark
+from harness.running.preparation import RunOptions
+from harness.running.runner import run_benchmark
+from harness.store.store import ResultStore
 
 LEVELS, NOISE, SHARE = (0.2, 0.4), 0.5, 0.0004
 
@@ -137,7 +138,9 @@ def run(tmp_path, manager):
         "methods": [{"name": f"smoothed-{m}"} for m in ("capped", "uncapped", "full-alpha")],
     }  # fmt: skip
     db = tmp_path / "r.sqlite"
-    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), Progress(enabled=False), manager)
+    run_id = run_benchmark(
+        parse_benchmark(raw), RunOptions(db=db), Progress(enabled=False), manager
+    )
     store = ResultStore(db)
     try:
         found = {a.method.name: a for a in audits(store, run_id, RunOptions(db=db),
@@ -189,7 +192,7 @@ def test_the_certifier_gets_the_alpha_left_and_s0_caps_at_r_sigma(run):
 def test_a_boards_exact_rederivation_expects_an_abstention_where_r_sigma_is_0(run):
     """``leaderboard --verify`` re-derives with ``exact``: a certificate whose σ level is not
     certified (R_σ = 0, by scipy) must abstain, and one edited into a class does not verify."""
-    from harness.soundness.evidence import Declaration, rederive
+    from harness.audit.evidence import Declaration, rederive
 
     audit = run["smoothed-capped"]
     rows = [dict(r) for r in audit.certificates]

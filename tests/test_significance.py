@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from scipy import stats
 
-from harness.significance import (
+from harness.mathematics.significance import (
     mcnemar_exact,
     paired_comparison,
     proportion_interval,

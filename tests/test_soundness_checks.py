@@ -7,13 +7,14 @@ import pytest
 import torch
 
 from harness import hookimpl
-from harness.components import CertifierSpec, MethodSpec
-from harness.progress import Progress
-from harness.runner import RunOptions, run_benchmark
-from harness.soundness.counterexamples import intersecting_pairs
-from harness.soundness.runner import run_checks
-from harness.soundness.verdict import CheckResult, Verdict, overall
-from harness.spec import parse_spec
+from harness.audit.counterexamples import intersecting_pairs
+from harness.audit.runner import run_checks
+from harness.foundation.progress import Progress
+from harness.foundation.verdict import CheckResult, Verdict, overall
+from harness.plugin.components import CertifierSpec, MethodSpec
+from harness.running.benchmark import parse_benchmark
+from harness.running.preparation import RunOptions
+from harness.running.runner import run_benchmark
 
 
 def _doubled_plugin():
@@ -53,7 +54,9 @@ def _ball_spec(seed: int, methods: list[dict]) -> dict:
 
 def _check(tmp_path, manager, raw) -> dict:
     db = tmp_path / f"r{raw['seed']}.sqlite"
-    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), Progress(enabled=False), manager)
+    run_id = run_benchmark(
+        parse_benchmark(raw), RunOptions(db=db), Progress(enabled=False), manager
+    )
     return run_checks(db, run_id, RunOptions(db=db), Progress(enabled=False), manager)
 
 

@@ -10,18 +10,19 @@ import numpy as np
 import pytest
 from scipy.stats import beta, norm
 
-from harness.leaderboard.board import build_board
-from harness.leaderboard.markdown import render_markdown
-from harness.progress import Progress
-from harness.radius import COHEN, SUKENIK, is_pure
-from harness.runner import RunOptions, run_benchmark
-from harness.soundness.audit import Budget
-from harness.soundness.evidence import check_evidence
-from harness.soundness.justification import check_justification
-from harness.soundness.runner import audits, run_checks
-from harness.soundness.verdict import Verdict, overall
-from harness.spec import parse_spec
-from harness.storedrun import load_runs
+from harness.audit.audit import Budget
+from harness.audit.evidence import check_evidence
+from harness.audit.justification import check_justification
+from harness.audit.runner import audits, run_checks
+from harness.foundation.progress import Progress
+from harness.foundation.verdict import Verdict, overall
+from harness.mathematics.radius import COHEN, SUKENIK, is_pure
+from harness.reports.leaderboard.board import build_board
+from harness.reports.leaderboard.markdown import render_markdown
+from harness.running.benchmark import parse_benchmark
+from harness.running.preparation import RunOptions
+from harness.running.runner import run_benchmark
+from harness.store.storedrun import load_runs
 
 TINY = Budget("tiny", coverage_trials=40, coverage_n=100, pairs=4, ascent_steps=3,
               audited_inputs=6, attack_steps=3, attack_samples=16, orders=4)  # fmt: skip
@@ -42,12 +43,14 @@ def _run(tmp_path, manager, methods, alpha=0.001, n=400, count=24, dataset="ball
         "methods": [{"name": m} for m in methods],
     }  # fmt: skip
     db = tmp_path / "r.sqlite"
-    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), Progress(enabled=False), manager)
+    run_id = run_benchmark(
+        parse_benchmark(raw), RunOptions(db=db), Progress(enabled=False), manager
+    )
     return db, run_id
 
 
 def _audits(db, run_id, manager):
-    from harness.store import ResultStore
+    from harness.store.store import ResultStore
 
     store = ResultStore(db)
     try:
@@ -61,7 +64,7 @@ def test_a_certifier_that_reports_its_own_alpha_or_counts_breaks_the_contract(tm
     """The harness records α and every sample itself: a certifier that hands back its own
     α or class counts fails with an error naming it, its plugin and the contract, and the
     other methods of the benchmark finish."""
-    from harness.store import ResultStore
+    from harness.store.store import ResultStore
 
     db, run_id = _run(tmp_path, plugins, ["laundered-alpha", "own-counts", "cohen"], count=6)
     store = ResultStore(db)
@@ -186,7 +189,7 @@ def test_the_default_benchmark_methods_and_checks_run_on_cuda(tmp_path, manager)
     """Every check completes on cuda (no cpu/cuda mixing): none is an ``error``."""
     import tomllib
 
-    from harness.spec import BENCHMARKS_DIR
+    from harness.running.benchmark import BENCHMARKS_DIR
 
     raw = tomllib.loads((BENCHMARKS_DIR / "fashion-mnist.toml").read_text())
     raw["dataset"].update(test_every=1000, test_count=6)
@@ -197,7 +200,7 @@ def test_the_default_benchmark_methods_and_checks_run_on_cuda(tmp_path, manager)
         method["settings"] = method["settings"][1:2]
     db = tmp_path / "gpu.sqlite"
     options = RunOptions(db=db, device="cuda")
-    run_id = run_benchmark(parse_spec(raw), options, Progress(enabled=False), manager)
+    run_id = run_benchmark(parse_benchmark(raw), options, Progress(enabled=False), manager)
     results = run_checks(db, run_id, options, Progress(enabled=False), manager, budget=TINY)
     assert len(results) == len(raw["methods"])
     for key, checks in results.items():
@@ -215,7 +218,9 @@ def test_memory_certificates_are_their_own_category_scored_at_the_worst_order(tm
                     {"name": "cohen", "settings": [{"sigma": 0.25}]}],
     }  # fmt: skip
     db = tmp_path / "m.sqlite"
-    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), Progress(enabled=False), manager)
+    run_id = run_benchmark(
+        parse_benchmark(raw), RunOptions(db=db), Progress(enabled=False), manager
+    )
     budget = Budget("tiny", coverage_trials=40, coverage_n=100, pairs=4, ascent_steps=3,
                     audited_inputs=6, attack_steps=3, attack_samples=16, orders=12)  # fmt: skip
     results = run_checks(db, run_id, RunOptions(db=db), Progress(enabled=False), manager,
@@ -244,8 +249,8 @@ def test_memory_formula_bounds_an_inside_certificate_by_the_enclosing_ball():
     claim at most R_A − ‖x_B − x_A‖, with R_A Cohen's radius at the ball's own σ."""
     import torch
 
-    from harness.protocol import CertificationProtocol
-    from harness.regularity import Unregularized
+    from harness.foundation.protocol import CertificationProtocol
+    from harness.foundation.regularity import Unregularized
     from plugins.alfarra.certifier import memory_recompute
 
     protocol = CertificationProtocol(n0=10, n=1000, alpha=0.001)

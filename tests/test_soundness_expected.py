@@ -10,12 +10,14 @@ Small budgets, fixed seeds, CPU.
 
 import pytest
 
-from harness.progress import Progress
-from harness.runner import RunOptions, run_benchmark
-from harness.soundness.audit import Budget
-from harness.soundness.runner import run_checks
-from harness.soundness.verdict import Verdict, overall
-from harness.spec import parse_spec, setting_key
+from harness.audit.audit import Budget
+from harness.audit.runner import run_checks
+from harness.foundation.identity import setting_key
+from harness.foundation.progress import Progress
+from harness.foundation.verdict import Verdict, overall
+from harness.running.benchmark import parse_benchmark
+from harness.running.preparation import RunOptions
+from harness.running.runner import run_benchmark
 
 TINY = Budget("tiny", coverage_trials=80, coverage_n=200, pairs=4, ascent_steps=4,
               audited_inputs=8, attack_steps=5, attack_samples=32, orders=5)  # fmt: skip
@@ -23,7 +25,9 @@ TINY = Budget("tiny", coverage_trials=80, coverage_n=200, pairs=4, ascent_steps=
 
 def _verdicts(tmp_path, manager, raw, budget=TINY) -> dict:
     db = tmp_path / f"{raw['name']}-{raw['seed']}.sqlite"
-    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), Progress(enabled=False), manager)
+    run_id = run_benchmark(
+        parse_benchmark(raw), RunOptions(db=db), Progress(enabled=False), manager
+    )
     results = run_checks(
         db, run_id, RunOptions(db=db), Progress(enabled=False), manager, budget=budget
     )

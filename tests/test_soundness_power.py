@@ -19,24 +19,21 @@ import torch
 from scipy import stats
 
 from harness import hookimpl
-from harness.components import MethodSpec
-from harness.progress import Progress
-from harness.runner import RunOptions, run_benchmark
-from harness.sampling import SamplingEngine
-from harness.soundness.analytic import BallClassifier, LinearClassifier
-from harness.soundness.audit import BUDGETS, Budget
-from harness.soundness.coverage import (
-    calibration_pvalues,
-    check_coverage,
-    detectable_rate,
-    pit_score,
-)
-from harness.soundness.detection_power import SOUND_METHODS, flags_per_check
-from harness.soundness.runner import audits
-from harness.soundness.verdict import Verdict, false_certificates_pvalue
-from harness.spec import parse_spec
-from harness.stats import holm_rejections
-from harness.store import ResultStore
+from harness.audit.analytic import BallClassifier, LinearClassifier
+from harness.audit.audit import BUDGETS, Budget
+from harness.audit.coverage import check_coverage
+from harness.audit.detection_power import SOUND_METHODS, flags_per_check
+from harness.audit.runner import audits
+from harness.engine.sampling import SamplingEngine
+from harness.foundation.progress import Progress
+from harness.foundation.verdict import Verdict
+from harness.mathematics.calibration import calibration_pvalues, detectable_rate, pit_score
+from harness.mathematics.stats import false_certificates_pvalue, holm_rejections
+from harness.plugin.components import MethodSpec
+from harness.running.benchmark import parse_benchmark
+from harness.running.preparation import RunOptions
+from harness.running.runner import run_benchmark
+from harness.store.store import ResultStore
 from plugins.lipschitz.normalization import NormalizedModel
 
 TINY = Budget("tiny", coverage_trials=80, coverage_n=100, pairs=2, ascent_steps=2,
@@ -71,7 +68,7 @@ def test_s1_flags_cohen_at_an_input_dependent_sigma_in_the_runs_dimension(tmp_pa
     }  # fmt: skip
     db = tmp_path / "gm.sqlite"
     quiet = Progress(enabled=False)
-    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), quiet, manager)
+    run_id = run_benchmark(parse_benchmark(raw), RunOptions(db=db), quiet, manager)
     verdicts = {}
     for audit in audits(ResultStore(db), run_id, RunOptions(db=db), quiet, manager, budget=TINY):
         result = check_coverage(audit)
@@ -151,7 +148,7 @@ def test_linear_plane_moves_and_stays_exact():
 @pytest.mark.gpu
 def test_s1_and_s4_run_on_cuda(tmp_path, manager):
     """Every tensor of S1/S4 is made where the model lives: no check fails on cuda."""
-    from harness.soundness.runner import run_checks
+    from harness.audit.runner import run_checks
 
     raw = {
         "name": "ball", "seed": 0, "dataset": {"name": "ball-2", "test_count": 30},
@@ -165,7 +162,7 @@ def test_s1_and_s4_run_on_cuda(tmp_path, manager):
     db = tmp_path / "cuda.sqlite"
     options = RunOptions(db=db, device="cuda")
     quiet = Progress(enabled=False)
-    run_id = run_benchmark(parse_spec(raw), options, quiet, manager)
+    run_id = run_benchmark(parse_benchmark(raw), options, quiet, manager)
     results = run_checks(db, run_id, options, quiet, manager, budget=TINY)
     for key, checks in results.items():
         mine = {r.check: r for r in checks if r.check in ("coverage", "counterexamples")}
@@ -260,7 +257,7 @@ def test_s1_rebuilds_the_method_in_a_context_like_the_runs(tmp_path, manager):
     }  # fmt: skip
     db = tmp_path / "fm.sqlite"
     quiet = Progress(enabled=False)
-    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), quiet, manager)
+    run_id = run_benchmark(parse_benchmark(raw), RunOptions(db=db), quiet, manager)
     budget = Budget("probe", coverage_trials=16, coverage_n=100, pairs=2, ascent_steps=2,
                     audited_inputs=4, attack_steps=2, attack_samples=16, orders=2)  # fmt: skip
     [audit] = audits(ResultStore(db), run_id, RunOptions(db=db), quiet, manager, budget=budget)
@@ -299,7 +296,7 @@ def test_s1_calibration_catches_a_plugin_that_patches_the_engine(tmp_path, manag
         db = tmp_path / f"patched-{patched}.sqlite"
         around = rigged_methods.engine_patched() if patched else contextlib.nullcontext()
         with around:
-            run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), quiet, manager)
+            run_id = run_benchmark(parse_benchmark(raw), RunOptions(db=db), quiet, manager)
             [audit] = audits(ResultStore(db), run_id, RunOptions(db=db), quiet, manager,
                              budget=budget)  # fmt: skip
             result = check_coverage(audit)
@@ -340,7 +337,7 @@ def test_s4_corrects_over_the_subtests_that_ran_and_counts_the_confirmations_err
     """Off the ball model S4 runs two sub-tests (intersections, attack): Holm over two, and
     the fewest significant confirmed violations are those of P(Binomial(m, α) >= k) +
     the confirmations' own error < 10⁻³ / 2 (scipy)."""
-    from harness.soundness.counterexamples import (
+    from harness.audit.counterexamples import (
         CONFIRMATION_ERROR,
         attack_pvalue,
         check_counterexamples,
@@ -357,7 +354,7 @@ def test_s4_corrects_over_the_subtests_that_ran_and_counts_the_confirmations_err
     }  # fmt: skip
     db = tmp_path / "gm.sqlite"
     quiet = Progress(enabled=False)
-    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), quiet, manager)
+    run_id = run_benchmark(parse_benchmark(raw), RunOptions(db=db), quiet, manager)
     budget = Budget("tiny", coverage_trials=8, coverage_n=100, pairs=2, ascent_steps=2,
                     audited_inputs=12, attack_steps=2, attack_samples=16, orders=2)  # fmt: skip
     [audit] = audits(ResultStore(db), run_id, RunOptions(db=db), quiet, manager, budget=budget)

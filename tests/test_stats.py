@@ -1,11 +1,11 @@
-"""harness.stats against independent SciPy computations."""
+"""harness.mathematics.stats against independent SciPy computations."""
 
 import numpy as np
 import pytest
 from scipy import optimize, stats
 
-from harness.errors import ParameterError
-from harness.stats import (
+from harness.foundation.errors import ParameterError
+from harness.mathematics.stats import (
     binomial_pvalue,
     clopper_pearson_lower,
     clopper_pearson_lower_array,

@@ -1,4 +1,4 @@
-"""The typed read side (harness.storedrun) against hand-written database rows."""
+"""The typed read side (harness.store.storedrun) against hand-written database rows."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.certificate import Certificate
-from harness.errors import IdrsError
-from harness.results import row_metrics
-from harness.store import ResultStore
-from harness.storedrun import (
+from harness.foundation.certificate import Certificate
+from harness.foundation.errors import IdrsError
+from harness.mathematics.accuracy import row_metrics
+from harness.store.store import ResultStore
+from harness.store.storedrun import (
     IMPORTED,
     NOT_CHECKED,
     Completeness,

@@ -7,15 +7,16 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from harness.certify import certify_drawn
-from harness.cli import main
-from harness.draws import Evidence
-from harness.progress import Progress
-from harness.protocol import CertificationProtocol
-from harness.regularity import Constant, SemiElastic
-from harness.runner import RunOptions, run_benchmark
-from harness.spec import parse_spec
-from harness.worstcase import certified_radius
+from harness.certification.certify import certify_drawn
+from harness.cli.main import main
+from harness.engine.draws import Evidence
+from harness.foundation.progress import Progress
+from harness.foundation.protocol import CertificationProtocol
+from harness.foundation.regularity import Constant, SemiElastic
+from harness.mathematics.worstcase import certified_radius
+from harness.running.benchmark import parse_benchmark
+from harness.running.preparation import RunOptions
+from harness.running.runner import run_benchmark
 from plugins.sukenik.certifier import SukenikCertifier
 
 
@@ -30,7 +31,9 @@ def test_sukenik_and_cohen_certify_the_same_cached_fashion_mnist_model(tmp_path,
                     {"name": "sukenik", "settings": [{"sigma": 0.25}]}],
     }  # fmt: skip
     db = tmp_path / "fm.sqlite"
-    run_id = run_benchmark(parse_spec(raw), RunOptions(db=db), Progress(enabled=False), manager)
+    run_id = run_benchmark(
+        parse_benchmark(raw), RunOptions(db=db), Progress(enabled=False), manager
+    )
     with sqlite3.connect(db) as con:
         assert con.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 1
         rows = con.execute(
@@ -87,7 +90,7 @@ def test_invalid_parameters_are_rejected_before_work(
 def test_shard_radii_are_computed_in_one_call_and_equal_the_per_input_radii(linear_model):
     import torch
 
-    from harness.sampling import SamplingEngine
+    from harness.engine.sampling import SamplingEngine
 
     w = torch.zeros(784)
     w[0] = 1.0

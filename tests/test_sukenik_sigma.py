@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.regularity import SemiElastic
+from harness.foundation.regularity import SemiElastic
 from plugins.sukenik.knn_sigma import TRAIN_CHUNK, KnnSigma, knn_mean_distance, propose_m
 
 
@@ -84,11 +84,11 @@ def test_proposed_m_is_computed_once_per_run_and_stored_for_later_runs(tmp_path,
     directory; it equals the brute-force minimum of the sampled mean kNN distances."""
     import dataclasses
 
-    from harness.components import BuildContext
-    from harness.data import Dataset
-    from harness.progress import Progress
-    from harness.protocol import CertificationProtocol
-    from harness.sampling import SamplingEngine
+    from harness.engine.sampling import SamplingEngine
+    from harness.foundation.data import Dataset
+    from harness.foundation.progress import Progress
+    from harness.foundation.protocol import CertificationProtocol
+    from harness.plugin.components import BuildContext, RunMemo
     from plugins import sukenik
     from plugins.sukenik import knn_sigma
 
@@ -109,10 +109,10 @@ def test_proposed_m_is_computed_once_per_run_and_stored_for_later_runs(tmp_path,
     assert first == pytest.approx(_brute_force(train, train, 3, exclude_self=True).min(), rel=1e-5)
     assert sukenik._knn_sigma(dataclasses.replace(context, setting="s2"), params).m == first
     assert len(calls) == 1
-    later_run = dataclasses.replace(context, memos={})
+    later_run = dataclasses.replace(context, memos=RunMemo())
     assert sukenik._knn_sigma(later_run, params).m == first  # read back bit for bit
     assert len(calls) == 1
     [stored] = (tmp_path / "plugins" / "sukenik" / ("ab" * 32)).iterdir()
     stored.write_text("damaged")
-    assert sukenik._knn_sigma(dataclasses.replace(context, memos={}), params).m == first
+    assert sukenik._knn_sigma(dataclasses.replace(context, memos=RunMemo()), params).m == first
     assert len(calls) == 2

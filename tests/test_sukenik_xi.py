@@ -1,4 +1,4 @@
-"""Tests for harness.worstcase (Súkeník et al. 2022, §2-§3, App. B.5/B.6/F).
+"""Tests for harness.mathematics.worstcase (Súkeník et al. 2022, §2-§3, App. B.5/B.6/F).
 
 Every numerical check compares against an independent computation:
 
@@ -25,7 +25,7 @@ import pytest
 from scipy import special as sc
 from scipy import stats
 
-from harness.worstcase import (
+from harness.mathematics.worstcase import (
     certified_radius,
     cohen_radius,
     is_certified,

@@ -9,7 +9,7 @@ certificates of a fixed classifier: σ(x) is unregularized (Súkeník et al. 202
 C.2); the memory only makes one run's certificates mutually consistent, and its
 answers depend on the input order (:func:`plugins.alfarra.order.replay_orders`).
 
-Noise streams used here (see :mod:`harness.sampling`): 100 = OptimizeSigma at
+Noise streams used here (see :mod:`harness.engine.sampling`): 100 = OptimizeSigma at
 certification (keyed by a content hash of x), 101 = OptimizeSigma in training (keyed
 by the training example index). CERTIFY itself uses the core's streams 0 and 1.
 """

@@ -27,7 +27,7 @@ class MemoryCertifier:
     """Wraps ``inner``; ``state`` (optional, the run's) receives every new memory entry.
 
     The runner commits the staged entry of a certificate in the same transaction as
-    the certificate (:mod:`harness.runstate`). ``order_dependent`` tells the soundness checks that certificates depend on the order
+    the certificate (:mod:`harness.foundation.runstate`). ``order_dependent`` tells the soundness checks that certificates depend on the order
     of inputs (they replay orders instead of attacking a fixed smoothed classifier).
     """
 

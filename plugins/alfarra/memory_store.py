@@ -1,6 +1,6 @@
 """The certification memory (Alg. 3) as per-run state in the run's results database.
 
-Each memory entry is one :class:`harness.runstate.StateRecord` of the (run, method,
+Each memory entry is one :class:`harness.foundation.runstate.StateRecord` of the (run, method,
 setting) it belongs to: the entry's fields as JSON and its input as float64 bytes.
 The runner writes an entry in the same transaction as the certificate it produced,
 so a resumed run restores exactly the entries whose certificates are stored

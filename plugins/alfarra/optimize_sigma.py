@@ -152,7 +152,7 @@ class OptimizedSigma:
     σ(x) is a function of x and the seed alone (noise keyed by x's content), bit for bit
     whatever batch x is computed in: the model sees chunks of exactly ``max_batch``
     noisy samples (:data:`FIXED_ROWS`, padded), so every input's samples go through
-    products of one shape. Memoized (:class:`~harness.sigmacache.SigmaCache`) for the
+    products of one shape. Memoized (:class:`~harness.foundation.sigmacache.SigmaCache`) for the
     checks' repeated queries.
     """
 

@@ -18,7 +18,7 @@ from plugins.chen.config import SEARCH_DEFAULTS, TRAINER_DEFAULTS, SearchConfig
 
 
 def check_params(params: Mapping[str, Any]) -> None:
-    """Raise :class:`~harness.errors.ParameterError` for invalid search parameters."""
+    """Raise :class:`~harness.foundation.errors.ParameterError` for invalid search parameters."""
     SearchConfig.from_params(params)
 
 

@@ -36,7 +36,7 @@ Choices where the paper is silent (all documented at the parameters):
 
 Noise. σ(x) must be a function of x (and the seed), never of the batch it is computed
 in: every input is keyed by a 63-bit hash of its float32 bytes, which plays the role
-of the input id for the :class:`~harness.sampling.SamplingEngine` and seeds the
+of the input id for the :class:`~harness.engine.sampling.SamplingEngine` and seeds the
 per-input generator of the starts. Stream numbers (>= 100, this plugin's own):
 :data:`STREAM_STARTS` seeds the starts; evaluation j (j = 0 the initial one) of
 start k uses stream ``STREAM_SEARCH + k·STEP_STRIDE + j``, so every (start, step)
@@ -183,7 +183,7 @@ class InstanceSigma:
     σ(x) is a function of x and the seed alone: noise is keyed by x's content, and
     given an engine whose forward passes all have one shape
     (:meth:`SamplingEngine.padded`, as the plugin builds it), no sample's logits
-    depend on the other inputs searched with it. Memoized (:class:`~harness.sigmacache.SigmaCache`) because the checks query
+    depend on the other inputs searched with it. Memoized (:class:`~harness.foundation.sigmacache.SigmaCache`) because the checks query
     the same inputs repeatedly. ``last`` holds the :class:`SearchResult` of the inputs
     searched by the latest call (for inspection).
     """

@@ -7,7 +7,7 @@ the multiple-start FGSS of Alg. 2 (App. C.3) on the training examples. Here:
 - the first ``warmup_epochs`` epochs use σ = σ0 for every example (the search needs a
   model that already classifies something; the original work trains in two stages);
 - afterwards each example's σ is searched with the model being trained (in eval mode,
-  batched over the minibatch, through a :class:`~harness.sampling.SamplingEngine` on
+  batched over the minibatch, through a :class:`~harness.engine.sampling.SamplingEngine` on
   that model) the first time the example is seen in a refresh period of
   ``refresh_every`` epochs, and kept for the rest of the period;
 - the noise of period p is salted with p, so each refresh draws fresh Monte Carlo noise.

@@ -53,6 +53,6 @@ class SmoothedSigmaChoice:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         raise ContractError(
             "the dual-rs σ-provider declares a σ-smoothing: σ(x) is drawn by the harness "
-            "from its σ-estimator (harness.certify.sigma_of), never computed by calling the "
+            "from its σ-estimator (harness.certification.certify.sigma_of), never computed by calling the "
             "provider"
         )

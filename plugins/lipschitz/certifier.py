@@ -110,7 +110,7 @@ class LipschitzCertifier:
 
     :param regularity: ``Lipschitz(lip, sigma_min)`` of σ (or ``Constant(σ)``: Lip(σ) = 0).
     :param p_min: the normalization floor; Lemma 3's precondition is checked here, before any
-        certificate, and :class:`~harness.errors.ParameterError` raised if it fails.
+        certificate, and :class:`~harness.foundation.errors.ParameterError` raised if it fails.
     :param dim: the input dimension d of χ²_d.
     """
 

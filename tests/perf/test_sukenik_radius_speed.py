@@ -1,4 +1,4 @@
-"""Benchmark: Thm 3.2 certified radius for a CIFAR-sized batch (harness.worstcase).
+"""Benchmark: Thm 3.2 certified radius for a CIFAR-sized batch (harness.mathematics.worstcase).
 
 1000 inputs, dim = 3072, p_A ~ U[0.5, 0.99999], sigma0 = 0.25, semi-elasticity
 r = 0.01. Measures, in one run, the median wall time per input of the batched call and
@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from scipy import special as sc
 
-from harness.worstcase import certified_radius
+from harness.mathematics.worstcase import certified_radius
 
 N_INPUTS = 1000
 N_SINGLE = 40  # one-input calls timed (and compared) per round

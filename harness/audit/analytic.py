@@ -1,0 +1,213 @@
+"""Base classifiers whose smoothed classifier is known exactly (checks S1 and S4).
+
+- ``linear-N``: f(x) = [w·x > b] with ‖w‖ = 1. For Gaussian noise of *any* σ(x),
+  P(f(x + σ(x)ε) = 1) = Φ((w·x − b)/σ(x)), which exceeds 1/2 exactly when w·x > b:
+  the smoothed classifier's boundary is the hyperplane, whatever σ(x).
+- ``ball-N``: f(x) = [‖x − c‖ <= ρ]. P(f(x + σε) = inside) = P(‖x − c + σε‖² <= ρ²)
+  = χ²_N(ρ²/σ²; noncentrality ‖x − c‖²/σ²), the noncentral χ² CDF, for any σ = σ(x).
+
+Side 1 is "positive side" / "inside". A model answers one of K classes: ``classes`` =
+(class of side 0, class of side 1), by default (0, 1) of K = 2; with K > 2 (check S1
+places the boundary between two random classes of a benchmark's K) every other class
+has probability 0 under any noise, so the smoothed classifier stays exact. With
+``one_hot=True`` the logits are L for the answered class and 0 for every other, L =
+:data:`ONE_HOT_LOGIT`, so the softmax is exactly one-hot in float32 and float64: then
+the soft smoothed classifier of Bergstrom et al. is exact too, E[softmax_c] = P(f = c),
+and with the normalization of their Remark 2, g = (1 − K·p_min)·onehot + p_min,
+E[g_c] = (1 − K·p_min)·P(f = c) + p_min: its argmax changes exactly where P(side 1)
+crosses 1/2, so soft certificates are audited against the exact soft expectation,
+whose boundary is the hard one. Without ``one_hot`` (K = 2 only) the logits are
+(0, margin).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from scipy import stats
+
+from harness.foundation.data import Dataset
+from harness.foundation.errors import ParameterError
+
+ONE_HOT_LOGIT = 1e4
+"""Logit of the answered class of a one-hot analytic model (exp(−1e4) = 0 in float64)."""
+
+
+class _Analytic(torch.nn.Module):
+    """A two-sided analytic classifier answering ``classes[side]`` of ``num_classes``."""
+
+    family = ""
+
+    def __init__(self, one_hot: bool, num_classes: int, classes: tuple[int, int]) -> None:
+        super().__init__()
+        negative, positive = (int(c) for c in classes)
+        if not (num_classes >= 2 and 0 <= negative < num_classes and 0 <= positive < num_classes
+                and negative != positive):  # fmt: skip
+            raise ParameterError(f"classes {classes} must be two distinct classes of {num_classes}")
+        if not one_hot and (num_classes, negative, positive) != (2, 0, 1):
+            raise ParameterError("margin logits (one_hot=False) need classes (0, 1) of 2")
+        self.one_hot = one_hot
+        self.num_classes = num_classes
+        self.classes = (negative, positive)
+
+    def _logits(self, margin: torch.Tensor) -> torch.Tensor:
+        """(0, margin), or one-hot logits of class ``classes[margin > 0]``."""
+        if not self.one_hot:
+            return torch.stack([torch.zeros_like(margin), margin], dim=1)
+        positive = margin > 0
+        logits = torch.zeros(
+            len(margin), self.num_classes, dtype=margin.dtype, device=margin.device
+        )
+        logits[:, self.classes[1]] = positive.to(margin.dtype) * ONE_HOT_LOGIT
+        logits[:, self.classes[0]] = (~positive).to(margin.dtype) * ONE_HOT_LOGIT
+        return logits
+
+    def class_probabilities(self, x: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+        """P(f(x + σε) = c) for every class c [B, K]: the smoothed classifier, exactly."""
+        side = self.smoothed_probability(x, sigma)
+        out = np.zeros((len(side), self.num_classes))
+        out[:, self.classes[1]], out[:, self.classes[0]] = side, 1.0 - side
+        return out
+
+    def smoothed_probability(self, x: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def content_hash(self) -> str:
+        """SHA-256 (hex) of the model's family, classes and parameters (float64 bytes):
+        the model hash of a method rebuilt on it (what its artifacts are keyed by)."""
+        digest = hashlib.sha256(
+            f"{self.family}/{self.num_classes}/{self.classes}/{self.one_hot}".encode()
+        )
+        for name, value in sorted(self._parameters_for_hash().items()):
+            digest.update(name.encode())
+            digest.update(np.ascontiguousarray(value, dtype=np.float64).tobytes())
+        return digest.hexdigest()
+
+    def _parameters_for_hash(self) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+
+class LinearClassifier(_Analytic):
+    """f(x) = [w·x > b] with unit normal w (default e_1), as logits (0, w·x − b), or
+    one-hot logits of ``classes[w·x > b]``."""
+
+    family = "linear"
+
+    def __init__(
+        self, dim: int, offset: float = 0.0, one_hot: bool = False, num_classes: int = 2,
+        classes: tuple[int, int] = (0, 1),
+    ) -> None:  # fmt: skip
+        super().__init__(one_hot, num_classes, classes)
+        w = torch.zeros(dim)
+        w[0] = 1.0
+        self.register_buffer("w", w)
+        self.offset = float(offset)
+
+    def set_plane(self, normal: torch.Tensor, offset: float) -> None:
+        """Move the boundary to {x : w·x = offset}, w = normal / ‖normal‖."""
+        normal = normal.flatten().to(self.w.device, self.w.dtype)
+        self.w.copy_(normal / normal.norm())
+        self.offset = float(offset)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._logits(x.flatten(1) @ self.w - self.offset)
+
+    def signed_distance(self, x: np.ndarray) -> np.ndarray:
+        """Euclidean signed distance to the plane (float64; w is stored in float32, so it is
+        divided by its norm in float64)."""
+        w = self.w.double().cpu().numpy()
+        flat = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
+        return (flat @ w - self.offset) / np.linalg.norm(w)
+
+    def smoothed_probability(self, x: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+        """P(f(x + σε) = side 1) = Φ((w·x − b)/σ)."""
+        return stats.norm.cdf(self.signed_distance(x) / np.asarray(sigma))
+
+    def _parameters_for_hash(self) -> dict[str, np.ndarray]:
+        return {"w": self.w.double().cpu().numpy(), "offset": np.array([self.offset])}
+
+
+class BallClassifier(_Analytic):
+    """f(x) = [‖x − c‖ <= ρ] (default c = 0), as logits (0, ρ − ‖x − c‖), or one-hot
+    logits of ``classes[inside]``."""
+
+    family = "ball"
+
+    def __init__(
+        self, dim: int, radius: float = 1.0, one_hot: bool = False, num_classes: int = 2,
+        classes: tuple[int, int] = (0, 1),
+    ) -> None:  # fmt: skip
+        super().__init__(one_hot, num_classes, classes)
+        self.dim = dim
+        self.radius = float(radius)
+        self.register_buffer("center", torch.zeros(dim))
+
+    def set_ball(self, center: torch.Tensor, radius: float) -> None:
+        """Move the ball to B(center, radius)."""
+        self.center.copy_(center.flatten().to(self.center.device, self.center.dtype))
+        self.radius = float(radius)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._logits(self.radius - (x.flatten(1) - self.center).norm(dim=1))
+
+    def smoothed_probability(self, x: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+        """P(f(x + σε) = inside) = χ²_N(ρ²/σ²; nc = ‖x − c‖²/σ²) (noncentral χ² CDF)."""
+        sigma = np.asarray(sigma, dtype=np.float64)
+        flat = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
+        dist2 = np.sum((flat - self.center.double().cpu().numpy()) ** 2, axis=1)
+        return stats.ncx2.cdf(self.radius**2 / sigma**2, self.dim, dist2 / sigma**2)
+
+    def _parameters_for_hash(self) -> dict[str, np.ndarray]:
+        return {"center": self.center.double().cpu().numpy(), "radius": np.array([self.radius])}
+
+
+def build_linear(input_shape: tuple[int, ...], num_classes: int, params: Mapping[str, Any]):
+    dim = _checked_dim(input_shape, num_classes, params, "linear-N")
+    return LinearClassifier(dim, params.get("offset", 0.0))
+
+
+def build_ball(input_shape: tuple[int, ...], num_classes: int, params: Mapping[str, Any]):
+    dim = _checked_dim(input_shape, num_classes, params, "ball-N")
+    radius = float(params.get("radius", 1.0))
+    if radius <= 0:
+        raise ParameterError(f"ball-N radius must be positive, got {radius}")
+    return BallClassifier(dim, radius)
+
+
+def _checked_dim(input_shape, num_classes, params, name) -> int:
+    dim = int(np.prod(input_shape))
+    if "dim" in params and params["dim"] != dim:
+        raise ParameterError(
+            f"{name} with N={params['dim']} needs {params['dim']}-dimensional inputs, got {dim}"
+        )
+    if num_classes != 2:
+        raise ParameterError(
+            f"{name} is a binary classifier; the dataset has {num_classes} classes"
+        )
+    return dim
+
+
+def load_ball_dataset(
+    dim: int, seed: int = 0, radius: float = 1.0, train_size: int = 2000, test_size: int = 500
+) -> Dataset:
+    """Points x = ‖x‖·u with u uniform on the sphere and ‖x‖ uniform in [0, 2ρ]; label [‖x‖ <= ρ]."""
+    if dim < 1:
+        raise ParameterError(f"ball-N needs N >= 1, got {dim}")
+    rng = np.random.default_rng([seed, dim, 7])
+
+    def sample(count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        u = rng.standard_normal((count, dim))
+        u /= np.linalg.norm(u, axis=1, keepdims=True)
+        norms = rng.uniform(0, 2 * radius, count)
+        x = u * norms[:, None]
+        return torch.from_numpy(x.astype(np.float32)), torch.from_numpy(
+            (norms <= radius).astype(np.int64)
+        )
+
+    train_x, train_y = sample(train_size)
+    test_x, test_y = sample(test_size)
+    return Dataset(f"ball-{dim}", train_x, train_y, test_x, test_y, 2, ("outside", "inside"))

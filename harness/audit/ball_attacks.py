@@ -1,0 +1,183 @@
+"""Searches inside a certified ball, shared by S4 (:mod:`harness.audit.counterexamples`),
+the coverage check and the empirical attack: σ at the ball's points, the exact flip on
+the analytic ``ball-N`` model, ℓ2 PGD on the smoothed classifier, and the fresh Monte
+Carlo estimate that confirms a candidate (Súkeník et al. 2022, App. C)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from harness.mathematics.stats import (
+    clopper_pearson_lower_array,
+    clopper_pearson_upper,
+    hoeffding_lower,
+    hoeffding_upper,
+)
+
+
+def sigma_in_ball(provider, ball_sigma: dict[int, float] | None, input_id: int):
+    """σ at the points of a certified ball: the method's σ(x), or for memory
+    certificates the constant σ of the ball (``ball_sigma`` by input id)."""
+    if ball_sigma is None:
+        return provider
+    return lambda points: torch.full((len(points),), ball_sigma[input_id], dtype=torch.float64)
+
+
+def sigma_and_gradient(provider, center: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """σ at one input [1, *shape] (detached) and ∇σ there (flattened, float64, on the CPU),
+    in one evaluation; the gradient is None if σ is not differentiable."""
+    x = center.detach().float().requires_grad_(True)
+    try:
+        with torch.enable_grad():
+            sigma = provider(x)
+            if not sigma.requires_grad:
+                return sigma.detach(), None
+            (grad,) = torch.autograd.grad(sigma.sum(), x)
+    except RuntimeError:  # σ not differentiable (e.g. computed by a search in no-grad mode)
+        with torch.no_grad():
+            return provider(center), None
+    grad = grad.flatten().double().cpu()
+    ok = bool(torch.isfinite(grad).all()) and float(grad.norm()) > 0
+    return sigma.detach(), grad if ok else None
+
+
+def ball_flip(
+    provider, model, center: torch.Tensor, radius: float, prediction: int, gen: torch.Generator,
+    gradient: torch.Tensor | None = None,
+):  # fmt: skip
+    """A point of B(center, radius) whose exact smoothed prediction on the ball classifier
+    ``model`` (with the method's own σ there: ``model.classes[inside]``) is not the class
+    ``prediction``, or None.
+
+    Searched at the center and on rays from it: in 2-D every angle of a 48-gon at 8
+    fractions of the radius; in more dimensions (each σ evaluation may be a costly
+    search) at the full radius (just inside the open ball) on 10 rays: towards and away
+    from the ball's centre, along ±∇σ(center) (where σ grows or shrinks fastest) and
+    their sums with the radial rays, and random directions.
+    """
+    dim = center.numel()
+    flat = center.flatten().double().cpu()
+    if dim == 2:
+        angles = torch.linspace(0, 2 * math.pi, 49, dtype=torch.float64)[:-1]
+        directions = torch.stack([torch.cos(angles), torch.sin(angles)], dim=1)
+        fractions = torch.linspace(0, 1, 9, dtype=torch.float64)[1:]
+    else:
+        fractions = torch.tensor([1.0], dtype=torch.float64)
+        offset = flat - model.center.double().cpu()
+        radial = offset / offset.norm().clamp_min(1e-12)
+        rays = [radial, -radial]
+        grad = gradient if gradient is not None else sigma_and_gradient(provider, center[None])[1]
+        if grad is not None:
+            g = grad / grad.norm()
+            rays += [g, -g, g + radial, g - radial, -g + radial, -g - radial]
+        rays = torch.stack([r / r.norm().clamp_min(1e-12) for r in rays])
+        rand = torch.randn(10 - len(rays), dim, generator=gen, dtype=torch.float64)
+        directions = torch.cat([rays, rand / rand.norm(dim=1, keepdim=True)])
+    fractions[-1] = 1 - 1e-6
+    points = (flat + radius * fractions[:, None, None] * directions[None]).reshape(-1, dim)
+    points = torch.cat([flat[None], points]).float().view(-1, *center.shape)
+    with torch.no_grad():
+        sigma = provider(points.to(center.device)).double().cpu().numpy()
+    inside = model.smoothed_probability(points.numpy(), sigma)
+    flipped = np.nonzero(np.where(inside > 0.5, model.classes[1], model.classes[0]) != prediction)[
+        0
+    ]
+    if not len(flipped):
+        return None
+    k = int(flipped[0])
+    return {"point": points[k].flatten().tolist(), "sigma": float(sigma[k]), "exact_p_inside": float(inside[k]),
+            "distance": float((points[k].double().flatten() - flat).norm())}  # fmt: skip
+
+
+STREAM_CONFIRM = 3
+"""Noise stream of the fresh Monte Carlo estimates that confirm attack candidates (on
+an engine whose seed comes from the audit's entropy)."""
+
+
+def pgd_on_smoothed(
+    model: torch.nn.Module,
+    x0: torch.Tensor,
+    target: torch.Tensor,
+    radius: torch.Tensor,
+    sigma_at: Callable[[torch.Tensor], torch.Tensor],
+    steps: int,
+    samples: int,
+    gen: torch.Generator,
+    start: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """ℓ2 PGD on the smoothed classifier: points of the balls B(x0_i, radius_i) where class
+    ``target_i`` of the mean softmax over ``samples`` noise draws loses the most.
+
+    Each of ``steps`` steps descends the log-margin log p_target − log max_{c≠target} p_c
+    of E[softmax(f(x + σ(x)ε))] (the differentiable surrogate of both smoothings, as in
+    Salman et al. 2019, §3) by 2.5·radius/steps along the normalized gradient, then
+    projects strictly inside the open ball. ``sigma_at(x)`` gives σ at the iterates (it
+    may carry a gradient); the walk starts at ``start`` (default ``x0``).
+    """
+    device = x0.device
+    shape = (-1,) + (1,) * (x0.dim() - 1)
+    x1 = (x0 if start is None else start).clone()
+    step = 2.5 * radius / max(steps, 1)
+    for _ in range(steps):
+        x1 = x1.detach().requires_grad_(True)
+        with torch.enable_grad():
+            sigma = sigma_at(x1)
+            eps = torch.randn((samples, *x1.shape), generator=gen).to(device)
+            noisy = (x1[None] + sigma.float().view(1, *shape) * eps).reshape(-1, *x1.shape[1:])
+            probs = torch.softmax(model(noisy), dim=-1).view(samples, len(x1), -1).mean(0)
+            own = probs.gather(1, target[:, None]).squeeze(1)
+            other = probs.scatter(1, target[:, None], -1.0).max(dim=1).values
+            margin = torch.log(own.clamp_min(1e-12)) - torch.log(other.clamp_min(1e-12))
+            (grad,) = torch.autograd.grad(margin.sum(), x1)
+        with torch.no_grad():
+            g = grad.flatten(1)
+            g = g / g.norm(dim=1, keepdim=True).clamp_min(1e-12)
+            x1 = x1 - step.view(shape) * g.view_as(x1)
+            delta = (x1 - x0).flatten(1)
+            # strictly inside the open certified ball
+            scale = ((1 - 1e-6) * radius / delta.norm(dim=1).clamp_min(1e-12)).clamp(max=1.0)
+            x1 = x0 + (delta * scale[:, None]).view_as(x0)
+    return x1.detach()
+
+
+def confirm_other_class(
+    engine, x: torch.Tensor, sigma: torch.Tensor, ids: list[int], target: list[int], num: int,
+    level: float, soft: bool, stream: int = STREAM_CONFIRM,
+) -> list[dict | None]:  # fmt: skip
+    """Fresh Monte Carlo at each point ``x_k`` (σ ``sigma_k``, noise of input ``ids_k`` in
+    ``stream``): does another class beat ``target_k``?
+
+    Per point, an upper bound on the target's probability (or mean output, for soft
+    smoothing: Hoeffding) and a lower bound for every other class, each at ``level``
+    (Clopper–Pearson for counts); a point is confirmed when some other class's lower bound
+    exceeds the target's upper bound, so the smoothed classifier there (argmax) is not
+    the target. Returns per point None or the winning class with both bounds.
+    """
+    classes = engine.num_classes
+    if soft:
+        means = np.stack([s.means for s in engine.soft_stats(x, sigma, ids, num, stream)])
+    else:
+        counts = engine.counts(x, sigma, ids, num, stream)
+    out: list[dict | None] = []
+    for k, t in enumerate(target):
+        others = [j for j in range(classes) if j != t]
+        if soft:
+            upper = float(hoeffding_upper(means[k, t], num, level))
+            lowers = hoeffding_lower(means[k, others], num, level)
+        else:
+            upper = clopper_pearson_upper(int(counts[k, t]), num, level)
+            lowers = clopper_pearson_lower_array(
+                counts[k, others], np.full(len(others), num), level
+            )
+        best = int(np.argmax(lowers))
+        out.append(
+            {"winning_class": others[best], "lower_bound_winning_class": float(lowers[best]),
+             "upper_bound_certified_class": upper}
+            if lowers[best] > upper
+            else None
+        )  # fmt: skip
+    return out

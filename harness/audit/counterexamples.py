@@ -1,0 +1,332 @@
+"""S4: concrete counterexamples to certificates (Súkeník et al. 2022, App. C).
+
+Each certificate holds with probability >= 1 − α per input it is asked about, so a
+sound method may issue a few false ones; each kind of counterexample (a)–(c) below is
+counted and tested against Binomial(trials, α) (one-sided; trials = the certificates
+examined, abstentions included), and the p-values of the sub-tests that ran are combined
+by Holm's step-down procedure at :data:`~harness.foundation.verdict.P_THRESHOLD`
+(family-wise error <= the threshold, over the sub-tests that ran). The method is
+``violated`` when a sub-test is rejected. (d) is a flag, not a test. One false
+certificate among m trials has p >= 1 − (1 − α)^m >= α, so with α >= the threshold at
+least two are needed; the evidence states the fewest confirmed violations that would be
+significant.
+
+(a) Two certified inputs with different predictions whose certified balls intersect:
+a point in both balls would have to be classified as both, so one certificate is false.
+(b) On the analytic ``ball-N`` base model: a point inside a certified ball whose exact
+smoothed prediction (with the method's σ at that point) differs from the certified one.
+(c) An ℓ2 PGD attack on the smoothed classifier inside each certified ball among
+``budget.audited_inputs`` certificates drawn at random from the audit's entropy (as is
+the attack's noise), σ(x1) recomputed by the method at x1, every candidate confirmed by
+a fresh Monte Carlo estimate (noise seeded from the audit's entropy) whose
+Clopper–Pearson upper bound on the certified class is below another class's lower
+bound. The confirmations err jointly with probability <= :data:`CONFIRMATION_ERROR`,
+which is added to the attack's p-value (:func:`attack_pvalue`).
+(d) Memory-based certifiers (``order_dependent``) are flagged ``order-dependent`` and
+not attacked; S5 (:mod:`harness.audit.order`) replays their input orders.
+
+For a σ-smoothing (dual RS, Sun et al. 2026), σ at a point is the harness's draw of the
+σ-estimator, and (b) and (c) count a point only if it is a counterexample at every σ
+level plausible there (:mod:`harness.audit.sigma_smoothing`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from harness.audit import sigma_smoothing as smoothed
+from harness.audit.analytic import BallClassifier
+from harness.audit.audit import Audit
+from harness.audit.ball_attacks import (
+    ball_flip,
+    confirm_other_class,
+    pgd_on_smoothed,
+    sigma_in_ball,
+)
+from harness.certification.certify import checked_sigma, sigma_smoothing
+from harness.foundation.certificate import ABSTAIN
+from harness.foundation.verdict import P_THRESHOLD, CheckResult, Verdict
+from harness.mathematics.stats import (
+    false_certificates_pvalue,
+    holm_rejections,
+)
+
+NAME = "counterexamples"
+
+
+def intersecting_pairs(points: torch.Tensor, radii: torch.Tensor, predictions: torch.Tensor):
+    """Pairs (i, j), i < j, with different predictions and ‖x_i − x_j‖ < R_i + R_j.
+
+    Returns (i, j, distance, overlap) tensors, most overlapping first.
+    """
+    flat = points.flatten(1).double()
+    dist = torch.cdist(flat, flat)
+    overlap = radii[:, None] + radii[None, :] - dist
+    # balls that only touch do not intersect (open balls); allow rounding of d − R_i
+    mask = (predictions[:, None] != predictions[None, :]) & (overlap > 1e-9 * (1 + dist))
+    mask &= torch.triu(torch.ones_like(mask), diagonal=1)
+    i, j = torch.nonzero(mask, as_tuple=True)
+    order = torch.argsort(overlap[i, j], descending=True)
+    return i[order], j[order], dist[i, j][order], overlap[i, j][order]
+
+
+CONFIRMATION_ERROR = P_THRESHOLD / 100
+"""Probability that some fresh Monte Carlo confirmation of an attack candidate is wrong
+(its bounds hold jointly over every candidate and class with probability 1 − this); it
+is added to the attack's p-value."""
+
+
+def attack_pvalue(confirmed: int, audited: int, alpha: float) -> float:
+    """P(at least ``confirmed`` confirmed violations among ``audited`` sound certificates)
+    <= P(Binomial(audited, α) >= confirmed) + :data:`CONFIRMATION_ERROR`: a confirmed
+    violation is a false certificate unless some confirmation erred."""
+    if not confirmed:
+        return 1.0
+    return min(1.0, false_certificates_pvalue(confirmed, audited, alpha) + CONFIRMATION_ERROR)
+
+
+def _minimal_count(trials: int, alpha: float, threshold: float) -> int | None:
+    """Fewest confirmed violations among ``trials`` that give p < ``threshold``, or None."""
+    for k in range(1, trials + 1):
+        if attack_pvalue(k, trials, alpha) < threshold:
+            return k
+    return None
+
+
+def check_counterexamples(audit: Audit) -> CheckResult:
+    certs = audit.certificates
+    gen = audit.generator(f"{NAME}/flips")
+    alpha = audit.context.protocol.alpha
+    evidence: dict = {"null": "Binomial(trials, α) per sub-test, trials = certificates examined "
+                              "(abstentions included)"}  # fmt: skip
+    tests: dict[str, tuple[float, str]] = {}
+    pairs = _intersections(certs, audit.inputs)
+    pairs["trials"] = len(certs)
+    pairs["p_value"] = false_certificates_pvalue(pairs.get("false_at_least", 0), len(certs), alpha)
+    evidence["intersections"] = pairs
+    if pairs["count"]:
+        e = pairs["example"]
+        tests["intersections"] = (pairs["p_value"], (
+            f"{pairs['count']} pairs of certified balls with different predictions intersect "
+            f"(at least {pairs['false_at_least']} false certificates), e.g. inputs {e['inputs'][0]} "
+            f"and {e['inputs'][1]} at distance {e['distance']:.10g} < {e['radii'][0]:.10g} + "
+            f"{e['radii'][1]:.10g}"))  # fmt: skip
+    else:
+        tests["intersections"] = (pairs["p_value"], "")
+    model = audit.context.model  # as trained; its exact smoothing is that of fp32 arithmetic
+    soft = audit.certifier.smoothing == "soft"
+    rounded = audit.context.protocol.precision in ("bf16", "fp16")
+    if isinstance(model, BallClassifier) and rounded:
+        evidence["exact_flips"] = (f"not applicable: the run certified the ball classifier in "
+                                   f"{audit.context.protocol.precision}, whose rounded boundary "
+                                   "has no closed-form smoothing")  # fmt: skip
+    elif isinstance(model, BallClassifier) and soft and not model.one_hot:
+        evidence["exact_flips"] = ("not applicable: the base model's softmax is not one-hot, so "
+                                   "the soft smoothed classifier has no closed form")  # fmt: skip
+    elif isinstance(model, BallClassifier):
+        flips = []
+        memory = audit.certifier.order_dependent
+        ball_sigma = audit.certifier.ball_sigmas(certs) if memory else None
+        flip_at = _smoothed_flip(audit, gen, len(certs))
+        for c, x in zip(certs, audit.inputs, strict=True):
+            if c["prediction"] != ABSTAIN and c["radius"] > 0:
+                flip = flip_at(c, x) if flip_at else ball_flip(
+                    sigma_in_ball(audit.sigma_provider, ball_sigma, c["input_id"]),
+                    model,
+                    x.to(audit.context.device),
+                    c["radius"],
+                    c["prediction"],
+                    gen,
+                )  # fmt: skip
+                if flip is not None:
+                    flips.append({"input_id": c["input_id"], "radius": c["radius"], **flip})
+        p_flips = false_certificates_pvalue(len(flips), len(certs), alpha)
+        evidence["exact_flips"] = {"count": len(flips), "trials": len(certs), "p_value": p_flips,
+                                   "examples": flips[:3]}  # fmt: skip
+        message = ""
+        if flips:
+            f = flips[0]
+            message = (
+                f"{len(flips)} certified balls contain a point with another exact smoothed prediction, e.g. "
+                f"input {f['input_id']} (radius {f['radius']:.6g}) at distance {f['distance']:.6g}, σ there "
+                f"{f['sigma']:.6g}, exact P(inside) {f['exact_p_inside']:.6g}"
+            )
+        tests["exact_flips"] = (p_flips, message)
+    flags = []
+    if audit.certifier.order_dependent:
+        flags.append("order-dependent")
+        evidence["attack"] = "not applicable: memory certificates depend on the order of inputs"
+    else:
+        confirmed, attacked, audited = attack_certificates(audit)
+        p_attack = attack_pvalue(len(confirmed), len(audited), alpha)
+        evidence["attack"] = {
+            "audited": len(audited),
+            "inputs": audited,
+            "attacked": attacked,
+            "confirmed": len(confirmed),
+            "p_value": p_attack,
+            "confirmation_error": CONFIRMATION_ERROR,
+            "examples": confirmed[:3],
+        }
+        message = ""
+        if confirmed:
+            c = confirmed[0]
+            message = (
+                f"PGD found {len(confirmed)} confirmed points, e.g. input {c['input_id']}: at distance "
+                f"{c['distance']:.10g} < radius {c['radius']:.10g}, σ {c['sigma_at_point']:.4g}, class "
+                f"{c['winning_class']} (>= {c['lower_bound_winning_class']:.6g}) beats the certified class "
+                f"{c['certified_class']} (<= {c['upper_bound_certified_class']:.6g}), {c['samples']} fresh samples"
+            )
+        tests["attack"] = (p_attack, message)
+    names = list(tests)
+    rejected = holm_rejections([tests[k][0] for k in names], P_THRESHOLD)
+    if isinstance(evidence["attack"], dict):  # at Holm's smallest level, over the sub-tests run
+        evidence["attack"]["minimal_significant_count"] = _minimal_count(
+            evidence["attack"]["audited"], alpha, P_THRESHOLD / len(names)
+        )
+    evidence["correction"] = (
+        f"Holm over {len(names)} sub-tests ({', '.join(names)}) at {P_THRESHOLD:g}"
+    )
+    found = [
+        f"{tests[k][1]} (p = {tests[k][0]:.3g})" for k, r in zip(names, rejected, strict=True) if r
+    ]
+    if found:
+        return CheckResult(NAME, Verdict.VIOLATED, "; ".join(found), evidence, flags)
+    seen = [k for k in names if tests[k][1]]
+    summary = "no counterexample found" if not seen else (
+        "false certificates no more frequent than α allows (" + ", ".join(seen) + ")"
+    )  # fmt: skip
+    return CheckResult(NAME, Verdict.SOUND, f"{summary}; {evidence['correction']}", evidence, flags)
+
+
+def _matching(i: torch.Tensor, j: torch.Tensor) -> int:
+    """Size of a greedy matching of the pairs: at least that many certificates are false."""
+    used: set[int] = set()
+    size = 0
+    for a, b in zip(i.tolist(), j.tolist(), strict=True):
+        if a not in used and b not in used:
+            used.update((a, b))
+            size += 1
+    return size
+
+
+def _intersections(certs: list[dict], inputs: torch.Tensor) -> dict:
+    keep = [k for k, c in enumerate(certs) if c["prediction"] != ABSTAIN and c["radius"] > 0]
+    if len(keep) < 2:
+        return {"certificates": len(keep), "count": 0}
+    radii = torch.tensor([certs[k]["radius"] for k in keep], dtype=torch.float64)
+    preds = torch.tensor([certs[k]["prediction"] for k in keep])
+    i, j, dist, _ = intersecting_pairs(inputs[torch.tensor(keep)].cpu(), radii, preds)
+    out: dict = {"certificates": len(keep), "count": len(i), "false_at_least": _matching(i, j)}
+    if len(i):
+        a, b = keep[int(i[0])], keep[int(j[0])]
+        out["example"] = {
+            "inputs": [certs[a]["input_id"], certs[b]["input_id"]],
+            "predictions": [certs[a]["prediction"], certs[b]["prediction"]],
+            "radii": [certs[a]["radius"], certs[b]["radius"]],
+            "distance": float(dist[0]),
+        }
+    return out
+
+
+def _smoothed_flip(audit: Audit, gen: torch.Generator, searches: int):
+    """For a σ-smoothing (dual RS), the exact-flip search of one stored certificate at the
+    σ levels the harness draws (:func:`harness.audit.sigma_smoothing.ball_flip`);
+    None for any other σ-provider."""
+    smoothing = sigma_smoothing(audit.sigma_provider)
+    if smoothing is None:
+        return None
+
+    def flip(c: dict, x: torch.Tensor):
+        level = int(np.argmax(c["draws"]["sigma"]["selection"]))
+        return smoothed.ball_flip(audit, audit.context, smoothing, audit.context.model,
+                                  x.to(audit.context.device), c["radius"], c["prediction"], level,
+                                  gen, f"counterexamples/flip/{c['input_id']}", searches)  # fmt: skip
+
+    return flip
+
+
+def attack_certificates(audit: Audit) -> tuple[list[dict], int, list[int]]:
+    """S4c: PGD inside the certified balls among ``audited_inputs`` certificates drawn at
+    random from the audit's entropy (abstentions count as audited trials: the guarantee is
+    per input asked about); the attack's noise and the confirmations' too.
+
+    Returns (confirmed violations, attacked, the audited input ids)."""
+    budget, certs = audit.budget, audit.certificates
+    picked = audit.subset(f"{NAME}/attack-inputs", len(certs), budget.audited_inputs).tolist()
+    audited = [int(certs[k]["input_id"]) for k in picked]
+    chosen = [k for k in picked if certs[k]["prediction"] != ABSTAIN and certs[k]["radius"] > 0]
+    if not chosen:
+        return [], 0, audited
+    gen = audit.generator(f"{NAME}/attack")
+    engine = audit.context.engine
+    device, provider = audit.context.device, audit.sigma_provider
+    smoothing = sigma_smoothing(provider)
+    x0 = audit.inputs[torch.tensor(chosen)].to(device, torch.float32)
+    radius = torch.tensor([certs[k]["radius"] for k in chosen], device=device)
+    target = torch.tensor([certs[k]["prediction"] for k in chosen], device=device)
+
+    def sigma_at(x1: torch.Tensor) -> torch.Tensor:
+        if smoothing is not None:  # the certificate's own σ, meant to be constant in its ball
+            return torch.tensor([certs[k]["sigma"] for k in chosen], device=device)
+        sigma = provider(x1)
+        checked_sigma(sigma.detach(), len(x1), audit.method.sigma_provider,
+                      " at a PGD point inside a certified ball")  # fmt: skip
+        return sigma if sigma.requires_grad else sigma.detach()
+
+    x1 = pgd_on_smoothed(engine.model, x0, target, radius, sigma_at, budget.attack_steps,
+                         budget.attack_samples, gen)  # fmt: skip
+    engine = audit.fresh_engine(f"{NAME}/confirm")
+    return _confirm(audit, engine, x0, x1, chosen, target), len(chosen), audited
+
+
+def _confirm(audit, engine, x0, x1, chosen, target) -> list[dict]:
+    """Fresh Monte Carlo at each candidate x1 (:func:`confirm_other_class`, noise seeded
+    from the audit's entropy), jointly at level :data:`CONFIRMATION_ERROR` over all
+    candidates, classes and σ (a union bound).
+
+    σ at x1 is the method's; for a σ-smoothing, every level plausible at x1 by the
+    harness's draws of its σ-estimator
+    (:func:`harness.audit.sigma_smoothing.plausible_at`, which spends a share of the
+    same error), and a candidate is confirmed only if another class wins at each."""
+    certs, budget = audit.certificates, audit.budget
+    num = 16 * budget.attack_samples
+    ids = [certs[k]["input_id"] for k in chosen]
+    smoothing = sigma_smoothing(audit.sigma_provider)
+    if smoothing is None:
+        with torch.no_grad():
+            sigma = audit.sigma(x1, " at a PGD point inside a certified ball").double().cpu()
+        candidates = [(sigma, np.ones(len(chosen), dtype=bool))]
+        error = CONFIRMATION_ERROR
+    else:
+        levels, plausible = smoothed.plausible_at(audit, smoothing, x1, num, CONFIRMATION_ERROR / 2,
+                                                  f"{NAME}/confirm-sigma")  # fmt: skip
+        candidates = [(torch.full((len(chosen),), s, dtype=torch.float64), plausible[:, j])
+                      for j, s in enumerate(levels)]  # fmt: skip
+        error = CONFIRMATION_ERROR / 2
+    level = error / (len(chosen) * engine.num_classes * len(candidates))  # union bound
+    soft = audit.certifier.smoothing == "soft"
+    weakest: list[dict | None] = [None] * len(chosen)  # per candidate, its weakest plausible σ
+    confirmed = np.ones(len(chosen), dtype=bool)
+    for sigma, applies in candidates:
+        verdicts = confirm_other_class(engine, x1, sigma, ids, target.tolist(), num, level, soft)
+        for k, hit in enumerate(verdicts):
+            if not applies[k]:
+                continue
+            if hit is None:
+                confirmed[k] = False
+                continue
+            gap = hit["lower_bound_winning_class"] - hit["upper_bound_certified_class"]
+            if weakest[k] is None or gap < weakest[k]["gap"]:
+                weakest[k] = {"gap": gap, "sigma_at_point": float(sigma[k]), **hit}
+    found = []
+    for k, t in enumerate(target.tolist()):
+        if confirmed[k] and weakest[k] is not None:
+            hit = {key: v for key, v in weakest[k].items() if key != "gap"}
+            found.append({
+                "input_id": ids[k], "certified_class": t, "radius": certs[chosen[k]]["radius"],
+                "distance": float((x1[k] - x0[k]).flatten().norm()), **hit, "samples": num,
+                "level": level,
+            })  # fmt: skip
+    return found

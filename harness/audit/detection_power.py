@@ -1,0 +1,184 @@
+"""Detection power of the soundness checks, measured on rigged and on sound methods.
+
+The rigged methods are third-party plugins handed in by the caller (the core imports no
+plugin): ``tests/rigged_methods.py`` writes one per class of cheat against the public
+API, and runs this module's :func:`main` with them,
+
+    python3 -m tests.rigged_methods [--benchmark ball-2|fashion-mnist|both] [--seeds 5]
+        [--alarm-seeds 10] [--budget small|full] [--test-count N] [--out FILE.md]
+
+For each rigged method, the table gives per check how many of the seeds flagged it
+(``unjustified`` or ``violated``), and ``any``; a method that patches the harness's
+engine is run on its own (the patch would reach every method of its run). The built-in
+sound methods (cohen, sukenik, lipschitz-sigma-net) are run over ``--alarm-seeds``
+seeds: any flag is a false alarm. The seed is the run's noise seed; every audit draws
+its own entropy.
+
+Two benchmarks, both at n = 10,000 and α = 0.001:
+
+- ``ball-2``: the analytic ball classifier f = [‖x‖ <= 1] in 2-D, 100 test points,
+  σ = 0.25; its smoothed classifier is known in closed form, so S4's exact flips (b)
+  apply to the run itself.
+- ``fashion-mnist``: 784-d, the default benchmark's MLP (its recipe: 784-200-10, 10
+  epochs of Gaussian augmentation at σ = 0.25, cached like the default benchmark's),
+  every 50th test point (100 by default), σ = 0.25.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import tempfile
+import time
+import types
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from harness.audit.audit import BUDGETS, Budget
+from harness.audit.runner import run_checks
+from harness.foundation.progress import Progress
+from harness.foundation.verdict import Verdict
+from harness.plugin.manager import PluginManager
+from harness.running.benchmark import parse_benchmark
+from harness.running.preparation import RunOptions
+from harness.running.runner import run_benchmark
+
+RUN_ALPHA = 0.001
+N = 10_000
+SIGMA = 0.25
+BENCHMARKS = ("ball-2", "fashion-mnist")
+TEST_COUNT = {"ball-2": 100, "fashion-mnist": 100}
+SOUND_METHODS: dict[str, dict] = {
+    "cohen": {"sigma": SIGMA},
+    "sukenik": {"sigma": SIGMA, "rate": 0.2, "k": 5},
+    "lipschitz-sigma-net": {"train_examples": 128, "train_steps": 30, "sigma_min": 0.3},
+}
+"""Built-in sound methods and the settings of the false-alarm count (small σ-net fit)."""
+FLAGGED = (Verdict.UNJUSTIFIED, Verdict.VIOLATED)
+ENGINE_PATCH = "engine-patch"
+"""The row of the method (plain Cohen) run with a plugin that patches the engine."""
+
+
+def benchmark(
+    name: str, seed: int, methods: Mapping[str, dict], test_count: int | None = None,
+    n: int = N, epochs: int = 10,
+):  # fmt: skip
+    """The detection-power benchmark ``name`` (:data:`BENCHMARKS`) with one setting per method."""
+    count = TEST_COUNT[name] if test_count is None else test_count
+    raw: dict = {"name": f"detection-power-{name}", "seed": seed,
+                 "certification": {"n0": 100, "n": n, "alpha": RUN_ALPHA, "batch_size": 1024},
+                 "methods": [{"name": m, "settings": [dict(s)]} for m, s in methods.items()]}  # fmt: skip
+    if name == "ball-2":
+        raw["dataset"] = {"name": "ball-2", "test_count": count}
+        raw["model"] = {"architecture": "ball-N", "trainer": "none"}
+    elif name == "fashion-mnist":
+        raw["dataset"] = {"name": "fashion-mnist", "test_every": 50, "test_count": count}
+        raw["model"] = {"architecture": "mlp", "trainer": "gaussian-augmentation", "seed": 0,
+                        "trainer_params": {"sigma": 0.25, "epochs": epochs}}  # fmt: skip
+    else:
+        raise ValueError(f"unknown benchmark {name!r}; choose one of {', '.join(BENCHMARKS)}")
+    return parse_benchmark(raw)
+
+
+def flags_per_check(
+    methods: Mapping[str, dict], seeds: Sequence[int], budget: Budget,
+    manager: PluginManager, workdir: Path, name: str = "ball-2", test_count: int | None = None,
+    n: int = N, around: Callable[[], contextlib.AbstractContextManager] | None = None,
+    label: str | None = None, epochs: int = 10, data_root: str | None = None,
+    progress: Progress | None = None,
+) -> dict[str, dict[str, int]]:  # fmt: skip
+    """For each method, how many seeds each check flagged (and ``any``: any check).
+
+    ``around`` (e.g. a plugin that patches the engine) is entered for each seed's run and
+    checks; ``label`` names the row when one method is run (default: its name);
+    ``progress`` reports the seeds done."""
+    counts: dict[str, dict[str, int]] = {}
+    quiet = Progress(enabled=False)
+    what = f"{name}: {label or ', '.join(methods)}"
+    with (progress or quiet).task(what, len(seeds), "seeds") as advance:
+        for seed in seeds:
+            db = workdir / f"{name}-{label or 'methods'}-seed{seed}.sqlite"
+            spec = benchmark(name, seed, methods, test_count, n, epochs)
+            options = RunOptions(db=db, data_root=data_root)
+            with around() if around else contextlib.nullcontext():
+                run_id = run_benchmark(spec, options, quiet, manager)
+                results = run_checks(db, run_id, options, quiet, manager, budget=budget,
+                                     attack=False)  # fmt: skip
+            for (method, _), checks in results.items():
+                row = counts.setdefault(label or method, {"any": 0})
+                for r in checks:
+                    row[r.check] = row.get(r.check, 0) + (r.verdict in FLAGGED)
+                row["any"] += any(r.verdict in FLAGGED for r in checks)
+            advance(1)
+    return counts
+
+
+def markdown(title: str, counts: Mapping[str, Mapping[str, int]], seeds: int) -> str:
+    checks = [*sorted({c for row in counts.values() for c in row if c != "any"}), "any"]
+    lines = [f"### {title}", "", "| method | " + " | ".join(checks) + " |",
+             "|---" * (len(checks) + 1) + "|"]  # fmt: skip
+    for method, row in counts.items():
+        cells = [f"{row.get(c, 0)}/{seeds}" for c in checks]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def measure(
+    name: str, rigged: Sequence[str], seeds: int, alarm_seeds: int, budget: Budget,
+    manager: PluginManager, workdir: Path, engine_patch=None, test_count: int | None = None,
+    data_root: str | None = None, progress: Progress | None = None,
+) -> tuple[dict, dict]:  # fmt: skip
+    """(rigged rows, sound rows) of one benchmark: seeds flagged per method and check."""
+    common = {"name": name, "test_count": test_count, "data_root": data_root,
+              "progress": progress}  # fmt: skip
+    caught = flags_per_check({m: {} for m in rigged}, range(seeds), budget, manager, workdir,
+                             **common)  # fmt: skip
+    if engine_patch is not None:
+        caught |= flags_per_check({"cohen": {"sigma": SIGMA}}, range(seeds), budget, manager,
+                                  workdir, around=engine_patch, label=ENGINE_PATCH, **common)  # fmt: skip
+    alarms = flags_per_check(SOUND_METHODS, range(100, 100 + alarm_seeds), budget, manager,
+                             workdir, **common)  # fmt: skip
+    return caught, alarms
+
+
+def main(
+    argv: Sequence[str] | None, plugin: types.ModuleType,
+    engine_patch: Callable[[], contextlib.AbstractContextManager] | None = None,
+) -> int:  # fmt: skip
+    """The detection-power tables of the rigged methods ``plugin.METHODS`` (a plugin module,
+    registered here) and, with ``engine_patch``, of plain Cohen under that patch."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--benchmark", choices=[*BENCHMARKS, "both"], default="both")
+    parser.add_argument("--seeds", type=int, default=5, help="seeds per rigged method")
+    parser.add_argument("--alarm-seeds", type=int, default=10, help="seeds per sound method")
+    parser.add_argument("--budget", choices=sorted(BUDGETS), default="small")
+    parser.add_argument("--test-count", type=int, help="test points (default: 100)")
+    parser.add_argument("--data-root", help="folder with the Fashion-MNIST files")
+    parser.add_argument("--out", type=Path, help="also write the tables to this markdown file")
+    args = parser.parse_args(argv)
+    manager = PluginManager(third_party=False)
+    manager.register(plugin, name="rigged")
+    budget = BUDGETS[args.budget]
+    names = BENCHMARKS if args.benchmark == "both" else (args.benchmark,)
+    sections = []
+    for name in names:
+        start = time.perf_counter()
+        with tempfile.TemporaryDirectory() as tmp:
+            caught, alarms = measure(name, plugin.METHODS, args.seeds, args.alarm_seeds, budget,
+                                     manager, Path(tmp), engine_patch, args.test_count,
+                                     args.data_root, Progress())  # fmt: skip
+        count = TEST_COUNT[name] if args.test_count is None else args.test_count
+        sections.append(
+            f"## {name}: detection power at the `{args.budget}` budget\n\n"
+            f"{count} test points, n = {N}, α = {RUN_ALPHA}, σ = {SIGMA}; "
+            f"{time.perf_counter() - start:.0f} s.\n\n"
+            + markdown("Rigged methods: seeds flagged per check", caught, args.seeds)
+            + "\n"
+            + markdown("Sound methods: false alarms per check", alarms, args.alarm_seeds)
+        )
+    command = "python3 -m tests.rigged_methods " + " ".join(argv or [])
+    text = f"`{command.strip()}`\n\n" + "\n".join(sections)
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+    return 0

@@ -1,0 +1,227 @@
+"""Replay: a few certificates of the row re-drawn where no plugin runs.
+
+S0 re-derives every claim from the draws the store holds; this check asks whether the
+store holds what the harness's sampling really gives. ``m`` = ``budget.replay_inputs``
+certificates of the row (16 at the ``small`` budget, 64 at ``full``), chosen with the
+audit's entropy (``audit.rng("replay")``, recorded), are re-examined:
+
+1. **σ.** σ(x) is recomputed for all m in a shuffled batch, then for each input alone
+   (a batch of one); each must equal the stored σ bit for bit. A σ-provider whose answer
+   depends on the batch it is asked in, or on its state, is ``violated`` (naming the
+   input and both values). (A provider that memoizes σ by input, such as the built-in
+   σ searches, answers the second query from its memo: the batch is then the
+   recomputation, in another composition than the run's shard.)
+2. **Samples.** ``python -m harness.running.replay`` (:mod:`harness.running.replay`: a fresh interpreter
+   that loads no third-party plugin, given only the run's files, the input ids, the
+   stored σ and the noise keys) re-draws them. On the run's arithmetic (the same
+   fingerprint, :mod:`harness.engine.arithmetic`) the selection and estimation draws of the
+   base model (streams 0/1) and of a σ-smoothing (streams 4/5) must equal the stored
+   ones bit for bit (soft smoothing's float64 means on CUDA, whose atomic sums reorder
+   additions, up to n·2⁻⁵², the bound of reordering n terms in [0, 1]); a mismatch is
+   ``violated``, naming input, stream and both counts. On another arithmetic, n fresh
+   estimation samples at the stored σ on streams from the audit's entropy give, per
+   input, a score z that is exactly N(0, 1) under the null (hard smoothing: the
+   randomized PIT of the stored count of the certified class given the total of stored
+   and fresh counts, :func:`harness.mathematics.stats.replication_z`; soft smoothing: the Welch
+   score of the certified class's mean output, :func:`harness.mathematics.stats.mean_difference_z`,
+   N(0, 1) by the central limit theorem since the outputs lie in [0, 1] and there is no
+   count to condition on); bias (Σz/√m) and dispersion (Σz² against χ²_m) are tested
+   two-sided, Holm-corrected at p < 10⁻³ (:func:`harness.mathematics.stats.replication_test`).
+
+Null: the stored draws are the harness's samples of the run's keys at the stored σ,
+and σ is a function of the input alone. Under it the bit-for-bit comparisons never
+fail and the replication test rejects with probability at most 10⁻³.
+
+The verdict is a function of the recorded evidence and the row's certificates
+(:func:`judge`), so a board's verifier re-derives it (:mod:`harness.reports.leaderboard.recheck`).
+Applicability: every row with the harness's draws. A run whose dataset or base-model
+architecture is not built in, whose weights file is gone, or whose σ-smoothing declares
+no built-in architecture cannot be replayed: an ``error`` (the row is not verified).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from harness.audit.audit import Audit, derived_seed
+from harness.certification.certify import sigma_of, sigma_smoothing
+from harness.foundation.verdict import P_THRESHOLD, CheckResult, Verdict
+
+NAME = "replay"
+STREAMS = {"base": ("selection", 0, "estimation", 1), "sigma": ("selection", 4, "estimation", 5)}
+"""Per smoothing: the name and noise stream of its selection and estimation draws."""
+
+
+def check_replay(audit: Audit) -> CheckResult:
+    from harness.running.replay import Replayer, replay_request
+
+    rows = audit.certificates
+    if any(not r.get("draws") for r in rows):
+        return CheckResult(NAME, Verdict.ERROR, "certificates without the harness's draws: the "
+                           "run was certified before the harness drew the evidence; re-run it")  # fmt: skip
+    if audit.source is None:
+        return CheckResult(NAME, Verdict.ERROR, "the audit names no files of the run to replay")
+    rng = audit.rng("replay")
+    m = min(audit.budget.replay_inputs, len(rows))
+    chosen = np.sort(rng.choice(len(rows), m, replace=False)) if m else np.zeros(0, dtype=int)
+    ids = [int(rows[k]["input_id"]) for k in chosen]
+    x = audit.inputs[chosen].to(audit.context.device) if m else audit.inputs[:0]
+
+    def sigma(index) -> np.ndarray:  # on the inputs' own keys (a σ-smoothing draws on them)
+        return sigma_of(audit.context, audit.sigma_provider, x[index], [ids[k] for k in index],
+                        audit.method.sigma_provider)[0]  # fmt: skip
+
+    order = rng.permutation(m)
+    in_batch = np.zeros(m)
+    if m:  # the batch first: a provider that memoizes by input answers the rest from it
+        in_batch[order] = sigma(order)
+    alone = [float(sigma([k])[0]) for k in range(m)]
+    evidence: dict[str, Any] = {"inputs": ids, "budget": audit.budget.name,
+                                "sigma": {"alone": alone, "batch": in_batch.tolist(),
+                                          "order": order.tolist()}}  # fmt: skip
+    kind = rows[0]["draws"]["base"]["kind"] if rows else audit.certifier.smoothing
+    smoothed = sigma_smoothing(audit.sigma_provider) is not None
+    fresh_seed = derived_seed(audit.entropy, "replay/noise")
+    request = replay_request(
+        audit.source, str(audit.context.device), ids,
+        [rows[k]["draws"]["base"]["sigma"] for k in chosen], kind,
+        f"{audit.method.name} {audit.setting}" if smoothed else None, fresh_seed,
+    )  # fmt: skip
+    replayer = audit.context.memo("harness.running.replay", "process", Replayer)
+    answer = replayer.request(request) if m else {"mode": "exact", "base": {}, "arithmetic": {},
+                                                  "differences": []}  # fmt: skip
+    evidence |= {"mode": answer["mode"], "arithmetic": answer["arithmetic"],
+                 "differences": answer["differences"], "fresh_seed": fresh_seed,
+                 "seconds": answer.get("seconds")}  # fmt: skip
+    drawn = {name: answer[name] for name in ("base", "sigma") if name in answer}
+    if answer["mode"] == "exact":
+        evidence["replayed"] = drawn
+    else:
+        evidence["fresh"] = drawn
+        evidence["u"] = audit.rng("replay/pit").uniform(size=(2, m)).tolist()
+    verdict, summary, detail = judge(evidence, {int(r["input_id"]): r for r in rows})
+    evidence |= detail
+    return CheckResult(NAME, verdict, summary, evidence)
+
+
+def judge(
+    evidence: Mapping[str, Any], certificates: Mapping[int, Mapping[str, Any]]
+) -> tuple[Verdict, str, dict[str, Any]]:
+    """The verdict, summary and derived evidence of a replay record against the row's
+    certificates (by input id): σ, then the bit-for-bit draws or the replication test."""
+    ids = [int(i) for i in evidence["inputs"]]
+    missing = [i for i in ids if i not in certificates]
+    if missing:
+        return Verdict.VIOLATED, f"replayed input {missing[0]} has no certificate in the row", {}
+    rows = [certificates[i] for i in ids]
+    sigma = evidence["sigma"]
+    for i, row, a, b in zip(ids, rows, sigma["alone"], sigma["batch"], strict=True):
+        stored = float(row["sigma"])
+        for how, value in (("alone (a batch of one)", a), ("in a shuffled batch", b)):
+            if float(value) != stored:
+                return Verdict.VIOLATED, (
+                    f"input {i}: σ recomputed {how} is {float(value)!r}, the stored σ is "
+                    f"{stored!r}: the σ-provider's answer depends on the batch or on its state"
+                ), {"mismatch": {"input_id": i, "quantity": "sigma", "how": how,
+                                 "stored": stored, "recomputed": float(value)}}  # fmt: skip
+    where = f"{len(ids)} inputs"
+    if evidence["mode"] == "exact":
+        found = _first_mismatch(ids, rows, evidence["replayed"], evidence.get("arithmetic") or {})
+        if found is not None:
+            return Verdict.VIOLATED, found[0], {"mismatch": found[1]}
+        return (
+            Verdict.SOUND,
+            (
+                f"{where}: σ reproduced alone and in a shuffled batch, and every draw re-drawn bit "
+                "for bit by a process without third-party plugins, on the run's arithmetic"
+            ),
+            {},
+        )
+    z, details = _scores(ids, rows, evidence["fresh"], evidence["u"])
+    test = replication_record(z)
+    derived = {"z": [float(v) for v in z], "scores": details, "test": test}
+    text = (f"replication test with fresh noise on another arithmetic "
+            f"({'; '.join(evidence.get('differences') or [])}): bias Σz/√m = {test['bias']:.3g} "
+            f"(p = {test['p_bias']:.3g}), dispersion Σz² = {test['dispersion']:.3g} on "
+            f"{test['m']} scores (p = {test['p_dispersion']:.3g}), Holm at p < {P_THRESHOLD:g}")  # fmt: skip
+    if test["rejected"]:
+        worst = int(np.argmax(np.abs(z))) if len(z) else 0
+        return Verdict.VIOLATED, (
+            f"{where}: the stored draws are not replicated by fresh samples ({', '.join(test['rejected'])} "
+            f"rejected): {text}; largest score {details[worst]}"
+        ), derived  # fmt: skip
+    return Verdict.SOUND, f"{where}: σ reproduced; {text}", derived
+
+
+def replication_record(z: Sequence[float]) -> dict[str, Any]:
+    """:func:`harness.mathematics.stats.replication_test` at the checks' threshold."""
+    from harness.mathematics.stats import replication_test
+
+    return replication_test(np.asarray(z, dtype=np.float64), P_THRESHOLD)
+
+
+def _first_mismatch(ids, rows, replayed, arithmetic) -> tuple[str, dict] | None:
+    """The first stored draw that differs from its replay: (message, record), or None."""
+    for smoothing, drawn in replayed.items():
+        for position, (i, row) in enumerate(zip(ids, rows, strict=True)):
+            stored = (row.get("draws") or {}).get(smoothing)
+            if stored is None:
+                return (f"input {i}: the replay drew a {smoothing} smoothing the certificate "
+                        "does not carry", {"input_id": i, "smoothing": smoothing})  # fmt: skip
+            tolerance = 0.0
+            if stored.get("kind") == "soft" and arithmetic.get("device_type") == "cuda":
+                tolerance = int(stored["n"]) * 2.0**-52
+            names = STREAMS[smoothing]
+            for name, stream in ((names[0], names[1]), (names[2], names[3]),
+                                 ("estimation_sq", names[3])):  # fmt: skip
+                if name not in drawn:
+                    continue
+                mine = np.asarray(drawn[name][position], dtype=np.float64)
+                theirs = np.asarray(stored.get(name, []), dtype=np.float64)
+                if mine.shape != theirs.shape or np.any(np.abs(mine - theirs) > tolerance):
+                    c = int(np.argmax(np.abs(mine - theirs))) if mine.shape == theirs.shape else 0
+                    hard = stored.get("kind") == "hard"
+                    plain = int if hard else float
+                    mine_l, theirs_l = [plain(v) for v in mine], [plain(v) for v in theirs]
+                    s = theirs_l[c] if theirs_l else None
+                    r = mine_l[c] if mine_l else None
+                    return (
+                        f"input {i}, stream {stream} ({smoothing} {name}): class {c} stored "
+                        f"{s!r}, replayed {r!r} ({'counts' if hard else 'means'} stored "
+                        f"{theirs_l}, replayed {mine_l})",
+                        {"input_id": i, "smoothing": smoothing, "stream": stream, "draw": name,
+                         "class": c, "stored": theirs_l, "replayed": mine_l},
+                    )  # fmt: skip
+    return None
+
+
+def _scores(ids, rows, fresh, u) -> tuple[np.ndarray, list[dict[str, Any]]]:
+    """Scores z per input and smoothing (base, then σ), N(0, 1) under the null."""
+    from harness.mathematics.stats import mean_difference_z, replication_z
+
+    z: list[float] = []
+    details: list[dict[str, Any]] = []
+    for s, smoothing in enumerate(("base", "sigma")):
+        drawn = fresh.get(smoothing)
+        if drawn is None:
+            continue
+        for position, (i, row) in enumerate(zip(ids, rows, strict=True)):
+            stored = row["draws"][smoothing]
+            top = int(np.argmax(stored["selection"]))
+            n = int(stored["n"])
+            if stored["kind"] == "hard":
+                k, f = int(stored["estimation"][top]), int(drawn["estimation"][position][top])
+                score = float(replication_z(np.array([k]), np.array([f]), n, n,
+                                            np.array([u[s][position]]))[0])  # fmt: skip
+            else:
+                k, f = float(stored["estimation"][top]), float(drawn["estimation"][position][top])
+                score = float(mean_difference_z(
+                    k, stored["estimation_sq"][top], f, drawn["estimation_sq"][position][top], n
+                ))  # fmt: skip
+            z.append(score)
+            details.append({"input_id": i, "smoothing": smoothing, "class": top, "stored": k,
+                            "fresh": f, "z": score})  # fmt: skip
+    return np.asarray(z), details

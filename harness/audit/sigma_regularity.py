@@ -1,0 +1,141 @@
+"""S2: is σ(x) as regular as its provider declares? (Súkeník et al. 2022, Def. 3.1)
+
+Random pairs around the audited inputs (``budget.audited_inputs`` of the run's, drawn at
+random from the audit's entropy, as are the pairs), then projected gradient ascent from the worst
+pair on the quotient the certificate relies on:
+
+- semi-elasticity |log σ(x1) − log σ(x0)| / ‖x1 − x0‖ (Súkeník et al. 2022, Def. 3.1)
+  for ``Constant`` (declared 0), ``SemiElastic(r)`` and ``Unregularized`` providers;
+- Lipschitz quotient |σ(x1) − σ(x0)| / ‖x1 − x0‖ and the floor σ >= σ_min for
+  ``Lipschitz(lip, σ_min)`` (Bergstrom et al., Thm 2).
+
+A declared regularity that a pair contradicts makes the certificates ``unjustified``.
+
+A σ-provider that declares a σ-smoothing (dual RS, Sun et al. 2026) is held to what the
+smoothing certifies instead: its level constant on every B(x, R_σ(x))
+(:func:`harness.audit.sigma_smoothing.check_regularity`).
+
+Applicability: the σ-provider declares a regularity (``Constant``, ``SemiElastic`` or
+``Lipschitz``) or a σ-smoothing; for ``Unregularized`` without one there is nothing to
+hold σ against, so the check is ``not-applicable`` and the worst semi-elasticity found
+is information only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.audit import sigma_smoothing as smoothed
+from harness.audit.audit import Audit
+from harness.certification.certify import sigma_smoothing
+from harness.foundation.regularity import Constant, Lipschitz, SemiElastic, Unregularized
+from harness.foundation.verdict import CheckResult, Verdict
+
+NAME = "sigma-regularity"
+SCALES = (0.01, 0.1, 0.5, 1.0)
+RELATIVE_SLACK = 1e-3  # float32 σ evaluations: quotients are accurate to ~1e-5 at ‖δ‖ = 0.01
+ABSOLUTE_SLACK = 1e-5
+
+
+def _quotient(
+    lipschitz: bool, s0: torch.Tensor, s1: torch.Tensor, dist: torch.Tensor
+) -> torch.Tensor:
+    diff = (s1 - s0) if lipschitz else (torch.log(s1) - torch.log(s0))
+    return diff.abs() / dist
+
+
+def check_sigma_regularity(audit: Audit) -> CheckResult:
+    if sigma_smoothing(audit.sigma_provider) is not None:  # σ drawn by the harness (dual RS)
+        return smoothed.check_regularity(audit, NAME)
+    provider, budget = audit.sigma_provider, audit.budget
+    declared = provider.regularity
+    lipschitz = isinstance(declared, Lipschitz)
+    chosen = audit.subset(f"{NAME}/inputs", len(audit.inputs), budget.audited_inputs)
+    x0 = audit.inputs[torch.as_tensor(chosen)].to(audit.context.device, torch.float32)
+    flat = x0.flatten(1)
+    gen = audit.generator(f"{NAME}/pairs")
+    with torch.no_grad():
+        s0 = provider(x0).double()
+    best_q = torch.zeros(len(x0), dtype=torch.float64)
+    best_x1 = x0.clone()
+    min_sigma = float(s0.min())
+    per_scale = max(1, budget.pairs // len(SCALES))
+    for scale in SCALES:
+        for _ in range(per_scale):
+            direction = torch.randn(flat.shape, generator=gen).to(flat.device)
+            direction *= scale / direction.norm(dim=1, keepdim=True)
+            x1 = (flat + direction).view_as(x0)
+            with torch.no_grad():
+                s1 = provider(x1).double()
+            min_sigma = min(min_sigma, float(s1.min()))
+            q = _quotient(lipschitz, s0, s1, torch.full_like(s0, scale)).cpu()
+            better = q > best_q
+            best_q[better] = q[better]
+            best_x1[better] = x1[better.to(x1.device)]
+    gradient = _ascend(provider, x0, s0, best_x1, best_q, lipschitz, budget.ascent_steps)
+    worst = int(torch.argmax(best_q))
+    found = float(best_q[worst])
+    evidence = {
+        "declared": declared.describe(),
+        "worst_quotient": found,
+        "quotient": "|σ1 − σ0|/‖δ‖" if lipschitz else "|log σ1 − log σ0|/‖δ‖",
+        "input_id": audit.certificates[int(chosen[worst])]["input_id"],
+        "audited": [int(audit.certificates[int(k)]["input_id"]) for k in chosen],
+        "distance": float((best_x1[worst] - x0[worst]).flatten().norm()),
+        "sigma0": float(s0[worst]),
+        "sigma1": float(provider(best_x1[worst : worst + 1]).double()[0].detach()),
+        "pairs": len(x0) * per_scale * len(SCALES),
+        "ascent": gradient,
+        "min_sigma": min_sigma,
+    }
+    if isinstance(declared, Unregularized):
+        return CheckResult(NAME, Verdict.NOT_APPLICABLE,
+                           f"undeclared regularity; worst semi-elasticity found {found:.4g}", evidence)  # fmt: skip
+    bound = (
+        0.0
+        if isinstance(declared, Constant)
+        else (declared.rate if isinstance(declared, SemiElastic) else declared.lip)
+    )
+    ok = found <= bound * (1 + RELATIVE_SLACK) + ABSOLUTE_SLACK
+    if lipschitz and min_sigma < declared.sigma_min * (1 - 1e-6):
+        return CheckResult(NAME, Verdict.UNJUSTIFIED,
+                           f"σ = {min_sigma:.10g} below the declared σ_min {declared.sigma_min:.10g}", evidence)  # fmt: skip
+    if ok:
+        return CheckResult(
+            NAME,
+            Verdict.SOUND,
+            f"worst quotient {found:.10g} within declared {declared.describe()}",
+            evidence,
+        )
+    return CheckResult(
+        NAME, Verdict.UNJUSTIFIED,
+        f"input {evidence['input_id']}: quotient {found:.10g} at distance {evidence['distance']:.3g} "
+        f"exceeds the declared {declared.describe()}", evidence,
+    )  # fmt: skip
+
+
+def _ascend(provider, x0, s0, best_x1, best_q, lipschitz: bool, steps: int) -> str:
+    """Projected gradient ascent of the quotient from the best random pairs (in place)."""
+    x1 = best_x1.clone()
+    step = 0.05
+    for _ in range(steps):
+        x1 = x1.detach().requires_grad_(True)
+        with torch.enable_grad():
+            try:
+                s1 = provider(x1).double()
+            except RuntimeError:
+                return "unavailable (σ-provider not differentiable)"
+            if not s1.requires_grad:
+                return "unavailable (σ-provider not differentiable)"
+            dist = (x1 - x0).flatten(1).norm(dim=1).double().clamp_min(1e-4)
+            q = _quotient(lipschitz, s0.to(s1.device), s1, dist)
+            (grad,) = torch.autograd.grad(q.sum(), x1)
+        with torch.no_grad():
+            qc = q.detach().cpu()
+            better = qc > best_q
+            best_q[better] = qc[better]
+            best_x1[better] = x1.detach()[better.to(x1.device)]
+            g = grad.flatten(1)
+            g = g / g.norm(dim=1, keepdim=True).clamp_min(1e-12)
+            x1 = x1 + step * g.view_as(x1)
+    return f"{steps} steps"

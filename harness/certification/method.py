@@ -1,0 +1,80 @@
+"""Building a method: its σ-provider, then its certifier built with that provider; and
+one (method, setting) of a run, as the local executor and every Ray worker build it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from harness.foundation.errors import IdrsError
+from harness.foundation.runstate import RunState, StateRecord
+from harness.plugin.components import (
+    BuildContext,
+    Certifier,
+    MethodSpec,
+    OrderDependentCertifier,
+    SigmaProvider,
+)
+from harness.plugin.registry import Registry
+
+_SIGMA_ATTRIBUTES = ("regularity",)
+_CERTIFIER_ATTRIBUTES = ("smoothing", "order_dependent", "radius_formula", "certify")
+_MEMORY_ATTRIBUTES = ("ball_sigmas", "order_spread")
+
+
+def build_method(
+    registry: Registry, method_name: str, params: Mapping[str, Any], context: BuildContext
+) -> tuple[SigmaProvider, Certifier]:
+    """(σ-provider, certifier) of ``method_name`` with ``params`` (the method's defaults
+    overridden by ``params``), each checked against its declared protocol."""
+    method = registry.get("methods", method_name)
+    merged = {**method.defaults, **params}
+    provider = registry.get("sigma_providers", method.sigma_provider).build(context, merged)
+    _require(provider, SigmaProvider, _SIGMA_ATTRIBUTES, f"σ-provider {method.sigma_provider!r}")
+    certifier = registry.get("certifiers", method.certifier).build(context, merged, provider)
+    _require(certifier, Certifier, _CERTIFIER_ATTRIBUTES, f"certifier {method.certifier!r}")
+    if certifier.smoothing not in ("hard", "soft"):
+        raise IdrsError(
+            f"certifier {method.certifier!r} declares smoothing = {certifier.smoothing!r}; "
+            "use 'hard' or 'soft'"
+        )
+    if certifier.order_dependent:
+        _require(certifier, OrderDependentCertifier, _MEMORY_ATTRIBUTES,
+                 f"order-dependent certifier {method.certifier!r}")  # fmt: skip
+    return provider, certifier
+
+
+@dataclass(frozen=True)
+class BuiltSetting:
+    """One (method, setting) of a run, ready to certify: its σ-provider and certifier,
+    its run state and the build context they were built with."""
+
+    method: MethodSpec
+    provider: SigmaProvider
+    certifier: Certifier
+    state: RunState
+    context: BuildContext
+
+
+def build_setting(
+    context: BuildContext, name: str, params: Mapping[str, Any], key: str,
+    records: Iterable[StateRecord],
+) -> BuiltSetting:  # fmt: skip
+    """Method ``name`` with the setting ``params`` (named ``key``, its canonical key) on
+    a run's ``context`` (whose registry resolves it), its run state restored from the
+    committed ``records``."""
+    state = RunState(list(records))
+    context = replace(context, method=name, setting=key, state=state)
+    provider, certifier = build_method(context.registry, name, params, context)
+    return BuiltSetting(context.registry.get("methods", name), provider, certifier, state, context)
+
+
+def _require(obj: Any, protocol: type, attributes: tuple[str, ...], what: str) -> None:
+    if isinstance(obj, protocol):
+        return
+    missing = [a for a in attributes if not hasattr(obj, a)]
+    raise IdrsError(
+        f"{what} lacks the declared attribute(s) {', '.join(missing) or '?'} of "
+        f"harness.plugin.components.{protocol.__name__}; see the README's section on writing a plugin"
+    )

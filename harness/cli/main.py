@@ -1,0 +1,387 @@
+"""The ``idrs-bench`` command line: run, results, check, leaderboard, compare, plugins.
+
+Nothing heavy is imported before it is needed: ``--help``, ``plugins`` and every
+error in a benchmark file or its parameters answer without importing torch (the spec
+is parsed and checked against the registered plugins first). A subcommand defined
+in another module is one ``add_<name>_parser(subparsers)`` in :data:`SUBCOMMANDS`.
+SIGTERM is handled like Ctrl-C: the run stops, says how to resume, exits 143.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sqlite3
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from harness.cli.bench import add_bench_parser
+from harness.cli.results_table import (
+    RUN_WIDTH,
+    attack_statement,
+    print_next_steps,
+    print_results,
+    terminal,
+)
+from harness.foundation.errors import IdrsError, plain
+from harness.foundation.version import __version__
+from harness.reports.import_log import add_import_log_parser
+from harness.reports.leaderboard import add_compare_parser, add_leaderboard_parser
+from harness.store.integrity import check_database
+from harness.store.store import DEFAULT_DB
+
+if TYPE_CHECKING:
+    from harness.plugin.manager import PluginManager
+
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], object]] = [
+    add_leaderboard_parser,
+    add_compare_parser,
+    add_bench_parser,
+    add_import_log_parser,
+]
+"""Registration functions of the subcommands defined in their own modules."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is (handled like Ctrl-C)."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "handler"):
+        parser.print_help()
+        return 2
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
+    try:
+        return args.handler(args)
+    except IdrsError as exc:
+        _error(str(exc))
+        return 2
+    except sqlite3.Error as exc:  # damaged after it was opened, or locked for too long
+        _error(
+            f"the results database failed: {exc}; if it is damaged, restore it from a backup "
+            'or pass another --db (`sqlite3 FILE "PRAGMA quick_check"` checks it)'
+        )
+        return 2
+    except KeyboardInterrupt as exc:
+        Console(stderr=True, soft_wrap=True).print(
+            "interrupted; `idrs-bench run` again resumes where it stopped"
+        )
+        return 143 if isinstance(exc, Terminated) else 130
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _error(message: str) -> None:
+    """``error: message`` on stderr, one line, without a library's terminal codes."""
+    Console(stderr=True, soft_wrap=True).print(
+        f"[red]error:[/red] {escape(plain(message))}", highlight=False
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="idrs-bench", description="Benchmark input-dependent randomized smoothing, soundly."
+    )
+    parser.add_argument("--version", action="version", version=f"idrs-bench {__version__}")
+    sub = parser.add_subparsers(title="commands")
+
+    run = sub.add_parser("run", help="run (or resume) a benchmark and print its results")
+    run.add_argument(
+        "spec", nargs="?", metavar="SPEC.toml",
+        help="benchmark TOML file (default: the built-in quick benchmark)",
+    )  # fmt: skip
+    run.add_argument(
+        "--db", type=Path, default=DEFAULT_DB, metavar="PATH",
+        help=f"results database (default {DEFAULT_DB}); processes running the same benchmark "
+        "on one database share its shards",
+    )  # fmt: skip
+    run.add_argument(
+        "--device", type=device_name, default=None, metavar="auto|cpu|cuda[:N]",
+        help="override the spec's device (cuda:1: the second GPU)",
+    )  # fmt: skip
+    run.add_argument("--data-root", metavar="DIR", help="folder with dataset files")
+    run.add_argument(
+        "--download", action="store_true", help="let torchvision download a missing dataset"
+    )
+    run.add_argument(
+        "--cache-dir", type=Path, metavar="DIR", help="where trained base models are cached"
+    )
+    run.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="override a spec value, e.g. --set certification.n=200 (VALUE is TOML)",
+    )  # fmt: skip
+    run.add_argument(
+        "--executor", choices=("local", "ray"), default="local", metavar="local|ray",
+        help="where shards are certified: this process (default) or Ray workers",
+    )  # fmt: skip
+    run.add_argument(
+        "--address", metavar="HOST:PORT",
+        help="Ray cluster to join (--executor ray; default: start one here)",
+    )  # fmt: skip
+    run.add_argument(
+        "--workers", type=int, metavar="K",
+        help="Ray workers (--executor ray; default: one per GPU, or per CPU on CPU runs)",
+    )  # fmt: skip
+    run.add_argument("--quiet", action="store_true", help="no progress bars")
+    run.add_argument(
+        "--no-check", action="store_true", help="skip the soundness checks after certifying"
+    )
+    run.add_argument(
+        "--timings", action="store_true", help="print the wall time of every stage at the end"
+    )
+    run.set_defaults(handler=_run)
+
+    results = sub.add_parser("results", help="summary metrics of a run")
+    results.add_argument(
+        "run", nargs="?", metavar="RUN", help="run id or unique prefix (default: the latest)"
+    )
+    results.add_argument("--db", type=Path, default=DEFAULT_DB, metavar="PATH")
+    results.add_argument("--json", action="store_true", help="machine-readable output")
+    results.add_argument(
+        "--format", choices=("table", "cohen-log"), default="table", metavar="table|cohen-log",
+        help="cohen-log: Cohen et al.'s per-input certify log of one method and setting",
+    )  # fmt: skip
+    results.add_argument("--method", metavar="M", help="the method whose log to write (cohen-log)")
+    results.add_argument(
+        "--setting", metavar="S", help="the setting whose log to write (cohen-log)"
+    )
+    results.set_defaults(handler=_results)
+
+    check = sub.add_parser("check", help="audit the certificates of a finished run")
+    check.add_argument(
+        "run", nargs="?", metavar="RUN", help="run id or unique prefix (default: the latest)"
+    )
+    check.add_argument("--db", type=Path, default=DEFAULT_DB, metavar="PATH")
+    check.add_argument("--method", metavar="M", help="audit only this method")
+    check.add_argument(
+        "--budget", choices=("small", "full"), default="small", metavar="small|full",
+        help="how hard to search",
+    )  # fmt: skip
+    check.add_argument(
+        "--orders", type=int, metavar="P", help="input orders replayed for memory certifiers (S5)"
+    )
+    check.add_argument("--device", type=device_name, default=None, metavar="auto|cpu|cuda[:N]")
+    check.add_argument("--data-root", metavar="DIR", help="folder with dataset files")
+    check.add_argument(
+        "--cache-dir", type=Path, metavar="DIR", help="where trained base models are cached"
+    )
+    check.add_argument("--quiet", action="store_true", help="no progress bars")
+    check.add_argument("--json", action="store_true", help="machine-readable output")
+    check.add_argument(
+        "--timings", action="store_true", help="print the wall time of each setting's checks"
+    )
+    check.add_argument(
+        "--entropy", metavar="HEX",
+        help="re-run an audit from its record: the entropy (hex) in its checks' evidence",
+    )  # fmt: skip
+    check.set_defaults(handler=_check)
+
+    plugins = sub.add_parser("plugins", help="list loaded plugins and what they provide")
+    plugins.add_argument("--json", action="store_true", help="machine-readable output")
+    plugins.set_defaults(handler=_plugins)
+
+    for add_parser in SUBCOMMANDS:
+        add_parser(sub)
+    return parser
+
+
+def device_name(text: str) -> str:
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (an argparse type)."""
+    kind, _, index = text.partition(":")
+    if text in ("auto", "cpu", "cuda") or (kind == "cuda" and index.isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r} is not auto, cpu, cuda or cuda:N (e.g. cuda:1)")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from harness.plugin.manager import PluginManager
+    from harness.running.benchmark import (
+        DEFAULT_BENCHMARK,
+        check_data_root,
+        load_benchmark,
+        validate,
+    )
+
+    if args.executor != "ray" and (args.address is not None or args.workers is not None):
+        raise IdrsError("--address and --workers apply to --executor ray only; add it")
+    spec = load_benchmark(args.spec or DEFAULT_BENCHMARK, args.set)
+    # every name and parameter, before torch and before third-party plugins are imported
+    manager = PluginManager()  # this command's: passed to the run and to the checks
+    spec = validate(spec, manager.checking_registry())
+    check_data_root(args.data_root, spec.dataset.name)
+    check_database(args.db)
+
+    from harness.foundation.progress import Progress
+    from harness.running.preparation import RunOptions
+    from harness.running.runner import run_benchmark
+
+    if args.device is not None and args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise IdrsError(
+                f"--device {args.device}, but no CUDA device is available; use --device cpu or auto"
+            )
+        index = int(args.device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise IdrsError(
+                f"--device {args.device}, but this machine has {torch.cuda.device_count()} "
+                f"CUDA device(s): cuda:0 to cuda:{torch.cuda.device_count() - 1}"
+            )
+    options = RunOptions(
+        db=args.db, device=args.device, data_root=args.data_root,
+        download=args.download, cache_dir=args.cache_dir,
+    )  # fmt: skip
+    _warn_plugin_failures(manager)
+    executor = None
+    if args.executor == "ray":
+        from harness.running.ray_executor import RayExecutor
+        from harness.running.ray_worker import import_ray
+
+        import_ray()  # a missing Ray is an error before the model is trained
+        executor = RayExecutor(address=args.address, workers=args.workers)
+    progress = Progress(enabled=not args.quiet)
+    run_id = run_benchmark(spec, options, progress, manager, executor=executor)
+    if not args.no_check:
+        from harness.audit.runner import run_checks
+        from harness.store.leases import exclusive
+
+        with exclusive(args.db, run_id, "the soundness checks", progress.note) as ours:
+            if ours:
+                run_checks(args.db, run_id, options, progress, manager, budget="small")
+    rows = print_results(args.db, run_id, as_json=False, compact=True)
+    if not args.no_check:
+        from harness.audit.audit import BUDGETS
+
+        terminal(RUN_WIDTH).print(escape(BUDGETS["small"].statement()))
+        terminal(RUN_WIDTH).print(escape(attack_statement("small")))
+    if args.timings:
+        _print_timings(progress.timings)
+    print_next_steps(args.db, run_id, spec.name, rows)
+    return 0
+
+
+def _print_timings(timings: list[tuple[str, float]]) -> None:
+    """Wall time per stage (training, each setting's certification, each setting's checks)."""
+    table = Table(title="stage times")
+    table.add_column("stage")
+    table.add_column("seconds", justify="right")
+    for stage, seconds in timings:
+        table.add_row(escape(stage), f"{seconds:,.1f}")
+    table.add_row("sum of the stages", f"{sum(s for _, s in timings):,.1f}")
+    terminal().print(table)
+
+
+def _check(args: argparse.Namespace) -> int:
+    from harness.audit.audit import BUDGETS, parse_entropy
+    from harness.audit.runner import run_checks
+    from harness.foundation.progress import Progress
+    from harness.foundation.verdict import applied, overall
+    from harness.running.preparation import RunOptions
+
+    entropy = parse_entropy(args.entropy)
+    if not args.db.is_file():
+        raise IdrsError(
+            f"results database {str(args.db)!r} not found; run a benchmark first or pass --db"
+        )
+    options = RunOptions(
+        db=args.db, device=args.device, data_root=args.data_root, cache_dir=args.cache_dir
+    )
+    progress = Progress(enabled=not args.quiet and not args.json)
+    results = run_checks(args.db, args.run, options, progress,
+                         method=args.method, budget=args.budget, orders=args.orders,
+                         entropy=entropy)  # fmt: skip
+    if args.json:
+        print(json.dumps([
+            {"method": m, "setting": s, "verdict": str(overall(rs)), "checks_applied": applied(rs),
+             "checks": [{"check": r.check, "verdict": str(r.verdict), "summary": r.summary,
+                         "evidence": r.evidence, "flags": r.flags} for r in rs]}
+            for (m, s), rs in results.items()
+        ], indent=2, default=str))  # fmt: skip
+        return 0  # (--timings is not mixed into the JSON)
+    table = Table(title=f"soundness checks ({args.budget} budget)")
+    for column in ("method", "setting", "verdict", "check", "result", "summary"):
+        table.add_column(column)
+    for (method, setting), rs in results.items():
+        all_flags = sorted({f for r in rs for f in r.flags})
+        flags = f" ({', '.join(all_flags)})" if all_flags else ""
+        verdict = f"{overall(rs)}{flags}\n{len(applied(rs))} of {len(rs)} checks applied"
+        for k, r in enumerate(rs):
+            table.add_row(escape(method) if k == 0 else "", escape(setting) if k == 0 else "",
+                          verdict if k == 0 else "", r.check, str(r.verdict),
+                          escape(r.summary))  # fmt: skip
+    terminal().print(table)
+    terminal().print(escape(BUDGETS[args.budget].statement()))
+    terminal().print(escape(attack_statement(args.budget)))
+    if args.timings:
+        _print_timings(progress.timings)
+    return 0
+
+
+def _results(args: argparse.Namespace) -> int:
+    if not args.db.is_file():
+        raise IdrsError(
+            f"results database {str(args.db)!r} not found; run a benchmark first or pass --db"
+        )
+    if args.format == "cohen-log":
+        from harness.reports.cohen_log import write_run_log
+
+        sys.stdout.write(write_run_log(args.db, args.run, args.method, args.setting))
+        return 0
+    print_results(args.db, args.run, as_json=args.json)
+    return 0
+
+
+def _warn_plugin_failures(manager: PluginManager) -> None:
+    manager.registry  # noqa: B018 - building it records registration failures
+    for failure in manager.failures:
+        Console(stderr=True, soft_wrap=True).print(
+            f"[yellow]warning:[/yellow] plugin {escape(failure.plugin)} failed: {escape(failure.error)}"
+        )
+
+
+def _plugins(args: argparse.Namespace) -> int:
+    from harness.plugin.manager import PluginManager
+
+    manager = PluginManager()
+    rows = manager.describe()
+    failures = [{"plugin": f.plugin, "error": f.error} for f in manager.failures]
+    if args.json:
+        print(json.dumps({"plugins": rows, "failures": failures}, indent=2))
+        return 0
+    table = Table(title="idrs-bench plugins")
+    for column in ("plugin", "version", "hooks", "provides"):
+        table.add_column(column)
+    for row in rows:
+        provides = "\n".join(
+            f"{kind}: {', '.join(names)}" for kind, names in sorted(row["provides"].items())
+        )
+        hooks = "\n".join(h.removeprefix("idrs_register_") for h in row["hooks"])
+        table.add_row(escape(row["name"]), escape(row["version"]), hooks, escape(provides))
+    console = terminal()
+    console.print(table)
+    for failure in failures:
+        console.print(
+            f"[red]failed to load[/red] {escape(failure['plugin'])}: {escape(failure['error'])}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

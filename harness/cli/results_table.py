@@ -1,0 +1,210 @@
+"""What ``idrs-bench results`` and the end of ``idrs-bench run`` print: the summary
+table of a run (compact at the run's end, full for ``results``), its verdicts, and the
+commands to go on with."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from harness.store.store import DEFAULT_DB
+
+
+def print_results(
+    db: Path, run_id: str | None, as_json: bool, compact: bool = False
+) -> list[dict[str, Any]]:
+    """Print a run's summary (``compact``: the few columns `run` shows, in
+    :data:`RUN_WIDTH` columns when piped); returns its rows."""
+    from harness.mathematics.accuracy import RADII, summary
+    from harness.store.store import ResultStore
+    from harness.store.storedrun import IMPORTED, incomplete_note, read_run
+
+    store = ResultStore(db)
+    try:
+        stored = read_run(store, run_id)
+    finally:
+        store.close()
+    run, settings = stored.run, stored.settings()
+    radii = run["config"].get("radii", RADII)
+    rows = []
+    for row in stored.rows():
+        out = summary(row.method, row.setting, row.certificates, radii, stored.unknown_metrics)
+        flags = f" ({', '.join(row.flags)})" if row.flags else ""
+        out["verdict"] = (
+            "imported (claims, no evidence)" if row.verdict == IMPORTED else row.verdict + flags
+        )
+        out["checks_applied"] = row.applied
+        out["checks"] = {c.check: {"verdict": c.verdict, "summary": c.summary} for c in row.checks}
+        out["complete"] = row.complete
+        out["expected_inputs"] = row.status.expected if row.status else None
+        if not row.complete:
+            out["verdict"] = (
+                f"incomplete ({row.inputs} of {out['expected_inputs'] or '?'}), " + out["verdict"]
+            )
+        rows.append(out)
+    failures = [{"run_id": stored.run_id} | f for f in stored.failures]
+    if as_json:
+        out = {
+            "run_id": run["run_id"],
+            "name": run["name"],
+            "model_hash": run["model_hash"],
+            "weights_digest": run.get("weights_digest"),
+            "device": run["device"],
+            "protocol": run["config"]["protocol"],
+            "methods": rows,
+            "failures": failures,
+            "complete": all(s.complete for s in settings),
+            "settings": [asdict(s) for s in settings],
+            "data_files": stored.data_files,
+        }
+        print(json.dumps(out, indent=2))
+        return rows
+    protocol = run["config"]["protocol"]
+    console = terminal(RUN_WIDTH if compact else None)
+    title = (
+        f"run {run['run_id'][:12]} · {escape(run['name'])} · {escape(run['config']['dataset']['name'])} · "
+        f"model {run['model_hash'][:12]} · "
+        + (f"weights {run['weights_digest'][:12]} · " if run.get("weights_digest") else "")
+        + f"n0={protocol['n0']} n={protocol['n']} "
+        f"α={protocol['alpha']} · {run['device']}"
+    )
+    if compact:
+        console.print(_compact_table(title, rows, _headline_radius(run["config"])))
+    else:
+        console.print(_full_table(title, rows))
+        console.print("checks applied:", highlight=False)
+        for row in rows:
+            applied = ", ".join(row["checks_applied"]) or "none"
+            console.print(
+                escape(f"  {row['method']} {row['setting']}: {applied}"),
+                highlight=False,
+                soft_wrap=True,
+            )
+    note = incomplete_note(settings)
+    if note is not None:
+        console.print(
+            f"[yellow]run {run['run_id'][:12]} is {escape(note)}[/yellow]; "
+            "`idrs-bench run` with the same spec and --db finishes it"
+        )
+    for failure in failures:
+        console.print(
+            f"[red]failed:[/red] {escape(failure['method'])} ({escape(failure['setting'])}): "
+            f"{escape(failure['error'].splitlines()[0])}"
+        )
+    return rows
+
+
+def _headline_radius(config: dict[str, Any]) -> float:
+    """The radius `run`'s compact table reports certified accuracy at (the board's)."""
+    from harness.mathematics.accuracy import benchmark_radii
+    from harness.reports.leaderboard.board import headline_radius
+
+    return headline_radius(config, benchmark_radii(config))
+
+
+def _name_column(table: Table, header: str) -> None:
+    """A column of names, never cut: they wrap (fold) when space runs out."""
+    table.add_column(header, overflow="fold")
+
+
+def _compact_table(title: str, rows: list[dict[str, Any]], radius: float) -> Table:
+    """Method, setting, inputs, clean accuracy, certified accuracy at the headline radius,
+    ACR and the verdict (its flags and the checks applied are in `results`)."""
+    from rich import box
+
+    table = Table(
+        title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True
+    )
+    _name_column(table, "method")
+    _name_column(table, "setting")
+    for column in ("inputs", "clean acc", f"cert@{radius:g}", "ACR"):
+        table.add_column(column, justify="right", no_wrap=True)
+    _name_column(table, "verdict")
+    for row in rows:
+        verdict = row["verdict"].split(" (")[0] if row["complete"] else row["verdict"]
+        table.add_row(
+            escape(row["method"]), escape(row["setting"]), str(row["inputs"]),
+            f"{row['clean_accuracy']:.3f}", f"{row['certified_accuracy'][f'{radius:g}']:.3f}",
+            f"{row['acr']:.3f}", escape(verdict),
+        )  # fmt: skip
+    return table
+
+
+def _full_table(title: str, rows: list[dict[str, Any]]) -> Table:
+    """Every metric of every row, accuracies with their 95 % intervals, and the verdict
+    with its flags."""
+    inputs = rows[0]["inputs"] if rows else 0
+    table = Table(title=title, caption=f"accuracies: value [95 % Clopper–Pearson interval "
+                  f"over the {inputs} test inputs]")  # fmt: skip
+    radii = list(rows[0]["certified_accuracy"]) if rows else []
+    _name_column(table, "method")
+    _name_column(table, "setting")
+    for column in ("inputs", "clean acc", *[f"cert@{r}" for r in radii], "ACR", "abstain",
+                   "misclass", "mean σ", "s/input"):  # fmt: skip
+        table.add_column(column, justify="right", no_wrap=True)
+    _name_column(table, "verdict")
+    for row in rows:
+        table.add_row(
+            escape(row["method"]), escape(row["setting"]), str(row["inputs"]),
+            _with_interval(row["clean_accuracy"], row["clean_accuracy_interval"]),
+            *[_with_interval(row["certified_accuracy"][r], row["certified_accuracy_interval"][r])
+              for r in radii],
+            *[_number(row[k]) for k in ("acr", "abstention_rate", "misclassification_rate",
+                                        "mean_sigma", "seconds_per_input")],
+            escape(row["verdict"]),
+        )  # fmt: skip
+    return table
+
+
+def attack_statement(budget: str) -> str:
+    """What the empirical attack after the checks did (:mod:`harness.audit.empirical`)."""
+    from harness.audit.empirical import STRENGTHS
+
+    return f"empirical robust accuracy ({budget} budget): {STRENGTHS[budget].statement()}"
+
+
+def _number(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
+def _with_interval(value: float, interval: list[float]) -> str:
+    """``0.710 [0.642, 0.772]``: a value and its 95 % interval."""
+    return f"{value:.3f} [{interval[0]:.3f}, {interval[1]:.3f}]"
+
+
+def print_next_steps(db: Path, run_id: str, name: str, rows: list[dict[str, Any]]) -> None:
+    """Where the results are, the verdict counts, and the commands to type next."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        verdict = row["verdict"].split(" (")[0] if row["complete"] else "incomplete"
+        counts[verdict] = counts.get(verdict, 0) + 1
+    verdicts = ", ".join(f"{n} {v}" for v, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    short = run_id[:12]
+    db_arg = "" if db == DEFAULT_DB else f" --db {shlex.quote(str(db))}"
+    board = shlex.quote(f"leaderboards/{name}.md")
+    lines = [
+        f"results: {db}, run {short}: {verdicts or 'no rows'}",
+        f"next: idrs-bench results {short}{db_arg}   (every metric and check)",
+        f"      idrs-bench leaderboard {short}{db_arg} --out {board}",
+    ]
+    console = terminal(RUN_WIDTH)
+    for line in lines:
+        console.print(escape(line), highlight=False, soft_wrap=True)
+
+
+RUN_WIDTH = 100
+"""Columns of `run`'s output when it is not a terminal."""
+
+
+def terminal(width: int | None = None) -> Console:
+    """Stdout; when it is not a terminal, ``width`` columns (default: wide enough for
+    every column of the results table; names wrap rather than being cut)."""
+    return Console() if sys.stdout.isatty() else Console(width=width or 200)

@@ -1,0 +1,88 @@
+"""The arithmetic a run certified with: what must match for its counts to replay bit for bit.
+
+A stored class count is a function of the run's noise keys (harness/README.md, "Noise
+contract") *and* of the floating-point arithmetic that computed the base model's
+logits: the device and its kernels (torch version, CPU instruction set, GPU model), the
+number of threads, the precision backend, the noise scheme and the batch shape (the
+engine pads every forward pass to ``batch_size`` rows, :class:`~harness.engine.sampling.
+SamplingEngine`, because a BLAS may round a row differently for another number of rows,
+never for other rows' contents or positions). :func:`fingerprint` records these with
+the run (the ``runs.arithmetic`` column); the replay check (:mod:`harness.audit.
+replay`) demands bit-for-bit equal counts where the fingerprints agree and uses a
+statistical replication test with fresh noise where they differ (:func:`differences`).
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+KEYS = (
+    "device_type", "device_name", "torch", "cuda", "threads", "cpu_capability", "precision",
+    "channels_last", "noise", "batch_size", "executor",
+)  # fmt: skip
+"""What a fingerprint holds; two runs replay each other bit for bit only if all agree."""
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``, else :func:`platform.processor`)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def fingerprint(
+    device: torch.device | str, protocol: Any, batch_size: int, executor: str = "local"
+) -> dict[str, Any]:
+    """The arithmetic of certifying under ``protocol`` on ``device`` in this process.
+
+    ``batch_size`` is the resolved number of rows of every forward pass; ``executor``
+    names where the shards ran (a Ray worker may use another thread count or machine,
+    so only ``local`` runs can be matched bit for bit).
+    """
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    return {
+        "device_type": device.type,
+        "device_name": torch.cuda.get_device_name(device) if cuda else cpu_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda if cuda else None,
+        "threads": None if cuda else torch.get_num_threads(),
+        "cpu_capability": None if cuda else torch.backends.cpu.get_cpu_capability(),
+        "precision": getattr(protocol, "precision", "fp32"),
+        "channels_last": bool(getattr(protocol, "channels_last", False)),
+        "noise": getattr(protocol, "noise", None),
+        "batch_size": int(batch_size),
+        "executor": executor,
+    }
+
+
+def differences(recorded: Mapping[str, Any] | None, here: Mapping[str, Any]) -> list[str]:
+    """The keys on which ``here`` differs from a run's ``recorded`` fingerprint, as
+    ``key: recorded → here``; every key when none was recorded (a run made before
+    fingerprints, or one whose arithmetic changed on resume)."""
+    if not recorded or "varied" in recorded:
+        why = "not recorded" if not recorded else "the run changed arithmetic when resumed"
+        return [f"arithmetic {why}"]
+    return [
+        f"{key}: {recorded.get(key)!r} → {here.get(key)!r}"
+        for key in KEYS
+        if recorded.get(key) != here.get(key)
+    ]
+
+
+def combined(recorded: Mapping[str, Any] | None, here: Mapping[str, Any]) -> dict[str, Any]:
+    """The fingerprint to record when a run (re)starts: ``here`` for a new run or the
+    same arithmetic; else a marker ``{"varied": [...]}`` that matches no arithmetic, so
+    the counts of a run resumed elsewhere are only ever replicated statistically."""
+    if not recorded or dict(recorded) == dict(here):
+        return dict(here)
+    earlier = recorded["varied"] if "varied" in recorded else [dict(recorded)]
+    return {"varied": [*earlier, dict(here)]}

@@ -1,0 +1,82 @@
+"""The base classifier in the arithmetic a protocol names: fp32, tf32, bf16 or fp16.
+
+A certificate is a statement about one classifier f; f computed in bf16 is a different
+function from f in fp32 (argmax decisions near ties flip), so the precision is part of
+the protocol, and every query of the base model (certification, and the soundness checks
+that audit it) goes through :func:`prepare_model`, so that they see the same f.
+
+The run prepares the model once: ``context.engine.model`` (:class:`~harness.plugin.components.
+BuildContext`) is f as certified, and σ-providers, certifiers and checks query that;
+``context.model`` is the fp32 model as trained (for training and fitting, e.g. a σ
+network, and for the closed forms of the analytic models).
+
+- ``fp32``: the model as given (TF32 off for matmul and cuDNN convolutions).
+- ``tf32``: fp32 tensors, matmul and convolutions on TF32 tensor cores (CUDA; CPU has
+  none, so on CPU it computes as fp32).
+- ``bf16`` / ``fp16``: a copy of the model cast to that dtype; the noisy input x + σ·ε is
+  formed in fp32 and rounded to the dtype; the argmax is taken of the logits in it.
+- ``channels_last``: 4-d inputs and the model's conv weights in channels-last memory
+  format (faster convolutions on tensor cores; the same arithmetic up to summation order).
+"""
+
+from __future__ import annotations
+
+import copy
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from harness.foundation.protocol import PRECISIONS
+
+DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
+          "fp16": torch.float16}  # fmt: skip
+
+
+@contextmanager
+def _tf32(enabled: bool):
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+
+
+class PrecisionModel(torch.nn.Module):
+    """``model`` evaluated in ``precision`` (and channels-last memory format if asked).
+
+    :param model: the base classifier (logits), in fp32; it is not modified (a cast copy
+        is kept for bf16, fp16 and channels-last).
+    """
+
+    def __init__(self, model: torch.nn.Module, precision: str, channels_last: bool) -> None:
+        super().__init__()
+        if precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {precision!r}; choose one of {PRECISIONS}")
+        self.precision, self.channels_last = precision, channels_last
+        self.dtype = DTYPES[precision]
+        if self.dtype != torch.float32 or channels_last:
+            model = copy.deepcopy(model).to(self.dtype)
+            if channels_last:
+                model = model.to(memory_format=torch.channels_last)
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(self.dtype)
+        if self.channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        with _tf32(self.precision == "tf32"):
+            return self.model(x)
+
+
+def prepare_model(model: torch.nn.Module, protocol: Any) -> torch.nn.Module:
+    """The base classifier as the ``protocol`` certifies it (its ``precision`` and
+    ``channels_last``); ``model`` itself for plain fp32. Use it for every query of the
+    base model whose answers must match the certificates."""
+    precision = getattr(protocol, "precision", "fp32")
+    channels_last = bool(getattr(protocol, "channels_last", False))
+    on_cpu = all(p.device.type == "cpu" for p in model.parameters())
+    if precision == "fp32" and not channels_last and on_cpu:
+        return model  # no TF32 to switch off on CPU
+    return PrecisionModel(model, precision, channels_last).eval()

@@ -1,0 +1,40 @@
+"""One certified input as the store keeps it: the certifier's claim and the harness's draws."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ABSTAIN = -1
+
+
+@dataclass
+class Certificate:
+    """The certificate of one input and the evidence behind it.
+
+    ``prediction`` is CERTIFY's class (``ABSTAIN`` = -1) with certified ℓ2 ``radius``
+    (0 when abstaining); ``p_lower`` is the lower confidence bound on p_A; ``predict``
+    is PREDICT's class; ``alpha`` is the run's α, at which the whole certificate holds.
+    These and ``evidence`` (what the certifier derived) come from the certifier's
+    :class:`~harness.engine.draws.Claim`. ``sigma``, ``draws`` (per smoothing, ``"base"`` and
+    possibly ``"sigma"``, a :meth:`~harness.engine.draws.Draws.record`) and, for hard smoothing,
+    the base model's class counts are the harness's own: what it drew, never what a
+    plugin reported, so the certificate can be re-derived without resampling.
+    """
+
+    input_id: int
+    prediction: int
+    radius: float
+    p_lower: float
+    sigma: float
+    alpha: float
+    predict: int = ABSTAIN
+    counts_selection: list[int] | None = None
+    counts_estimation: list[int] | None = None
+    seconds: float = 0.0
+    evidence: dict[str, Any] = field(default_factory=dict)
+    draws: dict[str, Any] | None = None
+
+    @property
+    def abstained(self) -> bool:
+        return self.prediction == ABSTAIN

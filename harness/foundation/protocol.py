@@ -1,0 +1,84 @@
+"""The certification protocol every method of a benchmark shares."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.foundation.errors import ParameterError
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+"""Arithmetic of the base model's forward pass (see :mod:`harness.engine.precision`)."""
+NOISE_SCHEMES = ("philox-v1", "block-v1")
+"""Noise schemes of the sampling engine (see :mod:`harness.engine.sampling`)."""
+LEGACY_NOISE = "block-v1"
+"""The scheme of runs whose stored protocol names none (made before it was recorded)."""
+
+
+@dataclass(frozen=True)
+class CertificationProtocol:
+    """Cohen et al. (2019) CERTIFY: ``n0`` samples select the class, ``n`` estimate p_A.
+
+    ``alpha`` is the failure probability of each certificate; ``batch_size`` the
+    number of noisy samples per forward pass (``"auto"``: the largest that fits the
+    device, :mod:`harness.engine.batchsize`). ``precision`` and ``channels_last`` fix the
+    arithmetic of the base classifier that is certified (:mod:`harness.engine.precision`);
+    ``noise`` the noise scheme (``"auto"``: philox-v1 on CUDA, block-v1 elsewhere,
+    resolved and recorded when a run starts).
+    """
+
+    n0: int = 100
+    n: int = 100_000
+    alpha: float = 0.001
+    batch_size: int | str = 1024
+    precision: str = "fp32"
+    channels_last: bool = False
+    noise: str = "auto"
+
+    def __post_init__(self) -> None:
+        check_alpha(self.alpha)
+        if not isinstance(self.n, int) or self.n < 1:
+            raise ParameterError(f"n must be an integer >= 1, got {self.n!r}")
+        if not isinstance(self.n0, int) or self.n0 < 1:
+            raise ParameterError(f"n0 must be an integer >= 1, got {self.n0!r}")
+        if self.n0 > self.n:
+            raise ParameterError(
+                f"n0 ({self.n0}) must not exceed n ({self.n}): n0 samples only select "
+                "the class, n samples estimate its probability"
+            )
+        if self.batch_size != "auto" and (
+            not isinstance(self.batch_size, int)
+            or isinstance(self.batch_size, bool)
+            or self.batch_size < 1
+        ):
+            raise ParameterError(
+                f'batch_size must be an integer >= 1 or "auto", got {self.batch_size!r}'
+            )
+        if self.precision not in PRECISIONS:
+            raise ParameterError(
+                f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}"
+            )
+        if not isinstance(self.channels_last, bool):
+            raise ParameterError(f"channels_last must be true or false, got {self.channels_last!r}")
+        if self.noise != "auto" and self.noise not in NOISE_SCHEMES:
+            raise ParameterError(
+                f"unknown noise scheme {self.noise!r}; choose auto or one of "
+                + ", ".join(NOISE_SCHEMES)
+            )
+
+
+def check_alpha(alpha: float) -> float:
+    """Return ``alpha`` if it lies in the open interval (0, 1), else raise."""
+    if not (isinstance(alpha, int | float) and 0.0 < alpha < 1.0):
+        raise ParameterError(f"alpha must lie in (0, 1), got {alpha!r}")
+    return float(alpha)
+
+
+SIGMA_MAX = 1e30
+"""Largest σ accepted: x + σε must stay finite in float32 (max ≈ 3.4e38) for |ε| up to ~10."""
+
+
+def check_sigma(sigma: float, name: str = "sigma") -> float:
+    """Return ``sigma`` if it is a positive finite number, else raise."""
+    if not (isinstance(sigma, int | float) and 0.0 < sigma < float("inf")):
+        raise ParameterError(f"{name} must be a positive number, got {sigma!r}")
+    return float(sigma)

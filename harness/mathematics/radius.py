@@ -1,0 +1,216 @@
+"""Radius formulas: pure functions from a certificate's stored evidence to its claims.
+
+A certifier declares the :class:`RadiusFormula` its certificates follow
+(``Certifier.radius_formula``). The formula re-derives, for every stored certificate,
+the number of samples its evidence holds, the lower bound on p_A, the prediction and the
+largest radius the formula allows, from three things only: the stored evidence (class
+counts or mean outputs), the run's :class:`~harness.foundation.protocol.CertificationProtocol` and
+the σ-provider's *declared* regularity. The soundness check S0
+(:mod:`harness.audit.evidence`) calls it on every stored certificate; because the
+function is a module-level function (:func:`is_pure`), it cannot read a certifier's
+private state (e.g. a different α).
+
+Built in: :data:`COHEN` (Cohen et al. 2019, Thm 1: R = σ Φ⁻¹(p_A_lower)) and
+:data:`SUKENIK` (Súkeník et al. 2022, Thm 3.2, rate r from the declared
+``SemiElastic(r)``), both on Clopper–Pearson bounds of the stored class counts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from harness.foundation.certificate import ABSTAIN
+from harness.foundation.errors import IdrsError
+from harness.foundation.protocol import CertificationProtocol
+from harness.foundation.regularity import Constant, Regularity, SemiElastic
+
+
+@dataclass(frozen=True)
+class Recomputed:
+    """What a formula derives for each certificate (arrays in the order of the rows).
+
+    ``n0`` and ``n``: samples behind the class selection and the estimate; ``bound``: the
+    lower confidence bound on p_A (or on the mean output of the class, for soft
+    smoothing); ``prediction``: the class certified (``ABSTAIN`` if none); ``radius``:
+    the largest radius the formula certifies.
+    """
+
+    n0: np.ndarray
+    n: np.ndarray
+    bound: np.ndarray
+    prediction: np.ndarray
+    radius: np.ndarray
+
+
+Recompute = Callable[..., Recomputed]
+"""``recompute(rows, inputs, protocol, regularity[, inner=formula]) -> Recomputed``."""
+
+
+@dataclass(frozen=True)
+class RadiusFormula:
+    """A named radius formula; ``inner`` is the wrapped formula of a wrapper (a memory)."""
+
+    name: str
+    recompute: Recompute
+    inner: RadiusFormula | None = None
+
+    def derive(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        inputs: torch.Tensor,
+        protocol: CertificationProtocol,
+        regularity: Regularity,
+    ) -> Recomputed:
+        """Re-derive ``rows`` (stored certificates; ``inputs`` in the same order)."""
+        extra = {} if self.inner is None else {"inner": self.inner}
+        return self.recompute(rows, inputs, protocol, regularity, **extra)
+
+    def impure_parts(self) -> list[str]:
+        """Names of the functions of this formula (and its inner ones) that are not pure."""
+        bad = [] if is_pure(self.recompute) else [_name(self.recompute)]
+        return bad + (self.inner.impure_parts() if self.inner is not None else [])
+
+
+def is_pure(function: Callable) -> bool:
+    """A plain module-level function without a closure (importable by its qualified name)."""
+    if not inspect.isfunction(function) or function.__closure__:
+        return False
+    try:
+        module = importlib.import_module(function.__module__)
+    except ImportError:
+        return False
+    return getattr(module, function.__qualname__, None) is function
+
+
+def _name(function: Callable) -> str:
+    return f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', repr(function))}"
+
+
+def base_counts(row: Mapping[str, Any], key: str) -> list[int] | None:
+    """The base model's class counts ``key`` (``selection`` or ``estimation``) of a stored
+    certificate, from the harness's draws (``draws["base"]``) of a hard smoothing."""
+    base = (row.get("draws") or {}).get("base")
+    if base is None or base.get("kind") != "hard":
+        return None
+    return base.get(key)
+
+
+def hard_bounds(rows: Sequence[Mapping[str, Any]], alpha: float):
+    """CERTIFY's statistics from the harness's class counts (Cohen et al. 2019, CERTIFY).
+
+    ĉ_A = argmax of the selection counts, p_A_lower = Clopper–Pearson lower bound of
+    the estimation count of ĉ_A at level ``alpha``. Returns (n0, n, ĉ_A, p_A_lower); a
+    row without the harness's hard draws gets n0 = n = 0 and bound 0.
+    """
+    from harness.mathematics.stats import clopper_pearson_lower_array
+
+    selections = [base_counts(r, "selection") for r in rows]
+    estimations = [base_counts(r, "estimation") for r in rows]
+    width = max((len(c or []) for c in selections), default=1) or 1
+    selection = np.array([c or [0] * width for c in selections], dtype=np.int64)
+    estimation = np.array([c or [0] * width for c in estimations], dtype=np.int64)
+    selection = selection.reshape(len(rows), -1)
+    estimation = estimation.reshape(len(rows), -1)
+    top = np.argmax(selection, axis=1) if len(rows) else np.zeros(0, dtype=np.int64)
+    n0, n = selection.sum(axis=1), estimation.sum(axis=1)
+    k = estimation[np.arange(len(rows)), top] if len(rows) else np.zeros(0, dtype=np.int64)
+    bound = np.zeros(len(rows))
+    ok = n >= 1
+    if np.any(ok):
+        bound[ok] = clopper_pearson_lower_array(k[ok], n[ok], alpha)
+    return n0, n, top, bound
+
+
+def cohen_recompute(rows, inputs, protocol: CertificationProtocol, regularity) -> Recomputed:
+    """R = σ Φ⁻¹(p_A_lower) where p_A_lower > 1/2, else abstain (Cohen et al. 2019, Thm 1)."""
+    from scipy.special import ndtri
+
+    n0, n, top, bound = hard_bounds(rows, protocol.alpha)
+    sigma = np.array([float(r["sigma"]) for r in rows])
+    certified = bound > 0.5
+    radius = np.where(certified, sigma * ndtri(np.where(certified, bound, 0.75)), 0.0)
+    return Recomputed(n0, n, bound, np.where(certified, top, ABSTAIN), radius)
+
+
+def semi_elastic_rate(regularity: Regularity) -> float:
+    """r of a declared ``SemiElastic(r)`` (0 for ``Constant``); anything else raises."""
+    if isinstance(regularity, Constant):
+        return 0.0
+    if isinstance(regularity, SemiElastic):
+        return float(regularity.rate)
+    raise IdrsError(
+        f"the semi-elastic radius (Súkeník et al. 2022, Thm 3.2) needs a σ-provider that "
+        f"declares SemiElastic(rate) or Constant, got {regularity.describe()}"
+    )
+
+
+def sukenik_recompute(rows, inputs, protocol: CertificationProtocol, regularity) -> Recomputed:
+    """CR of Súkeník et al. (2022), Thm 3.2 at the declared rate r, on p_A_lower."""
+    from harness.mathematics.worstcase import certified_radius
+
+    n0, n, top, bound = hard_bounds(rows, protocol.alpha)
+    sigma = np.array([float(r["sigma"]) for r in rows])
+    certified = bound > 0.5
+    radius = np.zeros(len(rows))
+    if np.any(certified):
+        dim = int(inputs[0].numel())
+        radius[certified] = np.asarray(
+            certified_radius(bound[certified], sigma[certified], semi_elastic_rate(regularity), dim)
+        )
+    return Recomputed(n0, n, bound, np.where(certified, top, ABSTAIN), radius)
+
+
+COHEN = RadiusFormula("cohen", cohen_recompute)
+SUKENIK = RadiusFormula("sukenik-thm3.2", sukenik_recompute)
+
+
+def formula_record(formula: RadiusFormula) -> dict[str, Any]:
+    """A formula as data: its name, the importable qualified name of its ``recompute``
+    and its ``inner`` formula's record (as a board's run export holds it)."""
+    out: dict[str, Any] = {"name": formula.name, "recompute": _name(formula.recompute)}
+    if formula.inner is not None:
+        out["inner"] = formula_record(formula.inner)
+    return out
+
+
+def trusted_packages() -> set[str]:
+    """Top-level packages whose functions a formula record may name: ``harness`` and those
+    of every installed ``idrs_bench`` entry point (the built-in plugins and the
+    third-party ones installed here)."""
+    from importlib.metadata import entry_points
+
+    return {"harness"} | {ep.value.split(":")[0].split(".")[0]
+                          for ep in entry_points(group="idrs_bench")}  # fmt: skip
+
+
+_MOVED = {"harness.radius": __name__}
+"""Where a module that records name has moved (databases and boards written before
+``harness/`` was laid out in layers hold the old names)."""
+
+
+def formula_from_record(record: dict[str, Any]) -> RadiusFormula:
+    """The formula a record names, resolved only from :func:`trusted_packages` and only
+    if it is pure (:func:`is_pure`); anything else is an error naming it."""
+    qualified = str(record.get("recompute", ""))
+    module, _, name = qualified.rpartition(".")
+    module = _MOVED.get(module, module)
+    if module.split(".")[0] not in trusted_packages():
+        raise IdrsError(
+            f"radius formula {qualified!r} is not provided by idrs-bench or an installed plugin "
+            f"(packages {', '.join(sorted(trusted_packages()))}); install the plugin that provides it"
+        )
+    try:
+        function = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        raise IdrsError(f"radius formula {qualified!r} cannot be imported here") from None
+    if not is_pure(function):
+        raise IdrsError(f"radius formula {qualified!r} is not a pure module-level function")
+    inner = formula_from_record(record["inner"]) if record.get("inner") else None
+    return RadiusFormula(str(record.get("name", name)), function, inner)

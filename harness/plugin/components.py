@@ -1,0 +1,284 @@
+"""The typed components a plugin registers, the interfaces they build, and their registry.
+
+Each ``idrs_register_*`` hook receives a ``register`` callback and calls it with one
+of the ``*Spec`` dataclasses below. A spec is cheap to create (no torch work); its
+callable builds the actual object when a benchmark needs it, from a
+:class:`BuildContext` (σ-providers, certifiers) or a :class:`TrainContext` (trainers).
+The :class:`~harness.plugin.registry.Registry` holds the specs by kind and name with the plugin that provided
+each; a context carries it, so a factory can resolve other components by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+    from harness.engine.draws import Claim, Evidence
+    from harness.engine.sampling import SamplingEngine
+    from harness.foundation.data import Dataset
+    from harness.foundation.progress import Progress
+    from harness.foundation.protocol import CertificationProtocol
+    from harness.foundation.regularity import Regularity
+    from harness.foundation.runstate import RunState
+    from harness.plugin.registry import Registry
+
+T = TypeVar("T")
+
+
+@runtime_checkable
+class SigmaProvider(Protocol):
+    """σ(x) > 0 for a batch, plus the regularity every certificate built on it relies on.
+
+    Attributes the soundness checks read (and nothing else):
+
+    - ``regularity``: the declared :data:`~harness.foundation.regularity.Regularity` of σ(x)
+      (``Constant``, ``SemiElastic(rate)``, ``Lipschitz(lip, sigma_min)`` or
+      ``Unregularized``). The certifier receives this provider and computes its radii
+      from this declaration (e.g. Súkeník et al. 2022, Thm 3.2 uses ``rate``); S2
+      measures σ against it and S3 checks the theorem's hypotheses with it.
+    - ``weights`` (optional, Lipschitz providers): the weight matrices of a
+      feed-forward network with 1-Lipschitz activations whose output plus a constant is
+      σ(x); the harness then bounds Lip(σ) by the product of their spectral norms
+      (Bergstrom et al., Thm 2) instead of trusting ``regularity.lip``.
+    - ``smoothing`` (optional): a :class:`~harness.engine.draws.SigmaSmoothing`, for a σ(x)
+      that is a smoothed classifier's choice among noise levels (Sun et al. 2026). The
+      harness then draws that smoothing itself and sets σ(x) from its counts
+      (:func:`harness.certification.certify.sigma_of`); the provider is not called for σ.
+    """
+
+    regularity: Regularity
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """Map inputs of shape [B, *input_shape] to σ of shape [B] (same device)."""
+        ...
+
+
+@runtime_checkable
+class Certifier(Protocol):
+    """Claims certificates from the samples the harness drew (harness/README.md,
+    "Certifier contract").
+
+    Built by :meth:`CertifierSpec.build` with the σ-provider it certifies. The harness
+    draws, for every input, n0 selection and n estimation samples of the base model at
+    σ(x) and passes them as :class:`~harness.engine.draws.Evidence`; ``certify`` answers one
+    :class:`~harness.engine.draws.Claim` per input (never samples, counts or n: the harness
+    records those itself). Attributes the harness and the checks read (and nothing else):
+
+    - ``smoothing``: ``"hard"`` (the smoothed classifier is the majority class of
+      f(x + σε); the harness draws class counts) or ``"soft"`` (the argmax of
+      E[softmax f(x + σε)]; the harness draws mean outputs).
+    - ``order_dependent``: True when a claim depends on the inputs certified before it
+      (a memory, Alfarra et al. 2022, App. C); such certifiers must also satisfy
+      :class:`OrderDependentCertifier`.
+    - ``radius_formula``: the :class:`~harness.mathematics.radius.RadiusFormula` that derives every
+      stored certificate (bound on p_A, prediction, radius) from the harness's draws, the
+      run's protocol and the provider's declared regularity; S0 re-derives each one.
+    """
+
+    smoothing: str
+    order_dependent: bool
+    radius_formula: Any
+
+    def certify(self, evidence: Evidence) -> Sequence[Claim]:
+        """One claim per input of ``evidence``, in its order."""
+        ...
+
+
+@runtime_checkable
+class OrderDependentCertifier(Certifier, Protocol):
+    """A certifier whose certificates depend on the order of inputs (``order_dependent``).
+
+    - ``ball_sigmas(rows)``: the σ that is constant inside each certified ball, by input id
+      (S1 and S4 judge each ball against the smoothed classifier at that σ).
+    - ``order_spread(certificates, inputs, orders, radii, seed)``: the certificates
+      replayed over ``orders`` random input orders (Súkeník et al. 2022, App. C.2), as
+      :func:`plugins.alfarra.order.replay_orders` returns them.
+    """
+
+    def ball_sigmas(self, rows: Sequence[Mapping[str, Any]]) -> dict[int, float]: ...
+
+    def order_spread(
+        self, certificates: Sequence[Mapping[str, Any]], inputs: Mapping[int, torch.Tensor],
+        orders: int, radii: Sequence[float], seed: int,
+    ) -> dict[str, Any]: ...  # fmt: skip
+
+
+@dataclass
+class BuildContext:
+    """Everything a σ-provider or certifier factory may use for one benchmark.
+
+    ``run_id``, ``method`` and ``setting`` (the setting's canonical key, e.g. ``sigma=0.25``;
+    a factory receives its parameters as ``params``) name the work the components are built for
+    (set by the runner); ``state`` is that setting's :class:`~harness.foundation.runstate.RunState`
+    in the run's database (a certifier with per-run state, such as a memory, restores
+    from it and stages new records; None outside a run), and
+    ``registry`` resolves components by name (e.g. a wrapped certifier); ``model_hash``
+    is the base model's content hash (a key for anything fitted to it), and
+    ``artifact_root`` where :meth:`artifact_dir` keeps files (None: the cache root; the
+    soundness checks give a rebuilt method a temporary one).
+
+    The runner gives each method and setting a copy (``dataclasses.replace``); the
+    copies share ``memos``, the run's :class:`RunMemo` behind :meth:`memo`. A context
+    on another base model (the checks' analytic models) gets a memo of its own.
+    """
+
+    dataset: Dataset
+    model: torch.nn.Module
+    device: torch.device
+    seed: int
+    protocol: CertificationProtocol
+    engine: SamplingEngine
+    progress: Progress
+    registry: Registry | None = None
+    model_hash: str | None = None
+    run_id: str | None = None
+    method: str | None = None
+    setting: str | None = None
+    state: RunState | None = None
+    artifact_root: Path | None = None
+    memos: RunMemo = field(default_factory=lambda: RunMemo(), repr=False, compare=False)
+
+    def artifact_dir(self, plugin: str) -> Path | None:
+        """The directory where ``plugin`` keeps what it derives from this base model.
+
+        ``<cache root>/plugins/<plugin>/<model hash>/`` (created; the cache root is
+        ``$IDRS_BENCH_CACHE``, see :mod:`harness.foundation.artifacts`): the base model's content
+        hash is what makes such a file valid, and the plugin names each file by
+        everything else it depends on (dataset, seed, parameters). Write files with
+        :func:`~harness.foundation.artifacts.save_artifact` so that damaged ones heal. None when
+        the base model has no content hash (a model made in memory, e.g. by the
+        soundness checks): nothing derived from it could be found again.
+        """
+        if self.model_hash is None:
+            return None
+        from harness.foundation.artifacts import cache_root
+
+        root = cache_root() if self.artifact_root is None else self.artifact_root
+        path = root / "plugins" / plugin / self.model_hash
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def memo(self, plugin: str, key: Hashable, build: Callable[[], T]) -> T:
+        """``build()``, computed once per (``plugin``, ``key``) in this run and base model.
+
+        Kept in ``memos``, which every copy of this context shares, so building the
+        method again (another setting, the soundness checks) reuses the value.
+        """
+        return self.memos.get(plugin, key, build)
+
+
+class RunMemo:
+    """Values plugins compute once per run and base model (:meth:`BuildContext.memo`),
+    by (plugin, key). One belongs to each prepared run (and to each context the checks
+    make on another base model); nothing is shared between runs."""
+
+    def __init__(self) -> None:
+        self._values: dict[tuple[str, Hashable], Any] = {}
+
+    def get(self, plugin: str, key: Hashable, build: Callable[[], T]) -> T:
+        """The value of (``plugin``, ``key``), built by ``build()`` the first time."""
+        entry = (plugin, key)
+        if entry not in self._values:
+            self._values[entry] = build()
+        return self._values[entry]
+
+
+@dataclass
+class TrainContext:
+    """What a trainer may use: where to train, the seed, and a progress reporter."""
+
+    device: torch.device
+    seed: int
+    progress: Progress
+
+
+@dataclass(frozen=True)
+class SigmaProviderSpec:
+    """``build(context, params) -> SigmaProvider``."""
+
+    name: str
+    build: Callable[[BuildContext, Mapping[str, Any]], SigmaProvider]
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class CertifierSpec:
+    """``build(context, params, sigma_provider) -> Certifier``.
+
+    The certifier is built with the σ-provider whose σ(x) it certifies and takes every
+    property of σ it relies on from ``sigma_provider.regularity``, never from ``params``.
+    """
+
+    name: str
+    build: Callable[[BuildContext, Mapping[str, Any], SigmaProvider], Certifier]
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    """``train(model, dataset, params, context)`` trains ``model`` in place.
+
+    ``defaults`` lists every parameter the trainer accepts with its default value.
+    """
+
+    name: str
+    train: Callable[[torch.nn.Module, Dataset, Mapping[str, Any], TrainContext], None]
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A named composition: one σ-provider, one certifier, their default parameters.
+
+    ``defaults`` lists every parameter a benchmark setting may override; both the
+    σ-provider and the certifier receive the merged parameters. ``check(params)``,
+    if given, raises :class:`~harness.foundation.errors.ParameterError` for invalid values; it
+    runs before any work starts.
+    """
+
+    name: str
+    sigma_provider: str
+    certifier: str
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    description: str = ""
+    check: Callable[[Mapping[str, Any]], None] | None = None
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """``load(data_root, **family_args) -> Dataset``.
+
+    A name ending in ``-N`` (e.g. ``cone-N``) declares a family: ``cone-60`` loads
+    with ``dim=60``. ``class_names``, when the classes are fixed, names them for boards
+    of runs that did not record them (a run records its dataset's ``class_names``).
+    """
+
+    name: str
+    load: Callable[..., Dataset]
+    description: str = ""
+    class_names: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """``build(input_shape, num_classes, params) -> torch.nn.Module`` (logits)."""
+
+    name: str
+    build: Callable[[tuple[int, ...], int, Mapping[str, Any]], torch.nn.Module]
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    """A soundness check: ``run(...)`` audits a method's certificates."""
+
+    name: str
+    run: Callable[..., Any]
+    description: str = ""

@@ -1,0 +1,224 @@
+"""The plugin manager: loads every plugin from the ``idrs_bench`` entry points.
+
+Built-in and third-party plugins are found the same way, through the entry points of
+the group ``idrs_bench`` (the built-ins are declared in ``pyproject.toml``'s
+``[project.entry-points.idrs_bench]`` table). A plugin is *built-in* when the
+distribution that declares its entry point is this one (``idrs-bench``), *third-party*
+otherwise. The environment variable ``IDRS_BENCH_PLUGINS`` restricts which
+third-party plugins load: unset loads all, ``""`` loads none, ``"a,b"`` loads only
+``a`` and ``b``; built-ins always load (the checks and the default benchmark rely on
+them). A plugin that fails to import or to register is recorded in
+:attr:`PluginManager.failures` and skipped; everything else keeps working. A
+component name provided twice fails naming both plugins
+(:class:`~harness.foundation.errors.DuplicateNameError`).
+
+Third-party plugins are imported when first needed (:attr:`PluginManager.registry`,
+:meth:`PluginManager.describe`, :attr:`PluginManager.failures`); a benchmark file is
+checked before that against what they registered last time
+(:meth:`PluginManager.checking_registry`, :mod:`harness.plugin.manifest`), so that its
+errors do not wait for their imports.
+
+Tests and tools register plugins of their own with :meth:`PluginManager.register`.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import pluggy
+
+from harness.foundation.errors import DuplicateNameError
+from harness.plugin import hookspecs
+from harness.plugin.registry import COMPONENT_KINDS, Registry
+
+ENTRY_POINT_GROUP = "idrs_bench"
+DISTRIBUTION = "idrs-bench"
+PLUGINS_ENV_VAR = "IDRS_BENCH_PLUGINS"
+
+
+@dataclass(frozen=True)
+class PluginFailure:
+    """A plugin that could not be loaded or whose registration raised."""
+
+    plugin: str
+    error: str
+
+
+class PluginManager:
+    """pluggy's manager plus the component registry built from the register hooks."""
+
+    def __init__(self, third_party: bool = True) -> None:
+        """Load the built-in plugins and, unless ``third_party`` is False, the others."""
+        self.pm = pluggy.PluginManager("idrs_bench")
+        self.pm.add_hookspecs(hookspecs)
+        self._failures: list[PluginFailure] = []
+        self._versions: dict[str, str] = {}
+        self._registry: Registry | None = None
+        self._pending: list[importlib.metadata.EntryPoint] = []  # third-party, not imported
+        self._third_party: list[importlib.metadata.EntryPoint] = []
+        self._load_entry_points(third_party)
+
+    @property
+    def failures(self) -> list[PluginFailure]:
+        """Plugins that failed to import or register (every plugin is loaded first)."""
+        self.load_all()
+        return self._failures
+
+    def load_all(self) -> None:
+        """Import the third-party plugins not imported yet."""
+        pending, self._pending = self._pending, []
+        for ep in pending:
+            self._load(ep)
+
+    def register(self, plugin: ModuleType | object, name: str, version: str = "") -> None:
+        """Register a plugin object (usually a module with ``@hookimpl`` functions)."""
+        self.pm.register(plugin, name=name)
+        self._versions[name] = version
+        self._registry = None
+
+    def unregister(self, name: str) -> None:
+        self.pm.unregister(name=name)
+        self._versions.pop(name, None)
+        self._registry = None
+
+    @property
+    def registry(self) -> Registry:
+        """The components of every plugin (all imported; built on first use)."""
+        self.load_all()
+        if self._registry is None:
+            self._registry = self._build_registry()
+            from harness.plugin import manifest as plugin_manifest
+
+            failed = {f.plugin for f in self._failures}
+            plugin_manifest.write_entries(self._registry, self._third_party, failed)
+        return self._registry
+
+    def checking_registry(self) -> Registry:
+        """A registry to check a benchmark file against, without importing third-party
+        plugins whose components :mod:`harness.plugin.manifest` recorded: theirs are
+        stand-ins (names, defaults, compositions; a method's ``check`` imports them).
+        The full :attr:`registry` when any of them has no valid record."""
+        if not self._pending:
+            return self.registry
+        from harness.plugin import manifest as plugin_manifest
+
+        entries = plugin_manifest.read_entries(self._pending)
+        if entries is None:
+            return self.registry
+        base = self._registry if self._registry is not None else self._build_registry()
+
+        def real_check(name: str):
+            return lambda params: self.registry.get("methods", name).check(params)
+
+        return plugin_manifest.stand_in_registry(base, entries, real_check)
+
+    def plugin_names(self) -> list[str]:
+        self.load_all()
+        return sorted(name for name, _ in self.pm.list_name_plugin())
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Name, version, implemented hooks and provided components of every plugin."""
+        registry = self.registry  # (imports every plugin)
+        rows = []
+        for name, plugin in sorted(self.pm.list_name_plugin()):
+            hooks = sorted(h.name for h in self.pm.get_hookcallers(plugin) or [])
+            rows.append(
+                {
+                    "name": name,
+                    "version": self._versions.get(name, ""),
+                    "hooks": hooks,
+                    "provides": registry.provided_by(name),
+                }
+            )
+        return rows
+
+    def _load_entry_points(self, third_party: bool) -> None:
+        allowed = _allowed_external_plugins() if third_party else set()
+        entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+        builtins = [ep for ep in entry_points if is_builtin(ep)]
+        others = [ep for ep in entry_points if not is_builtin(ep)]
+        for ep in builtins:  # built-ins first: they keep their names
+            self._load(ep)
+        self._third_party = [ep for ep in others if allowed is None or ep.name in allowed]
+        self._pending = list(self._third_party)
+        if not builtins:
+            self._failures.append(
+                PluginFailure(
+                    DISTRIBUTION,
+                    f"no {ENTRY_POINT_GROUP!r} entry points of the {DISTRIBUTION!r} distribution "
+                    "were found, so no built-in plugin is loaded; install the package "
+                    "(pip install -e . in the repository)",
+                )
+            )
+
+    def _load(self, ep: importlib.metadata.EntryPoint) -> None:
+        """Import and register one entry point; a failure is recorded, not raised."""
+        try:  # a broken plugin, built-in or not, must not take the CLI down
+            taken = self.pm.get_plugin(ep.name)
+            if taken is not None:
+                raise DuplicateNameError(
+                    f"plugin name {ep.name!r} is declared twice: by "
+                    f"{getattr(taken, '__name__', repr(taken))!r} and by entry point "
+                    f"{ep.value!r}; rename one or leave a third-party plugin out with "
+                    f"{PLUGINS_ENV_VAR}"
+                )
+            self.register(ep.load(), name=ep.name, version=ep.dist.version if ep.dist else "")
+        except Exception as exc:
+            self._fail(ep.name, exc)
+
+    def _build_registry(self) -> Registry:
+        """Call every plugin's register hooks through pluggy's hook caller (restricted to
+        that plugin, so that one plugin's failure does not stop the others), collect what
+        it registers, and add it whole or, when a hook raises or a registration is
+        refused, not at all (the failure is recorded)."""
+        registry = Registry()
+        self._failures = [f for f in self._failures if not f.error.startswith("register: ")]
+        plugins = [p for _, p in self.pm.list_name_plugin() if p is not None]  # in order
+        for plugin in plugins:
+            name = self.pm.get_name(plugin)
+            staged: list[tuple[str, Any]] = []
+            try:
+                for kind in COMPONENT_KINDS:
+                    hook = f"idrs_register_{kind}"
+                    impls = self._impls(hook)
+                    if not any(i.plugin is plugin and not _wraps(i) for i in impls):
+                        continue
+                    others = [i.plugin for i in impls if i.plugin is not plugin and not _wraps(i)]
+                    only = self.pm.subset_hook_caller(hook, remove_plugins=others)  # wrappers stay
+                    only(register=lambda spec, _k=kind, _s=staged: _s.append((_k, spec)))
+                registry.add_all(name, staged)
+            except Exception as exc:
+                self._failures.append(PluginFailure(name, f"register: {_describe(exc)}"))
+        return registry
+
+    def _impls(self, hook: str) -> list[Any]:
+        return getattr(self.pm.hook, hook).get_hookimpls()
+
+    def _fail(self, name: str, exc: BaseException) -> None:
+        self._failures.append(PluginFailure(name, _describe(exc)))
+
+
+def _wraps(impl: Any) -> bool:
+    """Whether a hook implementation is a wrapper (it sees the others' calls)."""
+    return bool(getattr(impl, "wrapper", False) or getattr(impl, "hookwrapper", False))
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def is_builtin(entry_point: importlib.metadata.EntryPoint) -> bool:
+    """Whether ``entry_point`` is declared by this distribution (a built-in plugin)."""
+    dist = getattr(entry_point, "dist", None)
+    return dist is not None and dist.name == DISTRIBUTION
+
+
+def _allowed_external_plugins() -> set[str] | None:
+    value = os.environ.get(PLUGINS_ENV_VAR)
+    if value is None:
+        return None
+    return {name.strip() for name in value.split(",") if name.strip()}

@@ -1,0 +1,165 @@
+"""The component registry: one typed table per kind, each name with its plugin.
+
+Every component a plugin registers lands in the table of its kind
+(:data:`COMPONENT_KINDS`), e.g. ``registry.methods.get("cohen")`` is a
+:class:`~harness.plugin.components.MethodSpec`; ``registry.get("methods", "cohen")``
+is the same lookup by the kind's name. A name ending in ``-N`` is a family (``cone-60``
+finds ``cone-N`` with ``dim=60``). A plugin's registrations are added all at once or not
+at all (:meth:`Registry.add_all`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any, Generic, TypeVar
+
+from harness.foundation.errors import DuplicateNameError, UnknownNameError
+from harness.plugin.components import (
+    CertifierSpec,
+    CheckSpec,
+    DatasetSpec,
+    MethodSpec,
+    ModelSpec,
+    SigmaProviderSpec,
+    TrainerSpec,
+)
+
+COMPONENT_KINDS: dict[str, type] = {
+    "sigma_providers": SigmaProviderSpec,
+    "trainers": TrainerSpec,
+    "certifiers": CertifierSpec,
+    "methods": MethodSpec,
+    "datasets": DatasetSpec,
+    "models": ModelSpec,
+    "checks": CheckSpec,
+}
+_SINGULAR = {
+    "sigma_providers": "σ-provider",
+    "trainers": "trainer",
+    "certifiers": "certifier",
+    "methods": "method",
+    "datasets": "dataset",
+    "models": "architecture",
+    "checks": "check",
+}
+_FAMILY_SUFFIX = re.compile(r"^(?P<stem>.+)-(?P<dim>\d+)$")
+
+SpecT = TypeVar("SpecT")
+
+
+class ComponentTable(Generic[SpecT]):
+    """The components of one kind by name, each with the name of its plugin."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.spec_type: type = COMPONENT_KINDS[kind]
+        self._items: dict[str, tuple[SpecT, str]] = {}
+
+    def check(self, spec: Any, plugin: str) -> None:
+        """Raise unless ``spec`` is of this kind and its name is free."""
+        if not isinstance(spec, self.spec_type):
+            raise TypeError(
+                f"plugin {plugin!r} registered {spec!r} as a {_SINGULAR[self.kind]}; "
+                f"expected a {self.spec_type.__name__}"
+            )
+        taken = self._items.get(spec.name)
+        if taken is not None:
+            raise DuplicateNameError(
+                f"{_SINGULAR[self.kind]} {spec.name!r} is provided twice: by plugin "
+                f"{taken[1]!r} and by plugin {plugin!r}; rename one or leave a "
+                "third-party plugin out with IDRS_BENCH_PLUGINS"
+            )
+
+    def add(self, spec: SpecT, plugin: str) -> None:
+        """Store ``spec`` under its name; a name already taken raises, naming both."""
+        self.check(spec, plugin)
+        self._items[spec.name] = (spec, plugin)  # type: ignore[attr-defined]
+
+    def remove(self, name: str) -> None:
+        del self._items[name]
+
+    def names(self) -> list[str]:
+        return sorted(self._items)
+
+    def get(self, name: str) -> SpecT:
+        """The spec named ``name``; ``cone-60`` finds the family ``cone-N``."""
+        return self._lookup(name)[0]
+
+    def provider(self, name: str) -> str:
+        return self._lookup(name)[1]
+
+    def family_args(self, name: str) -> dict[str, int]:
+        """``{"dim": 60}`` for ``cone-60`` when only the family ``cone-N`` exists."""
+        if name in self._items:
+            return {}
+        match = _FAMILY_SUFFIX.match(name)
+        return {"dim": int(match["dim"])} if match else {}
+
+    def provided_by(self, plugin: str) -> list[str]:
+        return sorted(n for n, (_, p) in self._items.items() if p == plugin)
+
+    def _lookup(self, name: str) -> tuple[SpecT, str]:
+        if name in self._items:
+            return self._items[name]
+        match = _FAMILY_SUFFIX.match(name)
+        if match and f"{match['stem']}-N" in self._items:
+            return self._items[f"{match['stem']}-N"]
+        raise UnknownNameError(_SINGULAR[self.kind], name, list(self._items))
+
+
+class Registry:
+    """Every registered component: one :class:`ComponentTable` per kind."""
+
+    def __init__(self) -> None:
+        self.sigma_providers: ComponentTable[SigmaProviderSpec] = ComponentTable("sigma_providers")
+        self.trainers: ComponentTable[TrainerSpec] = ComponentTable("trainers")
+        self.certifiers: ComponentTable[CertifierSpec] = ComponentTable("certifiers")
+        self.methods: ComponentTable[MethodSpec] = ComponentTable("methods")
+        self.datasets: ComponentTable[DatasetSpec] = ComponentTable("datasets")
+        self.models: ComponentTable[ModelSpec] = ComponentTable("models")
+        self.checks: ComponentTable[CheckSpec] = ComponentTable("checks")
+
+    def table(self, kind: str) -> ComponentTable[Any]:
+        """The table of ``kind`` (one of :data:`COMPONENT_KINDS`)."""
+        if kind not in COMPONENT_KINDS:
+            raise KeyError(f"unknown component kind {kind!r}; known: {', '.join(COMPONENT_KINDS)}")
+        return getattr(self, kind)
+
+    def add(self, kind: str, spec: Any, plugin: str) -> None:
+        self.table(kind).add(spec, plugin)
+
+    def add_all(self, plugin: str, registrations: Iterable[tuple[str, Any]]) -> None:
+        """Add every (kind, spec) ``plugin`` registered, or, when one is refused (a wrong
+        type, a name taken), none of them: the error is raised and nothing is left behind."""
+        added: list[tuple[str, str]] = []
+        try:
+            for kind, spec in registrations:
+                self.table(kind).add(spec, plugin)
+                added.append((kind, spec.name))
+        except Exception:
+            for kind, name in added:
+                self.table(kind).remove(name)
+            raise
+
+    def names(self, kind: str) -> list[str]:
+        return self.table(kind).names()
+
+    def get(self, kind: str, name: str) -> Any:
+        """The spec named ``name``; ``cone-60`` finds the family ``cone-N``."""
+        return self.table(kind).get(name)
+
+    def provider(self, kind: str, name: str) -> str:
+        return self.table(kind).provider(name)
+
+    def family_args(self, kind: str, name: str) -> dict[str, int]:
+        return self.table(kind).family_args(name)
+
+    def provided_by(self, plugin: str) -> dict[str, list[str]]:
+        """What ``plugin`` provides, by kind (kinds it provides nothing of are left out)."""
+        out = {}
+        for kind in COMPONENT_KINDS:
+            names = self.table(kind).provided_by(plugin)
+            if names:
+                out[kind] = names
+        return out

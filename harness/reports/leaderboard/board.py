@@ -1,0 +1,234 @@
+"""A leaderboard as data: tables per dataset and base model, rows ranked, verdicts attached.
+
+Rows of one table are all (run, method, setting) of the runs that share a dataset and a
+base model (content hash). Rows whose verdict is ``sound`` are ranked apart from the
+others, and ``order-dependent`` (memory) rows apart from both, scored at the worst input
+order their check replayed (Súkeník et al. 2022, App. C.2). Runs imported from published
+logs (``idrs-bench import-log``) join the first table of their dataset (or open their own)
+as a group of their own, ``imported``: their radii are claims without evidence, never
+ranked as certified. A setting of an unfinished run is marked ``incomplete`` and
+never sound. Within each group the order is: certified accuracy at the headline radius
+(descending), then ACR (descending), then method, setting and run id (ascending), so
+that ties are broken deterministically.
+
+The benchmark's radii are :func:`harness.mathematics.accuracy.benchmark_radii`; the headline radius
+is the spec's ``headline_radius`` if present, else the median of the radii (0.5 by
+default). Rows and their verdicts come from :meth:`harness.store.storedrun.StoredRun.rows`.
+
+Every accuracy carries its 95 % interval over the test inputs, and every row below the
+first of its group is compared with that leader, paired over the inputs both certified,
+by McNemar's exact test at the headline radius (:mod:`harness.mathematics.significance`); a row
+whose difference is not significant ties with the leader. Where the empirical attack
+ran (:mod:`harness.audit.empirical`), each row also has its empirical robust accuracy at the
+radii attacked.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from harness.mathematics.accuracy import (
+    benchmark_radii,
+    certified_key,
+    empirical_key,
+    empirical_successes,
+    row_metrics,
+)
+from harness.mathematics.significance import (
+    PairedComparison,
+    paired_comparison,
+    proportion_interval,
+)
+from harness.store.storedrun import (
+    IMPORTED,
+    ORDER_DEPENDENT,
+    SOUND,
+    StoredCertificate,
+    StoredCheck,
+    StoredRun,
+)
+
+
+@dataclass
+class Row:
+    """One (run, method, setting) with its metrics, verdict and the checks behind it."""
+
+    run_id: str
+    method: str
+    setting: str
+    metrics: dict[str, Any]
+    verdict: str
+    checks: tuple[StoredCheck, ...]
+    correct_radii: list[float]  # sorted radii of the correctly certified inputs (for curves)
+    applied: list[str] = field(default_factory=list)  # checks that applied to the row
+    order: dict[str, Any] | None = None  # memory rows: orders replayed, ACR spread
+    class_counts: dict[int, int] = field(default_factory=dict)  # inputs per label
+    certified: dict[int, float | None] = field(default_factory=dict)  # input -> radius if correct
+    paired: PairedComparison | None = None  # against the first row of its group
+    attack: dict[str, Any] | None = None  # the empirical attack's result, where it ran
+
+    def certified_at(self, radius: float) -> dict[int, bool]:
+        """Per input id: certified correctly with radius >= ``radius``."""
+        return {i: r is not None and r >= radius for i, r in self.certified.items()}
+
+    @property
+    def sound(self) -> bool:
+        return self.verdict == SOUND
+
+    @property
+    def order_dependent(self) -> bool:
+        return self.verdict == ORDER_DEPENDENT
+
+
+@dataclass
+class Table:
+    """All rows on one dataset and base model."""
+
+    index: int  # 1-based, in order of first appearance among the runs
+    dataset: str
+    architecture: str
+    model_hash: str
+    radii: list[float]
+    headline_radius: float
+    runs: list[StoredRun] = field(default_factory=list)
+    sound_rows: list[Row] = field(default_factory=list)
+    memory_rows: list[Row] = field(default_factory=list)
+    other_rows: list[Row] = field(default_factory=list)
+    imported_rows: list[Row] = field(default_factory=list)
+
+    @property
+    def rows(self) -> list[Row]:
+        return self.sound_rows + self.memory_rows + self.other_rows + self.imported_rows
+
+    @property
+    def failures(self) -> list[dict[str, Any]]:
+        return [f | {"run_id": run.run_id} for run in self.runs for f in run.failures]
+
+    @property
+    def class_names(self) -> list[str]:
+        """The dataset's class names as its runs recorded them (empty when none did)."""
+        return next((list(r.run["class_names"]) for r in self.runs if r.run.get("class_names")), [])
+
+
+@dataclass
+class Board:
+    title: str
+    runs: list[StoredRun]
+    tables: list[Table]
+
+
+def headline_radius(config: dict[str, Any], radii: Sequence[float]) -> float:
+    """The spec's ``headline_radius`` if present, else the median of ``radii``."""
+    value = config.get("headline_radius")
+    return float(value) if value is not None else float(radii[len(radii) // 2])
+
+
+def rank_key(row: Row, radius: float) -> tuple:
+    m = row.metrics
+    return (-m[certified_key(radius)], -m["acr"], row.method, row.setting, row.run_id)
+
+
+def build_board(runs: Sequence[StoredRun]) -> Board:
+    """Group ``runs`` into tables, compute every row's metrics and verdict, rank the rows."""
+    tables: dict[tuple[str, str, str], Table] = {}
+    imported = [run for run in runs if run.imported]
+    for run in [r for r in runs if r not in imported] + imported:
+        config = run.run["config"]
+        key = (config["dataset"]["name"], config["model"]["architecture"], run.run["model_hash"])
+        if run in imported:  # beside the runs made here on the same dataset
+            key = next((k for k in tables if k[0] == key[0]), key)
+        radii = benchmark_radii(config)
+        table = tables.get(key)
+        if table is None:
+            table = tables[key] = Table(
+                index=len(tables) + 1, dataset=key[0], architecture=key[1], model_hash=key[2],
+                radii=radii, headline_radius=headline_radius(config, radii),
+            )  # fmt: skip
+        else:
+            table.radii = sorted(set(table.radii) | set(radii))
+        table.runs.append(run)
+    for table in tables.values():
+        table.radii = sorted({*table.radii, table.headline_radius})
+        rows = [row for run in table.runs for row in _rows(run, table.radii)]
+        ordered = sorted(rows, key=lambda r: rank_key(r, table.headline_radius))
+        table.imported_rows = [r for r in ordered if r.verdict == IMPORTED]
+        table.sound_rows = [r for r in ordered if r.sound]
+        table.memory_rows = [r for r in ordered if r.order_dependent]
+        table.other_rows = [
+            r for r in ordered if not r.sound and not r.order_dependent and r.verdict != IMPORTED
+        ]
+        for group in (table.sound_rows, table.memory_rows, table.other_rows, table.imported_rows):
+            compare_with_leader(group, table.headline_radius)
+    names = list(dict.fromkeys(run.run["name"] for run in runs))
+    return Board(title=", ".join(names), runs=list(runs), tables=list(tables.values()))
+
+
+def compare_with_leader(rows: Sequence[Row], radius: float) -> None:
+    """Set each row's paired comparison with the first of ``rows`` at ``radius``."""
+    if not rows:
+        return
+    leader = rows[0].certified_at(radius)
+    for row in rows[1:]:
+        row.paired = paired_comparison(leader, row.certified_at(radius), radius)
+
+
+def empirical_metrics(attack: dict[str, Any] | None, radii: Sequence[float]) -> dict[str, Any]:
+    """The empirical robust accuracy at each radius (None where the attack did not run)
+    and its 95 % intervals."""
+    values: dict[str, Any] = {}
+    intervals: dict[str, tuple[float, float]] = {}
+    for r in radii:
+        k = None if attack is None else empirical_successes(attack, r)
+        values[empirical_key(r)] = None if k is None else k / attack["inputs"]  # type: ignore[index]
+        if k is not None:
+            intervals[empirical_key(r)] = proportion_interval(k, attack["inputs"])  # type: ignore[index]
+    return values | {"intervals": intervals}
+
+
+def _rows(run: StoredRun, radii: Sequence[float]) -> list[Row]:
+    """One row per (method, setting); a setting not finished is marked and never ranked sound."""
+    out = []
+    for stored in run.rows():
+        verdict, order, certs = stored.verdict, stored.order, stored.certificates
+        if order is not None:
+            certs = at_order(certs, order["worst_order"])
+        done = stored.status
+        if done is not None and not done.complete:
+            verdict = f"incomplete ({done.inputs} of {done.expected or '?'} inputs), {verdict}"
+        metrics = row_metrics(certs, radii, run.unknown_metrics)
+        attack = None if stored.attack is None else stored.attack.result
+        empirical = empirical_metrics(attack, radii)
+        metrics["intervals"] |= empirical.pop("intervals")
+        out.append(
+            Row(
+                run_id=run.run_id,
+                method=stored.method,
+                setting=stored.setting,
+                metrics=metrics | empirical,
+                verdict=verdict,
+                checks=stored.checks,
+                correct_radii=sorted(c.radius for c in certs if c.correct),
+                applied=stored.applied,
+                order=order,
+                class_counts=dict(sorted(Counter(int(c.label) for c in certs).items())),
+                certified={int(c.input_id): c.radius if c.correct else None for c in certs},
+                attack=attack,
+            )
+        )
+    return out
+
+
+def at_order(certs: Sequence[StoredCertificate], order: dict[str, list]) -> list[StoredCertificate]:
+    """Certificates with CERTIFY's prediction and radius as a replayed input order left them."""
+    replayed = {
+        int(i): (int(p), float(r))
+        for i, p, r in zip(order["input_id"], order["prediction"], order["radius"], strict=True)
+    }
+    out = []
+    for c in certs:
+        p, r = replayed.get(int(c.input_id), (c.prediction, c.radius))
+        out.append(replace(c, prediction=p, radius=r))
+    return out

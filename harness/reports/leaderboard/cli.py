@@ -1,0 +1,143 @@
+"""``idrs-bench leaderboard``: render a board from stored runs, or verify a committed one.
+
+    idrs-bench leaderboard [RUN ...] [--db PATH] [--out leaderboards/NAME.md] [--no-plots]
+    idrs-bench leaderboard --verify leaderboards/NAME.md [--db PATH] [--data-root DIR]
+                           [--replay K] [--device auto|cpu|cuda]
+
+Without ``--out`` the markdown goes to stdout (no files are written). ``RUN`` is a run
+id or a unique prefix in ``--db`` (default: the latest run there), a run export
+``*.run.json`` (all its runs), or another results database (its latest run), so that
+runs of several benchmarks make one board, one table per dataset and base model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from harness.foundation.errors import IdrsError
+from harness.reports.leaderboard.source import resolve_runs
+from harness.store.store import DEFAULT_DB
+from harness.store.storedrun import incomplete_note
+
+
+def add_leaderboard_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the ``leaderboard`` subcommand to ``idrs-bench``'s subparsers."""
+    parser = sub.add_parser(
+        "leaderboard", help="render a leaderboard (markdown, plots, JSON, CSV) from stored runs"
+    )
+    parser.add_argument(
+        "runs", nargs="*", metavar="RUN",
+        help="run id or unique prefix (in --db), run export (*.run.json), or results database "
+        "(its latest run); default: the latest run in --db",
+    )  # fmt: skip
+    parser.add_argument(
+        "--db", type=Path, default=None, metavar="PATH",
+        help=f"results database (default {DEFAULT_DB}; with --verify: the board's NAME.run.json)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--out", type=Path, metavar="NAME.md", help="write NAME.md and its files (default: stdout)"
+    )
+    parser.add_argument("--no-plots", action="store_true", help="do not draw the PNG plots")
+    parser.add_argument(
+        "--verify", type=Path, metavar="BOARD.md",
+        help="re-render a committed board from its stored runs and fail if it differs",
+    )  # fmt: skip
+    parser.add_argument(
+        "--replay", type=int, metavar="K",
+        help="with --verify: re-certify K random inputs of every row from the files shipped "
+        "beside the board (bit for bit on the run's arithmetic, else a replication test)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--data-root", metavar="DIR", help="with --verify: where the boards' dataset files are (default: the usual places)"
+    )  # fmt: skip
+    parser.add_argument(
+        "--device",
+        default="auto",
+        metavar="auto|cpu|cuda",
+        help="with --replay: auto, cpu or cuda (default auto)",
+    )
+    parser.add_argument(
+        "--allow-incomplete", action="store_true",
+        help="render runs whose settings are not all finished (their rows are marked, never ranked sound)",
+    )  # fmt: skip
+    parser.set_defaults(handler=leaderboard_command, default_db=DEFAULT_DB)
+    return parser
+
+
+def leaderboard_command(args: argparse.Namespace) -> int:
+    if args.verify is not None:
+        return _verify(args)
+    if args.replay is not None:
+        raise IdrsError("--replay re-checks a published board: give it with --verify BOARD.md")
+    runs = resolve_runs(args.runs, args.db or args.default_db)
+    if not args.allow_incomplete:
+        for run in runs:
+            note = incomplete_note(run.settings())
+            if note is not None:
+                raise IdrsError(
+                    f"run {run.run_id[:12]} is {note}; finish it with `idrs-bench run` "
+                    "(same spec and --db) or pass --allow-incomplete to render it marked"
+                )
+    if args.out is None:
+        from harness.reports.leaderboard.board import build_board
+        from harness.reports.leaderboard.markdown import render_markdown
+
+        sys.stdout.write(render_markdown(build_board(runs), None))
+        return 0
+    from harness.reports.leaderboard.render import write_board
+
+    missing: list[str] = []
+    for path in write_board(runs, args.out, plots=not args.no_plots, problems=missing):
+        print(f"wrote {path}")
+    for line in missing:
+        print(f"warning: {line}", file=sys.stderr)
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    """``--verify BOARD.md [--replay K]``: re-derive, re-render, and replay a board."""
+    if args.runs or args.out:
+        raise IdrsError("--verify takes only the board (and optionally --db, --replay K)")
+    from harness.reports.leaderboard.verify import board_runs, rederivable, verify_board
+
+    notes: list[str] = []
+    problems = verify_board(args.verify, args.db, args.data_root, notes)
+    for note in notes:
+        print(f"note: {note}")
+    if problems:
+        for problem in problems:
+            sys.stdout.write(problem if problem.endswith("\n") else problem + "\n")
+        print(
+            f"{args.verify}: does not verify ({len(problems)} problem(s)): a certificate or "
+            "verdict its evidence does not give, or a file that differs from its re-rendering "
+            "(`idrs-bench leaderboard RUN --out ...` renders it again)"
+        )
+        return 1
+    if rederivable(args.verify, args.db):
+        which = "every certificate" if not notes else f"the certificates (but {len(notes)} row(s))"
+        print(
+            f"{args.verify}: verified ({which} and the verdicts of S0 and the replay check "
+            "re-derived from the run export's evidence; re-rendered: text identical, floats "
+            "equal up to a relative 1e-9)"
+        )
+    else:
+        print(
+            f"{args.verify}: re-rendered identically, but its run export (format 1) carries no "
+            "evidence, so nothing was re-derived; publish the board again to make it re-checkable"
+        )
+    if args.replay is None:
+        return 0
+    from harness.reports.leaderboard.recheck import replay_board
+
+    lines, disagreements = replay_board(
+        board_runs(args.verify, args.db), args.replay, args.data_root, args.device
+    )
+    for line in lines:
+        print(line)
+    if disagreements:
+        print(f"{args.verify}: replay disagrees; first disagreement: {disagreements[0]}")
+        return 1
+    print(f"{args.verify}: replayed ({args.replay} inputs per row agreed)")
+    return 0

@@ -1,0 +1,71 @@
+"""The protocol of a stored run as a leaderboard states it (header, JSON, CSV, compare)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.reports.leaderboard.reproduce import run_command, spec_filename
+from harness.store.storedrun import StoredRun
+
+ARITHMETIC_KEYS = ("precision", "channels_last", "noise")
+"""Protocol keys recorded since the engine offers precisions and noise schemes."""
+COMPARED_KEYS = ("n0", "n", "alpha", "precision", "channels_last", "noise")
+"""Protocol keys whose difference makes two runs' rows not directly comparable."""
+
+
+def protocol_differences(protocols: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """The keys of :data:`COMPARED_KEYS` on which the runs of one table differ, with the
+    values (a missing precision reads fp32, a missing noise block-v1)."""
+    legacy = {"precision": "fp32", "channels_last": False, "noise": "block-v1"}
+    out = {}
+    for key in COMPARED_KEYS:
+        values = [str(p.get(key, legacy.get(key))).lower() for p in protocols]
+        if len(set(values)) > 1:
+            out[key] = list(dict.fromkeys(values))
+    return out
+
+
+def run_protocol(run: StoredRun, stem: str | None) -> dict[str, Any]:
+    """Everything that fixes what a run measured, and how to run it again.
+
+    ``stem`` names the board, whose folder holds the run's spec file (None: no file
+    is written, and the command names ``SPEC.toml``, the spec shown on the board).
+    """
+    row, config = run.run, run.run["config"]
+    dataset, model, protocol = config["dataset"], config["model"], config["protocol"]
+    spec_file = "SPEC.toml" if stem is None else spec_filename(stem, row["run_id"])
+    # runs stored before the protocol recorded its arithmetic and noise have none of these
+    # keys (fp32, block-v1); boards of such runs stay as they were rendered
+    arithmetic = {k: protocol[k] for k in ARITHMETIC_KEYS if k in protocol}
+    out = {
+        "run_id": row["run_id"],
+        "name": row["name"],
+        "dataset": dataset["name"],
+        "test_every": dataset.get("test_every", 1),
+        "test_count": dataset.get("test_count"),
+        "inputs": max(run.counts().values(), default=0),
+        "n0": protocol["n0"],
+        "n": protocol["n"],
+        "alpha": protocol["alpha"],
+        "batch_size": protocol.get("batch_size"),
+        **arithmetic,
+        "architecture": model["architecture"],
+        "architecture_params": model.get("architecture_params", {}),
+        "trainer": model["trainer"],
+        "trainer_params": model.get("trainer_params", {}),
+        "model_seed": model.get("seed", 0),
+        "model_hash": row["model_hash"],
+        "seed": row["seed"],
+        "device": row["device"],
+        "versions": dict(sorted(row["versions"].items())),
+        "git_commit": row["git_commit"],
+        "created": row["created"],
+        "finished": row["finished"],
+        "spec_file": spec_file,
+        "command": run_command(spec_file, row["device"]),
+    }
+    if row.get("weights_digest"):  # runs from before weights digests have none
+        out["weights_digest"] = row["weights_digest"]
+    if row.get("arithmetic"):  # where its counts replay bit for bit (harness.engine.arithmetic)
+        out["arithmetic"] = row["arithmetic"]
+    return out

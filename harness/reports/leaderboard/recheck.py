@@ -1,0 +1,406 @@
+"""Re-checking a published board from its own files: what ``--verify`` and ``--replay`` add.
+
+Re-rendering (:mod:`harness.reports.leaderboard.verify`) shows that a board is what its run
+export renders to; it cannot show that the export is what the audit saw. From a
+format-2 export (:mod:`harness.reports.leaderboard.source`) :func:`recheck_runs` therefore
+re-derives, for every row:
+
+1. **every certificate** (S0, :func:`harness.audit.evidence.rederive`) from its
+   exported evidence (the harness's draws, α, σ, the certifier's derived evidence),
+   against the declaration S0 recorded: the radius formula by its importable qualified
+   name, resolved only from idrs-bench and the plugins installed here
+   (:func:`harness.mathematics.radius.formula_from_record`), and the σ-provider's regularity as
+   data; formulas that need the inputs get them from the run's dataset, loaded here.
+   S0's recorded verdict must be the one the evidence gives; where it is ``sound``, the
+   bound, prediction and radius must moreover *equal* the re-derived ones (relative
+   1e-9; a certifier that claims less than its declared formula derives cannot be
+   verified from a board), and the certificates must hash to the digest S0 recorded,
+   so an edited count, bound or radius, in either direction, never verifies;
+2. **the verdicts** of the checks whose rule is a function of their recorded evidence:
+   S0 (as the audit judged it, one-sided) and the replay check
+   (:func:`harness.audit.replay.judge`, from its recorded draws, or its fresh
+   counts, PIT uniforms and Holm); an edited verdict never verifies. The row's verdict
+   is the combination of its checks' (re-rendered); other checks' verdicts are read as
+   recorded.
+
+:func:`replay_board` (``--replay K``) re-certifies K random inputs of every row from
+the files shipped beside the board: the draws are re-drawn by ``python -m
+harness.running.replay`` (no third-party plugin) from ``NAME.weights.pt`` and the shipped
+σ-estimators, bit for bit on the run's arithmetic, else by the replication test
+(:mod:`harness.audit.replay`); on the run's arithmetic σ is recomputed too, by
+the method rebuilt from the installed plugins with their shipped trained parts, and
+the rebuilt method's declared formula and regularity must be those the export records.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.foundation.errors import IdrsError
+from harness.store.storedrun import StoredRow, StoredRun
+
+S0, REPLAY = "evidence", "replay"
+
+
+def _label(run: StoredRun, row: StoredRow) -> str:
+    return f"run {run.run_id[:12]} {row.method} ({row.setting})"
+
+
+class _Inputs:
+    """The test inputs of a run's dataset, loaded on first use (None if it cannot be)."""
+
+    def __init__(self, run: StoredRun, data_root: str | None) -> None:
+        self.run, self.data_root = run, data_root
+        self.dataset = None
+        self.error: str | None = None
+
+    def rows(self, ids: list[int]):
+        if self.dataset is None and self.error is None:
+            from harness.plugin.manager import PluginManager
+            from harness.running.benchmark import benchmark_from_dict
+            from harness.running.preparation import RunOptions, load_dataset
+
+            spec = benchmark_from_dict(self.run.config)
+            try:
+                self.dataset = load_dataset(spec, PluginManager().registry,
+                                            RunOptions(db=Path(os.devnull), data_root=self.data_root))  # fmt: skip
+            except Exception as exc:
+                self.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        if self.dataset is None:
+            return None
+        import torch
+
+        return self.dataset.test_x[torch.tensor(ids, dtype=torch.long)]
+
+
+def recheck_runs(
+    runs: list[StoredRun], data_root: str | None = None, notes: list[str] | None = None
+) -> list[str]:
+    """The problems found by re-deriving every row of ``runs`` (empty: all re-derived).
+
+    A row none of whose certificates carries the harness's draws (a run certified before
+    the harness drew the evidence, whose S0 is then an ``error``) is not re-derived:
+    a line saying so is appended to ``notes``."""
+    from harness.running.benchmark import benchmark_from_dict
+
+    problems: list[str] = []
+    for run in runs:
+        if run.imported:
+            continue
+        protocol = benchmark_from_dict(run.config).protocol
+        inputs = _Inputs(run, data_root)
+        for row in run.rows():
+            if row.checks and all(c.draws is None for c in row.certificates):
+                if notes is not None:
+                    notes.append(f"{_label(run, row)}: its certificates carry no draws (certified "
+                                 "before the harness drew the evidence): not re-derived")  # fmt: skip
+                continue
+            problems += _recheck_row(run, row, protocol, inputs)
+    return problems
+
+
+def _recheck_row(run: StoredRun, row: StoredRow, protocol, inputs: _Inputs) -> list[str]:
+    from harness.audit.evidence import Declaration, certificates_digest, rederive
+    from harness.audit.replay import judge
+
+    label = _label(run, row)
+    checks = {c.check: c for c in row.checks}
+    if not checks:
+        return []  # `not checked`: the board claims nothing for it
+    certs = [c.as_dict() for c in row.certificates]
+    if any(c.get("draws") is None for c in certs):
+        return [f"{label}: some certificates lack their evidence in the export; they cannot be "
+                "re-derived"]  # fmt: skip
+    s0 = checks.get(S0)
+    if s0 is None or not s0.evidence or "declaration" not in s0.evidence:
+        return [f"{label}: no record of check S0 ({S0!r}) with its declaration: the "
+                "certificates cannot be re-derived"]  # fmt: skip
+    problems = []
+    if certificates_digest(certs) != s0.evidence.get("certificates_sha256"):
+        problems.append(f"{label}: the certificates are not those S0 audited (their SHA-256 "
+                        "differs from the one S0 recorded): the export was edited")  # fmt: skip
+    try:
+        declaration = Declaration.from_record(s0.evidence["declaration"])
+        x = inputs.rows([int(c["input_id"]) for c in certs])
+        exact = rederive(certs, x, protocol, declaration, exact=True)
+        audited = rederive(certs, x, protocol, declaration)
+    except Exception as exc:
+        why = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        if inputs.error:
+            why += f" (the run's dataset could not be loaded: {inputs.error}; pass --data-root)"
+        return [*problems, f"{label}: cannot re-derive its certificates: {why}"]
+    if audited.verdict != s0.verdict:
+        problems.append(f"{label}: S0's recorded verdict is {s0.verdict!r}, its evidence "
+                        f"gives {audited.verdict.value!r}: {audited.summary}")  # fmt: skip
+    elif s0.verdict == "sound" and exact.verdict != "sound":
+        problems.append(f"{label}: a certificate is not what its evidence derives: {exact.summary}")
+    replay = checks.get(REPLAY)
+    if replay is not None and replay.verdict not in ("error", "not-applicable"):
+        if not replay.evidence or "inputs" not in replay.evidence:
+            problems.append(f"{label}: the replay check's evidence is missing from the export")
+        else:
+            by_id = {int(c["input_id"]): c for c in certs}
+            verdict, summary, _ = judge(replay.evidence, by_id)
+            if verdict != replay.verdict:
+                problems.append(f"{label}: the replay check's recorded verdict is "
+                                f"{replay.verdict!r}, its evidence gives {verdict.value!r} "
+                                f"({summary})")  # fmt: skip
+    return problems
+
+
+# --- replay ---------------------------------------------------------------------------
+
+
+def missing_weights_message(path: Path) -> str:
+    """How to get a board's weights file that is not beside it."""
+    return (
+        f"{path.name} is not beside the board ({path}): it ships with the board (copy it from "
+        "where the board is published, e.g. the repository's leaderboards/ folder), or render "
+        "the board again with `idrs-bench leaderboard RUN --db DB --out BOARD.md` on the "
+        "machine whose model cache holds the run's weights"
+    )
+
+
+def replay_source(run: StoredRun, data_root: str | None):
+    """The replay files of a run read from an export (their paths beside the board)."""
+    from harness.running.replay import ReplaySource
+    from harness.running.runfiles import SIGMA_MODEL, WEIGHTS
+
+    weights = next((f for f in run.files if f["role"] == WEIGHTS), None)
+    if weights is None:
+        raise IdrsError(
+            f"run {run.run_id[:12]}'s export names no weights file (a run made before boards "
+            "shipped their files); certify its spec again to replay it"
+        )
+    path = Path(weights["path"])
+    if not path.is_file():
+        raise IdrsError(missing_weights_message(path))
+    models = {f["name"]: {"path": f["path"], "sha256": f["sha256"], **f["meta"]}
+              for f in run.files if f["role"] == SIGMA_MODEL}  # fmt: skip
+    return ReplaySource(run.config, path, weights["meta"].get("format", "state_dict"),
+                        run.run.get("weights_digest"), run.run.get("arithmetic"),
+                        run.data_files, data_root, models, missing_weights_message(path))  # fmt: skip
+
+
+def replay_board(
+    runs: list[StoredRun], k: int, data_root: str | None = None, device: str = "auto",
+    entropy: int | None = None,
+) -> tuple[list[str], list[str]]:  # fmt: skip
+    """Re-certify ``k`` random inputs of every row (:mod:`harness.audit.replay`).
+
+    Returns one report line per row (how many inputs agreed) and the disagreements
+    (empty: every row replayed). ``entropy`` (128 bits, default ``os.urandom``) chooses
+    the inputs and the fresh noise, and is printed so that a replay can be repeated."""
+    from harness.audit.audit import derived_seed, fresh_entropy
+    from harness.engine.sampling import resolve_device
+    from harness.running.replay import Replayer
+
+    if k < 1:
+        raise IdrsError(f"--replay takes the number of inputs per row, >= 1; got {k}")
+    entropy = fresh_entropy() if entropy is None else entropy
+    device = str(resolve_device(device))
+    lines, disagreements = [f"replay entropy {entropy:032x} (device {device})"], []
+    replayer = Replayer()
+    try:
+        for run in runs:
+            if run.imported:
+                continue
+            source = replay_source(run, data_root)
+            methods = _Methods(run, source, device)
+            for row in run.rows():
+                purpose = f"board-replay/{run.run_id}/{row.method}/{row.setting}"
+                rng = np.random.default_rng(derived_seed(entropy, purpose))
+                line, problem = _replay_row(run, row, source, methods, replayer, rng, k, device,
+                                            derived_seed(entropy, purpose + "/noise"))  # fmt: skip
+                lines.append(line)
+                if problem:
+                    disagreements.append(problem)
+            methods.close()
+    finally:
+        replayer.close()
+    return lines, disagreements
+
+
+def _replay_row(run, row, source, methods, replayer, rng, k, device, noise_seed):
+    from harness.audit.replay import judge
+    from harness.running.replay import replay_request
+
+    label = _label(run, row)
+    certs = [c.as_dict() for c in row.certificates]
+    if any(c.get("draws") is None for c in certs):
+        return f"{label}: no evidence in the export; nothing replayed", None
+    m = min(k, len(certs))
+    chosen = np.sort(rng.choice(len(certs), m, replace=False))
+    ids = [int(certs[i]["input_id"]) for i in chosen]
+    kind = certs[0]["draws"]["base"]["kind"]
+    smoothed = "sigma" in certs[0]["draws"]
+    request = replay_request(source, device, ids, [certs[i]["draws"]["base"]["sigma"] for i in chosen],
+                             kind, f"{row.method} {row.setting}" if smoothed else None, noise_seed)  # fmt: skip
+    answer = replayer.request(request)
+    stored = [float(certs[i]["sigma"]) for i in chosen]
+    sigma = {"alone": stored, "batch": stored, "order": list(range(m))}
+    note = ""
+    if answer["mode"] == "exact":
+        recomputed, note = methods.sigma(row, ids)
+        if recomputed is not None:
+            sigma = recomputed
+    else:
+        note = "; σ not recomputed (another arithmetic may round it differently)"
+    evidence: dict[str, Any] = {"inputs": ids, "sigma": sigma, "mode": answer["mode"],
+                                "arithmetic": answer["arithmetic"],
+                                "differences": answer["differences"]}  # fmt: skip
+    drawn = {name: answer[name] for name in ("base", "sigma") if name in answer}
+    by_id = {int(c["input_id"]): c for c in certs}
+    if answer["mode"] == "exact":
+        evidence["replayed"] = drawn
+        agreed = sum(judge(_one(evidence, p), by_id)[0] == "sound" for p in range(m))
+        how = "bit for bit"
+    else:
+        evidence["fresh"] = drawn
+        evidence["u"] = rng.uniform(size=(2, m)).tolist()
+        how = "by the replication test"
+    verdict, summary, detail = judge(evidence, by_id)
+    if answer["mode"] != "exact":
+        from scipy.stats import norm
+
+        limit = norm.isf(1e-3 / (2 * max(len(detail["z"]), 1)))
+        agreed = sum(abs(z) <= limit for z in detail["z"][:m])
+        how += f" (bias p = {detail['test']['p_bias']:.3g}, dispersion p = {detail['test']['p_dispersion']:.3g})"
+    declared = methods.declaration_problem(row)
+    problem = None
+    if verdict != "sound":
+        problem = f"{label}: {summary}"
+    elif declared:
+        problem = f"{label}: {declared}"
+    return f"{label}: {agreed}/{m} inputs agreed {how}{note}", problem
+
+
+def _one(evidence: dict[str, Any], p: int) -> dict[str, Any]:
+    """The exact-mode evidence of the ``p``-th replayed input alone."""
+    sigma = evidence["sigma"]
+    return {**evidence, "inputs": [evidence["inputs"][p]],
+            "sigma": {"alone": [sigma["alone"][p]], "batch": [sigma["batch"][p]], "order": [0]},
+            "replayed": {name: {draw: [values[p]] for draw, values in drawn.items()}
+                         for name, drawn in evidence["replayed"].items()}}  # fmt: skip
+
+
+class _Methods:
+    """A run's methods rebuilt from the installed plugins, their trained parts read from
+    the files shipped beside the board (a temporary cache root holds copies)."""
+
+    def __init__(self, run: StoredRun, source, device: str) -> None:
+        self.run, self.source, self.device = run, source, device
+        self.context = None
+        self.error: str | None = None
+        self.built: dict[tuple[str, str], Any] = {}
+        self.folder = tempfile.mkdtemp(prefix="idrs-replay-")
+
+    def close(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    @contextmanager
+    def _cache(self) -> Iterator[None]:
+        from harness.foundation.artifacts import CACHE_ENV_VAR
+
+        before = os.environ.get(CACHE_ENV_VAR)
+        os.environ[CACHE_ENV_VAR] = self.folder
+        try:
+            yield
+        finally:
+            if before is None:
+                del os.environ[CACHE_ENV_VAR]
+            else:
+                os.environ[CACHE_ENV_VAR] = before
+
+    def _build_context(self):
+        from harness.foundation.artifacts import file_digest
+        from harness.foundation.progress import Progress
+        from harness.plugin.manager import PluginManager
+        from harness.running.benchmark import benchmark_from_dict
+        from harness.running.checkpoint import load_checkpoint
+        from harness.running.preparation import RunOptions, build_context, load_dataset
+        from harness.running.runfiles import PLUGIN_ARTIFACT
+
+        for f in self.run.files:
+            if f["role"] == PLUGIN_ARTIFACT:
+                source = Path(f["path"])
+                if not source.is_file() or file_digest(source) != f["sha256"]:
+                    raise IdrsError(f"{source.name}, a trained part the board ships, is missing or "
+                                    "has another SHA-256")  # fmt: skip
+                target = (Path(self.folder) / "plugins" / f["meta"]["plugin"] /
+                          self.run.run["model_hash"] / Path(f["name"]).name)  # fmt: skip
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source, target)
+                (target.parent / (target.name + ".sha256")).write_text(f["sha256"] + "\n")
+        spec = benchmark_from_dict(self.run.config)
+        registry = PluginManager().registry
+        dataset = load_dataset(spec, registry, RunOptions(db=Path(os.devnull),
+                                                          data_root=self.source.data_root))  # fmt: skip
+        config = replace(spec.model, checkpoint=str(self.source.weights),
+                         format=self.source.weights_format)  # fmt: skip
+        model, _ = load_checkpoint(config, dataset, registry)
+        batch = (self.run.run.get("arithmetic") or {}).get("batch_size") or spec.protocol.batch_size
+        context = build_context(spec, dataset, model.to(self.device).eval(),
+                                self.run.run["model_hash"], self.device, batch, Progress(False),
+                                registry, self.run.run_id)  # fmt: skip
+        return spec, registry, context
+
+    def _method(self, row: StoredRow):
+        key = (row.method, row.setting)
+        if key not in self.built:
+            from harness.certification.method import build_method
+            from harness.foundation.identity import setting_key
+
+            with self._cache():
+                if self.context is None:
+                    self.context = self._build_context()
+                spec, registry, context = self.context
+                setting = next(s for m in spec.methods if m.name == row.method
+                               for s in m.settings if setting_key(s) == row.setting)  # fmt: skip
+                context = replace(context, method=row.method, setting=row.setting)
+                self.built[key] = (context, *build_method(registry, row.method, setting, context))
+        return self.built[key]
+
+    def sigma(self, row: StoredRow, ids: list[int]) -> tuple[dict | None, str]:
+        """σ of ``ids`` recomputed in a shuffled batch, then alone; or None and why not."""
+        from harness.certification.certify import sigma_of
+
+        try:
+            context, provider, _ = self._method(row)
+            with self._cache():
+                x = context.dataset.test_x[ids].to(context.device)
+                order = np.random.default_rng(len(ids)).permutation(len(ids))
+                batch = np.zeros(len(ids))
+                batch[order] = sigma_of(context, provider, x[order], [ids[i] for i in order],
+                                        row.method)[0]  # fmt: skip
+                alone = [float(sigma_of(context, provider, x[i : i + 1], [ids[i]], row.method)[0][0])
+                         for i in range(len(ids))]  # fmt: skip
+        except Exception as exc:
+            return None, f"; σ not recomputed ({type(exc).__name__}: {exc})".splitlines()[0]
+        return {"alone": alone, "batch": batch.tolist(), "order": order.tolist()}, ""
+
+    def declaration_problem(self, row: StoredRow) -> str | None:
+        """Whether the installed method declares what the export's S0 record says."""
+        from harness.audit.evidence import Declaration
+
+        if (row.method, row.setting) not in self.built:
+            return None
+        _, provider, certifier = self.built[row.method, row.setting]
+        record = next((c.evidence or {} for c in row.checks if c.check == S0), {})
+        ours = Declaration(certifier.radius_formula, provider.regularity, certifier.smoothing,
+                           getattr(provider, "smoothing", None)).record()  # fmt: skip
+        theirs = record.get("declaration")
+        if theirs is not None and ours != theirs:
+            return (
+                f"the export records the declaration {theirs}, the installed method declares {ours}"
+            )
+        return None

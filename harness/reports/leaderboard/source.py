@@ -1,0 +1,134 @@
+"""The stored runs a leaderboard renders from: the results database or a run export.
+
+:func:`resolve_runs` turns the names on a command line (run ids, exports, databases)
+into :class:`~harness.store.storedrun.StoredRun` objects; :func:`export_runs` and
+:func:`read_export` write and read a run export.
+
+A run export (``NAME.run.json`` beside a board, format ``idrs-bench/run-export/2``) holds
+everything the renderer needs and everything a reader needs to re-check the board: the
+``runs`` row (config, versions, commit, device, seeds, model hash, dates; the weights
+digest and the arithmetic fingerprint when recorded) and the data files the run read;
+per (method, setting) every certificate's columns (input id, label, CERTIFY's
+prediction, PREDICT's answer, radius, σ, seconds) and its whole evidence (p_A bound,
+α, the certifier's derived evidence and the harness's draws; floats as their shortest
+round-trip repr, so numbers computed from the export equal those computed from the
+database bit for bit); the recorded failures; the soundness-check rows with their
+evidence; and the files a replay needs (:mod:`harness.running.runfiles`: the base model's
+weights, plugins' fitted artifacts, σ-estimators), each under the name it ships with
+beside the board and its SHA-256. ``idrs-bench leaderboard --verify`` re-derives the
+certificates and verdicts from it (:mod:`harness.reports.leaderboard.recheck`). A format-1
+export (no evidence) is still read, and only re-rendered. The empirical attack's result
+per row (radii attacked, which input broke at which radius, the attack's strength) is
+exported beside the checks.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from harness.foundation.errors import IdrsError
+from harness.store.storedrun import (
+    StoredAttack,
+    StoredCertificate,
+    StoredCheck,
+    StoredRun,
+    load_runs,
+)
+
+EXPORT_FORMAT = "idrs-bench/run-export/2"
+FORMATS = ("idrs-bench/run-export/1", EXPORT_FORMAT)
+"""Formats :func:`read_export` reads (format 1: no evidence, files or data files)."""
+CERTIFICATE_COLUMNS = ("input_id", "label", "prediction", "predict", "radius", "sigma", "seconds")
+EVIDENCE_COLUMNS = ("p_lower", "alpha", "evidence", "draws")
+"""The certificates' evidence columns, exported since format 2."""
+
+
+def resolve_runs(names: list[str], db: Path) -> list[StoredRun]:
+    """Runs in the given order, each named by an id or unique prefix in ``db``, by a run
+    export (``*.json``: all its runs), or by a results database (its latest run)."""
+    runs = []
+    for name in names or [None]:
+        path = None if name is None else Path(name)
+        if path is not None and path.suffix == ".json":
+            runs += read_export(path)
+        elif path is not None and path.is_file():
+            runs += load_runs(path)
+        else:
+            runs += load_runs(db, None if name is None else [name])
+    if len({run.run_id for run in runs}) != len(runs):
+        raise IdrsError("the same run is named twice")
+    return runs
+
+
+def export_runs(runs: list[StoredRun], stem: str = "board") -> str:
+    """The run export as deterministic JSON text (sorted keys, one run per line); ``stem``
+    names the board whose folder ships the runs' files (:func:`harness.running.runfiles.shipped_name`)."""
+    from harness.running.runfiles import shipped_name
+
+    columns = CERTIFICATE_COLUMNS + EVIDENCE_COLUMNS
+    items = []
+    for run in runs:
+        certificates = [
+            {"method": row.method, "setting": row.setting,
+             "columns": {k: [getattr(c, k) for c in row.certificates] for k in columns}}
+            for row in run.rows()
+        ]  # fmt: skip
+        files = [
+            {"role": f["role"], "name": f["name"], "sha256": f["sha256"], "meta": f["meta"],
+             "file": shipped_name(stem, run.run_id, f, len(runs) == 1)}
+            for f in run.files
+        ]  # fmt: skip
+        items.append(
+            {
+                "run": run.run,
+                "data_files": run.data_files,
+                "certificates": certificates,
+                "failures": run.failures,
+                "checks": [check.as_dict() for check in run.checks],
+                "files": files,
+            }
+            | ({"attacks": [attack.as_dict() for attack in run.attacks]} if run.attacks else {})
+        )
+    lines = [json.dumps(item, sort_keys=True, separators=(",", ":")) for item in items]
+    return '{"format":"' + EXPORT_FORMAT + '","runs":[\n' + ",\n".join(lines) + "\n]}\n"
+
+
+def read_export(path: str | Path) -> list[StoredRun]:
+    """The runs of a run export written by :func:`export_runs`."""
+    path = Path(path)
+    if not path.is_file():
+        raise IdrsError(f"run export {str(path)!r} not found")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise IdrsError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or data.get("format") not in FORMATS:
+        raise IdrsError(f"{path} is not an idrs-bench run export ({', '.join(FORMATS)})")
+    out = []
+    for item in data["runs"]:
+        certificates = []
+        for group in item["certificates"]:
+            columns = group["columns"]
+            names = [k for k in CERTIFICATE_COLUMNS + EVIDENCE_COLUMNS if k in columns]
+            for values in zip(*(columns[k] for k in names), strict=True):
+                certificates.append(
+                    StoredCertificate(group["method"], group["setting"],
+                                      **dict(zip(names, values, strict=True)))
+                )  # fmt: skip
+        checks = [StoredCheck.from_row(check) for check in item["checks"]]
+        files = [f | {"path": str(path.parent / f["file"])} for f in item.get("files", [])]
+        attacks = [StoredAttack.from_row(attack) for attack in item.get("attacks", [])]
+        out.append(StoredRun(item["run"], certificates, item["failures"], checks,
+                             data_files=item.get("data_files"), files=files,
+                             attacks=attacks))  # fmt: skip
+    return out
+
+
+def export_format(path: str | Path) -> str | None:
+    """The format an export declares (None if it is not one)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data.get("format") if isinstance(data, dict) else None

@@ -1,0 +1,139 @@
+"""``idrs-bench leaderboard --verify NAME.md``: re-derive a committed board and re-render it.
+
+Every certificate and the verdicts that are functions of their recorded evidence are
+re-derived from the run export (:mod:`harness.reports.leaderboard.recheck`). The runs come from the run export ``NAME.run.json`` beside the board, or, when a
+results database is given, from that database (the run ids are read from the export,
+else from ``NAME.json``). Every text file of the board (markdown, JSON, CSV, specs,
+and the export itself when rendering from a database) must equal its re-rendering,
+text exactly and numbers up to :data:`RELATIVE_TOLERANCE`: a float computed on another
+machine (another BLAS, another GPU) may differ in its last digits, and a board must
+still verify there. Integers (counts, seeds, ids) are compared exactly. The plots must
+exist and be PNG files (their bytes depend on the matplotlib version, so they are not
+compared).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+from pathlib import Path
+
+from harness.foundation.errors import IdrsError
+from harness.reports.leaderboard.board import build_board
+from harness.reports.leaderboard.render import board_stem, plot_names, render_texts
+from harness.reports.leaderboard.source import read_export
+from harness.store.storedrun import StoredRun, load_runs
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+RELATIVE_TOLERANCE = 1e-9
+"""Two floats of a board agree when |a − b| <= 1e-9·max(|a|, |b|) (or both are within 1e-12 of 0)."""
+ABSOLUTE_TOLERANCE = 1e-12
+
+_NUMBER = re.compile(r"(?<![\w.])(-?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?)(?![\w.])")
+
+
+def _numbers_agree(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    if not any(c in a + b for c in ".eE"):  # integers: exactly
+        return False
+    return math.isclose(float(a), float(b), rel_tol=RELATIVE_TOLERANCE, abs_tol=ABSOLUTE_TOLERANCE)
+
+
+def numeric_differences(committed: str, expected: str) -> list[str] | None:
+    """The numbers that differ beyond the tolerance, as ``line L: committed X, re-rendered Y``.
+
+    Text outside numbers must match exactly; None when it does not (the files differ in
+    more than numbers), [] when the files agree.
+    """
+    ours, theirs = _NUMBER.split(committed), _NUMBER.split(expected)
+    if len(ours) != len(theirs) or ours[0::2] != theirs[0::2]:
+        return None
+    out = []
+    line = 1
+    for k, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        if k % 2 == 0:
+            line += a.count("\n")
+        elif not _numbers_agree(a, b):
+            out.append(f"line {line}: committed {a}, re-rendered {b}")
+    return out
+
+
+def _run_ids(folder: Path, stem: str) -> list[str]:
+    export = folder / f"{stem}.run.json"
+    if export.is_file():
+        return [run.run_id for run in read_export(export)]
+    metrics = folder / f"{stem}.json"
+    if metrics.is_file():
+        return [run["run_id"] for run in json.loads(metrics.read_text())["runs"]]
+    raise IdrsError(f"neither {export} nor {metrics} exists: which runs does the board show?")
+
+
+def board_runs(board_path: Path, db: Path | None = None) -> list[StoredRun]:
+    """The runs a board renders from: its ``NAME.run.json``, or those runs in ``db``."""
+    stem = board_stem(board_path)
+    folder = board_path.parent
+    if not board_path.is_file():
+        raise IdrsError(f"board {str(board_path)!r} not found")
+    if db is None:
+        return read_export(folder / f"{stem}.run.json")
+    return load_runs(db, _run_ids(folder, stem))
+
+
+def rederivable(board_path: Path, db: Path | None = None) -> bool:
+    """Whether ``--verify`` re-derives the board's certificates (a results database, or a
+    run export of format 2), rather than only re-rendering it (a format-1 export)."""
+    from harness.reports.leaderboard.source import EXPORT_FORMAT, export_format
+
+    export = board_path.parent / f"{board_stem(board_path)}.run.json"
+    return db is not None or export_format(export) == EXPORT_FORMAT
+
+
+def verify_board(
+    board_path: Path, db: Path | None = None, data_root: str | None = None,
+    notes: list[str] | None = None,
+) -> list[str]:  # fmt: skip
+    """The problems of a committed board (empty: verified): every certificate and the
+    verdicts re-derived from its evidence (:func:`harness.reports.leaderboard.recheck.recheck_runs`;
+    not for a format-1 export, which has none; rows that could not be re-derived for lack
+    of evidence are appended to ``notes``), and the differences between each file and its
+    re-rendering."""
+    from harness.reports.leaderboard.recheck import recheck_runs
+
+    stem = board_stem(board_path)
+    folder = board_path.parent
+    runs = board_runs(board_path, db)
+    board = build_board(runs)
+    problems = recheck_runs(runs, data_root, notes) if rederivable(board_path, db) else []
+    for name, expected in render_texts(board, stem).items():
+        if db is None and name == f"{stem}.run.json":
+            continue  # the source itself
+        path = folder / name
+        if not path.is_file():
+            problems.append(f"{path}: missing (the re-rendered board has it)")
+            continue
+        committed = path.read_text(encoding="utf-8")
+        numbers = numeric_differences(committed, expected)
+        if numbers != []:
+            named = (
+                f"{path}: numbers differ beyond a relative {RELATIVE_TOLERANCE:g}: "
+                + "; ".join(numbers)
+                + "\n"
+                if numbers
+                else ""
+            )
+            diff = difflib.unified_diff(
+                committed.splitlines(keepends=True),
+                expected.splitlines(keepends=True),
+                fromfile=f"{path} (committed)",
+                tofile=f"{path} (re-rendered)",
+            )
+            problems.append(named + "".join(diff))
+    for name in plot_names(board, stem):
+        path = folder / name
+        if not path.is_file() or path.read_bytes()[:8] != PNG_SIGNATURE:
+            problems.append(f"{path}: missing or not a PNG file")
+    return problems

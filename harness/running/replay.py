@@ -1,0 +1,375 @@
+"""Re-drawing a run's samples in a process that loads no third-party plugin.
+
+A plugin is Python running in the harness's process: when it is imported it can patch
+the sampling engine, so the counts drawn in that process are only as good as the
+process. The replay check (:mod:`harness.audit.replay`) and ``idrs-bench
+leaderboard --replay`` (:mod:`harness.reports.leaderboard.recheck`) therefore re-draw a few
+inputs in a fresh interpreter, ``python -m harness.running.replay``, whose plugin manager holds
+the built-in plugins only (:class:`~harness.plugin.manager.PluginManager` with
+``third_party=False``; the parent also sets ``IDRS_BENCH_PLUGINS=""``). It is given the
+run's spec, the base model's weights file (refused unless its weights digest is the
+run's), the data files' digests, the input ids, their stored σ and the noise keys, and
+it loads the dataset and builds the model itself:
+
+- on the run's arithmetic (:mod:`harness.engine.arithmetic`: the same fingerprint here) it
+  draws the selection and estimation samples of the base model on the run's keys
+  (streams 0 and 1) at the stored σ, and those of a σ-smoothing's σ-estimator (streams
+  4 and 5), every forward pass padded to the run's batch size, so the counts must equal
+  the stored ones bit for bit;
+- on another arithmetic it draws n fresh estimation samples at the stored σ (and of the
+  σ-estimator) on streams derived from the audit's entropy (:func:`fresh_streams`), for
+  the statistical replication test (:func:`harness.mathematics.stats.replication_z`).
+
+Its limits: the dataset and the base model's architecture must be built-in (a
+third-party one would need its plugin, which could patch the engine), and a
+σ-smoothing's σ-estimator must declare a built-in ``architecture`` (its state dict is
+saved with the run, :mod:`harness.running.runfiles`).
+
+Protocol: one JSON request per line on stdin, one JSON answer per line on stdout
+(``{"ok": false, "error": ...}`` when a request cannot be served); the process ends
+when its stdin closes, so it never outlives the process that started it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.foundation.errors import IdrsError
+
+FRESH_STREAM_BASE = 1 << 32
+"""Fresh replication streams lie above every documented stream (harness/README.md,
+"Noise contract": 0–5 for the harness, 100 and up for plugins)."""
+
+
+def fresh_streams(seed: int) -> tuple[int, int]:
+    """The streams of fresh estimation samples of the base model and of a σ-estimator,
+    from a 64-bit seed drawn from the audit's entropy."""
+    base = FRESH_STREAM_BASE + 2 * (int(seed) % (1 << 30))
+    return base, base + 1
+
+
+@dataclass(frozen=True)
+class ReplaySource:
+    """Everything the replay process needs about a run besides the inputs to re-draw.
+
+    ``config``: the run's spec (:meth:`~harness.running.benchmark.Benchmark.to_dict`);
+    ``weights`` and ``weights_format``: the base model's weights file and how to read it
+    (:mod:`harness.running.checkpoint`); ``weights_digest``: the run's; ``arithmetic``: the run's
+    fingerprint; ``data_files``: the data files the run read (path → SHA-256);
+    ``sigma_models``: per ``"<method> <setting>"`` the σ-estimator's saved state dict
+    (``path``, ``sha256`` and the meta of :mod:`harness.running.runfiles`); ``missing_weights``:
+    what to tell a user whose ``weights`` file does not exist.
+    """
+
+    config: Mapping[str, Any]
+    weights: Path | None
+    weights_format: str
+    weights_digest: str | None
+    arithmetic: Mapping[str, Any] | None
+    data_files: Mapping[str, str] | None
+    data_root: str | None = None
+    sigma_models: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    missing_weights: str = ""
+
+    def header(self, device: str) -> dict[str, Any]:
+        """The run part of a request, checked: the weights file must exist."""
+        if self.weights is None or not Path(self.weights).is_file():
+            raise IdrsError(
+                f"the base model's weights file {str(self.weights)!r} is missing, so no sample "
+                f"can be re-drawn; {self.missing_weights or 'rerun the benchmark'}"
+            )
+        return {"config": dict(self.config), "weights": str(self.weights),
+                "weights_format": self.weights_format, "weights_digest": self.weights_digest,
+                "arithmetic": self.arithmetic, "data_files": self.data_files,
+                "data_root": self.data_root, "device": str(device)}  # fmt: skip
+
+
+class Replayer:
+    """A ``python -m harness.running.replay`` process, started on first use, answering requests.
+
+    It loads no third-party plugin; it is stopped when this object is closed or
+    collected, or when the interpreter exits (its stdin then closes).
+    """
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen | None = None
+        self._log = None
+        self._finalizer = None
+
+    def _start(self) -> subprocess.Popen:
+        env = dict(os.environ, IDRS_BENCH_PLUGINS="")
+        self._log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (open while it runs)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "harness.running.replay"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=self._log, env=env, text=True,
+        )  # fmt: skip
+        self._finalizer = weakref.finalize(self, _stop, process, self._log)
+        return process
+
+    def request(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+        """Send one request; its answer, or an error naming why the process failed."""
+        if self._process is None or self._process.poll() is not None:
+            self._process = self._start()
+        process = self._process
+        try:
+            process.stdin.write(json.dumps(payload) + "\n")
+            process.stdin.flush()
+            line = process.stdout.readline()
+        except (BrokenPipeError, OSError):
+            line = ""
+        if not line:
+            process.wait(timeout=30)
+            self._log.seek(0)
+            tail = self._log.read().strip().splitlines()[-5:]
+            raise IdrsError(
+                "the replay process (python -m harness.running.replay) ended without an answer "
+                f"(exit {process.returncode}): " + (" | ".join(tail) or "no output")
+            )
+        answer = json.loads(line)
+        if not answer.get("ok"):
+            raise IdrsError(f"replay: {answer.get('error')}")
+        return answer
+
+    def close(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer()
+        self._process = None
+
+
+def _stop(process: subprocess.Popen, log) -> None:
+    if process.poll() is None:
+        try:
+            process.stdin.close()
+            process.wait(timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            process.kill()
+            process.wait()
+    log.close()
+
+
+def replay_request(
+    source: ReplaySource, device: str, input_ids: Sequence[int], sigma: Sequence[float],
+    kind: str, sigma_model: str | None = None, fresh_seed: int = 0,
+) -> dict[str, Any]:  # fmt: skip
+    """A request to re-draw ``input_ids`` at their stored ``sigma`` for a ``kind``
+    (``hard``/``soft``) certifier; ``sigma_model`` names the row's σ-estimator
+    (``"<method> <setting>"``) when it declares a σ-smoothing."""
+    model = None
+    if sigma_model is not None:
+        if sigma_model not in source.sigma_models:
+            raise IdrsError(
+                f"the σ-estimator of {sigma_model} was not saved with the run, so its σ draws "
+                "cannot be re-drawn; rerun the benchmark"
+            )
+        model = dict(source.sigma_models[sigma_model])
+    return {"run": source.header(device), "inputs": [int(i) for i in input_ids],
+            "sigma": [float(s) for s in sigma], "kind": kind, "sigma_model": model,
+            "fresh_streams": list(fresh_streams(fresh_seed))}  # fmt: skip
+
+
+# --- the replay process ----------------------------------------------------------------
+
+
+class _Refused(Exception):
+    """A request the replay process cannot serve; its message goes back as the error."""
+
+
+def _built_in(registry, kind: str, name: str, what: str):
+    try:
+        return registry.get(kind, name)
+    except IdrsError:
+        raise _Refused(
+            f"{what} {name!r} is not provided by a built-in plugin; the replay process loads no "
+            "third-party plugin (one could patch the engine when imported), so this run's "
+            "samples cannot be re-drawn"
+        ) from None
+
+
+@dataclass
+class _LoadedRun:
+    spec: Any
+    dataset: Any
+    model: Any
+    registry: Any
+    fingerprint: dict[str, Any]
+    differences: list[str]
+    batch_size: int
+
+
+def _load_run(header: Mapping[str, Any]) -> _LoadedRun:
+    """The run's dataset (files checked) and base model (weights digest checked), here."""
+    import torch
+
+    from harness.engine.arithmetic import differences, fingerprint
+    from harness.engine.sampling import resolve_device
+    from harness.plugin.manager import PluginManager
+    from harness.running.benchmark import benchmark_from_dict
+    from harness.running.checkpoint import load_checkpoint
+    from harness.running.preparation import RunOptions, load_dataset
+    from harness.running.weights import weights_digest
+
+    spec = benchmark_from_dict(dict(header["config"]))
+    registry = PluginManager(third_party=False).registry
+    _built_in(registry, "datasets", spec.dataset.name, "dataset")
+    _built_in(registry, "models", spec.model.architecture, "architecture")
+    device = resolve_device(header["device"])
+    recorded = header.get("arithmetic") or {}
+    if device.type == "cpu" and recorded.get("threads"):
+        torch.set_num_threads(int(recorded["threads"]))
+    dataset = load_dataset(spec, registry, RunOptions(db=Path(os.devnull),
+                                                      data_root=header.get("data_root")))  # fmt: skip
+    files = header.get("data_files")
+    if files is not None and sorted(files.values()) != sorted(dataset.files.values()):
+        raise _Refused(
+            f"the data files read here (SHA-256 {sorted(dataset.files.values())}) are not the "
+            f"run's ({sorted(files.values())}); pass the run's --data-root"
+        )
+    from dataclasses import replace
+
+    config = replace(spec.model, checkpoint=header["weights"], format=header["weights_format"])
+    model, _ = load_checkpoint(config, dataset, registry)
+    digest = weights_digest(model)
+    if header.get("weights_digest") and digest != header["weights_digest"]:
+        raise _Refused(
+            f"the weights in {header['weights']} have SHA-256 {digest}, the run's are "
+            f"{header['weights_digest']}: they are another model, refused"
+        )
+    batch_size = recorded.get("batch_size") or spec.protocol.batch_size
+    if batch_size == "auto":
+        from harness.engine.batchsize import auto_batch_size
+        from harness.engine.precision import prepare_model
+
+        batch_size = auto_batch_size(
+            prepare_model(model.to(device), spec.protocol), dataset.input_shape, device
+        )
+    here = fingerprint(device, spec.protocol, int(batch_size))
+    return _LoadedRun(spec, dataset, model.to(device).eval(), registry, here,
+                      differences(recorded, here), int(batch_size))  # fmt: skip
+
+
+def _engine(run: _LoadedRun, model, classes: int, seed: int):
+    from harness.engine.precision import prepare_model
+    from harness.engine.sampling import SamplingEngine
+
+    return SamplingEngine(
+        prepare_model(model, run.spec.protocol), classes, run.fingerprint["device_type"],
+        run.batch_size, seed, noise=run.spec.protocol.noise, pad_batches=True,
+    )  # fmt: skip
+
+
+def _sigma_estimator(run: _LoadedRun, meta: Mapping[str, Any]):
+    """The σ-estimator rebuilt from its saved state dict (digest checked)."""
+    import torch
+
+    from harness.foundation.artifacts import file_digest
+
+    path = Path(meta["path"])
+    if not path.is_file():
+        raise _Refused(f"the σ-estimator's state dict {path} is missing; it ships beside the "
+                       "board or in the run's cache folder")  # fmt: skip
+    if file_digest(path) != meta["sha256"]:
+        raise _Refused(f"{path} has SHA-256 {file_digest(path)}, the run recorded "
+                       f"{meta['sha256']}: another σ-estimator, refused")  # fmt: skip
+    if not meta.get("architecture"):
+        raise _Refused(
+            "the σ-smoothing declares no architecture (SigmaSmoothing.architecture), so its "
+            "σ-estimator cannot be rebuilt from its state dict outside its plugin"
+        )
+    arch = _built_in(run.registry, "models", meta["architecture"], "σ-estimator architecture")
+    params = {**arch.defaults, **dict(meta.get("architecture_params") or {})}
+    model = arch.build(run.dataset.input_shape, len(meta["levels"]), params)
+    model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    return model.to(run.fingerprint["device_type"]).eval()
+
+
+def _draws(engine, x, sigma, ids, n0: int, n: int, streams: tuple[int, int], soft: bool,
+           fresh: bool) -> dict[str, Any]:  # fmt: skip
+    """Selection (unless ``fresh``) and estimation draws, as the harness stores them."""
+    out: dict[str, Any] = {}
+    if not fresh:
+        if soft:
+            out["selection"] = [s.means.tolist() for s in
+                                engine.soft_stats(x, sigma, ids, n0, streams[0])]  # fmt: skip
+        else:
+            out["selection"] = engine.counts(x, sigma, ids, n0, streams[0]).tolist()
+    if soft:
+        stats = engine.soft_stats(x, sigma, ids, n, streams[1])
+        out["estimation"] = [s.means.tolist() for s in stats]
+        out["estimation_sq"] = [(s.sums_sq / s.num).tolist() for s in stats]
+    else:
+        out["estimation"] = engine.counts(x, sigma, ids, n, streams[1]).tolist()
+    return out
+
+
+def _answer(request: Mapping[str, Any], runs: dict[str, _LoadedRun]) -> dict[str, Any]:
+    from harness.engine.draws import SOFT, STREAM_SIGMA_ESTIMATION, STREAM_SIGMA_SELECTION
+    from harness.engine.sampling import STREAM_ESTIMATION, STREAM_SELECTION
+
+    start = time.perf_counter()
+    key = json.dumps(request["run"], sort_keys=True)
+    if key not in runs:
+        runs.clear()  # one run at a time
+        runs[key] = _load_run(request["run"])
+    run = runs[key]
+    protocol, seed = run.spec.protocol, run.spec.seed
+    ids = [int(i) for i in request["inputs"]]
+    x = run.dataset.test_x[ids].to(run.fingerprint["device_type"])
+    exact = not run.differences
+    fresh_base, fresh_sigma = request["fresh_streams"]
+    soft = request["kind"] == SOFT
+    engine = _engine(run, run.model, run.dataset.num_classes, seed)
+    streams = (STREAM_SELECTION, STREAM_ESTIMATION) if exact else (None, fresh_base)
+    out: dict[str, Any] = {
+        "ok": True, "mode": "exact" if exact else "replication", "arithmetic": run.fingerprint,
+        "differences": run.differences,
+        "base": _draws(engine, x, request["sigma"], ids, protocol.n0, protocol.n, streams, soft,
+                       not exact),
+    }  # fmt: skip
+    meta = request.get("sigma_model")
+    if meta is not None:
+        estimator = _engine(run, _sigma_estimator(run, meta), len(meta["levels"]), seed)
+        noise = [float(meta["noise"])] * len(ids)
+        streams = (
+            (STREAM_SIGMA_SELECTION, STREAM_SIGMA_ESTIMATION) if exact else (None, fresh_sigma)
+        )
+        out["sigma"] = _draws(estimator, x, noise, ids, protocol.n0, protocol.n, streams, False,
+                              not exact)  # fmt: skip
+    out["seconds"] = time.perf_counter() - start
+    return out
+
+
+def serve(lines, write) -> None:
+    """Answer each JSON request of ``lines`` with one JSON line through ``write``."""
+    runs: dict[str, _LoadedRun] = {}
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            answer = _answer(json.loads(line), runs)
+        except (_Refused, IdrsError) as exc:
+            answer = {"ok": False, "error": str(exc).splitlines()[0]}
+        except Exception as exc:  # reported to the parent, which records the check's error
+            answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+        write(json.dumps(answer) + "\n")
+
+
+def main() -> None:
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    serve(sys.stdin, write)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""Runs a benchmark: one shared base model, every method and setting, resumably.
+
+The unit of work is (run, method, setting, shard of test inputs): a finished shard is
+never redone, and inside an unfinished one only the inputs without a stored
+certificate are certified. A method that fails is recorded and reported; the other
+methods go on. Processes that run the same benchmark on the same database share the
+shards through leases in it (:mod:`harness.store.leases`).
+"""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from harness.foundation.errors import IdrsError
+from harness.foundation.progress import Progress
+from harness.foundation.version import __version__
+from harness.plugin.manager import PluginManager
+from harness.running.benchmark import Benchmark
+from harness.running.local_executor import LocalExecutor
+from harness.running.preparation import Prepared, RunOptions, prepare
+from harness.running.work import SettingWork, pending_work
+from harness.store.integrity import check_database
+from harness.store.store import ResultStore
+
+
+def library_versions() -> dict[str, str]:
+    import numpy
+    import scipy
+
+    return {
+        "idrs-bench": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "scipy": scipy.__version__,
+    }
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+class Executor(Protocol):
+    """Certifies the unfinished shards of a prepared benchmark into its store.
+
+    The store is written by the caller's process only; a certificate is stored as soon
+    as it exists (with the certifier's staged state), a shard is marked finished once
+    all its inputs are stored, and a failing method is recorded with
+    :meth:`ResultStore.record_failure` while the others go on.
+    """
+
+    def certify(
+        self, prepared: Prepared, store: ResultStore, work: list[SettingWork], options: RunOptions
+    ) -> None: ...
+
+
+def run_benchmark(
+    benchmark: Benchmark,
+    options: RunOptions,
+    progress: Progress,
+    manager: PluginManager | None = None,
+    executor: Executor | None = None,
+) -> str:
+    """Run (or resume) ``benchmark`` with ``executor`` (default: in this process); returns the
+    run id."""
+    check_database(options.db)  # a damaged database is refused before any work
+    prepared = prepare(benchmark, options, progress, manager)
+    run_id, context, benchmark = prepared.run_id, prepared.context, prepared.benchmark
+    store = ResultStore(options.db, verify=False)
+    try:
+        if not store.begin_run(
+            run_id, benchmark.name, benchmark.to_dict(), library_versions(), git_commit(),
+            context.device.type, benchmark.seed, prepared.model_hash,
+            weights_digest=prepared.weights_digest,
+        ):  # fmt: skip
+            _check_weights(store.run(run_id), prepared)
+            progress.log(f"resuming run {run_id[:12]}")
+        test_ids = prepared.dataset.test_subset(
+            benchmark.dataset.test_every, benchmark.dataset.test_count
+        ).tolist()
+        store.set_run_data(
+            run_id, len(test_ids), prepared.dataset.files, prepared.dataset.class_names
+        )
+        executor = executor or LocalExecutor()
+        from harness.engine.arithmetic import fingerprint
+
+        where = "local" if isinstance(executor, LocalExecutor) else type(executor).__name__
+        store.record_arithmetic(
+            run_id, fingerprint(context.device, benchmark.protocol, prepared.batch_size, where)
+        )
+        if benchmark.model.checkpoint is not None:
+            _check_checkpoint(prepared, test_ids)
+        work = pending_work(store, run_id, benchmark, test_ids)
+        executor.certify(prepared, store, work, options)
+        from harness.running.runfiles import record_run_files
+
+        record_run_files(store, prepared, options.cache_dir)
+        store.finish_run(run_id)
+    finally:
+        store.close()
+    return run_id
+
+
+def _check_weights(run: dict[str, Any], prepared: Prepared) -> None:
+    """A run resumed (or shared by another process) must certify the weights it began with."""
+    recorded = run.get("weights_digest")
+    if recorded and prepared.weights_digest and recorded != prepared.weights_digest:
+        raise IdrsError(
+            f"run {prepared.run_id[:12]} was certified on base-model weights {recorded[:12]}, "
+            f"this process has {prepared.weights_digest[:12]} (the model was trained again and "
+            "came out different); certify the run's weights with --set model.checkpoint=FILE "
+            "--set model.format=state_dict, or pass another --db"
+        )
+
+
+def _check_checkpoint(prepared: Prepared, test_ids: list[int]) -> None:
+    """A user's base model, tried on the test subset before it is certified; a warning
+    names the likely cause and the fix when it is near chance (:mod:`harness.running.checkpoint_sanity`)."""
+    from harness.running.checkpoint_sanity import check_base_model
+
+    context, data = prepared.context, prepared.dataset
+    ids = torch.tensor(test_ids)
+    report = check_base_model(context.model, data.test_x[ids], data.test_y[ids],
+                              data.num_classes, context.device)  # fmt: skip
+    context.progress.log(
+        f"base model: clean accuracy {report.accuracy:.1%} on the {report.inputs} test inputs"
+    )
+    warning = report.warning(str(prepared.benchmark.model.checkpoint))
+    if warning is not None:
+        from rich.markup import escape
+
+        context.progress.warn(escape(warning))

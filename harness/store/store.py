@@ -1,0 +1,376 @@
+"""Results in SQLite: runs, one row per certified input, finished shards, plugin state.
+
+Every certificate is committed as soon as it exists (INSERT OR IGNORE on its primary
+key), and a shard is marked finished once all its inputs are stored, so a killed run
+loses at most the inputs in flight and a rerun neither duplicates nor repeats work.
+
+Per-run state of a certifier (e.g. the memory of Alfarra et al.'s memory certifier)
+lives in the ``state`` table, keyed by (run, method, setting, seq): the records a
+certifier staged while producing a certificate are written in the same transaction
+as that certificate (:meth:`ResultStore.add_certificate`), so the state never holds
+an input whose certificate was lost, nor the reverse. See :mod:`harness.foundation.runstate`.
+
+Several processes may certify one run in one database at once (``idrs-bench run``
+started twice): the ``leases`` table says which process works on which shard, until
+when (:mod:`harness.store.leases`).
+
+Opening a database checks it first (:func:`check_database`): a file that is not a
+SQLite database, or fails SQLite's ``PRAGMA quick_check``, is refused with a
+:class:`~harness.store.integrity.DamagedStoreError` before anything is written to it.
+
+The ``files`` table names what a replay of a run needs besides the database (the base
+model's weights, plugins' fitted artifacts, the σ-estimator of a σ-smoothing), with
+their SHA-256; ``runs.arithmetic`` is the fingerprint of the arithmetic it certified
+with (:mod:`harness.engine.arithmetic`).
+
+Rows are inserted by column name. The typed read side (a run's certificates, checks
+and verdict per method and setting) is :mod:`harness.store.storedrun`.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from harness.foundation.certificate import Certificate
+from harness.foundation.errors import IdrsError
+from harness.foundation.runstate import StateRecord
+from harness.store.integrity import check_database
+from harness.store.lease_records import LeaseRecords
+from harness.store.schema import (
+    ADDED_COLUMNS,
+    ATTACK_SCHEMA,
+    BUSY_SECONDS,
+    CERTIFICATE_INSERT,
+    CHECK_INSERT,
+    FAILURE_INSERT,
+    FILE_INSERT,
+    SCHEMA,
+    SHARD_INSERT,
+    STATE_INSERT,
+)
+
+DEFAULT_DB = Path("idrs-bench.sqlite")
+"""The results database of every command when no ``--db`` is given."""
+
+
+def _jsonable(value: Any) -> Any:
+    """numpy scalars and arrays, tensors and the like as plain JSON values."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+class ResultStore(LeaseRecords):
+    """A SQLite results database (created on first use; checked with
+    :func:`check_database` first unless ``verify`` is False)."""
+
+    def __init__(self, path: str | Path, verify: bool = True) -> None:
+        self.path = Path(path)
+        if verify:
+            check_database(self.path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(self.path, timeout=BUSY_SECONDS)
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.executescript(SCHEMA)
+        self.db.executescript(ATTACK_SCHEMA)
+        for table, column, kind in ADDED_COLUMNS:  # a database written before they existed
+            self._add_column(table, column, kind)
+
+    def _add_column(self, table: str, column: str, kind: str) -> None:
+        if column in {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}:
+            return
+        try:
+            self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+        except sqlite3.OperationalError as exc:  # another process added it meanwhile
+            if "duplicate column" not in str(exc):
+                raise
+
+    def close(self) -> None:
+        self.db.close()
+
+    def begin_run(
+        self,
+        run_id: str,
+        name: str,
+        config: dict[str, Any],
+        versions: dict[str, str],
+        git_commit: str | None,
+        device: str,
+        seed: int,
+        model_hash: str,
+        weights_digest: str | None = None,
+    ) -> bool:
+        """Record a run unless it exists; True when it is new.
+
+        ``model_hash`` is the base model's recipe hash (its cache key), ``weights_digest``
+        the SHA-256 of its weights (:func:`harness.running.weights.weights_digest`).
+        """
+        with self.db:
+            cursor = self.db.execute(
+                "INSERT OR IGNORE INTO runs (run_id, name, created, config, versions, git_commit,"
+                " device, seed, model_hash, weights_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (run_id, name, _now(), json.dumps(config, sort_keys=True), json.dumps(versions),
+                 git_commit, device, seed, model_hash, weights_digest),
+            )  # fmt: skip
+        return cursor.rowcount == 1
+
+    def add_imported_run(
+        self, run_id: str, name: str, config: dict[str, Any], versions: dict[str, str],
+        method: str, setting: str, certificates: Sequence[tuple[int, Certificate]], sha256: str,
+    ) -> bool:  # fmt: skip
+        """Store a run imported from a published log, finished, in one transaction (all of
+        it or, when anything fails, nothing); False when the run exists (nothing changed)."""
+        now = _now()
+        with self.db:
+            cursor = self.db.execute(
+                "INSERT OR IGNORE INTO runs (run_id, name, created, finished, config, versions,"
+                " device, seed, model_hash, inputs) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (run_id, name, now, now, json.dumps(config, sort_keys=True), json.dumps(versions),
+                 "unknown", 0, sha256, len(certificates)),
+            )  # fmt: skip
+            if cursor.rowcount != 1:
+                return False
+            key = {"run_id": run_id, "method": method, "setting": setting, "shard": 0}
+            self.db.executemany(
+                CERTIFICATE_INSERT,
+                [key | {"input_id": c.input_id, "label": label, "prediction": c.prediction,
+                        "predict": c.predict, "radius": c.radius, "p_lower": c.p_lower,
+                        "sigma": c.sigma, "alpha": c.alpha, "counts_selection": "null",
+                        "counts_estimation": "null", "seconds": c.seconds,
+                        "evidence": json.dumps(c.evidence, default=_jsonable), "draws": None}
+                 for label, c in certificates],
+            )  # fmt: skip
+            self.db.execute(SHARD_INSERT, key | {"finished": now})
+        return True
+
+    def set_run_data(
+        self,
+        run_id: str,
+        inputs: int,
+        data_files: dict[str, str],
+        class_names: Sequence[str] = (),
+    ) -> None:
+        """Record how many test inputs each setting certifies, the data files read
+        (path -> SHA-256) and the dataset's class names; a resumed run whose files
+        differ is refused."""
+        row = self.db.execute("SELECT data_files FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        if row is not None and row[0] is not None and json.loads(row[0]) != data_files:
+            raise IdrsError(
+                f"run {run_id[:12]} was certified on other data files ({row[0]}); "
+                f"now {json.dumps(data_files)}: pass the --data-root of the run, or a new --db"
+            )
+        with self.db:
+            self.db.execute(
+                "UPDATE runs SET inputs = ?, data_files = ?, class_names = ? WHERE run_id = ?",
+                (inputs, json.dumps(data_files, sort_keys=True),
+                 json.dumps(list(class_names)) if class_names else None, run_id),
+            )  # fmt: skip
+
+    def record_arithmetic(self, run_id: str, fingerprint: dict[str, Any]) -> None:
+        """Record the arithmetic the run certifies with (:mod:`harness.engine.arithmetic`); a run
+        resumed with another arithmetic is marked as varied (:func:`~harness.engine.arithmetic.combined`)."""
+        from harness.engine.arithmetic import combined
+
+        row = self.db.execute("SELECT arithmetic FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        recorded = json.loads(row[0]) if row is not None and row[0] else None
+        with self.db:
+            self.db.execute(
+                "UPDATE runs SET arithmetic = ? WHERE run_id = ?",
+                (json.dumps(combined(recorded, fingerprint), sort_keys=True), run_id),
+            )
+
+    def add_file(
+        self, run_id: str, role: str, name: str, path: str, sha256: str, meta: dict[str, Any]
+    ) -> None:
+        """Record a file a replay of the run needs (``role``: ``weights``, ``plugin-artifact``,
+        ``sigma-model``), with its SHA-256; recorded again, it replaces the earlier entry."""
+        with self.db:
+            self.db.execute(
+                FILE_INSERT,
+                {"run_id": run_id, "role": role, "name": name, "path": path, "sha256": sha256,
+                 "meta": json.dumps(meta, sort_keys=True)},
+            )  # fmt: skip
+
+    def files(self, run_id: str) -> list[dict[str, Any]]:
+        """The recorded files of a run (role, name, path, sha256, meta), by role and name."""
+        rows = self.db.execute(
+            "SELECT role, name, path, sha256, meta FROM files WHERE run_id = ? ORDER BY role, name",
+            (run_id,),
+        )
+        return [dict(r) | {"meta": json.loads(r["meta"])} for r in rows]
+
+    def finish_run(self, run_id: str) -> None:
+        with self.db:
+            self.db.execute("UPDATE runs SET finished = ? WHERE run_id = ?", (_now(), run_id))
+
+    def add_certificate(
+        self,
+        run_id: str,
+        method: str,
+        setting: str,
+        shard: int,
+        label: int,
+        cert: Certificate,
+        state: Sequence[StateRecord] = (),
+    ) -> None:
+        """Commit ``cert`` and the certifier's ``state`` records in one transaction."""
+        with self.db:
+            key = {"run_id": run_id, "method": method, "setting": setting}
+            self.db.executemany(
+                STATE_INSERT,
+                [key | {"seq": r.seq, "record": json.dumps(r.record, sort_keys=True),
+                        "data": r.data} for r in state],
+            )  # fmt: skip
+            self.db.execute(
+                CERTIFICATE_INSERT,
+                key | {
+                    "input_id": cert.input_id, "shard": shard, "label": label,
+                    "prediction": cert.prediction, "predict": cert.predict,
+                    "radius": cert.radius, "p_lower": cert.p_lower, "sigma": cert.sigma,
+                    "alpha": cert.alpha, "counts_selection": json.dumps(cert.counts_selection),
+                    "counts_estimation": json.dumps(cert.counts_estimation),
+                    "seconds": cert.seconds,
+                    "evidence": json.dumps(cert.evidence, default=_jsonable),
+                    "draws": None if cert.draws is None else json.dumps(cert.draws),
+                },
+            )  # fmt: skip
+
+    def state_records(self, run_id: str, method: str, setting: str) -> list[StateRecord]:
+        """The committed state records of (run, method, setting), in order of ``seq``."""
+        rows = self.db.execute(
+            "SELECT seq, record, data FROM state WHERE run_id = ? AND method = ? AND setting = ?"
+            " ORDER BY seq",
+            (run_id, method, setting),
+        )
+        return [StateRecord(seq, json.loads(record), bytes(data)) for seq, record, data in rows]
+
+    def finish_shard(self, run_id: str, method: str, setting: str, shard: int) -> None:
+        with self.db:
+            self.db.execute(
+                SHARD_INSERT,
+                {"run_id": run_id, "method": method, "setting": setting, "shard": shard,
+                 "finished": _now()},
+            )  # fmt: skip
+
+    def finished_shards(self, run_id: str, method: str, setting: str) -> set[int]:
+        rows = self.db.execute(
+            "SELECT shard FROM shards WHERE run_id = ? AND method = ? AND setting = ?",
+            (run_id, method, setting),
+        )
+        return {r[0] for r in rows}
+
+    def stored_inputs(
+        self, run_id: str, method: str, setting: str, shard: int | None = None
+    ) -> set[int]:
+        """Input ids with a stored certificate (of one ``shard`` when given)."""
+        sql = "SELECT input_id FROM certificates WHERE run_id = ? AND method = ? AND setting = ?"
+        args: tuple = (run_id, method, setting)
+        if shard is not None:
+            sql, args = sql + " AND shard = ?", (*args, shard)
+        return {r[0] for r in self.db.execute(sql, args)}
+
+    def record_failure(self, run_id: str, method: str, setting: str, error: str) -> None:
+        with self.db:
+            self.db.execute(
+                FAILURE_INSERT,
+                {"run_id": run_id, "method": method, "setting": setting, "error": error,
+                 "at": _now()},
+            )  # fmt: skip
+
+    def clear_failures(self, run_id: str, method: str, setting: str) -> None:
+        with self.db:
+            self.db.execute(
+                "DELETE FROM failures WHERE run_id = ? AND method = ? AND setting = ?",
+                (run_id, method, setting),
+            )
+
+    def failures(self, run_id: str) -> list[dict[str, Any]]:
+        rows = self.db.execute("SELECT * FROM failures WHERE run_id = ? ORDER BY at", (run_id,))
+        return [dict(r) for r in rows]
+
+    def add_check(self, run_id: str, method: str, setting: str, result: Any, budget: str) -> None:
+        """Store a :class:`harness.foundation.verdict.CheckResult`, replacing an earlier one."""
+        with self.db:
+            self.db.execute(
+                CHECK_INSERT,
+                {"run_id": run_id, "method": method, "setting": setting,
+                 "check_name": result.check, "verdict": str(result.verdict),
+                 "summary": result.summary,
+                 "evidence": json.dumps(result.evidence, default=_jsonable, sort_keys=True),
+                 "flags": json.dumps(result.flags), "budget": budget, "at": _now()},
+            )  # fmt: skip
+
+    def checks(self, run_id: str) -> list[dict[str, Any]]:
+        """The stored check results of ``run_id``, one dict per (method, setting, check)."""
+        rows = self.db.execute("SELECT * FROM checks WHERE run_id = ?", (run_id,))
+        return [dict(r) for r in rows]
+
+    def add_attack(
+        self, run_id: str, method: str, setting: str, budget: str, result: dict[str, Any]
+    ) -> None:
+        """Store the empirical attack's ``result`` on a (method, setting), replacing an earlier one."""
+        with self.db:
+            self.db.execute(
+                "INSERT OR REPLACE INTO attacks (run_id, method, setting, budget, result, at)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (run_id, method, setting, budget,
+                 json.dumps(result, default=_jsonable, sort_keys=True), _now()),
+            )  # fmt: skip
+
+    def attacks(self, run_id: str) -> list[dict[str, Any]]:
+        """The stored attack results of a run (method, setting, budget, result parsed)."""
+        rows = self.db.execute(
+            "SELECT method, setting, budget, result FROM attacks WHERE run_id = ?"
+            " ORDER BY method, setting",
+            (run_id,),
+        )
+        return [{"method": m, "setting": s, "budget": b, "result": json.loads(r)}
+                for m, s, b, r in rows]  # fmt: skip
+
+    def run(self, run_id: str | None = None) -> dict[str, Any]:
+        """The run ``run_id`` (a unique prefix is enough), or the latest run."""
+        if run_id is None:
+            row = self.db.execute(
+                "SELECT * FROM runs ORDER BY created DESC, rowid DESC LIMIT 1"
+            ).fetchone()
+            if row is None:
+                raise IdrsError(f"no runs in {self.path}; start one with `idrs-bench run`")
+        else:
+            rows = self.db.execute(
+                "SELECT * FROM runs WHERE run_id LIKE ?", (run_id + "%",)
+            ).fetchall()
+            if len(rows) != 1:
+                known = [r[0][:12] for r in self.db.execute("SELECT run_id FROM runs")]
+                what = "no run" if not rows else "more than one run"
+                raise IdrsError(
+                    f"{what} matches {run_id!r} in {self.path}; runs: {', '.join(known) or 'none'}"
+                )
+            row = rows[0]
+        out = dict(row)
+        out["config"] = json.loads(out["config"])
+        out["versions"] = json.loads(out["versions"])
+        out["data_files"] = json.loads(out["data_files"]) if out.get("data_files") else None
+        out["arithmetic"] = json.loads(out["arithmetic"]) if out.get("arithmetic") else None
+        return out
+
+    def certificates(self, run_id: str) -> Iterable[dict[str, Any]]:
+        rows = self.db.execute(
+            "SELECT * FROM certificates WHERE run_id = ? ORDER BY method, setting, input_id",
+            (run_id,),
+        )
+        for row in rows:
+            out = dict(row)
+            for key in ("counts_selection", "counts_estimation", "evidence", "draws"):
+                out[key] = json.loads(out[key]) if out[key] is not None else None
+            yield out
