@@ -150,7 +150,13 @@ def test_default_benchmark_smoke_on_a_tiny_subset(tmp_path, capsys):
     # database by its path), names every method in full and ends with what to type next
     assert max(map(len, table.splitlines()[:-3])) <= 100, table
     first_words = {line.split()[0] for line in table.splitlines() if line.strip()}
-    assert {"lipschitz-sigma-net", "alfarra-ds-memory", "chen-fgss", "sukenik", "dual-rs"} <= first_words
+    assert {
+        "lipschitz-sigma-net",
+        "alfarra-ds-memory",
+        "chen-fgss",
+        "sukenik",
+        "dual-rs",
+    } <= first_words
     run_id = json.loads((main(["results", "--db", str(db), "--json"]), capsys.readouterr().out)[1])[
         "run_id"
     ]
