@@ -45,20 +45,16 @@ def sigma_and_gradient(provider, center: torch.Tensor) -> tuple[torch.Tensor, to
     return sigma.detach(), grad if ok else None
 
 
-def ball_flip(
-    provider, model, center: torch.Tensor, radius: float, prediction: int, gen: torch.Generator,
-    gradient: torch.Tensor | None = None,
-):  # fmt: skip
-    """A point of B(center, radius) whose exact smoothed prediction on the ball classifier
-    ``model`` (with the method's own σ there: ``model.classes[inside]``) is not the class
-    ``prediction``, or None.
-
-    Searched at the center and on rays from it: in 2-D every angle of a 48-gon at 8
-    fractions of the radius; in more dimensions (each σ evaluation may be a costly
-    search) at the full radius (just inside the open ball) on 10 rays: towards and away
-    from the ball's centre, along ±∇σ(center) (where σ grows or shrinks fastest) and
-    their sums with the radial rays, and random directions.
-    """
+def search_points(
+    model, center: torch.Tensor, radius: float, gradient: torch.Tensor | None,
+    gen: torch.Generator,
+) -> torch.Tensor:  # fmt: skip
+    """The points of B(center, radius) a flip search examines, [P, *center.shape], float32
+    on the CPU: the center, then in 2-D every angle of a 48-gon at 8 fractions of the
+    radius; in more dimensions (each σ evaluation may be a costly search) 10 rays at the
+    full radius (just inside the open ball): towards and away from the ball classifier's
+    centre, along ± ``gradient`` (flattened; where σ grows or shrinks fastest) and their
+    sums with the radial rays, and random directions from ``gen``."""
     dim = center.numel()
     flat = center.flatten().double().cpu()
     if dim == 2:
@@ -70,16 +66,30 @@ def ball_flip(
         offset = flat - model.center.double().cpu()
         radial = offset / offset.norm().clamp_min(1e-12)
         rays = [radial, -radial]
-        grad = gradient if gradient is not None else sigma_and_gradient(provider, center[None])[1]
-        if grad is not None:
-            g = grad / grad.norm()
+        if gradient is not None:
+            g = gradient / gradient.norm().clamp_min(1e-12)
             rays += [g, -g, g + radial, g - radial, -g + radial, -g - radial]
         rays = torch.stack([r / r.norm().clamp_min(1e-12) for r in rays])
         rand = torch.randn(10 - len(rays), dim, generator=gen, dtype=torch.float64)
         directions = torch.cat([rays, rand / rand.norm(dim=1, keepdim=True)])
     fractions[-1] = 1 - 1e-6
     points = (flat + radius * fractions[:, None, None] * directions[None]).reshape(-1, dim)
-    points = torch.cat([flat[None], points]).float().view(-1, *center.shape)
+    return torch.cat([flat[None], points]).float().view(-1, *center.shape)
+
+
+def ball_flip(
+    provider, model, center: torch.Tensor, radius: float, prediction: int, gen: torch.Generator,
+    gradient: torch.Tensor | None = None,
+):  # fmt: skip
+    """A point of B(center, radius) whose exact smoothed prediction on the ball classifier
+    ``model`` (with the method's own σ there: ``model.classes[inside]``) is not the class
+    ``prediction``, or None; searched at :func:`search_points`, the rays along ±∇σ(center)
+    (``gradient``, else computed) where σ is differentiable.
+    """
+    if center.numel() != 2 and gradient is None:
+        gradient = sigma_and_gradient(provider, center[None])[1]
+    points = search_points(model, center, radius, gradient, gen)
+    flat = center.flatten().double().cpu()
     with torch.no_grad():
         sigma = provider(points.to(center.device)).double().cpu().numpy()
     inside = model.smoothed_probability(points.numpy(), sigma)

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from harness.audit.audit import Audit, derived_seed
+from harness.audit.ball_attacks import search_points
 from harness.certification.certify import point_ids, sigma_smoothing
 from harness.engine.draws import SigmaSmoothing
 from harness.engine.precision import prepare_model
@@ -334,35 +335,18 @@ def ball_flip(
     searches <= FALSE_CHANGE), or None. The estimator is drawn only at points where some
     level flips (elsewhere no level can make a counterexample).
 
-    Points as :func:`harness.audit.ball_attacks.ball_flip` searches them (the
-    centre; in 2-D a 48-gon at 8 fractions of the radius; otherwise 10 rays at the edge:
-    towards and away from the ball's centre, along ± the gradient of the estimator's
-    smoothed soft score of ``level`` and their sums with the radial rays, and random
-    directions)."""
-    dim = center.numel()
+    Points as :func:`harness.audit.ball_attacks.search_points` (in more than 2-D the rays
+    follow ± the gradient of the estimator's smoothed soft score of ``level``)."""
     flat = center.flatten().double().cpu()
-    if dim == 2:
-        angles = torch.linspace(0, 2 * math.pi, 49, dtype=torch.float64)[:-1]
-        directions = torch.stack([torch.cos(angles), torch.sin(angles)], dim=1)
-        fractions = torch.linspace(0, 1, 9, dtype=torch.float64)[1:]
-    else:
-        fractions = torch.tensor([1.0], dtype=torch.float64)
-        offset = flat - model.center.double().cpu()
-        radial = offset / offset.norm().clamp_min(1e-12)
+    gradient = None
+    if center.numel() != 2:
         x = center.detach().float()[None].requires_grad_(True)
         with torch.enable_grad():
             score = soft_score(smoothing, x, torch.tensor([level], device=x.device),
                                audit.budget.attack_samples, gen)  # fmt: skip
             (grad,) = torch.autograd.grad(score.sum(), x)
-        g = grad.flatten().double().cpu()
-        g = g / g.norm().clamp_min(1e-12)
-        rays = [radial, -radial, g, -g, g + radial, g - radial, -g + radial, -g - radial]
-        rays = torch.stack([r / r.norm().clamp_min(1e-12) for r in rays])
-        rand = torch.randn(10 - len(rays), dim, generator=gen, dtype=torch.float64)
-        directions = torch.cat([rays, rand / rand.norm(dim=1, keepdim=True)])
-    fractions[-1] = EDGE
-    points = (flat + radius * fractions[:, None, None] * directions[None]).reshape(-1, dim)
-    points = torch.cat([flat[None], points]).float().view(-1, *center.shape)
+        gradient = grad.flatten().double().cpu()
+    points = search_points(model, center, radius, gradient, gen)
     levels = np.asarray(smoothing.levels, dtype=np.float64)
     classes = np.asarray(model.classes)
     inside = np.stack([model.smoothed_probability(points.numpy(), np.full(len(points), v))
