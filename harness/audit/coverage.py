@@ -90,7 +90,7 @@ from harness.mathematics.calibration import (
     detectable_rate,
     pit_score,
 )
-from harness.mathematics.radius import Recomputed, cohen_recompute
+from harness.mathematics.radius import Recomputed, sigma_choice_recompute
 from harness.mathematics.stats import false_certificates_pvalue, holm_rejections
 
 NAME = "coverage"
@@ -163,9 +163,7 @@ def _derived(audit: Audit, rows: list[dict], x: torch.Tensor, protocol, provider
     )
     if smoothing is None:
         return out
-    sigma_rows = [{"sigma": r["draws"]["sigma"]["sigma"], "draws": {"base": r["draws"]["sigma"]}}
-                  for r in rows]  # fmt: skip
-    cap = cohen_recompute(sigma_rows, None, replace(protocol, alpha=spent), None).radius
+    cap = sigma_choice_recompute([r["draws"]["sigma"] for r in rows], protocol, spent).radius
     return replace(out, radius=np.minimum(np.asarray(out.radius, dtype=np.float64), cap))
 
 

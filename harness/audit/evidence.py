@@ -233,7 +233,7 @@ def _sigma_smoothing(
             "the certificate carries σ-smoothing draws ({s}), its σ-provider declares none",
         )
         return [test], np.full(len(rows), np.inf), 0.0
-    from harness.mathematics.radius import cohen_recompute
+    from harness.mathematics.radius import sigma_choice_recompute
 
     test = (
         "σ draws",
@@ -247,9 +247,8 @@ def _sigma_smoothing(
     draws = Draws.from_records(records)
     levels = np.asarray(declared.levels, dtype=np.float64)
     chosen = levels[np.argmax(draws.selection, axis=1)]
-    as_rows = [{"sigma": draws.sigma[i], "draws": {"base": rec}} for i, rec in enumerate(records)]
+    derived = sigma_choice_recompute(records, protocol, declared.alpha)
     protocol = replace(protocol, alpha=float(declared.alpha))
-    derived = cohen_recompute(as_rows, None, protocol, None)
     stored_sigma = np.array([float(r["sigma"]) for r in rows])
     stored_pred = np.array([int(r["prediction"]) for r in rows])
     declared_as = np.array([rec.get("levels") == list(levels) and rec.get("alpha") == declared.alpha

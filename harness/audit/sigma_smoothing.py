@@ -33,7 +33,7 @@ if it holds at every level plausible at the point).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -191,7 +191,7 @@ def stored_sigma_certificates(audit: Audit) -> tuple[np.ndarray, np.ndarray]:
     as check S0 derives it (Cohen's formula on the σ draws at the σ-smoothing's α share;
     0 where the bound is <= 1/2). Raises if a certificate has no σ draws."""
     from harness.foundation.errors import IdrsError
-    from harness.mathematics.radius import cohen_recompute
+    from harness.mathematics.radius import sigma_choice_recompute
 
     smoothing = sigma_smoothing(audit.sigma_provider)
     records = [(r.get("draws") or {}).get("sigma") for r in audit.certificates]
@@ -201,9 +201,7 @@ def stored_sigma_certificates(audit: Audit) -> tuple[np.ndarray, np.ndarray]:
                         "of their σ-smoothing; check S0 reports them")  # fmt: skip
     if not records:
         return np.zeros(0, dtype=np.int64), np.zeros(0)
-    rows = [{"sigma": rec["sigma"], "draws": {"base": rec}} for rec in records]
-    protocol = replace(audit.context.protocol, alpha=float(smoothing.alpha))
-    derived = cohen_recompute(rows, None, protocol, None)
+    derived = sigma_choice_recompute(records, audit.context.protocol, smoothing.alpha)
     top = np.array([int(np.argmax(rec["selection"])) for rec in records], dtype=np.int64)
     return top, np.asarray(derived.radius, dtype=np.float64)
 

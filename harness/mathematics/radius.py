@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -137,6 +137,16 @@ def cohen_recompute(rows, inputs, protocol: CertificationProtocol, regularity) -
     certified = bound > 0.5
     radius = np.where(certified, sigma * ndtri(np.where(certified, bound, 0.75)), 0.0)
     return Recomputed(n0, n, bound, np.where(certified, top, ABSTAIN), radius)
+
+
+def sigma_choice_recompute(
+    records: list[dict], protocol: CertificationProtocol, alpha: float
+) -> Recomputed:
+    """A σ-smoothing's choice re-derived from its σ draws (``records``, one per certificate):
+    the chosen level's bound at the smoothing's α share and R_σ = σ_v Φ⁻¹(p_σ lower), 0 where
+    it is <= 1/2 (Cohen et al. 2019, Thm 1 on the σ-estimator)."""
+    rows = [{"sigma": rec["sigma"], "draws": {"base": rec}} for rec in records]
+    return cohen_recompute(rows, None, replace(protocol, alpha=float(alpha)), None)
 
 
 def semi_elastic_rate(regularity: Regularity) -> float:
