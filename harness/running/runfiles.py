@@ -88,11 +88,13 @@ def shipped_name(stem: str, run_id: str, entry: dict[str, Any], single: bool) ->
     """The file name beside board ``stem``.md of a recorded run file: ``NAME.weights.pt``
     for the base model of a one-run board (``NAME.weights-RUNID.pt`` with several runs),
     ``NAME.RUNID.<plugin>.<file>`` for a plugin artifact, ``NAME.RUNID.sigma-model-<tag>.pt``
-    for a σ-estimator (RUNID: the run id's first 12 digits)."""
+    for a σ-estimator (RUNID: the run id's first 12 digits). A σ-estimator read from a run
+    export is already named so: its name is not prefixed again (re-publishing a board
+    from its export keeps its file names)."""
     run = run_id[:12]
     if entry["role"] == WEIGHTS:
         return f"{stem}.weights.pt" if single else f"{stem}.weights-{run}.pt"
     if entry["role"] == SIGMA_MODEL:
-        return f"{stem}.{run}.{Path(entry['path']).name}"
+        return f"{stem}.{run}.{Path(entry['path']).name.split(f'.{run}.')[-1]}"
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", entry["name"].replace("/", "."))
     return f"{stem}.{run}.{safe}"
