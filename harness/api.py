@@ -123,7 +123,7 @@ def certify(
     key = setting_key(setting)
     context = BuildContext(
         dataset=dataset, model=model, device=device, seed=seed, protocol=protocol,
-        engine=engine, progress=Progress(enabled=False), registry=registry, model_hash=digest,
+        engine=engine, progress=Progress(enabled=False), registry=registry, recipe_hash=digest,
         run_id=f"api-{digest[:12]}", method=method, setting=key,
     )  # fmt: skip
     provider, certifier = build_method(registry, method, full, context)

@@ -21,7 +21,7 @@ from harness.foundation.certificate import Certificate
 from harness.store.store import ResultStore
 
 RUN_ID = "0f1e2d3c4b5a" + "6" * 52
-MODEL_HASH = "ab" * 32
+RECIPE_HASH = "ab" * 32
 NOW = "2024-05-06T07:08:09+00:00"
 VERSIONS = {"idrs-bench": "0.1.0", "numpy": "2.0.0", "python": "3.11.9", "scipy": "1.14.0",
             "torch": "2.4.0"}  # fmt: skip
@@ -100,14 +100,14 @@ def add_checks(db: Path, rows) -> None:
 
 def make_run(
     db: Path, monkeypatch, run_id: str = RUN_ID, rows=ROWS, checks=CHECKS, config=CONFIG,
-    labels=LABELS, failure=FAILURE, model_hash: str = MODEL_HASH, device: str = "cpu",
+    labels=LABELS, failure=FAILURE, recipe_hash: str = RECIPE_HASH, device: str = "cpu",
 ) -> str:  # fmt: skip
     """Write one fixed run into ``db``; returns its id."""
     monkeypatch.setattr("harness.store.store._now", lambda: NOW)
     store = ResultStore(db)
     try:
         store.begin_run(run_id, config["name"], config, VERSIONS, "c0ffee" * 6 + "beef",
-                        device, config["seed"], model_hash)  # fmt: skip
+                        device, config["seed"], recipe_hash)  # fmt: skip
         for (method, setting), certs in rows.items():
             for input_id, (prediction, predict, radius, sigma, seconds) in enumerate(certs):
                 cert = Certificate(input_id, prediction, radius, 0.9, sigma, 0.001, predict,
@@ -127,7 +127,7 @@ class GoldenRun:
     """The golden run's constants, and :func:`add_checks` to add check rows to a database."""
 
     run_id: str
-    model_hash: str
+    recipe_hash: str
     config: dict[str, Any]
     rows: dict[tuple[str, str], list[tuple]]
     checks: list[tuple]
@@ -136,13 +136,13 @@ class GoldenRun:
 
 @pytest.fixture(scope="session")
 def golden_run() -> GoldenRun:
-    """The golden run's id, model hash, config, certificate rows and check rows."""
-    return GoldenRun(RUN_ID, MODEL_HASH, CONFIG, ROWS, CHECKS)
+    """The golden run's id, recipe hash, config, certificate rows and check rows."""
+    return GoldenRun(RUN_ID, RECIPE_HASH, CONFIG, ROWS, CHECKS)
 
 
 @pytest.fixture(scope="session", name="make_run")
 def make_run_fixture():
     """``make_run(db, monkeypatch, run_id=..., rows=..., checks=..., config=..., labels=...,
-    failure=..., model_hash=..., device=...) -> run id``: write the golden run, or a variant
+    failure=..., recipe_hash=..., device=...) -> run id``: write the golden run, or a variant
     of it, into ``db``."""
     return make_run

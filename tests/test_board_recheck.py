@@ -22,7 +22,7 @@ from harness.foundation.progress import Progress
 from harness.plugin.manager import PluginManager
 from harness.reports.leaderboard import add_leaderboard_parser
 from harness.reports.leaderboard.render import write_board
-from harness.reports.leaderboard.source import read_export
+from harness.reports.leaderboard.source import EXPORT_FORMAT, read_export
 from harness.reports.leaderboard.verify import verify_board
 from harness.running.preparation import RunOptions
 from harness.store.store import ResultStore
@@ -109,7 +109,7 @@ def test_a_board_verifies_and_replays(board, capsys):
     text = board.read_text()
     assert "--verify b.md --replay K" in text and "b.weights.pt" in text
     export = json.loads(board.with_suffix(".run.json").read_text())
-    assert export["format"] == "idrs-bench/run-export/2"
+    assert export["format"] == EXPORT_FORMAT == "idrs-bench/run-export/3"
     files = {f["role"]: f for f in export["runs"][0]["files"]}
     assert files["weights"]["file"] == "b.weights.pt" and (board.parent / "b.weights.pt").is_file()
     columns = _row(export, "cohen")

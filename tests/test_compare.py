@@ -66,11 +66,11 @@ def test_protocol_differences_are_warned_about(tmp_path, monkeypatch, capsys, ma
     make_run(db, monkeypatch)
     protocol = golden_run.config["protocol"] | {"n": 1000, "alpha": 0.01}
     config = golden_run.config | {"seed": 4, "protocol": protocol}
-    make_run(db, monkeypatch, run_id=OTHER, config=config, model_hash="cd" * 32)
+    make_run(db, monkeypatch, run_id=OTHER, config=config, recipe_hash="cd" * 32)
     a, b = load_runs(db, [golden_run.run_id, OTHER])
     (warning,) = compare_runs(a, b).warnings
     for field in ("n: 100 (A) vs 1000 (B)", "alpha: 0.001 (A) vs 0.01 (B)", "seed: 3 (A) vs 4 (B)",
-                  f"model_hash: '{'ab' * 32}' (A) vs '{'cd' * 32}' (B)"):  # fmt: skip
+                  f"recipe_hash: '{'ab' * 32}' (A) vs '{'cd' * 32}' (B)"):  # fmt: skip
         assert field in warning
     assert "n0" not in warning and "dataset" not in warning
     # on the command line: the warning goes to stderr, the table to stdout

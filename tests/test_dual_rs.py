@@ -337,7 +337,7 @@ def _context(tmp_path, monkeypatch, linear_model, seed=0):
     return BuildContext(
         dataset, model, torch.device("cpu"), seed, CertificationProtocol(n0=10, n=50, alpha=0.01),
         SamplingEngine(model, 2, torch.device("cpu"), 256, seed), Progress(enabled=False),
-        registry=PluginManager(third_party=False).registry, model_hash="f" * 64,
+        registry=PluginManager(third_party=False).registry, recipe_hash="f" * 64,
     )  # fmt: skip
 
 

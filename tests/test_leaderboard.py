@@ -157,8 +157,8 @@ def test_json_matches_its_schema_and_the_metrics(db, tmp_path, golden_run):
     assert first["acr"] == 0.75 and isinstance(first["inputs"], int)
     assert first["classwise_accuracy"] == {"0": 0.5, "1": 1.0}
     (run,) = data["runs"]
-    assert (run["n0"], run["n"], run["alpha"], run["model_hash"]) == (10, 100, 0.001,
-                                                                     golden_run.model_hash)  # fmt: skip
+    assert (run["n0"], run["n"], run["alpha"], run["recipe_hash"]) == (10, 100, 0.001,
+                                                                     golden_run.recipe_hash)  # fmt: skip
     assert data["failures"][0]["method"] == "alfarra-ds"
     # a wrong type is caught by the schema
     data["rows"][0]["acr"] = "0.75"
@@ -281,9 +281,9 @@ def test_two_runs_on_the_same_model_share_a_table_with_a_run_column(
     assert "| # | run | method |" in text and "--device cuda" in text
     # a different base model gets its own table
     third = "8" * 64
-    make_run(db, monkeypatch, run_id=third, model_hash="cd" * 32, checks=[], failure=None)
+    make_run(db, monkeypatch, run_id=third, recipe_hash="cd" * 32, checks=[], failure=None)
     board = build_board(load_runs(db, [golden_run.run_id, third]))
-    assert [t.model_hash for t in board.tables] == [golden_run.model_hash, "cd" * 32]
+    assert [t.recipe_hash for t in board.tables] == [golden_run.recipe_hash, "cd" * 32]
 
 
 def test_runs_from_several_databases_make_one_board(tmp_path, monkeypatch, make_run, golden_run):
@@ -292,7 +292,7 @@ def test_runs_from_several_databases_make_one_board(tmp_path, monkeypatch, make_
     config = golden_run.config | {"name": "other",
                                   "dataset": golden_run.config["dataset"] | {"name": "cone-60"}}  # fmt: skip
     make_run(tmp_path / "b.sqlite", monkeypatch, run_id="5" * 64, config=config,
-             model_hash="ef" * 32, checks=[])  # fmt: skip
+             recipe_hash="ef" * 32, checks=[])  # fmt: skip
     out = tmp_path / "cone.md"
     assert _cli([str(tmp_path / "a.sqlite"), str(tmp_path / "b.sqlite"), "--out", str(out),
                  "--no-plots"]) == 0  # fmt: skip

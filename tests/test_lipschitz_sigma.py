@@ -238,7 +238,7 @@ def test_a_reloaded_fit_is_the_same_sigma_with_the_same_regularity(
     context = BuildContext(
         dataset, model, torch.device("cpu"), 0, protocol,
         SamplingEngine(model, 2, torch.device("cpu"), 64, 0), Progress(enabled=False),
-        model_hash="0" * 64,
+        recipe_hash="0" * 64,
     )  # fmt: skip
     params = {**FIT, "sigma_min": 0.65}
     fitted = obtain_sigma_network(context, params)

@@ -84,14 +84,14 @@ def test_importing_harness_imports_neither_torch_nor_scipy():
     assert out.stdout.strip() == "[]", out.stderr
 
 
-def _context(model_hash=None, model=None):
+def _context(recipe_hash=None, model=None):
     model = model or torch.nn.Linear(2, 2)
     dataset = Dataset("toy", torch.zeros(4, 2), torch.zeros(4, dtype=torch.long),
                       torch.zeros(2, 2), torch.zeros(2, dtype=torch.long), 2)  # fmt: skip
     return BuildContext(
         dataset, model, torch.device("cpu"), 0, CertificationProtocol(n0=10, n=20),
         SamplingEngine(model, 2, torch.device("cpu"), 8, 0), Progress(enabled=False),
-        model_hash=model_hash,
+        recipe_hash=recipe_hash,
     )  # fmt: skip
 
 

@@ -2,7 +2,7 @@
 
 A naive "Cohen's radius at σ(x)" method with Súkeník's kNN σ on Fashion-MNIST (784-d)
 is flagged by S1, while cohen and sukenik (the same σ with its own certificate) are not;
-S1 rebuilds a method in a context like the run's (model hash, the benchmark's dataset
+S1 rebuilds a method in a context like the run's (recipe hash, the benchmark's dataset
 and classes, its n) and calibrates the harness's draws against the exact binomial law,
 which catches a plugin that patches the engine in-process; every rigged method of
 ``tests/rigged_methods.py`` is caught on ball-2; soft smoothing of the one-hot analytic
@@ -225,7 +225,7 @@ def _probe_plugin(seen: list):
             return torch.full((len(x),), 0.25, dtype=torch.float64, device=x.device)
 
     def build(context, params):
-        seen.append({"model_hash": context.model_hash, "dataset": context.dataset.name,
+        seen.append({"recipe_hash": context.recipe_hash, "dataset": context.dataset.name,
                      "shape": context.dataset.input_shape, "classes": context.dataset.num_classes,
                      "test_points": len(context.dataset.test_x), "seed": context.seed,
                      "n": context.protocol.n, "artifacts": context.artifact_dir("probe")})  # fmt: skip
@@ -266,8 +266,8 @@ def test_s1_rebuilds_the_method_in_a_context_like_the_runs(tmp_path, manager):
     run, rebuilt = seen[0], seen[2:]  # the run's build, the audit's, then S1's
     assert len(rebuilt) == 2  # one linear round, one ball round
     for ctx in rebuilt:
-        assert ctx["model_hash"] is not None and ctx["model_hash"] != run["model_hash"]
-        assert len(ctx["model_hash"]) == len(run["model_hash"]) == 64
+        assert ctx["recipe_hash"] is not None and ctx["recipe_hash"] != run["recipe_hash"]
+        assert len(ctx["recipe_hash"]) == len(run["recipe_hash"]) == 64
         same = ("dataset", "shape", "classes", "test_points", "seed")
         assert {k: ctx[k] for k in same} == {k: run[k] for k in same}
         assert ctx["n"] == 100  # min(run's n, budget.coverage_n)

@@ -43,7 +43,7 @@ def _db(tmp_path: Path, *, finished: bool = True, inputs: int | None = 3, config
     with con:
         con.execute(
             "INSERT INTO runs (run_id, name, created, finished, config, versions, git_commit,"
-            " device, seed, model_hash, inputs) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " device, seed, recipe_hash, inputs) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (RUN, "hand", "2024-01-01", "2024-01-02" if finished else None, json.dumps(config),
              "{}", None, "cpu", 0, "m" * 64, inputs),
         )  # fmt: skip

@@ -102,7 +102,7 @@ def test_proposed_m_is_computed_once_per_run_and_stored_for_later_runs(tmp_path,
     context = BuildContext(
         dataset, model, torch.device("cpu"), 0, CertificationProtocol(n0=10, n=20),
         SamplingEngine(model, 2, torch.device("cpu"), 8, 0), Progress(enabled=False),
-        model_hash="ab" * 32,
+        recipe_hash="ab" * 32,
     )  # fmt: skip
     params = {**sukenik.METHOD_DEFAULTS, "k": 3}
     first = sukenik._knn_sigma(context, params).m

@@ -78,7 +78,7 @@ class _Analytic(torch.nn.Module):
 
     def content_hash(self) -> str:
         """SHA-256 (hex) of the model's family, classes and parameters (float64 bytes):
-        the model hash of a method rebuilt on it (what its artifacts are keyed by)."""
+        the recipe hash of a method rebuilt on it (what its artifacts are keyed by)."""
         digest = hashlib.sha256(
             f"{self.family}/{self.num_classes}/{self.classes}/{self.one_hot}".encode()
         )

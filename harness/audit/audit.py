@@ -170,7 +170,7 @@ class Audit:
         """The same method and setting on another dataset and base model (for S1).
 
         Returns (σ-provider, certifier, context). The context is the run's with ``model``
-        (``context.model_hash``: its content hash, ``model.content_hash()``), ``dataset``
+        (``context.recipe_hash``: its content hash, ``model.content_hash()``), ``dataset``
         and ``protocol``, and an engine that queries ``model`` in ``protocol``'s arithmetic
         (:func:`harness.engine.precision.prepare_model`) with the run's seed, as a run's would:
         a check draws its own samples with :meth:`fresh_engine`, so what the method
@@ -191,7 +191,7 @@ class Audit:
         content_hash = getattr(model, "content_hash", None)
         context = replace(self.context, dataset=dataset, model=model, protocol=protocol,
                           engine=engine, artifact_root=artifact_root, memos=memos or RunMemo(),
-                          model_hash=content_hash() if content_hash else None)  # fmt: skip
+                          recipe_hash=content_hash() if content_hash else None)  # fmt: skip
         if sigma_smoothing(self.sigma_provider) is not None:
             method = self.registry.get("methods", self.method.name)
             spec = self.registry.get("certifiers", method.certifier)

@@ -4,7 +4,7 @@ The method (its σ-provider and certifier) is rebuilt on an analytic base model 
 context made like a run's (:meth:`~harness.audit.audit.Audit.rebuild`): the
 benchmark's dataset (its name, input shape, number of classes K and inputs, labelled by
 the analytic model, so that a kNN σ or a fitted σ-network behaves as on the benchmark),
-a model hash (the analytic model's content hash; its artifacts go to a temporary
+a recipe hash (the analytic model's content hash; its artifacts go to a temporary
 folder), the run's seed and protocol at n = min(run's n, ``budget.coverage_n``) in
 fp32. Its trial inputs are the run's own certified inputs (with their input ids), chosen
 at random from the audit's entropy. The harness draws the trials' samples (and a

@@ -57,7 +57,7 @@ def audits(
         )
     device = options.device or run["device"]
     prepared = prepare(spec, RunOptions(**{**vars(options), "device": device}), progress, manager)
-    if prepared.model_hash != run["model_hash"]:
+    if prepared.recipe_hash != run["recipe_hash"]:
         raise IdrsError("the base model recipe changed since the run; rerun the benchmark")
     if run.get("weights_digest") and prepared.weights_digest != run["weights_digest"]:
         raise IdrsError(
@@ -67,7 +67,7 @@ def audits(
         )
     rows = {(row.method, row.setting): row for row in stored.rows()}
     radii = tuple(benchmark_radii(run["config"]))
-    source = replay_source(store, stored, spec, prepared.model_hash, options)
+    source = replay_source(store, stored, spec, prepared.recipe_hash, options)
     for config in spec.methods:
         if method is not None and config.name != method:
             continue
@@ -88,13 +88,13 @@ def audits(
 
 
 def replay_source(
-    store: ResultStore, stored: StoredRun, spec, model_hash: str, options: RunOptions
+    store: ResultStore, stored: StoredRun, spec, recipe_hash: str, options: RunOptions
 ) -> ReplaySource:
     """The files of a stored run the replay check re-draws its samples from."""
     from harness.running.runfiles import SIGMA_MODEL, weights_file
 
     run = stored.run
-    weights, fmt = weights_file(spec, model_hash, options.cache_dir)
+    weights, fmt = weights_file(spec, recipe_hash, options.cache_dir)
     models = {f["name"]: {"path": f["path"], "sha256": f["sha256"], **f["meta"]}
               for f in store.files(run["run_id"]) if f["role"] == SIGMA_MODEL}  # fmt: skip
     return ReplaySource(run["config"], weights, fmt, run.get("weights_digest"),

@@ -55,7 +55,7 @@ def print_results(
         out = {
             "run_id": run["run_id"],
             "name": run["name"],
-            "model_hash": run["model_hash"],
+            "recipe_hash": run["recipe_hash"],
             "weights_digest": run.get("weights_digest"),
             "device": run["device"],
             "protocol": run["config"]["protocol"],
@@ -71,7 +71,7 @@ def print_results(
     console = terminal(RUN_WIDTH if compact else None)
     title = (
         f"run {run['run_id'][:12]} · {escape(run['name'])} · {escape(run['config']['dataset']['name'])} · "
-        f"model {run['model_hash'][:12]} · "
+        f"model {run['recipe_hash'][:12]} · "
         + (f"weights {run['weights_digest'][:12]} · " if run.get("weights_digest") else "")
         + f"n0={protocol['n0']} n={protocol['n']} "
         f"α={protocol['alpha']} · {run['device']}"

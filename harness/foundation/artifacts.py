@@ -2,7 +2,7 @@
 
 The cache root is ``$IDRS_BENCH_CACHE`` (default ``~/.cache/idrs-bench``); base models
 live in its ``models/`` directory (:mod:`harness.running.modelcache`) and what a plugin fits to
-a base model in ``plugins/<plugin>/<model hash>/``
+a base model in ``plugins/<plugin>/<recipe hash>/``
 (:meth:`harness.plugin.components.BuildContext.artifact_dir`).
 
 Every cached artifact is written with :func:`save_artifact`, which stores the file's

@@ -117,8 +117,9 @@ class BuildContext:
     (set by the runner); ``state`` is that setting's :class:`~harness.foundation.runstate.RunState`
     in the run's database (a certifier with per-run state, such as a memory, restores
     from it and stages new records; None outside a run), and
-    ``registry`` resolves components by name (e.g. a wrapped certifier); ``model_hash``
-    is the base model's content hash (a key for anything fitted to it), and
+    ``registry`` resolves components by name (e.g. a wrapped certifier); ``recipe_hash``
+    is the base model's recipe hash (the content hash of what made it, its cache key; a key
+    for anything fitted to it; the SHA-256 of its weights is another digest), and
     ``artifact_root`` where :meth:`artifact_dir` keeps files (None: the cache root; the
     soundness checks give a rebuilt method a temporary one).
 
@@ -135,7 +136,7 @@ class BuildContext:
     engine: SamplingEngine
     progress: Progress
     registry: Registry | None = None
-    model_hash: str | None = None
+    recipe_hash: str | None = None
     run_id: str | None = None
     method: str | None = None
     setting: str | None = None
@@ -146,20 +147,20 @@ class BuildContext:
     def artifact_dir(self, plugin: str) -> Path | None:
         """The directory where ``plugin`` keeps what it derives from this base model.
 
-        ``<cache root>/plugins/<plugin>/<model hash>/`` (created; the cache root is
-        ``$IDRS_BENCH_CACHE``, see :mod:`harness.foundation.artifacts`): the base model's content
+        ``<cache root>/plugins/<plugin>/<recipe hash>/`` (created; the cache root is
+        ``$IDRS_BENCH_CACHE``, see :mod:`harness.foundation.artifacts`): the base model's recipe
         hash is what makes such a file valid, and the plugin names each file by
         everything else it depends on (dataset, seed, parameters). Write files with
         :func:`~harness.foundation.artifacts.save_artifact` so that damaged ones heal. None when
-        the base model has no content hash (a model made in memory, e.g. by the
+        the base model has no recipe hash (a model made in memory, e.g. by the
         soundness checks): nothing derived from it could be found again.
         """
-        if self.model_hash is None:
+        if self.recipe_hash is None:
             return None
         from harness.foundation.artifacts import cache_root
 
         root = cache_root() if self.artifact_root is None else self.artifact_root
-        path = root / "plugins" / plugin / self.model_hash
+        path = root / "plugins" / plugin / self.recipe_hash
         path.mkdir(parents=True, exist_ok=True)
         return path
 

@@ -57,7 +57,7 @@ class Prepared:
 
     benchmark: Benchmark
     dataset: Dataset
-    model_hash: str
+    recipe_hash: str
     context: BuildContext
     registry: Registry
     run_id: str
@@ -84,7 +84,7 @@ def prepare(
         benchmark = replace(
             benchmark, model=resolve_architecture(benchmark.model, dataset.name, registry)
         )
-    model, model_hash = obtain_model(
+    model, recipe_hash = obtain_model(
         benchmark.model, dataset, registry, device, progress, options.cache_dir
     )
     if benchmark.protocol.noise == "auto":  # recorded resolved: the run states its noise
@@ -99,12 +99,12 @@ def prepare(
         batch_size = auto_batch_size(
             model_in_precision, tuple(dataset.test_x.shape[1:]), device, options.cache_dir
         )
-    run_id = run_identity(benchmark, device, model_hash)
+    run_id = run_identity(benchmark, device, recipe_hash)
     context = build_context(
         benchmark,
         dataset,
         model,
-        model_hash,
+        recipe_hash,
         device,
         batch_size,
         progress,
@@ -115,21 +115,22 @@ def prepare(
     from harness.running.weights import weights_digest
 
     return Prepared(
-        benchmark, dataset, model_hash, context, registry, run_id, weights_digest(model), batch_size
-    )
+        benchmark, dataset, recipe_hash, context, registry, run_id, weights_digest(model),
+        batch_size,
+    )  # fmt: skip
 
 
-def run_identity(benchmark: Benchmark, device: torch.device, model_hash: str) -> str:
+def run_identity(benchmark: Benchmark, device: torch.device, recipe_hash: str) -> str:
     """A run's id: the content hash of the resolved benchmark, the device type (not its
     index: processes on cuda:0 and cuda:1 certify the same run) and the model's recipe hash."""
-    return content_hash({"spec": benchmark.to_dict(), "device": device.type, "model": model_hash})
+    return content_hash({"spec": benchmark.to_dict(), "device": device.type, "model": recipe_hash})
 
 
 def build_context(
     benchmark: Benchmark,
     dataset: Dataset,
     model: torch.nn.Module,
-    model_hash: str,
+    recipe_hash: str,
     device: torch.device,
     batch_size: int,
     progress: Progress,
@@ -158,6 +159,6 @@ def build_context(
         engine=engine,
         progress=progress,
         registry=registry,
-        model_hash=model_hash,
+        recipe_hash=recipe_hash,
         run_id=run_id,
     )

@@ -241,7 +241,7 @@ class RayExecutor:
             )
         setup = WorkerSetup(
             prepared.benchmark, options.data_root, options.cache_dir, str(prepared.context.device),
-            int(prepared.batch_size), prepared.model_hash, prepared.weights_digest or "",
+            int(prepared.batch_size), prepared.recipe_hash, prepared.weights_digest or "",
             prepared.run_id,
         )  # fmt: skip
         weights = None

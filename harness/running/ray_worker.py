@@ -38,7 +38,7 @@ class WorkerSetup:
     cache_dir: Path | None
     device: str
     batch_size: int
-    model_hash: str
+    recipe_hash: str
     weights_digest: str
     run_id: str
 
@@ -69,7 +69,7 @@ class CertifyWorker:
         state = ray.get(weights[0]) if weights is not None else None
         model = _worker_model(setup, dataset, self.registry, state, device)
         self.context = build_context(
-            setup.benchmark, dataset, model, setup.model_hash, device, setup.batch_size,
+            setup.benchmark, dataset, model, setup.recipe_hash, device, setup.batch_size,
             Progress(enabled=False), self.registry, setup.run_id,
         )  # fmt: skip
         self.built: dict[tuple[str, str], tuple[Any, Any, Any, RunState]] = {}

@@ -37,25 +37,25 @@ WEIGHTS, PLUGIN_ARTIFACT, SIGMA_MODEL = "weights", "plugin-artifact", "sigma-mod
 _SKIPPED = (".sha256", ".tmp")
 
 
-def weights_file(spec: Benchmark, model_hash: str, cache_dir: Path | None) -> tuple[Path, str]:
+def weights_file(spec: Benchmark, recipe_hash: str, cache_dir: Path | None) -> tuple[Path, str]:
     """The base model's weights file of a run and the format it is read in: the spec's
-    checkpoint, else the model cache's ``<model hash>.pt`` (a state dict)."""
+    checkpoint, else the model cache's ``<recipe hash>.pt`` (a state dict)."""
     if spec.model.checkpoint is not None:
         return Path(spec.model.checkpoint).resolve(), spec.model.format
-    return (cache_dir or default_cache_dir()).resolve() / f"{model_hash}.pt", "state_dict"
+    return (cache_dir or default_cache_dir()).resolve() / f"{recipe_hash}.pt", "state_dict"
 
 
 def record_run_files(store: ResultStore, prepared: Prepared, cache_dir: Path | None) -> None:
     """Record the run's weights file and every plugin artifact kept for its base model."""
     run_id = prepared.run_id
-    path, fmt = weights_file(prepared.benchmark, prepared.model_hash, cache_dir)
+    path, fmt = weights_file(prepared.benchmark, prepared.recipe_hash, cache_dir)
     if path.is_file():
         store.add_file(run_id, WEIGHTS, "base model", str(path), file_digest(path),
                        {"format": fmt})  # fmt: skip
     plugins = cache_root() / "plugins"
     if not plugins.is_dir():
         return
-    for folder in sorted(plugins.glob(f"*/{prepared.model_hash}")):
+    for folder in sorted(plugins.glob(f"*/{prepared.recipe_hash}")):
         for path in sorted(folder.iterdir()):
             if path.is_file() and not path.name.endswith(_SKIPPED) and ".corrupt-" not in path.name:
                 plugin = folder.parent.name

@@ -85,7 +85,7 @@ def run_benchmark(
     try:
         if not store.begin_run(
             run_id, benchmark.name, benchmark.to_dict(), library_versions(), git_commit(),
-            context.device.type, benchmark.seed, prepared.model_hash,
+            context.device.type, benchmark.seed, prepared.recipe_hash,
             weights_digest=prepared.weights_digest,
         ):  # fmt: skip
             _check_weights(store.run(run_id), prepared)

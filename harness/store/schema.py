@@ -4,7 +4,7 @@ Tables: ``runs``, ``certificates`` (one row per certified input), ``shards`` (fi
 shards), ``state`` (a certifier's per-run state), ``files`` (what a replay needs besides
 the database), ``leases`` (which process works on which shard), ``failures``, ``checks``
 and ``attacks``. A database written before a column existed gets it on opening
-(:data:`ADDED_COLUMNS`).
+(:data:`ADDED_COLUMNS`), and a column since renamed gets its new name (:data:`RENAMED_COLUMNS`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ CREATE TABLE IF NOT EXISTS runs (
     git_commit TEXT,
     device TEXT NOT NULL,
     seed INTEGER NOT NULL,
-    model_hash TEXT,
+    recipe_hash TEXT,
     weights_digest TEXT,
     inputs INTEGER,
     data_files TEXT,
@@ -136,6 +136,13 @@ ADDED_COLUMNS = (
     ("certificates", "draws", "TEXT"),  # before the harness drew the evidence itself
 )
 """Columns added after the first release: (table, column, type)."""
+
+RENAMED_COLUMNS = (
+    # the base model's recipe hash (its cache key), never a digest of its weights
+    # (that is ``weights_digest``); values unchanged, so run ids and cache paths are too
+    ("runs", "model_hash", "recipe_hash"),
+)
+"""Columns renamed after the first release: (table, old name, new name)."""
 
 
 def _insert(verb: str, table: str, columns: Sequence[str]) -> str:

@@ -23,6 +23,10 @@ model's weights, plugins' fitted artifacts, the σ-estimator of a σ-smoothing),
 their SHA-256; ``runs.arithmetic`` is the fingerprint of the arithmetic it certified
 with (:mod:`harness.engine.arithmetic`).
 
+A database written by an earlier release gets the columns added since, and its
+renamed columns their new names, on opening (``runs.model_hash`` became ``recipe_hash``:
+:data:`~harness.store.schema.RENAMED_COLUMNS`).
+
 Rows are inserted by column name. The typed read side (a run's certificates, checks
 and verdict per method and setting) is :mod:`harness.store.storedrun`.
 """
@@ -49,6 +53,7 @@ from harness.store.schema import (
     CHECK_INSERT,
     FAILURE_INSERT,
     FILE_INSERT,
+    RENAMED_COLUMNS,
     SCHEMA,
     SHARD_INSERT,
     STATE_INSERT,
@@ -84,17 +89,36 @@ class ResultStore(LeaseRecords):
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
         self.db.executescript(ATTACK_SCHEMA)
+        for table, old, new in RENAMED_COLUMNS:  # a database written before the rename
+            self._rename_column(table, old, new)
         for table, column, kind in ADDED_COLUMNS:  # a database written before they existed
             self._add_column(table, column, kind)
 
     def _add_column(self, table: str, column: str, kind: str) -> None:
-        if column in {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}:
+        if column in self._columns(table):
             return
         try:
             self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
         except sqlite3.OperationalError as exc:  # another process added it meanwhile
             if "duplicate column" not in str(exc):
                 raise
+
+    def _columns(self, table: str) -> set[str]:
+        return {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}
+
+    def _rename_column(self, table: str, old: str, new: str) -> None:
+        """Rename ``table.old`` to ``new`` (SQLite >= 3.25), where the table still has it."""
+        if old not in self._columns(table) or new in self._columns(table):
+            return
+        try:
+            self.db.execute(f"ALTER TABLE {table} RENAME COLUMN {old} TO {new}")
+        except sqlite3.OperationalError as exc:  # another process renamed it meanwhile?
+            if old in self._columns(table) or new not in self._columns(table):
+                raise IdrsError(
+                    f"results database {str(self.path)!r} has the column {table}.{old}, which "
+                    f"this version calls {new}, and SQLite {sqlite3.sqlite_version} could not "
+                    f"rename it ({exc}); SQLite 3.25 or later renames it"
+                ) from None
 
     def close(self) -> None:
         self.db.close()
@@ -108,20 +132,20 @@ class ResultStore(LeaseRecords):
         git_commit: str | None,
         device: str,
         seed: int,
-        model_hash: str,
+        recipe_hash: str,
         weights_digest: str | None = None,
     ) -> bool:
         """Record a run unless it exists; True when it is new.
 
-        ``model_hash`` is the base model's recipe hash (its cache key), ``weights_digest``
+        ``recipe_hash`` is the base model's recipe hash (its cache key), ``weights_digest``
         the SHA-256 of its weights (:func:`harness.running.weights.weights_digest`).
         """
         with self.db:
             cursor = self.db.execute(
                 "INSERT OR IGNORE INTO runs (run_id, name, created, config, versions, git_commit,"
-                " device, seed, model_hash, weights_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " device, seed, recipe_hash, weights_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (run_id, name, _now(), json.dumps(config, sort_keys=True), json.dumps(versions),
-                 git_commit, device, seed, model_hash, weights_digest),
+                 git_commit, device, seed, recipe_hash, weights_digest),
             )  # fmt: skip
         return cursor.rowcount == 1
 
@@ -135,7 +159,7 @@ class ResultStore(LeaseRecords):
         with self.db:
             cursor = self.db.execute(
                 "INSERT OR IGNORE INTO runs (run_id, name, created, finished, config, versions,"
-                " device, seed, model_hash, inputs) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " device, seed, recipe_hash, inputs) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (run_id, name, now, now, json.dumps(config, sort_keys=True), json.dumps(versions),
                  "unknown", 0, sha256, len(certificates)),
             )  # fmt: skip

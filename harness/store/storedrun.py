@@ -49,7 +49,7 @@ MEMORY_CHECK = "memory-order"
 
 RUN_FIELDS = (
     "run_id", "name", "created", "finished", "config", "versions", "git_commit", "device",
-    "seed", "model_hash",
+    "seed", "recipe_hash",
 )  # fmt: skip
 """The fields of the ``runs`` row a :class:`StoredRun` keeps (plus ``weights_digest`` and
 ``class_names``, the dataset's class names, and ``arithmetic``, :mod:`harness.engine.arithmetic`,

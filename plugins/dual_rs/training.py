@@ -21,7 +21,7 @@ Scaled to the benchmark:
 
 Randomness (all seeded from the run's seed by :func:`harness.noise_seed`): stream 120
 the initial weights, 121 the training subset, 122 the labelling noise, 123 the order and noise of the fit. The fitted estimator is cached under the
-base model's content hash (:meth:`harness.BuildContext.artifact_dir`), so a resumed run
+base model's recipe hash (:meth:`harness.BuildContext.artifact_dir`), so a resumed run
 and the soundness checks smooth the very estimator the certificates were drawn from.
 """
 
@@ -148,7 +148,7 @@ def obtain_estimator(context: BuildContext, params: Mapping[str, Any]) -> Smooth
     with α_σ = ``alpha_split`` · the run's α.
 
     Fitted once per run (``context.memo``) and kept in the plugin's artifact directory
-    (keyed by the base model's content hash; the file is named by everything else the fit
+    (keyed by the base model's recipe hash; the file is named by everything else the fit
     depends on), loaded with ``torch.load(..., weights_only=True)`` after its digest is
     checked (:func:`harness.load_artifact`): a damaged file is moved aside and refitted.
     A CPU fit is not guaranteed bit-identical across processes (threaded reductions), so

@@ -134,7 +134,7 @@ def obtain_sigma_network(context, params: Mapping[str, Any]) -> CertifiedSigma:
     """The fitted, certified σ_θ for this base model and these parameters.
 
     Fitted once per run (``context.memo``), and stored in the plugin's artifact
-    directory (``context.artifact_dir``, keyed by the base model's content hash; the
+    directory (``context.artifact_dir``, keyed by the base model's recipe hash; the
     file is named by the fitting parameters) so that a resumed run and the soundness
     checks use the very σ_θ the certificates were issued with: a CPU fit is not
     bit-reproducible across processes (threaded reductions), and σ must be one function.

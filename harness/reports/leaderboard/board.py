@@ -90,7 +90,7 @@ class Table:
     index: int  # 1-based, in order of first appearance among the runs
     dataset: str
     architecture: str
-    model_hash: str
+    recipe_hash: str
     radii: list[float]
     headline_radius: float
     runs: list[StoredRun] = field(default_factory=list)
@@ -137,14 +137,14 @@ def build_board(runs: Sequence[StoredRun]) -> Board:
     imported = [run for run in runs if run.imported]
     for run in [r for r in runs if r not in imported] + imported:
         config = run.run["config"]
-        key = (config["dataset"]["name"], config["model"]["architecture"], run.run["model_hash"])
+        key = (config["dataset"]["name"], config["model"]["architecture"], run.run["recipe_hash"])
         if run in imported:  # beside the runs made here on the same dataset
             key = next((k for k in tables if k[0] == key[0]), key)
         radii = benchmark_radii(config)
         table = tables.get(key)
         if table is None:
             table = tables[key] = Table(
-                index=len(tables) + 1, dataset=key[0], architecture=key[1], model_hash=key[2],
+                index=len(tables) + 1, dataset=key[0], architecture=key[1], recipe_hash=key[2],
                 radii=radii, headline_radius=headline_radius(config, radii),
             )  # fmt: skip
         else:

@@ -6,7 +6,7 @@ is shown for A and B with the difference B − A, plus both verdicts
 (:attr:`harness.store.storedrun.StoredRow.verdict`). A row present in
 one run only is listed with the other side empty. Differences are only meaningful under
 the same protocol, so a warning names every protocol field that differs: dataset and
-test subset, n0, n, α, base-model hash, certification and model seeds, architecture
+test subset, n0, n, α, base model's recipe hash, certification and model seeds, architecture
 and trainer (with their parameters); a separate warning says when the two base models'
 weights (their SHA-256 digests, where recorded) differ. Devices may differ (CPU vs GPU is a common
 comparison); that is noted, not warned about.
@@ -33,7 +33,7 @@ from harness.store.store import DEFAULT_DB
 from harness.store.storedrun import StoredRun
 
 PROTOCOL_FIELDS = (
-    "dataset", "test_every", "test_count", "n0", "n", "alpha", "model_hash", "seed",
+    "dataset", "test_every", "test_count", "n0", "n", "alpha", "recipe_hash", "seed",
     "model_seed", "architecture", "architecture_params", "trainer", "trainer_params",
 )  # fmt: skip
 

@@ -108,7 +108,7 @@ def _protocol_table(p: dict[str, Any]) -> list[str]:
                           f"batch size {p['batch_size']}{arithmetic}"),
         ("base model", f"{md_text(p['architecture'])} ({md_text(_params(p['architecture_params']))})"),
         ("trainer", f"{md_text(p['trainer'])} ({md_text(_params(p['trainer_params']))})"),
-        ("model hash", md_code(p["model_hash"] or "unknown")),
+        ("recipe hash", md_code(p["recipe_hash"] or "unknown")),
         *([("weights (SHA-256)", md_code(p["weights_digest"]))] if p.get("weights_digest") else []),
         *([("arithmetic", _fingerprint(p["arithmetic"]))] if p.get("arithmetic") else []),
         ("seeds", f"certification {p['seed']}, model {p['model_seed']}"),
@@ -252,7 +252,7 @@ def _sampling_error(table: Table, stem: str | None) -> list[str]:
 
 def _table_section(table: Table, stem: str | None, notes: _Footnotes) -> list[str]:
     catalog = metric_catalog(table.radii, any(row.attack for row in table.rows))
-    title = f"{md_text(table.dataset)} · {md_text(table.architecture)} · model {md_code(table.model_hash[:12])}"
+    title = f"{md_text(table.dataset)} · {md_text(table.architecture)} · model {md_code(table.recipe_hash[:12])}"
     out = [f"## {table.index}. {title}", ""]
     for run in table.runs:
         p = run_protocol(run, stem)

@@ -54,7 +54,7 @@ def run_protocol(run: StoredRun, stem: str | None) -> dict[str, Any]:
         "trainer": model["trainer"],
         "trainer_params": model.get("trainer_params", {}),
         "model_seed": model.get("seed", 0),
-        "model_hash": row["model_hash"],
+        "recipe_hash": row["recipe_hash"],
         "seed": row["seed"],
         "device": row["device"],
         "versions": dict(sorted(row["versions"].items())),

@@ -1,9 +1,9 @@
 """Re-checking a published board from its own files: what ``--verify`` and ``--replay`` add.
 
 Re-rendering (:mod:`harness.reports.leaderboard.verify`) shows that a board is what its run
-export renders to; it cannot show that the export is what the audit saw. From a
-format-2 export (:mod:`harness.reports.leaderboard.source`) :func:`recheck_runs` therefore
-re-derives, for every row:
+export renders to; it cannot show that the export is what the audit saw. From an export
+of format 2 or later (:mod:`harness.reports.leaderboard.source`) :func:`recheck_runs`
+therefore re-derives, for every row:
 
 1. **every certificate** (S0, :func:`harness.audit.evidence.rederive`) from its
    exported evidence (the harness's draws, α, σ, the certifier's derived evidence),
@@ -337,7 +337,7 @@ class _Methods:
                     raise IdrsError(f"{source.name}, a trained part the board ships, is missing or "
                                     "has another SHA-256")  # fmt: skip
                 target = (Path(self.folder) / "plugins" / f["meta"]["plugin"] /
-                          self.run.run["model_hash"] / Path(f["name"]).name)  # fmt: skip
+                          self.run.run["recipe_hash"] / Path(f["name"]).name)  # fmt: skip
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(source, target)
                 (target.parent / (target.name + ".sha256")).write_text(f["sha256"] + "\n")
@@ -350,7 +350,7 @@ class _Methods:
         model, _ = load_checkpoint(config, dataset, registry)
         batch = (self.run.run.get("arithmetic") or {}).get("batch_size") or spec.protocol.batch_size
         context = build_context(spec, dataset, model.to(self.device).eval(),
-                                self.run.run["model_hash"], self.device, batch, Progress(False),
+                                self.run.run["recipe_hash"], self.device, batch, Progress(False),
                                 registry, self.run.run_id)  # fmt: skip
         return spec, registry, context
 

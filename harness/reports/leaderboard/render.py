@@ -116,7 +116,7 @@ def write_board(
         for table in board.tables:
             if not table.rows:
                 continue
-            title = f"{table.dataset} · {table.architecture} · model {table.model_hash[:12]}"
+            title = f"{table.dataset} · {table.architecture} · model {table.recipe_hash[:12]}"
             path = out.parent / certified_plot_name(stem, table)
             write_certified_plot(table, path, title)
             written.append(path)

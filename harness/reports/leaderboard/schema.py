@@ -1,4 +1,4 @@
-"""JSON Schema (draft 2020-12) of a board's ``NAME.json`` (format ``idrs-bench/leaderboard/1``)."""
+"""JSON Schema (draft 2020-12) of a board's ``NAME.json`` (format ``idrs-bench/leaderboard/2``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ _PROTOCOL = {
     "required": [
         "run_id", "name", "dataset", "test_every", "test_count", "inputs", "n0", "n", "alpha",
         "batch_size", "architecture", "architecture_params", "trainer", "trainer_params",
-        "model_seed", "model_hash", "seed", "device", "versions", "git_commit", "created",
+        "model_seed", "recipe_hash", "seed", "device", "versions", "git_commit", "created",
         "finished", "spec_file", "command",
     ],
     "properties": {
@@ -31,7 +31,7 @@ _PROTOCOL = {
         "trainer": {"type": "string"},
         "trainer_params": {"type": "object"},
         "model_seed": {"type": "integer"},
-        "model_hash": {"type": ["string", "null"]},
+        "recipe_hash": {"type": ["string", "null"]},
         "weights_digest": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
         "arithmetic": {"type": "object"},
         "seed": {"type": "integer"},
@@ -48,7 +48,7 @@ _PROTOCOL = {
 _ROW = {
     "type": "object",
     "required": [
-        "table", "section", "rank", "run_id", "dataset", "model_hash", "method", "setting",
+        "table", "section", "rank", "run_id", "dataset", "recipe_hash", "method", "setting",
         "verdict", "sound", "inputs", "clean_accuracy", "acr", "abstention_rate",
         "misclassification_rate", "classwise_accuracy_min", "classwise_accuracy_max",
         "classwise_accuracy_std", "mean_sigma", "seconds_per_input", "classwise_accuracy",
@@ -109,7 +109,7 @@ BOARD_SCHEMA = {
     "required": ["format", "title", "runs", "metrics", "tables", "rows", "failures"],
     "additionalProperties": False,
     "properties": {
-        "format": {"const": "idrs-bench/leaderboard/1"},
+        "format": {"const": "idrs-bench/leaderboard/2"},
         "title": {"type": "string"},
         "runs": {"type": "array", "items": _PROTOCOL, "minItems": 1},
         "metrics": {
@@ -130,7 +130,7 @@ BOARD_SCHEMA = {
             "type": "array",
             "items": {
                 "type": "object",
-                "required": ["index", "dataset", "architecture", "model_hash", "radii",
+                "required": ["index", "dataset", "architecture", "recipe_hash", "radii",
                              "headline_radius", "runs", "plots"],
                 "properties": {
                     "index": {"type": "integer", "minimum": 1},

@@ -4,9 +4,9 @@
 into :class:`~harness.store.storedrun.StoredRun` objects; :func:`export_runs` and
 :func:`read_export` write and read a run export.
 
-A run export (``NAME.run.json`` beside a board, format ``idrs-bench/run-export/2``) holds
+A run export (``NAME.run.json`` beside a board, format ``idrs-bench/run-export/3``) holds
 everything the renderer needs and everything a reader needs to re-check the board: the
-``runs`` row (config, versions, commit, device, seeds, model hash, dates; the weights
+``runs`` row (config, versions, commit, device, seeds, recipe hash, dates; the weights
 digest and the arithmetic fingerprint when recorded) and the data files the run read;
 per (method, setting) every certificate's columns (input id, label, CERTIFY's
 prediction, PREDICT's answer, radius, σ, seconds) and its whole evidence (p_A bound,
@@ -19,7 +19,9 @@ beside the board and its SHA-256. ``idrs-bench leaderboard --verify`` re-derives
 certificates and verdicts from it (:mod:`harness.reports.leaderboard.recheck`). A format-1
 export (no evidence) is still read, and only re-rendered. The empirical attack's result
 per row (radii attacked, which input broke at which radius, the attack's strength) is
-exported beside the checks.
+exported beside the checks. Format 3 is format 2 with the ``runs`` row's ``model_hash``
+named ``recipe_hash`` (the base model's recipe hash, not a digest of its weights); an
+export of format 1 or 2 is read with the key renamed (:func:`upgrade_run_row`).
 """
 
 from __future__ import annotations
@@ -36,9 +38,12 @@ from harness.store.storedrun import (
     load_runs,
 )
 
-EXPORT_FORMAT = "idrs-bench/run-export/2"
-FORMATS = ("idrs-bench/run-export/1", EXPORT_FORMAT)
-"""Formats :func:`read_export` reads (format 1: no evidence, files or data files)."""
+EXPORT_FORMAT = "idrs-bench/run-export/3"
+FORMATS = ("idrs-bench/run-export/1", "idrs-bench/run-export/2", EXPORT_FORMAT)
+"""Formats :func:`read_export` reads (format 1: no evidence, files or data files; formats
+1 and 2: ``model_hash`` for ``recipe_hash``)."""
+EVIDENCE_FORMATS = FORMATS[1:]
+"""Formats whose certificates carry their evidence (``--verify`` re-derives them)."""
 CERTIFICATE_COLUMNS = ("input_id", "label", "prediction", "predict", "radius", "sigma", "seconds")
 EVIDENCE_COLUMNS = ("p_lower", "alpha", "evidence", "draws")
 """The certificates' evidence columns, exported since format 2."""
@@ -119,10 +124,20 @@ def read_export(path: str | Path) -> list[StoredRun]:
         checks = [StoredCheck.from_row(check) for check in item["checks"]]
         files = [f | {"path": str(path.parent / f["file"])} for f in item.get("files", [])]
         attacks = [StoredAttack.from_row(attack) for attack in item.get("attacks", [])]
-        out.append(StoredRun(item["run"], certificates, item["failures"], checks,
+        out.append(StoredRun(upgrade_run_row(item["run"]), certificates, item["failures"], checks,
                              data_files=item.get("data_files"), files=files,
                              attacks=attacks))  # fmt: skip
     return out
+
+
+def upgrade_run_row(run: dict) -> dict:
+    """The ``runs`` row of an export of any format as the current format names it: formats
+    1 and 2 call the base model's recipe hash ``model_hash`` (a results database's column
+    is renamed on opening, :data:`harness.store.schema.RENAMED_COLUMNS`). The value is
+    kept, so the run's id and its files' cache paths are unchanged."""
+    if "model_hash" not in run:
+        return run
+    return {("recipe_hash" if k == "model_hash" else k): v for k, v in run.items()}
 
 
 def export_format(path: str | Path) -> str | None:

@@ -31,8 +31,9 @@ from harness.reports.leaderboard.metrics import Metric, certified_key, metric_ca
 from harness.reports.leaderboard.plots import certified_plot_name, classwise_plot_name
 from harness.reports.leaderboard.protocol import run_protocol
 
-BOARD_FORMAT = "idrs-bench/leaderboard/1"
-PROTOCOL_COLUMNS = ("dataset", "model_hash", "n0", "n", "alpha", "seed", "device")
+BOARD_FORMAT = "idrs-bench/leaderboard/2"
+"""Format 2: format 1 with ``model_hash`` (runs, tables, rows) named ``recipe_hash``."""
+PROTOCOL_COLUMNS = ("dataset", "recipe_hash", "n0", "n", "alpha", "seed", "device")
 
 
 def board_radii(board: Board) -> list[float]:
@@ -62,7 +63,7 @@ def _records(board: Board, catalog: list[Metric]) -> list[dict[str, Any]]:
                 "rank": rank,
                 "run_id": row.run_id,
                 "dataset": table.dataset,
-                "model_hash": table.model_hash,
+                "recipe_hash": table.recipe_hash,
                 "method": row.method,
                 "setting": row.setting,
                 "verdict": row.verdict,
@@ -120,7 +121,7 @@ def board_json(board: Board, stem: str) -> str:
                 "index": t.index,
                 "dataset": t.dataset,
                 "architecture": t.architecture,
-                "model_hash": t.model_hash,
+                "recipe_hash": t.recipe_hash,
                 "radii": t.radii,
                 "headline_radius": t.headline_radius,
                 "runs": [run.run_id for run in t.runs],

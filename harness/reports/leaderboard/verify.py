@@ -85,11 +85,11 @@ def board_runs(board_path: Path, db: Path | None = None) -> list[StoredRun]:
 
 def rederivable(board_path: Path, db: Path | None = None) -> bool:
     """Whether ``--verify`` re-derives the board's certificates (a results database, or a
-    run export of format 2), rather than only re-rendering it (a format-1 export)."""
-    from harness.reports.leaderboard.source import EXPORT_FORMAT, export_format
+    run export of format 2 or later), rather than only re-rendering it (a format-1 export)."""
+    from harness.reports.leaderboard.source import EVIDENCE_FORMATS, export_format
 
     export = board_path.parent / f"{board_stem(board_path)}.run.json"
-    return db is not None or export_format(export) == EXPORT_FORMAT
+    return db is not None or export_format(export) in EVIDENCE_FORMATS
 
 
 def verify_board(
