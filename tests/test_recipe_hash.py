@@ -172,3 +172,13 @@ def test_a_committed_export_is_current_and_re_exports_unchanged(tmp_path):
     runs = read_export(old)
     assert not rederivable(tmp_path / "quick.md")  # format 1: re-rendered only
     assert export_runs(runs, "quick") == text
+
+
+def test_the_former_context_attribute_reads_the_recipe_hash_with_a_warning():
+    """A plugin written against ``BuildContext.model_hash`` still reads the value, and is
+    told its new name."""
+    from harness.plugin.components import BuildContext
+
+    context = BuildContext(*[None] * 7, recipe_hash="ab" * 32)
+    with pytest.warns(DeprecationWarning, match="recipe_hash"):
+        assert context.model_hash == "ab" * 32

@@ -10,6 +10,7 @@ each; a context carries it, so a factory can resolve other components by name.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,6 +144,15 @@ class BuildContext:
     state: RunState | None = None
     artifact_root: Path | None = None
     memos: RunMemo = field(default_factory=lambda: RunMemo(), repr=False, compare=False)
+
+    @property
+    def model_hash(self) -> str | None:
+        """The former name of :attr:`recipe_hash` (read-only, deprecated): it never hashed
+        the weights, only the recipe that made them."""
+        warnings.warn("BuildContext.model_hash is deprecated: it is the base model's recipe "
+                      "hash, read it as BuildContext.recipe_hash", DeprecationWarning,
+                      stacklevel=2)  # fmt: skip
+        return self.recipe_hash
 
     def artifact_dir(self, plugin: str) -> Path | None:
         """The directory where ``plugin`` keeps what it derives from this base model.
