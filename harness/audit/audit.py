@@ -56,7 +56,13 @@ def derived_seed(entropy: int, purpose: str) -> int:
 
 @dataclass(frozen=True)
 class Budget:
-    """How hard the checks search; ``small`` fits in the default benchmark's time."""
+    """How hard the checks search; ``small`` fits in the default benchmark's time.
+
+    ``small`` certifies S1's trials at n <= 2,500, a quarter of the default benchmark's
+    n: the calibration test then sees a shift of the counts by >= 0.45 % of n (0.23 % at
+    10,000; the evidence states it), far below the 3 % of the rigged ``padded-counts``,
+    and the detection-power tables (leaderboards/README.md) are measured at it.
+    """
 
     name: str
     coverage_trials: int  # S1: certified trial points, split between the two exact classifiers
@@ -93,7 +99,7 @@ class Budget:
 
 
 BUDGETS = {
-    "small": Budget("small", coverage_trials=120, coverage_n=10_000, pairs=8, ascent_steps=10,
+    "small": Budget("small", coverage_trials=120, coverage_n=2_500, pairs=8, ascent_steps=10,
                     audited_inputs=16, attack_steps=10, attack_samples=64, orders=20,
                     replay_inputs=16),
     "full": Budget("full", coverage_trials=1000, coverage_n=100_000, pairs=32, ascent_steps=50,
