@@ -36,40 +36,17 @@ CONFIG = {
     "methods": [{"name": "cohen", "settings": [{"sigma": 0.5}]}],
 }  # fmt: skip
 
-# the runs table as the last release with ``model_hash`` created it
-OLD_RUNS = """
-CREATE TABLE runs (
-    run_id TEXT PRIMARY KEY,
-    name TEXT NOT NULL,
-    created TEXT NOT NULL,
-    finished TEXT,
-    config TEXT NOT NULL,
-    versions TEXT NOT NULL,
-    git_commit TEXT,
-    device TEXT NOT NULL,
-    seed INTEGER NOT NULL,
-    model_hash TEXT,
-    weights_digest TEXT,
-    inputs INTEGER,
-    data_files TEXT,
-    arithmetic TEXT
-)
-"""
-# and as the first release did (the later columns are added on opening, too)
-FIRST_RUNS = """
-CREATE TABLE runs (
-    run_id TEXT PRIMARY KEY,
-    name TEXT NOT NULL,
-    created TEXT NOT NULL,
-    finished TEXT,
-    config TEXT NOT NULL,
-    versions TEXT NOT NULL,
-    git_commit TEXT,
-    device TEXT NOT NULL,
-    seed INTEGER NOT NULL,
-    model_hash TEXT
-)
-"""
+# the runs table as the first release created it, and as the last release with
+# ``model_hash`` did (four columns later; any missing column is added on opening)
+FIRST_COLUMNS = (
+    "run_id TEXT PRIMARY KEY", "name TEXT NOT NULL", "created TEXT NOT NULL",
+    "finished TEXT", "config TEXT NOT NULL", "versions TEXT NOT NULL", "git_commit TEXT",
+    "device TEXT NOT NULL", "seed INTEGER NOT NULL", "model_hash TEXT",
+)  # fmt: skip
+LAST_COLUMNS = (*FIRST_COLUMNS, "weights_digest TEXT", "inputs INTEGER", "data_files TEXT",
+                "arithmetic TEXT")  # fmt: skip
+OLD_RUNS = f"CREATE TABLE runs ({', '.join(LAST_COLUMNS)})"
+FIRST_RUNS = f"CREATE TABLE runs ({', '.join(FIRST_COLUMNS)})"
 
 
 def _old_database(path: Path, schema: str) -> Path:
