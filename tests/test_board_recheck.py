@@ -117,6 +117,43 @@ def test_a_board_verifies_and_replays(board, capsys):
     assert all(c["evidence"] for c in export["runs"][0]["checks"])
 
 
+def test_a_board_written_before_the_layered_layout_still_replays(board, tmp_path, capsys):
+    """S0's declaration names the formula by the module it lived in then
+    (``harness.radius``): the same formula, so the board verifies and replays."""
+
+    def before_the_layout(data):
+        for check in data["runs"][0]["checks"]:
+            if check["check"] == "evidence" and check["evidence"].get("declaration"):
+                formula = check["evidence"]["declaration"]["formula"]
+                formula["recompute"] = formula["recompute"].replace(
+                    "harness.mathematics.radius.", "harness.radius."
+                )
+
+    edited = _edited(board, tmp_path, before_the_layout)
+    assert "harness.radius.cohen_recompute" in edited.with_suffix(".run.json").read_text()
+    assert verify_board(edited) == []
+    assert _cli(["--verify", str(edited), "--replay", "2"]) == 0
+    assert capsys.readouterr().out.count("2/2 inputs agreed bit for bit") == 2
+
+
+def test_a_board_whose_declaration_differs_from_the_installed_method_does_not_replay(
+    board, tmp_path, capsys
+):  # fmt: skip
+    """The export's S0 names a formula the installed method does not declare (its own
+    name for the same function, so the certificates re-derive): no replay."""
+
+    def another_name(data):
+        for check in data["runs"][0]["checks"]:
+            if check["method"] == "cohen" and check["check"] == "evidence":
+                check["evidence"]["declaration"]["formula"]["name"] = "my-cohen"
+
+    edited = _edited(board, tmp_path, another_name)
+    assert verify_board(edited) == []
+    assert _cli(["--verify", str(edited), "--replay", "2"]) == 1
+    out = capsys.readouterr().out
+    assert "first disagreement" in out and "the installed method declares" in out, out
+
+
 @pytest.mark.parametrize("factor", [1.3, 0.9])
 def test_an_edited_radius_never_verifies(board, tmp_path, factor):
     def edit(data):

@@ -389,7 +389,9 @@ class _Methods:
         return {"alone": alone, "batch": batch.tolist(), "order": order.tolist()}, ""
 
     def declaration_problem(self, row: StoredRow) -> str | None:
-        """Whether the installed method declares what the export's S0 record says."""
+        """Whether the installed method declares what the export's S0 record says (the
+        record read as S0's re-derivation reads it: a formula by a module name that has
+        moved since is the same formula, :func:`harness.mathematics.radius.formula_from_record`)."""
         from harness.audit.evidence import Declaration
 
         if (row.method, row.setting) not in self.built:
@@ -399,7 +401,13 @@ class _Methods:
         ours = Declaration(certifier.radius_formula, provider.regularity, certifier.smoothing,
                            getattr(provider, "smoothing", None)).record()  # fmt: skip
         theirs = record.get("declaration")
-        if theirs is not None and ours != theirs:
+        if theirs is None:
+            return None
+        try:
+            theirs = Declaration.from_record(theirs).record()
+        except IdrsError as exc:
+            return f"the export's declaration cannot be read here: {exc}"
+        if ours != theirs:
             return (
                 f"the export records the declaration {theirs}, the installed method declares {ours}"
             )
