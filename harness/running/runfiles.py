@@ -63,6 +63,13 @@ def record_run_files(store: ResultStore, prepared: Prepared, cache_dir: Path | N
                                file_digest(path), {"plugin": plugin})  # fmt: skip
 
 
+def sigma_model_file(method: str, setting: str) -> str:
+    """The file name of a row's σ-estimator, ``sigma-model-<tag>.pt`` (tag: 16 hex digits
+    of the SHA-256 of the method and setting)."""
+    tag = hashlib.sha256(f"{method}\n{setting}".encode()).hexdigest()[:16]
+    return f"sigma-model-{tag}.pt"
+
+
 def record_sigma_model(
     store: ResultStore, run_id: str, method: str, setting: str, provider: SigmaProvider
 ) -> None:
@@ -74,8 +81,7 @@ def record_sigma_model(
     if smoothing is None:
         return
     state = {k: v.detach().cpu() for k, v in smoothing.model.state_dict().items()}
-    tag = hashlib.sha256(f"{method}\n{setting}".encode()).hexdigest()[:16]
-    path = cache_root() / "runs" / run_id / f"sigma-model-{tag}.pt"
+    path = cache_root() / "runs" / run_id / sigma_model_file(method, setting)
     save_artifact(path, state)
     meta = {"method": method, "setting": setting, "architecture": smoothing.architecture,
             "architecture_params": dict(smoothing.architecture_params or {}),
@@ -88,13 +94,14 @@ def shipped_name(stem: str, run_id: str, entry: dict[str, Any], single: bool) ->
     """The file name beside board ``stem``.md of a recorded run file: ``NAME.weights.pt``
     for the base model of a one-run board (``NAME.weights-RUNID.pt`` with several runs),
     ``NAME.RUNID.<plugin>.<file>`` for a plugin artifact, ``NAME.RUNID.sigma-model-<tag>.pt``
-    for a σ-estimator (RUNID: the run id's first 12 digits). A σ-estimator read from a run
-    export is already named so: its name is not prefixed again (re-publishing a board
-    from its export keeps its file names)."""
+    for a σ-estimator (RUNID: the run id's first 12 digits). Every name derives from the
+    entry's role, name and meta, never from where the file lies now, so re-publishing a
+    board from its own export keeps its file names."""
     run = run_id[:12]
     if entry["role"] == WEIGHTS:
         return f"{stem}.weights.pt" if single else f"{stem}.weights-{run}.pt"
     if entry["role"] == SIGMA_MODEL:
-        return f"{stem}.{run}.{Path(entry['path']).name.split(f'.{run}.')[-1]}"
+        meta = entry["meta"]
+        return f"{stem}.{run}.{sigma_model_file(meta['method'], meta['setting'])}"
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", entry["name"].replace("/", "."))
     return f"{stem}.{run}.{safe}"

@@ -108,7 +108,8 @@ class ResultStore(LeaseRecords):
 
     def _rename_column(self, table: str, old: str, new: str) -> None:
         """Rename ``table.old`` to ``new`` (SQLite >= 3.25), where the table still has it."""
-        if old not in self._columns(table) or new in self._columns(table):
+        columns = self._columns(table)
+        if old not in columns or new in columns:
             return
         try:
             self.db.execute(f"ALTER TABLE {table} RENAME COLUMN {old} TO {new}")

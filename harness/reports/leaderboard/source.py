@@ -30,6 +30,7 @@ import json
 from pathlib import Path
 
 from harness.foundation.errors import IdrsError
+from harness.store.schema import RENAMED_COLUMNS
 from harness.store.storedrun import (
     StoredAttack,
     StoredCertificate,
@@ -135,9 +136,10 @@ def upgrade_run_row(run: dict) -> dict:
     1 and 2 call the base model's recipe hash ``model_hash`` (a results database's column
     is renamed on opening, :data:`harness.store.schema.RENAMED_COLUMNS`). The value is
     kept, so the run's id and its files' cache paths are unchanged."""
-    if "model_hash" not in run:
+    renamed = {old: new for table, old, new in RENAMED_COLUMNS if table == "runs"}
+    if renamed.keys().isdisjoint(run):
         return run
-    return {("recipe_hash" if k == "model_hash" else k): v for k, v in run.items()}
+    return {renamed.get(key, key): value for key, value in run.items()}
 
 
 def export_format(path: str | Path) -> str | None:
