@@ -70,7 +70,10 @@ def test_s1_flags_cohen_at_an_input_dependent_sigma_in_the_runs_dimension(tmp_pa
     quiet = Progress(enabled=False)
     run_id = run_benchmark(parse_benchmark(raw), RunOptions(db=db), quiet, manager)
     verdicts = {}
-    for audit in audits(ResultStore(db), run_id, RunOptions(db=db), quiet, manager, budget=TINY):
+    # a fixed audit: the verdicts of a statistical check do not vary from run to run of
+    # the suite (its false-alarm and power figures are measured by tests.rigged_methods)
+    for audit in audits(ResultStore(db), run_id, RunOptions(db=db), quiet, manager, budget=TINY,
+                        entropy=0x5EED):  # fmt: skip
         result = check_coverage(audit)
         assert result.evidence["dimension"] == 784
         verdicts[audit.method.name] = (result.verdict, result.summary)
