@@ -183,7 +183,7 @@ def run(
     reporter = Progress(enabled=progress)
     run_id = run_benchmark(loaded, options, reporter)
     if check:
-        from harness.audit.runner import run_checks
+        from harness.audit.auditor import run_checks
         from harness.store.leases import exclusive
 
         with exclusive(db, run_id, "the soundness checks", reporter.note) as ours:
@@ -232,7 +232,7 @@ def check(
     row per (method, setting, check): verdict, summary, evidence.
     """
     from harness.audit.audit import parse_entropy
-    from harness.audit.runner import run_checks
+    from harness.audit.auditor import run_checks
     from harness.foundation.progress import Progress
     from harness.running.preparation import RunOptions
 

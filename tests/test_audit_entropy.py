@@ -9,7 +9,7 @@ import pytest
 
 from harness.api import check
 from harness.audit.audit import Budget, parse_entropy
-from harness.audit.runner import run_checks
+from harness.audit.auditor import run_checks
 from harness.cli.main import main
 from harness.foundation.errors import IdrsError
 from harness.foundation.progress import Progress

@@ -16,7 +16,7 @@ import torch
 from harness.audit.audit import BUDGETS
 from harness.audit.evidence import check_evidence
 from harness.audit.replay import check_replay
-from harness.audit.runner import audits
+from harness.audit.auditor import audits
 from harness.foundation.errors import IdrsError
 from harness.foundation.progress import Progress
 from harness.plugin.manager import PluginManager

@@ -98,6 +98,14 @@ def test_no_module_is_over_450_lines():
     assert long == {}, "split these by concept: " + str(long)
 
 
+def test_no_two_modules_of_harness_share_a_name():
+    seen: dict[str, list[str]] = {}
+    for path in (ROOT / "harness").rglob("*.py"):
+        if path.name != "__init__.py":
+            seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+
+
 def test_every_folder_of_harness_is_a_layer():
     folders = {p.name for p in (ROOT / "harness").iterdir() if (p / "__init__.py").is_file()}
     assert folders == set(LAYERS)

@@ -142,7 +142,7 @@ def test_plots_are_deterministic(db, tmp_path):
 
 def test_json_matches_its_schema_and_the_metrics(db, tmp_path, golden_run):
     jsonschema = pytest.importorskip("jsonschema")
-    from harness.reports.leaderboard.schema import BOARD_SCHEMA
+    from harness.reports.leaderboard.board_schema import BOARD_SCHEMA
 
     write_board(load_runs(db), tmp_path / "golden.md", plots=False)
     data = json.loads((tmp_path / "golden.json").read_text())
@@ -364,7 +364,7 @@ def test_verify_compares_integers_and_text_exactly(db, tmp_path):
 def test_precision_and_noise_in_the_header_and_a_warning_for_mixed_protocols(db):
     import copy
 
-    from harness.reports.leaderboard.schema import BOARD_SCHEMA
+    from harness.reports.leaderboard.board_schema import BOARD_SCHEMA
     from harness.reports.leaderboard.tabular import board_json
 
     (legacy,) = load_runs(db)

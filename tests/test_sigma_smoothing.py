@@ -29,7 +29,7 @@ from harness import (
     hookimpl,
 )
 from harness.audit.evidence import check_evidence
-from harness.audit.runner import audits
+from harness.audit.auditor import audits
 from harness.engine.sampling import SamplingEngine
 from harness.foundation.progress import Progress
 from harness.foundation.verdict import Verdict

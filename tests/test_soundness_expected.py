@@ -11,7 +11,7 @@ Small budgets, fixed seeds, CPU.
 import pytest
 
 from harness.audit.audit import Budget
-from harness.audit.runner import run_checks
+from harness.audit.auditor import run_checks
 from harness.foundation.identity import setting_key
 from harness.foundation.progress import Progress
 from harness.foundation.verdict import Verdict, overall

@@ -23,7 +23,7 @@ from harness.audit.analytic import BallClassifier, LinearClassifier
 from harness.audit.audit import BUDGETS, Budget
 from harness.audit.coverage import check_coverage
 from harness.audit.detection_power import SOUND_METHODS, flags_per_check
-from harness.audit.runner import audits
+from harness.audit.auditor import audits
 from harness.engine.sampling import SamplingEngine
 from harness.foundation.progress import Progress
 from harness.foundation.verdict import Verdict
@@ -151,7 +151,7 @@ def test_linear_plane_moves_and_stays_exact():
 @pytest.mark.gpu
 def test_s1_and_s4_run_on_cuda(tmp_path, manager):
     """Every tensor of S1/S4 is made where the model lives: no check fails on cuda."""
-    from harness.audit.runner import run_checks
+    from harness.audit.auditor import run_checks
 
     raw = {
         "name": "ball", "seed": 0, "dataset": {"name": "ball-2", "test_count": 30},

@@ -22,7 +22,7 @@ from harness.foundation.errors import IdrsError
 from harness.foundation.protocol import CertificationProtocol
 from harness.plugin.components import BuildContext, Certifier, MethodSpec, RunMemo, SigmaProvider
 from harness.plugin.registry import Registry
-from harness.running.replay import ReplaySource
+from harness.running.redraw import ReplaySource
 
 ENTROPY_BITS = 128
 """Entropy an audit draws (``os.urandom``) and records with every verdict."""
@@ -124,7 +124,7 @@ class Audit:
     audit is reproducible from its record and unpredictable before it (a plugin cannot
     simulate it offline from the run's public seed).
 
-    ``source`` names the run's files for the replay check (:mod:`harness.running.replay`).
+    ``source`` names the run's files for the replay check (:mod:`harness.running.redraw`).
     """
 
     run_id: str

@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from harness.audit.audit import BUDGETS, Budget
-from harness.audit.runner import run_checks
+from harness.audit.auditor import run_checks
 from harness.foundation.progress import Progress
 from harness.foundation.verdict import Verdict
 from harness.plugin.manager import PluginManager

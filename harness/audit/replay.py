@@ -11,7 +11,7 @@ audit's entropy (``audit.rng("replay")``, recorded), are re-examined:
    input and both values). (A provider that memoizes σ by input, such as the built-in
    σ searches, answers the second query from its memo: the batch is then the
    recomputation, in another composition than the run's shard.)
-2. **Samples.** ``python -m harness.running.replay`` (:mod:`harness.running.replay`: a fresh interpreter
+2. **Samples.** ``python -m harness.running.redraw`` (:mod:`harness.running.redraw`: a fresh interpreter
    that loads no third-party plugin, given only the run's files, the input ids, the
    stored σ and the noise keys) re-draws them. On the run's arithmetic (the same
    fingerprint, :mod:`harness.engine.arithmetic`) the selection and estimation draws of the
@@ -56,7 +56,7 @@ STREAMS = {"base": ("selection", 0, "estimation", 1), "sigma": ("selection", 4, 
 
 
 def check_replay(audit: Audit) -> CheckResult:
-    from harness.running.replay import Replayer, replay_request
+    from harness.running.redraw import Replayer, replay_request
 
     rows = audit.certificates
     if any(not r.get("draws") for r in rows):
@@ -90,7 +90,7 @@ def check_replay(audit: Audit) -> CheckResult:
         [rows[k]["draws"]["base"]["sigma"] for k in chosen], kind,
         f"{audit.method.name} {audit.setting}" if smoothed else None, fresh_seed,
     )  # fmt: skip
-    replayer = audit.context.memo("harness.running.replay", "process", Replayer)
+    replayer = audit.context.memo("harness.running.redraw", "process", Replayer)
     answer = replayer.request(request) if m else {"mode": "exact", "base": {}, "arithmetic": {},
                                                   "differences": []}  # fmt: skip
     evidence |= {"mode": answer["mode"], "arithmetic": answer["arithmetic"],

@@ -259,7 +259,7 @@ def _run(args: argparse.Namespace) -> int:
     progress = Progress(enabled=not args.quiet)
     run_id = run_benchmark(spec, options, progress, manager, executor=executor)
     if not args.no_check:
-        from harness.audit.runner import run_checks
+        from harness.audit.auditor import run_checks
         from harness.store.leases import exclusive
 
         with exclusive(args.db, run_id, "the soundness checks", progress.note) as ours:
@@ -290,7 +290,7 @@ def _print_timings(timings: list[tuple[str, float]]) -> None:
 
 def _check(args: argparse.Namespace) -> int:
     from harness.audit.audit import BUDGETS, parse_entropy
-    from harness.audit.runner import run_checks
+    from harness.audit.auditor import run_checks
     from harness.foundation.progress import Progress
     from harness.foundation.verdict import applied, overall
     from harness.running.preparation import RunOptions

@@ -20,11 +20,11 @@ The computation is split by concept:
   ``N(0, I_N)``, by quadrature, and its quantile in ``h``;
 - :mod:`~harness.mathematics.worstcase.xi`: ξ> and ξ< (Thm 2.3) through ``G``, and the
   curse-of-dimensionality thresholds (Thm 2.4, Cor. 2.5);
-- :mod:`~harness.mathematics.worstcase.radius`: Cohen's radius, the certification rule (App. B.5)
+- :mod:`~harness.mathematics.worstcase.radius_solvers`: Cohen's radius, the certification rule (App. B.5)
   and the certified radius of Thm 3.2.
 """
 
-from harness.mathematics.worstcase.radius import certified_radius, cohen_radius, is_certified
+from harness.mathematics.worstcase.radius_solvers import certified_radius, cohen_radius, is_certified
 from harness.mathematics.worstcase.xi import (
     max_sigma_ratio,
     min_sigma_ratio,

@@ -25,7 +25,7 @@ therefore re-derives, for every row:
 
 :func:`replay_board` (``--replay K``) re-certifies K random inputs of every row from
 the files shipped beside the board: the draws are re-drawn by ``python -m
-harness.running.replay`` (no third-party plugin) from ``NAME.weights.pt`` and the shipped
+harness.running.redraw`` (no third-party plugin) from ``NAME.weights.pt`` and the shipped
 σ-estimators, bit for bit on the run's arithmetic, else by the replication test
 (:mod:`harness.audit.replay`); on the run's arithmetic σ is recomputed too, by
 the method rebuilt from the installed plugins with their shipped trained parts, and
@@ -172,7 +172,7 @@ def missing_weights_message(path: Path) -> str:
 
 def replay_source(run: StoredRun, data_root: str | None):
     """The replay files of a run read from an export (their paths beside the board)."""
-    from harness.running.replay import ReplaySource
+    from harness.running.redraw import ReplaySource
     from harness.running.runfiles import SIGMA_MODEL, WEIGHTS
 
     weights = next((f for f in run.files if f["role"] == WEIGHTS), None)
@@ -202,7 +202,7 @@ def replay_board(
     the inputs and the fresh noise, and is printed so that a replay can be repeated."""
     from harness.audit.audit import derived_seed, fresh_entropy
     from harness.engine.sampling import resolve_device
-    from harness.running.replay import Replayer
+    from harness.running.redraw import Replayer
 
     if k < 1:
         raise IdrsError(f"--replay takes the number of inputs per row, >= 1; got {k}")
@@ -232,7 +232,7 @@ def replay_board(
 
 def _replay_row(run, row, source, methods, replayer, rng, k, device, noise_seed):
     from harness.audit.replay import judge
-    from harness.running.replay import replay_request
+    from harness.running.redraw import replay_request
 
     label = _label(run, row)
     certs = [c.as_dict() for c in row.certificates]

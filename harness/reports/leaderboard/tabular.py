@@ -1,6 +1,6 @@
 """The JSON and CSV beside a leaderboard (built with pandas; numbers stay numbers).
 
-``NAME.json`` (schema: :data:`harness.reports.leaderboard.schema.BOARD_SCHEMA`) holds the title,
+``NAME.json`` (schema: :data:`harness.reports.leaderboard.board_schema.BOARD_SCHEMA`) holds the title,
 the protocol of every run, the metric catalog (each metric with its higher-is-better
 flag; ``null`` for descriptive ones such as mean σ), the tables, one record per row
 (ranked, with its verdict and the per-class accuracies) and the failures.
@@ -29,7 +29,7 @@ from harness.mathematics.accuracy import empirical_key
 from harness.reports.leaderboard.board import Board, Row, Table
 from harness.reports.leaderboard.metrics import Metric, certified_key, metric_catalog
 from harness.reports.leaderboard.plots import certified_plot_name, classwise_plot_name
-from harness.reports.leaderboard.protocol import run_protocol
+from harness.reports.leaderboard.stated_protocol import run_protocol
 
 BOARD_FORMAT = "idrs-bench/leaderboard/2"
 """Format 2: format 1 with ``model_hash`` (runs, tables, rows) named ``recipe_hash``."""

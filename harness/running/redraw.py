@@ -4,7 +4,7 @@ A plugin is Python running in the harness's process: when it is imported it can 
 the sampling engine, so the counts drawn in that process are only as good as the
 process. The replay check (:mod:`harness.audit.replay`) and ``idrs-bench
 leaderboard --replay`` (:mod:`harness.reports.leaderboard.recheck`) therefore re-draw a few
-inputs in a fresh interpreter, ``python -m harness.running.replay``, whose plugin manager holds
+inputs in a fresh interpreter, ``python -m harness.running.redraw``, whose plugin manager holds
 the built-in plugins only (:class:`~harness.plugin.manager.PluginManager` with
 ``third_party=False``; the parent also sets ``IDRS_BENCH_PLUGINS=""``). It is given the
 run's spec, the base model's weights file (refused unless its weights digest is the
@@ -95,7 +95,7 @@ class ReplaySource:
 
 
 class Replayer:
-    """A ``python -m harness.running.replay`` process, started on first use, answering requests.
+    """A ``python -m harness.running.redraw`` process, started on first use, answering requests.
 
     It loads no third-party plugin; it is stopped when this object is closed or
     collected, or when the interpreter exits (its stdin then closes).
@@ -110,7 +110,7 @@ class Replayer:
         env = dict(os.environ, IDRS_BENCH_PLUGINS="")
         self._log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (open while it runs)
         process = subprocess.Popen(
-            [sys.executable, "-m", "harness.running.replay"], stdin=subprocess.PIPE,
+            [sys.executable, "-m", "harness.running.redraw"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self._log, env=env, text=True,
         )  # fmt: skip
         self._finalizer = weakref.finalize(self, _stop, process, self._log)
@@ -132,7 +132,7 @@ class Replayer:
             self._log.seek(0)
             tail = self._log.read().strip().splitlines()[-5:]
             raise IdrsError(
-                "the replay process (python -m harness.running.replay) ended without an answer "
+                "the replay process (python -m harness.running.redraw) ended without an answer "
                 f"(exit {process.returncode}): " + (" | ".join(tail) or "no output")
             )
         answer = json.loads(line)

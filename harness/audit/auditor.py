@@ -18,7 +18,7 @@ from harness.mathematics.accuracy import benchmark_radii
 from harness.plugin.manager import PluginManager
 from harness.running.benchmark import benchmark_from_dict
 from harness.running.preparation import RunOptions, prepare
-from harness.running.replay import ReplaySource
+from harness.running.redraw import ReplaySource
 from harness.store.store import ResultStore
 from harness.store.storedrun import StoredRun, read_run
 
