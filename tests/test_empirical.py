@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
-from harness.audit.empirical import STRENGTHS, attack_row
 from harness.audit.auditor import audits, run_checks
+from harness.audit.empirical import STRENGTHS, attack_row
 from harness.foundation.progress import Progress
 from harness.mathematics.accuracy import RADII, empirical_key, empirical_successes
 from harness.reports.leaderboard.board import build_board
+from harness.reports.leaderboard.board_schema import BOARD_SCHEMA
 from harness.reports.leaderboard.markdown import render_markdown
 from harness.reports.leaderboard.render import write_board
-from harness.reports.leaderboard.board_schema import BOARD_SCHEMA
 from harness.reports.leaderboard.source import export_runs, read_export
 from harness.reports.leaderboard.verify import verify_board
 from harness.running.benchmark import parse_benchmark

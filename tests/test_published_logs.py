@@ -247,8 +247,8 @@ def test_a_macer_import_on_a_board(tmp_path):
     import jsonschema
     from scipy.io import savemat
 
-    from harness.reports.leaderboard.render import write_board
     from harness.reports.leaderboard.board_schema import BOARD_SCHEMA
+    from harness.reports.leaderboard.render import write_board
 
     savemat(tmp_path / "m.mat", {"hard": np.array([0.5, -1.0, 0.2, 1.1])})
     db = tmp_path / "r.sqlite"

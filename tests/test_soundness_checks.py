@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from harness import hookimpl
-from harness.audit.counterexamples import intersecting_pairs
 from harness.audit.auditor import run_checks
+from harness.audit.counterexamples import intersecting_pairs
 from harness.foundation.progress import Progress
 from harness.foundation.verdict import CheckResult, Verdict, overall
 from harness.plugin.components import CertifierSpec, MethodSpec

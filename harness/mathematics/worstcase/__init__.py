@@ -24,7 +24,11 @@ The computation is split by concept:
   and the certified radius of Thm 3.2.
 """
 
-from harness.mathematics.worstcase.radius_solvers import certified_radius, cohen_radius, is_certified
+from harness.mathematics.worstcase.radius_solvers import (
+    certified_radius,
+    cohen_radius,
+    is_certified,
+)
 from harness.mathematics.worstcase.xi import (
     max_sigma_ratio,
     min_sigma_ratio,

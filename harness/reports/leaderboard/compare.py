@@ -27,8 +27,8 @@ from typing import Any
 from harness.foundation.errors import IdrsError
 from harness.mathematics.accuracy import benchmark_radii, row_metrics
 from harness.reports.leaderboard.metrics import metric_catalog
-from harness.reports.leaderboard.stated_protocol import run_protocol
 from harness.reports.leaderboard.source import resolve_runs
+from harness.reports.leaderboard.stated_protocol import run_protocol
 from harness.store.store import DEFAULT_DB
 from harness.store.storedrun import StoredRun
 

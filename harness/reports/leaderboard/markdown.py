@@ -27,8 +27,8 @@ from harness.reports.leaderboard.board import Board, Row, Table
 from harness.reports.leaderboard.escape import md_code, md_fence, md_text
 from harness.reports.leaderboard.metrics import Metric, certified_key, has_interval, metric_catalog
 from harness.reports.leaderboard.plots import certified_plot_name, classwise_plot_name
-from harness.reports.leaderboard.stated_protocol import protocol_differences, run_protocol
 from harness.reports.leaderboard.reproduce import spec_toml
+from harness.reports.leaderboard.stated_protocol import protocol_differences, run_protocol
 from harness.store.storedrun import IMPORTED, NOT_CHECKED
 
 

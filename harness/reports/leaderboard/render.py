@@ -22,9 +22,9 @@ from harness.reports.leaderboard.plots import (
     write_certified_plot,
     write_classwise_plot,
 )
-from harness.reports.leaderboard.stated_protocol import run_protocol
 from harness.reports.leaderboard.reproduce import spec_toml
 from harness.reports.leaderboard.source import export_runs
+from harness.reports.leaderboard.stated_protocol import run_protocol
 from harness.reports.leaderboard.tabular import board_csv, board_json
 from harness.store.storedrun import StoredRun
 
