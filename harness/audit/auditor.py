@@ -33,9 +33,11 @@ def audits(
     budget: str | Budget = "small",
     orders: int | None = None,
     entropy: int | None = None,
+    only_setting: str | None = None,
 ) -> Iterator[Audit]:
-    """One :class:`Audit` per (method, setting) of the run that has certificates, each with
-    fresh audit-time entropy (``entropy``, when given, re-runs an audit from its record)."""
+    """One :class:`Audit` per (method, setting) of the run that has certificates (only the
+    setting whose canonical key is ``only_setting``, when given), each with fresh
+    audit-time entropy (``entropy``, when given, re-runs an audit from its record)."""
     if isinstance(budget, str) and budget not in BUDGETS:
         raise IdrsError(f"unknown budget {budget!r}; choose one of {sorted(BUDGETS)}")
     if orders is not None and orders < 1:
@@ -75,7 +77,7 @@ def audits(
         for setting in config.settings:
             key = setting_key(setting)
             row = rows.get((config.name, key))
-            if row is None:
+            if row is None or only_setting not in (None, key):
                 continue
             certs = [c.as_dict() for c in row.certificates]
             params = {**method_spec.defaults, **setting}
@@ -106,8 +108,10 @@ def run_checks(
     db, run_id: str | None, options: RunOptions, progress: Progress,
     manager: PluginManager | None = None, method: str | None = None, budget: str | Budget = "small",
     orders: int | None = None, entropy: int | None = None, attack: bool = True,
+    only_setting: str | None = None,
 ) -> dict[tuple[str, str], list[CheckResult]]:  # fmt: skip
-    """Run every registered check on every (method, setting); store and return the results.
+    """Run every registered check on every (method, setting) (only ``only_setting``, a
+    canonical setting key, when given); store and return the results.
 
     Each row's audit-time entropy is recorded in each of its checks' evidence
     (``entropy``, hex), from which the audit can be re-run (``entropy``).
@@ -121,9 +125,8 @@ def run_checks(
     out: dict[tuple[str, str], list[CheckResult]] = {}
     attacked: dict[str, dict] = {}
     try:
-        for audit in audits(
-            store, run_id, options, progress, manager, method, budget, orders, entropy
-        ):
+        for audit in audits(store, run_id, options, progress, manager, method, budget, orders,
+                            entropy, only_setting):  # fmt: skip
             results = []
             with progress.task(
                 f"checks {audit.method.name} {audit.setting}", len(checks), "checks"

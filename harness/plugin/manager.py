@@ -57,6 +57,7 @@ class PluginManager:
         self.pm.add_hookspecs(hookspecs)
         self._failures: list[PluginFailure] = []
         self._versions: dict[str, str] = {}
+        self._distributions: dict[str, str] = {}  # plugin -> the distribution declaring it
         self._registry: Registry | None = None
         self._pending: list[importlib.metadata.EntryPoint] = []  # third-party, not imported
         self._third_party: list[importlib.metadata.EntryPoint] = []
@@ -74,15 +75,22 @@ class PluginManager:
         for ep in pending:
             self._load(ep)
 
-    def register(self, plugin: ModuleType | object, name: str, version: str = "") -> None:
-        """Register a plugin object (usually a module with ``@hookimpl`` functions)."""
+    def register(
+        self, plugin: ModuleType | object, name: str, version: str = "",
+        distribution: str | None = None,
+    ) -> None:  # fmt: skip
+        """Register a plugin object (usually a module with ``@hookimpl`` functions);
+        ``distribution``: the installed package that declares it, when known."""
         self.pm.register(plugin, name=name)
         self._versions[name] = version
+        if distribution:
+            self._distributions[name] = distribution
         self._registry = None
 
     def unregister(self, name: str) -> None:
         self.pm.unregister(name=name)
         self._versions.pop(name, None)
+        self._distributions.pop(name, None)
         self._registry = None
 
     @property
@@ -166,7 +174,8 @@ class PluginManager:
                     f"{ep.value!r}; rename one or leave a third-party plugin out with "
                     f"{PLUGINS_ENV_VAR}"
                 )
-            self.register(ep.load(), name=ep.name, version=ep.dist.version if ep.dist else "")
+            self.register(ep.load(), name=ep.name, version=ep.dist.version if ep.dist else "",
+                          distribution=ep.dist.name if ep.dist else None)  # fmt: skip
         except Exception as exc:
             self._fail(ep.name, exc)
 
@@ -191,6 +200,7 @@ class PluginManager:
                     only = self.pm.subset_hook_caller(hook, remove_plugins=others)  # wrappers stay
                     only(register=lambda spec, _k=kind, _s=staged: _s.append((_k, spec)))
                 registry.add_all(name, staged)
+                registry.set_origin(name, self._distributions.get(name), self._versions.get(name))
             except Exception as exc:
                 self._failures.append(PluginFailure(name, f"register: {_describe(exc)}"))
         return registry

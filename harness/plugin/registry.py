@@ -119,6 +119,19 @@ class Registry:
         self.datasets: ComponentTable[DatasetSpec] = ComponentTable("datasets")
         self.models: ComponentTable[ModelSpec] = ComponentTable("models")
         self.checks: ComponentTable[CheckSpec] = ComponentTable("checks")
+        self._origins: dict[str, tuple[str | None, str | None]] = {}
+
+    def set_origin(self, plugin: str, distribution: str | None, version: str | None) -> None:
+        """Record the installed package (distribution) that declares ``plugin``, and its version."""
+        self._origins[plugin] = (distribution, version or None)
+
+    def provenance(self, kind: str, name: str) -> dict[str, str | None]:
+        """Where a component comes from: its ``plugin``, the ``distribution`` (the package
+        to install, as ``importlib.metadata`` names it; None when the plugin was registered
+        without one) and its ``version``."""
+        plugin = self.provider(kind, name)
+        distribution, version = self._origins.get(plugin, (None, None))
+        return {"plugin": plugin, "distribution": distribution, "version": version}
 
     def table(self, kind: str) -> ComponentTable[Any]:
         """The table of ``kind`` (one of :data:`COMPONENT_KINDS`)."""

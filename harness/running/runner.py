@@ -20,6 +20,7 @@ from harness.foundation.errors import IdrsError
 from harness.foundation.progress import Progress
 from harness.foundation.version import __version__
 from harness.plugin.manager import PluginManager
+from harness.plugin.registry import Registry
 from harness.running.benchmark import Benchmark
 from harness.running.local_executor import LocalExecutor
 from harness.running.preparation import Prepared, RunOptions, prepare
@@ -96,6 +97,7 @@ def run_benchmark(
         store.set_run_data(
             run_id, len(test_ids), prepared.dataset.files, prepared.dataset.class_names
         )
+        store.record_components(run_id, run_components(benchmark, prepared.registry))
         executor = executor or LocalExecutor()
         from harness.engine.arithmetic import fingerprint
 
@@ -114,6 +116,27 @@ def run_benchmark(
     finally:
         store.close()
     return run_id
+
+
+def run_components(benchmark: Benchmark, registry: Registry) -> dict[str, dict[str, Any]]:
+    """Which plugin, installed package (distribution) and version provide each component
+    the benchmark names (its methods with their σ-providers and certifiers, its dataset,
+    architecture and trainer) and each check, by kind and name
+    (:meth:`~harness.plugin.registry.Registry.provenance`): recorded with the run, so that a
+    reader of its board who lacks a plugin is told which package to install."""
+    names: dict[str, set[str]] = {
+        "datasets": {benchmark.dataset.name},
+        "models": {benchmark.model.architecture},
+        "trainers": {benchmark.model.trainer},
+        "checks": set(registry.names("checks")),
+    }
+    for method in benchmark.methods:
+        spec = registry.get("methods", method.name)
+        names.setdefault("methods", set()).add(method.name)
+        names.setdefault("sigma_providers", set()).add(spec.sigma_provider)
+        names.setdefault("certifiers", set()).add(spec.certifier)
+    return {kind: {name: registry.provenance(kind, name) for name in sorted(n for n in found if n)}
+            for kind, found in names.items()}  # fmt: skip
 
 
 def _check_weights(run: dict[str, Any], prepared: Prepared) -> None:

@@ -133,6 +133,7 @@ ADDED_COLUMNS = (
     ("runs", "data_files", "TEXT"),
     ("runs", "class_names", "TEXT"),
     ("runs", "arithmetic", "TEXT"),
+    ("runs", "components", "TEXT"),  # which plugin and package provides each component
     ("certificates", "draws", "TEXT"),  # before the harness drew the evidence itself
 )
 """Columns added after the first release: (table, column, type)."""

@@ -21,7 +21,8 @@ SQLite database, or fails SQLite's ``PRAGMA quick_check``, is refused with a
 The ``files`` table names what a replay of a run needs besides the database (the base
 model's weights, plugins' fitted artifacts, the σ-estimator of a σ-smoothing), with
 their SHA-256; ``runs.arithmetic`` is the fingerprint of the arithmetic it certified
-with (:mod:`harness.engine.arithmetic`).
+with (:mod:`harness.engine.arithmetic`), ``runs.components`` which plugin, package and
+version provided each component the run names (:meth:`ResultStore.record_components`).
 
 A database written by an earlier release gets the columns added since, and its
 renamed columns their new names, on opening (``runs.model_hash`` became ``recipe_hash``:
@@ -215,6 +216,16 @@ class ResultStore(LeaseRecords):
                 (json.dumps(combined(recorded, fingerprint), sort_keys=True), run_id),
             )
 
+    def record_components(self, run_id: str, components: dict[str, Any]) -> None:
+        """Record which plugin, installed package (distribution) and version provided each
+        component of the run (kind -> name -> provenance), unless the run has a record (a
+        resumed run keeps what began it)."""
+        with self.db:
+            self.db.execute(
+                "UPDATE runs SET components = ? WHERE run_id = ? AND components IS NULL",
+                (json.dumps(components, sort_keys=True), run_id),
+            )
+
     def add_file(
         self, run_id: str, role: str, name: str, path: str, sha256: str, meta: dict[str, Any]
     ) -> None:
@@ -387,6 +398,7 @@ class ResultStore(LeaseRecords):
         out["versions"] = json.loads(out["versions"])
         out["data_files"] = json.loads(out["data_files"]) if out.get("data_files") else None
         out["arithmetic"] = json.loads(out["arithmetic"]) if out.get("arithmetic") else None
+        out["components"] = json.loads(out["components"]) if out.get("components") else None
         return out
 
     def certificates(self, run_id: str) -> Iterable[dict[str, Any]]:

@@ -52,8 +52,9 @@ RUN_FIELDS = (
     "seed", "recipe_hash",
 )  # fmt: skip
 """The fields of the ``runs`` row a :class:`StoredRun` keeps (plus ``weights_digest`` and
-``class_names``, the dataset's class names, and ``arithmetic``, :mod:`harness.engine.arithmetic`,
-where recorded)."""
+``class_names``, the dataset's class names, ``arithmetic``, :mod:`harness.engine.arithmetic`,
+and ``components``, :meth:`~harness.store.store.ResultStore.record_components`, where
+recorded)."""
 
 
 @dataclass(frozen=True)
@@ -288,9 +289,8 @@ class StoredRun:
     failures (ordered by time, method, setting) and checks."""
 
     run: dict[str, Any]
-    """The ``runs`` row: :data:`RUN_FIELDS`, plus ``weights_digest``, ``class_names`` and
-    ``arithmetic``
-    when recorded."""
+    """The ``runs`` row: :data:`RUN_FIELDS`, plus ``weights_digest``, ``class_names``,
+    ``arithmetic`` and ``components`` when recorded."""
     certificates: list[StoredCertificate] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
     """Dicts with method, setting, error (the traceback) and at (the time)."""
@@ -389,8 +389,9 @@ def read_run(store: ResultStore, run_id: str | None = None) -> StoredRun:
     extra = {"weights_digest": run["weights_digest"]} if run.get("weights_digest") else {}
     if run.get("class_names"):
         extra["class_names"] = json.loads(run["class_names"])
-    if run.get("arithmetic"):
-        extra["arithmetic"] = run["arithmetic"]
+    for key in ("arithmetic", "components"):
+        if run.get(key):
+            extra[key] = run[key]
     return StoredRun(
         run={k: run[k] for k in RUN_FIELDS} | extra,
         certificates=certificates,
