@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 
 import torch
@@ -32,12 +32,11 @@ def audits(
     method: str | None = None,
     budget: str | Budget = "small",
     orders: int | None = None,
-    entropy: int | None = None,
-    only_setting: str | None = None,
+    entropy: int | Mapping[tuple[str, str], int] | None = None,
 ) -> Iterator[Audit]:
-    """One :class:`Audit` per (method, setting) of the run that has certificates (only the
-    setting whose canonical key is ``only_setting``, when given), each with fresh
-    audit-time entropy (``entropy``, when given, re-runs an audit from its record)."""
+    """One :class:`Audit` per (method, setting) of the run that has certificates, each with
+    fresh audit-time entropy (``entropy``, when given, re-runs an audit from its record;
+    a mapping (method, setting) -> entropy re-runs those rows' audits, and only those)."""
     if isinstance(budget, str) and budget not in BUDGETS:
         raise IdrsError(f"unknown budget {budget!r}; choose one of {sorted(BUDGETS)}")
     if orders is not None and orders < 1:
@@ -77,7 +76,8 @@ def audits(
         for setting in config.settings:
             key = setting_key(setting)
             row = rows.get((config.name, key))
-            if row is None or only_setting not in (None, key):
+            recorded = entropy.get((config.name, key)) if isinstance(entropy, Mapping) else entropy
+            if row is None or (isinstance(entropy, Mapping) and recorded is None):
                 continue
             certs = [c.as_dict() for c in row.certificates]
             params = {**method_spec.defaults, **setting}
@@ -86,7 +86,7 @@ def audits(
             inputs = prepared.dataset.test_x[torch.tensor([c.input_id for c in row.certificates])]
             yield Audit(run["run_id"], method_spec, key, params, context, provider, certifier, certs,
                         inputs, limits, prepared.registry, radii,
-                        fresh_entropy() if entropy is None else entropy, source)  # fmt: skip
+                        fresh_entropy() if recorded is None else recorded, source)  # fmt: skip
 
 
 def replay_source(
@@ -107,14 +107,14 @@ def replay_source(
 def run_checks(
     db, run_id: str | None, options: RunOptions, progress: Progress,
     manager: PluginManager | None = None, method: str | None = None, budget: str | Budget = "small",
-    orders: int | None = None, entropy: int | None = None, attack: bool = True,
-    only_setting: str | None = None,
+    orders: int | None = None, entropy: int | Mapping[tuple[str, str], int] | None = None,
+    attack: bool = True,
 ) -> dict[tuple[str, str], list[CheckResult]]:  # fmt: skip
-    """Run every registered check on every (method, setting) (only ``only_setting``, a
-    canonical setting key, when given); store and return the results.
+    """Run every registered check on every (method, setting); store and return the results.
 
     Each row's audit-time entropy is recorded in each of its checks' evidence
-    (``entropy``, hex), from which the audit can be re-run (``entropy``).
+    (``entropy``, hex), from which the audit can be re-run (``entropy``: one for every
+    row, or per (method, setting), auditing only those rows).
 
     With ``attack``, each row is then attacked (:func:`run_attack`) at the strength of its
     budget (``small`` or ``full``; a custom budget does not attack): the empirical robust
@@ -125,8 +125,9 @@ def run_checks(
     out: dict[tuple[str, str], list[CheckResult]] = {}
     attacked: dict[str, dict] = {}
     try:
-        for audit in audits(store, run_id, options, progress, manager, method, budget, orders,
-                            entropy, only_setting):  # fmt: skip
+        for audit in audits(
+            store, run_id, options, progress, manager, method, budget, orders, entropy
+        ):
             results = []
             with progress.task(
                 f"checks {audit.method.name} {audit.setting}", len(checks), "checks"

@@ -17,6 +17,8 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,21 @@ CACHE_ENV_VAR = "IDRS_BENCH_CACHE"
 def cache_root() -> Path:
     """``$IDRS_BENCH_CACHE``, or ``~/.cache/idrs-bench`` when it is unset."""
     return Path(os.environ.get(CACHE_ENV_VAR, Path.home() / ".cache" / "idrs-bench"))
+
+
+@contextmanager
+def cache_root_at(folder: str | Path) -> Iterator[None]:
+    """Make ``folder`` the cache root while the block runs (a board's files staged in a
+    temporary cache for a re-check), then restore the previous one."""
+    before = os.environ.get(CACHE_ENV_VAR)
+    os.environ[CACHE_ENV_VAR] = str(folder)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[CACHE_ENV_VAR]
+        else:
+            os.environ[CACHE_ENV_VAR] = before
 
 
 def default_cache_dir() -> Path:

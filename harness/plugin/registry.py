@@ -133,6 +133,45 @@ class Registry:
         distribution, version = self._origins.get(plugin, (None, None))
         return {"plugin": plugin, "distribution": distribution, "version": version}
 
+    def absent(
+        self, wanted: Iterable[tuple[str, str]], recorded: dict[str, Any] | None
+    ) -> str | None:
+        """Which of the ``wanted`` (kind, name) components no installed plugin registers,
+        each with the package to install as the run recorded it (``recorded``: kind ->
+        name -> :meth:`provenance`; None for a run made before it was recorded); None when
+        every one is installed. A method stands for its σ-provider and certifier too."""
+        wanted = list(wanted)
+        for kind, name in list(wanted):
+            if kind == "methods" and self._known(kind, name):
+                method = self.get(kind, name)
+                wanted += [("sigma_providers", method.sigma_provider),
+                           ("certifiers", method.certifier)]  # fmt: skip
+        missing = []
+        for kind, name in dict.fromkeys(wanted):
+            if self._known(kind, name):
+                continue
+            origin = ((recorded or {}).get(kind) or {}).get(name)
+            what = f"{_SINGULAR[kind]} {name!r}"
+            if origin is None:
+                missing.append(f"{what} is provided by no plugin installed here (the run did not "
+                               "record which package provided it)")  # fmt: skip
+            elif origin.get("distribution"):
+                version = f" {origin['version']}" if origin.get("version") else ""
+                missing.append(f"{what} comes from plugin {origin['plugin']!r} of the package "
+                               f"{origin['distribution']!r}{version}, which is not installed "
+                               f"here (pip install {origin['distribution']})")  # fmt: skip
+            else:
+                missing.append(f"{what} comes from plugin {origin['plugin']!r} (registered "
+                               "without a package), which is not installed here")  # fmt: skip
+        return "; ".join(missing) or None
+
+    def _known(self, kind: str, name: str) -> bool:
+        try:
+            self.get(kind, name)
+        except UnknownNameError:
+            return False
+        return True
+
     def table(self, kind: str) -> ComponentTable[Any]:
         """The table of ``kind`` (one of :data:`COMPONENT_KINDS`)."""
         if kind not in COMPONENT_KINDS:

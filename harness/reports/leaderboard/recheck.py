@@ -37,8 +37,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -58,20 +56,19 @@ def _label(run: StoredRun, row: StoredRow) -> str:
 class _Inputs:
     """The test inputs of a run's dataset, loaded on first use (None if it cannot be)."""
 
-    def __init__(self, run: StoredRun, data_root: str | None) -> None:
-        self.run, self.data_root = run, data_root
+    def __init__(self, run: StoredRun, data_root: str | None, registry) -> None:
+        self.run, self.data_root, self.registry = run, data_root, registry
         self.dataset = None
         self.error: str | None = None
 
     def rows(self, ids: list[int]):
         if self.dataset is None and self.error is None:
-            from harness.plugin.manager import PluginManager
             from harness.running.benchmark import benchmark_from_dict
             from harness.running.preparation import RunOptions, load_dataset
 
             spec = benchmark_from_dict(self.run.config)
             try:
-                self.dataset = load_dataset(spec, PluginManager().registry,
+                self.dataset = load_dataset(spec, self.registry,
                                             RunOptions(db=Path(os.devnull), data_root=self.data_root))  # fmt: skip
             except Exception as exc:
                 self.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
@@ -83,32 +80,50 @@ class _Inputs:
 
 
 def recheck_runs(
-    runs: list[StoredRun], data_root: str | None = None, notes: list[str] | None = None
-) -> list[str]:
+    runs: list[StoredRun], data_root: str | None = None, notes: list[str] | None = None,
+    rederived: dict[tuple[str, str, str], set[str]] | None = None,
+) -> list[str]:  # fmt: skip
     """The problems found by re-deriving every row of ``runs`` (empty: all re-derived).
 
     A row none of whose certificates carries the harness's draws (a run certified before
     the harness drew the evidence, whose S0 is then an ``error``) is not re-derived:
-    a line saying so is appended to ``notes``."""
+    a line saying so is appended to ``notes``, as is a row whose plugin is not installed
+    here but whose certificates re-derive (their formula is idrs-bench's), naming the
+    package to install. ``rederived`` receives, per (run id, method, setting), the checks
+    whose recorded verdict was re-derived from their evidence."""
+    from harness.plugin.manager import PluginManager
     from harness.running.benchmark import benchmark_from_dict
 
     problems: list[str] = []
+    registry = PluginManager().registry
     for run in runs:
         if run.imported:
             continue
         protocol = benchmark_from_dict(run.config).protocol
-        inputs = _Inputs(run, data_root)
+        inputs = _Inputs(run, data_root, registry)
         for row in run.rows():
             if row.checks and all(c.draws is None for c in row.certificates):
                 if notes is not None:
                     notes.append(f"{_label(run, row)}: its certificates carry no draws (certified "
                                  "before the harness drew the evidence): not re-derived")  # fmt: skip
                 continue
-            problems += _recheck_row(run, row, protocol, inputs)
+            absent = registry.absent([("methods", row.method)], run.run.get("components"))
+            found: set[str] = set()
+            mine = _recheck_row(run, row, protocol, inputs, absent, found)
+            if absent and not mine and notes is not None:
+                notes.append(f"{_label(run, row)}: {absent}; its certificates re-derive (their "
+                             "formula is installed), --replay and --reaudit need it")  # fmt: skip
+            problems += mine
+            if rederived is not None:
+                rederived[run.run_id, row.method, row.setting] = found
     return problems
 
 
-def _recheck_row(run: StoredRun, row: StoredRow, protocol, inputs: _Inputs) -> list[str]:
+def _recheck_row(
+    run: StoredRun, row: StoredRow, protocol, inputs: _Inputs, absent: str | None,
+    found: set[str],
+) -> list[str]:  # fmt: skip
+    """The row's problems; ``found`` receives the checks whose verdict was re-derived."""
     from harness.audit.evidence import Declaration, certificates_digest, rederive
     from harness.audit.replay import judge
 
@@ -134,6 +149,10 @@ def _recheck_row(run: StoredRun, row: StoredRow, protocol, inputs: _Inputs) -> l
         exact = rederive(certs, x, protocol, declaration, exact=True)
         audited = rederive(certs, x, protocol, declaration)
     except Exception as exc:
+        if absent:  # the formula is the plugin's: name the package to install
+            formula = s0.evidence["declaration"].get("formula", {}).get("recompute")
+            return [*problems, f"{label}: not verified: {absent} (its radius formula is "
+                    f"{formula!r}); install it and verify again"]  # fmt: skip
         why = f"{type(exc).__name__}: {exc}".splitlines()[0]
         if inputs.error:
             why += f" (the run's dataset could not be loaded: {inputs.error}; pass --data-root)"
@@ -143,6 +162,8 @@ def _recheck_row(run: StoredRun, row: StoredRow, protocol, inputs: _Inputs) -> l
                         f"gives {audited.verdict.value!r}: {audited.summary}")  # fmt: skip
     elif s0.verdict == "sound" and exact.verdict != "sound":
         problems.append(f"{label}: a certificate is not what its evidence derives: {exact.summary}")
+    elif not problems:
+        found.add(S0)
     replay = checks.get(REPLAY)
     if replay is not None and replay.verdict not in ("error", "not-applicable"):
         if not replay.evidence or "inputs" not in replay.evidence:
@@ -154,6 +175,8 @@ def _recheck_row(run: StoredRun, row: StoredRow, protocol, inputs: _Inputs) -> l
                 problems.append(f"{label}: the replay check's recorded verdict is "
                                 f"{replay.verdict!r}, its evidence gives {verdict.value!r} "
                                 f"({summary})")  # fmt: skip
+            else:
+                found.add(REPLAY)
     return problems
 
 
@@ -168,6 +191,26 @@ def missing_weights_message(path: Path) -> str:
         "the board again with `idrs-bench leaderboard RUN --db DB --out BOARD.md` on the "
         "machine whose model cache holds the run's weights"
     )
+
+
+def stage_trained_parts(run: StoredRun, root: Path) -> None:
+    """Copy the trained parts a board ships for ``run`` (plugins' fitted artifacts) where
+    the plugins look for them under the cache root ``root``, each checked against the
+    SHA-256 its export records."""
+    from harness.foundation.artifacts import file_digest
+    from harness.running.runfiles import PLUGIN_ARTIFACT
+
+    for f in run.files:
+        if f["role"] == PLUGIN_ARTIFACT:
+            source = Path(f["path"])
+            if not source.is_file() or file_digest(source) != f["sha256"]:
+                raise IdrsError(f"{source.name}, a trained part the board ships, is missing or "
+                                "has another SHA-256")  # fmt: skip
+            target = (root / "plugins" / f["meta"]["plugin"] / run.run["recipe_hash"] /
+                      Path(f["name"]).name)  # fmt: skip
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
+            (target.parent / (target.name + ".sha256")).write_text(f["sha256"] + "\n")
 
 
 def replay_source(run: StoredRun, data_root: str | None):
@@ -307,40 +350,19 @@ class _Methods:
     def close(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
 
-    @contextmanager
-    def _cache(self) -> Iterator[None]:
-        from harness.foundation.artifacts import CACHE_ENV_VAR
+    def _cache(self):
+        from harness.foundation.artifacts import cache_root_at
 
-        before = os.environ.get(CACHE_ENV_VAR)
-        os.environ[CACHE_ENV_VAR] = self.folder
-        try:
-            yield
-        finally:
-            if before is None:
-                del os.environ[CACHE_ENV_VAR]
-            else:
-                os.environ[CACHE_ENV_VAR] = before
+        return cache_root_at(self.folder)
 
     def _build_context(self):
-        from harness.foundation.artifacts import file_digest
         from harness.foundation.progress import Progress
         from harness.plugin.manager import PluginManager
         from harness.running.benchmark import benchmark_from_dict
         from harness.running.checkpoint import load_checkpoint
         from harness.running.preparation import RunOptions, build_context, load_dataset
-        from harness.running.runfiles import PLUGIN_ARTIFACT
 
-        for f in self.run.files:
-            if f["role"] == PLUGIN_ARTIFACT:
-                source = Path(f["path"])
-                if not source.is_file() or file_digest(source) != f["sha256"]:
-                    raise IdrsError(f"{source.name}, a trained part the board ships, is missing or "
-                                    "has another SHA-256")  # fmt: skip
-                target = (Path(self.folder) / "plugins" / f["meta"]["plugin"] /
-                          self.run.run["recipe_hash"] / Path(f["name"]).name)  # fmt: skip
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(source, target)
-                (target.parent / (target.name + ".sha256")).write_text(f["sha256"] + "\n")
+        stage_trained_parts(self.run, Path(self.folder))
         spec = benchmark_from_dict(self.run.config)
         registry = PluginManager().registry
         dataset = load_dataset(spec, registry, RunOptions(db=Path(os.devnull),
