@@ -170,8 +170,8 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--db", type=Path, default=DEFAULT_DB, metavar="PATH")
     check.add_argument("--method", metavar="M", help="audit only this method")
     check.add_argument(
-        "--budget", choices=("small", "full"), default="small", metavar="small|full",
-        help="how hard to search",
+        "--budget", choices=("small", "full"), default=None, metavar="small|full",
+        help="how hard to search (default small)",
     )  # fmt: skip
     check.add_argument(
         "--orders", type=int, metavar="P", help="input orders replayed for memory certifiers (S5)"
@@ -189,6 +189,11 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--entropy", metavar="HEX",
         help="re-run an audit from its record: the entropy (hex) in its checks' evidence",
+    )  # fmt: skip
+    check.add_argument(
+        "--reaudit", action="store_true",
+        help="re-run every row's recorded audit (its entropy, budget and orders) on a copy of "
+        "the run and fail on any verdict that differs from the stored one (nothing is stored)",
     )  # fmt: skip
     check.set_defaults(handler=_check)
 
@@ -304,6 +309,9 @@ def _check(args: argparse.Namespace) -> int:
         db=args.db, device=args.device, data_root=args.data_root, cache_dir=args.cache_dir
     )
     progress = Progress(enabled=not args.quiet and not args.json)
+    if args.reaudit:
+        return _reaudit(args, options, progress)
+    args.budget = args.budget or "small"
     results = run_checks(args.db, args.run, options, progress,
                          method=args.method, budget=args.budget, orders=args.orders,
                          entropy=entropy)  # fmt: skip
@@ -332,6 +340,33 @@ def _check(args: argparse.Namespace) -> int:
     if args.timings:
         _print_timings(progress.timings)
     return 0
+
+
+def _reaudit(args: argparse.Namespace, options, progress) -> int:
+    """``check --reaudit``: each row's recorded audit re-run (:mod:`harness.audit.reaudit`)."""
+    from harness.audit.reaudit import reaudit_stored
+
+    if args.entropy is not None or args.budget is not None or args.orders is not None:
+        raise IdrsError("--reaudit re-runs the recorded audits, with their entropy, budget and "
+                        "orders: leave out --entropy, --budget and --orders")  # fmt: skip
+    stored, rows = reaudit_stored(args.db, args.run, options, progress, method=args.method)
+    problems = [p for r in rows for p in r.problems]
+    if args.json:
+        print(json.dumps([{"method": r.method, "setting": r.setting, "verified": not r.problems,
+                           "error": r.error, "recorded": r.recorded,
+                           "reaudit": {c: str(v.verdict) for c, v in r.results.items()}}
+                          for r in rows], indent=2))  # fmt: skip
+        return 1 if problems else 0
+    for r in rows:
+        if not r.problems:
+            print(f"{r.label}: {r.verdict} (verified: {len(r.results)} checks re-run from the "
+                  "recorded entropy, each gave its recorded verdict)")  # fmt: skip
+    for problem in problems:
+        print(problem)
+    verified = sum(not r.problems for r in rows)
+    print(f"run {stored.run_id[:12]}: {verified} of {len(rows)} row(s) re-audited with their "
+          f"recorded verdicts{'' if not problems else f'; {len(problems)} problem(s)'}")  # fmt: skip
+    return 1 if problems else 0
 
 
 def _results(args: argparse.Namespace) -> int:

@@ -2,7 +2,7 @@
 
     idrs-bench leaderboard [RUN ...] [--db PATH] [--out leaderboards/NAME.md] [--no-plots]
     idrs-bench leaderboard --verify leaderboards/NAME.md [--db PATH] [--data-root DIR]
-                           [--replay K] [--device auto|cpu|cuda]
+                           [--replay K] [--reaudit] [--device auto|cpu|cuda]
 
 Without ``--out`` the markdown goes to stdout (no files are written). ``RUN`` is a run
 id or a unique prefix in ``--db`` (default: the latest run there), a run export
@@ -50,13 +50,19 @@ def add_leaderboard_parser(sub: argparse._SubParsersAction) -> argparse.Argument
         "beside the board (bit for bit on the run's arithmetic, else a replication test)",
     )  # fmt: skip
     parser.add_argument(
+        "--reaudit", action="store_true",
+        help="with --verify: re-run every check of every row from its recorded entropy on the "
+        "board's files and the plugins installed here (as long as the run's checks took) and "
+        "fail on any verdict that differs",
+    )  # fmt: skip
+    parser.add_argument(
         "--data-root", metavar="DIR", help="with --verify: where the boards' dataset files are (default: the usual places)"
     )  # fmt: skip
     parser.add_argument(
         "--device",
         default="auto",
         metavar="auto|cpu|cuda",
-        help="with --replay: auto, cpu or cuda (default auto)",
+        help="with --replay or --reaudit: auto, cpu or cuda (default auto: the run's device)",
     )
     parser.add_argument(
         "--allow-incomplete", action="store_true",
@@ -69,8 +75,10 @@ def add_leaderboard_parser(sub: argparse._SubParsersAction) -> argparse.Argument
 def leaderboard_command(args: argparse.Namespace) -> int:
     if args.verify is not None:
         return _verify(args)
-    if args.replay is not None:
-        raise IdrsError("--replay re-checks a published board: give it with --verify BOARD.md")
+    if args.replay is not None or args.reaudit:
+        raise IdrsError(
+            "--replay and --reaudit re-check a published board: give them with --verify BOARD.md"
+        )
     runs = resolve_runs(args.runs, args.db or args.default_db)
     if not args.allow_incomplete:
         for run in runs:
@@ -97,22 +105,43 @@ def leaderboard_command(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    """``--verify BOARD.md [--replay K]``: re-derive, re-render, and replay a board."""
+    """``--verify BOARD.md [--reaudit] [--replay K]``: re-derive, re-render, re-audit and
+    replay a board; one line per row says what was verified."""
     if args.runs or args.out:
-        raise IdrsError("--verify takes only the board (and optionally --db, --replay K)")
-    from harness.reports.leaderboard.verify import board_runs, rederivable, verify_board
+        raise IdrsError(
+            "--verify takes only the board (and optionally --db, --replay K, --reaudit)"
+        )
+    from harness.reports.leaderboard.verify import (
+        board_runs,
+        rederivable,
+        row_verifications,
+        verify_board,
+    )
 
     notes: list[str] = []
-    problems = verify_board(args.verify, args.db, args.data_root, notes)
+    rederived: dict = {}
+    problems = verify_board(args.verify, args.db, args.data_root, notes, rederived)
+    runs = board_runs(args.verify, args.db)
+    reaudited = None
+    if args.reaudit:
+        if not rederivable(args.verify, args.db):
+            raise IdrsError("--reaudit needs the checks' evidence (their recorded entropy), which "
+                            "a format-1 run export lacks; publish the board again")  # fmt: skip
+        reaudited = _reaudit(args, runs)
+        problems += [p for r in reaudited.values() for p in r.problems]
+    rows = row_verifications(runs, rederived, reaudited)
     for note in notes:
         print(f"note: {note}")
+    for row in rows:
+        print(row.line())
     if problems:
         for problem in problems:
             sys.stdout.write(problem if problem.endswith("\n") else problem + "\n")
         print(
             f"{args.verify}: does not verify ({len(problems)} problem(s)): a certificate or "
-            "verdict its evidence does not give, or a file that differs from its re-rendering "
-            "(`idrs-bench leaderboard RUN --out ...` renders it again)"
+            "verdict its evidence or its re-audit does not give, a plugin not installed, or a "
+            "file that differs from its re-rendering (`idrs-bench leaderboard RUN --out ...` "
+            "renders it again)"
         )
         return 1
     if rederivable(args.verify, args.db):
@@ -122,6 +151,15 @@ def _verify(args: argparse.Namespace) -> int:
             "re-derived from the run export's evidence; re-rendered: text identical, floats "
             "equal up to a relative 1e-9)"
         )
+        read = sorted({check for row in rows if row.verified is None for check in row.read})
+        how = (
+            "every check re-run from its recorded entropy gave its recorded verdict"
+            if args.reaudit
+            else f"{', '.join(read) or 'no check'} read as recorded, not re-run: --reaudit "
+            "re-runs every check"
+        )
+        verified = sum(row.verified is not None for row in rows)
+        print(f"{args.verify}: {verified} of {len(rows)} row verdicts verified ({how})")
     else:
         print(
             f"{args.verify}: re-rendered identically, but its run export (format 1) carries no "
@@ -141,3 +179,17 @@ def _verify(args: argparse.Namespace) -> int:
         return 1
     print(f"{args.verify}: replayed ({args.replay} inputs per row agreed)")
     return 0
+
+
+def _reaudit(args: argparse.Namespace, runs) -> dict:
+    """Every row of the board re-audited (:mod:`harness.reports.leaderboard.board_reaudit`),
+    with progress and the time it took, by (run id, method, setting)."""
+    import time
+
+    from harness.foundation.progress import Progress
+    from harness.reports.leaderboard.board_reaudit import reaudit_board
+
+    start = time.monotonic()
+    rows = reaudit_board(runs, args.data_root, args.device, Progress())
+    print(f"re-audited {len(rows)} row(s) in {time.monotonic() - start:,.0f} s")
+    return {(r.run_id, r.method, r.setting): r for r in rows}

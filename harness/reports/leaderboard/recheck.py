@@ -90,7 +90,8 @@ def recheck_runs(
     a line saying so is appended to ``notes``, as is a row whose plugin is not installed
     here but whose certificates re-derive (their formula is idrs-bench's), naming the
     package to install. ``rederived`` receives, per (run id, method, setting), the checks
-    whose recorded verdict was re-derived from their evidence."""
+    whose recorded verdict was re-derived from their evidence (None for a row with
+    problems)."""
     from harness.plugin.manager import PluginManager
     from harness.running.benchmark import benchmark_from_dict
 
@@ -115,7 +116,7 @@ def recheck_runs(
                              "formula is installed), --replay and --reaudit need it")  # fmt: skip
             problems += mine
             if rederived is not None:
-                rederived[run.run_id, row.method, row.setting] = found
+                rederived[run.run_id, row.method, row.setting] = None if mine else found
     return problems
 
 

@@ -1,7 +1,12 @@
 """``idrs-bench leaderboard --verify NAME.md``: re-derive a committed board and re-render it.
 
-Every certificate and the verdicts that are functions of their recorded evidence are
-re-derived from the run export (:mod:`harness.reports.leaderboard.recheck`). The runs come from the run export ``NAME.run.json`` beside the board, or, when a
+Every certificate and the verdicts that are functions of their recorded evidence (S0's
+and the replay check's) are re-derived from the run export
+(:mod:`harness.reports.leaderboard.recheck`); with ``--reaudit`` every check is re-run
+(:mod:`harness.reports.leaderboard.board_reaudit`). :func:`row_verifications` says per
+row what the verification established: a row's verdict counts as verified only when
+every check's verdict was re-derived or re-run and agreed (or a re-derived check alone
+makes it ``violated``); a verdict only read is "recorded, not re-run". The runs come from the run export ``NAME.run.json`` beside the board, or, when a
 results database is given, from that database (the run ids are read from the export,
 else from ``NAME.json``). Every text file of the board (markdown, JSON, CSV, specs,
 and the export itself when rendering from a database) must equal its re-rendering,
@@ -18,13 +23,23 @@ import difflib
 import json
 import math
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.foundation.errors import IdrsError
 from harness.reports.leaderboard.board import build_board
 from harness.reports.leaderboard.render import board_stem, plot_names, render_texts
 from harness.reports.leaderboard.source import read_export
-from harness.store.storedrun import StoredRun, load_runs
+from harness.store.storedrun import StoredRun, combined_verdict, load_runs
+
+if TYPE_CHECKING:
+    from harness.audit.reaudit import RowReaudit
+
+Rederived = dict[tuple[str, str, str], set[str] | None]
+"""Per (run id, method, setting): the checks whose recorded verdict was re-derived (None:
+the row's certificates or verdicts did not re-derive)."""
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -94,20 +109,22 @@ def rederivable(board_path: Path, db: Path | None = None) -> bool:
 
 def verify_board(
     board_path: Path, db: Path | None = None, data_root: str | None = None,
-    notes: list[str] | None = None,
+    notes: list[str] | None = None, rederived: Rederived | None = None,
 ) -> list[str]:  # fmt: skip
     """The problems of a committed board (empty: verified): every certificate and the
     verdicts re-derived from its evidence (:func:`harness.reports.leaderboard.recheck.recheck_runs`;
     not for a format-1 export, which has none; rows that could not be re-derived for lack
-    of evidence are appended to ``notes``), and the differences between each file and its
-    re-rendering."""
+    of evidence are appended to ``notes``; ``rederived`` receives which checks' verdicts
+    were re-derived), and the differences between each file and its re-rendering."""
     from harness.reports.leaderboard.recheck import recheck_runs
 
     stem = board_stem(board_path)
     folder = board_path.parent
     runs = board_runs(board_path, db)
     board = build_board(runs)
-    problems = recheck_runs(runs, data_root, notes) if rederivable(board_path, db) else []
+    problems = []
+    if rederivable(board_path, db):
+        problems = recheck_runs(runs, data_root, notes, rederived)
     for name, expected in render_texts(board, stem).items():
         if db is None and name == f"{stem}.run.json":
             continue  # the source itself
@@ -137,3 +154,60 @@ def verify_board(
         if not path.is_file() or path.read_bytes()[:8] != PNG_SIGNATURE:
             problems.append(f"{path}: missing or not a PNG file")
     return problems
+
+
+@dataclass(frozen=True)
+class RowVerification:
+    """What a verification established about one checked row of a board: the verdict the
+    board records, the verdict it ``verified`` (None: none), the checks whose verdicts it
+    only ``read`` as recorded, and ``why`` a row could not be verified."""
+
+    label: str
+    recorded: str
+    verified: str | None
+    read: tuple[str, ...]
+    why: str | None = None
+
+    def line(self) -> str:
+        if self.verified is not None:
+            how = "a re-derived check gives it" if self.read else "every check re-derived or re-run"
+            return f"{self.label}: {self.verified} (verified: {how})"
+        if self.why is not None:
+            return f"{self.label}: recorded {self.recorded}, not verified: {self.why}"
+        return f"{self.label}: recorded {self.recorded}, not re-run ({', '.join(self.read)} read)"
+
+
+def row_verifications(
+    runs: list[StoredRun], rederived: Rederived,
+    reaudited: Mapping[tuple[str, str, str], RowReaudit] | None = None,
+) -> list[RowVerification]:  # fmt: skip
+    """Per checked row of ``runs``, what the verification established from the checks
+    whose verdicts were re-derived (``rederived``) and, with ``--reaudit``, re-run
+    (``reaudited``): the row's verdict only when every check's verdict was re-derived or
+    re-run and agreed, or when the re-derived ones alone make it ``violated``."""
+    out = []
+    for run in runs:
+        if run.imported:
+            continue
+        for row in run.rows():
+            if not row.checks:
+                continue
+            key = (run.run_id, row.method, row.setting)
+            label = f"run {run.run_id[:12]} {row.method} ({row.setting})"
+            derived, why = rederived.get(key, set()), None
+            if derived is None:
+                derived, why = set(), "its certificates or verdicts do not re-derive (below)"
+            again = (reaudited or {}).get(key)
+            if again is not None and again.error is not None:
+                why = f"not re-audited: {again.error}"
+            elif again is not None and again.problems:
+                why = "its re-audit differs (below)"
+            elif again is not None and why is None:
+                derived = derived | set(again.recorded)
+            read = tuple(sorted(c.check for c in row.checks if c.check not in derived))
+            agreed = combined_verdict([c for c in row.checks if c.check in derived])
+            verified = None
+            if why is None and (not read or agreed == "violated"):
+                verified = row.verdict if not read else agreed
+            out.append(RowVerification(label, row.verdict, verified, read, why))
+    return out
