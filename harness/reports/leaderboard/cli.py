@@ -145,7 +145,11 @@ def _verify(args: argparse.Namespace) -> int:
         )
         return 1
     if rederivable(args.verify, args.db):
-        which = "every certificate" if not notes else f"the certificates (but {len(notes)} row(s))"
+        skipped = sum(  # rows certified before the harness drew the evidence
+            (run.run_id, row.method, row.setting) not in rederived
+            for run in runs if not run.imported for row in run.rows() if row.checks
+        )  # fmt: skip
+        which = "every certificate" if not skipped else f"the certificates (but {skipped} row(s))"
         print(
             f"{args.verify}: verified ({which} and the verdicts of S0 and the replay check "
             "re-derived from the run export's evidence; re-rendered: text identical, floats "

@@ -20,8 +20,11 @@ therefore re-derives, for every row:
    S0 (as the audit judged it, one-sided) and the replay check
    (:func:`harness.audit.replay.judge`, from its recorded draws, or its fresh
    counts, PIT uniforms and Holm); an edited verdict never verifies. The row's verdict
-   is the combination of its checks' (re-rendered); other checks' verdicts are read as
-   recorded.
+   is the combination of its checks' (re-rendered); other checks' verdicts are only read
+   (``rederived`` says which were re-derived; ``--reaudit`` re-runs them all,
+   :mod:`harness.reports.leaderboard.board_reaudit`). A row whose method no installed
+   plugin provides is named with the package the run recorded for it
+   (:meth:`harness.plugin.registry.Registry.absent`), not with its formula.
 
 :func:`replay_board` (``--replay K``) re-certifies K random inputs of every row from
 the files shipped beside the board: the draws are re-drawn by ``python -m

@@ -7,7 +7,8 @@ into :class:`~harness.store.storedrun.StoredRun` objects; :func:`export_runs` an
 A run export (``NAME.run.json`` beside a board, format ``idrs-bench/run-export/3``) holds
 everything the renderer needs and everything a reader needs to re-check the board: the
 ``runs`` row (config, versions, commit, device, seeds, recipe hash, dates; the weights
-digest and the arithmetic fingerprint when recorded) and the data files the run read;
+digest, the arithmetic fingerprint and which plugin and package provided each component,
+``components``, when recorded) and the data files the run read;
 per (method, setting) every certificate's columns (input id, label, CERTIFY's
 prediction, PREDICT's answer, radius, σ, seconds) and its whole evidence (p_A bound,
 α, the certifier's derived evidence and the harness's draws; floats as their shortest

@@ -6,7 +6,9 @@ and the replay check's) are re-derived from the run export
 (:mod:`harness.reports.leaderboard.board_reaudit`). :func:`row_verifications` says per
 row what the verification established: a row's verdict counts as verified only when
 every check's verdict was re-derived or re-run and agreed (or a re-derived check alone
-makes it ``violated``); a verdict only read is "recorded, not re-run". The runs come from the run export ``NAME.run.json`` beside the board, or, when a
+makes it ``violated``); a verdict only read is "recorded, not re-run".
+
+The runs come from the run export ``NAME.run.json`` beside the board, or, when a
 results database is given, from that database (the run ids are read from the export,
 else from ``NAME.json``). Every text file of the board (markdown, JSON, CSV, specs,
 and the export itself when rendering from a database) must equal its re-rendering,
@@ -199,7 +201,7 @@ def row_verifications(
                 derived, why = set(), "its certificates or verdicts do not re-derive (below)"
             again = (reaudited or {}).get(key)
             if again is not None and again.error is not None:
-                why = f"not re-audited: {again.error}"
+                why = "not re-audited (below)"
             elif again is not None and again.problems:
                 why = "its re-audit differs (below)"
             elif again is not None and why is None:
