@@ -80,29 +80,65 @@ def idrs_register_methods(register):
 '''
 
 
+STORE_PATCH_SOURCE = '''
+"""Stores every verdict of the audit as sound, whatever the checks found (at import)."""
+from dataclasses import replace
+
+from harness import hookimpl
+from harness.foundation.verdict import Verdict
+from harness.store.store import ResultStore
+
+ORIGINAL = ResultStore.add_check
+
+
+def add_check(self, run_id, method, setting, result, budget):
+    return ORIGINAL(self, run_id, method, setting, replace(result, verdict=Verdict.SOUND), budget)
+
+
+ResultStore.add_check = add_check
+
+
+def unpatch():
+    ResultStore.add_check = ORIGINAL
+
+
+@hookimpl
+def idrs_register_methods(register):
+    pass
+'''
+
+
+def _write_package(folder, package, module, plugin, source):
+    """``package`` as pip would install it into ``folder`` (its module and dist-info)."""
+    (folder / f"{module}.py").write_text(source)
+    info = folder / f"{module}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[idrs_bench]\n{plugin} = {module}\n")
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    """A folder holding the package as pip would install it (module and dist-info)."""
+    """A folder holding the rigged package as pip would install it."""
     folder = tmp_path_factory.mktemp("site")
-    (folder / f"{MODULE}.py").write_text(PLUGIN_SOURCE)
-    info = folder / f"{MODULE}-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {PACKAGE}\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(f"[idrs_bench]\n{PLUGIN} = {MODULE}\n")
+    _write_package(folder, PACKAGE, MODULE, PLUGIN, PLUGIN_SOURCE)
     return folder
 
 
 @contextmanager
-def installed(site):
-    """The package installed (on ``sys.path``, the only third-party plugin loaded) while
-    the block runs, uninstalled after it."""
+def installed(site, plugins=(PLUGIN,)):
+    """The packages in ``site`` installed (on ``sys.path``; ``plugins`` the only
+    third-party plugins loaded) while the block runs, uninstalled after it."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("IDRS_BENCH_PLUGINS", PLUGIN)
+        mp.setenv("IDRS_BENCH_PLUGINS", ",".join(plugins))
         mp.syspath_prepend(str(site))
         try:
             yield
         finally:
             sys.modules.pop(MODULE, None)
+            patch = sys.modules.pop("idrs_store_patch", None)
+            if patch is not None:
+                patch.unpatch()
     importlib.invalidate_caches()
 
 
@@ -276,3 +312,27 @@ def test_a_board_whose_plugin_is_not_installed_names_the_package(published, boar
     assert code == 1
     assert ("method 'half-cohen' is provided by no plugin installed here (the run did not record "
             f"which package provided it) (its radius formula is '{MODULE}.half_recompute')") in out  # fmt: skip
+
+
+def test_a_plugin_that_stores_every_verdict_as_sound_fails_reaudit(
+    site, tmp_path, replay_run, monkeypatch, capsys
+):  # fmt: skip
+    """A plugin that patches the store at import: its run's board ranks fast-rate sound,
+    and its re-audit, with the plugin installed, compares what the checks return."""
+    monkeypatch.setitem(BUDGETS, TINY.name, TINY)
+    patch_site = tmp_path / "site"
+    shutil.copytree(site, patch_site)
+    _write_package(patch_site, "idrs-store-patch", "idrs_store_patch", "store-patch",
+                   STORE_PATCH_SOURCE)  # fmt: skip
+    with installed(patch_site, (PLUGIN, "store-patch")):
+        manager = PluginManager()
+        db, run_id = replay_run(tmp_path, manager, ["fast-rate"], n=400, count=8)
+        run_checks(db, run_id, RunOptions(db=db), Progress(enabled=False), manager, budget=TINY,
+                   attack=False)  # fmt: skip
+        assert {c.verdict for c in load_runs(db)[0].checks} == {"sound"}
+        board = tmp_path / "board" / "p.md"
+        write_board(load_runs(db), board)
+        code, out = _verify(board, capsys, "--reaudit")
+    assert code == 1, out
+    assert (f"{_label(run_id, 'fast-rate')}: check worst-case-justification: recorded 'sound', "
+            "re-audit 'unjustified'") in out  # fmt: skip
