@@ -19,7 +19,9 @@ the run recorded, and the base model's recipe hash with the run's (a base model 
 recipe differs would otherwise be trained again before the audit refuses it). On the
 run's arithmetic (:mod:`harness.engine.arithmetic`) a re-audit is the recorded audit
 again; elsewhere a statistical check draws with another rounding, and a sound row's
-verdict may differ by chance (at most 10⁻³ per statistical check).
+verdict may differ by chance (at most 10⁻³ per statistical check), while the replay
+check, comparing σ bit for bit on every arithmetic, flags a σ whose last bits depend on
+the CPU.
 """
 
 from __future__ import annotations
@@ -78,10 +80,8 @@ class RowReaudit:
                            f"{result.verdict.value!r} ({result.summary})")  # fmt: skip
         now = overall(list(self.results.values())).value
         if not out and now != self.verdict:
-            extra = ", ".join(f"{c}: {r.verdict.value}" for c, r in sorted(self.results.items())
-                              if c not in self.recorded)  # fmt: skip
             out.append(f"{self.label}: row verdict: recorded {self.verdict!r}, re-audit {now!r} "
-                       f"(checks the record lacks: {extra})")  # fmt: skip
+                       f"(checks the record lacks: {', '.join(self.unrecorded)})")  # fmt: skip
         return out
 
     @property
