@@ -84,7 +84,7 @@ class _Inputs:
 
 def recheck_runs(
     runs: list[StoredRun], data_root: str | None = None, notes: list[str] | None = None,
-    rederived: dict[tuple[str, str, str], set[str]] | None = None,
+    rederived: dict[tuple[str, str, str], set[str] | None] | None = None,
 ) -> list[str]:  # fmt: skip
     """The problems found by re-deriving every row of ``runs`` (empty: all re-derived).
 
