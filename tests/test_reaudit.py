@@ -336,3 +336,15 @@ def test_a_plugin_that_stores_every_verdict_as_sound_fails_reaudit(
     assert code == 1, out
     assert (f"{_label(run_id, 'fast-rate')}: check worst-case-justification: recorded 'sound', "
             "re-audit 'unjustified'") in out  # fmt: skip
+
+
+def test_a_board_without_its_weights_or_with_others_is_not_re_audited(published, board, capsys):
+    (board.parent / "r.weights.pt").rename(board.parent / "elsewhere.pt")
+    code, out = _verify(board, capsys, "--reaudit")
+    assert code == 1
+    label = _label(published[2], "cohen")
+    assert f"{label}: not re-audited: r.weights.pt is not beside the board" in out, out
+    assert f"{label}: recorded sound, not verified: not re-audited (below)" in out
+    (board.parent / "r.weights.pt").write_bytes(b"not these weights")
+    code, out = _verify(board, capsys, "--reaudit")
+    assert code == 1 and "r.weights.pt has SHA-256 " in out and "another model, refused" in out

@@ -58,6 +58,12 @@ class RowReaudit:
     results: dict[str, CheckResult] = field(default_factory=dict)
     error: str | None = None
 
+    @classmethod
+    def of(cls, run: StoredRun, row: StoredRow, **kwargs) -> RowReaudit:
+        """The re-audit of ``row`` of ``run``, with its recorded verdicts."""
+        recorded = {c.check: c.verdict for c in row.checks}
+        return cls(run.run_id, row.method, row.setting, recorded, row.verdict, **kwargs)
+
     @property
     def label(self) -> str:
         return f"run {self.run_id[:12]} {self.method} ({self.setting})"
@@ -119,7 +125,7 @@ def reaudit(
             raise IdrsError(absent)
         _check_inputs(stored, registry, options)
     except Exception as exc:
-        return [_row(stored, row, error=_describe(exc)) for row in rows]
+        return [RowReaudit.of(stored, row, error=_describe(exc)) for row in rows]
     installed = [m for m in stored.config["methods"]
                  if not registry.absent([("methods", m["name"])], components)]  # fmt: skip
     copy = replace(stored, run=stored.run | {"config": stored.config | {"methods": installed}})
@@ -140,7 +146,7 @@ def reaudit(
                 raise IdrsError(absent)
             entropy, budget, orders = recorded_audit(row, budgets)
         except IdrsError as exc:
-            out[row.method, row.setting] = _row(stored, row, error=_describe(exc))
+            out[row.method, row.setting] = RowReaudit.of(stored, row, error=_describe(exc))
             continue
         budget_of[budget.name] = budget
         planned.setdefault((budget.name, orders), {})[row.method, row.setting] = entropy
@@ -164,10 +170,10 @@ def reaudit(
                 continue
             found = results.get(key)
             if isinstance(found, list):
-                out[key] = _row(stored, row, results={r.check: r for r in found})
+                out[key] = RowReaudit.of(stored, row, results={r.check: r for r in found})
             else:
                 error = found or IdrsError("the run's spec has no such row")
-                out[key] = _row(stored, row, error=_describe(error))
+                out[key] = RowReaudit.of(stored, row, error=_describe(error))
     return [out[row.method, row.setting] for row in rows]
 
 
@@ -228,11 +234,6 @@ def _check_inputs(stored: StoredRun, registry: Registry, options: RunOptions) ->
             raise IdrsError(f"the base model's recipe computed here ({recipe[:12]}) is not the "
                             f"run's ({stored.run['recipe_hash'][:12]}): the installed "
                             "architecture or trainer has other defaults than the run's version")  # fmt: skip
-
-
-def _row(stored: StoredRun, row: StoredRow, **kwargs) -> RowReaudit:
-    recorded = {c.check: c.verdict for c in row.checks}
-    return RowReaudit(stored.run_id, row.method, row.setting, recorded, row.verdict, **kwargs)
 
 
 def _describe(exc: Exception) -> str:

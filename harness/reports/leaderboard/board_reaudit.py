@@ -52,9 +52,7 @@ def reaudit_board(
                     stage_weights(run, root)
                     stage_trained_parts(run, root)
                 except IdrsError as exc:
-                    out += [RowReaudit(run.run_id, row.method, row.setting,
-                                       {c.check: c.verdict for c in row.checks}, row.verdict,
-                                       error=str(exc))
+                    out += [RowReaudit.of(run, row, error=str(exc))
                             for row in run.rows() if row.checks]  # fmt: skip
                     continue
                 here = _device(run, device, progress)
