@@ -183,7 +183,11 @@ SUKENIK = RadiusFormula("sukenik-thm3.2", sukenik_recompute)
 
 def formula_record(formula: RadiusFormula) -> dict[str, Any]:
     """A formula as data: its name, the importable qualified name of its ``recompute``
-    and its ``inner`` formula's record (as a board's run export holds it)."""
+    and its ``inner`` formula's record (as a board's run export holds it); a formula that
+    lives in a plugin host carries the record it was declared with (``recorded``)."""
+    recorded = getattr(formula, "recorded", None)
+    if recorded:
+        return dict(recorded)
     out: dict[str, Any] = {"name": formula.name, "recompute": _name(formula.recompute)}
     if formula.inner is not None:
         out["inner"] = formula_record(formula.inner)
@@ -198,6 +202,17 @@ def trusted_packages() -> set[str]:
 
     return {"harness"} | {ep.value.split(":")[0].split(".")[0]
                           for ep in entry_points(group="idrs_bench")}  # fmt: skip
+
+
+def builtin_packages() -> set[str]:
+    """Top-level packages of idrs-bench itself: ``harness`` and those of its own
+    ``idrs_bench`` entry points (the built-in plugins). A formula of these is resolved in
+    the harness's process; any other runs in a plugin host (harness/README.md)."""
+    from importlib.metadata import entry_points
+
+    return {"harness"} | {ep.value.split(":")[0].split(".")[0]
+                          for ep in entry_points(group="idrs_bench")
+                          if ep.dist is not None and ep.dist.name == "idrs-bench"}  # fmt: skip
 
 
 _MOVED = {"harness.radius": __name__}
