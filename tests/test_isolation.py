@@ -58,7 +58,9 @@ def idrs_register_methods(register):
     register(MethodSpec(NAME, sigma_provider="constant", certifier=NAME, defaults={"sigma": 0.25}))
 '''
 
-AUDIT_PATCH = INFLATED.replace("NAME", '"audit-patch"') + '''
+AUDIT_PATCH = (
+    INFLATED.replace("NAME", '"audit-patch"')
+    + """
 
 # --- when imported: every soundness check answers `sound` ----------------------------
 import importlib
@@ -76,9 +78,12 @@ def _sound(name):
 
 for _module, _name in CHECKS.items():
     setattr(importlib.import_module(f"harness.audit.{_module}"), f"check_{_module}", _sound(_name))
-'''
+"""
+)
 
-STORE_PATCH = INFLATED.replace("NAME", '"store-patch"') + '''
+STORE_PATCH = (
+    INFLATED.replace("NAME", '"store-patch"')
+    + """
 
 # --- when imported: every stored verdict reads `sound` --------------------------------
 import dataclasses
@@ -96,7 +101,8 @@ def _forged(self, run_id, method, setting, result, budget):
 
 ResultStore.add_check = _forged
 verdict.overall = lambda results: verdict.Verdict.SOUND
-'''
+"""
+)
 
 TINY = Budget("tiny", coverage_trials=80, coverage_n=400, pairs=4, ascent_steps=4,
               audited_inputs=8, attack_steps=5, attack_samples=32, orders=5)  # fmt: skip
@@ -140,12 +146,16 @@ def test_plugins_that_forge_verdicts_at_import_are_judged_by_the_harness(tmp_pat
     for method in ("audit-patch", "store-patch"):
         verdict = overall(results[method, "sigma=0.25"])
         assert verdict in (Verdict.VIOLATED, Verdict.NOT_VERIFIED), (
-            method, [(r.check, r.verdict, r.summary) for r in results[method, "sigma=0.25"]])
+            method,
+            [(r.check, r.verdict, r.summary) for r in results[method, "sigma=0.25"]],
+        )
         for check in results[method, "sigma=0.25"]:  # as stored: the store was not patched
             assert stored[method, "sigma=0.25", check.check] == str(check.verdict)
     honest, _ = _audited(tmp_path, "honest", HONEST, PluginManager(third_party=False))
     for key, checks in honest.items():  # every other row: the same verdicts, check by check
-        assert [(r.check, r.verdict) for r in results[key]] == [(r.check, r.verdict) for r in checks]
+        assert [(r.check, r.verdict) for r in results[key]] == [
+            (r.check, r.verdict) for r in checks
+        ]
         assert overall(checks) == Verdict.SOUND
 
 

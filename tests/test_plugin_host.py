@@ -66,7 +66,9 @@ def test_the_wire_carries_data_of_every_listed_dtype():
              "ids": torch.arange(4), "bytes": b"\x00\x01state"}  # fmt: skip
     got = _roundtrip(value)
     for name, array in arrays.items():
-        assert got["arrays"][name].dtype == array.dtype and np.array_equal(got["arrays"][name], array)
+        assert got["arrays"][name].dtype == array.dtype and np.array_equal(
+            got["arrays"][name], array
+        )
     assert got["nested"][:5] == [1, 2.5, None, "σ", True] and np.isnan(got["nested"][5]["x"][0])
     assert torch.equal(got["tensor"], value["tensor"]) and got["tensor"].dtype == torch.float32
     assert got["bf16"].dtype == torch.bfloat16 and torch.equal(got["bf16"], value["bf16"])
@@ -198,3 +200,84 @@ def _context(manager):
     return BuildContext(data, model, torch.device("cpu"), 0, protocol,
                         SamplingEngine(model, 2, torch.device("cpu"), 64, 0),
                         Progress(enabled=False), manager.registry, method="cohen-half")  # fmt: skip
+
+
+def test_builtin_methods_served_by_a_plugin_host_certify_and_audit_as_in_process(
+    tmp_path, monkeypatch
+):
+    """Every kind of built-in component through the boundary (IDRS_BENCH_ISOLATE=all):
+    the same certificates bit for bit, and the same verdicts from the same audit entropy."""
+    from harness.audit.audit import Budget
+    from harness.audit.auditor import run_checks
+    from harness.plugin.hosted_components import CertifierFactory
+    from harness.running.benchmark import parse_benchmark
+    from harness.running.preparation import RunOptions
+    from harness.running.runner import run_benchmark
+
+    lipschitz = {"train_examples": 64, "train_steps": 10, "lip_sigma": 0.5, "sigma_min": 0.3}
+    dual = {"levels": [0.25, 0.5], "estimator_sigma": 0.25, "train_examples": 64,
+            "label_samples": 8, "epochs": 1, "estimator_params": {"width": 8}}  # fmt: skip
+    raw = {"name": "ball", "seed": 0, "dataset": {"name": "ball-2", "test_count": 10},
+           "model": {"architecture": "ball-N", "trainer": "none"},
+           "certification": {"n0": 32, "n": 500, "alpha": 0.01, "batch_size": 1024},
+           "methods": [{"name": "cohen", "settings": [{"sigma": 0.25}]},
+                       {"name": "sukenik", "settings": [{"sigma": 0.25, "rate": 0.2, "k": 5}]},
+                       {"name": "chen-fgss", "settings": [{"sigma": 0.25, "num_samples": 50}]},
+                       {"name": "alfarra-ds-memory", "settings": [{"sigma": 0.25, "steps": 5}]},
+                       {"name": "lipschitz-sigma-net", "settings": [lipschitz]},
+                       {"name": "dual-rs", "settings": [dual]}]}  # fmt: skip
+    budget = Budget("tiny", coverage_trials=20, coverage_n=100, pairs=2, ascent_steps=2,
+                    audited_inputs=3, attack_steps=2, attack_samples=16, orders=2,
+                    replay_inputs=3)  # fmt: skip
+    seen = {}
+    for mode in ("third-party", "all"):
+        monkeypatch.setenv("IDRS_BENCH_ISOLATE", mode)
+        monkeypatch.setenv("IDRS_BENCH_CACHE", str(tmp_path / f"cache-{mode}"))
+        manager = PluginManager()
+        hosted = isinstance(manager.registry.get("certifiers", "cohen").build, CertifierFactory)
+        assert hosted == (mode == "all")
+        db = tmp_path / f"{mode}.sqlite"
+        quiet = Progress(enabled=False)
+        run_id = run_benchmark(parse_benchmark(raw), RunOptions(db=db), quiet, manager)
+        checks = run_checks(db, run_id, RunOptions(db=db), quiet, manager, budget=budget,
+                            entropy=0xA11, attack=False)  # fmt: skip
+        import sqlite3
+
+        with sqlite3.connect(db) as con:
+            certificates = con.execute(
+                "SELECT method, setting, input_id, prediction, predict, radius, p_lower, sigma, "
+                "counts_selection, counts_estimation, evidence, draws FROM certificates "
+                "ORDER BY method, setting, input_id").fetchall()  # fmt: skip
+        seen[mode] = certificates, {key: [(r.check, r.verdict, r.summary) for r in results]
+                                    for key, results in checks.items()}  # fmt: skip
+    assert len(seen["all"][0]) == 60 and seen["all"][0] == seen["third-party"][0]
+    assert seen["all"][1] == seen["third-party"][1]
+
+
+def test_the_plugin_host_reports_its_failures_and_obeys_the_plugin_selection(
+    install_plugin, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("IDRS_TEST_IMPORTED", str(tmp_path / "imported"))
+    install_plugin("idrs_test_half", HALF)
+    install_plugin("idrs_test_broken", "raise ImportError('no module named nonexistent')\n")
+    manager = PluginManager()
+    assert [(f.plugin, f.error) for f in manager.failures] == [
+        ("idrs_test_broken", "ImportError: no module named nonexistent")
+    ]
+    assert "cohen-half" in manager.registry.names("methods")
+    monkeypatch.setenv("IDRS_BENCH_PLUGINS", "idrs_test_broken")
+    manager = PluginManager()
+    assert "cohen-half" not in manager.registry.names("methods")
+    assert [f.plugin for f in manager.failures] == ["idrs_test_broken"]
+
+
+def test_a_sigma_batch_is_one_round_trip(install_plugin, tmp_path, monkeypatch):
+    monkeypatch.setenv("IDRS_TEST_IMPORTED", str(tmp_path / "imported"))
+    install_plugin("idrs_test_half", HALF)
+    manager = PluginManager()
+    provider = manager.registry.get("sigma_providers", "half").build(_context(manager),
+                                                                     {"sigma": 0.5})  # fmt: skip
+    host = manager._host
+    before = host.requests
+    assert torch.equal(provider(torch.zeros(64, 2)), torch.full((64,), 0.25))
+    assert host.requests == before + 1

@@ -220,16 +220,20 @@ _MOVED = {"harness.radius": __name__}
 ``harness/`` was laid out in layers hold the old names)."""
 
 
-def formula_from_record(record: dict[str, Any]) -> RadiusFormula:
-    """The formula a record names, resolved only from :func:`trusted_packages` and only
-    if it is pure (:func:`is_pure`); anything else is an error naming it."""
+def formula_from_record(record: dict[str, Any], packages: set[str] | None = None) -> RadiusFormula:
+    """The formula a record names, resolved only from ``packages`` (default
+    :func:`builtin_packages`: the harness's process imports no third-party code; a plugin
+    host passes :func:`trusted_packages`) and only if it is pure (:func:`is_pure`);
+    anything else is an error naming it."""
+    packages = builtin_packages() if packages is None else packages
     qualified = str(record.get("recompute", ""))
     module, _, name = qualified.rpartition(".")
     module = _MOVED.get(module, module)
-    if module.split(".")[0] not in trusted_packages():
+    if module.split(".")[0] not in packages:
         raise IdrsError(
-            f"radius formula {qualified!r} is not provided by idrs-bench or an installed plugin "
-            f"(packages {', '.join(sorted(trusted_packages()))}); install the plugin that provides it"
+            f"radius formula {qualified!r} is not provided by idrs-bench (packages "
+            f"{', '.join(sorted(packages))}); it comes from package {module.split('.')[0]!r}: "
+            "install the plugin that provides it (its formula is re-derived by a plugin host)"
         )
     try:
         function = getattr(importlib.import_module(module), name)
@@ -237,5 +241,5 @@ def formula_from_record(record: dict[str, Any]) -> RadiusFormula:
         raise IdrsError(f"radius formula {qualified!r} cannot be imported here") from None
     if not is_pure(function):
         raise IdrsError(f"radius formula {qualified!r} is not a pure module-level function")
-    inner = formula_from_record(record["inner"]) if record.get("inner") else None
+    inner = formula_from_record(record["inner"], packages) if record.get("inner") else None
     return RadiusFormula(str(record.get("name", name)), function, inner)

@@ -35,7 +35,12 @@ from harness.foundation.data import Dataset
 from harness.foundation.errors import IdrsError
 from harness.foundation.progress import Progress
 from harness.foundation.runstate import RunState
-from harness.mathematics.radius import formula_from_record, formula_record, is_pure
+from harness.mathematics.radius import (
+    formula_from_record,
+    formula_record,
+    is_pure,
+    trusted_packages,
+)
 from harness.plugin import messages, model_description, wire
 from harness.plugin.components import BuildContext, RunMemo, TrainContext
 from harness.plugin.manager import PluginManager
@@ -81,6 +86,7 @@ class Host:
         self.models: dict[str, torch.nn.Module] = {}
         self.arrays: dict[str, torch.Tensor] = {}
         self.memos: dict[str, RunMemo] = {}
+        self.engines: dict[tuple, SamplingEngine] = {}
         self.handles = 0
 
     def serve(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -160,9 +166,14 @@ class Host:
         model = self._model(described["model"], device)
         protocol = messages.protocol_from(described["protocol"])
         engine = described["engine"]
-        sampling = SamplingEngine(prepare_model(model, protocol), int(engine["num_classes"]), device,
-                                  int(engine["batch_size"]), int(engine["seed"]),
-                                  noise=engine["noise"], pad_batches=bool(engine["pad_batches"]))  # fmt: skip
+        key = (described["model"]["key"], protocol.precision, protocol.channels_last,
+               *(engine[k] for k in ("num_classes", "batch_size", "seed", "noise", "pad_batches")))  # fmt: skip
+        if key not in self.engines:  # shared by the contexts of one engine, as in the harness
+            self.engines[key] = SamplingEngine(
+                prepare_model(model, protocol), int(engine["num_classes"]), device,
+                int(engine["batch_size"]), int(engine["seed"]), noise=engine["noise"],
+                pad_batches=bool(engine["pad_batches"]))  # fmt: skip
+        sampling = self.engines[key]
         records = described.get("state")
         state = None if records is None else RunState(messages.records_from(records, "harness"))
         root = described.get("artifact_root")
@@ -271,7 +282,7 @@ class Host:
             int(request["seed"]))}  # fmt: skip
 
     def op_recompute(self, request: dict[str, Any]) -> dict[str, Any]:
-        formula = formula_from_record(request["formula"])
+        formula = formula_from_record(request["formula"], trusted_packages())
         recomputed = formula.derive(request["rows"], request["inputs"],
                                     messages.protocol_from(request["protocol"]),
                                     messages.regularity_from(request["regularity"], "harness"))  # fmt: skip
@@ -318,4 +329,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-

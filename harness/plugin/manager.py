@@ -178,6 +178,25 @@ class PluginManager:
 
         return plugin_manifest.stand_in_registry(base, entries, real_check)
 
+    def formula(self, record: dict[str, Any]) -> Any:
+        """The radius formula a record names (S0's declaration): idrs-bench's own, resolved
+        here, or an installed plugin's, re-derived by the plugin host
+        (:func:`harness.plugin.remote.resolve_formula`)."""
+        from harness.mathematics.radius import (
+            builtin_packages,
+            formula_from_record,
+            trusted_packages,
+        )
+        from harness.plugin.remote import resolve_formula
+
+        top = str(record.get("recompute", "")).split(".")[0]
+        if top in builtin_packages() or not self._isolated:
+            return formula_from_record(record, None if self._isolated else trusted_packages())
+        self.registry  # noqa: B018 (starts the plugin host of the installed plugins)
+        if self._host is None:
+            return formula_from_record(record)  # (says which package is missing)
+        return resolve_formula(record, self._host, [])
+
     def plugin_names(self) -> list[str]:
         self.load_all()
         local = {name for name, _ in self.pm.list_name_plugin()}

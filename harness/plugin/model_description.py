@@ -24,9 +24,7 @@ from harness.foundation.errors import ContractError
 if TYPE_CHECKING:
     from harness.plugin.registry import Registry
 
-_DESCRIBED: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, Any]] = (
-    weakref.WeakKeyDictionary()
-)
+_DESCRIBED: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 
 def build_model(

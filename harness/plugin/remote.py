@@ -74,6 +74,8 @@ class PluginHost:
         self._tail: deque[str] = deque(maxlen=20)
         self._folder = tempfile.TemporaryDirectory(prefix="idrs-plugin-host-")
         self.generation = 0
+        self.requests = 0
+        """Requests answered so far (one per σ batch, per certify chunk, ...)."""
         self._reset()
 
     def _reset(self) -> None:
@@ -109,6 +111,7 @@ class PluginHost:
             if self._process is None or self._process.poll() is not None:
                 self._process = self._start()
             process = self._process
+            self.requests += 1
             message = {"op": op, **fields, "release": self._release, "forget": self._forget}
             self._release, self._forget = [], []
             try:
@@ -399,7 +402,9 @@ def _unavailable(*_: Any, **__: Any) -> Any:
     raise IdrsError("a remote radius formula is re-derived by its plugin host")
 
 
-def resolve_formula(record: Mapping[str, Any], host: PluginHost, impure: Sequence[str]) -> RadiusFormula:
+def resolve_formula(
+    record: Mapping[str, Any], host: PluginHost, impure: Sequence[str]
+) -> RadiusFormula:
     """The formula a certifier in a plugin host declares: idrs-bench's own function when it
     names one (resolved here, never asked of the host), else a :class:`RemoteFormula`."""
     from harness.mathematics.radius import builtin_packages
