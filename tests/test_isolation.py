@@ -192,6 +192,6 @@ def test_the_same_plugins_registered_in_process_forge_their_verdicts(tmp_path, r
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         manager.register(module, name)
-    methods = HONEST[:1] + [{"name": "audit-patch", "settings": [{"sigma": 0.25}]}]
+    methods = [*HONEST[:1], {"name": "audit-patch", "settings": [{"sigma": 0.25}]}]
     results, _ = _audited(tmp_path, "in-process", methods, manager)
     assert {r.verdict for r in results["audit-patch", "sigma=0.25"]} == {Verdict.SOUND}
