@@ -4,8 +4,9 @@ Besides the fixtures below, the fixture modules named in :data:`pytest_plugins` 
 the writers of tiny dataset files (``tests/field_files.py``), the third-party plugins
 written against the soundness contract (``tests/soundness_plugins.py``), the rigged
 methods of the detection-power measurement (``tests/rigged_methods.py``), the fixed
-run behind the golden leaderboard (``tests/golden_run.py``) and the engine-patching
-plugin and small runs of the replay tests (``tests/replay_plugins.py``).
+run behind the golden leaderboard (``tests/golden_run.py``), the engine-patching
+plugin and small runs of the replay tests (``tests/replay_plugins.py``) and third-party
+plugins installed for one test (``tests/installed_plugins.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ pytest_plugins = [
     "tests.soundness_plugins",
     "tests.rigged_methods",
     "tests.replay_plugins",
+    "tests.installed_plugins",
 ]
 
 

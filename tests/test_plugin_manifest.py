@@ -25,6 +25,8 @@ import torch  # noqa: E402,F401  (the slow import)
 
 from harness import MethodSpec, ParameterError, hookimpl  # noqa: E402
 
+IDRS_BENCH_CONTRACT = 3
+
 
 def _check(params):
     if not params["sigma"] > 0:

@@ -23,6 +23,7 @@ def _method_plugin(name: str):
         )
 
     module.idrs_register_methods = idrs_register_methods
+    module.IDRS_BENCH_CONTRACT = 3
     return module
 
 
@@ -46,7 +47,7 @@ def test_temporary_plugin_registered_and_unregistered(manager):
     manager.register(_method_plugin("my-method"), name="mine", version="1.2")
     assert manager.registry.provider("methods", "my-method") == "mine"
     assert {"name": "mine", "version": "1.2", "hooks": ["idrs_register_methods"],
-            "provides": {"methods": ["my-method"]}} in manager.describe()  # fmt: skip
+            "provides": {"methods": ["my-method"]}, "runs_in": "here"} in manager.describe()  # fmt: skip
     manager.unregister("mine")
     with pytest.raises(
         UnknownNameError, match="unknown method 'my-method'; available: alfarra-ds, "
@@ -84,7 +85,11 @@ class _FakeEntryPoint:
 
 
 def _fake_entry_points(monkeypatch, eps, builtins=True):
-    """Entry points of the group: the installed built-ins (unless not ``builtins``) + ``eps``."""
+    """Entry points of the group: the installed built-ins (unless not ``builtins``) + ``eps``.
+
+    Fake ones exist in this process only, so the tests that use them load them as a plugin
+    host loads plugins, in its own process (``PluginManager(isolated=False)``); how a host's
+    failures reach the harness is tested in tests/test_plugin_host.py."""
     installed = list(importlib.metadata.entry_points(group="idrs_bench")) if builtins else []
     monkeypatch.setattr(
         importlib.metadata,
@@ -99,7 +104,7 @@ def test_broken_entry_point_is_reported_and_the_rest_works(monkeypatch, capsys):
         [_FakeEntryPoint("broken", ImportError("no module named 'nonexistent'")),
          _FakeEntryPoint("good", _method_plugin("good-method"))],
     )  # fmt: skip
-    manager = PluginManager()
+    manager = PluginManager(isolated=False)
     assert [(f.plugin, f.error) for f in manager.failures] == [
         ("broken", "ImportError: no module named 'nonexistent'")
     ]
@@ -116,11 +121,11 @@ def test_environment_variable_restricts_external_plugins(monkeypatch):
         ],
     )
     monkeypatch.setenv("IDRS_BENCH_PLUGINS", "two")
-    assert "one" not in PluginManager().registry.names("methods")
-    assert "two" in PluginManager().registry.names("methods")
+    assert "one" not in PluginManager(isolated=False).registry.names("methods")
+    assert "two" in PluginManager(isolated=False).registry.names("methods")
     monkeypatch.setenv("IDRS_BENCH_PLUGINS", "")
-    assert "one" not in PluginManager().registry.names("methods")
-    assert "cohen" in PluginManager().registry.names("methods")  # built-ins always load
+    assert "one" not in PluginManager(isolated=False).registry.names("methods")
+    assert "cohen" in PluginManager(isolated=False).registry.names("methods")  # built-ins always
     monkeypatch.delenv("IDRS_BENCH_PLUGINS")
     assert "two" not in PluginManager(third_party=False).registry.names("methods")
 
@@ -136,7 +141,7 @@ def test_a_plugin_name_declared_twice_fails_naming_both(monkeypatch):
     impostor = _FakeEntryPoint("cohen", _method_plugin("impostor"))
     installed = list(importlib.metadata.entry_points(group="idrs_bench"))
     monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [impostor, *installed])
-    manager = PluginManager()
+    manager = PluginManager(isolated=False)
     [failure] = manager.failures
     assert failure.plugin == "cohen" and "DuplicateNameError" in failure.error
     assert "'plugins.cohen'" in failure.error and "'fake.cohen'" in failure.error
@@ -196,6 +201,7 @@ def _half_registering_plugin(second):
 
     module.idrs_register_datasets = idrs_register_datasets
     module.idrs_register_methods = idrs_register_methods
+    module.IDRS_BENCH_CONTRACT = 3
     return module
 
 

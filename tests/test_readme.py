@@ -78,3 +78,13 @@ def test_the_plugin_example_registers_and_imports_torch_only_where_used(tmp_path
     provider = registry.get("sigma_providers", "half").build(None, {"sigma": 0.5})
     assert torch.equal(provider(torch.zeros(3, 2)), torch.full((3,), 0.25))
     assert provider.regularity.sigma == 0.25
+
+
+def test_the_readme_plugin_example_is_installed_and_runs_in_the_plugin_host(install_plugin):
+    install_plugin("idrs_half_sigma", _plugin_example(), "idrs-half-sigma", entry_point="half")
+    manager = PluginManager()
+    rows = {row["name"]: row for row in manager.describe()}
+    assert rows["half"]["runs_in"] == "plugin host" and rows["half"]["version"] == "0.1"
+    assert [f for f in manager.failures if f.plugin == "half"] == []
+    method = manager.registry.get("methods", "cohen-half")
+    assert (method.sigma_provider, method.certifier) == ("half", "cohen")

@@ -9,6 +9,9 @@ from __future__ import annotations
 from harness.plugin.components import CheckSpec
 from harness.plugin.hookspecs import hookimpl
 
+IDRS_BENCH_CONTRACT = 3
+"""The plugin contract this plugin is written against (README, "Writing a plugin")."""
+
 
 def _sigma_regularity(audit):
     from harness.audit.sigma_regularity import check_sigma_regularity

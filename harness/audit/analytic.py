@@ -76,6 +76,18 @@ class _Analytic(torch.nn.Module):
     def smoothed_probability(self, x: np.ndarray, sigma: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
+    def architecture_description(self) -> dict[str, Any]:
+        """This model as a registered architecture (``linear-N`` / ``ball-N``) with its
+        current plane or ball, so that a plugin host rebuilds it
+        (:mod:`harness.plugin.model_description`; the state dict travels beside it)."""
+        return {"architecture": f"{self.family}-N", "input_shape": [self.dim],
+                "num_classes": self.num_classes,
+                "params": {"one_hot": self.one_hot, "classes": list(self.classes)},
+                "attributes": self._attributes()}  # fmt: skip
+
+    def _attributes(self) -> dict[str, float]:
+        raise NotImplementedError
+
     def content_hash(self) -> str:
         """SHA-256 (hex) of the model's family, classes and parameters (float64 bytes):
         the recipe hash of a method rebuilt on it (what its artifacts are keyed by)."""
@@ -102,6 +114,7 @@ class LinearClassifier(_Analytic):
         classes: tuple[int, int] = (0, 1),
     ) -> None:  # fmt: skip
         super().__init__(one_hot, num_classes, classes)
+        self.dim = dim
         w = torch.zeros(dim)
         w[0] = 1.0
         self.register_buffer("w", w)
@@ -129,6 +142,9 @@ class LinearClassifier(_Analytic):
 
     def _parameters_for_hash(self) -> dict[str, np.ndarray]:
         return {"w": self.w.double().cpu().numpy(), "offset": np.array([self.offset])}
+
+    def _attributes(self) -> dict[str, float]:
+        return {"offset": self.offset}
 
 
 class BallClassifier(_Analytic):
@@ -164,10 +180,13 @@ class BallClassifier(_Analytic):
     def _parameters_for_hash(self) -> dict[str, np.ndarray]:
         return {"center": self.center.double().cpu().numpy(), "radius": np.array([self.radius])}
 
+    def _attributes(self) -> dict[str, float]:
+        return {"radius": self.radius}
+
 
 def build_linear(input_shape: tuple[int, ...], num_classes: int, params: Mapping[str, Any]):
     dim = _checked_dim(input_shape, num_classes, params, "linear-N")
-    return LinearClassifier(dim, params.get("offset", 0.0))
+    return LinearClassifier(dim, params.get("offset", 0.0), **_sides(num_classes, params))
 
 
 def build_ball(input_shape: tuple[int, ...], num_classes: int, params: Mapping[str, Any]):
@@ -175,7 +194,14 @@ def build_ball(input_shape: tuple[int, ...], num_classes: int, params: Mapping[s
     radius = float(params.get("radius", 1.0))
     if radius <= 0:
         raise ParameterError(f"ball-N radius must be positive, got {radius}")
-    return BallClassifier(dim, radius)
+    return BallClassifier(dim, radius, **_sides(num_classes, params))
+
+
+def _sides(num_classes: int, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The answered classes: (0, 1) of 2, or (``one_hot``) the two ``classes`` of K."""
+    one_hot = bool(params.get("one_hot", False))
+    return {"one_hot": one_hot, "num_classes": num_classes,
+            "classes": tuple(params.get("classes", (0, 1)))}  # fmt: skip
 
 
 def _checked_dim(input_shape, num_classes, params, name) -> int:
@@ -184,7 +210,7 @@ def _checked_dim(input_shape, num_classes, params, name) -> int:
         raise ParameterError(
             f"{name} with N={params['dim']} needs {params['dim']}-dimensional inputs, got {dim}"
         )
-    if num_classes != 2:
+    if num_classes != 2 and not params.get("one_hot"):
         raise ParameterError(
             f"{name} is a binary classifier; the dataset has {num_classes} classes"
         )

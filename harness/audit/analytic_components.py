@@ -9,6 +9,9 @@ from __future__ import annotations
 from harness.plugin.components import DatasetSpec, ModelSpec, TrainerSpec
 from harness.plugin.hookspecs import hookimpl
 
+IDRS_BENCH_CONTRACT = 3
+"""The plugin contract this plugin is written against (README, "Writing a plugin")."""
+
 
 def _build_linear(input_shape, num_classes, params):
     from harness.audit.analytic import build_linear

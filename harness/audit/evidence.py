@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -91,13 +92,17 @@ class Declaration:
                     "levels": [float(v) for v in smoothing.levels]}}  # fmt: skip
 
     @classmethod
-    def from_record(cls, record: dict[str, Any]) -> Declaration:
-        """The inverse of :meth:`record`; the formula resolved from installed code only
-        (:func:`harness.mathematics.radius.formula_from_record`)."""
+    def from_record(
+        cls, record: dict[str, Any], resolve: Callable[[dict], RadiusFormula] = formula_from_record
+    ) -> Declaration:
+        """The inverse of :meth:`record`; the formula resolved by ``resolve`` (default
+        :func:`harness.mathematics.radius.formula_from_record`: idrs-bench's own formulas;
+        :meth:`harness.plugin.manager.PluginManager.formula` also those of installed
+        plugins, through a plugin host)."""
         declared = record.get("sigma_smoothing")
         smoothing = None if declared is None else SigmaSmoothing(
             None, float(declared["noise"]), tuple(declared["levels"]), float(declared["alpha"]))  # fmt: skip
-        return cls(formula_from_record(record["formula"]),
+        return cls(resolve(record["formula"]),
                    regularity_from_record(record["regularity"]), str(record["smoothing"]),
                    smoothing)  # fmt: skip
 

@@ -30,6 +30,8 @@ def build_method(
     overridden by ``params``), each checked against its declared protocol."""
     method = registry.get("methods", method_name)
     merged = {**method.defaults, **params}
+    if context.method != method_name:  # what the components are built for (a plugin host reads it)
+        context = replace(context, method=method_name)
     provider = registry.get("sigma_providers", method.sigma_provider).build(context, merged)
     _require(provider, SigmaProvider, _SIGMA_ATTRIBUTES, f"σ-provider {method.sigma_provider!r}")
     certifier = registry.get("certifiers", method.certifier).build(context, merged, provider)

@@ -398,19 +398,23 @@ def _plugins(args: argparse.Namespace) -> int:
     rows = manager.describe()
     failures = [{"plugin": f.plugin, "error": f.error} for f in manager.failures]
     if args.json:
-        print(json.dumps({"plugins": rows, "failures": failures}, indent=2))
+        print(json.dumps({"plugins": rows, "failures": failures, "checks_not_run": manager.not_run},
+                         indent=2))  # fmt: skip
         return 0
     table = Table(title="idrs-bench plugins")
-    for column in ("plugin", "version", "hooks", "provides"):
+    for column in ("plugin", "version", "runs in", "hooks", "provides"):
         table.add_column(column)
     for row in rows:
         provides = "\n".join(
             f"{kind}: {', '.join(names)}" for kind, names in sorted(row["provides"].items())
         )
         hooks = "\n".join(h.removeprefix("idrs_register_") for h in row["hooks"])
-        table.add_row(escape(row["name"]), escape(row["version"]), hooks, escape(provides))
+        table.add_row(escape(row["name"]), escape(row["version"]), row["runs_in"], hooks,
+                      escape(provides))  # fmt: skip
     console = terminal()
     console.print(table)
+    for check in manager.not_run:
+        console.print(f"not run: check {escape(check)} (verdicts are the harness's own checks')")
     for failure in failures:
         console.print(
             f"[red]failed to load[/red] {escape(failure['plugin'])}: {escape(failure['error'])}"

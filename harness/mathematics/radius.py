@@ -183,7 +183,11 @@ SUKENIK = RadiusFormula("sukenik-thm3.2", sukenik_recompute)
 
 def formula_record(formula: RadiusFormula) -> dict[str, Any]:
     """A formula as data: its name, the importable qualified name of its ``recompute``
-    and its ``inner`` formula's record (as a board's run export holds it)."""
+    and its ``inner`` formula's record (as a board's run export holds it); a formula that
+    lives in a plugin host carries the record it was declared with (``recorded``)."""
+    recorded = getattr(formula, "recorded", None)
+    if recorded:
+        return dict(recorded)
     out: dict[str, Any] = {"name": formula.name, "recompute": _name(formula.recompute)}
     if formula.inner is not None:
         out["inner"] = formula_record(formula.inner)
@@ -200,21 +204,36 @@ def trusted_packages() -> set[str]:
                           for ep in entry_points(group="idrs_bench")}  # fmt: skip
 
 
+def builtin_packages() -> set[str]:
+    """Top-level packages of idrs-bench itself: ``harness`` and those of its own
+    ``idrs_bench`` entry points (the built-in plugins). A formula of these is resolved in
+    the harness's process; any other runs in a plugin host (harness/README.md)."""
+    from importlib.metadata import entry_points
+
+    return {"harness"} | {ep.value.split(":")[0].split(".")[0]
+                          for ep in entry_points(group="idrs_bench")
+                          if ep.dist is not None and ep.dist.name == "idrs-bench"}  # fmt: skip
+
+
 _MOVED = {"harness.radius": __name__}
 """Where a module that records name has moved (databases and boards written before
 ``harness/`` was laid out in layers hold the old names)."""
 
 
-def formula_from_record(record: dict[str, Any]) -> RadiusFormula:
-    """The formula a record names, resolved only from :func:`trusted_packages` and only
-    if it is pure (:func:`is_pure`); anything else is an error naming it."""
+def formula_from_record(record: dict[str, Any], packages: set[str] | None = None) -> RadiusFormula:
+    """The formula a record names, resolved only from ``packages`` (default
+    :func:`builtin_packages`: the harness's process imports no third-party code; a plugin
+    host passes :func:`trusted_packages`) and only if it is pure (:func:`is_pure`);
+    anything else is an error naming it."""
+    packages = builtin_packages() if packages is None else packages
     qualified = str(record.get("recompute", ""))
     module, _, name = qualified.rpartition(".")
     module = _MOVED.get(module, module)
-    if module.split(".")[0] not in trusted_packages():
+    if module.split(".")[0] not in packages:
         raise IdrsError(
-            f"radius formula {qualified!r} is not provided by idrs-bench or an installed plugin "
-            f"(packages {', '.join(sorted(trusted_packages()))}); install the plugin that provides it"
+            f"radius formula {qualified!r} is not provided by idrs-bench (packages "
+            f"{', '.join(sorted(packages))}); it comes from package {module.split('.')[0]!r}: "
+            "install the plugin that provides it (its formula is re-derived by a plugin host)"
         )
     try:
         function = getattr(importlib.import_module(module), name)
@@ -222,5 +241,5 @@ def formula_from_record(record: dict[str, Any]) -> RadiusFormula:
         raise IdrsError(f"radius formula {qualified!r} cannot be imported here") from None
     if not is_pure(function):
         raise IdrsError(f"radius formula {qualified!r} is not a pure module-level function")
-    inner = formula_from_record(record["inner"]) if record.get("inner") else None
+    inner = formula_from_record(record["inner"], packages) if record.get("inner") else None
     return RadiusFormula(str(record.get("name", name)), function, inner)

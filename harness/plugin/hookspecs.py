@@ -24,6 +24,16 @@ from harness.plugin.components import (
     TrainerSpec,
 )
 
+CONTRACT = 3
+"""The version of the plugin contract these hooks and :mod:`harness.plugin.components`
+define. 1: certifiers drew their own samples; 2: the harness draws every sample and a
+certifier only claims; 3: plugins declare the version they were written against and
+third-party plugins run in a plugin host, a process of their own."""
+CONTRACT_ATTRIBUTE = "IDRS_BENCH_CONTRACT"
+"""The module attribute in which a plugin declares it: ``IDRS_BENCH_CONTRACT = 3``."""
+PORTING = "the README's section 'Porting a plugin to contract 3'"
+"""Where a plugin's author reads how to port it."""
+
 hookspec = pluggy.HookspecMarker("idrs_bench")
 hookimpl = pluggy.HookimplMarker("idrs_bench")
 """Marks a plugin's hook implementation (exported as ``harness.hookimpl``)."""

@@ -12,13 +12,23 @@ them). A plugin that fails to import or to register is recorded in
 component name provided twice fails naming both plugins
 (:class:`~harness.foundation.errors.DuplicateNameError`).
 
-Third-party plugins are imported when first needed (:attr:`PluginManager.registry`,
-:meth:`PluginManager.describe`, :attr:`PluginManager.failures`); a benchmark file is
-checked before that against what they registered last time
-(:meth:`PluginManager.checking_registry`, :mod:`harness.plugin.manifest`), so that its
-errors do not wait for their imports.
+Third-party plugins are never imported by the harness's own process: a plugin host
+(:mod:`harness.plugin.host`, started when first needed: :attr:`PluginManager.registry`,
+:meth:`PluginManager.describe`, :attr:`PluginManager.failures`) imports them, and the
+registry holds specs that ask it (:mod:`harness.plugin.hosted_components`;
+harness/README.md, "Plugin host"). The plugin host's own manager is made with
+``isolated=False`` and imports them in its process. A benchmark file is checked before
+that against what they registered last time (:meth:`PluginManager.checking_registry`,
+:mod:`harness.plugin.manifest`), so that its errors do not wait for a plugin host.
 
-Tests and tools register plugins of their own with :meth:`PluginManager.register`.
+Every plugin declares the version of the plugin contract it was written against, as
+``IDRS_BENCH_CONTRACT = 3`` in its module (:data:`~harness.plugin.hookspecs.CONTRACT`);
+an entry point that declares another version or none is refused when it is loaded, with
+one message naming the plugin, both versions and the README's porting section.
+
+Tests and scripts register plugins of their own in this process with
+:meth:`PluginManager.register` (code the caller already runs here: nothing to isolate
+it from).
 """
 
 from __future__ import annotations
@@ -31,8 +41,9 @@ from typing import Any
 
 import pluggy
 
-from harness.foundation.errors import DuplicateNameError
+from harness.foundation.errors import ContractError, DuplicateNameError
 from harness.plugin import hookspecs
+from harness.plugin.hookspecs import CONTRACT, CONTRACT_ATTRIBUTE, PORTING
 from harness.plugin.registry import COMPONENT_KINDS, Registry
 
 ENTRY_POINT_GROUP = "idrs_bench"
@@ -51,36 +62,77 @@ class PluginFailure:
 class PluginManager:
     """pluggy's manager plus the component registry built from the register hooks."""
 
-    def __init__(self, third_party: bool = True) -> None:
-        """Load the built-in plugins and, unless ``third_party`` is False, the others."""
+    def __init__(self, third_party: bool = True, isolated: bool = True) -> None:
+        """Load the built-in plugins and, unless ``third_party`` is False, the others: in a
+        plugin host, or in this process when ``isolated`` is False (the plugin host's own)."""
         self.pm = pluggy.PluginManager("idrs_bench")
         self.pm.add_hookspecs(hookspecs)
         self._failures: list[PluginFailure] = []
         self._versions: dict[str, str] = {}
         self._distributions: dict[str, str] = {}  # plugin -> the distribution declaring it
         self._registry: Registry | None = None
-        self._pending: list[importlib.metadata.EntryPoint] = []  # third-party, not imported
+        self._pending: list[importlib.metadata.EntryPoint] = []  # third-party, not loaded yet
         self._third_party: list[importlib.metadata.EntryPoint] = []
+        self._builtin: list[str] = []
+        self._isolated = isolated
+        self._serves_third_party = third_party  # (a manager of built-ins only never hosts)
+        self._host = None  # the plugin host (harness.plugin.remote.PluginHost), once started
+        self._hosted: dict[str, Any] = {}  # what it described
+        self._host_failures: list[PluginFailure] = []  # what failed there
+        self.not_run: list[str] = []
+        """Third-party checks the harness does not run (verdicts are the harness's own)."""
         self._load_entry_points(third_party)
 
     @property
     def failures(self) -> list[PluginFailure]:
         """Plugins that failed to import or register (every plugin is loaded first)."""
         self.load_all()
-        return self._failures
+        if self._host is not None or self._pending_hosted():
+            self.registry  # noqa: B018 (a plugin host reports its plugins' failures)
+        return [*self._failures, *self._host_failures]
 
     def load_all(self) -> None:
-        """Import the third-party plugins not imported yet."""
+        """Load the third-party plugins not loaded yet: describe them by a plugin host, or
+        (not ``isolated``) import them here."""
         pending, self._pending = self._pending, []
+        if self._isolated:
+            if pending:
+                self._start_host()
+            return
         for ep in pending:
             self._load(ep)
+
+    def _pending_hosted(self) -> bool:
+        from harness.plugin.remote import isolate_builtins
+
+        return self._isolated and self._serves_third_party and isolate_builtins()
+
+    def _start_host(self) -> None:
+        """Start the plugin host and read what it loaded (its failures are reported here)."""
+        if self._host is not None:
+            return
+        from harness.plugin.remote import PluginHost
+
+        self._host = PluginHost()
+        self._hosted = self._host.request("describe")
+        local = {name for name, _ in self.pm.list_name_plugin()}
+        self._host_failures = [PluginFailure(f["plugin"], f["error"])
+                               for f in self._hosted.get("failures", ()) if f["plugin"] not in local]  # fmt: skip
+        self._registry = None
+
+    def builtin_plugins(self) -> list[str]:
+        """The plugins of this distribution's entry points loaded here."""
+        return list(self._builtin)
 
     def register(
         self, plugin: ModuleType | object, name: str, version: str = "",
         distribution: str | None = None,
     ) -> None:  # fmt: skip
-        """Register a plugin object (usually a module with ``@hookimpl`` functions);
-        ``distribution``: the installed package that declares it, when known."""
+        """Register a plugin object (usually a module with ``@hookimpl`` functions) in this
+        process; ``distribution``: the installed package that declares it, when known. One
+        that declares another contract version is refused."""
+        if getattr(plugin, CONTRACT_ATTRIBUTE, CONTRACT) != CONTRACT:
+            check_contract(plugin, name)
         self.pm.register(plugin, name=name)
         self._versions[name] = version
         if distribution:
@@ -95,13 +147,23 @@ class PluginManager:
 
     @property
     def registry(self) -> Registry:
-        """The components of every plugin (all imported; built on first use)."""
+        """The components of every plugin (built on first use): this process's, and those a
+        plugin host serves (:mod:`harness.plugin.hosted_components`)."""
         self.load_all()
+        if self._pending_hosted():
+            self._start_host()
         if self._registry is None:
             self._registry = self._build_registry()
+            if self._host is not None:
+                from harness.plugin.hosted_components import hosted_registry
+                from harness.plugin.remote import isolate_builtins
+
+                self._registry, self.not_run = hosted_registry(
+                    self._registry, self._host, self._hosted, isolate_builtins()
+                )
             from harness.plugin import manifest as plugin_manifest
 
-            failed = {f.plugin for f in self._failures}
+            failed = {f.plugin for f in [*self._failures, *self._host_failures]}
             plugin_manifest.write_entries(self._registry, self._third_party, failed)
         return self._registry
 
@@ -124,25 +186,46 @@ class PluginManager:
 
         return plugin_manifest.stand_in_registry(base, entries, real_check)
 
+    def formula(self, record: dict[str, Any]) -> Any:
+        """The radius formula a record names (S0's declaration): idrs-bench's own, resolved
+        here, or an installed plugin's, re-derived by the plugin host
+        (:func:`harness.plugin.remote.resolve_formula`)."""
+        from harness.mathematics.radius import (
+            builtin_packages,
+            formula_from_record,
+            trusted_packages,
+        )
+        from harness.plugin.remote import resolve_formula
+
+        top = str(record.get("recompute", "")).split(".")[0]
+        if top in builtin_packages() or not self._isolated:
+            return formula_from_record(record, None if self._isolated else trusted_packages())
+        self.registry  # noqa: B018 (starts the plugin host of the installed plugins)
+        if self._host is None:
+            return formula_from_record(record)  # (says which package is missing)
+        return resolve_formula(record, self._host, [])
+
     def plugin_names(self) -> list[str]:
         self.load_all()
-        return sorted(name for name, _ in self.pm.list_name_plugin())
+        local = {name for name, _ in self.pm.list_name_plugin()}
+        return sorted(local | {p["name"] for p in self._hosted.get("plugins", ())})
 
     def describe(self) -> list[dict[str, Any]]:
-        """Name, version, implemented hooks and provided components of every plugin."""
-        registry = self.registry  # (imports every plugin)
+        """Name, version, implemented hooks, provided components and where it runs (``here``
+        or ``plugin host``) of every plugin."""
+        registry = self.registry  # (loads every plugin)
         rows = []
         for name, plugin in sorted(self.pm.list_name_plugin()):
             hooks = sorted(h.name for h in self.pm.get_hookcallers(plugin) or [])
-            rows.append(
-                {
-                    "name": name,
-                    "version": self._versions.get(name, ""),
-                    "hooks": hooks,
-                    "provides": registry.provided_by(name),
-                }
-            )
-        return rows
+            rows.append({"name": name, "version": self._versions.get(name, ""), "hooks": hooks,
+                         "distribution": self._distributions.get(name),
+                         "provides": registry.provided_by(name), "runs_in": "here"})  # fmt: skip
+        local = {row["name"] for row in rows}
+        for hosted in self._hosted.get("plugins", ()):
+            if hosted["name"] not in local:
+                rows.append({**hosted, "provides": registry.provided_by(hosted["name"]),
+                             "runs_in": "plugin host"})  # fmt: skip
+        return sorted(rows, key=lambda row: row["name"])
 
     def _load_entry_points(self, third_party: bool) -> None:
         allowed = _allowed_external_plugins() if third_party else set()
@@ -151,6 +234,7 @@ class PluginManager:
         others = [ep for ep in entry_points if not is_builtin(ep)]
         for ep in builtins:  # built-ins first: they keep their names
             self._load(ep)
+            self._builtin.append(ep.name)
         self._third_party = [ep for ep in others if allowed is None or ep.name in allowed]
         self._pending = list(self._third_party)
         if not builtins:
@@ -174,7 +258,9 @@ class PluginManager:
                     f"{ep.value!r}; rename one or leave a third-party plugin out with "
                     f"{PLUGINS_ENV_VAR}"
                 )
-            self.register(ep.load(), name=ep.name, version=ep.dist.version if ep.dist else "",
+            plugin = ep.load()
+            check_contract(plugin, ep.name)
+            self.register(plugin, name=ep.name, version=ep.dist.version if ep.dist else "",
                           distribution=ep.dist.name if ep.dist else None)  # fmt: skip
         except Exception as exc:
             self._fail(ep.name, exc)
@@ -210,6 +296,18 @@ class PluginManager:
 
     def _fail(self, name: str, exc: BaseException) -> None:
         self._failures.append(PluginFailure(name, _describe(exc)))
+
+
+def check_contract(plugin: Any, name: str) -> None:
+    """Raise a :class:`ContractError` unless ``plugin`` declares this harness's contract."""
+    declared = getattr(plugin, CONTRACT_ATTRIBUTE, None)
+    if declared == CONTRACT:
+        return
+    written = (f"declares {CONTRACT_ATTRIBUTE} = {declared!r}" if declared is not None else
+               f"declares no {CONTRACT_ATTRIBUTE}, so it was written against contract 1 or 2 "
+               "(before plugins declared one)")  # fmt: skip
+    raise ContractError(f"plugin {name!r} {written}; this idrs-bench implements plugin contract "
+                        f"{CONTRACT}: see {PORTING}")  # fmt: skip
 
 
 def _wraps(impl: Any) -> bool:

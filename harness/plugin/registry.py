@@ -125,6 +125,11 @@ class Registry:
         """Record the installed package (distribution) that declares ``plugin``, and its version."""
         self._origins[plugin] = (distribution, version or None)
 
+    def copy_origins(self, other: Registry) -> None:
+        """Give ``other`` the packages recorded here (:meth:`set_origin`)."""
+        for plugin, (distribution, version) in self._origins.items():
+            other.set_origin(plugin, distribution, version)
+
     def provenance(self, kind: str, name: str) -> dict[str, str | None]:
         """Where a component comes from: its ``plugin``, the ``distribution`` (the package
         to install, as ``importlib.metadata`` names it; None when the plugin was registered

@@ -44,6 +44,7 @@ from harness.foundation.artifacts import file_digest
 from harness.foundation.data import Dataset
 from harness.foundation.errors import IdrsError, ParameterError
 from harness.foundation.identity import content_hash
+from harness.plugin.model_description import build_model
 from harness.plugin.registry import Registry
 from harness.running.benchmark import AUTO_ARCHITECTURE, ModelConfig
 from harness.running.checkpoint_diagnosis import diagnose
@@ -182,11 +183,8 @@ def load_checkpoint(
             raise CheckpointError(f"{path} holds no state dict (a mapping of tensors)")
     arch = registry.get("models", config.architecture)
     try:
-        model = arch.build(
-            dataset.input_shape,
-            dataset.num_classes,
-            {**arch.defaults, **config.architecture_params},
-        )
+        model = build_model(registry, config.architecture, dataset.input_shape,
+                            dataset.num_classes, {**arch.defaults, **config.architecture_params})  # fmt: skip
     except ParameterError as exc:  # e.g. no normalization statistics for the dataset
         if config.format != "cohen":
             raise

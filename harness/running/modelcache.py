@@ -25,6 +25,7 @@ from harness.foundation.data import Dataset
 from harness.foundation.identity import content_hash
 from harness.foundation.progress import Progress
 from harness.plugin.components import TrainContext
+from harness.plugin.model_description import build_model
 from harness.plugin.registry import Registry
 from harness.running.benchmark import ModelConfig
 
@@ -57,8 +58,8 @@ def build_architecture(
     the cache, training and every Ray worker build a base model through it."""
     torch.manual_seed(config.seed)  # the initial weights are part of the recipe
     params = model_recipe(config, dataset, registry)["architecture_params"]
-    arch = registry.get("models", config.architecture)
-    return arch.build(dataset.input_shape, dataset.num_classes, params)
+    return build_model(registry, config.architecture, dataset.input_shape, dataset.num_classes,
+                       params)  # fmt: skip
 
 
 def obtain_model(

@@ -16,6 +16,9 @@ from typing import Any
 from harness import BuildContext, MethodSpec, SigmaProviderSpec, TrainerSpec, hookimpl
 from plugins.chen.config import SEARCH_DEFAULTS, TRAINER_DEFAULTS, SearchConfig
 
+IDRS_BENCH_CONTRACT = 3
+"""The plugin contract this plugin is written against (README, "Writing a plugin")."""
+
 
 def check_params(params: Mapping[str, Any]) -> None:
     """Raise :class:`~harness.foundation.errors.ParameterError` for invalid search parameters."""

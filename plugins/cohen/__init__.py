@@ -21,6 +21,9 @@ from harness import (
     hookimpl,
 )
 
+IDRS_BENCH_CONTRACT = 3
+"""The plugin contract this plugin is written against (README, "Writing a plugin")."""
+
 TRAINER_DEFAULTS = {"sigma": 0.25, "epochs": 10, "batch_size": 128, "lr": 1e-3}
 
 

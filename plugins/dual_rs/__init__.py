@@ -41,6 +41,9 @@ from harness import (
     hookimpl,
 )
 
+IDRS_BENCH_CONTRACT = 3
+"""The plugin contract this plugin is written against (README, "Writing a plugin")."""
+
 METHOD_DEFAULTS: dict[str, Any] = {
     "levels": [0.12, 0.25, 0.5],  # the σ the estimator chooses among (the quick board's cohen σ)
     "estimator_sigma": 0.5,  # σ_v: the noise the σ-estimator is trained and smoothed at

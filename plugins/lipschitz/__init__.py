@@ -26,6 +26,9 @@ from harness import (
     hookimpl,
 )
 
+IDRS_BENCH_CONTRACT = 3
+"""The plugin contract this plugin is written against (README, "Writing a plugin")."""
+
 METHOD_DEFAULTS: dict[str, Any] = {
     "sigma_min": 0.65,  # §4
     "lip_sigma": 0.5,  # §4

@@ -12,6 +12,9 @@ from typing import Any
 
 from harness import ModelSpec, ParameterError, hookimpl
 
+IDRS_BENCH_CONTRACT = 3
+"""The plugin contract this plugin is written against (README, "Writing a plugin")."""
+
 
 def build_mlp(input_shape: tuple[int, ...], num_classes: int, params: Mapping[str, Any]):
     """d → width → classes with one ReLU (784-200-10 on fashion-mnist, as in Bergstrom et al. §4)."""

@@ -8,8 +8,8 @@ therefore re-derives, for every row:
 1. **every certificate** (S0, :func:`harness.audit.evidence.rederive`) from its
    exported evidence (the harness's draws, α, σ, the certifier's derived evidence),
    against the declaration S0 recorded: the radius formula by its importable qualified
-   name, resolved only from idrs-bench and the plugins installed here
-   (:func:`harness.mathematics.radius.formula_from_record`), and the σ-provider's regularity as
+   name, resolved from idrs-bench or, for an installed plugin's, re-derived by its plugin
+   host (:meth:`harness.plugin.manager.PluginManager.formula`), and the σ-provider's regularity as
    data; formulas that need the inputs get them from the run's dataset, loaded here.
    S0's recorded verdict must be the one the evidence gives; where it is ``sound``, the
    bound, prediction and radius must moreover *equal* the re-derived ones (relative
@@ -99,7 +99,8 @@ def recheck_runs(
     from harness.running.benchmark import benchmark_from_dict
 
     problems: list[str] = []
-    registry = PluginManager().registry
+    manager = PluginManager()
+    registry = manager.registry
     for run in runs:
         if run.imported:
             continue
@@ -113,7 +114,7 @@ def recheck_runs(
                 continue
             absent = registry.absent([("methods", row.method)], run.run.get("components"))
             found: set[str] = set()
-            mine = _recheck_row(run, row, protocol, inputs, absent, found)
+            mine = _recheck_row(run, row, protocol, inputs, absent, found, manager.formula)
             if absent and not mine and notes is not None:
                 notes.append(f"{_label(run, row)}: {absent}; its certificates re-derive (their "
                              "formula is installed), --replay and --reaudit need it")  # fmt: skip
@@ -125,9 +126,10 @@ def recheck_runs(
 
 def _recheck_row(
     run: StoredRun, row: StoredRow, protocol, inputs: _Inputs, absent: str | None,
-    found: set[str],
+    found: set[str], formula,
 ) -> list[str]:  # fmt: skip
-    """The row's problems; ``found`` receives the checks whose verdict was re-derived."""
+    """The row's problems; ``found`` receives the checks whose verdict was re-derived;
+    ``formula`` resolves a recorded radius formula."""
     from harness.audit.evidence import Declaration, certificates_digest, rederive
     from harness.audit.replay import judge
 
@@ -148,7 +150,7 @@ def _recheck_row(
         problems.append(f"{label}: the certificates are not those S0 audited (their SHA-256 "
                         "differs from the one S0 recorded): the export was edited")  # fmt: skip
     try:
-        declaration = Declaration.from_record(s0.evidence["declaration"])
+        declaration = Declaration.from_record(s0.evidence["declaration"], formula)
         x = inputs.rows([int(c["input_id"]) for c in certs])
         exact = rederive(certs, x, protocol, declaration, exact=True)
         audited = rederive(certs, x, protocol, declaration)
@@ -347,6 +349,7 @@ class _Methods:
     def __init__(self, run: StoredRun, source, device: str) -> None:
         self.run, self.source, self.device = run, source, device
         self.context = None
+        self.manager = None  # the plugins, once a method is built
         self.error: str | None = None
         self.built: dict[tuple[str, str], Any] = {}
         self.folder = tempfile.mkdtemp(prefix="idrs-replay-")
@@ -368,7 +371,8 @@ class _Methods:
 
         stage_trained_parts(self.run, Path(self.folder))
         spec = benchmark_from_dict(self.run.config)
-        registry = PluginManager().registry
+        self.manager = PluginManager()
+        registry = self.manager.registry
         dataset = load_dataset(spec, registry, RunOptions(db=Path(os.devnull),
                                                           data_root=self.source.data_root))  # fmt: skip
         config = replace(spec.model, checkpoint=str(self.source.weights),
@@ -430,7 +434,7 @@ class _Methods:
         if theirs is None:
             return None
         try:
-            theirs = Declaration.from_record(theirs).record()
+            theirs = Declaration.from_record(theirs, self.manager.formula).record()
         except IdrsError as exc:
             return f"the export's declaration cannot be read here: {exc}"
         if ours != theirs:

@@ -1,0 +1,146 @@
+"""What the harness and a plugin host send each other, as wire values
+(:mod:`harness.plugin.wire`): the harness's dataclasses to plain data and back.
+
+Everything a plugin host answers is read here into the harness's own types with the
+types checked (a claim's class an integer, its radius and bound numbers, ...); it is a
+claim to audit, never evidence (harness/README.md, "Plugin host").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, fields
+from typing import Any
+
+import numpy as np
+import torch
+
+from harness.engine.draws import Claim, Draws, Evidence
+from harness.foundation.errors import ContractError
+from harness.foundation.protocol import CertificationProtocol
+from harness.foundation.regularity import Regularity, regularity_from_record, regularity_record
+from harness.foundation.runstate import StateRecord
+from harness.mathematics.radius import Recomputed
+
+
+def protocol_message(protocol: CertificationProtocol) -> dict[str, Any]:
+    return asdict(protocol)
+
+
+def protocol_from(message: Mapping[str, Any]) -> CertificationProtocol:
+    names = {f.name for f in fields(CertificationProtocol)}
+    return CertificationProtocol(**{k: v for k, v in message.items() if k in names})
+
+
+def regularity_message(regularity: Regularity) -> dict[str, Any]:
+    return regularity_record(regularity)
+
+
+def regularity_from(message: Any, who: str) -> Regularity:
+    try:
+        return regularity_from_record(dict(message))
+    except Exception as exc:
+        raise ContractError(f"{who} declares a regularity that is not one of the harness's "
+                            f"(Constant, SemiElastic, Lipschitz, Unregularized): {exc}") from None  # fmt: skip
+
+
+def draws_message(draws: Draws) -> dict[str, Any]:
+    return {"kind": draws.kind, "n0": draws.n0, "n": draws.n, "sigma": draws.sigma,
+            "selection": draws.selection, "estimation": draws.estimation,
+            "estimation_sq": draws.estimation_sq,
+            "levels": None if draws.levels is None else list(draws.levels),
+            "alpha": draws.alpha}  # fmt: skip
+
+
+def draws_from(message: Mapping[str, Any]) -> Draws:
+    levels = message.get("levels")
+    return Draws(str(message["kind"]), int(message["n0"]), int(message["n"]),
+                 np.asarray(message["sigma"]), np.asarray(message["selection"]),
+                 np.asarray(message["estimation"]),
+                 None if message.get("estimation_sq") is None else np.asarray(message["estimation_sq"]),
+                 None if levels is None else tuple(float(v) for v in levels),
+                 message.get("alpha"))  # fmt: skip
+
+
+def evidence_message(evidence: Evidence) -> dict[str, Any]:
+    sigma_draws = evidence.sigma_draws
+    return {"input_ids": list(evidence.input_ids), "x": evidence.x, "sigma": evidence.sigma,
+            "alpha": evidence.alpha, "base": draws_message(evidence.base),
+            "sigma_draws": None if sigma_draws is None else draws_message(sigma_draws)}  # fmt: skip
+
+
+def evidence_from(message: Mapping[str, Any], device: torch.device) -> Evidence:
+    sigma_draws = message.get("sigma_draws")
+    return Evidence(tuple(int(i) for i in message["input_ids"]), message["x"].to(device),
+                    np.asarray(message["sigma"]), float(message["alpha"]),
+                    draws_from(message["base"]),
+                    None if sigma_draws is None else draws_from(sigma_draws))  # fmt: skip
+
+
+def claim_message(claim: Any) -> dict[str, Any]:
+    """A certifier's answer as data (in the plugin host; what it returned is checked by
+    the harness when read back, :func:`claims_from`)."""
+    if not isinstance(claim, Claim):
+        return {"not_a_claim": type(claim).__name__}
+    return {"prediction": claim.prediction, "radius": claim.radius, "p_lower": claim.p_lower,
+            "predict": claim.predict, "evidence": dict(claim.evidence)}  # fmt: skip
+
+
+def claims_from(message: Any, who: str) -> list[Any]:
+    """The claims a plugin host sent, typed; anything else is a :class:`ContractError`
+    naming the certifier (``who``)."""
+    if not isinstance(message, list):
+        raise ContractError(f"{who} answered {type(message).__name__}, not a list of claims")
+    out: list[Any] = []
+    for item in message:
+        if not isinstance(item, dict) or "not_a_claim" in item:
+            kind = item.get("not_a_claim") if isinstance(item, dict) else type(item).__name__
+            raise ContractError(f"{who} returned a {kind}; a certifier returns one harness.Claim "
+                                "per input (README, 'Writing a plugin')")  # fmt: skip
+        prediction, predict = item.get("prediction"), item.get("predict")
+        radius, bound = item.get("radius"), item.get("p_lower")
+        evidence = item.get("evidence")
+        if not (_integer(prediction) and _integer(predict) and _number(radius)
+                and _number(bound) and isinstance(evidence, dict)):  # fmt: skip
+            raise ContractError(f"{who} returned a claim of the wrong types: {item!r:.200}")
+        out.append(Claim(int(prediction), float(radius), float(bound), int(predict), evidence))
+    return out
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def records_message(records: Sequence[StateRecord]) -> list[dict[str, Any]]:
+    return [{"seq": r.seq, "record": r.record, "data": r.data} for r in records]
+
+
+def records_from(message: Any, who: str) -> list[StateRecord]:
+    out = []
+    for item in message or []:
+        if not (isinstance(item, dict) and _integer(item.get("seq"))
+                and isinstance(item.get("record"), dict) and isinstance(item.get("data"), bytes)):  # fmt: skip
+            raise ContractError(f"{who} staged a state record of the wrong types: {item!r:.200}")
+        out.append(StateRecord(item["seq"], item["record"], item["data"]))
+    return out
+
+
+def recomputed_message(recomputed: Recomputed) -> dict[str, Any]:
+    return {name: np.asarray(getattr(recomputed, name)) for name in
+            ("n0", "n", "bound", "prediction", "radius")}  # fmt: skip
+
+
+def recomputed_from(message: Any, count: int, who: str) -> Recomputed:
+    try:
+        arrays = {name: np.asarray(message[name], dtype=np.float64) for name in
+                  ("n0", "n", "bound", "prediction", "radius")}  # fmt: skip
+    except (KeyError, TypeError, ValueError):
+        raise ContractError(f"{who} answered a re-derivation of the wrong form") from None
+    if any(a.shape != (count,) for a in arrays.values()):
+        raise ContractError(f"{who} re-derived {count} certificates into arrays of the wrong shape")
+    return Recomputed(arrays["n0"].astype(np.int64), arrays["n"].astype(np.int64),
+                      arrays["bound"], arrays["prediction"].astype(np.int64), arrays["radius"])  # fmt: skip

@@ -1,0 +1,157 @@
+"""The plugin host's wire format: data, never code, between the harness and a plugin host.
+
+A message is a JSON header plus the raw bytes of the arrays it carries, framed as
+``<header length><payload length><header><payload>`` (two unsigned 64-bit little-endian
+lengths). Values are JSON (``None``, booleans, numbers, strings, lists, dicts with string
+keys) or tagged dicts ``{"__wire__": tag, ...}`` for
+
+- ``ndarray`` and ``tensor``: a numpy array or a torch tensor (sent from the CPU), its
+  dtype from :data:`DTYPES`, its shape and the index of its bytes in the payload;
+- ``bytes``: raw bytes (a certifier's state records).
+
+Nothing is unpickled and nothing is evaluated: a plugin host is third-party code, and
+what it answers can only be numbers, strings and arrays of the listed dtypes, which the
+harness then audits as claims (harness/README.md, "Plugin host").
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any, BinaryIO
+
+import numpy as np
+
+TAG = "__wire__"
+DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+          "float16", "float32", "float64", "bfloat16")  # fmt: skip
+"""Every dtype an array may have on the wire (``bfloat16``: torch tensors only)."""
+_LENGTHS = struct.Struct("<QQ")
+MAX_HEADER = 1 << 28
+"""Largest header accepted (bytes): a longer one is a broken stream, not a message."""
+
+
+class WireError(ValueError):
+    """A message that does not follow this format (a broken stream or a value that
+    cannot be sent)."""
+
+
+class _Payload:
+    """The payload being assembled: its byte strings and their total length."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.size = 0
+
+    def add(self, data: bytes) -> dict[str, int]:
+        """Append ``data``; where it lies (``blob``: its offset, ``nbytes``)."""
+        self.parts.append(data)
+        self.size += len(data)
+        return {"blob": self.size - len(data), "nbytes": len(data)}
+
+
+def encode(value: Any) -> bytes:
+    """One framed message holding ``value``."""
+    payload = _Payload()
+    header = json.dumps(_pack(value, payload), separators=(",", ":")).encode()
+    return _LENGTHS.pack(len(header), payload.size) + header + b"".join(payload.parts)
+
+
+def write_message(stream: BinaryIO, value: Any) -> None:
+    stream.write(encode(value))
+    stream.flush()
+
+
+def read_message(stream: BinaryIO) -> Any:
+    """The next message's value; raises :class:`EOFError` when the stream has ended."""
+    head = _read_exactly(stream, _LENGTHS.size, at_start=True)
+    header_length, payload_length = _LENGTHS.unpack(head)
+    if header_length > MAX_HEADER:
+        raise WireError(f"a message header of {header_length} bytes: the stream is broken")
+    header = json.loads(_read_exactly(stream, header_length))
+    payload = bytearray(_read_exactly(stream, payload_length))
+    return _unpack(header, memoryview(payload))
+
+
+def _read_exactly(stream: BinaryIO, count: int, at_start: bool = False) -> bytes:
+    chunks, left = [], count
+    while left:
+        chunk = stream.read(left)
+        if not chunk:
+            if at_start and left == count:
+                raise EOFError("the stream ended")
+            raise WireError(f"the stream ended {left} bytes before the end of a message")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _pack(value: Any, blobs: _Payload) -> Any:
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, list | tuple):
+        return [_pack(v, blobs) for v in value]
+    if isinstance(value, dict):
+        if TAG in value or not all(isinstance(k, str) for k in value):
+            raise WireError(f"a dict sent on the wire needs string keys other than {TAG!r}")
+        return {k: _pack(v, blobs) for k, v in value.items()}
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {TAG: "bytes", **blobs.add(bytes(value))}
+    if isinstance(value, np.ndarray):
+        return _pack_array(value, "ndarray", blobs)
+    try:
+        import torch
+    except ImportError:  # pragma: no cover (the harness always has torch)
+        torch = None
+    if torch is not None and isinstance(value, torch.Tensor):
+        tensor = value.detach().to("cpu").contiguous()
+        if tensor.dtype == torch.bfloat16:
+            return {**_pack_array(tensor.view(torch.int16).numpy(), "tensor", blobs),
+                    "dtype": "bfloat16"}  # fmt: skip
+        return _pack_array(tensor.numpy(), "tensor", blobs)
+    raise WireError(f"a {type(value).__name__} cannot be sent to or from a plugin host")
+
+
+def _pack_array(array: np.ndarray, tag: str, blobs: _Payload) -> dict[str, Any]:
+    dtype = array.dtype.name
+    if dtype not in DTYPES or array.dtype.byteorder == ">":
+        raise WireError(f"an array of dtype {array.dtype} cannot be sent (dtypes: {DTYPES})")
+    where = blobs.add(np.ascontiguousarray(array).tobytes())
+    return {TAG: tag, "dtype": dtype, "shape": list(array.shape), **where}
+
+
+def _unpack(value: Any, payload: memoryview) -> Any:
+    if isinstance(value, list):
+        return [_unpack(v, payload) for v in value]
+    if not isinstance(value, dict):
+        return value
+    tag = value.get(TAG)
+    if tag is None:
+        return {k: _unpack(v, payload) for k, v in value.items()}
+    start, nbytes = value.get("blob"), value.get("nbytes")
+    if not (isinstance(start, int) and isinstance(nbytes, int) and start >= 0
+            and nbytes >= 0 and start + nbytes <= len(payload)):  # fmt: skip
+        raise WireError(f"a {tag} outside the message's payload")
+    data = payload[start : start + nbytes]
+    if tag == "bytes":
+        return bytes(data)
+    if tag not in ("ndarray", "tensor"):
+        raise WireError(f"unknown wire tag {tag!r}")
+    dtype, shape = value.get("dtype"), value.get("shape")
+    if dtype not in DTYPES or not (
+        isinstance(shape, list) and all(isinstance(s, int) and s >= 0 for s in shape)
+    ):
+        raise WireError(f"an array of dtype {dtype!r} and shape {shape!r} cannot be received")
+    stored = "int16" if dtype == "bfloat16" else dtype
+    count = int(np.prod(shape, dtype=np.int64))
+    if count * np.dtype(stored).itemsize != nbytes:
+        raise WireError(f"an array of shape {shape} and dtype {dtype} in {nbytes} bytes")
+    array = np.frombuffer(data, dtype=stored, count=count).reshape(shape)
+    if tag == "ndarray":
+        return array
+    import torch
+
+    tensor = torch.from_numpy(array)
+    return tensor.view(torch.bfloat16) if dtype == "bfloat16" else tensor

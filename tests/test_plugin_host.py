@@ -1,0 +1,283 @@
+"""Third-party plugins run in a plugin host, never where samples are drawn or verdicts made
+(harness/README.md, "Plugin host"); plugins declare their contract version."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from harness.foundation.errors import ContractError
+from harness.foundation.progress import Progress
+from harness.plugin import wire
+from harness.plugin.hookspecs import CONTRACT
+from harness.plugin.manager import PluginManager
+
+HALF = '''
+"""Cohen's certifier at half the σ (the README's example plugin); records where it runs."""
+import os
+
+from harness import Constant, MethodSpec, SigmaProviderSpec, hookimpl
+
+IDRS_BENCH_CONTRACT = 3
+with open(os.environ["IDRS_TEST_IMPORTED"], "a") as out:
+    out.write(f"{os.getpid()}\\n")
+
+
+class HalfSigma:
+    def __init__(self, sigma):
+        self.sigma = sigma / 2
+        self.regularity = Constant(self.sigma)
+
+    def __call__(self, x):
+        import torch
+
+        return torch.full((len(x),), self.sigma, device=x.device)
+
+
+@hookimpl
+def idrs_register_sigma_providers(register):
+    register(SigmaProviderSpec("half", lambda context, params: HalfSigma(params["sigma"])))
+
+
+@hookimpl
+def idrs_register_methods(register):
+    register(MethodSpec("cohen-half", sigma_provider="half", certifier="cohen",
+                        defaults={"sigma": 0.5}))
+'''
+
+
+def _roundtrip(value):
+    return wire.read_message(io.BytesIO(wire.encode(value)))
+
+
+def test_the_wire_carries_data_of_every_listed_dtype():
+    arrays = {name: (np.arange(6) % 3).astype(name).reshape(2, 3) for name in wire.DTYPES
+              if name != "bfloat16"}  # fmt: skip
+    value = {"arrays": arrays, "nested": [1, 2.5, None, "σ", True, {"x": [float("nan")]}],
+             "tensor": torch.linspace(0, 1, 5), "bf16": torch.ones(3, dtype=torch.bfloat16),
+             "ids": torch.arange(4), "bytes": b"\x00\x01state"}  # fmt: skip
+    got = _roundtrip(value)
+    for name, array in arrays.items():
+        assert got["arrays"][name].dtype == array.dtype and np.array_equal(
+            got["arrays"][name], array
+        )
+    assert got["nested"][:5] == [1, 2.5, None, "σ", True] and np.isnan(got["nested"][5]["x"][0])
+    assert torch.equal(got["tensor"], value["tensor"]) and got["tensor"].dtype == torch.float32
+    assert got["bf16"].dtype == torch.bfloat16 and torch.equal(got["bf16"], value["bf16"])
+    assert torch.equal(got["ids"], value["ids"]) and got["bytes"] == value["bytes"]
+
+
+@pytest.mark.parametrize("value", [{1, 2}, object(), {1: "int key"}, np.array([object()]),
+                                   {"__wire__": "ndarray"}])  # fmt: skip
+def test_the_wire_refuses_what_is_not_plain_data(value):
+    with pytest.raises(wire.WireError):
+        wire.encode(value)
+
+
+def _frame(header: dict, payload: bytes = b"") -> io.BytesIO:
+    text = json.dumps(header).encode()
+    return io.BytesIO(struct.pack("<QQ", len(text), len(payload)) + text + payload)
+
+
+@pytest.mark.parametrize("header, payload", [
+    ({"__wire__": "ndarray", "dtype": "object", "shape": [1], "blob": 0, "nbytes": 8}, b"x" * 8),
+    ({"__wire__": "ndarray", "dtype": "float64", "shape": [2], "blob": 0, "nbytes": 16}, b"x" * 8),
+    ({"__wire__": "ndarray", "dtype": "float64", "shape": [2], "blob": 0, "nbytes": 8}, b"x" * 8),
+    ({"__wire__": "pickle", "blob": 0, "nbytes": 1}, b"x"),
+])  # fmt: skip
+def test_the_wire_rejects_a_message_that_is_not_data(header, payload):
+    with pytest.raises(wire.WireError):
+        wire.read_message(_frame(header, payload))
+
+
+def test_a_truncated_stream_is_an_error_and_an_empty_one_its_end():
+    frame = wire.encode({"x": np.zeros(4)})
+    with pytest.raises(wire.WireError):
+        wire.read_message(io.BytesIO(frame[:-3]))
+    with pytest.raises(EOFError):
+        wire.read_message(io.BytesIO(b""))
+
+
+@pytest.mark.parametrize("declaration, said", [
+    ("", "declares no IDRS_BENCH_CONTRACT, so it was written against contract 1 or 2"),
+    ("IDRS_BENCH_CONTRACT = 2", "declares IDRS_BENCH_CONTRACT = 2"),
+])  # fmt: skip
+def test_a_plugin_of_another_contract_is_refused_with_one_message(
+    install_plugin, tmp_path, monkeypatch, declaration, said
+):
+    monkeypatch.setenv("IDRS_TEST_IMPORTED", str(tmp_path / "imported"))
+    install_plugin("idrs_test_old", HALF.replace("IDRS_BENCH_CONTRACT = 3", declaration))
+    manager = PluginManager()
+    [failure] = [f for f in manager.failures if f.plugin == "idrs_test_old"]
+    assert said in failure.error
+    assert f"implements plugin contract {CONTRACT}" in failure.error
+    assert "Porting a plugin to contract 3" in failure.error
+    assert "cohen-half" not in manager.registry.names("methods")
+    assert "cohen" in manager.registry.names("methods")  # the rest keeps working
+
+
+def test_an_in_process_plugin_of_another_contract_is_refused():
+    class Old:
+        IDRS_BENCH_CONTRACT = 2
+
+    with pytest.raises(ContractError, match="IDRS_BENCH_CONTRACT = 2"):
+        PluginManager(third_party=False).register(Old(), name="old")
+
+
+def test_every_builtin_plugin_declares_the_contract():
+    manager = PluginManager(third_party=False)
+    assert manager.failures == []
+    assert len(manager.builtin_plugins()) >= 10
+
+
+def test_a_third_party_plugin_runs_in_the_plugin_host_and_certifies_as_in_process(
+    install_plugin, tmp_path, monkeypatch, linear_model
+):
+    imported = tmp_path / "imported"
+    monkeypatch.setenv("IDRS_TEST_IMPORTED", str(imported))
+    install_plugin("idrs_test_half", HALF)
+    manager = PluginManager()
+    rows = {row["name"]: row for row in manager.describe()}
+    assert rows["idrs_test_half"]["runs_in"] == "plugin host"
+    assert rows["idrs_test_half"]["provides"]["methods"] == ["cohen-half"]
+    assert rows["cohen"]["runs_in"] == "here"
+    assert "idrs_test_half" not in sys.modules  # never imported by this process
+    assert [int(pid) for pid in imported.read_text().split()] != [os.getpid()]
+
+    from harness.api import certify
+
+    model = linear_model(torch.tensor([1.0, 0.0]), 0.0)
+    x = torch.tensor([[0.3, 0.1], [-0.8, 0.2], [0.05, 0.0]])
+    y = torch.tensor([1, 0, 1])
+    hosted = certify(model, x, y, method="cohen-half", sigma=0.5, n=2000, batch_size=512)
+    local = certify(model, x, y, method="cohen", sigma=0.25, n=2000, batch_size=512)
+    for column in ("prediction", "radius", "p_lower", "sigma", "counts_estimation"):
+        assert hosted[column].tolist() == local[column].tolist(), column
+    assert "idrs_test_half" not in sys.modules
+
+
+def test_the_plugins_command_says_where_each_plugin_runs(install_plugin, tmp_path, monkeypatch):
+    monkeypatch.setenv("IDRS_TEST_IMPORTED", str(tmp_path / "imported"))
+    install_plugin("idrs_test_half", HALF)
+    out = subprocess.run([sys.executable, "-m", "harness.cli.main", "plugins", "--json"],
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    rows = {row["name"]: row for row in json.loads(out.stdout)["plugins"]}
+    assert rows["idrs_test_half"]["runs_in"] == "plugin host"
+    assert rows["idrs_test_half"]["version"] == "0.1"
+
+
+def test_a_plugin_host_that_dies_is_an_error_naming_it(install_plugin, tmp_path, monkeypatch):
+    monkeypatch.setenv("IDRS_TEST_IMPORTED", str(tmp_path / "imported"))
+    install_plugin("idrs_test_half", HALF.replace(
+        "return torch.full((len(x),), self.sigma, device=x.device)", "os._exit(3)"))  # fmt: skip
+    manager = PluginManager()
+    spec = manager.registry.get("sigma_providers", "half")
+    context = _context(manager)
+    provider = spec.build(context, {"sigma": 0.5})
+    with pytest.raises(Exception, match=r"plugin host .*failed"):
+        provider(torch.zeros(2, 2))
+
+
+def _context(manager):
+    from harness.engine.sampling import SamplingEngine
+    from harness.foundation.data import Dataset
+    from harness.foundation.protocol import CertificationProtocol
+    from harness.plugin.components import BuildContext
+    from harness.plugin.model_description import build_model
+
+    model = build_model(manager.registry, "linear-N", (2,), 2, {})
+    data = Dataset("t", torch.zeros(4, 2), torch.zeros(4, dtype=torch.long), torch.zeros(2, 2),
+                   torch.zeros(2, dtype=torch.long), 2)  # fmt: skip
+    protocol = CertificationProtocol(n0=10, n=100, batch_size=64)
+    return BuildContext(data, model, torch.device("cpu"), 0, protocol,
+                        SamplingEngine(model, 2, torch.device("cpu"), 64, 0),
+                        Progress(enabled=False), manager.registry, method="cohen-half")  # fmt: skip
+
+
+def test_builtin_methods_served_by_a_plugin_host_certify_and_audit_as_in_process(
+    tmp_path, monkeypatch
+):
+    """Every kind of built-in component through the boundary (IDRS_BENCH_ISOLATE=all):
+    the same certificates bit for bit, and the same verdicts from the same audit entropy."""
+    from harness.audit.audit import Budget
+    from harness.audit.auditor import run_checks
+    from harness.plugin.hosted_components import CertifierFactory
+    from harness.running.benchmark import parse_benchmark
+    from harness.running.preparation import RunOptions
+    from harness.running.runner import run_benchmark
+
+    lipschitz = {"train_examples": 64, "train_steps": 10, "lip_sigma": 0.5, "sigma_min": 0.3}
+    dual = {"levels": [0.25, 0.5], "estimator_sigma": 0.25, "train_examples": 64,
+            "label_samples": 8, "epochs": 1, "estimator_params": {"width": 8}}  # fmt: skip
+    raw = {"name": "ball", "seed": 0, "dataset": {"name": "ball-2", "test_count": 10},
+           "model": {"architecture": "ball-N", "trainer": "none"},
+           "certification": {"n0": 32, "n": 500, "alpha": 0.01, "batch_size": 1024},
+           "methods": [{"name": "cohen", "settings": [{"sigma": 0.25}]},
+                       {"name": "sukenik", "settings": [{"sigma": 0.25, "rate": 0.2, "k": 5}]},
+                       {"name": "chen-fgss", "settings": [{"sigma": 0.25, "num_samples": 50}]},
+                       {"name": "alfarra-ds-memory", "settings": [{"sigma": 0.25, "steps": 5}]},
+                       {"name": "lipschitz-sigma-net", "settings": [lipschitz]},
+                       {"name": "dual-rs", "settings": [dual]}]}  # fmt: skip
+    budget = Budget("tiny", coverage_trials=20, coverage_n=100, pairs=2, ascent_steps=2,
+                    audited_inputs=3, attack_steps=2, attack_samples=16, orders=2,
+                    replay_inputs=3)  # fmt: skip
+    seen = {}
+    for mode in ("third-party", "all"):
+        monkeypatch.setenv("IDRS_BENCH_ISOLATE", mode)
+        monkeypatch.setenv("IDRS_BENCH_CACHE", str(tmp_path / f"cache-{mode}"))
+        manager = PluginManager()
+        hosted = isinstance(manager.registry.get("certifiers", "cohen").build, CertifierFactory)
+        assert hosted == (mode == "all")
+        db = tmp_path / f"{mode}.sqlite"
+        quiet = Progress(enabled=False)
+        run_id = run_benchmark(parse_benchmark(raw), RunOptions(db=db), quiet, manager)
+        checks = run_checks(db, run_id, RunOptions(db=db), quiet, manager, budget=budget,
+                            entropy=0xA11, attack=False)  # fmt: skip
+        import sqlite3
+
+        with sqlite3.connect(db) as con:
+            certificates = con.execute(
+                "SELECT method, setting, input_id, prediction, predict, radius, p_lower, sigma, "
+                "counts_selection, counts_estimation, evidence, draws FROM certificates "
+                "ORDER BY method, setting, input_id").fetchall()  # fmt: skip
+        seen[mode] = certificates, {key: [(r.check, r.verdict, r.summary) for r in results]
+                                    for key, results in checks.items()}  # fmt: skip
+    assert len(seen["all"][0]) == 60 and seen["all"][0] == seen["third-party"][0]
+    assert seen["all"][1] == seen["third-party"][1]
+
+
+def test_the_plugin_host_reports_its_failures_and_obeys_the_plugin_selection(
+    install_plugin, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("IDRS_TEST_IMPORTED", str(tmp_path / "imported"))
+    install_plugin("idrs_test_half", HALF)
+    install_plugin("idrs_test_broken", "raise ImportError('no module named nonexistent')\n")
+    manager = PluginManager()
+    assert [(f.plugin, f.error) for f in manager.failures] == [
+        ("idrs_test_broken", "ImportError: no module named nonexistent")
+    ]
+    assert "cohen-half" in manager.registry.names("methods")
+    monkeypatch.setenv("IDRS_BENCH_PLUGINS", "idrs_test_broken")
+    manager = PluginManager()
+    assert "cohen-half" not in manager.registry.names("methods")
+    assert [f.plugin for f in manager.failures] == ["idrs_test_broken"]
+
+
+def test_a_sigma_batch_is_one_round_trip(install_plugin, tmp_path, monkeypatch):
+    monkeypatch.setenv("IDRS_TEST_IMPORTED", str(tmp_path / "imported"))
+    install_plugin("idrs_test_half", HALF)
+    manager = PluginManager()
+    provider = manager.registry.get("sigma_providers", "half").build(_context(manager),
+                                                                     {"sigma": 0.5})  # fmt: skip
+    host = manager._host
+    before = host.requests
+    assert torch.equal(provider(torch.zeros(64, 2)), torch.full((64,), 0.25))
+    assert host.requests == before + 1
