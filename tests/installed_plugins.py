@@ -3,7 +3,8 @@
 ``install_plugin(name, source, distribution=...)`` writes the plugin's module and a
 ``<distribution>-<version>.dist-info`` folder (``METADATA``, and ``entry_points.txt`` with
 the ``idrs_bench`` entry point, the published formats of the Python packaging
-specifications: core metadata and the entry points file) into a folder put on
+specifications: core metadata and the entry points file;
+:func:`harness.audit.detection_power.install_plugin_module`) into a folder put on
 ``sys.path`` and ``PYTHONPATH``, so that ``importlib.metadata`` finds it here and in the
 plugin host. Nothing is installed into the environment.
 """
@@ -13,10 +14,11 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+
+from harness.audit.detection_power import install_plugin_module
 
 
 @pytest.fixture
@@ -32,11 +34,7 @@ def install_plugin(tmp_path, monkeypatch):
     def install(name: str, source: str, distribution: str | None = None, version: str = "0.1",
                 entry_point: str | None = None) -> Path:  # fmt: skip
         dist = distribution or f"idrs-{name.replace('_', '-')}"
-        (site / f"{name}.py").write_text(textwrap.dedent(source))
-        info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
-        (info / "entry_points.txt").write_text(f"[idrs_bench]\n{entry_point or name} = {name}\n")
+        install_plugin_module(site, name, entry_point or name, dist, source, version)
         importlib.invalidate_caches()
         return site
 

@@ -64,6 +64,9 @@ from harness import (
     hookimpl,
 )
 
+IDRS_BENCH_CONTRACT = 3
+"""The plugin contract the rigged methods are written against (installed with --isolated)."""
+
 SIGMA = 0.25
 PAD = 0.03
 """Fraction of n moved onto the top class by the padding cheats."""
@@ -307,6 +310,7 @@ import numpy as np
 from harness import STREAM_ESTIMATION, SamplingEngine
 from tests.rigged_methods import _patched_run
 
+IDRS_BENCH_CONTRACT = 3
 SamplingEngine.run = _patched_run(SamplingEngine.run)
 """
 """The engine-patching plugin's module: importing it patches the harness's engine."""
@@ -334,4 +338,4 @@ def rigged_methods() -> types.ModuleType:
 if __name__ == "__main__":
     from harness.audit.detection_power import main
 
-    sys.exit(main(sys.argv[1:], plugin(), engine_patched))
+    sys.exit(main(sys.argv[1:], plugin(), engine_patched, ENGINE_PATCH_SOURCE))

@@ -5,14 +5,17 @@ plugin): ``tests/rigged_methods.py`` writes one per class of cheat against the p
 API, and runs this module's :func:`main` with them,
 
     python3 -m tests.rigged_methods [--benchmark ball-2|fashion-mnist|both] [--seeds 5]
-        [--alarm-seeds 10] [--budget small|full] [--test-count N] [--out FILE.md]
+        [--alarm-seeds 10] [--budget small|full] [--test-count N] [--isolated] [--out FILE.md]
 
 For each rigged method, the table gives per check how many of the seeds flagged it
 (``unjustified`` or ``violated``), and ``any``; a method that patches the harness's
 engine is run on its own (the patch would reach every method of its run). The built-in
 sound methods (cohen, sukenik, lipschitz-sigma-net) are run over ``--alarm-seeds``
 seeds: any flag is a false alarm. The seed is the run's noise seed; every audit draws
-its own entropy.
+its own entropy. By default the rigged plugin is registered in this process (the checks'
+power against what a plugin claims); with ``--isolated`` it is installed as a package and
+runs in a plugin host, as a third-party plugin does (harness/README.md, "Plugin host"):
+then the engine patch reaches only the host, never the samples the harness draws.
 
 Two benchmarks, both at n = 10,000 and α = 0.001:
 
@@ -28,7 +31,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import sys
 import tempfile
+import textwrap
 import time
 import types
 from collections.abc import Callable, Mapping, Sequence
@@ -123,17 +129,49 @@ def markdown(title: str, counts: Mapping[str, Mapping[str, int]], seeds: int) ->
     return "\n".join(lines) + "\n"
 
 
+def install_plugin_module(
+    folder: Path, module: str, entry_point: str, distribution: str, source: str | None = None,
+    version: str = "0.1",
+) -> None:  # fmt: skip
+    """Make ``module`` an installed ``idrs_bench`` plugin for whoever has ``folder`` on its
+    path: the distribution's metadata as pip lays it out (``<distribution>-<version>.dist-info``
+    with ``METADATA`` and ``entry_points.txt``) and, given its ``source``, the module itself."""
+    if source is not None:
+        (folder / f"{module}.py").write_text(textwrap.dedent(source))
+    info = folder / f"{distribution.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\n"
+                                   f"Version: {version}\n")  # fmt: skip
+    (info / "entry_points.txt").write_text(f"[idrs_bench]\n{entry_point} = {module}\n")
+
+
+def _on_path(folder: Path) -> None:
+    """``folder`` first on this process's and its children's module search path."""
+    import importlib
+
+    sys.path.insert(0, str(folder))
+    paths = [str(folder), os.getcwd(), os.environ.get("PYTHONPATH", "")]
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    importlib.invalidate_caches()
+
+
 def measure(
     name: str, rigged: Sequence[str], seeds: int, alarm_seeds: int, budget: Budget,
     manager: PluginManager, workdir: Path, engine_patch=None, test_count: int | None = None,
     data_root: str | None = None, progress: Progress | None = None,
+    patched: PluginManager | None = None,
 ) -> tuple[dict, dict]:  # fmt: skip
-    """(rigged rows, sound rows) of one benchmark: seeds flagged per method and check."""
+    """(rigged rows, sound rows) of one benchmark: seeds flagged per method and check. The
+    engine patch is entered around its rows (``engine_patch``), or is a plugin the manager
+    ``patched`` loads in its plugin host."""
     common = {"name": name, "test_count": test_count, "data_root": data_root,
               "progress": progress}  # fmt: skip
     caught = flags_per_check({m: {} for m in rigged}, range(seeds), budget, manager, workdir,
                              **common)  # fmt: skip
-    if engine_patch is not None:
+    if patched is not None:
+        caught |= flags_per_check({"cohen": {"sigma": SIGMA}}, range(seeds), budget, patched,
+                                  workdir, label=ENGINE_PATCH, **common)  # fmt: skip
+    elif engine_patch is not None:
         caught |= flags_per_check({"cohen": {"sigma": SIGMA}}, range(seeds), budget, manager,
                                   workdir, around=engine_patch, label=ENGINE_PATCH, **common)  # fmt: skip
     alarms = flags_per_check(SOUND_METHODS, range(100, 100 + alarm_seeds), budget, manager,
@@ -144,9 +182,11 @@ def measure(
 def main(
     argv: Sequence[str] | None, plugin: types.ModuleType,
     engine_patch: Callable[[], contextlib.AbstractContextManager] | None = None,
+    engine_patch_source: str | None = None,
 ) -> int:  # fmt: skip
     """The detection-power tables of the rigged methods ``plugin.METHODS`` (a plugin module,
-    registered here) and, with ``engine_patch``, of plain Cohen under that patch."""
+    registered here or, ``--isolated``, installed for a plugin host) and of plain Cohen under
+    the engine patch (``engine_patch`` here; the module ``engine_patch_source`` installed)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--benchmark", choices=[*BENCHMARKS, "both"], default="both")
     parser.add_argument("--seeds", type=int, default=5, help="seeds per rigged method")
@@ -154,10 +194,29 @@ def main(
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="small")
     parser.add_argument("--test-count", type=int, help="test points (default: 100)")
     parser.add_argument("--data-root", help="folder with the Fashion-MNIST files")
+    parser.add_argument(
+        "--isolated",
+        action="store_true",
+        help="install the rigged plugins as packages: they run in a plugin host",
+    )
     parser.add_argument("--out", type=Path, help="also write the tables to this markdown file")
     args = parser.parse_args(argv)
-    manager = PluginManager(third_party=False)
-    manager.register(plugin, name="rigged")
+    patched = None
+    if args.isolated:
+        rigged, patch = (Path(tempfile.mkdtemp(prefix=f"idrs-{p}-")) for p in ("rigged", "patch"))
+        module = plugin.__spec__.name if plugin.__spec__ else plugin.__name__  # (not __main__)
+        install_plugin_module(rigged, module, "rigged", "idrs-rigged-methods")
+        _on_path(rigged)
+        manager = PluginManager()
+        manager.registry  # noqa: B018 (its plugin host starts before the patch is installed)
+        if engine_patch_source is not None:
+            install_plugin_module(patch, "idrs_engine_patch", ENGINE_PATCH, "idrs-engine-patch",
+                                  engine_patch_source)  # fmt: skip
+            _on_path(patch)
+            patched = PluginManager()
+    else:
+        manager = PluginManager(third_party=False)
+        manager.register(plugin, name="rigged")
     budget = BUDGETS[args.budget]
     names = BENCHMARKS if args.benchmark == "both" else (args.benchmark,)
     sections = []
@@ -166,10 +225,12 @@ def main(
         with tempfile.TemporaryDirectory() as tmp:
             caught, alarms = measure(name, plugin.METHODS, args.seeds, args.alarm_seeds, budget,
                                      manager, Path(tmp), engine_patch, args.test_count,
-                                     args.data_root, Progress())  # fmt: skip
+                                     args.data_root, Progress(), patched)  # fmt: skip
         count = TEST_COUNT[name] if args.test_count is None else args.test_count
+        where = ("installed, in a plugin host" if args.isolated else
+                 "registered in the harness's process")  # fmt: skip
         sections.append(
-            f"## {name}: detection power at the `{args.budget}` budget\n\n"
+            f"## {name}: detection power at the `{args.budget}` budget (rigged plugins {where})\n\n"
             f"{count} test points, n = {N}, α = {RUN_ALPHA}, σ = {SIGMA}; "
             f"{time.perf_counter() - start:.0f} s.\n\n"
             + markdown("Rigged methods: seeds flagged per check", caught, args.seeds)
