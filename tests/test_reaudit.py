@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import shutil
 import sqlite3
 import sys
@@ -24,6 +25,7 @@ import pytest
 
 from harness.audit.audit import BUDGETS, Budget
 from harness.audit.auditor import run_checks
+from harness.audit.detection_power import install_plugin_module
 from harness.cli.main import main
 from harness.foundation.progress import Progress
 from harness.plugin.manager import PluginManager
@@ -42,6 +44,8 @@ import torch
 
 from harness import (COHEN, CertifierSpec, HardSmoothingCertifier, MethodSpec, RadiusFormula,
                      Recomputed, SemiElastic, SigmaProviderSpec, cohen_radius, hookimpl)
+
+IDRS_BENCH_CONTRACT = 3
 
 
 class FastSigma:
@@ -88,6 +92,7 @@ from harness import hookimpl
 from harness.foundation.verdict import Verdict
 from harness.store.store import ResultStore
 
+IDRS_BENCH_CONTRACT = 3
 ORIGINAL = ResultStore.add_check
 
 
@@ -108,20 +113,11 @@ def idrs_register_methods(register):
 '''
 
 
-def _write_package(folder, package, module, plugin, source):
-    """``package`` as pip would install it into ``folder`` (its module and dist-info)."""
-    (folder / f"{module}.py").write_text(source)
-    info = folder / f"{module}-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(f"[idrs_bench]\n{plugin} = {module}\n")
-
-
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     """A folder holding the rigged package as pip would install it."""
     folder = tmp_path_factory.mktemp("site")
-    _write_package(folder, PACKAGE, MODULE, PLUGIN, PLUGIN_SOURCE)
+    install_plugin_module(folder, MODULE, PLUGIN, PACKAGE, PLUGIN_SOURCE)
     return folder
 
 
@@ -131,7 +127,9 @@ def installed(site, plugins=(PLUGIN,)):
     third-party plugins loaded) while the block runs, uninstalled after it."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("IDRS_BENCH_PLUGINS", ",".join(plugins))
-        mp.syspath_prepend(str(site))
+        mp.syspath_prepend(str(site))  # here, and in the plugin host:
+        mp.setenv("PYTHONPATH", os.pathsep.join([str(site), os.getcwd(),
+                                                 os.environ.get("PYTHONPATH", "")]))  # fmt: skip
         try:
             yield
         finally:
@@ -317,21 +315,32 @@ def test_a_board_whose_plugin_is_not_installed_names_the_package(published, boar
 def test_a_plugin_that_stores_every_verdict_as_sound_fails_reaudit(
     site, tmp_path, replay_run, monkeypatch, capsys
 ):  # fmt: skip
-    """A plugin that patches the store at import: its run's board ranks fast-rate sound,
-    and its re-audit, with the plugin installed, compares what the checks return."""
+    """A plugin that patches the store at import. Installed, it runs in a plugin host and
+    cannot reach the store; registered in the harness's own process (as before plugin hosts,
+    or by a script) its run's board ranks fast-rate sound, and the re-audit of that board,
+    with the packages installed, compares what the checks return."""
     monkeypatch.setitem(BUDGETS, TINY.name, TINY)
     patch_site = tmp_path / "site"
     shutil.copytree(site, patch_site)
-    _write_package(patch_site, "idrs-store-patch", "idrs_store_patch", "store-patch",
-                   STORE_PATCH_SOURCE)  # fmt: skip
-    with installed(patch_site, (PLUGIN, "store-patch")):
-        manager = PluginManager()
+    install_plugin_module(patch_site, "idrs_store_patch", "store-patch", "idrs-store-patch",
+                          STORE_PATCH_SOURCE)  # fmt: skip
+    manager = PluginManager(third_party=False)
+    for module, name in ((MODULE, PLUGIN), ("idrs_store_patch", "store-patch")):
+        spec = importlib.util.spec_from_file_location(module, patch_site / f"{module}.py")
+        loaded = sys.modules[module] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(loaded)
+        manager.register(loaded, name)
+    try:
         db, run_id = replay_run(tmp_path, manager, ["fast-rate"], n=400, count=8)
         run_checks(db, run_id, RunOptions(db=db), Progress(enabled=False), manager, budget=TINY,
                    attack=False)  # fmt: skip
-        assert {c.verdict for c in load_runs(db)[0].checks} == {"sound"}
-        board = tmp_path / "board" / "p.md"
-        write_board(load_runs(db), board)
+    finally:
+        sys.modules.pop(MODULE, None)
+        sys.modules.pop("idrs_store_patch").unpatch()
+    assert {c.verdict for c in load_runs(db)[0].checks} == {"sound"}
+    board = tmp_path / "board" / "p.md"
+    write_board(load_runs(db), board)
+    with installed(patch_site, (PLUGIN, "store-patch")):
         code, out = _verify(board, capsys, "--reaudit")
     assert code == 1, out
     assert (f"{_label(run_id, 'fast-rate')}: check worst-case-justification: recorded 'sound', "
