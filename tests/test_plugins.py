@@ -47,7 +47,7 @@ def test_temporary_plugin_registered_and_unregistered(manager):
     manager.register(_method_plugin("my-method"), name="mine", version="1.2")
     assert manager.registry.provider("methods", "my-method") == "mine"
     assert {"name": "mine", "version": "1.2", "hooks": ["idrs_register_methods"],
-            "provides": {"methods": ["my-method"]}, "runs_in": "here"} in manager.describe()  # fmt: skip
+            "distribution": None, "provides": {"methods": ["my-method"]}, "runs_in": "here"} in manager.describe()  # fmt: skip
     manager.unregister("mine")
     with pytest.raises(
         UnknownNameError, match="unknown method 'my-method'; available: alfarra-ds, "
