@@ -281,7 +281,7 @@ def test_sigma_on_another_arithmetic_is_held_to_a_tolerance(mode, relative, flag
     here = stored * (1 + relative)
     evidence = {"inputs": [7], "sigma": {"alone": [here], "batch": [here], "order": [0]},
                 "mode": mode, "replayed": {}, "fresh": {}, "u": [[0.5], [0.5]]}  # fmt: skip
-    verdict, summary, detail = judge(evidence, {7: {"sigma": stored, "draws": {}}})
+    _, summary, detail = judge(evidence, {7: {"sigma": stored, "draws": {}}})
     sigma_flagged = "mismatch" in detail and detail["mismatch"]["quantity"] == "sigma"
     assert sigma_flagged == flagged, summary
     if flagged and mode == "fresh":
