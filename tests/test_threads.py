@@ -49,11 +49,11 @@ def test_the_rule_divides_the_cores_among_the_working_processes(cores, working, 
 
 def test_the_count_asked_for_option_first_then_ours_then_openmps():
     env = {THREADS_ENV_VAR: "3", "OMP_NUM_THREADS": "5"}
-    assert requested_threads(2, env) == (2, "--threads")
-    assert requested_threads(None, env) == (3, f"${THREADS_ENV_VAR}")
-    assert requested_threads(None, {"OMP_NUM_THREADS": "4,2"}) == (4, "$OMP_NUM_THREADS")
-    assert requested_threads(None, {THREADS_ENV_VAR: ""}) == (None, None)
-    assert requested_threads(None, {}) == (None, None)
+    assert requested_threads(2, env) == 2
+    assert requested_threads(None, env) == 3
+    assert requested_threads(None, {"OMP_NUM_THREADS": "4,2"}) == 4
+    assert requested_threads(None, {THREADS_ENV_VAR: ""}) is None
+    assert requested_threads(None, {}) is None
     for option, env, named in ((0, {}, "--threads"), (None, {THREADS_ENV_VAR: "two"}, THREADS_ENV_VAR),
                                (None, {"OMP_NUM_THREADS": "-1"}, "OMP_NUM_THREADS")):  # fmt: skip
         with pytest.raises(IdrsError, match=f"{named}.*positive integer"):
@@ -105,12 +105,12 @@ def test_the_replay_process_gets_the_wait_policy_and_never_overrides_the_users(m
         if user is not None:
             monkeypatch.setenv("OMP_WAIT_POLICY", user)
         replayer = Replayer()
-        process = replayer._start()
         try:
-            raw = Path(f"/proc/{process.pid}/environ").read_bytes().split(b"\0")
+            with pytest.raises(IdrsError, match="replay: "):  # answered: it runs
+                replayer.request({})
+            raw = Path(f"/proc/{replayer._process.pid}/environ").read_bytes().split(b"\0")
             env = dict(item.decode().split("=", 1) for item in raw if b"=" in item)
         finally:
-            replayer._process = process
             replayer.close()
         assert env["OMP_WAIT_POLICY"] == expected
         assert ("KMP_BLOCKTIME" in env) == (user is None)
@@ -183,3 +183,13 @@ def test_computing_with_a_count_restores_the_one_before():
     assert torch.get_num_threads() == before
     with computing_with(None):
         assert torch.get_num_threads() == before
+
+
+def test_a_bad_count_is_an_error_before_torch_is_imported(monkeypatch, tmp_path, capsys):
+    from harness.cli.main import main
+
+    monkeypatch.setenv(THREADS_ENV_VAR, "two")
+    assert main(["run", "--db", str(tmp_path / "runs.sqlite"), "--no-check"]) == 2
+    err = capsys.readouterr().err
+    assert f"${THREADS_ENV_VAR} is 'two', not a number of threads" in err, err
+    assert not (tmp_path / "runs.sqlite").exists()

@@ -269,7 +269,7 @@ def _run(args: argparse.Namespace) -> int:
     spec = validate(spec, manager.checking_registry())
     check_data_root(args.data_root, spec.dataset.name)
     check_database(args.db)
-    requested, _ = requested_threads(args.threads)
+    requested = requested_threads(args.threads)
     with _working(requested, args.quiet):
         return _run_checked(args, spec, manager, requested)
 
@@ -351,7 +351,7 @@ def _check(args: argparse.Namespace) -> int:
         raise IdrsError(
             f"results database {str(args.db)!r} not found; run a benchmark first or pass --db"
         )
-    requested, _ = requested_threads(args.threads)
+    requested = requested_threads(args.threads)
     options = RunOptions(db=args.db, device=args.device, data_root=args.data_root,
                          cache_dir=args.cache_dir, threads=requested)  # fmt: skip
     progress = Progress(enabled=not args.quiet and not args.json)

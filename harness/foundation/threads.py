@@ -4,7 +4,7 @@
 asked for (``--threads``, else ``$IDRS_BENCH_THREADS``, else ``$OMP_NUM_THREADS``:
 :func:`requested_threads`), or else its share of the machine, ``max(1, cores //
 working)``: ``cores`` the processors it may run on (:func:`available_cores`, which sees
-``taskset`` and cgroup cpusets) and ``working`` the harness processes of this machine
+``taskset`` and cpusets) and ``working`` the harness processes of this machine
 that compute at the same time, itself included (:class:`WorkingProcess`, a registry of
 lock files under the cache root). A helper a process starts and waits for (the replay
 process, a plugin host) is not counted: the two alternate, each computing while the
@@ -63,10 +63,10 @@ def available_cores() -> int:
 
 def requested_threads(
     option: int | None = None, environ: Mapping[str, str] | None = None
-) -> tuple[int | None, str | None]:
-    """The thread count a user asked for and where: ``--threads`` (``option``), else
-    ``$IDRS_BENCH_THREADS``, else ``$OMP_NUM_THREADS`` (its first level); ``(None, None)``
-    when none was. A count that is not a positive integer is an error naming it."""
+) -> int | None:
+    """The thread count a user asked for: ``--threads`` (``option``), else
+    ``$IDRS_BENCH_THREADS``, else ``$OMP_NUM_THREADS`` (its first level); None when none
+    was. A count that is not a positive integer is an error naming where it was given."""
     environ = os.environ if environ is None else environ
     candidates = [("--threads", None if option is None else str(option))]
     candidates += [(f"${name}", environ.get(name)) for name in (THREADS_ENV_VAR, "OMP_NUM_THREADS")]
@@ -79,8 +79,8 @@ def requested_threads(
                 f"{where} is {text!r}, not a number of threads; give a positive integer, "
                 f"e.g. {where.lstrip('$')}{' ' if where == '--threads' else '='}2"
             )
-        return int(first), where
-    return None, None
+        return int(first)
+    return None
 
 
 def passive_wait(environ: Mapping[str, str]) -> dict[str, str]:
