@@ -20,8 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 PLUGIN = '''
 """Cohen's certifier at a constant σ, sleeping $SLOW_WORK_DELAY seconds per input it
-claims (once the file $SLOW_WORK_GATE exists, when it is set), so that two processes
-overlap and one can be killed in the middle of a shard."""
+claims, so that two processes overlap and one can be killed in the middle of a shard.
+With $SLOW_WORK_GATE set, every chunk of claims after the first $SLOW_WORK_GATE_AFTER
+(default 0) waits until that file exists."""
 
 import os
 import time
@@ -39,15 +40,17 @@ class Constant_:
 
 class Slow:
     def __init__(self, inner):
-        self._inner = inner
+        self._inner, self._chunks = inner, 0
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
     def certify(self, evidence):
         gate = os.environ.get("SLOW_WORK_GATE")
-        while gate and not os.path.exists(gate):  # (until both processes hold a shard)
-            time.sleep(0.05)
+        if self._chunks >= int(os.environ.get("SLOW_WORK_GATE_AFTER", 0)):
+            while gate and not os.path.exists(gate):
+                time.sleep(0.05)
+        self._chunks += 1
         time.sleep(float(os.environ.get("SLOW_WORK_DELAY", 0)) * len(evidence.input_ids))
         return self._inner.certify(evidence)
 
@@ -154,12 +157,14 @@ def _command(spec: Path, db: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "harness.cli.main", "run", str(spec), "--db", str(db), *extra]
 
 
-def _start(setup, db: Path, log: Path, delay: float, *extra: str, gate: Path | None = None
-           ) -> subprocess.Popen:  # fmt: skip
-    """`idrs-bench run` in the background, its plugin sleeping ``delay`` s per input (once
-    ``gate`` exists)."""
+def _start(setup, db: Path, log: Path, delay: float, *extra: str, gate: Path | None = None,
+           after: int = 0) -> subprocess.Popen:  # fmt: skip
+    """`idrs-bench run` in the background, its plugin sleeping ``delay`` s per input (its
+    chunks of claims after the first ``after`` waiting until ``gate`` exists)."""
     spec, env, _ = setup
-    env = {**env, "SLOW_WORK_DELAY": str(delay)} | ({"SLOW_WORK_GATE": str(gate)} if gate else {})
+    env = {**env, "SLOW_WORK_DELAY": str(delay)}
+    if gate is not None:
+        env |= {"SLOW_WORK_GATE": str(gate), "SLOW_WORK_GATE_AFTER": str(after)}
     return subprocess.Popen(_command(spec, db, *extra), cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=log.open("w"))  # fmt: skip
 
@@ -241,7 +246,7 @@ def _replayed(setup, db: Path, monkeypatch):
     from harness.running.preparation import RunOptions
     from harness.store.store import ResultStore
 
-    spec, env, _ = setup
+    _, env, _ = setup
     site = Path(env["PYTHONPATH"].split(os.pathsep)[-1])
     module_spec = importlib.util.spec_from_file_location("slow_work", site / "slow_work.py")
     plugin = importlib.util.module_from_spec(module_spec)
@@ -302,7 +307,9 @@ def test_one_process_runs_the_checks_the_others_wait_or_take_over(setup, tmp_pat
 def test_a_process_killed_mid_shard_leaves_its_shard_to_the_other(setup, tmp_path):
     db = tmp_path / "shared.sqlite"
     a_log, b_log = tmp_path / "a.err", tmp_path / "b.err"
-    a = _start(setup, db, a_log, 1.0, "--no-check")  # a claim a second: stopped mid-shard
+    # A stores its first chunk of claims (8 of a shard's 16), then waits for a gate that
+    # never opens: it is killed in the middle of that shard
+    a = _start(setup, db, a_log, 0.25, "--no-check", gate=tmp_path / "never", after=1)
 
     def a_mid_shard() -> int | None:
         """A Cohen shard A holds, of which some inputs are stored but not all."""

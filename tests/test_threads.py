@@ -144,6 +144,10 @@ def test_the_registry_counts_the_live_processes_of_this_machine(tmp_path):
         (host,) = folder.iterdir()
         assert [p.name for p in host.iterdir()] == [str(os.getpid())]  # its file was removed
     assert working_processes(folder) == 0
+    unwritable = tmp_path / "a-file"
+    unwritable.write_text("")
+    with WorkingProcess(unwritable):  # a registry it cannot write: it works, unregistered
+        assert working_processes(unwritable) == 0
 
 
 def test_a_run_is_computed_with_the_count_it_began_with_unless_another_is_asked_for(tmp_path):

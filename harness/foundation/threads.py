@@ -132,19 +132,26 @@ class WorkingProcess:
 
     def __enter__(self) -> WorkingProcess:
         try:
-            import fcntl
-        except ImportError:
-            return self
+            self._fd = self._lock()
+        except (ImportError, OSError):  # no fcntl, or a cache root it cannot write to
+            self._fd = None  # (not registered: it still works, unseen by the others)
+        return self
+
+    def _lock(self) -> int | None:
+        import fcntl
+
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / str(os.getpid())
-        for _ in range(10):  # a counter may remove the file between open and lock
+        for _ in range(10):  # a count may remove the file of a dead process with our pid
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             fcntl.flock(fd, fcntl.LOCK_EX)
-            if path.exists() and os.stat(path).st_ino == os.fstat(fd).st_ino:
-                self._fd = fd
-                break
+            try:
+                if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                    return fd
+            except FileNotFoundError:
+                pass
             os.close(fd)
-        return self
+        return None
 
     def __exit__(self, *exc: object) -> None:
         if self._fd is not None:
@@ -161,12 +168,14 @@ def working_processes(folder: Path | None = None) -> int:
     except ImportError:
         return 0
     host = (cache_root() / "processes" if folder is None else folder) / _host()
-    if not host.is_dir():
+    try:
+        paths = list(host.iterdir())
+    except OSError:  # none registered yet, or unreadable
         return 0
     alive = 0
-    for path in host.iterdir():
+    for path in paths:
         try:
-            fd = os.open(path, os.O_RDWR)
+            fd = os.open(path, os.O_RDONLY)
         except OSError:  # removed meanwhile
             continue
         try:
