@@ -54,8 +54,9 @@ def test_the_count_asked_for_option_first_then_ours_then_openmps():
     assert requested_threads(None, {"OMP_NUM_THREADS": "4,2"}) == 4
     assert requested_threads(None, {THREADS_ENV_VAR: ""}) is None
     assert requested_threads(None, {}) is None
-    for option, env, named in ((0, {}, "--threads"), (None, {THREADS_ENV_VAR: "two"}, THREADS_ENV_VAR),
-                               (None, {"OMP_NUM_THREADS": "-1"}, "OMP_NUM_THREADS")):  # fmt: skip
+    bad = [(0, {}, "--threads"), (None, {THREADS_ENV_VAR: "two"}, THREADS_ENV_VAR),
+           (None, {"OMP_NUM_THREADS": "-1"}, "OMP_NUM_THREADS")]  # fmt: skip
+    for option, env, named in bad:
         with pytest.raises(IdrsError, match=f"{named}.*positive integer"):
             requested_threads(option, env)
 

@@ -20,8 +20,8 @@ alike, its replays stay bit for bit, and processes sharing a run share the cores
 
 **Idle threads sleep.** An OpenMP runtime keeps the idle threads of a process spinning
 after each parallel region (GNU: about 300,000 spins, a few ms; Intel's: 200 ms), taking
-the cores of every other process that computes meanwhile: two processes on one run took
-4× as long as one. :func:`set_passive_wait` asks the runtime to let them sleep
+the cores of every other process that computes meanwhile (and of the process's own
+threads when the machine is loaded). :func:`set_passive_wait` asks the runtime to let them sleep
 (``OMP_WAIT_POLICY=PASSIVE``, ``KMP_BLOCKTIME=0``), which only takes effect before the
 runtime starts, i.e. before torch is imported: the command line sets it first thing, and
 every subprocess the harness starts gets it in its environment (:func:`child_environment`).
