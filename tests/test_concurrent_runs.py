@@ -1,7 +1,8 @@
 """Several `idrs-bench run` processes on one benchmark and database share its shards
 (leases in the database, harness/store/leases.py), and their result equals one process's
-bit for bit: two at once, then two with one SIGKILLed in the middle of a shard, whose
-shard the other takes over once its lease expires."""
+bit for bit: two at once (computing with the run's one thread count, so its replays stay
+bit for bit), then two with one SIGKILLed in the middle of a shard, whose shard the other
+takes over once its lease expires."""
 
 import json
 import os

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -82,7 +83,7 @@ def test_the_command_line_sets_the_wait_policy_before_the_openmp_runtime_starts(
     `idrs-bench` told idle threads to sleep before torch was imported, the user's when
     the user chose a policy."""
     code = ("import sys\nfrom harness.cli.main import main\nassert 'torch' not in sys.modules\n"
-            "main(['plugins', '--json'])\nimport torch\ntorch.ones(1)\n")  # fmt: skip
+            "main(['results', '--db', 'no-such.sqlite'])\nimport torch\ntorch.ones(1)\n")  # fmt: skip
     env = _without_wait_variables() | {"OMP_DISPLAY_ENV": "VERBOSE"}
     if user is not None:
         env["OMP_WAIT_POLICY"] = user
@@ -107,9 +108,12 @@ def test_the_replay_process_gets_the_wait_policy_and_never_overrides_the_users(m
             monkeypatch.setenv("OMP_WAIT_POLICY", user)
         replayer = Replayer()
         try:
-            with pytest.raises(IdrsError, match="replay: "):  # answered: it runs
-                replayer.request({})
-            raw = Path(f"/proc/{replayer._process.pid}/environ").read_bytes().split(b"\0")
+            proc = Path(f"/proc/{replayer._start().pid}")
+            deadline = time.monotonic() + 60
+            while b"harness.running.redraw" not in proc.joinpath("cmdline").read_bytes():
+                assert time.monotonic() < deadline  # (before exec, it shows our environment)
+                time.sleep(0.01)
+            raw = proc.joinpath("environ").read_bytes().split(b"\0")
             env = dict(item.decode().split("=", 1) for item in raw if b"=" in item)
         finally:
             replayer.close()
