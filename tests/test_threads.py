@@ -167,21 +167,17 @@ def test_a_run_is_computed_with_the_count_it_began_with_unless_another_is_asked_
 
     store = ResultStore(tmp_path / "runs.sqlite")
     store.begin_run("r", "r", {}, {}, None, "cpu", 0, "hash")
-    seen = []
 
     def choose(threads):
-        def pick(recorded):
-            seen.append(recorded)
-            return fingerprint("cpu", protocol, 64, threads=run_threads(recorded, threads))
+        return lambda recorded: fingerprint("cpu", protocol, 64,
+                                            threads=run_threads(recorded, threads))  # fmt: skip
 
-        return pick
-
-    assert store.record_arithmetic("r", choose(3))["threads"] == 3  # a new run: as asked
-    assert store.record_arithmetic("r", choose(None))["threads"] == 3  # joined: the run's
-    assert seen == [None, cpu]
+    assert store.record_arithmetic("r", choose(3)) == (None, cpu)  # a new run: as asked
+    assert store.record_arithmetic("r", choose(None)) == (cpu, cpu)  # joined: the run's count
     assert store.run("r")["arithmetic"] == cpu  # the same arithmetic: not varied
-    assert store.record_arithmetic("r", choose(1))["threads"] == 1  # asked for another
-    assert store.run("r")["arithmetic"] == {"varied": [cpu, cpu | {"threads": 1}]}
+    other = cpu | {"threads": 1}
+    assert store.record_arithmetic("r", choose(1)) == (cpu, other)  # asked for another
+    assert store.run("r")["arithmetic"] == {"varied": [cpu, other]}
     store.close()
 
 

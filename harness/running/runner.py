@@ -123,15 +123,12 @@ def _record_arithmetic(
     replay bit for bit), unless the user asked for another (the run is then ``varied``)."""
     where = "local" if isinstance(executor, LocalExecutor) else type(executor).__name__
     protocol, progress = prepared.benchmark.protocol, prepared.context.progress
-    began: list[dict[str, Any] | None] = []
 
     def choose(recorded: dict[str, Any] | None) -> dict[str, Any]:
-        began.append(recorded)
         threads = run_threads(recorded, requested)
         return fingerprint(prepared.context.device, protocol, prepared.batch_size, where, threads)
 
-    here = store.record_arithmetic(prepared.run_id, choose)
-    recorded = began[-1]
+    recorded, here = store.record_arithmetic(prepared.run_id, choose)
     if requested is None and here["threads"] not in (None, torch.get_num_threads()):
         progress.note(
             f"run {prepared.run_id[:12]} certifies with {here['threads']} threads, as it began "

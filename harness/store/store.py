@@ -204,13 +204,13 @@ class ResultStore(LeaseRecords):
 
     def record_arithmetic(
         self, run_id: str, choose: Callable[[dict[str, Any] | None], dict[str, Any]]
-    ) -> dict[str, Any]:
+    ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         """Record the arithmetic this process certifies the run with (:mod:`harness.engine.
         arithmetic`): ``choose(recorded)``, given what the run recorded so far (None: a new
         run); another arithmetic than the recorded one marks the run as varied
         (:func:`~harness.engine.arithmetic.combined`). One transaction (``BEGIN
         IMMEDIATE``), so processes that begin a run at once see each other's record.
-        Returns this process's fingerprint."""
+        Returns what the run had recorded and this process's fingerprint."""
         from harness.engine.arithmetic import combined
 
         self.db.execute("BEGIN IMMEDIATE")
@@ -228,7 +228,7 @@ class ResultStore(LeaseRecords):
             self.db.rollback()
             raise
         self.db.commit()
-        return here
+        return recorded, here
 
     def add_file(
         self, run_id: str, role: str, name: str, path: str, sha256: str, meta: dict[str, Any]
