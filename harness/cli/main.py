@@ -238,7 +238,8 @@ def _working(requested: int | None, quiet: bool) -> Iterator[None]:
         if working > 1 and requested is None and not quiet:
             Console(stderr=True, soft_wrap=True).print(
                 f"note: {working} idrs-bench processes work on this machine ({cores} cores): "
-                f"this one computes with {threads} thread(s) (--threads sets it)",
+                f"this one computes with {threads} thread(s), a run it resumes or audits with "
+                "the count the run began with (--threads sets it)",
                 highlight=False,
             )
         yield
