@@ -1,23 +1,29 @@
 """Several `idrs-bench run` processes on one benchmark and database share its shards
 (leases in the database, harness/store/leases.py), and their result equals one process's
-bit for bit: two at once, then two with one SIGKILLed in the middle of a shard, whose
-shard the other takes over once its lease expires."""
+bit for bit: two at once (computing with the run's one thread count, so its replays stay
+bit for bit), then two with one SIGKILLed in the middle of a shard, whose shard the other
+takes over once its lease expires."""
 
+import json
 import os
 import re
 import sqlite3
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
 PLUGIN = '''
 """Cohen's certifier at a constant σ, sleeping $SLOW_WORK_DELAY seconds per input it
-claims, so that two processes overlap and one can be killed in the middle of a shard."""
+claims, so that two processes overlap and one can be killed in the middle of a shard.
+With $SLOW_WORK_GATE set, every chunk of claims after the first $SLOW_WORK_GATE_AFTER
+(default 0) waits until that file exists."""
 
 import os
 import time
@@ -35,12 +41,17 @@ class Constant_:
 
 class Slow:
     def __init__(self, inner):
-        self._inner = inner
+        self._inner, self._chunks = inner, 0
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
     def certify(self, evidence):
+        gate = os.environ.get("SLOW_WORK_GATE")
+        if self._chunks >= int(os.environ.get("SLOW_WORK_GATE_AFTER", 0)):
+            while gate and not os.path.exists(gate):
+                time.sleep(0.05)
+        self._chunks += 1
         time.sleep(float(os.environ.get("SLOW_WORK_DELAY", 0)) * len(evidence.input_ids))
         return self._inner.certify(evidence)
 
@@ -147,11 +158,15 @@ def _command(spec: Path, db: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "harness.cli.main", "run", str(spec), "--db", str(db), *extra]
 
 
-def _start(setup, db: Path, log: Path, delay: float, *extra: str) -> subprocess.Popen:
-    """`idrs-bench run` in the background, its plugin sleeping ``delay`` s per input."""
+def _start(setup, db: Path, log: Path, delay: float, *extra: str, gate: Path | None = None,
+           after: int = 0) -> subprocess.Popen:  # fmt: skip
+    """`idrs-bench run` in the background, its plugin sleeping ``delay`` s per input (its
+    chunks of claims after the first ``after`` waiting until ``gate`` exists)."""
     spec, env, _ = setup
-    return subprocess.Popen(_command(spec, db, *extra), cwd=ROOT,
-                            env={**env, "SLOW_WORK_DELAY": str(delay)},
+    env = {**env, "SLOW_WORK_DELAY": str(delay)}
+    if gate is not None:
+        env |= {"SLOW_WORK_GATE": str(gate), "SLOW_WORK_GATE_AFTER": str(after)}
+    return subprocess.Popen(_command(spec, db, *extra), cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=log.open("w"))  # fmt: skip
 
 
@@ -179,12 +194,17 @@ def _same_as_reference(db: Path, reference: Path) -> None:
     assert len(_query(db, "SELECT 1 FROM runs WHERE finished IS NOT NULL")) == 1
 
 
-def test_two_processes_share_the_shards_and_equal_one_process(setup, tmp_path):
-    db = tmp_path / "shared.sqlite"
+def test_two_processes_share_the_shards_and_equal_one_process(setup, tmp_path, monkeypatch):
+    """The first process computes with 3 threads (asked for), the second with its share of
+    the cores, which it gives up for the run's 3 (harness/foundation/threads.py): the run's
+    arithmetic is one, so the replay check re-draws its counts bit for bit."""
+    db, gate = tmp_path / "shared.sqlite", tmp_path / "gate"
     logs = [tmp_path / "a.err", tmp_path / "b.err"]
-    first = _start(setup, db, logs[0], 0.25, "--no-check")
+    first = _start(setup, db, logs[0], 0.25, "--no-check", "--threads", "3", gate=gate)
     _wait_for(lambda: _leases_of(db, first), first, logs[0])  # it works: start the second
-    second = _start(setup, db, logs[1], 0.25, "--no-check")
+    second = _start(setup, db, logs[1], 0.25, "--no-check", gate=gate)
+    _wait_for(lambda: ("slow-cohen", 1) in _leases_of(db, second), second, logs[1])
+    gate.touch()  # each holds a shard of slow-cohen: both certify from now on
     procs = [first, second]
     for proc, log in zip(procs, logs, strict=True):
         assert proc.wait(timeout=300) == 0, log.read_text()
@@ -195,6 +215,57 @@ def test_two_processes_share_the_shards_and_equal_one_process(setup, tmp_path):
     # each process certified part of the inputs, and no input was certified twice
     done = [_certified(text) for text in texts]
     assert all(n > 0 for n in done) and sum(done) == 2 * 32, (done, texts)
+    # the second counted the first among the processes working, then kept the run's count
+    assert "2 idrs-bench processes work on this machine" in texts[1], texts[1]
+    assert "certifies with 3 threads, as it began" in texts[1], texts[1]
+    (arithmetic,) = _query(db, "SELECT arithmetic FROM runs")
+    assert json.loads(arithmetic[0])["threads"] == 3  # one arithmetic: not varied
+    replay = _replayed(setup, db, monkeypatch)
+    assert replay.verdict == "sound" and replay.evidence["mode"] == "exact", replay.summary
+    assert replay.evidence["differences"] == [] and replay.evidence["arithmetic"]["threads"] == 3
+    # asked for another count, a process makes the run varied (and says so)
+    log = tmp_path / "c.err"
+    with sqlite3.connect(db) as con:  # a shard left to certify
+        con.execute("DELETE FROM shards WHERE method = 'slow-cohen' AND shard = 1")
+        con.execute("DELETE FROM certificates WHERE method = 'slow-cohen' AND shard = 1")
+    assert _start(setup, db, log, 0.0, "--no-check", "--threads", "1").wait(timeout=300) == 0
+    assert "began with 3 threads, this process certifies with 1 (asked for)" in log.read_text()
+    (arithmetic,) = _query(db, "SELECT arithmetic FROM runs")
+    assert [f["threads"] for f in json.loads(arithmetic[0])["varied"]] == [3, 1]
+
+
+def _replayed(setup, db: Path, monkeypatch):
+    """The replay check of the slow-cohen row, in this process (the plugin imported from
+    its file), on the run's model cache; this process's thread count is restored after."""
+    import importlib.util
+
+    from harness.audit.audit import BUDGETS
+    from harness.audit.auditor import audits
+    from harness.audit.replay import check_replay
+    from harness.foundation.progress import Progress
+    from harness.plugin.manager import PluginManager
+    from harness.running.preparation import RunOptions
+    from harness.store.store import ResultStore
+
+    _, env, _ = setup
+    site = Path(env["PYTHONPATH"].split(os.pathsep)[-1])
+    module_spec = importlib.util.spec_from_file_location("slow_work", site / "slow_work.py")
+    plugin = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(plugin)
+    manager = PluginManager(third_party=False)
+    manager.register(plugin, name="slow-work")
+    monkeypatch.setenv("IDRS_BENCH_CACHE", env["IDRS_BENCH_CACHE"])
+    budget = replace(BUDGETS["small"], replay_inputs=8)
+    threads = torch.get_num_threads()
+    store = ResultStore(db)
+    try:
+        audit = next(iter(audits(store, None, RunOptions(db=db), Progress(enabled=False), manager,
+                                 method="slow-cohen", budget=budget)))  # fmt: skip
+        assert torch.get_num_threads() == 3  # the audit computes with the run's count
+        return check_replay(audit)
+    finally:
+        store.close()
+        torch.set_num_threads(threads)
 
 
 HOLD = """
@@ -237,7 +308,9 @@ def test_one_process_runs_the_checks_the_others_wait_or_take_over(setup, tmp_pat
 def test_a_process_killed_mid_shard_leaves_its_shard_to_the_other(setup, tmp_path):
     db = tmp_path / "shared.sqlite"
     a_log, b_log = tmp_path / "a.err", tmp_path / "b.err"
-    a = _start(setup, db, a_log, 1.0, "--no-check")  # a claim a second: stopped mid-shard
+    # A stores its first chunk of claims (8 of a shard's 16), then waits for a gate that
+    # never opens: it is killed in the middle of that shard
+    a = _start(setup, db, a_log, 0.25, "--no-check", gate=tmp_path / "never", after=1)
 
     def a_mid_shard() -> int | None:
         """A Cohen shard A holds, of which some inputs are stored but not all."""

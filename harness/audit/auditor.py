@@ -10,6 +10,7 @@ import torch
 
 from harness.audit.audit import BUDGETS, Audit, Budget, fresh_entropy
 from harness.certification.method import build_method
+from harness.engine.arithmetic import run_threads
 from harness.foundation.errors import IdrsError
 from harness.foundation.identity import setting_key
 from harness.foundation.progress import Progress
@@ -36,7 +37,9 @@ def audits(
 ) -> Iterator[Audit]:
     """One :class:`Audit` per (method, setting) of the run that has certificates, each with
     fresh audit-time entropy (``entropy``, when given, re-runs an audit from its record;
-    a mapping (method, setting) -> entropy re-runs those rows' audits, and only those)."""
+    a mapping (method, setting) -> entropy re-runs those rows' audits, and only those).
+    torch computes with the run's thread count from then on (:func:`~harness.engine.
+    arithmetic.run_threads`; :func:`run_checks` restores the count it had)."""
     if isinstance(budget, str) and budget not in BUDGETS:
         raise IdrsError(f"unknown budget {budget!r}; choose one of {sorted(BUDGETS)}")
     if orders is not None and orders < 1:
@@ -56,6 +59,9 @@ def audits(
         raise IdrsError(
             f"run {run['run_id'][:12]} has no method {method!r}; it has {', '.join(methods)}"
         )
+    threads = run_threads(run.get("arithmetic"), options.threads)
+    if threads is not None:  # σ recomputed by the replay check rounds as when certified
+        torch.set_num_threads(threads)
     device = options.device or run["device"]
     prepared = prepare(spec, RunOptions(**{**vars(options), "device": device}), progress, manager)
     if prepared.recipe_hash != run["recipe_hash"]:
@@ -124,6 +130,7 @@ def run_checks(
     store = ResultStore(db)
     out: dict[tuple[str, str], list[CheckResult]] = {}
     attacked: dict[str, dict] = {}
+    threads = torch.get_num_threads()
     try:
         for audit in audits(
             store, run_id, options, progress, manager, method, budget, orders, entropy
@@ -161,6 +168,7 @@ def run_checks(
                 run_attack(store, audit, progress, attacked)
     finally:
         store.close()
+        torch.set_num_threads(threads)
     return out
 
 

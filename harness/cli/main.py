@@ -5,6 +5,9 @@ error in a benchmark file or its parameters answer without importing torch (the 
 is parsed and checked against the registered plugins first). A subcommand defined
 in another module is one ``add_<name>_parser(subparsers)`` in :data:`SUBCOMMANDS`.
 SIGTERM is handled like Ctrl-C: the run stops, says how to resume, exits 143.
+Idle OpenMP threads are told to sleep before anything imports torch, and ``run`` and
+``check`` compute with their share of the machine's cores
+(:mod:`harness.foundation.threads`).
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import signal
 import sqlite3
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,6 +36,7 @@ from harness.cli.results_table import (
     terminal,
 )
 from harness.foundation.errors import IdrsError, plain
+from harness.foundation.threads import requested_threads, set_passive_wait
 from harness.foundation.version import __version__
 from harness.reports.import_log import add_import_log_parser
 from harness.reports.leaderboard import add_compare_parser, add_leaderboard_parser
@@ -59,6 +64,7 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    set_passive_wait()  # before torch is imported: the OpenMP runtime reads it when it starts
     parser = _parser()
     args = parser.parse_args(argv)
     if not hasattr(args, "handler"):
@@ -138,6 +144,7 @@ def _parser() -> argparse.ArgumentParser:
         "--workers", type=int, metavar="K",
         help="Ray workers (--executor ray; default: one per GPU, or per CPU on CPU runs)",
     )  # fmt: skip
+    _add_threads_option(run)
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.add_argument(
         "--no-check", action="store_true", help="skip the soundness checks after certifying"
@@ -181,6 +188,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--cache-dir", type=Path, metavar="DIR", help="where trained base models are cached"
     )
+    _add_threads_option(check)
     check.add_argument("--quiet", action="store_true", help="no progress bars")
     check.add_argument("--json", action="store_true", help="machine-readable output")
     check.add_argument(
@@ -204,6 +212,42 @@ def _parser() -> argparse.ArgumentParser:
     for add_parser in SUBCOMMANDS:
         add_parser(sub)
     return parser
+
+
+def _add_threads_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--threads", type=int, metavar="N",
+        help="CPU threads to compute with (default: $IDRS_BENCH_THREADS, else $OMP_NUM_THREADS, "
+        "else the cores divided among the idrs-bench processes working on this machine; a "
+        "run resumed or shared keeps the count it began with)",
+    )  # fmt: skip
+
+
+@contextmanager
+def _working(requested: int | None, quiet: bool) -> Iterator[None]:
+    """This process registered as working on this machine, computing with ``requested``
+    threads or its share of the cores (:mod:`harness.foundation.threads`)."""
+    import torch
+
+    from harness.foundation.threads import (
+        WorkingProcess,
+        available_cores,
+        thread_count,
+        working_processes,
+    )
+
+    with WorkingProcess():
+        cores, working = available_cores(), working_processes()
+        threads = thread_count(cores, working, requested)
+        torch.set_num_threads(threads)
+        if working > 1 and requested is None and not quiet:
+            Console(stderr=True, soft_wrap=True).print(
+                f"note: {working} idrs-bench processes work on this machine ({cores} cores): "
+                f"this one computes with {threads} thread(s), a run it resumes or audits with "
+                "the count the run began with (--threads sets it)",
+                highlight=False,
+            )
+        yield
 
 
 def device_name(text: str) -> str:
@@ -231,7 +275,15 @@ def _run(args: argparse.Namespace) -> int:
     spec = validate(spec, manager.checking_registry())
     check_data_root(args.data_root, spec.dataset.name)
     check_database(args.db)
+    requested = requested_threads(args.threads)
+    with _working(requested, args.quiet):
+        return _run_checked(args, spec, manager, requested)
 
+
+def _run_checked(
+    args: argparse.Namespace, spec, manager: PluginManager, requested: int | None
+) -> int:
+    """``run`` once its benchmark and options are checked."""
     from harness.foundation.progress import Progress
     from harness.running.preparation import RunOptions
     from harness.running.runner import run_benchmark
@@ -251,7 +303,7 @@ def _run(args: argparse.Namespace) -> int:
             )
     options = RunOptions(
         db=args.db, device=args.device, data_root=args.data_root,
-        download=args.download, cache_dir=args.cache_dir,
+        download=args.download, cache_dir=args.cache_dir, threads=requested,
     )  # fmt: skip
     _warn_plugin_failures(manager)
     executor = None
@@ -305,16 +357,17 @@ def _check(args: argparse.Namespace) -> int:
         raise IdrsError(
             f"results database {str(args.db)!r} not found; run a benchmark first or pass --db"
         )
-    options = RunOptions(
-        db=args.db, device=args.device, data_root=args.data_root, cache_dir=args.cache_dir
-    )
+    requested = requested_threads(args.threads)
+    options = RunOptions(db=args.db, device=args.device, data_root=args.data_root,
+                         cache_dir=args.cache_dir, threads=requested)  # fmt: skip
     progress = Progress(enabled=not args.quiet and not args.json)
-    if args.reaudit:
-        return _reaudit(args, options, progress)
-    args.budget = args.budget or "small"
-    results = run_checks(args.db, args.run, options, progress,
-                         method=args.method, budget=args.budget, orders=args.orders,
-                         entropy=entropy)  # fmt: skip
+    with _working(requested, args.quiet or args.json):
+        if args.reaudit:
+            return _reaudit(args, options, progress)
+        args.budget = args.budget or "small"
+        results = run_checks(args.db, args.run, options, progress,
+                             method=args.method, budget=args.budget, orders=args.orders,
+                             entropy=entropy)  # fmt: skip
     if args.json:
         print(json.dumps([
             {"method": m, "setting": s, "verdict": str(overall(rs)), "checks_applied": applied(rs),

@@ -10,12 +10,19 @@ never for other rows' contents or positions). :func:`fingerprint` records these 
 the run (the ``runs.arithmetic`` column); the replay check (:mod:`harness.audit.
 replay`) demands bit-for-bit equal counts where the fingerprints agree and uses a
 statistical replication test with fresh noise where they differ (:func:`differences`).
+
+On CPU the thread count is part of it (measured: the built-in MLP's logits at 8 threads
+and the ``cnn``'s at 2 differ from 1 thread's in their last bits), so every process that
+computes a run's stored quantities computes with the run's count (:func:`run_threads`,
+:func:`computing_with`): a process joining or resuming the run, the audit's σ
+recomputation and the replay process (:mod:`harness.foundation.threads`).
 """
 
 from __future__ import annotations
 
 import platform
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +46,11 @@ def cpu_name() -> str:
 
 
 def fingerprint(
-    device: torch.device | str, protocol: Any, batch_size: int, executor: str = "local"
-) -> dict[str, Any]:
-    """The arithmetic of certifying under ``protocol`` on ``device`` in this process.
+    device: torch.device | str, protocol: Any, batch_size: int, executor: str = "local",
+    threads: int | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """The arithmetic of certifying under ``protocol`` on ``device`` in this process, with
+    ``threads`` (default: this process's count; not recorded on CUDA).
 
     ``batch_size`` is the resolved number of rows of every forward pass; ``executor``
     names where the shards ran (a Ray worker may use another thread count or machine,
@@ -54,7 +63,7 @@ def fingerprint(
         "device_name": torch.cuda.get_device_name(device) if cuda else cpu_name(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda if cuda else None,
-        "threads": None if cuda else torch.get_num_threads(),
+        "threads": None if cuda else int(threads or torch.get_num_threads()),
         "cpu_capability": None if cuda else torch.backends.cpu.get_cpu_capability(),
         "precision": getattr(protocol, "precision", "fp32"),
         "channels_last": bool(getattr(protocol, "channels_last", False)),
@@ -86,3 +95,28 @@ def combined(recorded: Mapping[str, Any] | None, here: Mapping[str, Any]) -> dic
         return dict(here)
     earlier = recorded["varied"] if "varied" in recorded else [dict(recorded)]
     return {"varied": [*earlier, dict(here)]}
+
+
+def run_threads(recorded: Mapping[str, Any] | None, requested: int | None = None) -> int | None:
+    """The thread count to compute a run with, whose ``recorded`` fingerprint is given: the
+    ``requested`` one (the user's choice: another count than the run's makes it
+    ``varied``), else the count a CPU run recorded, else None (this process's own)."""
+    if requested is not None:
+        return int(requested)
+    if recorded and "varied" not in recorded and recorded.get("device_type") == "cpu":
+        return int(recorded["threads"]) if recorded.get("threads") else None
+    return None
+
+
+@contextmanager
+def computing_with(threads: int | None) -> Iterator[None]:
+    """torch computes with ``threads`` intra-op threads inside the block (None: this
+    process's count); the count before is restored after."""
+    before = torch.get_num_threads()
+    if threads is not None and threads != before:
+        torch.set_num_threads(int(threads))
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)

@@ -90,6 +90,9 @@ class Host:
         self.handles = 0
 
     def serve(self, request: dict[str, Any]) -> dict[str, Any]:
+        threads = request.get("threads")
+        if isinstance(threads, int) and threads >= 1 and threads != torch.get_num_threads():
+            torch.set_num_threads(threads)  # the harness's count (a run's own, on CPU)
         for update in request.get("updates", ()):
             model_description.update(self.models[update["key"]], update["description"],
                                      update["state"])  # fmt: skip

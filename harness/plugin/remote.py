@@ -66,7 +66,9 @@ def isolate_builtins() -> bool:
 class PluginHost:
     """A ``python -m harness.plugin.host`` process, started on first use, and what it was
     told so far (contexts, models, arrays). Its stderr (the plugins' output) is echoed to
-    this process's stderr; it ends when this object is closed or collected."""
+    this process's stderr; it ends when this object is closed or collected. Each request
+    carries this process's thread count, which the host then computes with (the two take
+    turns: harness/README.md, "Threads"), so that σ rounds as the run's own."""
 
     def __init__(self) -> None:
         self._process: subprocess.Popen | None = None
@@ -88,9 +90,11 @@ class PluginHost:
         self._count = 0
 
     def _start(self) -> subprocess.Popen:
+        from harness.foundation.threads import child_environment
+
         process = subprocess.Popen(
             [sys.executable, "-m", "harness.plugin.host"], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_environment(),
         )  # fmt: skip
         threading.Thread(target=self._echo, args=(process.stderr,), daemon=True).start()
         weakref.finalize(self, _stop, process)
@@ -112,7 +116,13 @@ class PluginHost:
                 self._process = self._start()
             process = self._process
             self.requests += 1
-            message = {"op": op, **fields, "release": self._release, "forget": self._forget}
+            message = {
+                "op": op,
+                **fields,
+                "release": self._release,
+                "forget": self._forget,
+                "threads": torch.get_num_threads(),
+            }  # (the run's count, as here)
             self._release, self._forget = [], []
             try:
                 wire.write_message(process.stdin, message)

@@ -33,6 +33,7 @@ class RunOptions:
     data_root: str | None = None
     download: bool = False
     cache_dir: Path | None = None
+    threads: int | None = None  # asked for by the user; None: the run's (foundation/threads.py)
 
 
 def load_dataset(benchmark: Benchmark, registry: Registry, options: RunOptions) -> Dataset:

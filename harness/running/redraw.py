@@ -107,7 +107,9 @@ class Replayer:
         self._finalizer = None
 
     def _start(self) -> subprocess.Popen:
-        env = dict(os.environ, IDRS_BENCH_PLUGINS="")
+        from harness.foundation.threads import child_environment
+
+        env = child_environment(environ=dict(os.environ, IDRS_BENCH_PLUGINS=""))
         self._log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (open while it runs)
         process = subprocess.Popen(
             [sys.executable, "-m", "harness.running.redraw"], stdin=subprocess.PIPE,

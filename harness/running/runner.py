@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import torch
 
+from harness.engine.arithmetic import computing_with, fingerprint, run_threads
 from harness.foundation.errors import IdrsError
 from harness.foundation.progress import Progress
 from harness.foundation.version import __version__
@@ -99,16 +100,14 @@ def run_benchmark(
         )
         store.record_components(run_id, run_components(benchmark, prepared.registry))
         executor = executor or LocalExecutor()
-        from harness.engine.arithmetic import fingerprint
-
-        where = "local" if isinstance(executor, LocalExecutor) else type(executor).__name__
-        store.record_arithmetic(
-            run_id, fingerprint(context.device, benchmark.protocol, prepared.batch_size, where)
-        )
         if benchmark.model.checkpoint is not None:
             _check_checkpoint(prepared, test_ids)
         work = pending_work(store, run_id, benchmark, test_ids)
-        executor.certify(prepared, store, work, options)
+        threads = None  # a finished run keeps its record: this process certifies nothing
+        if work:
+            threads = _record_arithmetic(store, prepared, executor, options.threads)["threads"]
+        with computing_with(threads):
+            executor.certify(prepared, store, work, options)
         from harness.running.runfiles import record_run_files
 
         record_run_files(store, prepared, options.cache_dir)
@@ -137,6 +136,34 @@ def run_components(benchmark: Benchmark, registry: Registry) -> dict[str, dict[s
         names.setdefault("certifiers", set()).add(spec.certifier)
     return {kind: {name: registry.provenance(kind, name) for name in sorted(n for n in found if n)}
             for kind, found in names.items()}  # fmt: skip
+
+
+def _record_arithmetic(
+    store: ResultStore, prepared: Prepared, executor: Executor, requested: int | None
+) -> dict[str, Any]:
+    """The arithmetic this process certifies with, recorded with the run: on CPU with the
+    thread count the run began with (every process of one run rounds alike, so its counts
+    replay bit for bit), unless the user asked for another (the run is then ``varied``)."""
+    where = "local" if isinstance(executor, LocalExecutor) else type(executor).__name__
+    protocol, progress = prepared.benchmark.protocol, prepared.context.progress
+
+    def choose(recorded: dict[str, Any] | None) -> dict[str, Any]:
+        threads = run_threads(recorded, requested)
+        return fingerprint(prepared.context.device, protocol, prepared.batch_size, where, threads)
+
+    recorded, here = store.record_arithmetic(prepared.run_id, choose)
+    if requested is None and here["threads"] not in (None, torch.get_num_threads()):
+        progress.note(
+            f"run {prepared.run_id[:12]} certifies with {here['threads']} threads, as it began "
+            f"(this process has {torch.get_num_threads()}): its counts replay bit for bit"
+        )
+    elif requested is not None and recorded and recorded.get("threads") not in (None, requested):
+        progress.warn(
+            f"run {prepared.run_id[:12]} began with {recorded.get('threads')} threads, this "
+            f"process certifies with {here['threads']} (asked for): the run is marked varied "
+            "and its counts replay statistically only; leave --threads out to keep its count"
+        )
+    return here
 
 
 def _check_weights(run: dict[str, Any], prepared: Prepared) -> None:

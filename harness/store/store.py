@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -203,18 +203,33 @@ class ResultStore(LeaseRecords):
                  json.dumps(list(class_names)) if class_names else None, run_id),
             )  # fmt: skip
 
-    def record_arithmetic(self, run_id: str, fingerprint: dict[str, Any]) -> None:
-        """Record the arithmetic the run certifies with (:mod:`harness.engine.arithmetic`); a run
-        resumed with another arithmetic is marked as varied (:func:`~harness.engine.arithmetic.combined`)."""
+    def record_arithmetic(
+        self, run_id: str, choose: Callable[[dict[str, Any] | None], dict[str, Any]]
+    ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        """Record the arithmetic this process certifies the run with (:mod:`harness.engine.
+        arithmetic`): ``choose(recorded)``, given what the run recorded so far (None: a new
+        run); another arithmetic than the recorded one marks the run as varied
+        (:func:`~harness.engine.arithmetic.combined`). One transaction (``BEGIN
+        IMMEDIATE``), so processes that begin a run at once see each other's record.
+        Returns what the run had recorded and this process's fingerprint."""
         from harness.engine.arithmetic import combined
 
-        row = self.db.execute("SELECT arithmetic FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-        recorded = json.loads(row[0]) if row is not None and row[0] else None
-        with self.db:
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            row = self.db.execute(
+                "SELECT arithmetic FROM runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+            recorded = json.loads(row[0]) if row is not None and row[0] else None
+            here = choose(recorded)
             self.db.execute(
                 "UPDATE runs SET arithmetic = ? WHERE run_id = ?",
-                (json.dumps(combined(recorded, fingerprint), sort_keys=True), run_id),
+                (json.dumps(combined(recorded, here), sort_keys=True), run_id),
             )
+        except BaseException:
+            self.db.rollback()
+            raise
+        self.db.commit()
+        return recorded, here
 
     def record_components(self, run_id: str, components: dict[str, Any]) -> None:
         """Record which plugin, installed package (distribution) and version provided each

@@ -401,12 +401,14 @@ class _Methods:
         return self.built[key]
 
     def sigma(self, row: StoredRow, ids: list[int]) -> tuple[dict | None, str]:
-        """σ of ``ids`` recomputed in a shuffled batch, then alone; or None and why not."""
+        """σ of ``ids`` recomputed in a shuffled batch, then alone, with the run's thread
+        count (as it was computed); or None and why not."""
         from harness.certification.certify import sigma_of
+        from harness.engine.arithmetic import computing_with, run_threads
 
         try:
-            context, provider, _ = self._method(row)
-            with self._cache():
+            with computing_with(run_threads(self.run.run.get("arithmetic"))), self._cache():
+                context, provider, _ = self._method(row)
                 x = context.dataset.test_x[ids].to(context.device)
                 order = np.random.default_rng(len(ids)).permutation(len(ids))
                 batch = np.zeros(len(ids))
