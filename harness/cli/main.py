@@ -28,6 +28,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness.cli.bench import add_bench_parser
+from harness.cli.plugins_table import plugins_command, warn_plugin_failures
 from harness.cli.results_table import (
     RUN_WIDTH,
     attack_statement,
@@ -207,7 +208,7 @@ def _parser() -> argparse.ArgumentParser:
 
     plugins = sub.add_parser("plugins", help="list loaded plugins and what they provide")
     plugins.add_argument("--json", action="store_true", help="machine-readable output")
-    plugins.set_defaults(handler=_plugins)
+    plugins.set_defaults(handler=plugins_command)
 
     for add_parser in SUBCOMMANDS:
         add_parser(sub)
@@ -305,7 +306,7 @@ def _run_checked(
         db=args.db, device=args.device, data_root=args.data_root,
         download=args.download, cache_dir=args.cache_dir, threads=requested,
     )  # fmt: skip
-    _warn_plugin_failures(manager)
+    warn_plugin_failures(manager)
     executor = None
     if args.executor == "ray":
         from harness.running.ray_executor import RayExecutor
@@ -433,45 +434,6 @@ def _results(args: argparse.Namespace) -> int:
         sys.stdout.write(write_run_log(args.db, args.run, args.method, args.setting))
         return 0
     print_results(args.db, args.run, as_json=args.json)
-    return 0
-
-
-def _warn_plugin_failures(manager: PluginManager) -> None:
-    manager.registry  # noqa: B018 - building it records registration failures
-    for failure in manager.failures:
-        Console(stderr=True, soft_wrap=True).print(
-            f"[yellow]warning:[/yellow] plugin {escape(failure.plugin)} failed: {escape(failure.error)}"
-        )
-
-
-def _plugins(args: argparse.Namespace) -> int:
-    from harness.plugin.manager import PluginManager
-
-    manager = PluginManager()
-    rows = manager.describe()
-    failures = [{"plugin": f.plugin, "error": f.error} for f in manager.failures]
-    if args.json:
-        print(json.dumps({"plugins": rows, "failures": failures, "checks_not_run": manager.not_run},
-                         indent=2))  # fmt: skip
-        return 0
-    table = Table(title="idrs-bench plugins")
-    for column in ("plugin", "version", "runs in", "hooks", "provides"):
-        table.add_column(column)
-    for row in rows:
-        provides = "\n".join(
-            f"{kind}: {', '.join(names)}" for kind, names in sorted(row["provides"].items())
-        )
-        hooks = "\n".join(h.removeprefix("idrs_register_") for h in row["hooks"])
-        table.add_row(escape(row["name"]), escape(row["version"]), row["runs_in"], hooks,
-                      escape(provides))  # fmt: skip
-    console = terminal()
-    console.print(table)
-    for check in manager.not_run:
-        console.print(f"not run: check {escape(check)} (verdicts are the harness's own checks')")
-    for failure in failures:
-        console.print(
-            f"[red]failed to load[/red] {escape(failure['plugin'])}: {escape(failure['error'])}"
-        )
     return 0
 
 

@@ -1,0 +1,59 @@
+"""``idrs-bench plugins``: the loaded plugins as a table (or JSON), where each runs (this
+process or a plugin host, harness/README.md), the checks of third-party plugins that are
+not run, and the plugins that failed to load."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from harness.cli.results_table import terminal
+
+if TYPE_CHECKING:
+    from harness.plugin.manager import PluginManager
+
+
+def warn_plugin_failures(manager: PluginManager) -> None:
+    """Each plugin that failed to load or register, as a warning on stderr."""
+    manager.registry  # noqa: B018 - building it records registration failures
+    for failure in manager.failures:
+        Console(stderr=True, soft_wrap=True).print(
+            f"[yellow]warning:[/yellow] plugin {escape(failure.plugin)} failed: {escape(failure.error)}"
+        )
+
+
+def plugins_command(args: argparse.Namespace) -> int:
+    """``idrs-bench plugins``: every plugin, where it runs, what it provides; failures."""
+    from harness.plugin.manager import PluginManager
+
+    manager = PluginManager()
+    rows = manager.describe()
+    failures = [{"plugin": f.plugin, "error": f.error} for f in manager.failures]
+    if args.json:
+        print(json.dumps({"plugins": rows, "failures": failures, "checks_not_run": manager.not_run},
+                         indent=2))  # fmt: skip
+        return 0
+    table = Table(title="idrs-bench plugins")
+    for column in ("plugin", "version", "runs in", "hooks", "provides"):
+        table.add_column(column)
+    for row in rows:
+        provides = "\n".join(
+            f"{kind}: {', '.join(names)}" for kind, names in sorted(row["provides"].items())
+        )
+        hooks = "\n".join(h.removeprefix("idrs_register_") for h in row["hooks"])
+        table.add_row(escape(row["name"]), escape(row["version"]), row["runs_in"], hooks,
+                      escape(provides))  # fmt: skip
+    console = terminal()
+    console.print(table)
+    for check in manager.not_run:
+        console.print(f"not run: check {escape(check)} (verdicts are the harness's own checks')")
+    for failure in failures:
+        console.print(
+            f"[red]failed to load[/red] {escape(failure['plugin'])}: {escape(failure['error'])}"
+        )
+    return 0
