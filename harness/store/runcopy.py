@@ -29,7 +29,7 @@ def copy_run(store: ResultStore, run: StoredRun) -> None:
     inputs = run.expected_inputs or max(run.counts().values(), default=0)
     store.set_run_data(run.run_id, inputs, run.data_files or {}, row.get("class_names") or ())
     if row.get("arithmetic"):
-        store.record_arithmetic(run.run_id, row["arithmetic"])
+        store.record_arithmetic(run.run_id, lambda _: dict(row["arithmetic"]))  # (as recorded)
     if row.get("components"):
         store.record_components(run.run_id, row["components"])
     for f in run.files:
