@@ -30,6 +30,8 @@ import time
 
 from harness import CertifierSpec, Constant, MethodSpec, SigmaProviderSpec, hookimpl
 
+IDRS_BENCH_CONTRACT = 3
+
 
 class Constant_:
     def __init__(self, sigma):

@@ -41,7 +41,7 @@ from typing import Any
 
 import pluggy
 
-from harness.foundation.errors import ContractError, DuplicateNameError
+from harness.foundation.errors import ContractError, DuplicateNameError, IdrsError
 from harness.plugin import hookspecs
 from harness.plugin.hookspecs import CONTRACT, CONTRACT_ATTRIBUTE, PORTING
 from harness.plugin.registry import COMPONENT_KINDS, Registry
@@ -49,6 +49,9 @@ from harness.plugin.registry import COMPONENT_KINDS, Registry
 ENTRY_POINT_GROUP = "idrs_bench"
 DISTRIBUTION = "idrs-bench"
 PLUGINS_ENV_VAR = "IDRS_BENCH_PLUGINS"
+ISOLATE_ENV = "IDRS_BENCH_ISOLATE"
+"""``all``: the built-in σ-providers, certifiers and trainers are served by a plugin host
+too (to exercise and measure the boundary); unset or ``third-party``: only third-party ones."""
 
 
 @dataclass(frozen=True)
@@ -103,8 +106,6 @@ class PluginManager:
             self._load(ep)
 
     def _pending_hosted(self) -> bool:
-        from harness.plugin.remote import isolate_builtins
-
         return self._isolated and self._serves_third_party and isolate_builtins()
 
     def _start_host(self) -> None:
@@ -156,7 +157,6 @@ class PluginManager:
             self._registry = self._build_registry()
             if self._host is not None:
                 from harness.plugin.hosted_components import hosted_registry
-                from harness.plugin.remote import isolate_builtins
 
                 self._registry, self.not_run = hosted_registry(
                     self._registry, self._host, self._hosted, isolate_builtins()
@@ -296,6 +296,14 @@ class PluginManager:
 
     def _fail(self, name: str, exc: BaseException) -> None:
         self._failures.append(PluginFailure(name, _describe(exc)))
+
+
+def isolate_builtins() -> bool:
+    """Whether ``IDRS_BENCH_ISOLATE=all`` asks for the built-ins in the plugin host too."""
+    value = os.environ.get(ISOLATE_ENV, "third-party")
+    if value not in ("all", "third-party"):
+        raise IdrsError(f"{ISOLATE_ENV}={value!r}; use 'all' or 'third-party'")
+    return value == "all"
 
 
 def check_contract(plugin: Any, name: str) -> None:

@@ -27,7 +27,6 @@ the checks' analytic models do between trials), the protocol and the engine's se
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import sys
 import tempfile
@@ -49,18 +48,8 @@ from harness.mathematics.radius import RadiusFormula, Recomputed, formula_from_r
 from harness.plugin import messages, model_description, wire
 from harness.plugin.components import BuildContext, RunMemo
 
-ISOLATE_ENV = "IDRS_BENCH_ISOLATE"
-"""``all``: the built-in σ-providers, certifiers and trainers are served by a plugin host
-too (to exercise and measure the boundary); unset or ``third-party``: only third-party ones."""
 INLINE_BYTES = 1 << 20
 """Arrays of a dataset up to this size travel in the message; larger ones as files."""
-
-
-def isolate_builtins() -> bool:
-    value = os.environ.get(ISOLATE_ENV, "third-party")
-    if value not in ("all", "third-party"):
-        raise IdrsError(f"{ISOLATE_ENV}={value!r}; use 'all' or 'third-party'")
-    return value == "all"
 
 
 class PluginHost:
