@@ -167,20 +167,23 @@ def test_an_edited_radius_never_verifies(board, tmp_path, factor):
 
 
 def test_an_edited_count_never_verifies(board, tmp_path):
-    def edit(data):  # one vote moved from the runner-up to the top class: n unchanged
+    """One vote moved between the top class and the runner-up (n unchanged): a vote
+    taken from the top class lowers the bound below the stored one (S0's first test),
+    a vote given to it raises the bound above it (the verifier's exact test)."""
+    direction = []
+
+    def edit(data):
         columns = _row(data, "cohen")
         base = columns["draws"][_certified(columns)]["base"]
         counts = base["estimation"]
         top = int(np.argmax(base["selection"]))
-        if counts[1 - top] == 0:
-            counts[top] -= 1
-            counts[1 - top] += 1
-        else:
-            counts[top] += 1
-            counts[1 - top] -= 1
+        direction.append(1 if counts[1 - top] else -1)  # every vote on top: take one away
+        counts[top] += direction[0]
+        counts[1 - top] -= direction[0]
 
     problems = verify_board(_edited(board, tmp_path, edit))
-    assert any("is not the bound" in p for p in problems), problems
+    expected = "is not the bound" if direction[0] > 0 else "exceeds the bound"
+    assert any(expected in p for p in problems), problems
 
 
 def test_an_edited_verdict_never_verifies(board, tmp_path):
