@@ -94,7 +94,7 @@ def prepare_model(model: torch.nn.Module, protocol: Any) -> torch.nn.Module:
     precision = getattr(protocol, "precision", "fp32")
     channels_last = bool(getattr(protocol, "channels_last", False))
     cudnn = getattr(protocol, "cudnn", "heuristic")
-    on_cpu = all(p.device.type == "cpu" for p in model.parameters())
+    on_cpu = all(t.device.type == "cpu" for t in (*model.parameters(), *model.buffers()))
     if precision == "fp32" and not channels_last and on_cpu:
         return model  # no TF32 to switch off and no cuDNN on a CPU
     return PrecisionModel(model, precision, channels_last, cudnn).eval()
