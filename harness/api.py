@@ -60,11 +60,12 @@ def certify(
     alpha: float = 0.001,
     device: str | torch.device | None = None,
     seed: int = 0,
-    batch_size: int = 1024,
+    batch_size: int | str = 1024,
     train_inputs: torch.Tensor | None = None,
     train_labels: torch.Tensor | None = None,
     precision: str = "fp32",
     channels_last: bool = False,
+    cudnn: str = "heuristic",
     **params: Any,
 ) -> pd.DataFrame:
     """Certify ``inputs`` [N, *shape] (labels [N]) with a registered method.
@@ -74,9 +75,11 @@ def certify(
     them); CERTIFY draws ``n0`` selection and ``n`` estimation samples at failure
     probability ``alpha`` per input (Cohen et al. 2019, Alg. "CERTIFY"). Methods whose σ(x)
     uses training data (e.g. ``sukenik``) need ``train_inputs`` (and ``train_labels``).
-    ``precision`` (fp32, tf32, bf16, fp16) and ``channels_last`` fix the arithmetic of the
-    certified classifier, as ``[certification]`` does in a benchmark file
-    (:mod:`harness.engine.precision`); σ-providers query the model in the same arithmetic.
+    ``precision`` (fp32, tf32, bf16, fp16), ``channels_last`` and ``cudnn`` (heuristic or
+    benchmark) fix the arithmetic of the certified classifier, as ``[certification]`` does
+    in a benchmark file (:mod:`harness.engine.precision`); σ-providers query the model in
+    the same arithmetic. ``batch_size="auto"`` is the probed batch
+    (:mod:`harness.engine.batchsize`).
     """
     from harness.certification.certify import certify_inputs
     from harness.certification.method import build_method
@@ -117,8 +120,14 @@ def certify(
         )
     dataset = Dataset("api", train_x, train_y, inputs, labels, num_classes)
     protocol = CertificationProtocol(n0=n0, n=n, alpha=alpha, batch_size=batch_size,
-                                     precision=precision, channels_last=channels_last)  # fmt: skip
-    engine = SamplingEngine(prepare_model(model, protocol), num_classes, device, batch_size, seed)
+                                     precision=precision, channels_last=channels_last,
+                                     cudnn=cudnn)  # fmt: skip
+    certified = prepare_model(model, protocol)
+    if batch_size == "auto":
+        from harness.engine.batchsize import auto_batch_size
+
+        batch_size = auto_batch_size(certified, tuple(inputs.shape[1:]), device)
+    engine = SamplingEngine(certified, num_classes, device, batch_size, seed)
     digest = weights_digest(model)
     key = setting_key(setting)
     context = BuildContext(
@@ -134,6 +143,7 @@ def certify(
     ]
     frame = pd.DataFrame(rows, columns=list(CERTIFICATE_COLUMNS))
     frame.attrs["weights_digest"] = digest
+    frame.attrs["batch_size"] = batch_size
     return frame.sort_values("input_id", ignore_index=True)
 
 
