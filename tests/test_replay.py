@@ -361,3 +361,4 @@ def test_a_cuda_run_replays_bit_for_bit(tmp_path, manager, replay_run):
     )
     result = check_replay(_audits(db, run_id, manager)["cohen", "default"])
     assert result.verdict == Verdict.SOUND and result.evidence["mode"] == "exact", result.summary
+    assert result.evidence["arithmetic"]["noise_kernel"].startswith("triton")  # the fused kernel
