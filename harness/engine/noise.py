@@ -12,12 +12,14 @@ into coordinates 4g, 4g+1 and (u2, u3) into 4g+2, 4g+3:
 
 Nothing depends on the batch, the device or the order of work, so a whole mixed batch is
 drawn in one vectorized pass (:func:`gaussian_noise`, torch integer ops on CPU or GPU), and
-on CUDA in one fused Triton kernel that also forms x_i + σ_i·ε (:func:`noisy_batch`); the
-two agree up to float rounding of log, sqrt, cos and sin.
+on CUDA in one fused Triton kernel that also forms x_i + σ_i·ε (:func:`noisy_batch`,
+:mod:`harness.engine.noise_kernels`); the two give the same Philox words and agree within
+:data:`ROUNDING` (float rounding of log, cos and sin, and a fused multiply-add).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 
@@ -215,11 +217,13 @@ def _noisy_batch_triton(x, sigma, keys, rows, samples, out):
     dim = x.shape[1]
     groups = (dim + 3) // 4
     step = max(1, (2**31 - KERNEL_BLOCK) // groups)
-    for start in range(0, len(rows), step):
-        stop = min(len(rows), start + step)
-        lanes = (stop - start) * groups
-        noisy_batch_kernel[(triton.cdiv(lanes, KERNEL_BLOCK),)](
-            x, sigma, keys, rows[start:stop].contiguous(), samples[start:stop].contiguous(),
-            out[start:stop], stop - start, dim, groups, BLOCK=KERNEL_BLOCK,
-        )  # fmt: skip
+    # Triton launches on the current device: make it the tensors' (cuda:1 in its process)
+    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+        for start in range(0, len(rows), step):
+            stop = min(len(rows), start + step)
+            lanes = (stop - start) * groups
+            noisy_batch_kernel[(triton.cdiv(lanes, KERNEL_BLOCK),)](
+                x, sigma, keys, rows[start:stop].contiguous(), samples[start:stop].contiguous(),
+                out[start:stop], stop - start, dim, groups, BLOCK=KERNEL_BLOCK,
+            )  # fmt: skip
     return out

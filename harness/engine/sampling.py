@@ -323,7 +323,7 @@ class _HostReads:
             self.acc.fetch(lo, hi)
             self.finite[slot].copy_(torch.isfinite(self.total), non_blocking=True)
             event = torch.cuda.Event()
-            event.record()
+            event.record(torch.cuda.current_stream(self.total.device))
         else:
             self.finite[slot] = torch.isfinite(self.total)
         self.pending.append((lo, hi, slot, event))
