@@ -38,9 +38,7 @@ def test_bench_json_for_a_tiny_mlp(capsys, tmp_path, monkeypatch):
         for key in ("raw_per_s", "ideal_per_s", "engine_per_s", "reference_per_s"):
             assert np.isfinite(r[key]) and r[key] > 0
         assert r["limit_per_s"] >= r["best_raw_per_s"] >= r["raw_per_s"]
-        assert r["limit_setting"] in {"bf16 cudnn-heuristic", "fp32 cudnn-heuristic",
-                                      "bf16+channels-last cudnn-heuristic",
-                                      "fp32+channels-last cudnn-heuristic"}  # fmt: skip
+        assert r["limit_setting"] in {"bf16 cudnn-heuristic", "fp32 cudnn-heuristic"}
         for other in ("ideal", "raw", "best_raw", "limit", "reference"):
             assert r[f"engine_vs_{other}"] == pytest.approx(r["engine_per_s"] / r[f"{other}_per_s"])
     for a in out["api"]:
@@ -67,6 +65,10 @@ def test_the_limit_is_taken_over_the_settings_a_device_offers():
     assert {(s.precision, s.cudnn) for s in on_cpu} == {("bf16", "heuristic"),
                                                         ("fp32", "heuristic")}  # fmt: skip
     assert len(on_cpu) == 4
+    dense = limit_settings(own, "all", cuda, convolutional=False)  # no layout, no cuDNN
+    assert [(s.precision, s.channels_last, s.cudnn) for s in dense] == [
+        ("bf16", True, "heuristic"), ("fp32", True, "heuristic"), ("tf32", True, "heuristic")
+    ]  # fmt: skip
 
 
 def test_the_batch_sweep_stops_where_the_rate_stops_growing(monkeypatch):

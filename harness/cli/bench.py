@@ -286,9 +286,10 @@ def bench_model(
 
         ideal = timed_rate(ideal_step, batch, seconds, sync)
     first, last = (256, MAX_BATCH) if device.type == "cuda" else (64, MAX_CPU_BATCH)
+    convolutional = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
     sweeps = {
         s: batch_sweep(_in_setting(model, protocol, s), shape, device, first, last, seconds / 4)
-        for s in limit_settings(own, scope, device)
+        for s in limit_settings(own, scope, device, convolutional)
     }
     own_batch, own_best = max(sweeps[own].items(), key=lambda kv: kv[1])
     if raw > own_best:  # the engine's batch measured longer: the better estimate

@@ -37,17 +37,20 @@ class Setting:
         return f"{self.precision}{cl} cudnn-{self.cudnn}"
 
 
-def limit_settings(own: Setting, scope: str, device: torch.device) -> list[Setting]:
+def limit_settings(
+    own: Setting, scope: str, device: torch.device, convolutional: bool = True
+) -> list[Setting]:
     """The settings whose raw rates bound the engine's at ``own`` (its own first) for a
     ``scope`` of :data:`harness.cli.bench.LIMIT_SCOPES`. On a CPU, cuDNN and TF32 do not
-    exist: only channels-last and the precision vary."""
+    exist: only channels-last and the precision vary; without convolutions, neither
+    channels-last nor cuDNN changes anything."""
     precisions = [own.precision] if scope != "all" else list(dict.fromkeys([own.precision,
                                                                           "fp32", "tf32", "bf16"]))  # fmt: skip
     if device.type != "cuda":
         precisions = [p for p in precisions if p != "tf32"] or [own.precision]
-    layouts = [own.channels_last] if scope == "setting" else [own.channels_last,
-                                                              not own.channels_last]  # fmt: skip
-    modes = [own.cudnn] if scope == "setting" or device.type != "cuda" else [own.cudnn, *(
+    same = scope == "setting" or not convolutional
+    layouts = [own.channels_last] if same else [own.channels_last, not own.channels_last]
+    modes = [own.cudnn] if same or device.type != "cuda" else [own.cudnn, *(
         m for m in ("heuristic", "benchmark") if m != own.cudnn)]  # fmt: skip
     out = [replace(own, precision=p, channels_last=c, cudnn=m)
            for p in precisions for c in layouts for m in modes]  # fmt: skip
