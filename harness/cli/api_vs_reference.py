@@ -2,7 +2,9 @@
 (Cohen et al.'s ``Smooth.certify``, :func:`harness.cli.throughput.reference_certify`) on
 the same weights, inputs and backend setting, in seconds per input; in a precision other
 than fp32, how many argmax decisions on noisy inputs differ from fp32 (the price of the
-speed, on up to 10,000 samples per input).
+speed, on up to 10,000 samples per input). What is timed is
+:func:`harness.running.held_model.certify_held_model`, all of ``api.certify`` but its
+table (the CLI sits below ``harness.api``).
 """
 
 from __future__ import annotations
@@ -41,10 +43,10 @@ def bench_api(
     input (see the module docstring)."""
     import torch
 
-    from harness.api import certify
     from harness.cli.throughput import Setting, reference_certify, synchronizer
     from harness.engine.sampling import SamplingEngine
     from harness.reports.precision_report import JointDecisions
+    from harness.running.held_model import certify_held_model
 
     model, shape = built
     model = model.to(device)
@@ -53,13 +55,16 @@ def bench_api(
     x = torch.rand((inputs, *shape), generator=torch.Generator().manual_seed(2))
     y = torch.zeros(inputs, dtype=torch.long)
     sync = synchronizer(device)
-    args = dict(method="cohen", sigma=sigma, n0=protocol.n0, alpha=protocol.alpha,
-                device=device, batch_size=protocol.batch_size, precision=own.precision,
-                channels_last=own.channels_last, cudnn=own.cudnn)  # fmt: skip
-    certify(model, x[:1], y[:1], n=protocol.n0, **args)  # warm-up (kernels, batch probe)
+
+    def certify(count: int, n: int):  # harness.api.certify(model, x, y, method="cohen", ...)
+        return certify_held_model(model, x[:count], y[:count], "cohen", sigma, {}, protocol.n0,
+                                  n, protocol.alpha, device, 0, protocol.batch_size, None, None,
+                                  own.precision, own.channels_last, own.cudnn)  # fmt: skip
+
+    certify(1, protocol.n0)  # warm-up (kernels, the batch probe)
     sync()
     start = time.perf_counter()
-    table = certify(model, x, y, n=protocol.n, **args)
+    rows, attrs = certify(inputs, protocol.n)
     sync()
     api_seconds = (time.perf_counter() - start) / inputs
     xd = x.to(device)
@@ -74,7 +79,7 @@ def bench_api(
     checked = differ = None
     if own.precision != "fp32":  # argmax decisions on noisy inputs that differ from fp32
         fp32 = _in_setting(model, protocol, Setting("fp32", own.channels_last, own.cudnn))
-        batch = int(table.attrs.get("batch_size") or 1024)
+        batch = int(attrs["batch_size"])
         joint = SamplingEngine(JointDecisions(fp32, certified, NUM_CLASSES), NUM_CLASSES**2,
                                device, batch, seed=0)  # fmt: skip
         m = min(protocol.n, 10_000)
@@ -83,10 +88,10 @@ def bench_api(
         checked, differ = inputs * m, int(counts.sum() - counts.trace(axis1=1, axis2=2).sum())
     return ApiResult(
         model=name, device=str(device), setting=str(own), inputs=inputs, n=protocol.n,
-        batch_size=int(table.attrs.get("batch_size") or 0), reference_batch=reference_batch,
+        batch_size=int(attrs["batch_size"]), reference_batch=reference_batch,
         api_s_per_input=api_seconds, reference_s_per_input=reference_seconds,
         api_speedup=reference_seconds / api_seconds,
-        api_certified=int((table["prediction"] >= 0).sum()),
+        api_certified=sum(row["prediction"] >= 0 for row in rows),
         reference_certified=sum(c >= 0 for c, _ in reference),
         decisions_checked=checked, decisions_differ_from_fp32=differ,
     )  # fmt: skip
