@@ -1,8 +1,8 @@
-"""``batch_size = "auto"``: the largest batch of noisy samples worth running at once.
+"""``batch_size = "auto"``: the batch of noisy samples worth running at once.
 
 The best batch differs by a factor of 20 between a small MLP and ResNet-110, so it is
-probed once per (model architecture, device, input shape) and cached on disk under the
-cache directory (``batch-size.json``):
+probed once per (model architecture and arithmetic, device, input shape) and cached on
+disk under the cache directory (``batch-size.json``):
 
 - CUDA (throughput, bounded by memory): the rate in samples/s of forward + argmax
   (synchronized, after a warm-up that also lets cuDNN's benchmark mode time its
