@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from harness.cli.bench import NUM_CLASSES, _in_setting, _setting
+from harness.cli.bench import NUM_CLASSES, model_in_setting, setting_of
 
 
 @dataclass
@@ -50,8 +50,8 @@ def bench_api(
 
     model, shape = built
     model = model.to(device)
-    own = _setting(protocol)
-    certified = _in_setting(model, protocol, own)
+    own = setting_of(protocol)
+    certified = model_in_setting(model, protocol, own)
     x = torch.rand((inputs, *shape), generator=torch.Generator().manual_seed(2))
     y = torch.zeros(inputs, dtype=torch.long)
     sync = synchronizer(device)
@@ -78,7 +78,7 @@ def bench_api(
     reference_seconds = (time.perf_counter() - start) / inputs
     checked = differ = None
     if own.precision != "fp32":  # argmax decisions on noisy inputs that differ from fp32
-        fp32 = _in_setting(model, protocol, Setting("fp32", own.channels_last, own.cudnn))
+        fp32 = model_in_setting(model, protocol, Setting("fp32", own.channels_last, own.cudnn))
         batch = int(attrs["batch_size"])
         joint = SamplingEngine(JointDecisions(fp32, certified, NUM_CLASSES), NUM_CLASSES**2,
                                device, batch, seed=0)  # fmt: skip

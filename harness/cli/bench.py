@@ -229,13 +229,15 @@ def _build(registry, name: str):
     return spec.build(shape, NUM_CLASSES, {**spec.defaults, **params}).eval(), shape
 
 
-def _setting(protocol):
+def setting_of(protocol):
+    """The protocol's backend setting (precision, channels-last, cuDNN mode)."""
     from harness.cli.throughput import Setting
 
     return Setting(protocol.precision, protocol.channels_last, protocol.cudnn)
 
 
-def _in_setting(model, protocol, setting):
+def model_in_setting(model, protocol, setting):
+    """``model`` as the engine queries it in ``setting`` (:func:`prepare_model`)."""
     from dataclasses import replace
 
     from harness.engine.precision import prepare_model
@@ -267,8 +269,8 @@ def bench_model(
 
     model, shape = built
     model = model.to(device)
-    own = _setting(protocol)
-    certified = _in_setting(model, protocol, own)
+    own = setting_of(protocol)
+    certified = model_in_setting(model, protocol, own)
     batch = protocol.batch_size
     if batch == "auto":
         batch = auto_batch_size(certified, shape, device)
@@ -288,7 +290,9 @@ def bench_model(
     first, last = (256, MAX_BATCH) if device.type == "cuda" else (64, MAX_CPU_BATCH)
     convolutional = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
     sweeps = {
-        s: batch_sweep(_in_setting(model, protocol, s), shape, device, first, last, seconds / 4)
+        s: batch_sweep(
+            model_in_setting(model, protocol, s), shape, device, first, last, seconds / 4
+        )
         for s in limit_settings(own, scope, device, convolutional)
     }
     own_batch, own_best = max(sweeps[own].items(), key=lambda kv: kv[1])
