@@ -21,32 +21,10 @@ from typing import Any
 import pandas as pd
 import torch
 
-from harness.foundation.errors import IdrsError
-
 CERTIFICATE_COLUMNS = (
     "method", "setting", "input_id", "label", "prediction", "predict", "radius", "p_lower",
     "sigma", "alpha", "counts_selection", "counts_estimation", "seconds", "evidence", "draws",
 )  # fmt: skip
-
-
-class _NoTrainingData:
-    """Stands for absent training inputs; any use names the missing argument."""
-
-    def __init__(self, method: str) -> None:
-        self._method = method
-
-    def _fail(self, *_: Any, **__: Any):
-        raise IdrsError(
-            f"method {self._method!r} needs the training inputs (its σ(x) or fitting uses "
-            "them): pass certify(..., train_inputs=X_train, train_labels=y_train)"
-        )
-
-    __len__ = __getitem__ = __iter__ = _fail
-
-    def __getattr__(self, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        self._fail()
 
 
 def certify(
@@ -60,11 +38,12 @@ def certify(
     alpha: float = 0.001,
     device: str | torch.device | None = None,
     seed: int = 0,
-    batch_size: int = 1024,
+    batch_size: int | str = 1024,
     train_inputs: torch.Tensor | None = None,
     train_labels: torch.Tensor | None = None,
     precision: str = "fp32",
     channels_last: bool = False,
+    cudnn: str = "heuristic",
     **params: Any,
 ) -> pd.DataFrame:
     """Certify ``inputs`` [N, *shape] (labels [N]) with a registered method.
@@ -74,66 +53,20 @@ def certify(
     them); CERTIFY draws ``n0`` selection and ``n`` estimation samples at failure
     probability ``alpha`` per input (Cohen et al. 2019, Alg. "CERTIFY"). Methods whose σ(x)
     uses training data (e.g. ``sukenik``) need ``train_inputs`` (and ``train_labels``).
-    ``precision`` (fp32, tf32, bf16, fp16) and ``channels_last`` fix the arithmetic of the
-    certified classifier, as ``[certification]`` does in a benchmark file
-    (:mod:`harness.engine.precision`); σ-providers query the model in the same arithmetic.
+    ``precision`` (fp32, tf32, bf16, fp16), ``channels_last`` and ``cudnn`` (heuristic or
+    benchmark) fix the arithmetic of the certified classifier, as ``[certification]`` does
+    in a benchmark file (:mod:`harness.engine.precision`); σ-providers query the model in
+    the same arithmetic. ``batch_size="auto"`` is the probed batch
+    (:mod:`harness.engine.batchsize`).
     """
-    from harness.certification.certify import certify_inputs
-    from harness.certification.method import build_method
-    from harness.engine.precision import prepare_model
-    from harness.engine.sampling import SamplingEngine, resolve_device
-    from harness.foundation.data import Dataset
-    from harness.foundation.identity import setting_key
-    from harness.foundation.progress import Progress
-    from harness.foundation.protocol import CertificationProtocol
-    from harness.plugin.components import BuildContext
-    from harness.plugin.manager import PluginManager
-    from harness.running.benchmark import _check_keys
-    from harness.running.weights import weights_digest
+    from harness.running.held_model import certify_held_model
 
-    registry = PluginManager().registry
-    spec = registry.get("methods", method)
-    setting = {"sigma": sigma, **params} if "sigma" in spec.defaults else dict(params)
-    _check_keys(setting, spec.defaults, f"method {method!r}")
-    full = {**spec.defaults, **setting}
-    if spec.check is not None:
-        spec.check(full)
-    inputs = torch.as_tensor(inputs, dtype=torch.float32)
-    labels = torch.as_tensor(labels, dtype=torch.long)
-    if len(inputs) != len(labels):
-        raise IdrsError(f"{len(inputs)} inputs but {len(labels)} labels")
-    device = resolve_device(device or "auto")
-    model = model.to(device).eval()
-    with torch.no_grad():
-        num_classes = int(model(inputs[:1].to(device)).shape[-1])
-    if train_inputs is None:
-        train_x: Any = _NoTrainingData(method)
-        train_y: Any = train_x
-    else:
-        train_x = torch.as_tensor(train_inputs, dtype=torch.float32)
-        train_y = torch.as_tensor(
-            train_labels if train_labels is not None else torch.zeros(len(train_x)),
-            dtype=torch.long,
-        )
-    dataset = Dataset("api", train_x, train_y, inputs, labels, num_classes)
-    protocol = CertificationProtocol(n0=n0, n=n, alpha=alpha, batch_size=batch_size,
-                                     precision=precision, channels_last=channels_last)  # fmt: skip
-    engine = SamplingEngine(prepare_model(model, protocol), num_classes, device, batch_size, seed)
-    digest = weights_digest(model)
-    key = setting_key(setting)
-    context = BuildContext(
-        dataset=dataset, model=model, device=device, seed=seed, protocol=protocol,
-        engine=engine, progress=Progress(enabled=False), registry=registry, recipe_hash=digest,
-        run_id=f"api-{digest[:12]}", method=method, setting=key,
+    rows, attrs = certify_held_model(
+        model, inputs, labels, method, sigma, params, n0, n, alpha, device, seed, batch_size,
+        train_inputs, train_labels, precision, channels_last, cudnn,
     )  # fmt: skip
-    provider, certifier = build_method(registry, method, full, context)
-    ids = list(range(len(inputs)))
-    rows = [
-        {"method": method, "setting": key, "label": int(labels[cert.input_id]), **vars(cert)}
-        for cert in certify_inputs(context, spec, provider, certifier, inputs.to(device), ids)
-    ]
     frame = pd.DataFrame(rows, columns=list(CERTIFICATE_COLUMNS))
-    frame.attrs["weights_digest"] = digest
+    frame.attrs.update(attrs)
     return frame.sort_values("input_id", ignore_index=True)
 
 

@@ -30,8 +30,8 @@ from harness import SamplingEngine, hookimpl
 ORIGINAL = SamplingEngine.run
 
 
-def padded(self, x, sigma, input_ids, num, stream, soft=False):
-    for index, result in ORIGINAL(self, x, sigma, input_ids, num, stream, soft):
+def padded(self, x, sigma, input_ids, num, stream, soft=False, start=0):
+    for index, result in ORIGINAL(self, x, sigma, input_ids, num, stream, soft, start):
         if not soft:
             result = np.array(result, copy=True)
             top = int(np.argmax(result))
@@ -84,10 +84,11 @@ def engine_patch(tmp_path):
 
 def _replay_run(
     folder: Path, manager, methods, n: int = 1000, count: int = 12, shard_size: int = 4,
-    seed: int = 0,
+    seed: int = 0, device: str | None = None,
 ) -> tuple[Path, str]:  # fmt: skip
     """Certify ``methods`` (names, or dicts with settings) on ``ball-2`` with the exact
-    ball classifier (batches of 256 rows, shards of ``shard_size``); (db, run id)."""
+    ball classifier (batches of 256 rows, shards of ``shard_size``) on ``device`` (None:
+    the default device); (db, run id)."""
     raw = {
         "name": "replay", "seed": seed, "shard_size": shard_size,
         "dataset": {"name": "ball-2", "test_count": count},
@@ -97,13 +98,14 @@ def _replay_run(
     }  # fmt: skip
     db = folder / "runs.sqlite"
     run_id = run_benchmark(
-        parse_benchmark(raw), RunOptions(db=db), Progress(enabled=False), manager
+        parse_benchmark(raw), RunOptions(db=db, device=device), Progress(enabled=False), manager
     )
     return db, run_id
 
 
 @pytest.fixture(scope="session")
 def replay_run():
-    """``replay_run(folder, manager, methods, n=1000, count=12, shard_size=4)``: a run
-    of ``methods`` on ``ball-2`` stored in ``folder/runs.sqlite``; returns (db, run id)."""
+    """``replay_run(folder, manager, methods, n=1000, count=12, shard_size=4, seed=0,
+    device=None)``: a run of ``methods`` on ``ball-2`` stored in ``folder/runs.sqlite``;
+    returns (db, run id)."""
     return _replay_run

@@ -1,4 +1,5 @@
-"""``idrs-bench bench``: the four rates, their ratios, the reference loop, the errors."""
+"""``idrs-bench bench``: the rates, the limit over batch sizes and settings, their ratios,
+the reference loop, ``harness.api.certify`` against it, the errors."""
 
 import json
 
@@ -9,36 +10,101 @@ from scipy.stats import norm
 
 from harness.cli import bench
 from harness.cli.main import main
+from harness.cli.throughput import reference_certify
 from harness.foundation.errors import IdrsError
 
-KEYS = {"model", "device", "batch_size", "raw_per_s", "ideal_per_s", "engine_per_s",
-        "reference_per_s", "engine_vs_ideal", "engine_vs_raw", "engine_vs_reference"}  # fmt: skip
+KEYS = {"model", "device", "batch_size", "raw_per_s", "best_raw_per_s", "limit_per_s",
+        "ideal_per_s", "engine_per_s", "reference_per_s", "engine_vs_ideal", "engine_vs_raw",
+        "engine_vs_best_raw", "engine_vs_limit", "engine_vs_reference"}  # fmt: skip
 
 
-def test_bench_json_for_tiny_mlp_and_cnn(capsys, tmp_path, monkeypatch):
+def test_bench_json_for_a_tiny_mlp(capsys, tmp_path, monkeypatch):
+    """The limit is the best raw rate over batch sizes and the settings of --limit: at
+    least the raw rate at the engine's batch, and over all settings at least over the
+    engine's own; the API section times harness.api.certify against the reference loop
+    and, in bf16, counts the noisy decisions that differ from fp32."""
     monkeypatch.setenv("IDRS_BENCH_CACHE", str(tmp_path))
-    argv = ["bench", "--models", "mlp,cnn", "--device", "cpu", "--n", "200", "--inputs", "1",
-            "--seconds", "0.05", "--batch-size", "64", "--json"]  # fmt: skip
+    argv = ["bench", "--models", "mlp", "--device", "cpu", "--n", "200", "--inputs", "1",
+            "--seconds", "0.05", "--batch-size", "64", "--limit", "all", "--api",
+            "--precision", "bf16", "--reference-batch", "100", "--json"]  # fmt: skip
     assert main(argv) == 0
-    rows = json.loads(capsys.readouterr().out)
-    assert [r["model"] for r in rows] == ["mlp", "cnn"]
+    out = json.loads(capsys.readouterr().out)
+    rows = out["engine"]
+    assert [r["model"] for r in rows] == ["mlp"]
     for r in rows:
         assert set(r) >= KEYS
         assert r["device"] == "cpu" and r["batch_size"] == 64 and r["n"] == 200
+        assert r["setting"] == "bf16 cudnn-heuristic" and r["reference_batch"] == 100
         for key in ("raw_per_s", "ideal_per_s", "engine_per_s", "reference_per_s"):
             assert np.isfinite(r[key]) and r[key] > 0
-        assert r["engine_vs_ideal"] == pytest.approx(r["engine_per_s"] / r["ideal_per_s"])
-        assert r["engine_vs_raw"] == pytest.approx(r["engine_per_s"] / r["raw_per_s"])
-        assert r["engine_vs_reference"] == pytest.approx(r["engine_per_s"] / r["reference_per_s"])
+        assert r["limit_per_s"] >= r["best_raw_per_s"] >= r["raw_per_s"]
+        assert r["limit_setting"] in {"bf16 cudnn-heuristic", "fp32 cudnn-heuristic"}
+        for other in ("ideal", "raw", "best_raw", "limit", "reference"):
+            assert r[f"engine_vs_{other}"] == pytest.approx(r["engine_per_s"] / r[f"{other}_per_s"])
+    for a in out["api"]:
+        assert a["inputs"] == 1 and a["n"] == 200 and a["batch_size"] == 64
+        assert a["api_speedup"] == pytest.approx(a["reference_s_per_input"] / a["api_s_per_input"])
+        assert a["decisions_checked"] == 200 and 0 <= a["decisions_differ_from_fp32"] <= 200
+    assert [a["model"] for a in out["api"]] == ["mlp"]
+
+
+def test_the_limit_is_taken_over_the_settings_a_device_offers():
+    from harness.cli.throughput import Setting, limit_settings
+
+    own = Setting("bf16", True, "heuristic")
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert limit_settings(own, "setting", cuda) == [own]
+    assert limit_settings(own, "precision", cuda) == [
+        own, Setting("bf16", True, "benchmark"), Setting("bf16", False, "heuristic"),
+        Setting("bf16", False, "benchmark"),
+    ]  # fmt: skip
+    every = limit_settings(own, "all", cuda)
+    assert every[0] == own and len(every) == len(set(every)) == 3 * 2 * 2
+    assert {s.precision for s in every} == {"bf16", "fp32", "tf32"}
+    on_cpu = limit_settings(own, "all", cpu)  # no TF32 and no cuDNN on a CPU
+    assert {(s.precision, s.cudnn) for s in on_cpu} == {("bf16", "heuristic"),
+                                                        ("fp32", "heuristic")}  # fmt: skip
+    assert len(on_cpu) == 4
+    dense = limit_settings(own, "all", cuda, convolutional=False)  # no layout, no cuDNN
+    assert [(s.precision, s.channels_last, s.cudnn) for s in dense] == [
+        ("bf16", True, "heuristic"), ("fp32", True, "heuristic"), ("tf32", True, "heuristic")
+    ]  # fmt: skip
+
+
+def test_the_batch_sweep_stops_where_the_rate_stops_growing(monkeypatch):
+    """A model whose pass costs 4 ms up to 512 rows and grows linearly beyond (on a
+    simulated clock): the rate doubles up to 512, then stays; the sweep stops two
+    doublings after it, and stops at once where one pass takes over a second."""
+    import types
+
+    from harness.cli import throughput
+
+    clock = types.SimpleNamespace(now=0.0)
+    monkeypatch.setattr(throughput, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
+
+    class Fixed(torch.nn.Module):
+        def __init__(self, seconds):
+            super().__init__()
+            self.seconds = seconds
+
+        def forward(self, x):
+            clock.now += self.seconds * max(1, len(x) / 512)
+            return torch.zeros(len(x), 2)
+
+    rates = throughput.batch_sweep(Fixed(0.004), (3,), torch.device("cpu"), 64, 1 << 16, 0.02)
+    assert list(rates) == [64, 128, 256, 512, 1024, 2048]
+    assert rates[512] == pytest.approx(8 * rates[64]) and rates[2048] == pytest.approx(rates[512])
+    slow = throughput.batch_sweep(Fixed(2.0), (3,), torch.device("cpu"), 64, 1 << 16, 0.02)
+    assert list(slow) == [64]
 
 
 def test_bench_table(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("IDRS_BENCH_CACHE", str(tmp_path))
-    argv = ["bench", "--models", "mlp", "--device", "cpu", "--n", "100", "--inputs", "1",
+    argv = ["bench", "--models", "cnn", "--device", "cpu", "--n", "100", "--inputs", "1",
             "--seconds", "0.02", "--batch-size", "32"]  # fmt: skip
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "engine/ideal" in out and "mlp" in out and "n0 = 100, n = 100" in out
+    assert "engine/limit" in out and "cnn" in out and "n0 = 100, n = 100" in out
 
 
 def test_reference_certify_gives_cohens_certificate_of_a_linear_classifier(linear_model):
@@ -51,7 +117,7 @@ def test_reference_certify_gives_cohens_certificate_of_a_linear_classifier(linea
     x = torch.zeros(2, 10)
     x[:, 0] = torch.tensor([0.5, -0.01])
     torch.manual_seed(0)
-    (c0, r0), (c1, r1) = bench.reference_certify(model, x, 0.5, 100, 4000, 0.001, 1000)
+    (c0, r0), (c1, r1) = reference_certify(model, x, 0.5, 100, 4000, 0.001, 1000, 2)
     assert c0 == 1 and 0.5 * norm.ppf(norm.cdf(1.0) - 0.03) < r0 < 0.5
     assert (c1, r1) == (-1, 0.0)  # p_A ~ 0.51: abstain
 

@@ -30,6 +30,10 @@ from harness.store.storedrun import load_runs
 
 
 def _cli(argv: list[str]) -> int:
+    """``idrs-bench leaderboard ARGV``; a replay on the CPU unless ``--device`` is given
+    (the boards here are made on the CPU: their replays there are bit for bit)."""
+    if "--replay" in argv and "--device" not in argv:
+        argv = [*argv, "--device", "cpu"]
     parser = argparse.ArgumentParser()
     add_leaderboard_parser(parser.add_subparsers())
     args = parser.parse_args(["leaderboard", *argv])
@@ -59,7 +63,7 @@ def published(tmp_path_factory, replay_run):
     folder = tmp_path_factory.mktemp("published")
     manager = PluginManager(third_party=False)
     manager.register(sys.modules["tests.soundness_plugins"], name="soundness-test-plugins")
-    db, run_id = replay_run(folder, manager, ["cohen", "inflated"], n=500)
+    db, run_id = replay_run(folder, manager, ["cohen", "inflated"], n=500, device="cpu")
     _check(db, run_id, manager)
     out = folder / "board" / "b.md"
     write_board(load_runs(db), out)
@@ -167,20 +171,23 @@ def test_an_edited_radius_never_verifies(board, tmp_path, factor):
 
 
 def test_an_edited_count_never_verifies(board, tmp_path):
-    def edit(data):  # one vote moved from the runner-up to the top class: n unchanged
+    """One vote moved between the top class and the runner-up (n unchanged): a vote
+    taken from the top class lowers the bound below the stored one (S0's first test),
+    a vote given to it raises the bound above it (the verifier's exact test)."""
+    direction = []
+
+    def edit(data):
         columns = _row(data, "cohen")
         base = columns["draws"][_certified(columns)]["base"]
         counts = base["estimation"]
         top = int(np.argmax(base["selection"]))
-        if counts[1 - top] == 0:
-            counts[top] -= 1
-            counts[1 - top] += 1
-        else:
-            counts[top] += 1
-            counts[1 - top] -= 1
+        direction.append(1 if counts[1 - top] else -1)  # every vote on top: take one away
+        counts[top] += direction[0]
+        counts[1 - top] -= direction[0]
 
     problems = verify_board(_edited(board, tmp_path, edit))
-    assert any("is not the bound" in p for p in problems), problems
+    expected = "is not the bound" if direction[0] > 0 else "exceeds the bound"
+    assert any(expected in p for p in problems), problems
 
 
 def test_an_edited_verdict_never_verifies(board, tmp_path):
@@ -222,7 +229,7 @@ def test_replay_catches_what_the_export_cannot_show(
     """A run whose engine a plugin patched, audited by S0 only: its board verifies (the
     counts are consistent), its replay from the shipped weights does not."""
     manager.register(engine_patch(), name="engine-patch")
-    db, run_id = replay_run(tmp_path, manager, ["cohen"], n=500)
+    db, run_id = replay_run(tmp_path, manager, ["cohen"], n=500, device="cpu")
     _check(db, run_id, manager, checks=(check_evidence,))
     out = tmp_path / "patched" / "p.md"
     write_board(load_runs(db), out)
@@ -244,3 +251,23 @@ def test_replay_on_another_arithmetic_uses_the_replication_test(board, tmp_path,
     out = capsys.readouterr().out
     assert out.count("inputs agreed by the replication test") == 2
     assert "σ not recomputed" in out
+
+
+@pytest.mark.gpu
+def test_a_cpu_board_replays_on_cuda_by_the_replication_test(board, capsys):
+    """Another arithmetic: fresh samples on CUDA replicate the CPU's counts, no false alarm."""
+    assert _cli(["--verify", str(board), "--replay", "8", "--device", "cuda"]) == 0
+    assert capsys.readouterr().out.count("inputs agreed by the replication test") == 2
+
+
+@pytest.mark.gpu
+def test_a_cuda_board_replays_on_the_cpu_by_the_replication_test(
+    tmp_path, manager, replay_run, capsys
+):  # fmt: skip
+    db, run_id = replay_run(tmp_path, manager, ["cohen"], n=500, device="cuda")
+    _check(db, run_id, manager)
+    out = tmp_path / "cuda" / "c.md"
+    write_board(load_runs(db), out)
+    assert verify_board(out) == []
+    assert _cli(["--verify", str(out), "--replay", "8", "--device", "cpu"]) == 0
+    assert "inputs agreed by the replication test" in capsys.readouterr().out

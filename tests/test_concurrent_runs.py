@@ -143,7 +143,7 @@ def setup(tmp_path_factory):
     spec.write_text(SPEC)
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)]),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(site), os.environ.get("PYTHONPATH", "")]),
         "IDRS_BENCH_CACHE": str(root / "cache"),
         "IDRS_BENCH_LEASE_SECONDS": str(LEASE_SECONDS),
     }

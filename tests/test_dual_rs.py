@@ -341,6 +341,21 @@ def _context(tmp_path, monkeypatch, linear_model, seed=0):
     )  # fmt: skip
 
 
+def test_a_sigma_estimator_built_elsewhere_is_drawn_where_the_run_draws(
+    tmp_path, monkeypatch, linear_model
+):  # fmt: skip
+    """A plugin may build its σ-estimator on the CPU; the harness moves it to the run's
+    device when it builds the method (here the ``meta`` device stands for a GPU)."""
+    from harness.certification.method import build_method
+
+    manager = PluginManager(third_party=False)
+    manager.register(_variants_plugin(), name="dual-variants")
+    context = dataclasses.replace(_context(tmp_path, monkeypatch, linear_model),
+                                  registry=manager.registry, device=torch.device("meta"))  # fmt: skip
+    provider, _ = build_method(manager.registry, "dual-half-plane", {}, context)
+    assert {b.device.type for b in provider.smoothing.model.buffers()} == {"meta"}
+
+
 def test_training_is_deterministic_and_depends_on_the_seed(tmp_path, monkeypatch, linear_model):
     params = {**METHOD_DEFAULTS, **SMALL}
     context = _context(tmp_path, monkeypatch, linear_model)

@@ -3,6 +3,7 @@ progress without a terminal, SIGTERM, incomplete runs, memoized σ(x)."""
 
 import io
 import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -67,7 +68,8 @@ def _imports_torch(argv: list[str], cwd: Path) -> tuple[bool, str]:
         print(f"HEAVY-IMPORTS {{heavy}}")
     """)
     out = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True,
-                         env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                             [str(ROOT), os.environ.get("PYTHONPATH", "")])})  # fmt: skip
     return "HEAVY-IMPORTS []" not in out.stdout, out.stdout + out.stderr
 
 
@@ -229,10 +231,12 @@ def test_progress_heartbeat_reports_while_nothing_advances():
 
 
 def test_sigterm_is_reported_like_sigint_and_the_run_resumes(tmp_path, stored_certificates):
+    """On the CPU, where 48 inputs at n = 60,000 take seconds (a GPU certifies them all
+    between two polls of the database, before the signal)."""
     spec = _spec(tmp_path, count=48, n=60000)
     db = tmp_path / "r.sqlite"
     command = [sys.executable, "-m", "harness.cli.main", "run", str(spec), "--db", str(db), "--quiet",
-               "--no-check"]  # fmt: skip
+               "--no-check", "--device", "cpu"]  # fmt: skip
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)  # fmt: skip
     deadline = time.time() + 120

@@ -70,7 +70,8 @@ def _command(spec: Path, db: Path) -> list[str]:
 
 def _env(cache: Path) -> dict[str, str]:
     # a killed process's leases expire after 2 s, so each resumption takes its work over soon
-    return {**os.environ, "IDRS_BENCH_CACHE": str(cache), "PYTHONPATH": str(ROOT),
+    return {**os.environ, "IDRS_BENCH_CACHE": str(cache),
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
             "IDRS_BENCH_LEASE_SECONDS": "2"}  # fmt: skip
 
 

@@ -73,7 +73,7 @@ def installed(tmp_path):
     marker = tmp_path / "imported"
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)]),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(site), os.environ.get("PYTHONPATH", "")]),
         "IDRS_BENCH_CACHE": str(tmp_path / "cache"),
         "SLOW_PLUGIN_MARKER": str(marker),
     }

@@ -40,6 +40,7 @@ TINY = {
         ("batch_size", "big", 'batch_size must be an integer >= 1 or "auto"'),
         ("batch_size", 0, 'batch_size must be an integer >= 1 or "auto"'),
         ("noise", "mt", "unknown noise scheme 'mt'; choose auto or one of philox-v1, block-v1"),
+        ("cudnn", "fast", "unknown cudnn mode 'fast'; choose one of heuristic, benchmark"),
     ],
 )
 def test_protocol_values_are_validated(key, value, message):
@@ -62,6 +63,35 @@ def test_old_runs_read_as_block_noise_and_fp32():
         "fp32",
         False,
     )
+
+
+def test_cudnn_mode_is_set_around_every_forward_pass_and_named_in_the_run_id():
+    """Benchmark mode on (whatever was set globally) only inside the certified classifier's
+    forward pass; heuristic mode off even where a plugin turned it on. The default leaves
+    every earlier run's id as it was; benchmark mode is another run."""
+    seen = []
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            seen.append(torch.backends.cudnn.benchmark)
+            return x
+
+    before = torch.backends.cudnn.benchmark
+    try:
+        for mode, globally in (("benchmark", False), ("heuristic", True)):
+            torch.backends.cudnn.benchmark = globally
+            PrecisionModel(Probe(), "fp32", False, mode)(torch.zeros(1, 2))
+            assert torch.backends.cudnn.benchmark is globally
+    finally:
+        torch.backends.cudnn.benchmark = before
+    assert seen == [True, False]
+    plain = parse_benchmark(TINY).to_dict()
+    assert "cudnn" not in plain["protocol"] and benchmark_from_dict(plain).protocol.cudnn == (
+        "heuristic"
+    )
+    timed = {**TINY, "certification": {**TINY["certification"], "cudnn": "benchmark"}}
+    assert parse_benchmark(timed).to_dict()["protocol"]["cudnn"] == "benchmark"
+    assert benchmark_from_dict(parse_benchmark(timed).to_dict()).protocol.cudnn == "benchmark"
 
 
 def test_prepare_model_casts_a_copy_and_leaves_the_model_alone():
@@ -102,6 +132,12 @@ def test_bf16_certification_of_a_linear_classifier_matches_the_exact_probability
 
 
 def test_a_run_records_precision_noise_and_auto_batch_size(tmp_path, manager, monkeypatch):
+    """On the default device: CPU (block-v1, a batch of 64 to 8,192) or CUDA (philox-v1,
+    256 to 65,536)."""
+    from harness.engine.batchsize import MAX_BATCH, MAX_CPU_BATCH
+    from harness.engine.sampling import default_noise, resolve_device
+
+    device = resolve_device("auto")
     monkeypatch.setenv("IDRS_BENCH_CACHE", str(tmp_path / "cache"))
     db = tmp_path / "r.sqlite"
     run_id = run_benchmark(
@@ -113,11 +149,12 @@ def test_a_run_records_precision_noise_and_auto_batch_size(tmp_path, manager, mo
         )
         certs = con.execute("SELECT prediction, radius FROM certificates").fetchall()
     assert config["protocol"]["precision"] == "bf16"
-    assert config["protocol"]["noise"] == "block-v1"  # "auto" on CPU, recorded resolved
+    assert config["protocol"]["noise"] == default_noise(device)  # "auto", recorded resolved
     assert config["protocol"]["batch_size"] == "auto"
     assert len(certs) == 6 and any(r > 0 for _, r in certs)
     cached = json.loads((tmp_path / "cache" / "models" / CACHE_FILE).read_text())
-    assert len(cached) == 1 and 64 <= next(iter(cached.values())) <= 8192
+    low, high = (256, MAX_BATCH) if device.type == "cuda" else (64, MAX_CPU_BATCH)
+    assert len(cached) == 1 and low <= next(iter(cached.values())) <= high
 
 
 def test_auto_batch_size_on_cpu_is_bounded_and_cached(tmp_path, monkeypatch):
@@ -136,6 +173,31 @@ def test_auto_batch_size_on_cpu_is_bounded_and_cached(tmp_path, monkeypatch):
     assert len(json.loads((tmp_path / CACHE_FILE).read_text())) == 2
 
 
+@pytest.mark.parametrize(
+    ("rates", "measured", "chosen"),
+    [  # millions of samples/s per batch from 256 on (None: out of memory)
+        ([10, 19, 35, 60, 80, 81, 82, 95], 7, 4096),  # plateau: the smallest within 3 %
+        ([10, 20, 50, 40, 30, 90], 5, 1024),  # slower at large batches: the fastest
+        ([10, 20, 40, 80, None], 5, 1024),  # out of memory: at most half the largest fit
+        ([10, 20, 40, 80, 160, 320, 640, 1280, 2560], 9, 65536),  # gains up to the cap
+        ([1e-4, 2e-4], 1, 256),  # one pass of 256 samples takes 2.6 s: stop there
+        ([None], 1, None),  # not even 256 fits
+    ],
+)
+def test_the_cuda_batch_is_chosen_by_measured_throughput(rates, measured, chosen):
+    from harness.engine.batchsize import choose_by_rate
+
+    calls = []
+
+    def measure(batch):
+        calls.append(batch)
+        rate = rates[len(calls) - 1]
+        return None if rate is None else rate * 1e6
+
+    assert choose_by_rate(measure, 256, 1 << 16) == chosen
+    assert calls == [256 << k for k in range(measured)]
+
+
 def test_engine_batch_size_is_decided_before_it_is_made(tmp_path, monkeypatch):
     monkeypatch.setenv("IDRS_BENCH_CACHE", str(tmp_path))
     model = torch.nn.Sequential(torch.nn.Linear(6, 3)).eval()
@@ -148,7 +210,7 @@ def test_engine_batch_size_is_decided_before_it_is_made(tmp_path, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_bf16_channels_last_certification_on_cuda():
+def test_bf16_channels_last_certification_on_cuda(tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
@@ -158,9 +220,9 @@ def test_bf16_channels_last_certification_on_cuda():
     out = {}
     for precision, cl in (("fp32", False), ("bf16", True)):
         protocol = CertificationProtocol(n0=20, n=2000, precision=precision, channels_last=cl)
-        engine = SamplingEngine(
-            prepare_model(model, protocol), 4, torch.device("cuda"), "auto", seed=1
-        )
+        prepared = prepare_model(model, protocol)
+        batch = auto_batch_size(prepared, (3, 8, 8), "cuda", tmp_path)
+        engine = SamplingEngine(prepared, 4, torch.device("cuda"), batch, seed=1)
         out[precision] = engine.counts(x, [0.25] * 4, [0, 1, 2, 3], 2000, stream=1)
     assert np.all(out["bf16"].sum(1) == 2000)
     # bf16 flips argmax decisions only near ties: most counts agree
@@ -180,13 +242,13 @@ CHECKED = {
 }  # fmt: skip
 
 
-def _run_and_audit(tmp_path, manager, raw):
+def _run_and_audit(tmp_path, manager, raw, device=None):
     from harness.audit.audit import Budget
     from harness.audit.auditor import audits
     from harness.store.store import ResultStore
 
     db = tmp_path / f"{raw['certification']['precision']}.sqlite"
-    options = RunOptions(db=db, cache_dir=tmp_path / "cache")
+    options = RunOptions(db=db, cache_dir=tmp_path / "cache", device=device)
     run_id = run_benchmark(parse_benchmark(raw), options, Progress(enabled=False), manager)
     budget = Budget("tiny", coverage_trials=8, coverage_n=50, pairs=2, ascent_steps=1,
                     audited_inputs=6, attack_steps=1, attack_samples=8, orders=2)  # fmt: skip
@@ -208,7 +270,7 @@ def test_checks_query_the_classifier_that_was_certified(tmp_path, manager):
     assert set(found) == {"cohen", "alfarra-ds", "chen-fgss"}
     trained = found["cohen"].context.model
     reference = PrecisionModel(trained, "bf16", False).eval()  # built here, independently
-    x = found["cohen"].inputs
+    x = found["cohen"].inputs.to(found["cohen"].context.device)  # where the model lives
     for audit in found.values():
         classifier = audit.context.engine.model
         with torch.no_grad():
@@ -217,7 +279,7 @@ def test_checks_query_the_classifier_that_was_certified(tmp_path, manager):
         # replaying CERTIFY with the audit's σ and classifier gives the stored counts exactly
         ids = [c["input_id"] for c in audit.certificates]
         replay = certify_drawn(audit.context.engine, audit.context.protocol, audit.certifier, x,
-                               ids, audit.sigma(x).numpy())  # fmt: skip
+                               ids, audit.sigma(x).cpu().numpy())  # fmt: skip
         for stored, again in zip(audit.certificates, sorted(replay, key=lambda c: c.input_id),
                                  strict=True):  # fmt: skip
             assert stored["counts_estimation"] == list(again.counts_estimation)
@@ -234,7 +296,7 @@ def test_checks_query_the_classifier_that_was_certified(tmp_path, manager):
 def test_an_fp32_run_on_the_cpu_queries_the_model_as_trained(tmp_path, manager):
     raw = {**CHECKED, "certification": {**CHECKED["certification"], "precision": "fp32"},
            "methods": CHECKED["methods"][:2]}  # fmt: skip
-    found = _run_and_audit(tmp_path, manager, raw)
+    found = _run_and_audit(tmp_path, manager, raw, device="cpu")
     for audit in found.values():
         assert audit.context.engine.model is audit.context.model
     assert found["alfarra-ds"].sigma_provider.model is audit.context.model
@@ -255,16 +317,19 @@ def test_exact_ball_flips_do_not_apply_to_a_rounded_ball(tmp_path, manager):
 
 
 def test_the_api_certifies_in_the_precision_it_is_given(linear_model):
+    """On the default device (the API's), against an engine built here in bf16."""
     from harness.api import certify
+    from harness.engine.sampling import resolve_device
 
+    device = resolve_device("auto")
     torch.manual_seed(3)
     w = torch.randn(6)
     x, y = torch.randn(4, 6) * 0.3, torch.zeros(4, dtype=torch.long)
     args = dict(method="cohen", sigma=0.5, n0=20, n=500, batch_size=128, seed=4)
     table = certify(linear_model(w, 0.0), x, y, precision="bf16", **args)
     protocol = CertificationProtocol(n0=20, n=500, precision="bf16")
-    engine = SamplingEngine(PrecisionModel(linear_model(w, 0.0), "bf16", False), 2,
-                            torch.device("cpu"), batch_size=128, seed=4)  # fmt: skip
+    engine = SamplingEngine(PrecisionModel(linear_model(w, 0.0).to(device), "bf16", False), 2,
+                            device, batch_size=128, seed=4)  # fmt: skip
     expected = certify_drawn(engine, protocol, CohenCertifier(), x, [0, 1, 2, 3], np.full(4, 0.5))
     assert [list(c.counts_estimation) for c in expected] == table["counts_estimation"].tolist()
     with pytest.raises(ParameterError, match="unknown precision 'fp64'"):

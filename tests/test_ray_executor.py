@@ -215,7 +215,8 @@ def test_driver_killed_then_resumed_with_a_worker_killed_mid_shard_equals_an_uni
     command = [sys.executable, "-m", "harness.cli.main", "run", str(spec), "--db", str(db),
                "--cache-dir", str(tmp_path / "cache"), "--executor", "ray",
                "--address", cluster, "--no-check", "--quiet"]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "RAY_USAGE_STATS_ENABLED": "0"}  # fmt: skip
     driver = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE)  # fmt: skip
     deadline = time.monotonic() + 120

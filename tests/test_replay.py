@@ -341,6 +341,30 @@ def test_a_sigma_smoothing_is_replayed_from_its_saved_estimator(tmp_path, manage
     assert f"input {input_id}, stream 5 (sigma estimation)" in edited.summary
 
 
+def test_a_run_in_cudnn_benchmark_mode_replays_only_statistically():
+    """cuDNN's benchmark mode times algorithms per process: such a run matches no
+    arithmetic, not even its own, so its replay is the replication test, never a
+    bit-for-bit comparison that could raise a false alarm. The heuristic mode matches
+    itself; a CPU fingerprint names neither cuDNN nor a noise kernel (so CPU runs recorded
+    before those keys existed still match)."""
+    from harness.engine.arithmetic import KEYS, differences, fingerprint
+    from harness.foundation.protocol import CertificationProtocol
+
+    here = fingerprint("cpu", CertificationProtocol(noise="philox-v1"), 256)
+    assert set(here) == set(KEYS) and here["cudnn"] is None and here["noise_kernel"] is None
+    older = {k: v for k, v in here.items() if k not in ("cudnn", "noise_kernel")}
+    assert differences(older, here) == []
+    cuda = here | {"device_type": "cuda", "cudnn": "heuristic 91002",
+                   "noise_kernel": "triton 3.6.0"}  # fmt: skip
+    assert differences(cuda, cuda) == []
+    timed = cuda | {"cudnn": "benchmark 91002"}
+    [why] = differences(timed, timed)
+    assert "cuDNN timed its algorithms" in why
+    assert differences(cuda, cuda | {"noise_kernel": "torch ops"}) == [
+        "noise_kernel: 'triton 3.6.0' → 'torch ops'"
+    ]
+
+
 @pytest.mark.gpu
 def test_a_cuda_run_replays_bit_for_bit(tmp_path, manager, replay_run):
     from harness.running.benchmark import parse_benchmark
@@ -355,3 +379,4 @@ def test_a_cuda_run_replays_bit_for_bit(tmp_path, manager, replay_run):
     )
     result = check_replay(_audits(db, run_id, manager)["cohen", "default"])
     assert result.verdict == Verdict.SOUND and result.evidence["mode"] == "exact", result.summary
+    assert result.evidence["arithmetic"]["noise_kernel"].startswith("triton")  # the fused kernel

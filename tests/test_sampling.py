@@ -22,14 +22,14 @@ class RecordingModel(torch.nn.Module):
         return torch.stack([torch.zeros(len(x)), x[:, 0] - x[:, 0].round()], dim=1)
 
 
-def _noise_by_input(x, sigma, batch_size, num, ids, order=None, noise="block-v1"):
+def _noise_by_input(x, sigma, batch_size, num, ids, order=None, noise="block-v1", start=0):
     """Run the engine and recover each input's noise sequence from the recorded rows."""
     model = RecordingModel()
     engine = SamplingEngine(
         model, 2, torch.device("cpu"), batch_size=batch_size, seed=11, noise=noise
     )
     order = list(range(len(ids))) if order is None else order
-    engine.counts(x[order], sigma[order], [ids[i] for i in order], num, stream=1)
+    engine.counts(x[order], sigma[order], [ids[i] for i in order], num, stream=1, start=start)
     rows = torch.cat(model.rows)
     # inputs are far apart (x_i = 1000·i), so each row belongs to the nearest input
     owner = torch.cdist(rows, x).argmin(dim=1)
@@ -55,6 +55,61 @@ def test_noise_is_identical_for_any_batch_size_and_batch_composition(noise):
     assert not torch.equal(reference[3], reference[17])
     pooled = torch.cat(list(reference.values())).flatten()
     assert abs(pooled.mean()) < 0.1 and abs(pooled.std() - 1) < 0.1
+
+
+@pytest.mark.parametrize("noise", NOISE_SCHEMES)
+def test_a_call_from_sample_start_draws_those_samples_of_the_stream(noise):
+    """Samples start … start + num − 1 of a stream: the noise a single call from 0 gives
+    them (across noise blocks), and counts of two pieces add up to the whole call's."""
+    d, num = 3, 2 * NOISE_BLOCK + 37
+    x = torch.arange(3, dtype=torch.float32)[:, None].repeat(1, d) * 1000
+    sigma = torch.tensor([0.5, 1.0, 2.0])
+    ids = [5, 6, 70]
+    whole = _noise_by_input(x, sigma, 100, num, ids, noise=noise)
+    for start in (1, 300, NOISE_BLOCK):
+        piece = _noise_by_input(x, sigma, 64, num - start, ids, noise=noise, start=start)
+        assert all(torch.equal(piece[i], whole[i][start:]) for i in ids), start
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    engine = SamplingEngine(model.eval(), 4, torch.device("cpu"), batch_size=96, seed=2,
+                            noise=noise, pad_batches=True)  # fmt: skip
+    y = torch.rand(3, 3)
+    counts = engine.counts(y, sigma, ids, 700, stream=1)
+    parts = engine.counts(y, sigma, ids, 300, 1) + engine.counts(y, sigma, ids, 400, 1, start=300)
+    assert np.array_equal(counts, parts) and counts.sum() == 3 * 700
+    with pytest.raises(ValueError, match="start must be a sample index >= 0, got -1"):
+        engine.counts(y, sigma, ids, 10, 1, start=-1)
+
+
+@pytest.mark.parametrize("noise", NOISE_SCHEMES)
+def test_a_draw_nested_in_a_drawing_engine_leaves_both_draws_as_alone(noise):
+    """A certifier or σ-provider drawing on the run's engine between two of the run's
+    inputs (here also on another input shape): the run's counts are those of an
+    undisturbed run, bit for bit, and the nested draw those of a fresh engine."""
+
+    def engine():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(6, 16), torch.nn.ReLU(),
+                                    torch.nn.Linear(16, 5))  # fmt: skip
+        return SamplingEngine(model.eval(), 5, torch.device("cpu"), batch_size=96, seed=3,
+                              noise=noise, pad_batches=True, noise_threads=2)  # fmt: skip
+
+    x = torch.rand(4, 6, generator=torch.Generator().manual_seed(1))
+    sigma, ids = [0.2, 0.5, 1.0, 0.3], [10, 11, 12, 13]
+    undisturbed = engine().counts(x, sigma, ids, 700, stream=1)
+    shared = engine()
+    outer = shared.run(x, sigma, ids, 700, 1)
+    got = dict([next(outer)])
+    nested = {shape: shared.counts(torch.rand(3, *shape, generator=torch.Generator().manual_seed(2)),
+                                   [0.4] * 3, [10, 11, 99], 500, stream=1)
+              for shape in ((6,), (2, 3))}  # fmt: skip
+    got |= dict(outer)
+    assert sorted(got) == [0, 1, 2, 3]
+    assert np.array_equal(np.stack([got[k] for k in range(4)]), undisturbed)
+    for shape, counts in nested.items():
+        fresh = engine().counts(torch.rand(3, *shape, generator=torch.Generator().manual_seed(2)),
+                                [0.4] * 3, [10, 11, 99], 500, stream=1)  # fmt: skip
+        assert np.array_equal(counts, fresh), shape
 
 
 def test_noise_seed_separates_coordinates():

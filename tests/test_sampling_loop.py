@@ -3,7 +3,8 @@ of the single loop it replaced, bit for bit.
 
 ``frozen_run`` is that loop as it stood before the split (kept only here, unchanged but
 for the names of the helpers it calls: the block drawing moved to
-:class:`harness.engine.noise_schemes.BlockNoise`, the job record to ``Job``).
+:class:`harness.engine.noise_schemes.BlockNoise`, made per call, the job record to ``Job``,
+whose last sample is ``end``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from harness.engine.accumulators import SoftStats
 from harness.engine.noise import noise_key, noisy_batch
-from harness.engine.noise_schemes import NOISE_BLOCK, Job
+from harness.engine.noise_schemes import NOISE_BLOCK, BlockNoise, Job
 from harness.engine.sampling import SamplingEngine
 
 
@@ -48,7 +49,7 @@ def frozen_run(self, x, sigma, input_ids, num, stream, soft=False):
     ones = None if soft else torch.ones(self.batch_size, dtype=torch.int64, device=self.device)
     total = torch.zeros((), dtype=torch.float64, device=self.device)
     buffer = self._batch_buffer(x.shape[1:])
-    blocks = {}
+    blocks = None if philox else BlockNoise(self._blocks, self.seed, jobs, stream)
     cursor = 0
     with torch.no_grad():
         for window in self._plan(jobs, None if philox else NOISE_BLOCK):
@@ -62,7 +63,7 @@ def frozen_run(self, x, sigma, input_ids, num, stream, soft=False):
                     noisy_batch(flat_x, sigma_t, keys, rows, samples_w[lo:hi],
                                 buffer.view(len(buffer), -1)[:fill])  # fmt: skip
                 else:
-                    self._scheme._fill_blocks(jobs, window, b, stream, buffer, blocks)
+                    blocks.fill(window, b, rows, None, buffer, fill)
                 for index, start, take in segments:
                     jobs[index].done = start + take
                 if self.pad_batches and fill < len(buffer):
@@ -78,7 +79,7 @@ def frozen_run(self, x, sigma, input_ids, num, stream, soft=False):
                 else:
                     flat = flat_w[lo:hi] + logits.argmax(dim=1)
                     acc.view(-1).index_add_(0, flat, ones[:fill])
-                while cursor < len(jobs) and jobs[cursor].done == jobs[cursor].num:
+                while cursor < len(jobs) and jobs[cursor].done == jobs[cursor].end:
                     assert bool(torch.isfinite(total))
                     yield cursor, result(cursor)
                     cursor += 1

@@ -5,7 +5,7 @@ On the analytic ball-2 classifier: cohen and sukenik sound, chen-fgss and alfarr
 2022, App. C.2), the Lipschitz σ-network sound when its hypotheses hold and unjustified
 when the output normalization is switched off, dual randomized smoothing sound. On
 fashion-mnist, chen-fgss and alfarra-ds are at least unjustified.
-Small budgets, fixed seeds, CPU.
+Small budgets, fixed seeds, CPU (and the same verdicts on CUDA, a ``gpu`` test).
 """
 
 import pytest
@@ -23,14 +23,11 @@ TINY = Budget("tiny", coverage_trials=80, coverage_n=200, pairs=4, ascent_steps=
               audited_inputs=8, attack_steps=5, attack_samples=32, orders=5)  # fmt: skip
 
 
-def _verdicts(tmp_path, manager, raw, budget=TINY) -> dict:
+def _verdicts(tmp_path, manager, raw, budget=TINY, device: str | None = "cpu") -> dict:
     db = tmp_path / f"{raw['name']}-{raw['seed']}.sqlite"
-    run_id = run_benchmark(
-        parse_benchmark(raw), RunOptions(db=db), Progress(enabled=False), manager
-    )
-    results = run_checks(
-        db, run_id, RunOptions(db=db), Progress(enabled=False), manager, budget=budget
-    )
+    options = RunOptions(db=db, device=device)
+    run_id = run_benchmark(parse_benchmark(raw), options, Progress(enabled=False), manager)
+    results = run_checks(db, run_id, options, Progress(enabled=False), manager, budget=budget)
     return {key: (overall(rs), {f for r in rs for f in r.flags}, rs) for key, rs in results.items()}
 
 
@@ -64,9 +61,11 @@ EXPECTED = [
 ]
 
 
-def test_expected_verdicts_on_the_ball(tmp_path, manager):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_expected_verdicts_on_the_ball(tmp_path, manager, device):
+    """Every method and every check, on the CPU and on CUDA: the same verdicts."""
     raw = _ball(0, [{"name": m, "settings": [s]} for m, s, _, _ in EXPECTED])
-    got = _verdicts(tmp_path, manager, raw)
+    got = _verdicts(tmp_path, manager, raw, device=device)
     for method, setting, verdict, flags in EXPECTED:
         found, found_flags, results = got[method, setting_key(setting)]
         assert (found, found_flags) == (verdict, flags), (

@@ -7,6 +7,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+import torch
+
+from harness.engine.draws import SigmaSmoothing
 from harness.foundation.errors import IdrsError
 from harness.foundation.runstate import RunState, StateRecord
 from harness.plugin.components import (
@@ -34,6 +37,9 @@ def build_method(
         context = replace(context, method=method_name)
     provider = registry.get("sigma_providers", method.sigma_provider).build(context, merged)
     _require(provider, SigmaProvider, _SIGMA_ATTRIBUTES, f"σ-provider {method.sigma_provider!r}")
+    smoothing = getattr(provider, "smoothing", None)
+    if isinstance(smoothing, SigmaSmoothing) and isinstance(smoothing.model, torch.nn.Module):
+        smoothing.model.to(context.device)  # the harness draws it where the run draws
     certifier = registry.get("certifiers", method.certifier).build(context, merged, provider)
     _require(certifier, Certifier, _CERTIFIER_ATTRIBUTES, f"certifier {method.certifier!r}")
     if certifier.smoothing not in ("hard", "soft"):

@@ -1,33 +1,38 @@
 """``idrs-bench bench``: how close certification runs to the hardware's limit.
 
 For each model (random weights, random inputs: no dataset needed), in one process, on one
-device, at one batch size B (``auto`` by default, :mod:`harness.engine.batchsize`), four rates in
+device, in one backend setting (``--precision``, ``--channels-last``, ``--cudnn``) and at
+the engine's batch size B (``auto`` by default, :mod:`harness.engine.batchsize`), rates in
 noisy samples per second:
 
-- **raw**: forward pass + argmax of a batch of B inputs already in memory (the limit);
-- **ideal**: the loop a certifier cannot beat: per batch one ``randn`` call, x + σ·ε,
-  forward, argmax;
+- **raw**: forward pass + argmax of a batch of B inputs already in memory;
+- **limit**: the best raw rate over batch sizes (:func:`~harness.cli.throughput.batch_sweep`)
+  and over the backend settings of ``--limit``: ``setting`` (the engine's own), ``precision``
+  (also channels-last and the cuDNN mode at its precision; the CUDA default) or ``all``
+  (also fp32, tf32 and bf16): the hardware's limit, which the engine cannot beat;
+- **ideal**: per batch one ``randn`` call, x + σ·ε, forward, argmax;
 - **engine**: Cohen et al.'s CERTIFY through :class:`~harness.engine.sampling.SamplingEngine`
-  (n0 = 100 selection and ``--n`` estimation samples per input, counted as n0 + n);
+  as a run makes it (padded batches; n0 = 100 selection and ``--n`` estimation samples per
+  input, counted as n0 + n);
 - **reference**: the same CERTIFY one input at a time, as in Cohen et al.'s reference
-  code (``Smooth.certify`` of github.com/locuslab/smoothing, re-implemented here: per
-  input, batches of ``x.repeat`` + ``randn_like``·σ, argmax, counts moved to the host
-  and tallied with numpy per batch, Clopper–Pearson bound, σ·Φ⁻¹(p_A_lower)).
+  code (:func:`~harness.cli.throughput.reference_certify`), in the same backend setting, at
+  ``--reference-batch`` (their default, 1,000);
 
-and their ratios. Models are built through the model registry: ``mlp`` and ``cnn`` on
-1×28×28 inputs, ``resnet110`` the registered ``cifar-resnet`` with depth 110 on 3×32×32
-(Cohen et al.'s CIFAR-10 ResNet-110); all with 10 classes.
+and their ratios. ``--api`` adds, per model, ``harness.api.certify`` (method ``cohen``)
+against the reference loop on the same weights and inputs, in seconds per input, and
+in a precision other than fp32 how many argmax decisions on noisy inputs differ from fp32
+(on up to 10,000 samples per input). Models are built through the model registry:
+``mlp`` and ``cnn`` on 1×28×28 inputs, ``resnet110`` the registered ``cifar-resnet`` with
+depth 110 on 3×32×32 (Cohen et al.'s CIFAR-10 ResNet-110); all with 10 classes.
 
-Defaults: on CUDA n = 100,000 and 8 inputs; on CPU n = 2,000 and 2 inputs with
-1 second per raw/ideal measurement (the whole default command then finishes in a few
-minutes on 2 cores).
+Defaults: on CUDA n = 100,000 and 8 inputs; on CPU n = 50,000 and 4 inputs, the limit
+over the engine's own setting.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -43,30 +48,45 @@ BENCH_MODELS = {
 }
 NUM_CLASSES = 10
 N0 = 100
+LIMIT_SCOPES = ("setting", "precision", "all")
+"""Over which settings the limit is taken (:func:`harness.cli.throughput.limit_settings`):
+the engine's own; also channels-last and the cuDNN mode at its precision; also the
+precisions fp32, tf32 and bf16."""
 
 
 @dataclass
 class BenchResult:
     model: str
     device: str
+    setting: str
     batch_size: int
     raw_per_s: float
+    best_raw_per_s: float
+    best_raw_batch: int
+    limit_per_s: float
+    limit_setting: str
+    limit_batch: int
     ideal_per_s: float
     engine_per_s: float
     reference_per_s: float
+    reference_batch: int
     engine_vs_ideal: float
     engine_vs_raw: float
+    engine_vs_best_raw: float
+    engine_vs_limit: float
     engine_vs_reference: float
     n: int
     inputs: int
     noise: str
+    noise_kernel: str | None
     precision: str
+    limit_scope: str
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "bench",
-        help="throughput of the sampling engine vs the raw forward pass and the reference loop",
+        help="throughput of the sampling engine vs the hardware's limit and the reference loop",
         description=__doc__.split("\n\n")[0],
     )
     parser.add_argument(
@@ -98,7 +118,8 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
         "--seconds",
         type=float,
         default=None,
-        help="seconds per raw / ideal measurement (default 2 on cuda, 5 on cpu: shorter windows measure noise)",
+        help="seconds per raw / ideal measurement, a quarter of it per batch size of the "
+        "limit's sweep (default 2 on cuda, 5 on cpu: shorter windows measure noise)",
     )
     parser.add_argument("--sigma", type=float, default=0.25, metavar="S")
     parser.add_argument(
@@ -106,10 +127,26 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--channels-last", action="store_true")
     parser.add_argument(
+        "--cudnn", default="heuristic", metavar="heuristic|benchmark",
+        help="how cuDNN picks convolution algorithms (CUDA)",
+    )  # fmt: skip
+    parser.add_argument(
         "--noise", default="auto", metavar="auto|philox-v1|block-v1", help="the noise scheme"
     )
+    parser.add_argument(
+        "--limit", default=None, choices=LIMIT_SCOPES, metavar="setting|precision|all",
+        help="settings the raw limit is taken over (default: precision on cuda, setting on cpu)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--reference-batch", type=int, default=1000, metavar="B",
+        help="batch of the reference loop (default 1000, Cohen et al.'s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--api", action="store_true",
+        help="also time harness.api.certify against the reference loop, per input",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.set_defaults(handler=bench_command)  # fmt: skip
+    parser.set_defaults(handler=bench_command)
 
 
 def bench_command(args: argparse.Namespace) -> int:
@@ -141,18 +178,30 @@ def bench_command(args: argparse.Namespace) -> int:
     batch: int | str = args.batch_size if args.batch_size == "auto" else int(args.batch_size)
     protocol = CertificationProtocol(
         n0=N0, n=n, alpha=0.001, batch_size=batch, precision=args.precision,
-        channels_last=args.channels_last, noise=args.noise,
+        channels_last=args.channels_last, noise=args.noise, cudnn=args.cudnn,
     )  # fmt: skip
+    scope = args.limit or ("precision" if gpu else "setting")
     models = {name: _build(registry, name) for name in names}  # unregistered: fail before work
-    results = []
+    results, api = [], []
     for name, model in models.items():
-        results.append(bench_model(name, model, protocol, device, inputs, args.sigma, seconds))
+        results.append(bench_model(name, model, protocol, device, inputs, args.sigma, seconds,
+                                   scope, args.reference_batch))  # fmt: skip
+        if args.api:
+            from harness.cli.api_vs_reference import bench_api
+
+            api.append(bench_api(name, model, protocol, device, inputs, args.sigma,
+                                 args.reference_batch))  # fmt: skip
         if not args.json:
             print(f"{name}: done", file=sys.stderr)
     if args.json:
-        print(json.dumps([asdict(r) for r in results], indent=2))
+        print(json.dumps({"engine": [asdict(r) for r in results],
+                          "api": [asdict(r) for r in api]}, indent=2))  # fmt: skip
     else:
         _print_table(results)
+        if api:
+            from harness.cli.api_vs_reference import print_api
+
+            print_api(api)
     return 0
 
 
@@ -180,61 +229,89 @@ def _build(registry, name: str):
     return spec.build(shape, NUM_CLASSES, {**spec.defaults, **params}).eval(), shape
 
 
+def setting_of(protocol):
+    """The protocol's backend setting (precision, channels-last, cuDNN mode)."""
+    from harness.cli.throughput import Setting
+
+    return Setting(protocol.precision, protocol.channels_last, protocol.cudnn)
+
+
+def model_in_setting(model, protocol, setting):
+    """``model`` as the engine queries it in ``setting`` (:func:`prepare_model`)."""
+    from dataclasses import replace
+
+    from harness.engine.precision import prepare_model
+
+    return prepare_model(model, replace(protocol, precision=setting.precision,
+                                        channels_last=setting.channels_last,
+                                        cudnn=setting.cudnn))  # fmt: skip
+
+
 def bench_model(
-    name: str,
-    built: tuple[Any, tuple[int, ...]],
-    protocol: Any,
-    device: Any,
-    inputs: int,
-    sigma: float,
-    seconds: float,
-) -> BenchResult:
-    """The four rates of one model (see the module docstring)."""
+    name: str, built: tuple[Any, tuple[int, ...]], protocol: Any, device: Any, inputs: int,
+    sigma: float, seconds: float, scope: str = "setting", reference_batch: int = 1000,
+) -> BenchResult:  # fmt: skip
+    """The rates of one model (see the module docstring)."""
     import numpy as np
     import torch
 
-    from harness.certification.certify import HardSmoothingCertifier, certify_drawn
-    from harness.engine.batchsize import auto_batch_size
-    from harness.engine.precision import prepare_model
+    from harness.certification.certify import certify_drawn
+    from harness.cli.throughput import (
+        batch_sweep,
+        limit_settings,
+        reference_certify,
+        synchronizer,
+        timed_rate,
+    )
+    from harness.engine.batchsize import MAX_BATCH, MAX_CPU_BATCH, auto_batch_size
+    from harness.engine.noise import noise_kernel
     from harness.engine.sampling import SamplingEngine, default_noise
-    from harness.mathematics.radius import COHEN
-    from harness.mathematics.worstcase import cohen_radius
 
     model, shape = built
-    model = prepare_model(model.to(device), protocol)
+    model = model.to(device)
+    own = setting_of(protocol)
+    certified = model_in_setting(model, protocol, own)
     batch = protocol.batch_size
     if batch == "auto":
-        batch = auto_batch_size(model, shape, device)
+        batch = auto_batch_size(certified, shape, device)
     noise = default_noise(device) if protocol.noise == "auto" else protocol.noise
-    generator = torch.Generator().manual_seed(1)
-    x = torch.rand((inputs, *shape), generator=generator).to(device)
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
+    x = torch.rand((inputs, *shape), generator=torch.Generator().manual_seed(1)).to(device)
+    sync = synchronizer(device)
     with torch.no_grad():
         fixed = torch.rand((batch, *shape), device=device)
-        raw = _rate(lambda: model(fixed).argmax(1), batch, seconds, sync)
+        raw = timed_rate(lambda: certified(fixed).argmax(1), batch, seconds, sync)
         one = x[:1]
 
         def ideal_step():
             noisy = one + sigma * torch.randn((batch, *shape), device=device)
-            return model(noisy).argmax(1)
+            return certified(noisy).argmax(1)
 
-        ideal = _rate(ideal_step, batch, seconds, sync)
-    engine = SamplingEngine(model, NUM_CLASSES, device, batch, seed=0, noise=noise)
+        ideal = timed_rate(ideal_step, batch, seconds, sync)
+    first, last = (256, MAX_BATCH) if device.type == "cuda" else (64, MAX_CPU_BATCH)
+    convolutional = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
+    sweeps = {
+        s: batch_sweep(
+            model_in_setting(model, protocol, s), shape, device, first, last, seconds / 4
+        )
+        for s in limit_settings(own, scope, device, convolutional)
+    }
+    own_batch, own_best = max(sweeps[own].items(), key=lambda kv: kv[1])
+    if raw > own_best:  # the engine's batch measured longer: the better estimate
+        own_batch, own_best = batch, raw
+    limit_setting, (limit_batch, limit) = max(
+        ((s, max(r.items(), key=lambda kv: kv[1])) for s, r in sweeps.items()),
+        key=lambda item: item[1][1],
+    )
+    if own_best >= limit:
+        limit_setting, limit_batch, limit = own, own_batch, own_best
+    engine = SamplingEngine(certified, NUM_CLASSES, device, batch, seed=0, noise=noise,
+                            pad_batches=True)  # as a run makes it  # fmt: skip
     sigmas = np.full(inputs, sigma)
-
-    class Cohen(HardSmoothingCertifier):  # Cohen et al. (2019), Thm 1, as the built-in plugin
-        radius_formula = COHEN
-
-        def radius(self, p_lower: np.ndarray, sigma: np.ndarray) -> np.ndarray:
-            return np.asarray(cohen_radius(p_lower, sigma))
+    cohen = _cohen_certifier()
 
     def certify(count: int) -> None:  # the harness's draws and Cohen's claims, as in a run
         ids = list(range(count))
-        list(certify_drawn(engine, protocol, Cohen(), x[:count], ids, sigmas[:count]))
+        list(certify_drawn(engine, protocol, cohen, x[:count], ids, sigmas[:count]))
 
     certify(1)  # warm-up (buffers, kernels)
     sync()
@@ -243,73 +320,43 @@ def bench_model(
     sync()
     total = inputs * (protocol.n0 + protocol.n)
     engine_rate = total / (time.perf_counter() - start)
-    reference_certify(model, x[:1], sigma, protocol.n0, protocol.n, protocol.alpha, batch)
+    reference_certify(certified, x[:1], sigma, protocol.n0, protocol.n, protocol.alpha,
+                      reference_batch, NUM_CLASSES)  # fmt: skip
     sync()
     start = time.perf_counter()
-    reference_certify(model, x, sigma, protocol.n0, protocol.n, protocol.alpha, batch)
+    reference_certify(certified, x, sigma, protocol.n0, protocol.n, protocol.alpha,
+                      reference_batch, NUM_CLASSES)  # fmt: skip
     sync()
     reference = total / (time.perf_counter() - start)
     return BenchResult(
-        model=name, device=str(device), batch_size=int(batch), raw_per_s=raw,
+        model=name, device=str(device), setting=str(own), batch_size=int(batch),
+        raw_per_s=raw, best_raw_per_s=own_best, best_raw_batch=int(own_batch),
+        limit_per_s=limit, limit_setting=str(limit_setting), limit_batch=int(limit_batch),
         ideal_per_s=ideal, engine_per_s=engine_rate, reference_per_s=reference,
-        engine_vs_ideal=engine_rate / ideal, engine_vs_raw=engine_rate / raw,
-        engine_vs_reference=engine_rate / reference, n=protocol.n, inputs=inputs,
-        noise=noise, precision=protocol.precision,
+        reference_batch=reference_batch, engine_vs_ideal=engine_rate / ideal,
+        engine_vs_raw=engine_rate / raw, engine_vs_best_raw=engine_rate / own_best,
+        engine_vs_limit=engine_rate / limit, engine_vs_reference=engine_rate / reference,
+        n=protocol.n, inputs=inputs, noise=noise,
+        noise_kernel=noise_kernel(device) if noise == "philox-v1" else None,
+        precision=protocol.precision, limit_scope=scope,
     )  # fmt: skip
 
 
-def _rate(step, batch: int, seconds: float, sync) -> float:
-    """Samples per second of ``step`` (one batch), after one warm-up step."""
-    step()
-    sync()
-    done, start = 0, time.perf_counter()
-    while True:
-        step()
-        done += batch
-        if done >= 3 * batch:
-            sync()
-            elapsed = time.perf_counter() - start
-            if elapsed >= seconds:
-                return done / elapsed
-
-
-def reference_certify(
-    model, x, sigma: float, n0: int, n: int, alpha: float, batch: int
-) -> list[tuple[int, float]]:
-    """(prediction, radius) per input, one input at a time, as Cohen et al.'s
-    ``Smooth.certify`` (github.com/locuslab/smoothing, ``code/core.py``) computes them.
-
-    For each input: n0 samples choose ĉ_A (argmax of the counts), n samples count n_A,
-    p_A_lower = the one-sided Clopper–Pearson bound at level α; abstain (-1, 0) if
-    p_A_lower < 1/2, else (ĉ_A, σ·Φ⁻¹(p_A_lower)).
-    """
+def _cohen_certifier():
+    """Cohen et al. (2019), Thm 1, as the built-in plugin certifies."""
     import numpy as np
-    import torch
-    from scipy.stats import beta, norm
 
-    def sample_noise(xi, num):
-        counts = np.zeros(NUM_CLASSES, dtype=int)
-        remaining = num
-        while remaining > 0:
-            this_batch = min(batch, remaining)
-            remaining -= this_batch
-            repeated = xi.repeat((this_batch, *([1] * xi.dim())))
-            noise = torch.randn_like(repeated) * sigma
-            predictions = model(repeated + noise).argmax(1)
-            counts += np.bincount(predictions.cpu().numpy(), minlength=NUM_CLASSES)
-        return counts
+    from harness.certification.certify import HardSmoothingCertifier
+    from harness.mathematics.radius import COHEN
+    from harness.mathematics.worstcase import cohen_radius
 
-    out = []
-    with torch.no_grad():
-        for xi in x:
-            c_hat = int(sample_noise(xi, n0).argmax())
-            n_a = int(sample_noise(xi, n)[c_hat])
-            p_lower = beta.ppf(alpha, n_a, n - n_a + 1) if n_a > 0 else 0.0
-            if p_lower < 0.5 or math.isnan(p_lower):
-                out.append((-1, 0.0))
-            else:
-                out.append((c_hat, float(sigma * norm.ppf(p_lower))))
-    return out
+    class Cohen(HardSmoothingCertifier):
+        radius_formula = COHEN
+
+        def radius(self, p_lower: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+            return np.asarray(cohen_radius(p_lower, sigma))
+
+    return Cohen()
 
 
 def _print_table(results: list[BenchResult]) -> None:
@@ -317,21 +364,26 @@ def _print_table(results: list[BenchResult]) -> None:
     from rich.table import Table
 
     table = Table(title="noisy samples per second (higher is better)")
-    for column in ("model", "device", "batch", "raw", "ideal", "engine", "reference",
-                   "engine/ideal", "engine/raw", "engine/reference"):  # fmt: skip
-        table.add_column(column, justify="left" if column in ("model", "device") else "right")
+    for column in ("model", "batch", "raw", "limit (batch, setting)", "ideal", "engine",
+                   "reference", "engine/limit", "engine/best raw", "engine/raw",
+                   "engine/reference"):  # fmt: skip
+        table.add_column(column, justify="left" if column == "model" else "right")
     for r in results:
         table.add_row(
-            r.model, r.device, f"{r.batch_size:,}", _si(r.raw_per_s), _si(r.ideal_per_s),
-            _si(r.engine_per_s), _si(r.reference_per_s), f"{r.engine_vs_ideal:.2f}",
-            f"{r.engine_vs_raw:.2f}", f"{r.engine_vs_reference:.2f}",
+            r.model, f"{r.batch_size:,}", _si(r.raw_per_s),
+            f"{_si(r.limit_per_s)} ({r.limit_batch:,}, {r.limit_setting})", _si(r.ideal_per_s),
+            _si(r.engine_per_s), _si(r.reference_per_s), f"{r.engine_vs_limit:.2f}",
+            f"{r.engine_vs_best_raw:.2f}", f"{r.engine_vs_raw:.2f}",
+            f"{r.engine_vs_reference:.2f}",
         )  # fmt: skip
-    Console(width=None if sys.stdout.isatty() else 160).print(table)
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
     if results:
         r = results[0]
         print(
-            f"n0 = {N0}, n = {r.n}, {r.inputs} inputs per model, noise {r.noise}, "
-            f"precision {r.precision}"
+            f"{r.device}, {r.setting}, n0 = {N0}, n = {r.n}, {r.inputs} inputs per model, noise "
+            f"{r.noise}{f' ({r.noise_kernel})' if r.noise_kernel else ''}; limit over "
+            f"{r.limit_scope}; best raw: over batch sizes in the engine's setting; reference "
+            f"at batch {r.reference_batch:,}"
         )
 
 

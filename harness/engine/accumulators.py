@@ -1,6 +1,9 @@
 """What the engine accumulates per input from the base model's outputs on its noisy
 samples: class counts (hard smoothing) or sums of softmax outputs and of their squares
-(soft smoothing), on the device, copied to the host once an input is done."""
+(soft smoothing), on the device. Once inputs are done, :meth:`fetch` copies their rows to
+pinned host memory without blocking (CUDA; :class:`~harness.engine.sampling.
+SamplingEngine` hands them out once the copy has landed); on a CPU the rows are read
+where they are."""
 
 from __future__ import annotations
 
@@ -23,12 +26,20 @@ class SoftStats:
         return self.sums / self.num
 
 
+def _host(tensor: torch.Tensor) -> torch.Tensor:
+    """Where ``tensor``'s finished rows are read: itself on a CPU, else pinned memory."""
+    if tensor.device.type == "cpu":
+        return tensor
+    return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+
+
 class HardCounts:
     """Hard smoothing: per input, how often each class is argmax f(x + σε)."""
 
     def __init__(self, inputs: int, classes: int, batch_size: int, device: torch.device) -> None:
         self.classes = classes
         self.counts = torch.zeros(inputs, classes, device=device, dtype=torch.int64)
+        self._host = _host(self.counts)
         self._ones = torch.ones(batch_size, dtype=torch.int64, device=device)
 
     def begin_window(self, rows: torch.Tensor) -> None:
@@ -40,8 +51,14 @@ class HardCounts:
         cells = self._cells[lo:hi] + logits.argmax(dim=1)
         self.counts.view(-1).index_add_(0, cells, self._ones[: hi - lo])
 
+    def fetch(self, lo: int, hi: int) -> None:
+        """Start copying the counts of inputs ``lo:hi`` (all done) to the host."""
+        if self._host is not self.counts:
+            self._host[lo:hi].copy_(self.counts[lo:hi], non_blocking=True)
+
     def result(self, index: int, num: int) -> np.ndarray:
-        return self.counts[index].cpu().numpy()
+        """Input ``index``'s counts, once :meth:`fetch` has landed."""
+        return self._host[index].numpy()
 
 
 class SoftSums:
@@ -50,6 +67,7 @@ class SoftSums:
     def __init__(self, inputs: int, classes: int, batch_size: int, device: torch.device) -> None:
         self.sums = torch.zeros(inputs, classes, device=device, dtype=torch.float64)
         self.sums_sq = torch.zeros_like(self.sums)
+        self._host, self._host_sq = _host(self.sums), _host(self.sums_sq)
 
     def begin_window(self, rows: torch.Tensor) -> None:
         pass
@@ -59,5 +77,12 @@ class SoftSums:
         self.sums.index_add_(0, rows, probs)
         self.sums_sq.index_add_(0, rows, probs * probs)
 
+    def fetch(self, lo: int, hi: int) -> None:
+        """Start copying the sums of inputs ``lo:hi`` (all done) to the host."""
+        if self._host is not self.sums:
+            self._host[lo:hi].copy_(self.sums[lo:hi], non_blocking=True)
+            self._host_sq[lo:hi].copy_(self.sums_sq[lo:hi], non_blocking=True)
+
     def result(self, index: int, num: int) -> SoftStats:
-        return SoftStats(num, self.sums[index].cpu().numpy(), self.sums_sq[index].cpu().numpy())
+        """Input ``index``'s sums, once :meth:`fetch` has landed."""
+        return SoftStats(num, self._host[index].numpy(), self._host_sq[index].numpy())

@@ -3,7 +3,9 @@
 A stored class count is a function of the run's noise keys (harness/README.md, "Noise
 contract") *and* of the floating-point arithmetic that computed the base model's
 logits: the device and its kernels (torch version, CPU instruction set, GPU model), the
-number of threads, the precision backend, the noise scheme and the batch shape (the
+number of threads, the precision backend, cuDNN's algorithm choice and its version, the
+noise scheme and what draws it on CUDA (the fused Triton kernel or torch ops, which
+round differently), and the batch shape (the
 engine pads every forward pass to ``batch_size`` rows, :class:`~harness.engine.sampling.
 SamplingEngine`, because a BLAS may round a row differently for another number of rows,
 never for other rows' contents or positions). :func:`fingerprint` records these with
@@ -16,6 +18,12 @@ and the ``cnn``'s at 2 differ from 1 thread's in their last bits), so every proc
 computes a run's stored quantities computes with the run's count (:func:`run_threads`,
 :func:`computing_with`): a process joining or resuming the run, the audit's σ
 recomputation and the replay process (:mod:`harness.foundation.threads`).
+
+cuDNN's ``benchmark`` mode (the protocol's ``cudnn``) times convolution algorithms in each
+process, so two processes on the same arithmetic may run different algorithms: such a
+run never matches any arithmetic, and its replay is the replication test, never a
+false bit-for-bit alarm. The default ``heuristic`` mode picks the same algorithm for the
+same shapes, cuDNN version and GPU model, all recorded.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import torch
 
 KEYS = (
     "device_type", "device_name", "torch", "cuda", "threads", "cpu_capability", "precision",
-    "channels_last", "noise", "batch_size", "executor",
+    "channels_last", "noise", "batch_size", "executor", "cudnn", "noise_kernel",
 )  # fmt: skip
 """What a fingerprint holds; two runs replay each other bit for bit only if all agree."""
 
@@ -56,8 +64,12 @@ def fingerprint(
     names where the shards ran (a Ray worker may use another thread count or machine,
     so only ``local`` runs can be matched bit for bit).
     """
+    from harness.engine.noise import noise_kernel
+
     device = torch.device(device)
     cuda = device.type == "cuda"
+    noise = getattr(protocol, "noise", None)
+    cudnn = f"{getattr(protocol, 'cudnn', 'heuristic')} {torch.backends.cudnn.version()}"
     return {
         "device_type": device.type,
         "device_name": torch.cuda.get_device_name(device) if cuda else cpu_name(),
@@ -67,9 +79,13 @@ def fingerprint(
         "cpu_capability": None if cuda else torch.backends.cpu.get_cpu_capability(),
         "precision": getattr(protocol, "precision", "fp32"),
         "channels_last": bool(getattr(protocol, "channels_last", False)),
-        "noise": getattr(protocol, "noise", None),
+        "noise": noise,
         "batch_size": int(batch_size),
         "executor": executor,
+        # None on a CPU (no cuDNN; noise always by torch ops): CPU runs recorded before
+        # these keys existed still match
+        "cudnn": cudnn if cuda else None,
+        "noise_kernel": noise_kernel(device) if cuda and noise == "philox-v1" else None,
     }
 
 
@@ -80,7 +96,11 @@ def differences(recorded: Mapping[str, Any] | None, here: Mapping[str, Any]) -> 
     if not recorded or "varied" in recorded:
         why = "not recorded" if not recorded else "the run changed arithmetic when resumed"
         return [f"arithmetic {why}"]
-    return [
+    timed = [
+        f"cudnn: {recorded['cudnn']!r}: cuDNN timed its algorithms, another process may "
+        "choose others"
+    ] if str(recorded.get("cudnn")).startswith("benchmark") else []  # fmt: skip
+    return timed + [
         f"{key}: {recorded.get(key)!r} → {here.get(key)!r}"
         for key in KEYS
         if recorded.get(key) != here.get(key)

@@ -12,12 +12,14 @@ into coordinates 4g, 4g+1 and (u2, u3) into 4g+2, 4g+3:
 
 Nothing depends on the batch, the device or the order of work, so a whole mixed batch is
 drawn in one vectorized pass (:func:`gaussian_noise`, torch integer ops on CPU or GPU), and
-on CUDA in one fused Triton kernel that also forms x_i + σ_i·ε (:func:`noisy_batch`); the
-two agree up to float rounding of log, sqrt, cos and sin.
+on CUDA in one fused Triton kernel that also forms x_i + σ_i·ε (:func:`noisy_batch`,
+:mod:`harness.engine.noise_kernels`); the two give the same Philox words and agree within
+:data:`ROUNDING` (float rounding of log, cos and sin, and a fused multiply-add).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 
@@ -131,110 +133,97 @@ def noisy_batch(
 
     ``x`` [J, d] float32 holds the distinct inputs, ``sigma`` [J] float32 and ``keys``
     [J, 2] int64 their σ and Philox keys; ``rows`` [R] and ``samples`` [R] int64 name each
-    row's input and sample index. On CUDA with Triton, one fused kernel; else torch ops.
+    row's input and sample index. On CUDA, one fused Triton kernel
+    (:mod:`harness.engine.noise_kernels`) when :func:`noise_kernel` says it works; else
+    torch ops. The two agree within :data:`ROUNDING` (not bit for bit: a run's
+    arithmetic records which one drew its noise).
     """
-    if x.is_cuda and _triton_kernel() is not None:
+    if x.is_cuda and noise_kernel(x.device) != TORCH_OPS:
         try:
             return _noisy_batch_triton(x, sigma, keys, rows, samples, out)
-        except Exception as exc:
-            global _TRITON_FAILED
-            _TRITON_FAILED = True
-            warnings.warn(
-                f"the fused Triton noise kernel failed ({type(exc).__name__}: {exc}); "
-                "drawing the same noise with torch ops instead",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        except Exception as exc:  # a kernel that compiled but failed to run here
+            _fall_back(f"the fused Triton noise kernel failed ({type(exc).__name__}: {exc})")
     noise = gaussian_noise(keys[rows], samples, x.shape[1])
     torch.index_select(x, 0, rows, out=out)
     return out.addcmul_(sigma[rows, None], noise)
 
 
-_TRITON_FAILED = False
-_KERNEL = None
+ROUNDING = 2.0**-20
+"""|ε_kernel − ε_torch| <= ROUNDING·(1 + |ε|) for every coordinate: both paths form u
+exactly and differ only in the rounding of log, sqrt, cos and sin (each within a few
+float32 ulps, 2⁻²³ relative) and in whether x + σε is fused into one FMA."""
+
+TORCH_OPS = "torch ops"
+KERNEL_BLOCK = 256
+"""(row, group of four coordinates) pairs per program of the fused kernel."""
+_kernel_state: dict[str, str] = {}  # "backend": what draws philox-v1 noise on CUDA here
 
 
-def _triton_kernel():
-    """The fused kernel, compiled lazily; None without Triton."""
-    global _KERNEL
-    if _TRITON_FAILED:
+def noise_kernel(device: torch.device | str) -> str | None:
+    """What draws ``philox-v1`` noise on ``device`` in this process: ``"triton X.Y.Z"``
+    (the fused kernel, compiled and checked on first use), :data:`TORCH_OPS`, or None on
+    a CPU (always torch ops there). Part of the run's arithmetic fingerprint."""
+    if torch.device(device).type != "cuda":
         return None
-    if _KERNEL is not None:
-        return _KERNEL
+    if "backend" not in _kernel_state:
+        _kernel_state["backend"] = _probe_kernel(torch.device(device))
+    return _kernel_state["backend"]
+
+
+def _probe_kernel(device: torch.device) -> str:
+    """Compile the fused kernel and run it once on a tiny batch against the torch ops."""
     try:
         import triton
-        import triton.language as tl
     except ImportError:
-        return None
+        return _fall_back("Triton is not installed")
+    x = torch.rand(2, 9, device=device)
+    sigma = torch.tensor([0.5, 2.0], device=device)
+    keys = torch.tensor([noise_key(0, 1, 0), noise_key(0, 1, 1)], device=device)
+    rows = torch.tensor([1, 0, 1], device=device)
+    samples = torch.tensor([0, 3, 2**31 + 5], device=device)
+    try:
+        got = _noisy_batch_triton(x, sigma, keys, rows, samples, torch.empty(3, 9, device=device))
+    except Exception as exc:
+        return _fall_back(f"the fused Triton noise kernel failed ({type(exc).__name__}: {exc})")
+    eps = gaussian_noise(keys[rows], samples, 9)
+    expected = x[rows] + sigma[rows, None] * eps
+    bound = sigma[rows, None] * ROUNDING * (1 + eps.abs()) + 1e-6
+    if not bool(((got - expected).abs() <= bound).all()):
+        return _fall_back("the fused Triton noise kernel computed other noise than the torch ops")
+    return f"triton {triton.__version__}"
 
-    @triton.jit
-    def _philox_noise_kernel(
-        x_ptr, sigma_ptr, key_ptr, row_ptr, sample_ptr, out_ptr, dim, groups,
-        BLOCK: tl.constexpr, ROUNDS: tl.constexpr,
-    ):  # fmt: skip
-        r = tl.program_id(0)
-        g = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        job = tl.load(row_ptr + r)
-        sample = tl.load(sample_ptr + r)
-        k0 = tl.load(key_ptr + 2 * job).to(tl.uint32)
-        k1 = tl.load(key_ptr + 2 * job + 1).to(tl.uint32)
-        sig = tl.load(sigma_ptr + job)
-        c0 = (g * 0 + sample).to(tl.uint32)
-        c1 = g.to(tl.uint32)
-        c2 = c1 * 0
-        c3 = c2
-        m0: tl.constexpr = PHILOX_M0
-        m1: tl.constexpr = PHILOX_M1
-        w0: tl.constexpr = PHILOX_W0
-        w1: tl.constexpr = PHILOX_W1
-        for _ in tl.static_range(ROUNDS):
-            a, b = c0, c2
-            c0 = tl.umulhi(m1, b) ^ c1 ^ k0
-            c2 = tl.umulhi(m0, a) ^ c3 ^ k1
-            c1 = tl.mul(m1, b, sanitize_overflow=False)
-            c3 = tl.mul(m0, a, sanitize_overflow=False)
-            k0 = tl.add(k0, w0, sanitize_overflow=False)
-            k1 = tl.add(k1, w1, sanitize_overflow=False)
-        scale: tl.constexpr = 2.0**-24
-        u0 = ((c0 >> 8).to(tl.float32) + 0.5) * scale
-        u1 = ((c1 >> 8).to(tl.float32) + 0.5) * scale
-        u2 = ((c2 >> 8).to(tl.float32) + 0.5) * scale
-        u3 = ((c3 >> 8).to(tl.float32) + 0.5) * scale
-        ra = tl.sqrt(-2.0 * tl.log(u0))
-        rb = tl.sqrt(-2.0 * tl.log(u2))
-        ta = 6.283185307179586 * u1
-        tb = 6.283185307179586 * u3
-        base = job.to(tl.int64) * dim
-        dest = r.to(tl.int64) * dim
-        coord = 4 * g.to(tl.int64)
-        valid = g < groups
-        mask = valid & (coord < dim)
-        xv = tl.load(x_ptr + base + coord, mask=mask)
-        tl.store(out_ptr + dest + coord, xv + sig * (ra * tl.cos(ta)), mask=mask)
-        mask = valid & (coord + 1 < dim)
-        xv = tl.load(x_ptr + base + coord + 1, mask=mask)
-        tl.store(out_ptr + dest + coord + 1, xv + sig * (ra * tl.sin(ta)), mask=mask)
-        mask = valid & (coord + 2 < dim)
-        xv = tl.load(x_ptr + base + coord + 2, mask=mask)
-        tl.store(out_ptr + dest + coord + 2, xv + sig * (rb * tl.cos(tb)), mask=mask)
-        mask = valid & (coord + 3 < dim)
-        xv = tl.load(x_ptr + base + coord + 3, mask=mask)
-        tl.store(out_ptr + dest + coord + 3, xv + sig * (rb * tl.sin(tb)), mask=mask)
 
-    _KERNEL = _philox_noise_kernel
-    return _KERNEL
+def _fall_back(why: str) -> str:
+    """Warn (once per process) that CUDA noise is drawn with torch ops, and at what cost."""
+    if _kernel_state.get("backend") != TORCH_OPS:
+        warnings.warn(
+            f"{why}; drawing the same philox-v1 noise with torch ops instead, several times "
+            "slower (ten integer passes over every batch; `idrs-bench bench --device cuda` "
+            "shows the engine's rate against the raw forward pass)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    _kernel_state["backend"] = TORCH_OPS
+    return TORCH_OPS
 
 
 def _noisy_batch_triton(x, sigma, keys, rows, samples, out):
+    """:func:`noisy_batch` by the fused kernel, in launches of fewer than 2³¹ lanes."""
     import triton
 
-    kernel = _triton_kernel()
+    from harness.engine.noise_kernels import noisy_batch_kernel
+
+    x, sigma, keys = x.contiguous(), sigma.contiguous(), keys.contiguous()
     dim = x.shape[1]
     groups = (dim + 3) // 4
-    block = min(1024, triton.next_power_of_2(groups))
-    grid = (len(rows), triton.cdiv(groups, block))
-    kernel[grid](
-        x.contiguous(), sigma.contiguous(), keys.contiguous(), rows.contiguous(),
-        samples.contiguous(), out, dim, groups, BLOCK=block, ROUNDS=PHILOX_ROUNDS,
-    )  # fmt: skip
+    step = max(1, (2**31 - KERNEL_BLOCK) // groups)
+    # Triton launches on the current device: make it the tensors' (cuda:1 in its process)
+    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+        for start in range(0, len(rows), step):
+            stop = min(len(rows), start + step)
+            lanes = (stop - start) * groups
+            noisy_batch_kernel[(triton.cdiv(lanes, KERNEL_BLOCK),)](
+                x, sigma, keys, rows[start:stop].contiguous(), samples[start:stop].contiguous(),
+                out[start:stop], stop - start, dim, groups, BLOCK=KERNEL_BLOCK,
+            )  # fmt: skip
     return out

@@ -4,10 +4,13 @@
   batch from its (seed, stream, input id, sample index) in one vectorized pass.
 - :class:`BlockNoise` (``block-v1``): blocks of :data:`NOISE_BLOCK` samples, block b of
   input i from a torch generator seeded by :func:`~harness.engine.noise.noise_seed` of
-  (seed, stream, i, b); drawn in parallel threads on CPU, reused once used up.
+  (seed, stream, i, b); drawn in parallel threads on CPU, reused once used up
+  (:class:`BlockPool`, the part an engine keeps between calls).
 
-A scheme is told the inputs of one sampling call (:meth:`begin`) and then fills each
+A scheme object is made for one sampling call (its inputs and stream) and fills each
 batch of it (:meth:`fill`); ``block`` is the size no batch segment may cross (None: any).
+Each call has its own, so a call made while another is in flight (a certifier drawing
+on the run's engine between two of the run's inputs) leaves the other's draws alone.
 """
 
 from __future__ import annotations
@@ -29,12 +32,13 @@ Segments = list[list[tuple[int, int, int]]]
 
 @dataclass
 class Job:
-    """One input of a sampling call: its ``num`` samples, ``done`` of them drawn so far."""
+    """One input of a sampling call: samples ``done`` … ``end`` − 1 of its stream, the
+    first ``done`` of them already drawn (a call from sample ``start`` begins at it)."""
 
     x: torch.Tensor
     sigma: float
     input_id: int
-    num: int
+    end: int
     done: int = 0
 
 
@@ -43,15 +47,13 @@ class PhiloxNoise:
 
     block: int | None = None
 
-    def __init__(self, device: torch.device, seed: int) -> None:
-        self.device, self.seed = device, seed
-
-    def begin(self, x: torch.Tensor, jobs: list[Job], stream: int) -> None:
+    def __init__(self, device: torch.device, seed: int, x: torch.Tensor, jobs: list[Job],
+                 stream: int) -> None:  # fmt: skip
         self.flat_x = x.reshape(len(x), -1)
         self.keys = torch.tensor(
-            [noise_key(self.seed, stream, job.input_id) for job in jobs], device=self.device
+            [noise_key(seed, stream, job.input_id) for job in jobs], device=device
         )
-        self.sigma = torch.tensor([job.sigma for job in jobs], device=self.device)
+        self.sigma = torch.tensor([job.sigma for job in jobs], device=device)
 
     def fill(
         self, window: Segments, b: int, rows: torch.Tensor, samples: torch.Tensor | None,
@@ -62,48 +64,45 @@ class PhiloxNoise:
                     buffer.view(len(buffer), -1)[:fill])  # fmt: skip
 
 
+class BlockPool:
+    """What ``block-v1`` keeps between calls: the noise threads, each thread's generator,
+    and the used-up blocks of each shape, free for reuse (fresh pages are costly)."""
+
+    def __init__(self, device: torch.device, threads: int) -> None:
+        self.device, self.threads = device, threads
+        self.executor = ThreadPoolExecutor(threads) if threads > 1 else None
+        self.local = threading.local()
+        self.free: dict[tuple[int, ...], list[torch.Tensor]] = {}
+
+    def take(self, shape: tuple[int, ...]) -> torch.Tensor:
+        free = self.free.get(shape)
+        return free.pop() if free else torch.empty(shape, device=self.device)
+
+    def give_back(self, block: torch.Tensor) -> None:
+        self.free.setdefault(tuple(block.shape), []).append(block)
+
+
 class BlockNoise:
     """``block-v1``: noise blocks drawn by seeded torch generators, in parallel on CPU."""
 
     block: int | None = NOISE_BLOCK
 
-    def __init__(self, device: torch.device, seed: int, threads: int) -> None:
-        self.device, self.seed, self._threads = device, seed, threads
-        self._pool = ThreadPoolExecutor(threads) if threads > 1 else None
-        self._local = threading.local()
-        self._free_blocks: list[torch.Tensor] = []
-
-    def forget_blocks(self) -> None:
-        """Drop the reusable blocks (the inputs' shape changed)."""
-        self._free_blocks = []
-
-    def begin(self, x: torch.Tensor, jobs: list[Job], stream: int) -> None:
-        self.jobs, self.stream = jobs, stream
+    def __init__(self, pool: BlockPool, seed: int, jobs: list[Job], stream: int) -> None:
+        self.pool, self.seed, self.jobs, self.stream = pool, seed, jobs, stream
         self.blocks: dict[tuple[int, int], torch.Tensor] = {}
 
     def fill(
         self, window: Segments, b: int, rows: torch.Tensor, samples: torch.Tensor | None,
         buffer: torch.Tensor, fill: int,
     ) -> None:  # fmt: skip
-        """Batch ``b`` of ``window``, x + σ·(rows of noise blocks), into ``buffer``."""
-        self._fill_blocks(self.jobs, window, b, self.stream, buffer, self.blocks)
-
-    def _fill_blocks(
-        self,
-        jobs: list[Job],
-        window: Segments,
-        b: int,
-        stream: int,
-        buffer: torch.Tensor,
-        blocks: dict[tuple[int, int], torch.Tensor],
-    ) -> None:
-        """block-v1: batch ``b`` of the window, x + σ·(rows of noise blocks), into ``buffer``.
+        """Batch ``b`` of ``window``, x + σ·(rows of noise blocks), into ``buffer``.
 
         ``blocks`` holds the drawn blocks not yet used up; when some of this batch's are
         missing, they are drawn together with the next batches' (up to one per noise
-        thread), so that small batches also draw in parallel. A block is returned to
-        the free list once its last sample is used.
+        thread), so that small batches also draw in parallel. A block goes back to the
+        pool once its last sample is used.
         """
+        jobs, blocks = self.jobs, self.blocks
         missing: dict[tuple[int, int], None] = {}
         for index, start, _ in window[b]:
             key = (index, start // NOISE_BLOCK)
@@ -112,12 +111,12 @@ class BlockNoise:
         if missing:
             for later in window[b + 1 :]:
                 for index, start, _ in later:
-                    if len(missing) >= self._threads:
+                    if len(missing) >= self.pool.threads:
                         break
                     key = (index, start // NOISE_BLOCK)
                     if key not in blocks:
                         missing[key] = None
-            blocks.update(self._draw_blocks(jobs, list(missing), stream))
+            blocks.update(self._draw_blocks(list(missing)))
         fill = 0
         for index, start, take in window[b]:
             job = jobs[index]
@@ -129,31 +128,25 @@ class BlockNoise:
             )  # fmt: skip
             fill += take
             end = start + take
-            if end % NOISE_BLOCK == 0 or end == job.num:
-                self._free_blocks.append(blocks.pop(key))
+            if end % NOISE_BLOCK == 0 or end == job.end:
+                self.pool.give_back(blocks.pop(key))
 
-    def _draw_blocks(
-        self, jobs: list[Job], draws: list[tuple[int, int]], stream: int
-    ) -> dict[tuple[int, int], torch.Tensor]:
+    def _draw_blocks(self, draws: list[tuple[int, int]]) -> dict[tuple[int, int], torch.Tensor]:
         """The noise blocks keyed (job index, block index), drawn in parallel threads on CPU."""
-        shape = (NOISE_BLOCK, *jobs[draws[0][0]].x.shape)
-        empty = [
-            self._free_blocks.pop() if self._free_blocks else torch.empty(shape, device=self.device)
-            for _ in draws
-        ]
-        if self._pool is not None and len(draws) > 1:
-            drawn = list(
-                self._pool.map(lambda k, t: self._draw(jobs[k[0]], t, k[1], stream), draws, empty)
-            )
+        shape = (NOISE_BLOCK, *self.jobs[draws[0][0]].x.shape)
+        empty = [self.pool.take(shape) for _ in draws]
+        executor = self.pool.executor
+        if executor is not None and len(draws) > 1:
+            drawn = list(executor.map(self._draw, draws, empty))
         else:
-            drawn = [
-                self._draw(jobs[k[0]], t, k[1], stream) for k, t in zip(draws, empty, strict=True)
-            ]
+            drawn = [self._draw(k, t) for k, t in zip(draws, empty, strict=True)]
         return dict(zip(draws, drawn, strict=True))
 
-    def _draw(self, job: Job, block: torch.Tensor, block_index: int, stream: int) -> torch.Tensor:
-        generator = getattr(self._local, "generator", None)
+    def _draw(self, key: tuple[int, int], block: torch.Tensor) -> torch.Tensor:
+        local = self.pool.local
+        generator = getattr(local, "generator", None)
         if generator is None:
-            generator = self._local.generator = torch.Generator(device=self.device)
-        generator.manual_seed(noise_seed(self.seed, stream, job.input_id, block_index))
+            generator = local.generator = torch.Generator(device=self.pool.device)
+        job = self.jobs[key[0]]
+        generator.manual_seed(noise_seed(self.seed, self.stream, job.input_id, key[1]))
         return block.normal_(generator=generator)

@@ -17,6 +17,11 @@ network, and for the closed forms of the analytic models).
   formed in fp32 and rounded to the dtype; the argmax is taken of the logits in it.
 - ``channels_last``: 4-d inputs and the model's conv weights in channels-last memory
   format (faster convolutions on tensor cores; the same arithmetic up to summation order).
+- ``cudnn``: ``heuristic`` (cuDNN's heuristics choose each convolution's algorithm, the
+  same choice in every process on the same arithmetic) or ``benchmark`` (algorithms timed
+  on first use of each shape: often faster, but another process may time another
+  algorithm, which rounds differently). Set around every forward pass, whatever a plugin
+  set globally.
 """
 
 from __future__ import annotations
@@ -27,34 +32,43 @@ from typing import Any
 
 import torch
 
-from harness.foundation.protocol import PRECISIONS
+from harness.foundation.protocol import CUDNN_MODES, PRECISIONS
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
           "fp16": torch.float16}  # fmt: skip
 
 
 @contextmanager
-def _tf32(enabled: bool):
-    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = enabled
+def backend_settings(tf32: bool, cudnn_benchmark: bool):
+    """TF32 for matmul and cuDNN, and cuDNN's benchmark mode, as given, restored after."""
+    cuda, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = cuda.allow_tf32, cudnn.allow_tf32, cudnn.benchmark
+    cuda.allow_tf32 = cudnn.allow_tf32 = tf32
+    cudnn.benchmark = cudnn_benchmark
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+        cuda.allow_tf32, cudnn.allow_tf32, cudnn.benchmark = saved
 
 
 class PrecisionModel(torch.nn.Module):
-    """``model`` evaluated in ``precision`` (and channels-last memory format if asked).
+    """``model`` evaluated in ``precision`` (and channels-last memory format if asked),
+    with cuDNN in ``cudnn`` mode.
 
     :param model: the base classifier (logits), in fp32; it is not modified (a cast copy
         is kept for bf16, fp16 and channels-last).
     """
 
-    def __init__(self, model: torch.nn.Module, precision: str, channels_last: bool) -> None:
+    def __init__(
+        self, model: torch.nn.Module, precision: str, channels_last: bool,
+        cudnn: str = "heuristic",
+    ) -> None:  # fmt: skip
         super().__init__()
         if precision not in PRECISIONS:
             raise ValueError(f"unknown precision {precision!r}; choose one of {PRECISIONS}")
-        self.precision, self.channels_last = precision, channels_last
+        if cudnn not in CUDNN_MODES:
+            raise ValueError(f"unknown cudnn mode {cudnn!r}; choose one of {CUDNN_MODES}")
+        self.precision, self.channels_last, self.cudnn = precision, channels_last, cudnn
         self.dtype = DTYPES[precision]
         if self.dtype != torch.float32 or channels_last:
             model = copy.deepcopy(model).to(self.dtype)
@@ -62,21 +76,25 @@ class PrecisionModel(torch.nn.Module):
                 model = model.to(memory_format=torch.channels_last)
         self.model = model
 
+    def extra_repr(self) -> str:  # part of the auto batch size's cache key
+        return f"precision={self.precision}, channels_last={self.channels_last}, cudnn={self.cudnn}"
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(self.dtype)
         if self.channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
-        with _tf32(self.precision == "tf32"):
+        with backend_settings(self.precision == "tf32", self.cudnn == "benchmark"):
             return self.model(x)
 
 
 def prepare_model(model: torch.nn.Module, protocol: Any) -> torch.nn.Module:
-    """The base classifier as the ``protocol`` certifies it (its ``precision`` and
-    ``channels_last``); ``model`` itself for plain fp32. Use it for every query of the
-    base model whose answers must match the certificates."""
+    """The base classifier as the ``protocol`` certifies it (its ``precision``,
+    ``channels_last`` and ``cudnn`` mode); ``model`` itself for plain fp32 on a CPU. Use it
+    for every query of the base model whose answers must match the certificates."""
     precision = getattr(protocol, "precision", "fp32")
     channels_last = bool(getattr(protocol, "channels_last", False))
-    on_cpu = all(p.device.type == "cpu" for p in model.parameters())
+    cudnn = getattr(protocol, "cudnn", "heuristic")
+    on_cpu = all(t.device.type == "cpu" for t in (*model.parameters(), *model.buffers()))
     if precision == "fp32" and not channels_last and on_cpu:
-        return model  # no TF32 to switch off on CPU
-    return PrecisionModel(model, precision, channels_last).eval()
+        return model  # no TF32 to switch off and no cuDNN on a CPU
+    return PrecisionModel(model, precision, channels_last, cudnn).eval()

@@ -14,7 +14,12 @@ other inputs in the batch, or the order of work. Two schemes (the protocol's ``n
   generator beats integer arithmetic in torch ops; device-specific.
 
 Class counts (hard smoothing) or probability sums (soft smoothing) are accumulated on the
-device and copied back once per input, when it is done.
+device. The host never waits on the device per batch: when inputs finish, their results
+and a finiteness flag of all logits so far are copied to pinned host memory without
+blocking, and each is handed to the caller once its copy has landed (checked between
+batches; on a CPU at once). Every call keeps its own state, so a call made while
+another one's generator is in flight draws correctly and leaves the other's draws as
+they would have been.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import numpy as np
 import torch
 
 from harness.engine.accumulators import HardCounts, SoftStats, SoftSums
-from harness.engine.noise_schemes import BlockNoise, Job, PhiloxNoise
+from harness.engine.noise_schemes import BlockNoise, BlockPool, Job, PhiloxNoise
 from harness.foundation.errors import ModelOutputError
 from harness.foundation.protocol import NOISE_SCHEMES, SIGMA_MAX
 
@@ -99,11 +104,7 @@ class SamplingEngine:
             )
         threads = 1 if self.device.type != "cpu" else (noise_threads or torch.get_num_threads())
         self._threads = threads
-        self._scheme = (
-            PhiloxNoise(self.device, seed)
-            if self.noise == "philox-v1"
-            else BlockNoise(self.device, seed, threads)
-        )
+        self._blocks = BlockPool(self.device, threads) if self.noise == "block-v1" else None
         self._buffer: torch.Tensor | None = None
 
     def padded(self) -> SamplingEngine:
@@ -120,10 +121,12 @@ class SamplingEngine:
         input_ids: Sequence[int],
         num: int,
         stream: int,
+        start: int = 0,
     ) -> np.ndarray:
-        """Hard smoothing: counts [B, C] of argmax f(x_i + σ_i ε) over ``num`` samples each."""
+        """Hard smoothing: counts [B, C] of argmax f(x_i + σ_i ε) over ``num`` samples each
+        (samples ``start`` … ``start + num − 1`` of the stream)."""
         out = np.zeros((len(input_ids), self.num_classes), dtype=np.int64)
-        for index, counts in self.run(x, sigma, input_ids, num, stream, soft=False):
+        for index, counts in self.run(x, sigma, input_ids, num, stream, False, start):
             out[index] = counts
         return out
 
@@ -134,10 +137,12 @@ class SamplingEngine:
         input_ids: Sequence[int],
         num: int,
         stream: int,
+        start: int = 0,
     ) -> list[SoftStats]:
-        """Soft smoothing: per-class sums of softmax f(x_i + σ_i ε) and of their squares."""
+        """Soft smoothing: per-class sums of softmax f(x_i + σ_i ε) and of their squares
+        (samples ``start`` … ``start + num − 1`` of the stream)."""
         out: list[SoftStats] = [None] * len(input_ids)  # type: ignore[list-item]
-        for index, result in self.run(x, sigma, input_ids, num, stream, soft=True):
+        for index, result in self.run(x, sigma, input_ids, num, stream, True, start):
             out[index] = result
         return out
 
@@ -149,26 +154,34 @@ class SamplingEngine:
         num: int,
         stream: int,
         soft: bool = False,
+        start: int = 0,
     ) -> Iterator[tuple[int, np.ndarray | SoftStats]]:
         """Sample ``num`` noisy copies of every input; yield (index, result) as each finishes.
 
-        Inputs are consumed in order, so they finish one after another and a caller can
-        store each result at once (nothing is lost but the inputs in flight).
+        The samples are ``start`` … ``start + num − 1`` of each input's stream: the noise
+        of a single call from 0 for those indices (a sequential test draws a stream in
+        pieces). Inputs are consumed in order, so they finish one after another and a
+        caller can store each result at once (nothing is lost but the inputs in flight).
         """
         if len(x) != len(input_ids):
             raise ValueError(f"{len(x)} inputs but {len(input_ids)} input ids")
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise ValueError(f"start must be a sample index >= 0, got {start!r}")
         sigmas = torch.as_tensor(sigma, dtype=torch.float64).flatten().tolist()
         if len(sigmas) != len(input_ids):
             raise ValueError(f"{len(input_ids)} inputs but {len(sigmas)} values of sigma")
         x = x.to(self.device, torch.float32)
         jobs = [
-            Job(x[i], float(s), int(i_id), num)
+            Job(x[i], float(s), int(i_id), start + num, start)
             for i, (s, i_id) in enumerate(zip(sigmas, input_ids, strict=True))
         ]
         kind = SoftSums if soft else HardCounts
         acc = kind(len(jobs), self.num_classes, self.batch_size, self.device)
-        self._scheme.begin(x, jobs, stream)
-        finished = self._sample(jobs, self._scheme, acc, self._batch_buffer(x.shape[1:]))
+        if self._blocks is None:
+            scheme: PhiloxNoise | BlockNoise = PhiloxNoise(self.device, self.seed, x, jobs, stream)
+        else:
+            scheme = BlockNoise(self._blocks, self.seed, jobs, stream)
+        finished = self._sample(jobs, scheme, acc, self._batch_buffer(x.shape[1:]))
         for index in finished:
             yield index, acc.result(index, num)
 
@@ -178,11 +191,13 @@ class SamplingEngine:
     ) -> Iterator[int]:  # fmt: skip
         """Every batch of ``jobs`` in order: filled by the noise ``scheme``, through the
         model (padded to the full batch with ``pad_batches``), into ``acc``; yields each
-        job's index once all its samples are in (every index, also when num = 0)."""
+        job's index once all its samples are in and on the host (every index, also when
+        num = 0)."""
         # Σ of all logits in float64: non-finite iff some logit is (no float32 logit can
         # overflow it), one reduction per batch instead of a test of every logit
         total = torch.zeros((), dtype=torch.float64, device=self.device)
-        cursor = 0
+        reads = _HostReads(acc, total, len(jobs))
+        cursor = 0  # jobs[:cursor] are finished and their reads under way
         with torch.no_grad():
             for window in self._plan(jobs, scheme.block):
                 rows_w, samples_w, offsets = self._window_rows(window, scheme.block is None)
@@ -192,17 +207,18 @@ class SamplingEngine:
                     fill = hi - lo
                     samples = None if samples_w is None else samples_w[lo:hi]
                     scheme.fill(window, b, rows_w[lo:hi], samples, buffer, fill)
-                    for index, start, take in segments:
-                        jobs[index].done = start + take
+                    for index, begin, take in segments:
+                        jobs[index].done = begin + take
                     logits = self._forward(buffer, fill)
                     total += logits.sum(dtype=torch.float64)
                     acc.add(lo, hi, rows_w[lo:hi], logits)
-                    while cursor < len(jobs) and jobs[cursor].done == jobs[cursor].num:
-                        if not bool(torch.isfinite(total)):
-                            raise ModelOutputError(_nonfinite_message(jobs))
-                        yield cursor
+                    first = cursor
+                    while cursor < len(jobs) and jobs[cursor].done == jobs[cursor].end:
                         cursor += 1
-        yield from range(cursor, len(jobs))  # num = 0: nothing to sample
+                    reads.start(first, cursor)
+                    yield from reads.landed(jobs)
+        reads.start(cursor, len(jobs))  # num = 0: nothing to sample
+        yield from reads.landed(jobs, wait=True)
 
     def _forward(self, buffer: torch.Tensor, fill: int) -> torch.Tensor:
         """The logits of the batch's first ``fill`` rows (with ``pad_batches``, of the
@@ -216,8 +232,6 @@ class SamplingEngine:
         """The batch of noisy inputs, allocated once (fresh pages are costly to touch)."""
         if self._buffer is None or self._buffer.shape[1:] != shape:
             self._buffer = torch.empty((self.batch_size, *shape), device=self.device)
-            if isinstance(self._scheme, BlockNoise):
-                self._scheme.forget_blocks()
         return self._buffer
 
     def _plan(
@@ -235,8 +249,8 @@ class SamplingEngine:
         room = self.batch_size
         for index, job in enumerate(jobs):
             done = job.done
-            while done < job.num:
-                take = min(room, job.num - done)
+            while done < job.end:
+                take = min(room, job.end - done)
                 if block is not None:
                     take = min(take, block - done % block)
                 batch.append((index, done, take))
@@ -265,13 +279,67 @@ class SamplingEngine:
         offsets = [0]
         for batch in window:
             offsets.append(offsets[-1] + sum(t for _, _, t in batch))
-        rows = torch.from_numpy(np.repeat(index, take)).to(self.device)
+        rows = self._to_device(np.repeat(index, take))
         samples = None
         if philox:
             first_row = np.cumsum(take) - take
             local = np.arange(offsets[-1], dtype=np.int64) - np.repeat(first_row - start, take)
-            samples = torch.from_numpy(local).to(self.device)
+            samples = self._to_device(local)
         return rows, samples, offsets
+
+    def _to_device(self, array: np.ndarray) -> torch.Tensor:
+        """A host array on the device; on CUDA through pinned memory without blocking
+        (a copy from pageable memory would wait for the device to drain)."""
+        tensor = torch.from_numpy(array)
+        if self.device.type != "cuda":
+            return tensor.to(self.device)
+        return tensor.pin_memory().to(self.device, non_blocking=True)
+
+
+class _HostReads:
+    """The finished inputs' results on their way to the host, handed out in order.
+
+    :meth:`start` copies the results of jobs ``lo:hi`` and the finiteness of the logits'
+    running sum to pinned host memory without blocking (CUDA) and records an event;
+    :meth:`landed` yields the jobs whose copies have landed, after checking that no
+    logit so far was NaN or infinite (else a :class:`ModelOutputError` names the likely
+    cause). On a CPU every copy lands at once.
+    """
+
+    def __init__(self, acc: HardCounts | SoftSums, total: torch.Tensor, jobs: int) -> None:
+        self.acc, self.total = acc, total
+        self.cuda = total.device.type == "cuda"
+        self.finite = torch.empty(jobs + 1, dtype=torch.bool, pin_memory=self.cuda)
+        self.pending: list[tuple[int, int, int, torch.cuda.Event | None]] = []
+        self.started = 0
+
+    def start(self, lo: int, hi: int) -> None:
+        if hi <= lo:
+            return
+        slot = self.started
+        self.started += 1
+        event = None
+        if self.cuda:
+            self.acc.fetch(lo, hi)
+            self.finite[slot].copy_(torch.isfinite(self.total), non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.total.device))
+        else:
+            self.finite[slot] = torch.isfinite(self.total)
+        self.pending.append((lo, hi, slot, event))
+
+    def landed(self, jobs: list[Job], wait: bool = False) -> Iterator[int]:
+        while self.pending:
+            lo, hi, slot, event = self.pending[0]
+            if event is not None:
+                if wait:
+                    event.synchronize()
+                elif not event.query():
+                    return
+            self.pending.pop(0)
+            if not bool(self.finite[slot]):
+                raise ModelOutputError(_nonfinite_message(jobs))
+            yield from range(lo, hi)
 
 
 def _nonfinite_message(jobs) -> str:

@@ -10,6 +10,8 @@ PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 """Arithmetic of the base model's forward pass (see :mod:`harness.engine.precision`)."""
 NOISE_SCHEMES = ("philox-v1", "block-v1")
 """Noise schemes of the sampling engine (see :mod:`harness.engine.sampling`)."""
+CUDNN_MODES = ("heuristic", "benchmark")
+"""How cuDNN picks convolution algorithms on CUDA (see :mod:`harness.engine.precision`)."""
 LEGACY_NOISE = "block-v1"
 """The scheme of runs whose stored protocol names none (made before it was recorded)."""
 
@@ -23,7 +25,11 @@ class CertificationProtocol:
     device, :mod:`harness.engine.batchsize`). ``precision`` and ``channels_last`` fix the
     arithmetic of the base classifier that is certified (:mod:`harness.engine.precision`);
     ``noise`` the noise scheme (``"auto"``: philox-v1 on CUDA, block-v1 elsewhere,
-    resolved and recorded when a run starts).
+    resolved and recorded when a run starts). ``cudnn`` how cuDNN picks its convolution
+    algorithms on CUDA: ``"heuristic"`` (its deterministic heuristics: a replay on the
+    same arithmetic repeats the counts bit for bit) or ``"benchmark"`` (timed on first
+    use, often faster, but a replay may time another algorithm: such a run replays only
+    statistically, :mod:`harness.engine.arithmetic`).
     """
 
     n0: int = 100
@@ -33,6 +39,7 @@ class CertificationProtocol:
     precision: str = "fp32"
     channels_last: bool = False
     noise: str = "auto"
+    cudnn: str = "heuristic"
 
     def __post_init__(self) -> None:
         check_alpha(self.alpha)
@@ -59,6 +66,10 @@ class CertificationProtocol:
             )
         if not isinstance(self.channels_last, bool):
             raise ParameterError(f"channels_last must be true or false, got {self.channels_last!r}")
+        if self.cudnn not in CUDNN_MODES:
+            raise ParameterError(
+                f"unknown cudnn mode {self.cudnn!r}; choose one of {', '.join(CUDNN_MODES)}"
+            )
         if self.noise != "auto" and self.noise not in NOISE_SCHEMES:
             raise ParameterError(
                 f"unknown noise scheme {self.noise!r}; choose auto or one of "

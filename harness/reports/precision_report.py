@@ -125,9 +125,10 @@ def precision_report(spec_path: str, overrides: list[str], precision: str, optio
     model = context.model
     lower = prepare_model(model, specs[precision].protocol)
     classes = context.dataset.num_classes
+    # padded as the run's engine is: each row's logits are then those the run computed
     joint = SamplingEngine(JointDecisions(context.engine.model, lower, classes), classes**2,
                            context.device, context.engine.batch_size, spec.seed,
-                           noise=spec.protocol.noise)  # fmt: skip
+                           noise=spec.protocol.noise, pad_batches=True)  # fmt: skip
     grouped: dict[str, list[dict]] = defaultdict(list)
     for c in certs["fp32"]:
         grouped[f"{c['method']} {c['setting']}"].append(c)

@@ -23,6 +23,7 @@ Example (the built-in default benchmark is ``harness/benchmarks/quick.toml``)::
     precision = "fp32"     # "tf32", "bf16" or "fp16": the certified classifier's arithmetic
     channels_last = false  # image models in channels-last memory format
     noise = "auto"         # "philox-v1" (CUDA default) or "block-v1" (CPU default)
+    cudnn = "heuristic"    # or "benchmark": cuDNN times its algorithms (replays statistically)
 
     [[methods]]
     name = "cohen"
@@ -95,6 +96,8 @@ class Benchmark:
         out = asdict(self)
         if self.model.checkpoint is None:  # keeps the run ids of trained-model specs as they were
             del out["model"]["checkpoint"], out["model"]["format"]
+        if self.protocol.cudnn == "heuristic":  # the default keeps every earlier run's id
+            del out["protocol"]["cudnn"]
         return out
 
 
@@ -212,7 +215,8 @@ def parse_benchmark(raw: dict[str, Any], default_name: str = "benchmark") -> Ben
                 'format = "torchscript" from a TorchScript file'
             )
     cert = raw.get("certification", {})
-    allowed_cert = {"n0", "n", "alpha", "batch_size", "precision", "channels_last", "noise"}
+    allowed_cert = {"n0", "n", "alpha", "batch_size", "precision", "channels_last", "noise",
+                    "cudnn"}  # fmt: skip
     if set(cert) - allowed_cert:
         raise SpecError(
             f"{where}: unknown key(s) {sorted(set(cert) - allowed_cert)} in [certification]; "

@@ -26,6 +26,7 @@ _PROTOCOL = {
         "precision": {"enum": ["fp32", "tf32", "bf16", "fp16"]},
         "channels_last": {"type": "boolean"},
         "noise": {"type": "string"},
+        "cudnn": {"enum": ["heuristic", "benchmark"]},
         "architecture": {"type": "string"},
         "architecture_params": {"type": "object"},
         "trainer": {"type": "string"},

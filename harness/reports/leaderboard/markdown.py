@@ -65,6 +65,8 @@ def _arithmetic(p: dict[str, Any]) -> str:
         out += ", channels-last"
     if "noise" in p:
         out += f", noise {md_text(p['noise'])}"
+    if p.get("cudnn", "heuristic") != "heuristic":
+        out += f", cuDNN {md_text(p['cudnn'])} mode"
     return out
 
 

@@ -7,16 +7,18 @@ from typing import Any
 from harness.reports.leaderboard.reproduce import run_command, spec_filename
 from harness.store.storedrun import StoredRun
 
-ARITHMETIC_KEYS = ("precision", "channels_last", "noise")
-"""Protocol keys recorded since the engine offers precisions and noise schemes."""
-COMPARED_KEYS = ("n0", "n", "alpha", "precision", "channels_last", "noise")
+ARITHMETIC_KEYS = ("precision", "channels_last", "noise", "cudnn")
+"""Protocol keys recorded since the engine offers precisions and noise schemes (``cudnn``
+only when it is not the default ``heuristic``)."""
+COMPARED_KEYS = ("n0", "n", "alpha", "precision", "channels_last", "noise", "cudnn")
 """Protocol keys whose difference makes two runs' rows not directly comparable."""
 
 
 def protocol_differences(protocols: list[dict[str, Any]]) -> dict[str, list[str]]:
     """The keys of :data:`COMPARED_KEYS` on which the runs of one table differ, with the
     values (a missing precision reads fp32, a missing noise block-v1)."""
-    legacy = {"precision": "fp32", "channels_last": False, "noise": "block-v1"}
+    legacy = {"precision": "fp32", "channels_last": False, "noise": "block-v1",
+              "cudnn": "heuristic"}  # fmt: skip
     out = {}
     for key in COMPARED_KEYS:
         values = [str(p.get(key, legacy.get(key))).lower() for p in protocols]

@@ -1,0 +1,116 @@
+"""``idrs-bench bench --api``: ``harness.api.certify`` against the reference CERTIFY loop
+(Cohen et al.'s ``Smooth.certify``, :func:`harness.cli.throughput.reference_certify`) on
+the same weights, inputs and backend setting, in seconds per input; in a precision other
+than fp32, how many argmax decisions on noisy inputs differ from fp32 (the price of the
+speed, on up to 10,000 samples per input). What is timed is
+:func:`harness.running.held_model.certify_held_model`, all of ``api.certify`` but its
+table (the CLI sits below ``harness.api``).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from harness.cli.bench import NUM_CLASSES, model_in_setting, setting_of
+
+
+@dataclass
+class ApiResult:
+    model: str
+    device: str
+    setting: str
+    inputs: int
+    n: int
+    batch_size: int
+    reference_batch: int
+    api_s_per_input: float
+    reference_s_per_input: float
+    api_speedup: float
+    api_certified: int
+    reference_certified: int
+    decisions_checked: int | None
+    decisions_differ_from_fp32: int | None
+
+
+def bench_api(
+    name: str, built: tuple[Any, tuple[int, ...]], protocol: Any, device: Any, inputs: int,
+    sigma: float, reference_batch: int = 1000,
+) -> ApiResult:  # fmt: skip
+    """``harness.api.certify`` against the reference loop on one model, in seconds per
+    input (see the module docstring)."""
+    import torch
+
+    from harness.cli.throughput import Setting, reference_certify, synchronizer
+    from harness.engine.sampling import SamplingEngine
+    from harness.reports.precision_report import JointDecisions
+    from harness.running.held_model import certify_held_model
+
+    model, shape = built
+    model = model.to(device)
+    own = setting_of(protocol)
+    certified = model_in_setting(model, protocol, own)
+    x = torch.rand((inputs, *shape), generator=torch.Generator().manual_seed(2))
+    y = torch.zeros(inputs, dtype=torch.long)
+    sync = synchronizer(device)
+
+    def certify(count: int, n: int):  # harness.api.certify(model, x, y, method="cohen", ...)
+        return certify_held_model(model, x[:count], y[:count], "cohen", sigma, {}, protocol.n0,
+                                  n, protocol.alpha, device, 0, protocol.batch_size, None, None,
+                                  own.precision, own.channels_last, own.cudnn)  # fmt: skip
+
+    certify(1, protocol.n0)  # warm-up (kernels, the batch probe)
+    sync()
+    start = time.perf_counter()
+    rows, attrs = certify(inputs, protocol.n)
+    sync()
+    api_seconds = (time.perf_counter() - start) / inputs
+    xd = x.to(device)
+    reference_certify(certified, xd[:1], sigma, protocol.n0, protocol.n0, protocol.alpha,
+                      reference_batch, NUM_CLASSES)  # fmt: skip
+    sync()
+    start = time.perf_counter()
+    reference = reference_certify(certified, xd, sigma, protocol.n0, protocol.n, protocol.alpha,
+                                  reference_batch, NUM_CLASSES)  # fmt: skip
+    sync()
+    reference_seconds = (time.perf_counter() - start) / inputs
+    checked = differ = None
+    if own.precision != "fp32":  # argmax decisions on noisy inputs that differ from fp32
+        fp32 = model_in_setting(model, protocol, Setting("fp32", own.channels_last, own.cudnn))
+        batch = int(attrs["batch_size"])
+        joint = SamplingEngine(JointDecisions(fp32, certified, NUM_CLASSES), NUM_CLASSES**2,
+                               device, batch, seed=0)  # fmt: skip
+        m = min(protocol.n, 10_000)
+        counts = joint.counts(xd, [sigma] * inputs, list(range(inputs)), m, stream=1)
+        counts = counts.reshape(inputs, NUM_CLASSES, NUM_CLASSES)
+        checked, differ = inputs * m, int(counts.sum() - counts.trace(axis1=1, axis2=2).sum())
+    return ApiResult(
+        model=name, device=str(device), setting=str(own), inputs=inputs, n=protocol.n,
+        batch_size=int(attrs["batch_size"]), reference_batch=reference_batch,
+        api_s_per_input=api_seconds, reference_s_per_input=reference_seconds,
+        api_speedup=reference_seconds / api_seconds,
+        api_certified=sum(row["prediction"] >= 0 for row in rows),
+        reference_certified=sum(c >= 0 for c, _ in reference),
+        decisions_checked=checked, decisions_differ_from_fp32=differ,
+    )  # fmt: skip
+
+
+def print_api(results: list[ApiResult]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="harness.api.certify vs the reference loop (seconds per input)")
+    for column in ("model", "setting", "api batch", "api", "reference", "speed-up",
+                   "certified (api, reference)", "noisy decisions differing from fp32"):  # fmt: skip
+        table.add_column(column, justify="left" if column in ("model", "setting") else "right")
+    for r in results:
+        differ = "–" if r.decisions_checked is None else (
+            f"{r.decisions_differ_from_fp32:,} of {r.decisions_checked:,}")  # fmt: skip
+        table.add_row(
+            r.model, r.setting, f"{r.batch_size:,}", f"{r.api_s_per_input:.3g} s",
+            f"{r.reference_s_per_input:.3g} s", f"{r.api_speedup:.2f}",
+            f"{r.api_certified}, {r.reference_certified} of {r.inputs}", differ,
+        )  # fmt: skip
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
