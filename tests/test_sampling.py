@@ -1,5 +1,7 @@
 """The sampling engine: reproducible noise, counts, soft statistics, NaN outputs."""
 
+from itertools import pairwise
+
 import numpy as np
 import pytest
 import torch
@@ -143,3 +145,33 @@ def test_noise_is_identical_for_any_batch_size_on_cuda():
     ]
     assert all(c.sum() == 9 * 3000 for c in results)
     assert np.abs(results[0] - results[1]).sum() <= 4
+
+
+@pytest.mark.parametrize("noise", NOISE_SCHEMES)
+def test_samples_from_a_start_index_are_those_of_one_longer_call(noise):
+    """Drawing samples start … start + num − 1 gives those indices the noise (and counts)
+    that one call of start + num samples gives them, whatever the batch; rounds that
+    cover 0 … N − 1 sum to the counts of one call of N samples."""
+    d = 3
+    x = torch.arange(3, dtype=torch.float32)[:, None].repeat(1, d) * 1000
+    sigma = torch.tensor([0.5, 1.0, 2.0])
+    ids = [5, 8, 13]
+    total = 2 * NOISE_BLOCK + 91
+    whole = _noise_by_input(x, sigma, 64, total, ids, noise=noise)
+    model = RecordingModel()
+    engine = SamplingEngine(model, 2, torch.device("cpu"), batch_size=37, seed=11, noise=noise)
+    bounds = [0, 100, 150, NOISE_BLOCK + 3, total]  # rounds that start inside noise blocks
+    for lo, hi in pairwise(bounds):
+        engine.counts(x, sigma, ids, hi - lo, stream=1, start=lo)
+    rows = torch.cat(model.rows)
+    owner = torch.cdist(rows, x).argmin(dim=1)
+    for i, key in enumerate(ids):
+        assert torch.equal((rows[owner == i] - x[i]) / sigma[i], whole[key])
+    engine = SamplingEngine(torch.nn.Linear(d, 4), 4, torch.device("cpu"), batch_size=50,
+                            seed=3, noise=noise, pad_batches=True)  # fmt: skip
+    one = engine.counts(x / 1000, sigma, ids, total, stream=1)
+    rounds = sum(engine.counts(x / 1000, sigma, ids, hi - lo, stream=1, start=lo)
+                 for lo, hi in pairwise(bounds))  # fmt: skip
+    assert np.array_equal(rounds, one) and one.sum() == 3 * total
+    with pytest.raises(ValueError, match="start must be an integer >= 0"):
+        engine.counts(x, sigma, ids, 10, stream=1, start=-1)

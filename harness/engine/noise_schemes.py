@@ -29,7 +29,8 @@ Segments = list[list[tuple[int, int, int]]]
 
 @dataclass
 class Job:
-    """One input of a sampling call: its ``num`` samples, ``done`` of them drawn so far."""
+    """One input of a sampling call: its samples up to index ``num`` (exclusive), the next
+    one to draw being ``done`` (the call's first sample index, then advancing)."""
 
     x: torch.Tensor
     sigma: float
