@@ -14,7 +14,13 @@ noisy samples per second:
   input, batches of ``x.repeat`` + ``randn_like``·σ, argmax, counts moved to the host
   and tallied with numpy per batch, Clopper–Pearson bound, σ·Φ⁻¹(p_A_lower)).
 
-and their ratios. Models are built through the model registry: ``mlp`` and ``cnn`` on
+and their ratios. With ``--sampling sequential`` the engine certifies the same inputs a
+second time under sequential sampling (n_max = ``--n``, the default radius grid,
+:mod:`harness.mathematics.sequential`), back to back with the fixed-n certification, and
+the table adds the estimation samples it drew per input, the share of the n it saved and
+its wall time relative to the fixed one (random weights and inputs: how much is saved
+depends on how confident the model is, so a benchmark's own ``run --timings`` is the
+figure to quote). Models are built through the model registry: ``mlp`` and ``cnn`` on
 1×28×28 inputs, ``resnet110`` the registered ``cifar-resnet`` with depth 110 on 3×32×32
 (Cohen et al.'s CIFAR-10 ResNet-110); all with 10 classes.
 
@@ -61,6 +67,10 @@ class BenchResult:
     inputs: int
     noise: str
     precision: str
+    sampling: str = "fixed"
+    sequential_samples: float | None = None  # mean estimation samples per input
+    samples_saved: float | None = None  # 1 − sequential_samples / n
+    sequential_vs_fixed_time: float | None = None  # wall time ratio, same inputs
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
@@ -108,6 +118,10 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--noise", default="auto", metavar="auto|philox-v1|block-v1", help="the noise scheme"
     )
+    parser.add_argument(
+        "--sampling", default="fixed", choices=("fixed", "sequential"),
+        help="sequential: also certify sequentially (n_max = --n) and report the samples saved",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(handler=bench_command)  # fmt: skip
 
@@ -146,7 +160,8 @@ def bench_command(args: argparse.Namespace) -> int:
     models = {name: _build(registry, name) for name in names}  # unregistered: fail before work
     results = []
     for name, model in models.items():
-        results.append(bench_model(name, model, protocol, device, inputs, args.sigma, seconds))
+        results.append(bench_model(name, model, protocol, device, inputs, args.sigma, seconds,
+                                   args.sampling))  # fmt: skip
         if not args.json:
             print(f"{name}: done", file=sys.stderr)
     if args.json:
@@ -188,6 +203,7 @@ def bench_model(
     inputs: int,
     sigma: float,
     seconds: float,
+    sampling: str = "fixed",
 ) -> BenchResult:
     """The four rates of one model (see the module docstring)."""
     import numpy as np
@@ -232,17 +248,32 @@ def bench_model(
         def radius(self, p_lower: np.ndarray, sigma: np.ndarray) -> np.ndarray:
             return np.asarray(cohen_radius(p_lower, sigma))
 
-    def certify(count: int) -> None:  # the harness's draws and Cohen's claims, as in a run
+    def certify(count: int, how=protocol) -> list:  # the harness's draws and Cohen's claims
         ids = list(range(count))
-        list(certify_drawn(engine, protocol, Cohen(), x[:count], ids, sigmas[:count]))
+        return list(certify_drawn(engine, how, Cohen(), x[:count], ids, sigmas[:count]))
 
     certify(1)  # warm-up (buffers, kernels)
     sync()
     start = time.perf_counter()
     certify(inputs)
     sync()
+    fixed_seconds = time.perf_counter() - start
     total = inputs * (protocol.n0 + protocol.n)
-    engine_rate = total / (time.perf_counter() - start)
+    engine_rate = total / fixed_seconds
+    extra: dict[str, Any] = {}
+    if sampling == "sequential":
+        from dataclasses import replace
+
+        from harness.mathematics.accuracy import RADII
+
+        rounds = replace(protocol, sampling="sequential", n_max=protocol.n, grid=RADII)
+        start = time.perf_counter()
+        drawn = [c.draws["base"]["n"] for c in certify(inputs, rounds)]
+        sync()
+        mean = sum(drawn) / len(drawn)
+        extra = {"sampling": "sequential", "sequential_samples": mean,
+                 "samples_saved": 1 - mean / protocol.n,
+                 "sequential_vs_fixed_time": (time.perf_counter() - start) / fixed_seconds}  # fmt: skip
     reference_certify(model, x[:1], sigma, protocol.n0, protocol.n, protocol.alpha, batch)
     sync()
     start = time.perf_counter()
@@ -254,7 +285,7 @@ def bench_model(
         ideal_per_s=ideal, engine_per_s=engine_rate, reference_per_s=reference,
         engine_vs_ideal=engine_rate / ideal, engine_vs_raw=engine_rate / raw,
         engine_vs_reference=engine_rate / reference, n=protocol.n, inputs=inputs,
-        noise=noise, precision=protocol.precision,
+        noise=noise, precision=protocol.precision, **extra,
     )  # fmt: skip
 
 
@@ -333,6 +364,11 @@ def _print_table(results: list[BenchResult]) -> None:
             f"n0 = {N0}, n = {r.n}, {r.inputs} inputs per model, noise {r.noise}, "
             f"precision {r.precision}"
         )
+    for r in results:
+        if r.sampling == "sequential":
+            print(f"{r.model}: sequential sampling drew {r.sequential_samples:,.0f} estimation "
+                  f"samples per input of n = {r.n:,} ({r.samples_saved:.1%} saved), in "
+                  f"{r.sequential_vs_fixed_time:.2f}x the fixed-n wall time")  # fmt: skip
 
 
 def _si(rate: float) -> str:

@@ -9,14 +9,15 @@ from harness.store.storedrun import StoredRun
 
 ARITHMETIC_KEYS = ("precision", "channels_last", "noise")
 """Protocol keys recorded since the engine offers precisions and noise schemes."""
-COMPARED_KEYS = ("n0", "n", "alpha", "precision", "channels_last", "noise")
+COMPARED_KEYS = ("n0", "n", "alpha", "precision", "channels_last", "noise", "sampling", "n_max")
 """Protocol keys whose difference makes two runs' rows not directly comparable."""
 
 
 def protocol_differences(protocols: list[dict[str, Any]]) -> dict[str, list[str]]:
     """The keys of :data:`COMPARED_KEYS` on which the runs of one table differ, with the
     values (a missing precision reads fp32, a missing noise block-v1)."""
-    legacy = {"precision": "fp32", "channels_last": False, "noise": "block-v1"}
+    legacy = {"precision": "fp32", "channels_last": False, "noise": "block-v1",
+              "sampling": "fixed", "n_max": None}  # fmt: skip
     out = {}
     for key in COMPARED_KEYS:
         values = [str(p.get(key, legacy.get(key))).lower() for p in protocols]
@@ -64,6 +65,8 @@ def run_protocol(run: StoredRun, stem: str | None) -> dict[str, Any]:
         "spec_file": spec_file,
         "command": run_command(spec_file, row["device"]),
     }
+    if protocol.get("sampling") == "sequential":  # (fixed runs record neither)
+        out["sampling"], out["n_max"] = "sequential", protocol["n_max"]
     if row.get("weights_digest"):  # runs from before weights digests have none
         out["weights_digest"] = row["weights_digest"]
     if row.get("arithmetic"):  # where its counts replay bit for bit (harness.engine.arithmetic)
