@@ -119,7 +119,7 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
         "--noise", default="auto", metavar="auto|philox-v1|block-v1", help="the noise scheme"
     )
     parser.add_argument(
-        "--sampling", default="fixed", choices=("fixed", "sequential"),
+        "--sampling", default="fixed", choices=("fixed", "sequential"), metavar="fixed|sequential",
         help="sequential: also certify sequentially (n_max = --n) and report the samples saved",
     )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="machine-readable output")
