@@ -342,6 +342,13 @@ def invalid_rule() -> Iterator[None]:
 
 
 @pytest.fixture
+def naive_sequential_rule() -> Iterator[None]:
+    """The run and checks of the test under :func:`invalid_rule`."""
+    with invalid_rule():
+        yield
+
+
+@pytest.fixture
 def rigged_methods() -> types.ModuleType:
     """This module, as a fresh plugin to register (``manager.register(rigged, name=...)``)."""
     return plugin()

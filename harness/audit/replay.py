@@ -60,7 +60,7 @@ STREAMS = {"base": ("selection", 0, "estimation", 1), "sigma": ("selection", 4, 
 
 
 def check_replay(audit: Audit) -> CheckResult:
-    from harness.running.redraw import Replayer, replay_request
+    from harness.running.redraw import Replayer, look_sizes, replay_request
 
     rows = audit.certificates
     if any(not r.get("draws") for r in rows):
@@ -89,12 +89,11 @@ def check_replay(audit: Audit) -> CheckResult:
     kind = rows[0]["draws"]["base"]["kind"] if rows else audit.certifier.smoothing
     smoothed = sigma_smoothing(audit.sigma_provider) is not None
     fresh_seed = derived_seed(audit.entropy, "replay/noise")
-    looks = [[look["n"] for look in rows[k]["draws"]["base"].get("looks") or []] for k in chosen]
     request = replay_request(
         audit.source, str(audit.context.device), ids,
         [rows[k]["draws"]["base"]["sigma"] for k in chosen], kind,
         f"{audit.method.name} {audit.setting}" if smoothed else None, fresh_seed,
-        looks if any(looks) else None,
+        look_sizes([rows[k]["draws"]["base"] for k in chosen]),
     )  # fmt: skip
     replayer = audit.context.memo("harness.running.redraw", "process", Replayer)
     answer = replayer.request(request) if m else {"mode": "exact", "base": {}, "arithmetic": {},

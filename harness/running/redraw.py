@@ -184,6 +184,12 @@ def replay_request(
             "looks": None if looks is None else [[int(n) for n in row] for row in looks]}  # fmt: skip
 
 
+def look_sizes(bases: Sequence[Mapping[str, Any]]) -> list[list[int]] | None:
+    """Per stored base draw, the n of each of its looks (None unless drawn sequentially)."""
+    sizes = [[int(look["n"]) for look in base.get("looks") or []] for base in bases]
+    return sizes if any(sizes) else None
+
+
 # --- the replay process ----------------------------------------------------------------
 
 
