@@ -30,8 +30,8 @@ from harness import SamplingEngine, hookimpl
 ORIGINAL = SamplingEngine.run
 
 
-def padded(self, x, sigma, input_ids, num, stream, soft=False):
-    for index, result in ORIGINAL(self, x, sigma, input_ids, num, stream, soft):
+def padded(self, x, sigma, input_ids, num, stream, soft=False, start=0):
+    for index, result in ORIGINAL(self, x, sigma, input_ids, num, stream, soft, start):
         if not soft:
             result = np.array(result, copy=True)
             top = int(np.argmax(result))

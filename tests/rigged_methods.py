@@ -294,8 +294,8 @@ def plugin() -> types.ModuleType:
 
 
 def _patched_run(original):
-    def run(self, x, sigma, input_ids, num, stream, soft=False):
-        for index, result in original(self, x, sigma, input_ids, num, stream, soft):
+    def run(self, x, sigma, input_ids, num, stream, soft=False, start=0):
+        for index, result in original(self, x, sigma, input_ids, num, stream, soft, start):
             if stream == STREAM_ESTIMATION and not soft:
                 result = padded(result, int(np.argmax(result)), num)
             yield index, result

@@ -113,15 +113,13 @@ def draw_in_rounds(
 
 
 def check_bounds(claims: list[Claim], draws: Draws, alpha: float, who: str) -> None:
-    """A :class:`ContractError` naming the certifier when a claim's bound exceeds the
-    harness's sequential bound of the class it claims (ĉ_A when it abstains): it
-    computed its own bound from the counts."""
-    from harness.foundation.certificate import ABSTAIN
-
-    top = np.argmax(draws.selection, axis=1)
-    claimed = np.array([c.prediction if c.prediction != ABSTAIN else t
-                        for c, t in zip(claims, top, strict=True)], dtype=np.int64)  # fmt: skip
-    for claim, bound in zip(claims, draws.lower_bound(claimed, alpha), strict=True):
+    """A :class:`ContractError` naming the certifier when a claim's bound exceeds every
+    class's harness bound (a memory may claim an enclosing ball's class with ĉ_A's bound):
+    it computed its own bound from the counts."""
+    classes = draws.selection.shape[1]
+    best = np.max([draws.lower_bound(np.full(len(draws), c), alpha) for c in range(classes)],
+                  axis=0)  # fmt: skip
+    for claim, bound in zip(claims, best, strict=True):
         if claim.p_lower > bound * (1 + RELATIVE) + 1e-15:
             raise ContractError(
                 f"{who} claimed the bound {claim.p_lower!r} where the harness's sequential bound "
