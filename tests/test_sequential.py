@@ -296,3 +296,39 @@ def test_spec_errors_come_before_torch_and_fixed_runs_keep_their_ids():
     assert not {"sampling", "n_max", "grid"} & set(fixed)
     seq = load_benchmark(DEFAULT_BENCHMARK, ['certification.sampling="sequential"'])
     assert seq.to_dict()["protocol"]["n_max"] == 10_000 and seq.protocol.grid == GRID
+
+
+def test_the_replay_redraws_every_look_and_names_the_first_that_differs():
+    from harness.audit.replay import judge
+    from harness.engine.sampling import STREAM_SELECTION
+    from harness.running.redraw import _rounds, look_sizes
+
+    engine = SamplingEngine(_Linear(), 2, torch.device("cpu"), 500, seed=5, noise="block-v1",
+                            pad_batches=True)  # fmt: skip
+    x, ids, sigma = _inputs()
+    rows = {c.input_id: vars(c) for c in certify_drawn(engine, _protocol(), CohenCertifier(), x,
+                                                       ids, sigma, regularity=Constant(0.5))}  # fmt: skip
+    sizes = look_sizes([rows[i]["draws"]["base"] for i in ids])
+    replayed = _rounds(engine, x, sigma, ids, sizes, STREAM_ESTIMATION)
+    replayed["selection"] = engine.counts(x, sigma, ids, 100, STREAM_SELECTION).tolist()
+    evidence = {"inputs": ids, "mode": "exact", "arithmetic": {}, "replayed": {"base": replayed},
+                "sigma": {"alone": list(sigma), "batch": list(sigma), "order": list(range(5))}}  # fmt: skip
+    assert judge(evidence, rows)[0] == "sound"
+    look = rows[ids[-1]]["draws"]["base"]["looks"][1]
+    look["counts"] = [look["counts"][0] + 1, look["counts"][1] - 1]
+    verdict, summary, _ = judge(evidence, rows)
+    assert verdict == "violated" and f"input {ids[-1]}, stream 1 (base look 2" in summary
+
+
+def test_a_memory_claiming_an_enclosing_balls_class_passes_the_bound_check():
+    from harness.certification.rounds import check_bounds
+
+    rule = SequentialRule(1_000, GRID)
+    looks = np.zeros((1, len(rule.looks), 3), dtype=np.int64)
+    looks[0, 0] = [100, 0, 0]
+    draws = Draws("hard", 100, 1_000, np.array([0.5]), np.array([[100, 0, 0]]),
+                  np.array([[100, 0, 0]]), rule=rule, looks=looks, stops=np.array([0]))  # fmt: skip
+    bound = float(draws.lower_bound(np.array([0]), 1e-3)[0])
+    check_bounds([Claim(2, 0.1, bound)], draws, 1e-3, "memory")  # class 2: another ball's
+    with pytest.raises(ContractError, match="memory claimed the bound"):
+        check_bounds([Claim(0, 0.1, float(cp_lower(100, 100, 1e-3)))], draws, 1e-3, "memory")
