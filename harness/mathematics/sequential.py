@@ -46,7 +46,7 @@ from scipy import stats
 
 RULE_NAME = "alpha-spending-cp-v1"
 FIRST_LOOK = 100
-"""Samples at the first look (or n_max, if smaller)."""
+"""Samples at the first look (a single look at n_max when n_max < 1.5 × 100)."""
 GROWTH = 1.5
 """n_{k+1} = ⌈GROWTH·n_k⌉: a geometric schedule, so a decision needs at most 1.5× the
 samples it would need at its own n, and the looks number ~log(n_max/100)/log 1.5 (18
@@ -109,10 +109,6 @@ class SequentialRule:
     def levels(self, alpha: float) -> np.ndarray:
         """α_k = α·w_k of each look (:func:`spending`)."""
         return alpha * spending(len(self._looks), self.final_share)
-
-    def positive_radii(self) -> tuple[float, ...]:
-        """The grid radii above 0 (radius 0 is the certification itself, p > 1/2)."""
-        return tuple(r for r in self.radii if r > 0)
 
     def record(self) -> dict[str, Any]:
         """The rule as stored with each certificate's draws."""
