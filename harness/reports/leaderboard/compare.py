@@ -58,6 +58,8 @@ class Comparison:
 
 def protocol_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     """One line per protocol field whose value differs between protocols ``a`` and ``b``."""
+    fixed = {"sampling": "fixed"}  # a fixed-n run's protocol does not name its sampling
+    a, b = fixed | a, fixed | b
     return [
         f"{key}: {a.get(key)!r} (A) vs {b.get(key)!r} (B)"
         for key in PROTOCOL_FIELDS
