@@ -30,7 +30,7 @@ def _run(tmp_path, manager, methods):
                            manager)  # fmt: skip
     results = run_checks(db, run_id, RunOptions(db=db), Progress(enabled=False), manager,
                          budget=TINY, attack=False)  # fmt: skip
-    return load_runs(db, [run_id])[0], results
+    return load_runs(db, [run_id])[0], results, db
 
 
 def test_a_sequential_run_is_refused_where_unsupported_checked_and_reported(tmp_path, manager):
@@ -38,7 +38,7 @@ def test_a_sequential_run_is_refused_where_unsupported_checked_and_reported(tmp_
     from harness.reports.leaderboard.markdown import render_markdown
 
     lipschitz = {"train_examples": 64, "train_steps": 2, "sigma_min": 0.3}
-    run, results = _run(tmp_path, manager, [
+    run, results, db = _run(tmp_path, manager, [
         {"name": "cohen", "settings": [{"sigma": 0.25}]},
         {"name": "lipschitz-sigma-net", "settings": [lipschitz]},
     ])  # fmt: skip
@@ -54,11 +54,19 @@ def test_a_sequential_run_is_refused_where_unsupported_checked_and_reported(tmp_
     assert min(samples) < 3000 and all(len(c.draws["base"]["looks"]) >= 1 for c in row.certificates)
     text = render_markdown(build_board([run]), "b")
     assert "| samples | max samples |" in text and "the ACR falls by design" in text
+    from rich.console import Console
+
+    from harness.cli.results_table import samples_table
+
+    console = Console(width=200, record=True)
+    console.print(samples_table(db, run.run_id))
+    line = next(x for x in console.export_text().splitlines() if "cohen" in x)
+    assert f"{sum(samples):,}" in line and "x fewer" in line
 
 
 @pytest.mark.usefixtures("naive_sequential_rule")
 def test_a_plain_clopper_pearson_bound_at_every_look_is_caught(tmp_path, manager):
-    _, results = _run(tmp_path, manager, [{"name": "cohen", "settings": [{"sigma": 0.25}]}])
+    _, results, _ = _run(tmp_path, manager, [{"name": "cohen", "settings": [{"sigma": 0.25}]}])
     checks = {r.check: r for r in results[("cohen", "sigma=0.25")]}
     assert checks["evidence"].verdict == "sound"  # consistent with itself ...
     coverage = checks["coverage"]
