@@ -5,7 +5,8 @@ only, like any plugin), one per class of cheat that the soundness checks must ca
 (issue 22, item 6). Used by the detection-power command,
 
     python3 -m tests.rigged_methods [--benchmark ball-2|fashion-mnist|both] [--seeds 5]
-        [--alarm-seeds 10] [--budget small|full] [--test-count N] [--out FILE.md]
+        [--alarm-seeds 10] [--budget small|full] [--test-count N]
+        [--sampling fixed|sequential] [--out FILE.md]
 
 which runs :func:`harness.audit.detection_power.main` with these methods, and by the
 tests (a pytest fixture module loaded through ``pytest_plugins`` in ``tests/conftest.py``;
@@ -296,8 +297,8 @@ def plugin() -> types.ModuleType:
 
 
 def _patched_run(original):
-    def run(self, x, sigma, input_ids, num, stream, soft=False):
-        for index, result in original(self, x, sigma, input_ids, num, stream, soft):
+    def run(self, x, sigma, input_ids, num, stream, soft=False, start=0):
+        for index, result in original(self, x, sigma, input_ids, num, stream, soft, start):
             if stream == STREAM_ESTIMATION and not soft:
                 result = padded(result, int(np.argmax(result)), num)
             yield index, result
@@ -329,6 +330,28 @@ def engine_patched() -> Iterator[types.ModuleType]:
         SamplingEngine.run = original
 
 
+@contextlib.contextmanager
+def invalid_rule() -> Iterator[None]:
+    """The invalid sequential rule: a plain Clopper–Pearson bound at level α at every look
+    (no α-spending; :func:`harness.mathematics.sequential.spending` patched), for the run
+    and its checks alike; undone on exit."""
+    from harness.mathematics import sequential
+
+    original = sequential.spending
+    sequential.spending = lambda looks, final_share=0.5: np.ones(looks)
+    try:
+        yield
+    finally:
+        sequential.spending = original
+
+
+@pytest.fixture
+def naive_sequential_rule() -> Iterator[None]:
+    """The run and checks of the test under :func:`invalid_rule`."""
+    with invalid_rule():
+        yield
+
+
 @pytest.fixture
 def rigged_methods() -> types.ModuleType:
     """This module, as a fresh plugin to register (``manager.register(rigged, name=...)``)."""
@@ -338,4 +361,4 @@ def rigged_methods() -> types.ModuleType:
 if __name__ == "__main__":
     from harness.audit.detection_power import main
 
-    sys.exit(main(sys.argv[1:], plugin(), engine_patched, ENGINE_PATCH_SOURCE))
+    sys.exit(main(sys.argv[1:], plugin(), engine_patched, ENGINE_PATCH_SOURCE, invalid_rule))

@@ -1,5 +1,7 @@
 """The sampling engine: reproducible noise, counts, soft statistics, NaN outputs."""
 
+from itertools import pairwise
+
 import numpy as np
 import pytest
 import torch
@@ -55,30 +57,6 @@ def test_noise_is_identical_for_any_batch_size_and_batch_composition(noise):
     assert not torch.equal(reference[3], reference[17])
     pooled = torch.cat(list(reference.values())).flatten()
     assert abs(pooled.mean()) < 0.1 and abs(pooled.std() - 1) < 0.1
-
-
-@pytest.mark.parametrize("noise", NOISE_SCHEMES)
-def test_a_call_from_sample_start_draws_those_samples_of_the_stream(noise):
-    """Samples start … start + num − 1 of a stream: the noise a single call from 0 gives
-    them (across noise blocks), and counts of two pieces add up to the whole call's."""
-    d, num = 3, 2 * NOISE_BLOCK + 37
-    x = torch.arange(3, dtype=torch.float32)[:, None].repeat(1, d) * 1000
-    sigma = torch.tensor([0.5, 1.0, 2.0])
-    ids = [5, 6, 70]
-    whole = _noise_by_input(x, sigma, 100, num, ids, noise=noise)
-    for start in (1, 300, NOISE_BLOCK):
-        piece = _noise_by_input(x, sigma, 64, num - start, ids, noise=noise, start=start)
-        assert all(torch.equal(piece[i], whole[i][start:]) for i in ids), start
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
-    engine = SamplingEngine(model.eval(), 4, torch.device("cpu"), batch_size=96, seed=2,
-                            noise=noise, pad_batches=True)  # fmt: skip
-    y = torch.rand(3, 3)
-    counts = engine.counts(y, sigma, ids, 700, stream=1)
-    parts = engine.counts(y, sigma, ids, 300, 1) + engine.counts(y, sigma, ids, 400, 1, start=300)
-    assert np.array_equal(counts, parts) and counts.sum() == 3 * 700
-    with pytest.raises(ValueError, match="start must be a sample index >= 0, got -1"):
-        engine.counts(y, sigma, ids, 10, 1, start=-1)
 
 
 @pytest.mark.parametrize("noise", NOISE_SCHEMES)
@@ -198,3 +176,33 @@ def test_noise_is_identical_for_any_batch_size_on_cuda():
     ]
     assert all(c.sum() == 9 * 3000 for c in results)
     assert np.abs(results[0] - results[1]).sum() <= 4
+
+
+@pytest.mark.parametrize("noise", NOISE_SCHEMES)
+def test_samples_from_a_start_index_are_those_of_one_longer_call(noise):
+    """Drawing samples start … start + num − 1 gives those indices the noise (and counts)
+    that one call of start + num samples gives them, whatever the batch; rounds that
+    cover 0 … N − 1 sum to the counts of one call of N samples."""
+    d = 3
+    x = torch.arange(3, dtype=torch.float32)[:, None].repeat(1, d) * 1000
+    sigma = torch.tensor([0.5, 1.0, 2.0])
+    ids = [5, 8, 13]
+    total = 2 * NOISE_BLOCK + 91
+    whole = _noise_by_input(x, sigma, 64, total, ids, noise=noise)
+    model = RecordingModel()
+    engine = SamplingEngine(model, 2, torch.device("cpu"), batch_size=37, seed=11, noise=noise)
+    bounds = [0, 100, 150, NOISE_BLOCK + 3, total]  # rounds that start inside noise blocks
+    for lo, hi in pairwise(bounds):
+        engine.counts(x, sigma, ids, hi - lo, stream=1, start=lo)
+    rows = torch.cat(model.rows)
+    owner = torch.cdist(rows, x).argmin(dim=1)
+    for i, key in enumerate(ids):
+        assert torch.equal((rows[owner == i] - x[i]) / sigma[i], whole[key])
+    engine = SamplingEngine(torch.nn.Linear(d, 4), 4, torch.device("cpu"), batch_size=50,
+                            seed=3, noise=noise, pad_batches=True)  # fmt: skip
+    one = engine.counts(x / 1000, sigma, ids, total, stream=1)
+    rounds = sum(engine.counts(x / 1000, sigma, ids, hi - lo, stream=1, start=lo)
+                 for lo, hi in pairwise(bounds))  # fmt: skip
+    assert np.array_equal(rounds, one) and one.sum() == 3 * total
+    with pytest.raises(ValueError, match="start must be an integer >= 0"):
+        engine.counts(x, sigma, ids, 10, stream=1, start=-1)

@@ -44,6 +44,14 @@ certifies honestly only when rebuilt still has its run's formula audited. A clai
 its own formula does not derive from the harness's draws (as S0 asks) is ``violated``
 outright.
 
+**Sequential sampling.** The trials are certified under the run's sequential rule (its
+n_max capped at S1's n), and their false certificates counted at the stopping time as
+above; the calibration scores use each trial's first look (the one look drawn whatever
+the counts). An exact sub-test computes, by dynamic programming, the largest
+probability that the rule's bound ever exceeds the true p_A
+(:func:`harness.audit.anytime.sequential_validity`): above α, the bound is not anytime-valid and the row is
+``violated`` (no sampling, so no false alarm).
+
 **Nulls.** (1, 2) A valid certifier issues a false certificate with probability at most
 α per *trial* (per input asked about, abstentions included), so the number of false
 certificates among T trials is tested against Binomial(T, α), one-sided. (3, 4) The
@@ -71,6 +79,7 @@ from scipy.special import ndtri
 
 from harness.audit import sigma_smoothing as smoothed
 from harness.audit.analytic import BallClassifier, LinearClassifier
+from harness.audit.anytime import first_look, sequential_validity
 from harness.audit.audit import Audit
 from harness.audit.ball_attacks import ball_flip, sigma_and_gradient, sigma_in_ball
 from harness.certification.certify import (
@@ -104,10 +113,11 @@ SUBTESTS = 4
 
 
 def coverage_protocol(audit: Audit) -> CertificationProtocol:
-    """The run's protocol at n = min(run's n, ``budget.coverage_n``), in fp32 (the analytic
-    models are exact in fp32 only)."""
-    run = audit.context.protocol
-    return replace(run, n=min(run.n, audit.budget.coverage_n), precision="fp32")
+    """The run's protocol at n = min(run's n, ``budget.coverage_n``) (sequential: the same
+    rule with n_max capped alike), in fp32 (the analytic models are exact in fp32 only)."""
+    run, cap = audit.context.protocol, audit.budget.coverage_n
+    capped = {"n_max": min(run.estimation_cap, cap)} if run.sampling == "sequential" else {}
+    return replace(run, n=min(run.n, cap), precision="fp32", **capped)
 
 
 @dataclass
@@ -210,6 +220,8 @@ def _score(c: Certificate, probabilities: np.ndarray, v: float) -> float:
     n = int(base["n"])
     top = int(np.argmax(base["selection"]))
     k = base["estimation"][top]
+    if base.get("looks"):  # sequential: the first look, drawn whatever the counts
+        n, k = int(base["looks"][0]["n"]), base["looks"][0]["counts"][top]
     k = int(k) if base["kind"] == "hard" else round(float(k) * n)
     return pit_score(k, n, float(probabilities[top]), v)
 
@@ -291,7 +303,7 @@ def _trials(audit: Audit, family: str, points, ids, trials: int, protocol, root:
         out.classes.append(list(pair))
         for j, k in enumerate(chosen.tolist()):
             x0, input_id = points[k : k + 1].to(device), ids[k]
-            q = trial_quantile(rng, j, protocol.n, protocol.alpha)
+            q = trial_quantile(rng, j, protocol.estimation_cap, protocol.alpha)
             # σ_ref: the run's σ at x0, the scale at which x0 sits at P(side 1) = q
             placed = place(model, points[k], stored_sigma[k], q, gen)
             if certifier.order_dependent and j:  # a memory lives for one classifier
@@ -306,7 +318,8 @@ def _trials(audit: Audit, family: str, points, ids, trials: int, protocol, root:
                 sigma, drawn = sigma_of(_secret(audit, context, f"{purpose}/{j}"), provider, x0,
                                         [input_id], name)  # fmt: skip
             [c] = certify_drawn(draw, protocol, certifier, x0, [input_id], sigma, drawn,
-                                label=certifier_label(context, audit.method))  # fmt: skip
+                                label=certifier_label(context, audit.method),
+                                regularity=provider.regularity)  # fmt: skip
             derived = _derived(audit, [vars(c)], x0, protocol, provider)
             ball_sigma = None
             if certifier.order_dependent:  # memory certificates: σ constant in each ball
@@ -354,7 +367,9 @@ def _trials(audit: Audit, family: str, points, ids, trials: int, protocol, root:
 def check_coverage(audit: Audit) -> CheckResult:
     alpha, budget = audit.context.protocol.alpha, audit.budget
     protocol = coverage_protocol(audit)
-    run_n = audit.context.protocol.n
+    run_n = audit.context.protocol.estimation_cap
+    n = protocol.estimation_cap
+    scored_n = first_look(protocol)  # the samples each calibration score rests on
     points = audit.inputs.float().cpu()
     ids = [int(c["input_id"]) for c in audit.certificates]
     dim = points[0].numel()
@@ -366,10 +381,10 @@ def check_coverage(audit: Audit) -> CheckResult:
     scores = np.array([z for o in outcomes for z in o.scores])
     p_bias, p_dispersion = calibration_pvalues(scores)
     level = P_THRESHOLD / SUBTESTS  # the smallest level Holm's procedure tests at
-    detect = calibration_power(len(scores), protocol.n, level)
+    detect = calibration_power(len(scores), scored_n, level)
     evidence: dict = {
         "alpha": alpha, "dimension": dim, "classes": audit.context.dataset.num_classes,
-        "n": protocol.n, "run_n": run_n, "n0": protocol.n0,
+        "n": n, "run_n": run_n, "n0": protocol.n0,
         "null": "false certificates: Binomial(trials, α), one-sided; calibration: randomized "
                 "PIT scores of the estimation counts against Binomial(n, p_exact), bias "
                 "Σz/√m ~ N(0, 1) and dispersion Σz² ~ χ²_m, two-sided",
@@ -380,10 +395,10 @@ def check_coverage(audit: Audit) -> CheckResult:
                  f"of n or a variance inflated by >= {detect['variance_factor']:.3g}x "
                  "(each with probability 0.9)",
     }  # fmt: skip
-    if protocol.n < run_n:
+    if n < run_n:
         evidence["sensitivity"] = (
-            f"S1 certifies at n = {protocol.n:,} of the run's {run_n:,}: a shift of the counts "
-            f"by a fraction of n is seen at {math.sqrt(protocol.n / run_n):.3g}x the z it has "
+            f"S1 certifies at n = {n:,} of the run's {run_n:,}: a shift of the counts "
+            f"by a fraction of n is seen at {math.sqrt(n / run_n):.3g}x the z it has "
             "at the run's n, and trial certificates have the wider bounds of the smaller n"
         )
     for name, outcome in zip(names, outcomes, strict=True):
@@ -400,7 +415,7 @@ def check_coverage(audit: Audit) -> CheckResult:
     ]
     cal = evidence["calibration"]
     summary.append(
-        f"calibration of {len(scores)} trials' counts at n = {protocol.n:,}: bias "
+        f"calibration of {len(scores)} trials' counts at n = {scored_n:,}: bias "
         f"{cal['bias']:.3g} (p = {p_bias:.3g}{', rejected' if rejected[2] else ''}), dispersion "
         f"{cal['dispersion']:.4g} on {len(scores)} df (p = {p_dispersion:.3g}"
         f"{', rejected' if rejected[3] else ''})"
@@ -412,5 +427,12 @@ def check_coverage(audit: Audit) -> CheckResult:
         summary.insert(0, f"{len(underived)} trial claims not derived from the harness's draws by "
                           f"the declared formula, e.g. input {u['input_id']}: {u['quantity']} "
                           f"{u['claimed']!r} claimed, {u['derived']!r} derived")  # fmt: skip
-    verdict = Verdict.VIOLATED if any(rejected) or underived else Verdict.SOUND
+    invalid = None
+    if protocol.sampling == "sequential":
+        evidence["sequential"] = sequential_validity(audit, protocol)
+        invalid = next(
+            (w for w in evidence["sequential"]["rules"] if w["ratio_to_alpha"] > 1 + RELATIVE), None
+        )
+        summary.append(evidence["sequential"]["summary"])
+    verdict = Verdict.VIOLATED if any(rejected) or underived or invalid else Verdict.SOUND
     return CheckResult(NAME, verdict, "; ".join(summary) + f"; {evidence['power']}", evidence)

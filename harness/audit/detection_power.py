@@ -5,7 +5,8 @@ plugin): ``tests/rigged_methods.py`` writes one per class of cheat against the p
 API, and runs this module's :func:`main` with them,
 
     python3 -m tests.rigged_methods [--benchmark ball-2|fashion-mnist|both] [--seeds 5]
-        [--alarm-seeds 10] [--budget small|full] [--test-count N] [--isolated] [--out FILE.md]
+        [--alarm-seeds 10] [--budget small|full] [--test-count N] [--isolated]
+        [--sampling fixed|sequential] [--out FILE.md]
 
 For each rigged method, the table gives per check how many of the seeds flagged it
 (``unjustified`` or ``violated``), and ``any``; a method that patches the harness's
@@ -16,6 +17,12 @@ its own entropy. By default the rigged plugin is registered in this process (the
 power against what a plugin claims); with ``--isolated`` it is installed as a package and
 runs in a plugin host, as a third-party plugin does (harness/README.md, "Plugin host"):
 then the engine patch reaches only the host, never the samples the harness draws.
+
+With ``--sampling sequential`` the runs draw their estimation samples sequentially
+(:mod:`harness.mathematics.sequential`, n_max = n): the rigged row is then plain Cohen
+under an invalid sequential rule the caller passes in (``invalid_rule``: a plain
+Clopper–Pearson bound at level α at every look), and the sound methods are the hard ones
+(cohen, sukenik; a soft certifier is refused under sequential sampling).
 
 Two benchmarks, both at n = 10,000 and α = 0.001:
 
@@ -63,16 +70,21 @@ SOUND_METHODS: dict[str, dict] = {
 FLAGGED = (Verdict.UNJUSTIFIED, Verdict.VIOLATED)
 ENGINE_PATCH = "engine-patch"
 """The row of the method (plain Cohen) run with a plugin that patches the engine."""
+INVALID_RULE = "naive-sequential-rule"
+"""The row of plain Cohen certified under an invalid sequential rule (``--sampling sequential``)."""
+SEQUENTIAL_SOUND = ("cohen", "sukenik")
+"""The sound methods of the false-alarm count under sequential sampling (hard smoothing)."""
 
 
 def benchmark(
     name: str, seed: int, methods: Mapping[str, dict], test_count: int | None = None,
-    n: int = N, epochs: int = 10,
+    n: int = N, epochs: int = 10, sampling: str = "fixed",
 ):  # fmt: skip
     """The detection-power benchmark ``name`` (:data:`BENCHMARKS`) with one setting per method."""
     count = TEST_COUNT[name] if test_count is None else test_count
     raw: dict = {"name": f"detection-power-{name}", "seed": seed,
-                 "certification": {"n0": 100, "n": n, "alpha": RUN_ALPHA, "batch_size": 1024},
+                 "certification": {"n0": 100, "n": n, "alpha": RUN_ALPHA, "batch_size": 1024,
+                                   "sampling": sampling},
                  "methods": [{"name": m, "settings": [dict(s)]} for m, s in methods.items()]}  # fmt: skip
     if name == "ball-2":
         raw["dataset"] = {"name": "ball-2", "test_count": count}
@@ -91,7 +103,7 @@ def flags_per_check(
     manager: PluginManager, workdir: Path, name: str = "ball-2", test_count: int | None = None,
     n: int = N, around: Callable[[], contextlib.AbstractContextManager] | None = None,
     label: str | None = None, epochs: int = 10, data_root: str | None = None,
-    progress: Progress | None = None,
+    progress: Progress | None = None, sampling: str = "fixed",
 ) -> dict[str, dict[str, int]]:  # fmt: skip
     """For each method, how many seeds each check flagged (and ``any``: any check).
 
@@ -104,7 +116,7 @@ def flags_per_check(
     with (progress or quiet).task(what, len(seeds), "seeds") as advance:
         for seed in seeds:
             db = workdir / f"{name}-{label or 'methods'}-seed{seed}.sqlite"
-            spec = benchmark(name, seed, methods, test_count, n, epochs)
+            spec = benchmark(name, seed, methods, test_count, n, epochs, sampling)
             options = RunOptions(db=db, data_root=data_root)
             with around() if around else contextlib.nullcontext():
                 run_id = run_benchmark(spec, options, quiet, manager)
@@ -159,13 +171,22 @@ def measure(
     name: str, rigged: Sequence[str], seeds: int, alarm_seeds: int, budget: Budget,
     manager: PluginManager, workdir: Path, engine_patch=None, test_count: int | None = None,
     data_root: str | None = None, progress: Progress | None = None,
-    patched: PluginManager | None = None,
+    patched: PluginManager | None = None, invalid_rule=None,
 ) -> tuple[dict, dict]:  # fmt: skip
     """(rigged rows, sound rows) of one benchmark: seeds flagged per method and check. The
     engine patch is entered around its rows (``engine_patch``), or is a plugin the manager
-    ``patched`` loads in its plugin host."""
+    ``patched`` loads in its plugin host; with ``invalid_rule``, under sequential sampling
+    (plain Cohen under that rule, and the hard sound methods)."""
     common = {"name": name, "test_count": test_count, "data_root": data_root,
               "progress": progress}  # fmt: skip
+    if invalid_rule is not None:
+        common["sampling"] = "sequential"
+        caught = flags_per_check({"cohen": {"sigma": SIGMA}}, range(seeds), budget, manager,
+                                 workdir, around=invalid_rule, label=INVALID_RULE, **common)  # fmt: skip
+        sound = {m: SOUND_METHODS[m] for m in SEQUENTIAL_SOUND}
+        alarms = flags_per_check(sound, range(100, 100 + alarm_seeds), budget, manager, workdir,
+                                 **common)  # fmt: skip
+        return caught, alarms
     caught = flags_per_check({m: {} for m in rigged}, range(seeds), budget, manager, workdir,
                              **common)  # fmt: skip
     if patched is not None:
@@ -183,10 +204,12 @@ def main(
     argv: Sequence[str] | None, plugin: types.ModuleType,
     engine_patch: Callable[[], contextlib.AbstractContextManager] | None = None,
     engine_patch_source: str | None = None,
+    invalid_rule: Callable[[], contextlib.AbstractContextManager] | None = None,
 ) -> int:  # fmt: skip
     """The detection-power tables of the rigged methods ``plugin.METHODS`` (a plugin module,
     registered here or, ``--isolated``, installed for a plugin host) and of plain Cohen under
-    the engine patch (``engine_patch`` here; the module ``engine_patch_source`` installed)."""
+    the engine patch (``engine_patch`` here; the module ``engine_patch_source`` installed);
+    with ``--sampling sequential``, of plain Cohen under ``invalid_rule``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--benchmark", choices=[*BENCHMARKS, "both"], default="both")
     parser.add_argument("--seeds", type=int, default=5, help="seeds per rigged method")
@@ -199,6 +222,8 @@ def main(
         action="store_true",
         help="install the rigged plugins as packages: they run in a plugin host",
     )
+    parser.add_argument("--sampling", choices=("fixed", "sequential"), default="fixed",
+                        help="sequential: the invalid-rule row and the hard sound methods")  # fmt: skip
     parser.add_argument("--out", type=Path, help="also write the tables to this markdown file")
     args = parser.parse_args(argv)
     patched = None
@@ -223,15 +248,17 @@ def main(
     for name in names:
         start = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
+            rule = invalid_rule if args.sampling == "sequential" else None
             caught, alarms = measure(name, plugin.METHODS, args.seeds, args.alarm_seeds, budget,
                                      manager, Path(tmp), engine_patch, args.test_count,
-                                     args.data_root, Progress(), patched)  # fmt: skip
+                                     args.data_root, Progress(), patched, rule)  # fmt: skip
         count = TEST_COUNT[name] if args.test_count is None else args.test_count
         where = ("installed, in a plugin host" if args.isolated else
                  "registered in the harness's process")  # fmt: skip
         sections.append(
             f"## {name}: detection power at the `{args.budget}` budget (rigged plugins {where})\n\n"
-            f"{count} test points, n = {N}, α = {RUN_ALPHA}, σ = {SIGMA}; "
+            f"{count} test points, {'sequential sampling up to n_max' if rule else 'n'} = {N}, "
+            f"α = {RUN_ALPHA}, σ = {SIGMA}; "
             f"{time.perf_counter() - start:.0f} s.\n\n"
             + markdown("Rigged methods: seeds flagged per check", caught, args.seeds)
             + "\n"

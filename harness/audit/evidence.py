@@ -158,10 +158,12 @@ def rederive(
     derived = formula.derive(rows, inputs, replace(protocol, alpha=protocol.alpha - spent),
                              declaration.regularity)  # fmt: skip
     evidence = {"formula": formula.name, "certificates": len(rows), "alpha": protocol.alpha,
-                "n0": protocol.n0, "n": protocol.n, "declaration": declaration.record(),
+                "n0": protocol.n0, "n": protocol.estimation_cap, "declaration": declaration.record(),
                 "certificates_sha256": certificates_digest(rows)}  # fmt: skip
     if spent:
         evidence["sigma_smoothing_alpha"] = spent
+    if protocol.sampling == "sequential":
+        evidence["sampling"] = "sequential"
     tests = [
         ("α", alpha != protocol.alpha, alpha, np.full(len(rows), protocol.alpha),
          "stored α {s} differs from the run's α {r}"),
@@ -172,8 +174,7 @@ def rederive(
          "stored σ {s} differs from the σ {r} the harness drew at"),
         ("n0", np.asarray(derived.n0) != protocol.n0, np.asarray(derived.n0),
          np.full(len(rows), protocol.n0), "its evidence holds {s} selection samples, not n0 = {r}"),
-        ("n", np.asarray(derived.n) != protocol.n, np.asarray(derived.n),
-         np.full(len(rows), protocol.n), "its evidence holds {s} estimation samples, not n = {r}"),
+        *_samples_tests(rows, inputs, protocol, declaration, np.asarray(derived.n), spent),
         ("bound", ~(stored_bound <= derived.bound * (1 + RELATIVE)), stored_bound, derived.bound,
          "stored bound on p_A {s} exceeds the bound {r} recomputed from its evidence at α = "
          f"{protocol.alpha - spent:g}"),
@@ -213,6 +214,45 @@ def rederive(
     return CheckResult(NAME, Verdict.SOUND,
                        f"all {len(rows)} certificates re-derived from their evidence by "
                        f"{formula.name!r} at α = {protocol.alpha:g}", evidence)  # fmt: skip
+
+
+def _samples_tests(
+    rows: list[dict], inputs, protocol: CertificationProtocol, declaration: Declaration,
+    n: np.ndarray, spent: float,
+) -> list:  # fmt: skip
+    """The estimation samples behind each certificate: n of them (fixed sampling), or, drawn
+    sequentially, looks that follow the run's rule (:func:`harness.mathematics.sequential.look_problems`:
+    its schedule, cumulative counts, and a stop where the rule stops) with the rule's
+    record, at the α the certifier's formula gets."""
+    if protocol.sampling == "fixed":
+        looked = np.array([bool(r["draws"].get("base", {}).get("looks")) for r in rows])
+        return [("n", (n != protocol.n) | looked, n, np.full(len(rows), protocol.n),
+                 "its evidence holds {s} estimation samples, not n = {r} (or was drawn in rounds)")]  # fmt: skip
+    from harness.certification.rounds import sequential_rule
+    from harness.mathematics.radius import grid_thresholds
+    from harness.mathematics.sequential import look_problems
+
+    rule = sequential_rule(protocol)
+    bases = [r["draws"].get("base") or {} for r in rows]
+    ruled = np.array([b.get("rule") == rule.record() and bool(b.get("looks")) for b in bases])
+    problems = np.array([None] * len(rows), dtype=object)
+    ok = np.flatnonzero(ruled)
+    if ok.size:
+        dim = int(inputs[0].numel()) if inputs is not None and len(inputs) else 1
+        sigma = np.array([float(rows[i]["sigma"]) for i in ok])
+        thresholds = grid_thresholds(declaration.formula, rule.radii, sigma, dim,
+                                     declaration.regularity)  # fmt: skip
+        top = np.array([int(np.argmax(bases[i]["selection"])) for i in ok])
+        estimation = [bases[i]["estimation"] for i in ok]
+        problems[ok] = look_problems(rule, [bases[i]["looks"] for i in ok], top, estimation,
+                                     thresholds, protocol.alpha - spent)  # fmt: skip
+    found = np.array([p is not None for p in problems])
+    return [
+        ("rule", ~ruled, np.array([b.get("rule") for b in bases], dtype=object),
+         np.full(len(rows), rule.record(), dtype=object),
+         "its draws were made by the sequential rule {s}, the run's is {r}"),
+        ("looks", found, problems, np.full(len(rows), "none"), "its looks depart from the rule: {s}"),
+    ]  # fmt: skip
 
 
 def _close(stored: np.ndarray, derived) -> np.ndarray:

@@ -30,6 +30,10 @@ audit's entropy (``audit.rng("replay")``, recorded), are re-examined:
    N(0, 1) by the central limit theorem since the outputs lie in [0, 1] and there is no
    count to condition on); bias (Σz/√m) and dispersion (Σz² against χ²_m) are tested
    two-sided, Holm-corrected at p < 10⁻³ (:func:`harness.mathematics.stats.replication_test`).
+   Draws made sequentially are re-drawn round by round: every stored look's counts must
+   be replayed bit for bit; on another arithmetic the score is that of the first look
+   (n_1 fresh samples), the only look drawn whatever the counts (a later look's count is
+   not binomial given the data-dependent decision to draw it).
 
 Null: the stored draws are the harness's samples of the run's keys at the stored σ,
 and σ is a function of the input alone. Under it the bit-for-bit comparisons never
@@ -62,7 +66,7 @@ SIGMA_TOLERANCE = 1e-6
 
 
 def check_replay(audit: Audit) -> CheckResult:
-    from harness.running.redraw import Replayer, replay_request
+    from harness.running.redraw import Replayer, look_sizes, replay_request
 
     rows = audit.certificates
     if any(not r.get("draws") for r in rows):
@@ -95,6 +99,7 @@ def check_replay(audit: Audit) -> CheckResult:
         audit.source, str(audit.context.device), ids,
         [rows[k]["draws"]["base"]["sigma"] for k in chosen], kind,
         f"{audit.method.name} {audit.setting}" if smoothed else None, fresh_seed,
+        look_sizes([rows[k]["draws"]["base"] for k in chosen]),
     )  # fmt: skip
     replayer = audit.context.memo("harness.running.redraw", "process", Replayer)
     answer = replayer.request(request) if m else {"mode": "exact", "base": {}, "arithmetic": {},
@@ -188,6 +193,10 @@ def _first_mismatch(ids, rows, replayed, arithmetic) -> tuple[str, dict] | None:
             if stored.get("kind") == "soft" and arithmetic.get("device_type") == "cuda":
                 tolerance = int(stored["n"]) * 2.0**-52
             names = STREAMS[smoothing]
+            if "looks" in drawn:  # drawn in rounds: every look's counts
+                found = _look_mismatch(i, smoothing, names[3], stored, drawn["looks"][position])
+                if found is not None:
+                    return found
             for name, stream in ((names[0], names[1]), (names[2], names[3]),
                                  ("estimation_sq", names[3])):  # fmt: skip
                 if name not in drawn:
@@ -211,6 +220,24 @@ def _first_mismatch(ids, rows, replayed, arithmetic) -> tuple[str, dict] | None:
     return None
 
 
+def _look_mismatch(
+    i: int, smoothing: str, stream: int, stored, replayed
+) -> tuple[str, dict] | None:
+    """The first look of a sequential draw whose replayed counts differ from the stored."""
+    looks = stored.get("looks") or []
+    if len(looks) != len(replayed):
+        return (f"input {i}, stream {stream} ({smoothing}): {len(looks)} looks stored, "
+                f"{len(replayed)} replayed", {"input_id": i, "smoothing": smoothing,
+                                              "stream": stream, "looks": len(looks)})  # fmt: skip
+    for k, (look, counts) in enumerate(zip(looks, replayed, strict=True)):
+        if [int(c) for c in look.get("counts", [])] != [int(c) for c in counts]:
+            return (f"input {i}, stream {stream} ({smoothing} look {k + 1}, n = {look.get('n')}): "
+                    f"counts stored {look.get('counts')}, replayed {counts}",
+                    {"input_id": i, "smoothing": smoothing, "stream": stream, "look": k + 1,
+                     "stored": look.get("counts"), "replayed": counts})  # fmt: skip
+    return None
+
+
 def _scores(ids, rows, fresh, u) -> tuple[np.ndarray, list[dict[str, Any]]]:
     """Scores z per input and smoothing (base, then σ), N(0, 1) under the null."""
     from harness.mathematics.stats import mean_difference_z, replication_z
@@ -225,7 +252,13 @@ def _scores(ids, rows, fresh, u) -> tuple[np.ndarray, list[dict[str, Any]]]:
             stored = row["draws"][smoothing]
             top = int(np.argmax(stored["selection"]))
             n = int(stored["n"])
-            if stored["kind"] == "hard":
+            if stored.get("looks"):  # sequential: the first look, drawn whatever the counts
+                first = stored["looks"][0]
+                n, k = int(first["n"]), int(first["counts"][top])
+                f = int(drawn["estimation"][position][top])
+                score = float(replication_z(np.array([k]), np.array([f]), n, n,
+                                            np.array([u[s][position]]))[0])  # fmt: skip
+            elif stored["kind"] == "hard":
                 k, f = int(stored["estimation"][top]), int(drawn["estimation"][position][top])
                 score = float(replication_z(np.array([k]), np.array([f]), n, n,
                                             np.array([u[s][position]]))[0])  # fmt: skip

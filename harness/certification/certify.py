@@ -43,8 +43,9 @@ from harness.engine.sampling import STREAM_ESTIMATION, STREAM_SELECTION, Samplin
 from harness.foundation.certificate import ABSTAIN, Certificate
 from harness.foundation.errors import ContractError, IdrsError
 from harness.foundation.protocol import SIGMA_MAX, CertificationProtocol
-from harness.mathematics.radius import RadiusFormula
-from harness.mathematics.stats import binomial_pvalue, clopper_pearson_lower_array
+from harness.foundation.regularity import Regularity
+from harness.mathematics.radius import RadiusFormula, grid_thresholds
+from harness.mathematics.stats import binomial_pvalue
 
 if TYPE_CHECKING:
     from harness.plugin.components import BuildContext, Certifier, MethodSpec, SigmaProvider
@@ -61,10 +62,11 @@ RESERVED_EVIDENCE = ("n", "n0", "draws", "sigma", "alpha", "samples")
 class HardSmoothingCertifier:
     """CERTIFY's claims from the harness's class counts (Cohen et al. 2019, §3.2).
 
-    ĉ_A = argmax of the n0 selection counts, p_A_lower = Clopper–Pearson lower bound of
-    ĉ_A's estimation count at the evidence's α; abstain when p_A_lower <= 1/2, else
-    certify ĉ_A with :meth:`radius`. PREDICT (the two-sided binomial test of the top two
-    estimation counts at level α) is answered beside it.
+    ĉ_A = argmax of the n0 selection counts, p_A_lower = the harness's lower bound of
+    ĉ_A's estimation count at the evidence's α (:meth:`Evidence.lower_bound`:
+    Clopper–Pearson, or the anytime-valid bound of sequential sampling); abstain when
+    p_A_lower <= 1/2, else certify ĉ_A with :meth:`radius`. PREDICT (the two-sided
+    binomial test of the top two estimation counts at level α) is answered beside it.
     """
 
     smoothing = HARD
@@ -81,9 +83,7 @@ class HardSmoothingCertifier:
         selection, estimation = evidence.base.selection, evidence.base.estimation
         rows = np.arange(len(evidence))
         top = np.argmax(selection, axis=1)
-        p_lower = clopper_pearson_lower_array(
-            estimation[rows, top], estimation.sum(axis=1), evidence.alpha
-        )
+        p_lower = evidence.lower_bound(top)
         certified = p_lower > 0.5
         radii = np.zeros(len(evidence))
         if certified.any():
@@ -209,7 +209,8 @@ def certify_inputs(
     sigma, sigma_draws = sigma_of(context, provider, x, input_ids, method.sigma_provider)
     seconds = (time.perf_counter() - start) / max(len(input_ids), 1)
     yield from certify_drawn(context.engine, context.protocol, certifier, x, input_ids, sigma,
-                             sigma_draws, seconds, certifier_label(context, method))  # fmt: skip
+                             sigma_draws, seconds, certifier_label(context, method),
+                             provider.regularity)  # fmt: skip
 
 
 def certifier_label(context: BuildContext, method: MethodSpec) -> str:
@@ -222,11 +223,15 @@ def certify_drawn(
     engine: SamplingEngine, protocol: CertificationProtocol, certifier: Certifier,
     x: torch.Tensor, input_ids: Sequence[int], sigma: np.ndarray,
     sigma_draws: Draws | None = None, sigma_seconds: float = 0.0, label: str = "the certifier",
+    regularity: Regularity | None = None,
 ) -> Iterator[Certificate]:  # fmt: skip
     """Certificates for inputs whose σ is known: the harness draws the base model's
     samples at σ with ``engine`` under ``protocol``, the certifier claims in chunks of
     :data:`CLAIM_CHUNK` inputs as their estimation finishes, and each certificate is
-    yielded as soon as it is claimed. ``label`` names the certifier in contract errors."""
+    yielded as soon as it is claimed. ``label`` names the certifier in contract errors.
+    Under sequential sampling the estimation samples are drawn in rounds
+    (:func:`harness.certification.rounds.draw_in_rounds`), to the grid place of the
+    certifier's declared formula with the σ-provider's declared ``regularity``."""
     kind = certifier.smoothing
     if kind not in (HARD, SOFT):
         raise ContractError(f"{label} declares smoothing = {kind!r}; use 'hard' or 'soft'")
@@ -241,11 +246,15 @@ def certify_drawn(
     else:
         selection = engine.counts(x, sigma, ids, protocol.n0, STREAM_SELECTION)
     seconds = np.full(len(ids), (time.perf_counter() - start) / max(len(ids), 1) + sigma_seconds)
-    estimation = np.zeros(selection.shape, dtype=np.float64 if soft else np.int64)
-    squares = np.zeros(selection.shape) if soft else None
     # an order-dependent certifier stages state per claim: one input per call keeps each
     # certificate and its state in one transaction (harness.foundation.runstate)
     chunk_size = 1 if certifier.order_dependent else CLAIM_CHUNK
+    if protocol.sampling == "sequential":
+        yield from _certify_in_rounds(engine, protocol, certifier, x, ids, sigma, selection,
+                                      seconds, sigma_draws, alpha, label, regularity, chunk_size)  # fmt: skip
+        return
+    estimation = np.zeros(selection.shape, dtype=np.float64 if soft else np.int64)
+    squares = np.zeros(selection.shape) if soft else None
     last = time.perf_counter()
     done = 0
     for index, result in engine.run(x, sigma, ids, protocol.n, STREAM_ESTIMATION, soft=soft):
@@ -269,6 +278,42 @@ def certify_drawn(
                 yield certificate(evidence, k, claim, protocol.alpha, seconds[done + k] + share)
             last = time.perf_counter()
             done = index + 1
+
+
+def _certify_in_rounds(
+    engine: SamplingEngine, protocol: CertificationProtocol, certifier: Certifier,
+    x: torch.Tensor, ids: list[int], sigma: np.ndarray, selection: np.ndarray,
+    seconds: np.ndarray, sigma_draws: Draws | None, alpha: float, label: str,
+    regularity: Regularity | None, chunk_size: int,
+) -> Iterator[Certificate]:  # fmt: skip
+    """Sequential CERTIFY: the harness's rounds (:mod:`harness.certification.rounds`), then
+    the certifier's claims on the inputs that stopped, checked against the harness's bound."""
+    from harness.certification.rounds import (
+        check_bounds,
+        draw_in_rounds,
+        sequential_rule,
+        unsupported,
+    )
+
+    why = unsupported(label, certifier, sigma_draws is not None)
+    if why:
+        raise IdrsError(why)
+    rule = sequential_rule(protocol)
+    dim = int(x[0].numel()) if len(ids) else 1
+    thresholds = grid_thresholds(certifier.radius_formula, rule.radii, sigma, dim, regularity)
+    for stopped in draw_in_rounds(engine, rule, x, sigma, ids, selection, thresholds, alpha,
+                                  protocol.n0, chunk_size, certifier.order_dependent):  # fmt: skip
+        index = stopped.index
+        start = time.perf_counter()
+        evidence = Evidence(tuple(ids[i] for i in index), x[index], sigma[index], alpha,
+                            stopped.draws)  # fmt: skip
+        claims = checked_claims(certifier.certify(evidence), len(evidence), label,
+                                engine.num_classes)  # fmt: skip
+        check_bounds(claims, stopped.draws, alpha, label)
+        share = (time.perf_counter() - start) / len(evidence)
+        for k, claim in enumerate(claims):
+            total = seconds[index[k]] + stopped.seconds[k] + share
+            yield certificate(evidence, k, claim, protocol.alpha, total)
 
 
 def certificate(

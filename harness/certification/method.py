@@ -75,6 +75,13 @@ def build_setting(
     state = RunState(list(records))
     context = replace(context, method=name, setting=key, state=state)
     provider, certifier = build_method(context.registry, name, params, context)
+    if context.protocol.sampling == "sequential":  # refused before any sample is drawn
+        from harness.certification.certify import sigma_smoothing
+        from harness.certification.rounds import unsupported
+
+        why = unsupported(f"method {name!r}", certifier, sigma_smoothing(provider) is not None)
+        if why:
+            raise IdrsError(why)
     return BuiltSetting(context.registry.get("methods", name), provider, certifier, state, context)
 
 

@@ -21,7 +21,13 @@ noisy samples per second:
 and their ratios. ``--api`` adds, per model, ``harness.api.certify`` (method ``cohen``)
 against the reference loop on the same weights and inputs, in seconds per input, and
 in a precision other than fp32 how many argmax decisions on noisy inputs differ from fp32
-(on up to 10,000 samples per input). Models are built through the model registry:
+(on up to 10,000 samples per input). With ``--sampling sequential`` the engine certifies
+the same inputs a second time under sequential sampling (n_max = ``--n``, the default
+radius grid, :mod:`harness.mathematics.sequential`), back to back with the fixed-n
+certification, and the table adds the estimation samples it drew per input, the share
+of the n it saved and its wall time relative to the fixed one (random weights and
+inputs: how much is saved depends on how confident the model is, so a benchmark's own
+``run --timings`` is the figure to quote). Models are built through the model registry:
 ``mlp`` and ``cnn`` on 1×28×28 inputs, ``resnet110`` the registered ``cifar-resnet`` with
 depth 110 on 3×32×32 (Cohen et al.'s CIFAR-10 ResNet-110); all with 10 classes.
 
@@ -81,6 +87,10 @@ class BenchResult:
     noise_kernel: str | None
     precision: str
     limit_scope: str
+    sampling: str = "fixed"
+    sequential_samples: float | None = None  # mean estimation samples per input
+    samples_saved: float | None = None  # 1 − sequential_samples / n
+    sequential_vs_fixed_time: float | None = None  # wall time ratio, same inputs
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
@@ -145,6 +155,10 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
         "--api", action="store_true",
         help="also time harness.api.certify against the reference loop, per input",
     )  # fmt: skip
+    parser.add_argument(
+        "--sampling", default="fixed", choices=("fixed", "sequential"), metavar="fixed|sequential",
+        help="sequential: also certify sequentially (n_max = --n) and report the samples saved",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(handler=bench_command)
 
@@ -185,7 +199,7 @@ def bench_command(args: argparse.Namespace) -> int:
     results, api = [], []
     for name, model in models.items():
         results.append(bench_model(name, model, protocol, device, inputs, args.sigma, seconds,
-                                   scope, args.reference_batch))  # fmt: skip
+                                   scope, args.reference_batch, args.sampling))  # fmt: skip
         if args.api:
             from harness.cli.api_vs_reference import bench_api
 
@@ -250,6 +264,7 @@ def model_in_setting(model, protocol, setting):
 def bench_model(
     name: str, built: tuple[Any, tuple[int, ...]], protocol: Any, device: Any, inputs: int,
     sigma: float, seconds: float, scope: str = "setting", reference_batch: int = 1000,
+    sampling: str = "fixed",
 ) -> BenchResult:  # fmt: skip
     """The rates of one model (see the module docstring)."""
     import numpy as np
@@ -309,17 +324,32 @@ def bench_model(
     sigmas = np.full(inputs, sigma)
     cohen = _cohen_certifier()
 
-    def certify(count: int) -> None:  # the harness's draws and Cohen's claims, as in a run
+    def certify(count: int, how=protocol) -> list:  # the harness's draws and Cohen's claims
         ids = list(range(count))
-        list(certify_drawn(engine, protocol, cohen, x[:count], ids, sigmas[:count]))
+        return list(certify_drawn(engine, how, cohen, x[:count], ids, sigmas[:count]))
 
     certify(1)  # warm-up (buffers, kernels)
     sync()
     start = time.perf_counter()
     certify(inputs)
     sync()
+    fixed_seconds = time.perf_counter() - start
     total = inputs * (protocol.n0 + protocol.n)
-    engine_rate = total / (time.perf_counter() - start)
+    engine_rate = total / fixed_seconds
+    extra: dict[str, Any] = {}
+    if sampling == "sequential":
+        from dataclasses import replace
+
+        from harness.mathematics.accuracy import RADII
+
+        rounds = replace(protocol, sampling="sequential", n_max=protocol.n, grid=RADII)
+        start = time.perf_counter()
+        drawn = [c.draws["base"]["n"] for c in certify(inputs, rounds)]
+        sync()
+        mean = sum(drawn) / len(drawn)
+        extra = {"sampling": "sequential", "sequential_samples": mean,
+                 "samples_saved": 1 - mean / protocol.n,
+                 "sequential_vs_fixed_time": (time.perf_counter() - start) / fixed_seconds}  # fmt: skip
     reference_certify(certified, x[:1], sigma, protocol.n0, protocol.n, protocol.alpha,
                       reference_batch, NUM_CLASSES)  # fmt: skip
     sync()
@@ -338,7 +368,7 @@ def bench_model(
         engine_vs_limit=engine_rate / limit, engine_vs_reference=engine_rate / reference,
         n=protocol.n, inputs=inputs, noise=noise,
         noise_kernel=noise_kernel(device) if noise == "philox-v1" else None,
-        precision=protocol.precision, limit_scope=scope,
+        precision=protocol.precision, limit_scope=scope, **extra,
     )  # fmt: skip
 
 
@@ -385,6 +415,11 @@ def _print_table(results: list[BenchResult]) -> None:
             f"{r.limit_scope}; best raw: over batch sizes in the engine's setting; reference "
             f"at batch {r.reference_batch:,}"
         )
+    for r in results:
+        if r.sampling == "sequential":
+            print(f"{r.model}: sequential sampling drew {r.sequential_samples:,.0f} estimation "
+                  f"samples per input of n = {r.n:,} ({r.samples_saved:.1%} saved), in "
+                  f"{r.sequential_vs_fixed_time:.2f}x the fixed-n wall time")  # fmt: skip
 
 
 def _si(rate: float) -> str:

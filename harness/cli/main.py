@@ -34,6 +34,7 @@ from harness.cli.results_table import (
     attack_statement,
     print_next_steps,
     print_results,
+    samples_table,
     terminal,
 )
 from harness.foundation.errors import IdrsError, plain
@@ -331,6 +332,9 @@ def _run_checked(
         terminal(RUN_WIDTH).print(escape(attack_statement("small")))
     if args.timings:
         _print_timings(progress.timings)
+        samples = samples_table(args.db, run_id)
+        if samples is not None:
+            terminal().print(samples)
     print_next_steps(args.db, run_id, spec.name, rows)
     return 0
 

@@ -208,3 +208,42 @@ def terminal(width: int | None = None) -> Console:
     """Stdout; when it is not a terminal, ``width`` columns (default: wide enough for
     every column of the results table; names wrap rather than being cut)."""
     return Console() if sys.stdout.isatty() else Console(width=width or 200)
+
+
+def samples_table(db: Path, run_id: str) -> Table | None:
+    """For a run that drew its estimation samples sequentially, per setting: the samples
+    drawn, what fixed sampling at n_max would draw, and the fraction saved (None for a
+    fixed-n run)."""
+    from harness.mathematics.accuracy import estimation_samples
+    from harness.store.store import ResultStore
+    from harness.store.storedrun import read_run
+
+    store = ResultStore(db)
+    try:
+        stored = read_run(store, run_id)
+    finally:
+        store.close()
+    protocol = stored.config["protocol"]
+    if protocol.get("sampling") != "sequential":
+        return None
+    table = Table(title=f"estimation samples (sequential, n_max = {protocol['n_max']:,})")
+    for column in ("method", "setting", "inputs", "drawn", "mean", "max", "at n_max", "saved"):
+        table.add_column(column, justify="left" if column in ("method", "setting") else "right")
+    total = cap = 0
+    for row in stored.rows():
+        drawn = [estimation_samples(c) or 0 for c in row.certificates]
+        fixed = len(drawn) * int(protocol["n_max"])
+        total, cap = total + sum(drawn), cap + fixed
+        table.add_row(escape(row.method), escape(row.setting), str(len(drawn)),
+                      f"{sum(drawn):,}", f"{sum(drawn) / max(len(drawn), 1):,.0f}",
+                      f"{max(drawn, default=0):,}", f"{fixed:,}", _saved(sum(drawn), fixed))  # fmt: skip
+    table.add_row("all", "", "", f"{total:,}", "", "", f"{cap:,}", _saved(total, cap))
+    return table
+
+
+def _saved(drawn: int, fixed: int) -> str:
+    """``92.1 % (12.7x fewer)``: the share of ``fixed`` samples not drawn, and the factor."""
+    if not fixed:
+        return "–"
+    factor = f"{fixed / drawn:.1f}x fewer" if drawn else "none drawn"
+    return f"{1 - drawn / fixed:.1%} ({factor})"

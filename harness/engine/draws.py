@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from harness.foundation.certificate import ABSTAIN
+from harness.mathematics.sequential import SequentialRule
 
 if TYPE_CHECKING:
     import torch
@@ -42,6 +43,11 @@ class Draws:
     (float64), and ``estimation_sq`` the mean of their squares. ``sigma`` [B] is the
     noise level each input was smoothed at. A σ-smoothing's draws also carry the σ
     ``levels`` its classes stand for and the ``alpha`` its bound spends.
+
+    Drawn sequentially (hard only), they carry the ``rule``, the cumulative class counts
+    ``looks`` [B, K, C] at the rule's looks and each input's last look ``stops`` [B]
+    (counts after it are 0); ``estimation`` is then the last look's counts, and ``n`` the
+    rule's cap n_max (an input's own n is its last look's, :meth:`samples`).
     """
 
     kind: str
@@ -53,6 +59,9 @@ class Draws:
     estimation_sq: np.ndarray | None = None
     levels: tuple[float, ...] | None = None
     alpha: float | None = None
+    rule: SequentialRule | None = None
+    looks: np.ndarray | None = None
+    stops: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.sigma)
@@ -60,12 +69,37 @@ class Draws:
     def rows(self, index) -> Draws:
         """The draws of the inputs ``index`` (an index array or slice)."""
         sq = None if self.estimation_sq is None else self.estimation_sq[index]
+        looks = None if self.looks is None else self.looks[index]
+        stops = None if self.stops is None else self.stops[index]
         return Draws(self.kind, self.n0, self.n, self.sigma[index], self.selection[index],
-                     self.estimation[index], sq, self.levels, self.alpha)  # fmt: skip
+                     self.estimation[index], sq, self.levels, self.alpha, self.rule, looks,
+                     stops)  # fmt: skip
+
+    def samples(self) -> np.ndarray:
+        """Estimation samples behind each input's evidence [B]."""
+        if self.stops is None:
+            return np.full(len(self), self.n, dtype=np.int64)
+        return self.rule.looks[self.stops]
+
+    def lower_bound(self, top: np.ndarray, alpha: float) -> np.ndarray:
+        """The harness's lower confidence bound at level ``alpha`` on the probability of
+        class ``top[i]`` of each input (hard draws): Clopper–Pearson of its estimation
+        count, or, drawn sequentially, the rule's anytime-valid bound at the input's last
+        look (:mod:`harness.mathematics.sequential`). A certifier that takes its bound
+        from here is certified under either sampling."""
+        from harness.mathematics.stats import clopper_pearson_lower_array
+
+        rows = np.arange(len(self))
+        top = np.asarray(top, dtype=np.int64)
+        if self.looks is None:
+            return clopper_pearson_lower_array(self.estimation[rows, top],
+                                               self.estimation.sum(axis=1), alpha)  # fmt: skip
+        bounds = self.rule.bounds(self.looks[rows, :, top], alpha)
+        return bounds[rows, self.stops]
 
     def record(self, i: int) -> dict[str, Any]:
         """Input ``i``'s draws as a JSON-able dict (floats round-trip exactly)."""
-        out: dict[str, Any] = {"kind": self.kind, "n0": self.n0, "n": self.n,
+        out: dict[str, Any] = {"kind": self.kind, "n0": self.n0, "n": int(self.samples()[i]),
                                "sigma": float(self.sigma[i]),
                                "selection": self.selection[i].tolist(),
                                "estimation": self.estimation[i].tolist()}  # fmt: skip
@@ -73,6 +107,11 @@ class Draws:
             out["estimation_sq"] = self.estimation_sq[i].tolist()
         if self.levels is not None:
             out["levels"], out["alpha"] = [float(v) for v in self.levels], float(self.alpha)
+        if self.looks is not None:
+            sizes = self.rule.looks.tolist()
+            out["rule"] = self.rule.record()
+            out["looks"] = [{"n": sizes[k], "counts": self.looks[i, k].tolist()}
+                            for k in range(int(self.stops[i]) + 1)]  # fmt: skip
         return out
 
     @staticmethod
@@ -85,13 +124,20 @@ class Draws:
         if "estimation_sq" in first:
             sq = np.array([r["estimation_sq"] for r in records], dtype=np.float64)
         levels = tuple(first["levels"]) if "levels" in first else None
-        return Draws(
-            kind, int(first.get("n0", 0)), int(first.get("n", 0)),
-            np.array([float(r["sigma"]) for r in records]),
-            np.array([r["selection"] for r in records], dtype=dtype),
-            np.array([r["estimation"] for r in records], dtype=dtype), sq,
-            levels, first.get("alpha"),
-        )  # fmt: skip
+        selection = np.array([r["selection"] for r in records], dtype=dtype)
+        estimation = np.array([r["estimation"] for r in records], dtype=dtype)
+        rule = looks = stops = None
+        n = int(first.get("n", 0))
+        if "looks" in first:
+            rule = SequentialRule.from_record(first["rule"])
+            n = rule.n_max
+            looks = np.zeros((len(records), len(rule.looks), selection.shape[1]), dtype=np.int64)
+            stops = np.array([len(r["looks"]) - 1 for r in records], dtype=np.int64)
+            for i, r in enumerate(records):
+                looks[i, : len(r["looks"])] = [look["counts"] for look in r["looks"]]
+        return Draws(kind, int(first.get("n0", 0)), n,
+                     np.array([float(r["sigma"]) for r in records]), selection, estimation, sq,
+                     levels, first.get("alpha"), rule, looks, stops)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -143,6 +189,11 @@ class Evidence:
 
     def __len__(self) -> int:
         return len(self.input_ids)
+
+    def lower_bound(self, top: np.ndarray) -> np.ndarray:
+        """The harness's lower bound on p of class ``top[i]`` of the base model's hard
+        draws at this evidence's α (:meth:`Draws.lower_bound`)."""
+        return self.base.lower_bound(top, self.alpha)
 
     @classmethod
     def from_counts(

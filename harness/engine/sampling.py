@@ -123,10 +123,10 @@ class SamplingEngine:
         stream: int,
         start: int = 0,
     ) -> np.ndarray:
-        """Hard smoothing: counts [B, C] of argmax f(x_i + σ_i ε) over ``num`` samples each
-        (samples ``start`` … ``start + num − 1`` of the stream)."""
+        """Hard smoothing: counts [B, C] of argmax f(x_i + σ_i ε) over samples
+        ``start`` … ``start + num − 1`` of each input (:meth:`run`)."""
         out = np.zeros((len(input_ids), self.num_classes), dtype=np.int64)
-        for index, counts in self.run(x, sigma, input_ids, num, stream, False, start):
+        for index, counts in self.run(x, sigma, input_ids, num, stream, soft=False, start=start):
             out[index] = counts
         return out
 
@@ -142,7 +142,7 @@ class SamplingEngine:
         """Soft smoothing: per-class sums of softmax f(x_i + σ_i ε) and of their squares
         (samples ``start`` … ``start + num − 1`` of the stream)."""
         out: list[SoftStats] = [None] * len(input_ids)  # type: ignore[list-item]
-        for index, result in self.run(x, sigma, input_ids, num, stream, True, start):
+        for index, result in self.run(x, sigma, input_ids, num, stream, soft=True, start=start):
             out[index] = result
         return out
 
@@ -158,21 +158,22 @@ class SamplingEngine:
     ) -> Iterator[tuple[int, np.ndarray | SoftStats]]:
         """Sample ``num`` noisy copies of every input; yield (index, result) as each finishes.
 
-        The samples are ``start`` … ``start + num − 1`` of each input's stream: the noise
-        of a single call from 0 for those indices (a sequential test draws a stream in
-        pieces). Inputs are consumed in order, so they finish one after another and a
-        caller can store each result at once (nothing is lost but the inputs in flight).
+        The copies are samples ``start`` … ``start + num − 1`` of each input's stream: the
+        same noise a call with ``start + num`` samples gives those indices, so a stream
+        can be drawn in consecutive rounds (sequential CERTIFY). Inputs are consumed in
+        order, so they finish one after another and a caller can store each result at
+        once (nothing is lost but the inputs in flight).
         """
         if len(x) != len(input_ids):
             raise ValueError(f"{len(x)} inputs but {len(input_ids)} input ids")
-        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-            raise ValueError(f"start must be a sample index >= 0, got {start!r}")
+        if isinstance(start, bool) or not isinstance(start, int | np.integer) or start < 0:
+            raise ValueError(f"start must be an integer >= 0, got {start!r}")
         sigmas = torch.as_tensor(sigma, dtype=torch.float64).flatten().tolist()
         if len(sigmas) != len(input_ids):
             raise ValueError(f"{len(input_ids)} inputs but {len(sigmas)} values of sigma")
         x = x.to(self.device, torch.float32)
         jobs = [
-            Job(x[i], float(s), int(i_id), start + num, start)
+            Job(x[i], float(s), int(i_id), int(start) + num, int(start))
             for i, (s, i_id) in enumerate(zip(sigmas, input_ids, strict=True))
         ]
         kind = SoftSums if soft else HardCounts

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 from harness.foundation.errors import ParameterError
 
@@ -14,6 +15,11 @@ CUDNN_MODES = ("heuristic", "benchmark")
 """How cuDNN picks convolution algorithms on CUDA (see :mod:`harness.engine.precision`)."""
 LEGACY_NOISE = "block-v1"
 """The scheme of runs whose stored protocol names none (made before it was recorded)."""
+SAMPLINGS = ("fixed", "sequential")
+"""How the estimation samples are drawn: n of them, or in rounds until the input's place
+on the radius grid is decided (:mod:`harness.mathematics.sequential`)."""
+SEQUENTIAL_FIELDS = ("sampling", "n_max", "grid")
+"""Protocol fields a fixed-sampling run does not record (its run id stays as it was)."""
 
 
 @dataclass(frozen=True)
@@ -29,7 +35,10 @@ class CertificationProtocol:
     algorithms on CUDA: ``"heuristic"`` (its deterministic heuristics: a replay on the
     same arithmetic repeats the counts bit for bit) or ``"benchmark"`` (timed on first
     use, often faster, but a replay may time another algorithm: such a run replays only
-    statistically, :mod:`harness.engine.arithmetic`).
+    statistically, :mod:`harness.engine.arithmetic`). ``sampling = "sequential"`` draws
+    the estimation samples in rounds, at most ``n_max`` (default ``n``), until each
+    input's place on the radius ``grid`` (the benchmark's ``radii``) is decided
+    (:mod:`harness.mathematics.sequential`).
     """
 
     n0: int = 100
@@ -40,6 +49,9 @@ class CertificationProtocol:
     channels_last: bool = False
     noise: str = "auto"
     cudnn: str = "heuristic"
+    sampling: str = "fixed"
+    n_max: int | None = None
+    grid: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         check_alpha(self.alpha)
@@ -75,6 +87,48 @@ class CertificationProtocol:
                 f"unknown noise scheme {self.noise!r}; choose auto or one of "
                 + ", ".join(NOISE_SCHEMES)
             )
+        self._check_sampling()
+
+    def _check_sampling(self) -> None:
+        if self.sampling not in SAMPLINGS:
+            raise ParameterError(
+                f'unknown sampling {self.sampling!r}; choose "fixed" (n samples per input) or '
+                '"sequential" (rounds until the place on the radius grid is decided)'
+            )
+        if self.sampling == "fixed":
+            if self.n_max is not None:
+                raise ParameterError(
+                    f'n_max = {self.n_max!r} is the cap of sampling = "sequential"; set '
+                    'sampling = "sequential" or remove n_max (fixed sampling draws n)'
+                )
+            return
+        if self.n_max is None:
+            object.__setattr__(self, "n_max", self.n)
+        if isinstance(self.n_max, bool) or not isinstance(self.n_max, int) or self.n_max < 1:
+            raise ParameterError(f"n_max must be an integer >= 1, got {self.n_max!r}")
+        grid = self.grid
+        if (
+            not isinstance(grid, list | tuple)
+            or not grid
+            or not all(
+                isinstance(r, int | float) and not isinstance(r, bool) and r >= 0 for r in grid
+            )
+        ):
+            raise ParameterError(
+                f"sequential sampling needs the radius grid (radii = [...], numbers >= 0) it "
+                f"decides; got {grid!r}: set radii, e.g. radii = [0.0, 0.25, 0.5, 0.75, 1.0]"
+            )
+        if any(b <= a for a, b in pairwise(grid)):
+            raise ParameterError(
+                f"radii = {list(grid)} is not sorted: sequential sampling decides each input's "
+                f"place on this grid, list it in increasing order: {sorted(set(grid))}"
+            )
+        object.__setattr__(self, "grid", tuple(float(r) for r in grid))
+
+    @property
+    def estimation_cap(self) -> int:
+        """The most estimation samples an input gets: ``n``, or ``n_max`` when sequential."""
+        return self.n if self.sampling == "fixed" else int(self.n_max)
 
 
 def check_alpha(alpha: float) -> float:

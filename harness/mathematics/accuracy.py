@@ -77,6 +77,14 @@ def classwise_accuracy(certificates: Sequence[CertifiedInput]) -> dict[int, floa
     return {label: hits[0] / hits[1] for label, hits in sorted(totals.items())}
 
 
+def estimation_samples(certificate: CertifiedInput) -> int | None:
+    """The base model's estimation samples behind a certificate (n, or under sequential
+    sampling its last look's), from the harness's draws; None without them (an imported
+    log, an export without evidence)."""
+    base = (getattr(certificate, "draws", None) or {}).get("base") or {}
+    return int(base["n"]) if "n" in base else None
+
+
 def row_metrics(
     certificates: Sequence[CertifiedInput],
     radii: Sequence[float] = RADII,
@@ -87,13 +95,16 @@ def row_metrics(
     Keys: ``inputs`` (the number of certificates), ``clean_accuracy``,
     :func:`certified_key` of each radius, ``acr``, ``abstention_rate``,
     ``misclassification_rate``, ``classwise_accuracy_min``/``_max``/``_std``,
-    ``mean_sigma``, ``seconds_per_input``, ``classwise_accuracy`` (class -> accuracy) and
+    ``mean_sigma``, ``seconds_per_input``, ``samples_mean`` and ``samples_max`` (estimation
+    samples behind a certificate, :func:`estimation_samples`; None where a certificate
+    does not record its draws), ``classwise_accuracy`` (class -> accuracy) and
     ``intervals`` (clean and certified accuracy -> 95 % interval). The metrics named in
     ``unknown`` are None (a log that does not record them; class-wise ones: ``{}``).
     """
     from harness.mathematics.significance import proportion_interval
 
     count = len(certificates)
+    samples = [estimation_samples(c) for c in certificates]
     correct = [c for c in certificates if c.prediction == c.label]
     per_class = classwise_accuracy(certificates)
     values = list(per_class.values())
@@ -111,6 +122,8 @@ def row_metrics(
         "classwise_accuracy_std": statistics.pstdev(values),
         "mean_sigma": sum(c.sigma for c in certificates) / count,
         "seconds_per_input": sum(c.seconds for c in certificates) / count,
+        "samples_mean": None if None in samples else sum(samples) / count,
+        "samples_max": None if None in samples else max(samples),
         "classwise_accuracy": per_class,
         "intervals": {key: proportion_interval(k, count) for key, k in successes.items()},
     }
@@ -143,4 +156,6 @@ def summary(
         "misclassification_rate": m["misclassification_rate"],
         "mean_sigma": m["mean_sigma"],
         "seconds_per_input": m["seconds_per_input"],
+        "samples_mean": m["samples_mean"],
+        "samples_max": m["samples_max"],
     }

@@ -12,7 +12,11 @@ private state (e.g. a different α).
 
 Built in: :data:`COHEN` (Cohen et al. 2019, Thm 1: R = σ Φ⁻¹(p_A_lower)) and
 :data:`SUKENIK` (Súkeník et al. 2022, Thm 3.2, rate r from the declared
-``SemiElastic(r)``), both on Clopper–Pearson bounds of the stored class counts.
+``SemiElastic(r)``), both on the harness's bound of the stored class counts
+(:func:`hard_bounds`: Clopper–Pearson, or under sequential sampling the anytime-valid
+bound of :mod:`harness.mathematics.sequential` at the stored looks). A formula may also
+declare its ``threshold``: the bound at which it reaches each radius of a grid, which
+sequential sampling needs to decide an input's place on the grid.
 """
 
 from __future__ import annotations
@@ -51,15 +55,21 @@ class Recomputed:
 
 Recompute = Callable[..., Recomputed]
 """``recompute(rows, inputs, protocol, regularity[, inner=formula]) -> Recomputed``."""
+Threshold = Callable[..., np.ndarray]
+"""``threshold(radii, sigma, dim, regularity) -> [B, G]``: per input (σ [B]) the least
+bound on p_A at which the formula certifies each radius (> 0) of ``radii``; a pure
+module-level function, like ``recompute``."""
 
 
 @dataclass(frozen=True)
 class RadiusFormula:
-    """A named radius formula; ``inner`` is the wrapped formula of a wrapper (a memory)."""
+    """A named radius formula; ``inner`` is the wrapped formula of a wrapper (a memory);
+    ``threshold`` where the formula reaches a radius (:data:`Threshold`), if declared."""
 
     name: str
     recompute: Recompute
     inner: RadiusFormula | None = None
+    threshold: Threshold | None = None
 
     def derive(
         self,
@@ -74,8 +84,16 @@ class RadiusFormula:
 
     def impure_parts(self) -> list[str]:
         """Names of the functions of this formula (and its inner ones) that are not pure."""
-        bad = [] if is_pure(self.recompute) else [_name(self.recompute)]
+        parts = [self.recompute] + ([self.threshold] if self.threshold is not None else [])
+        bad = [_name(f) for f in parts if not is_pure(f)]
         return bad + (self.inner.impure_parts() if self.inner is not None else [])
+
+    def grid_threshold(self) -> Threshold | None:
+        """The threshold of this formula, else of the formula it wraps (a memory places
+        an input by its inner certificate), else None."""
+        if self.threshold is not None:
+            return self.threshold
+        return None if self.inner is None else self.inner.grid_threshold()
 
 
 def is_pure(function: Callable) -> bool:
@@ -106,8 +124,10 @@ def hard_bounds(rows: Sequence[Mapping[str, Any]], alpha: float):
     """CERTIFY's statistics from the harness's class counts (Cohen et al. 2019, CERTIFY).
 
     ĉ_A = argmax of the selection counts, p_A_lower = Clopper–Pearson lower bound of
-    the estimation count of ĉ_A at level ``alpha``. Returns (n0, n, ĉ_A, p_A_lower); a
-    row without the harness's hard draws gets n0 = n = 0 and bound 0.
+    the estimation count of ĉ_A at level ``alpha``; for draws made sequentially (their
+    ``looks`` and ``rule``), the rule's anytime-valid bound at the looks stored
+    (:mod:`harness.mathematics.sequential`). Returns (n0, n, ĉ_A, p_A_lower); a row
+    without the harness's hard draws gets n0 = n = 0 and bound 0.
     """
     from harness.mathematics.stats import clopper_pearson_lower_array
 
@@ -122,10 +142,34 @@ def hard_bounds(rows: Sequence[Mapping[str, Any]], alpha: float):
     n0, n = selection.sum(axis=1), estimation.sum(axis=1)
     k = estimation[np.arange(len(rows)), top] if len(rows) else np.zeros(0, dtype=np.int64)
     bound = np.zeros(len(rows))
-    ok = n >= 1
+    looked = np.array([_looks(r) is not None for r in rows], dtype=bool)
+    ok = (n >= 1) & ~looked
     if np.any(ok):
         bound[ok] = clopper_pearson_lower_array(k[ok], n[ok], alpha)
+    for i in np.flatnonzero(looked):
+        bound[i] = sequential_bound(rows[i]["draws"]["base"], int(top[i]), alpha)
     return n0, n, top, bound
+
+
+def _looks(row: Mapping[str, Any]) -> list | None:
+    base = (row.get("draws") or {}).get("base") or {}
+    return base.get("looks") if base.get("kind") == "hard" else None
+
+
+def sequential_bound(record: Mapping[str, Any], top: int, alpha: float) -> float:
+    """The bound on p of class ``top`` that hard draws made sequentially (a stored
+    record with ``looks`` and ``rule``) give at their last look: the rule's running
+    maximum of Clopper–Pearson bounds at the α-spending levels (0 if malformed)."""
+    from harness.mathematics.sequential import SequentialRule
+
+    try:
+        rule = SequentialRule.from_record(record["rule"])
+        counts = [int(look["counts"][top]) for look in record["looks"]]
+        if not counts or len(counts) > len(rule.looks):
+            return 0.0
+        return float(rule.bounds(np.array([counts]), alpha)[0, -1])
+    except (KeyError, TypeError, ValueError, IndexError):
+        return 0.0
 
 
 def cohen_recompute(rows, inputs, protocol: CertificationProtocol, regularity) -> Recomputed:
@@ -177,8 +221,42 @@ def sukenik_recompute(rows, inputs, protocol: CertificationProtocol, regularity)
     return Recomputed(n0, n, bound, np.where(certified, top, ABSTAIN), radius)
 
 
-COHEN = RadiusFormula("cohen", cohen_recompute)
-SUKENIK = RadiusFormula("sukenik-thm3.2", sukenik_recompute)
+def cohen_threshold(radii, sigma, dim, regularity) -> np.ndarray:
+    """Φ(r/σ): Cohen's radius σΦ⁻¹(p) reaches r (> 0) at p = Φ(r/σ) (Cohen et al. 2019, Thm 1)."""
+    from scipy.special import ndtr
+
+    return ndtr(np.asarray(radii, dtype=np.float64)[None, :] / np.asarray(sigma, float)[:, None])
+
+
+def sukenik_threshold(radii, sigma, dim, regularity) -> np.ndarray:
+    """The least p_A at which Thm 3.2 certifies each radius at the declared rate
+    (:func:`~harness.mathematics.worstcase.semi_elastic_threshold`)."""
+    from harness.mathematics.worstcase import semi_elastic_threshold
+
+    radii = np.asarray(radii, dtype=np.float64)[None, :]
+    sigma = np.asarray(sigma, dtype=np.float64)[:, None]
+    return semi_elastic_threshold(radii, sigma, semi_elastic_rate(regularity), int(dim))
+
+
+def grid_thresholds(formula: RadiusFormula, radii, sigma, dim: int, regularity) -> np.ndarray:
+    """[B, G]: where ``formula`` (or the formula it wraps) reaches each radius > 0 of
+    ``radii`` at each σ; an error naming the formula if it declares no threshold."""
+    threshold = formula.grid_threshold()
+    if threshold is None:
+        raise IdrsError(
+            f"radius formula {formula.name!r} declares no threshold (RadiusFormula.threshold), "
+            "so sequential sampling cannot tell where its radius reaches each grid radius; "
+            'certify it with sampling = "fixed"'
+        )
+    positive = [float(r) for r in radii if r > 0]
+    sigma = np.asarray(sigma, dtype=np.float64)
+    if not positive:
+        return np.zeros((len(sigma), 0))
+    return np.asarray(threshold(positive, sigma, dim, regularity), dtype=np.float64)
+
+
+COHEN = RadiusFormula("cohen", cohen_recompute, threshold=cohen_threshold)
+SUKENIK = RadiusFormula("sukenik-thm3.2", sukenik_recompute, threshold=sukenik_threshold)
 
 
 def formula_record(formula: RadiusFormula) -> dict[str, Any]:
@@ -189,6 +267,8 @@ def formula_record(formula: RadiusFormula) -> dict[str, Any]:
     if recorded:
         return dict(recorded)
     out: dict[str, Any] = {"name": formula.name, "recompute": _name(formula.recompute)}
+    if formula.threshold is not None:
+        out["threshold"] = _name(formula.threshold)
     if formula.inner is not None:
         out["inner"] = formula_record(formula.inner)
     return out
@@ -227,6 +307,16 @@ def formula_from_record(record: dict[str, Any], packages: set[str] | None = None
     anything else is an error naming it."""
     packages = builtin_packages() if packages is None else packages
     qualified = str(record.get("recompute", ""))
+    function = _trusted_function(qualified, packages)
+    threshold = record.get("threshold")
+    threshold = _trusted_function(threshold, packages) if threshold else None
+    inner = formula_from_record(record["inner"], packages) if record.get("inner") else None
+    return RadiusFormula(str(record.get("name", qualified.rpartition(".")[2])), function, inner,
+                         threshold)  # fmt: skip
+
+
+def _trusted_function(qualified: str, packages: set[str]) -> Callable:
+    """The pure function a record names by its qualified name, from ``packages`` only."""
     module, _, name = qualified.rpartition(".")
     module = _MOVED.get(module, module)
     if module.split(".")[0] not in packages:
@@ -241,5 +331,4 @@ def formula_from_record(record: dict[str, Any], packages: set[str] | None = None
         raise IdrsError(f"radius formula {qualified!r} cannot be imported here") from None
     if not is_pure(function):
         raise IdrsError(f"radius formula {qualified!r} is not a pure module-level function")
-    inner = formula_from_record(record["inner"], packages) if record.get("inner") else None
-    return RadiusFormula(str(record.get("name", name)), function, inner)
+    return function

@@ -21,6 +21,7 @@ from harness.foundation.protocol import CertificationProtocol
 from harness.foundation.regularity import Regularity, regularity_from_record, regularity_record
 from harness.foundation.runstate import StateRecord
 from harness.mathematics.radius import Recomputed
+from harness.mathematics.sequential import SequentialRule
 
 
 def protocol_message(protocol: CertificationProtocol) -> dict[str, Any]:
@@ -49,17 +50,22 @@ def draws_message(draws: Draws) -> dict[str, Any]:
             "selection": draws.selection, "estimation": draws.estimation,
             "estimation_sq": draws.estimation_sq,
             "levels": None if draws.levels is None else list(draws.levels),
-            "alpha": draws.alpha}  # fmt: skip
+            "alpha": draws.alpha, "rule": None if draws.rule is None else draws.rule.record(),
+            "looks": draws.looks, "stops": draws.stops}  # fmt: skip
 
 
 def draws_from(message: Mapping[str, Any]) -> Draws:
-    levels = message.get("levels")
+    levels, rule = message.get("levels"), message.get("rule")
     return Draws(str(message["kind"]), int(message["n0"]), int(message["n"]),
                  np.asarray(message["sigma"]), np.asarray(message["selection"]),
-                 np.asarray(message["estimation"]),
-                 None if message.get("estimation_sq") is None else np.asarray(message["estimation_sq"]),
+                 np.asarray(message["estimation"]), _array(message.get("estimation_sq")),
                  None if levels is None else tuple(float(v) for v in levels),
-                 message.get("alpha"))  # fmt: skip
+                 message.get("alpha"), None if rule is None else SequentialRule.from_record(rule),
+                 _array(message.get("looks")), _array(message.get("stops")))  # fmt: skip
+
+
+def _array(value: Any) -> np.ndarray | None:
+    return None if value is None else np.asarray(value)
 
 
 def evidence_message(evidence: Evidence) -> dict[str, Any]:

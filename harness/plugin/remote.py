@@ -396,6 +396,11 @@ class RemoteFormula(RadiusFormula):
     def impure_parts(self) -> list[str]:
         return list(self.impure)
 
+    def grid_threshold(self) -> None:
+        """None: sequential sampling stops on thresholds the harness computes itself, and a
+        third-party formula's run only in its host (such a method certifies fixed-n)."""
+        return None
+
 
 def _unavailable(*_: Any, **__: Any) -> Any:
     raise IdrsError("a remote radius formula is re-derived by its plugin host")
@@ -411,5 +416,5 @@ def resolve_formula(
     qualified = str(record.get("recompute", ""))
     if qualified.split(".")[0] in builtin_packages() and not impure:
         return formula_from_record(dict(record))
-    return RemoteFormula(str(record.get("name", qualified)), _unavailable, None, dict(record),
-                         host, tuple(str(p) for p in impure))  # fmt: skip
+    return RemoteFormula(str(record.get("name", qualified)), _unavailable, recorded=dict(record),
+                         host=host, impure=tuple(str(p) for p in impure))  # fmt: skip

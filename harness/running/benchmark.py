@@ -40,7 +40,7 @@ from typing import Any
 
 from harness.foundation.errors import DatasetMissingError, ParameterError, SpecError
 from harness.foundation.identity import setting_key
-from harness.foundation.protocol import LEGACY_NOISE, CertificationProtocol
+from harness.foundation.protocol import LEGACY_NOISE, SEQUENTIAL_FIELDS, CertificationProtocol
 from harness.mathematics.accuracy import RADII
 from harness.plugin.registry import Registry
 
@@ -94,6 +94,9 @@ class Benchmark:
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
+        if self.protocol.sampling == "fixed":  # keeps the run ids of fixed-n specs as they were
+            for key in SEQUENTIAL_FIELDS:
+                del out["protocol"][key]
         if self.model.checkpoint is None:  # keeps the run ids of trained-model specs as they were
             del out["model"]["checkpoint"], out["model"]["format"]
         if self.protocol.cudnn == "heuristic":  # the default keeps every earlier run's id
@@ -216,7 +219,7 @@ def parse_benchmark(raw: dict[str, Any], default_name: str = "benchmark") -> Ben
             )
     cert = raw.get("certification", {})
     allowed_cert = {"n0", "n", "alpha", "batch_size", "precision", "channels_last", "noise",
-                    "cudnn"}  # fmt: skip
+                    "cudnn", "sampling", "n_max"}  # fmt: skip
     if set(cert) - allowed_cert:
         raise SpecError(
             f"{where}: unknown key(s) {sorted(set(cert) - allowed_cert)} in [certification]; "
@@ -269,7 +272,7 @@ def parse_benchmark(raw: dict[str, Any], default_name: str = "benchmark") -> Ben
             checkpoint=None if checkpoint is None else _typed(checkpoint, str, "model.checkpoint"),
             format=_typed(model.get("format", "state_dict"), str, "model.format"),
         ),
-        protocol=_protocol(cert),
+        protocol=_protocol(cert, raw.get("radii", RADII)),
         methods=method_configs,
         radii=_radii(raw.get("radii", RADII)),
         headline_radius=raw.get("headline_radius"),
@@ -313,11 +316,20 @@ def _radii(value: Any) -> tuple[float, ...]:
     return tuple(sorted({float(r) for r in value}))
 
 
-def _protocol(cert: dict[str, Any]) -> CertificationProtocol:
+def _protocol(cert: dict[str, Any], radii: Any) -> CertificationProtocol:
+    """The [certification] table; sequential sampling decides the benchmark's ``radii``
+    (checked as given: a grid out of order is an error, not sorted silently), and its
+    ``n_max`` must let an input certify at all (:func:`check_n_max`)."""
+    sequential = cert.get("sampling") == "sequential"
     try:
-        return CertificationProtocol(**cert)
+        protocol = CertificationProtocol(**cert, **({"grid": radii} if sequential else {}))
     except TypeError as exc:
         raise SpecError(f"[certification]: {exc}") from None
+    if sequential:
+        from harness.mathematics.sequential import check_n_max
+
+        check_n_max(protocol)
+    return protocol
 
 
 def validate(spec: Benchmark, registry: Registry) -> CheckedBenchmark:
@@ -372,6 +384,14 @@ def _check_keys(given: dict[str, Any], known: dict[str, Any], owner: str) -> Non
         )
 
 
+def _sequence_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """A stored protocol, its grid a tuple again (JSON stores a list)."""
+    protocol = dict(config["protocol"])
+    if protocol.get("grid") is not None:
+        protocol["grid"] = tuple(protocol["grid"])
+    return protocol
+
+
 def benchmark_from_dict(config: dict[str, Any]) -> Benchmark:
     """Inverse of :meth:`Benchmark.to_dict` (a stored run's config)."""
     return Benchmark(
@@ -379,7 +399,7 @@ def benchmark_from_dict(config: dict[str, Any]) -> Benchmark:
         dataset=DataConfig(**config["dataset"]),
         model=ModelConfig(**config["model"]),
         # a run stored before the protocol recorded its noise scheme used block-v1
-        protocol=CertificationProtocol(**{"noise": LEGACY_NOISE, **config["protocol"]}),
+        protocol=CertificationProtocol(**{"noise": LEGACY_NOISE, **_sequence_fields(config)}),
         methods=[MethodConfig(**m) for m in config["methods"]],
         seed=config["seed"],
         device=config["device"],

@@ -20,6 +20,10 @@ it loads the dataset and builds the model itself:
   σ-estimator) on streams derived from the audit's entropy (:func:`fresh_streams`), for
   the statistical replication test (:func:`harness.mathematics.stats.replication_z`).
 
+Draws made sequentially are re-drawn round by round at the stored looks (the same
+samples, so every look's counts must agree bit for bit); on another arithmetic the fresh
+samples are as many as the first look's, the one look drawn whatever the counts.
+
 Its limits: the dataset and the base model's architecture must be built-in (a
 third-party one would need its plugin, which could patch the engine), and a
 σ-smoothing's σ-estimator must declare a built-in ``architecture`` (its state dict is
@@ -162,10 +166,12 @@ def _stop(process: subprocess.Popen, log) -> None:
 def replay_request(
     source: ReplaySource, device: str, input_ids: Sequence[int], sigma: Sequence[float],
     kind: str, sigma_model: str | None = None, fresh_seed: int = 0,
+    looks: Sequence[Sequence[int]] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """A request to re-draw ``input_ids`` at their stored ``sigma`` for a ``kind``
     (``hard``/``soft``) certifier; ``sigma_model`` names the row's σ-estimator
-    (``"<method> <setting>"``) when it declares a σ-smoothing."""
+    (``"<method> <setting>"``) when it declares a σ-smoothing; ``looks``, per input, the
+    sample counts of its stored looks when it was drawn sequentially."""
     model = None
     if sigma_model is not None:
         if sigma_model not in source.sigma_models:
@@ -176,7 +182,14 @@ def replay_request(
         model = dict(source.sigma_models[sigma_model])
     return {"run": source.header(device), "inputs": [int(i) for i in input_ids],
             "sigma": [float(s) for s in sigma], "kind": kind, "sigma_model": model,
-            "fresh_streams": list(fresh_streams(fresh_seed))}  # fmt: skip
+            "fresh_streams": list(fresh_streams(fresh_seed)),
+            "looks": None if looks is None else [[int(n) for n in row] for row in looks]}  # fmt: skip
+
+
+def look_sizes(bases: Sequence[Mapping[str, Any]]) -> list[list[int]] | None:
+    """Per stored base draw, the n of each of its looks (None unless drawn sequentially)."""
+    sizes = [[int(look["n"]) for look in base.get("looks") or []] for base in bases]
+    return sizes if any(sizes) else None
 
 
 # --- the replay process ----------------------------------------------------------------
@@ -313,6 +326,33 @@ def _draws(engine, x, sigma, ids, n0: int, n: int, streams: tuple[int, int], sof
     return out
 
 
+def _rounds(engine, x, sigma, ids, looks: Sequence[Sequence[int]], stream: int) -> dict[str, Any]:
+    """Sequential draws re-drawn as the run drew them: round k (samples n_{k−1} … n_k − 1)
+    for every input whose looks reach it, in one engine call; per input the cumulative
+    counts at each of its looks, and its last look's as its estimation."""
+    import numpy as np
+
+    out: list[list[list[int]]] = [[] for _ in ids]
+    total = [None] * len(ids)
+    before = [0] * len(ids)
+    for k in range(max((len(row) for row in looks), default=0)):
+        live = [i for i, row in enumerate(looks) if len(row) > k]
+        size = {looks[i][k] - before[i] for i in live}
+        for num in sorted(size):  # one call per round size (the same for every input)
+            group = [i for i in live if looks[i][k] - before[i] == num]
+            starts = {before[i] for i in group}
+            for start in sorted(starts):
+                part = [i for i in group if before[i] == start]
+                counts = engine.counts(x[part], [sigma[i] for i in part], [ids[i] for i in part],
+                                       num, stream, start=start)  # fmt: skip
+                for j, i in enumerate(part):
+                    total[i] = counts[j] if total[i] is None else total[i] + counts[j]
+                    out[i].append(np.asarray(total[i]).tolist())
+        for i in live:
+            before[i] = looks[i][k]
+    return {"looks": out, "estimation": [row[-1] if row else [] for row in out]}
+
+
 def _answer(request: Mapping[str, Any], runs: dict[str, _LoadedRun]) -> dict[str, Any]:
     from harness.engine.draws import SOFT, STREAM_SIGMA_ESTIMATION, STREAM_SIGMA_SELECTION
     from harness.engine.sampling import STREAM_ESTIMATION, STREAM_SELECTION
@@ -331,11 +371,19 @@ def _answer(request: Mapping[str, Any], runs: dict[str, _LoadedRun]) -> dict[str
     soft = request["kind"] == SOFT
     engine = _engine(run, run.model, run.dataset.num_classes, seed)
     streams = (STREAM_SELECTION, STREAM_ESTIMATION) if exact else (None, fresh_base)
+    looks = request.get("looks")
+    if looks is None:
+        base = _draws(engine, x, request["sigma"], ids, protocol.n0, protocol.n, streams, soft,
+                      not exact)  # fmt: skip
+    elif exact:  # sequential: the selection, then every stored look's round
+        base = _draws(engine, x, request["sigma"], ids, protocol.n0, 0, streams, False, False)
+        base.update(_rounds(engine, x, request["sigma"], ids, looks, streams[1]))
+    else:  # the first look, drawn whatever the counts: fresh samples of as many
+        base = _draws(engine, x, request["sigma"], ids, protocol.n0, looks[0][0], streams, False,
+                      True)  # fmt: skip
     out: dict[str, Any] = {
         "ok": True, "mode": "exact" if exact else "replication", "arithmetic": run.fingerprint,
-        "differences": run.differences,
-        "base": _draws(engine, x, request["sigma"], ids, protocol.n0, protocol.n, streams, soft,
-                       not exact),
+        "differences": run.differences, "base": base,
     }  # fmt: skip
     meta = request.get("sigma_model")
     if meta is not None:

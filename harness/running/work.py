@@ -100,4 +100,5 @@ def certify_shard(
     seconds = (time.perf_counter() - start) / len(ids)  # σ(x) is part of a certificate's cost
     drawn = None if sigma_draws is None else sigma_draws.rows(keep)
     yield from certify_drawn(context.engine, context.protocol, certifier, x[keep], todo,
-                             sigma[keep], drawn, seconds, certifier_label(context, method))  # fmt: skip
+                             sigma[keep], drawn, seconds, certifier_label(context, method),
+                             provider.regularity)  # fmt: skip

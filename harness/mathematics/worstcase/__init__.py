@@ -21,13 +21,14 @@ The computation is split by concept:
 - :mod:`~harness.mathematics.worstcase.xi`: ξ> and ξ< (Thm 2.3) through ``G``, and the
   curse-of-dimensionality thresholds (Thm 2.4, Cor. 2.5);
 - :mod:`~harness.mathematics.worstcase.radius_solvers`: Cohen's radius, the certification rule (App. B.5)
-  and the certified radius of Thm 3.2.
+  the certified radius of Thm 3.2 and the least p_A certifying a given radius.
 """
 
 from harness.mathematics.worstcase.radius_solvers import (
     certified_radius,
     cohen_radius,
     is_certified,
+    semi_elastic_threshold,
 )
 from harness.mathematics.worstcase.xi import (
     max_sigma_ratio,
@@ -49,6 +50,7 @@ __all__ = [
     "min_sigma_ratio_simple",
     "practical_sigma_ratio_threshold",
     "practical_sigma_ratio_threshold_upper",
+    "semi_elastic_threshold",
     "xi",
     "xi_greater",
     "xi_less",

@@ -260,3 +260,41 @@ def _bisect_radius(
         done = (width <= _BISECT_RTOL * lo[active]) | (width <= atol[active])
         active = active[~done]
     return lo
+
+
+def semi_elastic_threshold(
+    radius: ArrayLike, sigma0: ArrayLike, rate: ArrayLike, dim: int
+) -> NDArray[np.float64]:
+    """The least p_A at which Thm 3.2 certifies distance ``radius`` (the condition of
+    :func:`certified_radius` at R = radius): where a bound on p_A reaches the radius.
+
+    The condition is monotone in p_A (a smaller p_B = 1 − p_A lowers ξ), so the result is
+    found by bisection on log(1 − p_A) between Cohen's Φ(R/σ0) (never enough for
+    rate > 0, Thm B.6) and 1 − 10⁻³⁰⁰, to 60 halvings (a relative 10⁻¹⁵ on 1 − p_A); the
+    returned value is one at which the condition was verified. ``rate == 0`` and
+    ``radius == 0`` give Cohen's Φ(R/σ0) exactly; a radius not certified even at
+    p_A = 1 − 10⁻³⁰⁰ gives ``inf`` (never reached).
+    """
+    r, s0, rt = (np.asarray(v, dtype=np.float64) for v in np.broadcast_arrays(radius, sigma0, rate))
+    shape = r.shape
+    r, s0, rt = r.ravel(), s0.ravel(), rt.ravel()
+    out = sc.ndtr(r / s0)
+    search = np.nonzero((rt > 0) & (r > 0))[0]
+    if search.size == 0:
+        return out.reshape(shape)
+    hi = np.log(sc.ndtr(-r[search] / s0[search]))  # log(1 − p): fails here
+    lo = np.full(search.size, np.log(1e-300))  # holds here, if anywhere
+    warm = {key: np.full(search.size, np.nan) for key in ("gb", "ga", "lb", "la")}
+    rows = np.arange(search.size)
+
+    def holds(log_q: NDArray[np.float64]) -> NDArray[np.bool_]:
+        return _condition(r[search], s0[search], rt[search], np.exp(log_q), None, int(dim), warm,
+                          rows)  # fmt: skip
+
+    reachable = holds(lo)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        ok = holds(mid)
+        lo, hi = np.where(ok, mid, lo), np.where(ok, hi, mid)
+    out[search] = np.where(reachable, -np.expm1(lo), np.inf)
+    return out.reshape(shape)

@@ -27,6 +27,8 @@ _PROTOCOL = {
         "channels_last": {"type": "boolean"},
         "noise": {"type": "string"},
         "cudnn": {"enum": ["heuristic", "benchmark"]},
+        "sampling": {"enum": ["fixed", "sequential"]},
+        "n_max": {"type": "integer", "minimum": 1},
         "architecture": {"type": "string"},
         "architecture_params": {"type": "object"},
         "trainer": {"type": "string"},
@@ -99,7 +101,8 @@ _ROW = {
         "^(clean_accuracy|certified_accuracy@.+|empirical_accuracy@.+|abstention_rate"
         "|misclassification_rate|classwise_accuracy_(min|max|std))$": {
             "type": ["number", "null"], "minimum": 0, "maximum": 1},
-        "^(acr|mean_sigma|seconds_per_input)$": {"type": ["number", "null"], "minimum": 0},
+        "^(acr|mean_sigma|seconds_per_input|samples_mean|samples_max)$": {
+            "type": ["number", "null"], "minimum": 0},
     },
 }  # fmt: skip
 

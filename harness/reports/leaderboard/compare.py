@@ -26,7 +26,7 @@ from typing import Any
 
 from harness.foundation.errors import IdrsError
 from harness.mathematics.accuracy import benchmark_radii, row_metrics
-from harness.reports.leaderboard.metrics import metric_catalog
+from harness.reports.leaderboard.metrics import metric_catalog, sampled_in_rounds
 from harness.reports.leaderboard.source import resolve_runs
 from harness.reports.leaderboard.stated_protocol import run_protocol
 from harness.store.store import DEFAULT_DB
@@ -35,6 +35,7 @@ from harness.store.storedrun import StoredRun
 PROTOCOL_FIELDS = (
     "dataset", "test_every", "test_count", "n0", "n", "alpha", "recipe_hash", "seed",
     "model_seed", "architecture", "architecture_params", "trainer", "trainer_params",
+    "sampling", "n_max",
 )  # fmt: skip
 
 
@@ -57,6 +58,8 @@ class Comparison:
 
 def protocol_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     """One line per protocol field whose value differs between protocols ``a`` and ``b``."""
+    fixed = {"sampling": "fixed"}  # a fixed-n run's protocol does not name its sampling
+    a, b = fixed | a, fixed | b
     return [
         f"{key}: {a.get(key)!r} (A) vs {b.get(key)!r} (B)"
         for key in PROTOCOL_FIELDS
@@ -83,7 +86,7 @@ def compare_runs(a: StoredRun, b: StoredRun) -> Comparison:
     if pa["device"] != pb["device"]:
         out.notes.append(f"devices: {pa['device']} (A) vs {pb['device']} (B)")
     radii = sorted(set(benchmark_radii(a.config)) | set(benchmark_radii(b.config)))
-    catalog = metric_catalog(radii)
+    catalog = metric_catalog(radii, sequential=sampled_in_rounds([a, b]))
     ra = {(row.method, row.setting): row for row in a.rows()}
     rb = {(row.method, row.setting): row for row in b.rows()}
     for key in sorted(set(ra) | set(rb)):

@@ -25,7 +25,13 @@ from harness.foundation.verdict import false_alarm_statement
 from harness.mathematics.significance import CONFIDENCE, SIGNIFICANCE, widest_half_width
 from harness.reports.leaderboard.board import Board, Row, Table
 from harness.reports.leaderboard.escape import md_code, md_fence, md_text
-from harness.reports.leaderboard.metrics import Metric, certified_key, has_interval, metric_catalog
+from harness.reports.leaderboard.metrics import (
+    Metric,
+    certified_key,
+    has_interval,
+    metric_catalog,
+    sampled_in_rounds,
+)
 from harness.reports.leaderboard.plots import certified_plot_name, classwise_plot_name
 from harness.reports.leaderboard.reproduce import spec_toml
 from harness.reports.leaderboard.stated_protocol import protocol_differences, run_protocol
@@ -95,6 +101,13 @@ def _protocol_warning(table: Table, stem: str | None) -> list[str]:
     ]
 
 
+def _estimation(p: dict[str, Any]) -> str:
+    """The estimation samples a protocol draws: n, or sequential sampling and its cap."""
+    if p.get("sampling") == "sequential":
+        return f"sequential sampling up to n_max = {p['n_max']} (n = {p['n']})"
+    return f"n = {p['n']}"
+
+
 def _protocol_table(p: dict[str, Any]) -> list[str]:
     alpha = md_text(f"{p['alpha']:g}")
     arithmetic = _arithmetic(p)
@@ -106,7 +119,7 @@ def _protocol_table(p: dict[str, Any]) -> list[str]:
         ("dataset", md_text(p["dataset"])),
         ("test subset", f"test points 0, k, 2k, … with k = {p['test_every']}, {count}: "
                         f"{p['inputs']} inputs"),
-        ("certification", f"n0 = {p['n0']}, n = {p['n']}, α = {alpha}, "
+        ("certification", f"n0 = {p['n0']}, {_estimation(p)}, α = {alpha}, "
                           f"batch size {p['batch_size']}{arithmetic}"),
         ("base model", f"{md_text(p['architecture'])} ({md_text(_params(p['architecture_params']))})"),
         ("trainer", f"{md_text(p['trainer'])} ({md_text(_params(p['trainer_params']))})"),
@@ -252,8 +265,29 @@ def _sampling_error(table: Table, stem: str | None) -> list[str]:
     return [out, ""]
 
 
+def _sequential_note(table: Table) -> list[str]:
+    """What a sequential run's rows measure: the same certificates at a data-dependent n."""
+    runs = [run.run_id[:12] for run in table.runs if sampled_in_rounds([run])]
+    if not runs:
+        return []
+    return [
+        f"Sequential sampling (run {', '.join(md_code(r) for r in runs)}): each input's "
+        "estimation samples are drawn in rounds and stop once its place on the radius grid "
+        "is decided (harness/mathematics/sequential.py: an α-spending Clopper–Pearson "
+        "confidence sequence, valid at the data-dependent stopping time, so each certificate "
+        "holds at the same α as a fixed-n one). Certified accuracy at the grid radii is "
+        "comparable with a fixed-n run's; the ACR falls by design, since an input stops once "
+        "its grid place is decided instead of tightening its radius further (Sun et al., "
+        "ICLR 2025, on what ACR rewards). `samples` and `max samples` give the estimation "
+        "samples behind each certificate.",
+        "",
+    ]
+
+
 def _table_section(table: Table, stem: str | None, notes: _Footnotes) -> list[str]:
-    catalog = metric_catalog(table.radii, any(row.attack for row in table.rows))
+    catalog = metric_catalog(
+        table.radii, any(row.attack for row in table.rows), sampled_in_rounds(table.runs)
+    )
     title = f"{md_text(table.dataset)} · {md_text(table.architecture)} · model {md_code(table.recipe_hash[:12])}"
     out = [f"## {table.index}. {title}", ""]
     for run in table.runs:
@@ -261,6 +295,7 @@ def _table_section(table: Table, stem: str | None, notes: _Footnotes) -> list[st
         out += [f"### Protocol of run {md_code(run.run_id[:12])}", "", *_protocol_table(p), ""]
     out += _protocol_warning(table, stem)
     out += _sampling_error(table, stem)
+    out += _sequential_note(table)
     out += [_headline(table), ""]
     out += ["### Verified sound", ""]
     if table.sound_rows:
@@ -329,7 +364,7 @@ def _legend(board: Board) -> list[str]:
     radii = sorted({r for t in board.tables for r in t.radii})
     attacks = [row.attack for t in board.tables for row in t.rows if row.attack]
     out = ["## Columns", ""]
-    for metric in metric_catalog(radii, bool(attacks)):
+    for metric in metric_catalog(radii, bool(attacks), sampled_in_rounds(board.runs)):
         direction = {True: "higher is better", False: "lower is better", None: "descriptive"}[
             metric.higher_is_better
         ]

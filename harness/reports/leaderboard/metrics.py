@@ -3,7 +3,8 @@
 The values are :func:`harness.mathematics.accuracy.row_metrics`'s, under the same keys (clean
 accuracy of PREDICT, certified accuracy at each radius, ACR, abstention and
 misclassification rates, the class-wise accuracy of Mohapatra et al. (2021), §3.2 and
-Table 2, mean σ(x), seconds per input), and, where the empirical attack ran, the
+Table 2, mean σ(x), seconds per input; with sequential sampling the estimation samples
+per certificate), and, where the empirical attack ran, the
 empirical robust accuracy beside certified accuracy at each radius
 (:mod:`harness.audit.empirical`). The accuracies over test inputs carry 95 % intervals
 (:data:`INTERVAL_KEYS` names which).
@@ -33,9 +34,12 @@ def has_interval(key: str) -> bool:
     return key == "clean_accuracy" or key.startswith(("certified_accuracy@", "empirical_accuracy@"))
 
 
-def metric_catalog(radii: Sequence[float], empirical: bool = False) -> list[Metric]:
+def metric_catalog(
+    radii: Sequence[float], empirical: bool = False, sequential: bool = False
+) -> list[Metric]:
     """Every metric of a row at ``radii``, in table order; ``empirical``: with the
-    empirical robust accuracy beside each certified accuracy."""
+    empirical robust accuracy beside each certified accuracy; ``sequential``: with the
+    estimation samples per certificate (mean and max) beside the seconds per input."""
     return [
         Metric("clean_accuracy", "clean acc", True, "accuracy of PREDICT (abstention counts as an error)"),
         *[
@@ -63,4 +67,14 @@ def metric_catalog(radii: Sequence[float], empirical: bool = False) -> list[Metr
                "population standard deviation of the per-class clean accuracies"),
         Metric("mean_sigma", "mean σ", None, "mean σ(x) over the inputs"),
         Metric("seconds_per_input", "s/input", False, "certification seconds per input", None),
+        *([Metric("samples_mean", "samples", False,
+                  "mean estimation samples per certificate (sequential sampling stops an input "
+                  "once its place on the radius grid is decided)", 0),
+           Metric("samples_max", "max samples", False,
+                  "most estimation samples behind one certificate", 0)] if sequential else []),
     ]  # fmt: skip
+
+
+def sampled_in_rounds(runs) -> bool:
+    """Whether some of ``runs`` (stored runs) drew its estimation samples sequentially."""
+    return any(run.run["config"]["protocol"].get("sampling") == "sequential" for run in runs)

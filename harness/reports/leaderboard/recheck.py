@@ -281,7 +281,7 @@ def replay_board(
 
 def _replay_row(run, row, source, methods, replayer, rng, k, device, noise_seed):
     from harness.audit.replay import judge
-    from harness.running.redraw import replay_request
+    from harness.running.redraw import look_sizes, replay_request
 
     label = _label(run, row)
     certs = [c.as_dict() for c in row.certificates]
@@ -293,7 +293,8 @@ def _replay_row(run, row, source, methods, replayer, rng, k, device, noise_seed)
     kind = certs[0]["draws"]["base"]["kind"]
     smoothed = "sigma" in certs[0]["draws"]
     request = replay_request(source, device, ids, [certs[i]["draws"]["base"]["sigma"] for i in chosen],
-                             kind, f"{row.method} {row.setting}" if smoothed else None, noise_seed)  # fmt: skip
+                             kind, f"{row.method} {row.setting}" if smoothed else None, noise_seed,
+                             look_sizes([certs[i]["draws"]["base"] for i in chosen]))  # fmt: skip
     answer = replayer.request(request)
     stored = [float(certs[i]["sigma"]) for i in chosen]
     sigma = {"alone": stored, "batch": stored, "order": list(range(m))}

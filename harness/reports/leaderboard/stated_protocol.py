@@ -10,7 +10,8 @@ from harness.store.storedrun import StoredRun
 ARITHMETIC_KEYS = ("precision", "channels_last", "noise", "cudnn")
 """Protocol keys recorded since the engine offers precisions and noise schemes (``cudnn``
 only when it is not the default ``heuristic``)."""
-COMPARED_KEYS = ("n0", "n", "alpha", "precision", "channels_last", "noise", "cudnn")
+COMPARED_KEYS = ("n0", "n", "alpha", "precision", "channels_last", "noise", "cudnn", "sampling",
+                 "n_max")  # fmt: skip
 """Protocol keys whose difference makes two runs' rows not directly comparable."""
 
 
@@ -18,7 +19,7 @@ def protocol_differences(protocols: list[dict[str, Any]]) -> dict[str, list[str]
     """The keys of :data:`COMPARED_KEYS` on which the runs of one table differ, with the
     values (a missing precision reads fp32, a missing noise block-v1)."""
     legacy = {"precision": "fp32", "channels_last": False, "noise": "block-v1",
-              "cudnn": "heuristic"}  # fmt: skip
+              "cudnn": "heuristic", "sampling": "fixed", "n_max": None}  # fmt: skip
     out = {}
     for key in COMPARED_KEYS:
         values = [str(p.get(key, legacy.get(key))).lower() for p in protocols]
@@ -66,6 +67,8 @@ def run_protocol(run: StoredRun, stem: str | None) -> dict[str, Any]:
         "spec_file": spec_file,
         "command": run_command(spec_file, row["device"]),
     }
+    if protocol.get("sampling") == "sequential":  # (fixed runs record neither)
+        out["sampling"], out["n_max"] = "sequential", protocol["n_max"]
     if row.get("weights_digest"):  # runs from before weights digests have none
         out["weights_digest"] = row["weights_digest"]
     if row.get("arithmetic"):  # where its counts replay bit for bit (harness.engine.arithmetic)

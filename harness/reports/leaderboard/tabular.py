@@ -27,7 +27,12 @@ from typing import Any
 
 from harness.mathematics.accuracy import empirical_key
 from harness.reports.leaderboard.board import Board, Row, Table
-from harness.reports.leaderboard.metrics import Metric, certified_key, metric_catalog
+from harness.reports.leaderboard.metrics import (
+    Metric,
+    certified_key,
+    metric_catalog,
+    sampled_in_rounds,
+)
 from harness.reports.leaderboard.plots import certified_plot_name, classwise_plot_name
 from harness.reports.leaderboard.stated_protocol import run_protocol
 
@@ -95,7 +100,11 @@ def board_json(board: Board, stem: str) -> str:
     """``NAME.json`` as deterministic text."""
     import pandas as pd
 
-    catalog = metric_catalog(board_radii(board), any(_attacked(t.rows) for t in board.tables))
+    catalog = metric_catalog(
+        board_radii(board),
+        any(_attacked(t.rows) for t in board.tables),
+        sampled_in_rounds(board.runs),
+    )
     records = _records(board, catalog)
     nested = ("classwise_accuracy", "intervals", "paired")
     frame = pd.DataFrame([{k: v for k, v in r.items() if k not in nested} for r in records])
@@ -149,7 +158,7 @@ def board_csv(board: Board, stem: str) -> str:
     protocols = {run.run_id: run_protocol(run, stem) for run in board.runs}
     lines = []
     for table in board.tables:
-        catalog = metric_catalog(table.radii, _attacked(table.rows))
+        catalog = metric_catalog(table.radii, _attacked(table.rows), sampled_in_rounds(table.runs))
         for section, rank, row in _sections(table):
             base = {
                 "table": table.index,
