@@ -24,14 +24,14 @@ class RecordingModel(torch.nn.Module):
         return torch.stack([torch.zeros(len(x)), x[:, 0] - x[:, 0].round()], dim=1)
 
 
-def _noise_by_input(x, sigma, batch_size, num, ids, order=None, noise="block-v1", start=0):
+def _noise_by_input(x, sigma, batch_size, num, ids, order=None, noise="block-v1"):
     """Run the engine and recover each input's noise sequence from the recorded rows."""
     model = RecordingModel()
     engine = SamplingEngine(
         model, 2, torch.device("cpu"), batch_size=batch_size, seed=11, noise=noise
     )
     order = list(range(len(ids))) if order is None else order
-    engine.counts(x[order], sigma[order], [ids[i] for i in order], num, stream=1, start=start)
+    engine.counts(x[order], sigma[order], [ids[i] for i in order], num, stream=1)
     rows = torch.cat(model.rows)
     # inputs are far apart (x_i = 1000·i), so each row belongs to the nearest input
     owner = torch.cdist(rows, x).argmin(dim=1)
