@@ -249,8 +249,8 @@ def _replayed(setup, db: Path, monkeypatch):
     from harness.running.preparation import RunOptions
     from harness.store.store import ResultStore
 
-    _, env, _ = setup
-    site = Path(env["PYTHONPATH"].split(os.pathsep)[-1])
+    spec, env, _ = setup
+    site = spec.parent / "site"  # where the setup installed the plugin
     module_spec = importlib.util.spec_from_file_location("slow_work", site / "slow_work.py")
     plugin = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(plugin)

@@ -281,3 +281,34 @@ def test_a_sigma_batch_is_one_round_trip(install_plugin, tmp_path, monkeypatch):
     before = host.requests
     assert torch.equal(provider(torch.zeros(64, 2)), torch.full((64,), 0.25))
     assert host.requests == before + 1
+
+
+def test_sequential_draws_cross_the_boundary_and_certify_as_in_process(tmp_path, monkeypatch):
+    """Under sequential sampling the harness draws the rounds and a hosted certifier claims
+    from the looks it is sent: the same certificates, looks and stops as in-process."""
+    import sqlite3
+
+    from harness.running.benchmark import parse_benchmark
+    from harness.running.preparation import RunOptions
+    from harness.running.runner import run_benchmark
+
+    raw = {"name": "ball-seq", "seed": 3, "radii": [0.0, 0.25, 0.5],
+           "dataset": {"name": "ball-2", "test_count": 8},
+           "model": {"architecture": "ball-N", "trainer": "none"},
+           "certification": {"n0": 32, "n": 3000, "alpha": 0.01, "batch_size": 1024,
+                             "sampling": "sequential"},
+           "methods": [{"name": "cohen", "settings": [{"sigma": 0.25}]},
+                       {"name": "sukenik", "settings": [{"sigma": 0.25, "rate": 0.2, "k": 5}]}]}  # fmt: skip
+    seen = {}
+    for mode in ("third-party", "all"):
+        monkeypatch.setenv("IDRS_BENCH_ISOLATE", mode)
+        db = tmp_path / f"{mode}.sqlite"
+        run_benchmark(parse_benchmark(raw), RunOptions(db=db), Progress(enabled=False),
+                      PluginManager())  # fmt: skip
+        with sqlite3.connect(db) as con:
+            seen[mode] = con.execute(
+                "SELECT method, input_id, prediction, radius, p_lower, draws FROM certificates "
+                "ORDER BY method, input_id").fetchall()  # fmt: skip
+    assert len(seen["all"]) == 16 and seen["all"] == seen["third-party"]
+    looks = [json.loads(row[5])["base"]["looks"] for row in seen["all"]]
+    assert all(looks) and min(len(x) for x in looks) < max(len(x) for x in looks)

@@ -56,7 +56,7 @@ def _rows(db: Path) -> list[tuple]:
 
 def test_interrupted_run_resumes_without_loss_or_duplicates(tmp_path, stored_certificates):
     spec = tmp_path / "tiny.toml"
-    spec.write_text(TINY.format(n=40000))
+    spec.write_text(TINY.format(n=15000))
     command = [sys.executable, "-m", "harness.cli.main", "run", str(spec), "--quiet", "--no-check"]
     # the uninterrupted reference (it also trains and caches the shared base model)
     subprocess.run(

@@ -47,11 +47,11 @@ DUAL_RS = {"levels": [0.25, 0.5], "estimator_sigma": 0.25, "train_examples": 256
 EXPECTED = [
     ("cohen", {"sigma": 0.25}, Verdict.SOUND, set()),
     ("sukenik", {"sigma": 0.25, "rate": 0.2, "k": 5}, Verdict.SOUND, set()),
-    ("chen-fgss", {"sigma": 0.25, "num_samples": 100}, Verdict.VIOLATED, set()),
+    ("chen-fgss", {"sigma": 0.25, "num_samples": 100, "max_steps": 8}, Verdict.VIOLATED, set()),
     ("alfarra-ds", {"sigma": 0.25, "beta": 0.01}, Verdict.VIOLATED, set()),
     (
         "alfarra-ds-memory",
-        {"sigma": 0.25, "beta": 0.01},
+        {"sigma": 0.25, "beta": 0.01, "steps": 20},
         Verdict.ORDER_DEPENDENT,
         {"order-dependent"},
     ),
