@@ -14,10 +14,18 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-import pytest
-import torch
+from harness.foundation.threads import set_passive_wait
 
-from harness.plugin.manager import PluginManager
+# Idle OpenMP threads sleep in this process and in the processes the tests start (they
+# inherit the environment): pytest-xdist's workers share the cores, and spinning threads
+# of two workers slow each other down severalfold (harness/README.md, "Threads"). Set
+# before torch starts its OpenMP runtime.
+set_passive_wait()
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from harness.plugin.manager import PluginManager  # noqa: E402
 
 pytest_plugins = [
     "tests.field_files",

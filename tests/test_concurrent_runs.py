@@ -335,3 +335,26 @@ def test_a_process_killed_mid_shard_leaves_its_shard_to_the_other(setup, tmp_pat
     assert f"taking over shard {shard} from process" in text, text
     assert f":{a.pid}, whose lease expired" in text, text
     _same_as_reference(db, setup[2])
+
+
+def test_a_lease_of_an_ended_process_of_this_host_is_taken_over_at_once(tmp_path):
+    """A resumed run does not wait out the leases of the run it replaces, killed on this
+    host; a live process's lease, or another host's, still holds until it expires."""
+    from harness.store.leases import LeaseKeeper, owner_gone, process_name
+    from harness.store.store import ResultStore
+
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    host = process_name().rpartition(":")[0]
+    owners = {"ended": f"{host}:{ended.pid}:aa", "alive": f"{host}:{os.getpid()}:bb",
+              "elsewhere": "another-host:1:cc"}  # fmt: skip
+    assert [owner_gone(o) for o in owners.values()] == [True, False, False]
+    db = tmp_path / "leases.sqlite"
+    store = ResultStore(db)
+    for shard, owner in enumerate(owners.values()):
+        assert store.acquire_lease("run", "m", "s", shard, owner, 3600).acquired
+    store.close()
+    with LeaseKeeper(db, notice=lambda line: None) as keeper:
+        taken = [keeper.acquire("run", "m", "s", shard) for shard in range(3)]
+    assert [a.acquired for a in taken] == [True, False, False]
+    assert taken[0].expired == owners["ended"]

@@ -62,16 +62,16 @@ EXPECTED = [
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_expected_verdicts_on_the_ball(tmp_path, manager, device):
-    """Every method and every check, on the CPU and on CUDA: the same verdicts."""
-    raw = _ball(0, [{"name": m, "settings": [s]} for m, s, _, _ in EXPECTED])
-    got = _verdicts(tmp_path, manager, raw, device=device)
-    for method, setting, verdict, flags in EXPECTED:
-        found, found_flags, results = got[method, setting_key(setting)]
-        assert (found, found_flags) == (verdict, flags), (
-            method,
-            [(r.check, r.summary) for r in results],
-        )
+@pytest.mark.parametrize(("method", "setting", "verdict", "flags"), EXPECTED,
+                         ids=[f"{m}-{setting_key(s)}" for m, s, _, _ in EXPECTED])  # fmt: skip
+def test_expected_verdicts_on_the_ball(tmp_path, manager, device, method, setting, verdict, flags):
+    """Every method and every check, on the CPU and on CUDA: the same verdicts (one run
+    per method, so that the methods' checks run side by side under xdist)."""
+    raw = _ball(0, [{"name": method, "settings": [setting]}])
+    found, found_flags, results = _verdicts(tmp_path, manager, raw, device=device)[
+        method, setting_key(setting)
+    ]
+    assert (found, found_flags) == (verdict, flags), [(r.check, r.summary) for r in results]
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

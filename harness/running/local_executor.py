@@ -158,11 +158,12 @@ def _held_elsewhere(
     store: ResultStore, leases: LeaseKeeper, run_id: str, work: SettingWork
 ) -> bool:
     """Whether other processes' live leases cover every unfinished shard of ``work``."""
+    from harness.store.leases import owner_gone
     from harness.store.schema import WHOLE_SETTING
 
     held = set()
     for lease in store.live_leases(run_id):
-        mine = lease["owner"] == leases.owner
+        mine = lease["owner"] == leases.owner or owner_gone(lease["owner"])
         if (lease["method"], lease["setting"]) == (work.method, work.key) and not mine:
             leases.meet(lease["owner"])
             held.add(lease["shard"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,13 +28,14 @@ class LeaseRecords:
     db: sqlite3.Connection
 
     def acquire_lease(
-        self, run_id: str, method: str, setting: str, shard: int, owner: str, seconds: float
-    ) -> LeaseAnswer:
+        self, run_id: str, method: str, setting: str, shard: int, owner: str, seconds: float,
+        gone: Callable[[str], bool] = lambda owner: False,
+    ) -> LeaseAnswer:  # fmt: skip
         """Lease ``shard`` (or :data:`WHOLE_SETTING`) of (run, method, setting) to ``owner``
         for ``seconds``, unless another owner's unexpired lease covers it: a shard is
         covered by its own lease and by a whole-setting lease, a whole setting by any
-        lease of it. An expired lease is taken over. One transaction (``BEGIN IMMEDIATE``),
-        so two processes never both acquire."""
+        lease of it. An expired lease, or one whose owner is ``gone``, is taken over. One
+        transaction (``BEGIN IMMEDIATE``), so two processes never both acquire."""
         now = time.time()
         self.db.execute("BEGIN IMMEDIATE")
         try:
@@ -42,7 +44,8 @@ class LeaseRecords:
                 "setting = ? AND (shard = ? OR shard = ? OR ? = ?)",
                 (run_id, method, setting, shard, WHOLE_SETTING, shard, WHOLE_SETTING),
             ).fetchall()
-            live = [r["owner"] for r in rows if r["owner"] != owner and r["expires"] > now]
+            live = [r["owner"] for r in rows
+                    if r["owner"] != owner and r["expires"] > now and not gone(r["owner"])]  # fmt: skip
             if live:
                 return LeaseAnswer(False, holder=live[0])
             lapsed = [r["owner"] for r in rows if r["owner"] != owner and r["shard"] == shard]
@@ -78,13 +81,23 @@ class LeaseRecords:
         with self.db:
             self.db.execute(sql, args)
 
-    def drop_expired_leases(self, run_id: str, shard: int) -> None:
-        """Delete the expired leases of ``run_id`` on ``shard`` (e.g. :data:`PRESENCE`: of
-        processes that died)."""
+    def drop_expired_leases(
+        self, run_id: str, shard: int, gone: Callable[[str], bool] = lambda owner: False
+    ) -> None:
+        """Delete the leases of ``run_id`` on ``shard`` that expired or whose owner is
+        ``gone`` (e.g. :data:`PRESENCE`: of processes that died)."""
+        owners = self.db.execute(
+            "SELECT DISTINCT owner FROM leases WHERE run_id = ? AND shard = ?", (run_id, shard)
+        ).fetchall()
+        dead = [row[0] for row in owners if gone(row[0])]
         with self.db:
             self.db.execute(
                 "DELETE FROM leases WHERE run_id = ? AND shard = ? AND expires <= ?",
                 (run_id, shard, time.time()),
+            )
+            self.db.executemany(
+                "DELETE FROM leases WHERE run_id = ? AND shard = ? AND owner = ?",
+                [(run_id, shard, owner) for owner in dead],
             )
 
     def lease_holder(self, run_id: str, method: str, setting: str, shard: int) -> str | None:

@@ -8,7 +8,9 @@ certifies a shard it takes a **lease** on it in the database's ``leases`` table
 so two processes never hold the same shard). A lease expires :func:`lease_seconds`
 after it was last renewed; a :class:`LeaseKeeper` renews its process's leases from a
 thread every third of that time while it works, and a process that dies (even by
-SIGKILL) stops renewing, so another one takes its shards over once they expire.
+SIGKILL) stops renewing, so another one takes its shards over once they expire, or at
+once when the dead process was of the same host (:func:`owner_gone`: a resumed run does
+not wait out its killed predecessor's leases).
 
 The result does not depend on which process certified what: noise depends only on
 (seed, stream, input id, sample index) (``harness/README.md``, "Noise contract"), σ is
@@ -108,7 +110,8 @@ class LeaseKeeper:
         return self.others(run_id)
 
     def acquire(self, run_id: str, method: str, setting: str, shard: int) -> LeaseAnswer:
-        answer = self.store.acquire_lease(run_id, method, setting, shard, self.owner, self.seconds)
+        answer = self.store.acquire_lease(run_id, method, setting, shard, self.owner, self.seconds,
+                                          owner_gone)  # fmt: skip
         if answer.acquired:
             with self._lock:
                 self.held.add((run_id, method, setting, shard))
@@ -129,7 +132,8 @@ class LeaseKeeper:
 
     def others(self, run_id: str) -> list[str]:
         """``host:pid`` of the other processes holding unexpired leases on ``run_id``."""
-        owners = {lease["owner"] for lease in self.store.live_leases(run_id)} - {self.owner}
+        owners = {lease["owner"] for lease in self.store.live_leases(run_id)
+                  if not owner_gone(lease["owner"])} - {self.owner}  # fmt: skip
         for owner in sorted(owners):
             self.meet(owner)
         return sorted({display(o) for o in owners})
@@ -152,7 +156,7 @@ class LeaseKeeper:
         for key in held:
             self.store.release_lease(*key, self.owner)
         for run_id in self._joined:  # processes that died without saying so
-            self.store.drop_expired_leases(run_id, PRESENCE)
+            self.store.drop_expired_leases(run_id, PRESENCE, owner_gone)
         self.store.close()
 
     def _heartbeat(self) -> None:
@@ -169,6 +173,22 @@ class LeaseKeeper:
                     self._lost |= before - still
         finally:
             store.close()
+
+
+def owner_gone(owner: str) -> bool:
+    """Whether the lease owner ``host:pid:suffix`` is a process of this host that has ended
+    (its pid names no process). A pid reused since, or another host's owner, counts as
+    alive: its lease then lasts until it expires."""
+    host, _, pid = display(owner).rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # it exists (another user's process)
+        return False
+    return False
 
 
 def display(owner: str) -> str:
