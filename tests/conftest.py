@@ -11,10 +11,11 @@ plugins installed for one test (``tests/installed_plugins.py``).
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 
-from harness.foundation.threads import set_passive_wait
+from harness.foundation.threads import available_cores, set_passive_wait, thread_count
 
 # Idle OpenMP threads sleep in this process and in the processes the tests start (they
 # inherit the environment): pytest-xdist's workers share the cores, and spinning threads
@@ -26,6 +27,12 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from harness.plugin.manager import PluginManager  # noqa: E402
+
+# an xdist worker computes in this process with its share of the cores (the processes a
+# test starts decide their own counts, as every idrs-bench process does)
+torch.set_num_threads(
+    thread_count(available_cores(), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1)))
+)
 
 pytest_plugins = [
     "tests.field_files",
