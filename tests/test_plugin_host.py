@@ -9,6 +9,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -312,3 +313,44 @@ def test_sequential_draws_cross_the_boundary_and_certify_as_in_process(tmp_path,
     assert len(seen["all"]) == 16 and seen["all"] == seen["third-party"]
     looks = [json.loads(row[5])["base"]["looks"] for row in seen["all"]]
     assert all(looks) and min(len(x) for x in looks) < max(len(x) for x in looks)
+
+
+BLOCKING_HARNESS = """
+import threading, time
+from harness.plugin.remote import PluginHost
+
+host = PluginHost()
+threading.Thread(target=lambda: host.request("describe"), daemon=True).start()
+while host._process is None:
+    time.sleep(0.01)
+print(host._process.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_plugin_host_ends_with_the_harness_even_while_a_plugin_blocks(install_plugin):
+    """A harness process killed while its plugin host is inside a plugin's code that never
+    returns (here: its import) leaves no host behind: the host watches its parent."""
+    install_plugin("idrs_test_blocking", "import time\nIDRS_BENCH_CONTRACT = 3\ntime.sleep(600)\n")
+    harness = subprocess.Popen([sys.executable, "-c", BLOCKING_HARNESS], stdout=subprocess.PIPE,
+                               text=True, env={**os.environ})  # fmt: skip
+    try:
+        pid = int(harness.stdout.readline())
+        time.sleep(1.0)  # the host is importing the blocking plugin
+        os.kill(pid, 0)  # alive
+        harness.kill()
+        harness.wait()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.1)
+        assert not _alive(pid), "the plugin host outlived the harness's process"
+    finally:
+        harness.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:  # a zombie has ended
+            return stat.read().split(") ")[-1][0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -15,13 +15,16 @@ entropy or the harness's own engines.
 
 Protocol: one request per message on stdin, one answer per message on the original
 stdout (plugins' prints go to stderr); ``{"ok": false, "error": ...}`` when a request
-fails. The process ends when its stdin closes, so it never outlives the harness.
+fails. The process ends when its stdin closes, or when the harness's process (the pid
+it is started with) has ended while a plugin's code blocks: it never outlives the harness.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -300,8 +303,28 @@ def _answer_error(exc: BaseException) -> dict[str, Any]:
             "traceback": traceback.format_exc(limit=-4)}  # fmt: skip
 
 
-def main() -> None:
-    """Serve requests until stdin closes (see the module docstring)."""
+PARENT_POLL_SECONDS = 1.0
+
+
+def exit_with_parent(parent: int, poll: float = PARENT_POLL_SECONDS) -> threading.Thread:
+    """End this process once the harness's process ``parent`` has ended (this one is then
+    reparented), also while a plugin's code blocks and stdin's end is never read."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll)
+        os._exit(3)
+
+    thread = threading.Thread(target=watch, daemon=True, name="parent-watch")
+    thread.start()
+    return thread
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve requests until stdin closes or the harness's process ends (its pid the
+    argument, default this process's parent; see the module docstring)."""
+    argv = sys.argv[1:] if argv is None else argv
+    exit_with_parent(int(argv[0]) if argv else os.getppid())
     channel = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a plugin's print goes to stderr
     sys.stdout = sys.stderr

@@ -27,6 +27,7 @@ the checks' analytic models do between trials), the protocol and the engine's se
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import tempfile
@@ -82,7 +83,7 @@ class PluginHost:
         from harness.foundation.threads import child_environment
 
         process = subprocess.Popen(
-            [sys.executable, "-m", "harness.plugin.host"], stdin=subprocess.PIPE,
+            [sys.executable, "-m", "harness.plugin.host", str(os.getpid())], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_environment(),
         )  # fmt: skip
         threading.Thread(target=self._echo, args=(process.stderr,), daemon=True).start()
