@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
@@ -114,6 +115,19 @@ def child_environment(
     if threads is not None:
         env[THREADS_ENV_VAR] = str(int(threads))
     return env
+
+
+def stop_child(process: subprocess.Popen, timeout: float = 30.0) -> None:
+    """End a helper process the harness started with :func:`child_environment` (a plugin
+    host, a replay process): close its stdin, the end of its requests, wait ``timeout``
+    seconds for it to finish, else kill it."""
+    if process.poll() is None:
+        try:
+            process.stdin.close()
+            process.wait(timeout=timeout)
+        except (OSError, subprocess.TimeoutExpired):
+            process.kill()
+            process.wait()
 
 
 class WorkingProcess:

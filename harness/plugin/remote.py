@@ -45,6 +45,7 @@ import torch
 from harness.engine.draws import Evidence, SigmaSmoothing
 from harness.foundation import errors
 from harness.foundation.errors import ContractError, IdrsError
+from harness.foundation.threads import child_environment, stop_child
 from harness.mathematics.radius import RadiusFormula, Recomputed, formula_from_record
 from harness.plugin import messages, model_description, wire
 from harness.plugin.components import BuildContext, RunMemo
@@ -80,14 +81,12 @@ class PluginHost:
         self._count = 0
 
     def _start(self) -> subprocess.Popen:
-        from harness.foundation.threads import child_environment
-
         process = subprocess.Popen(
             [sys.executable, "-m", "harness.plugin.host", str(os.getpid())], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_environment(),
         )  # fmt: skip
         threading.Thread(target=self._echo, args=(process.stderr,), daemon=True).start()
-        weakref.finalize(self, _stop, process)
+        weakref.finalize(self, stop_child, process)
         self.generation += 1
         self._reset()
         return process
@@ -130,7 +129,7 @@ class PluginHost:
     def close(self) -> None:
         with self._lock:
             if self._process is not None:
-                _stop(self._process)
+                stop_child(self._process)
                 self._process = None
         self._folder.cleanup()
 
@@ -231,16 +230,6 @@ class PluginHost:
                 "train_y": array(dataset.train_y), "test_x": array(dataset.test_x),
                 "test_y": array(dataset.test_y), "num_classes": int(dataset.num_classes),
                 "class_names": list(dataset.class_names), "files": dict(dataset.files)}  # fmt: skip
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        try:
-            process.stdin.close()
-            process.wait(timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            process.kill()
-            process.wait()
 
 
 def _plugin_error(answer: Any) -> IdrsError:
@@ -376,7 +365,8 @@ class RemoteCertifier:
 @dataclass(frozen=True)
 class RemoteFormula(RadiusFormula):
     """A radius formula of a third-party plugin: re-derived by the plugin host (a claim,
-    which S1 holds to exact smoothed classifiers); ``recorded`` is how it is named."""
+    which S1 holds to exact smoothed classifiers); ``recorded`` is how it is named. It has
+    no ``threshold`` the harness could compute, so its method certifies fixed-n only."""
 
     recorded: Mapping[str, Any] = field(default_factory=dict, compare=False)
     host: Any = field(default=None, compare=False, repr=False)
@@ -396,11 +386,6 @@ class RemoteFormula(RadiusFormula):
 
     def impure_parts(self) -> list[str]:
         return list(self.impure)
-
-    def grid_threshold(self) -> None:
-        """None: sequential sampling stops on thresholds the harness computes itself, and a
-        third-party formula's run only in its host (such a method certifies fixed-n)."""
-        return None
 
 
 def _unavailable(*_: Any, **__: Any) -> Any:

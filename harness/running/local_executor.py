@@ -163,8 +163,8 @@ def _held_elsewhere(
 
     held = set()
     for lease in store.live_leases(run_id):
-        mine = lease["owner"] == leases.owner or owner_gone(lease["owner"])
-        if (lease["method"], lease["setting"]) == (work.method, work.key) and not mine:
+        elsewhere = lease["owner"] != leases.owner and not owner_gone(lease["owner"])
+        if (lease["method"], lease["setting"]) == (work.method, work.key) and elsewhere:
             leases.meet(lease["owner"])
             held.add(lease["shard"])
     return WHOLE_SETTING in held or set(work.unfinished()) <= held

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.foundation.errors import IdrsError
+from harness.foundation.threads import child_environment, stop_child
 
 FRESH_STREAM_BASE = 1 << 32
 """Fresh replication streams lie above every documented stream (harness/README.md,
@@ -111,8 +112,6 @@ class Replayer:
         self._finalizer = None
 
     def _start(self) -> subprocess.Popen:
-        from harness.foundation.threads import child_environment
-
         env = child_environment(environ=dict(os.environ, IDRS_BENCH_PLUGINS=""))
         self._log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (open while it runs)
         process = subprocess.Popen(
@@ -153,13 +152,7 @@ class Replayer:
 
 
 def _stop(process: subprocess.Popen, log) -> None:
-    if process.poll() is None:
-        try:
-            process.stdin.close()
-            process.wait(timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            process.kill()
-            process.wait()
+    stop_child(process)
     log.close()
 
 
