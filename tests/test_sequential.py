@@ -116,6 +116,24 @@ def test_semi_elastic_threshold_is_where_the_radius_of_thm_3_2_reaches_the_grid(
     assert np.all(at >= radii * (1 - 1e-8)) and np.all(below < radii)
 
 
+def test_sukenik_thresholds_are_the_same_one_at_a_time_as_in_a_batch():
+    """Each σ is solved on its own and remembered: S1 certifies trials one at a time, S0
+    re-derives a run's stops in one batch, and both must see the same thresholds."""
+    from harness.mathematics import radius
+
+    radii, regularity = [0.25, 0.5, 0.75, 1.0], SemiElastic(0.01)
+    sigma = np.array([0.2, 0.25, 0.31, 0.25])
+    radius._SEMI_ELASTIC_ROWS.clear()
+    batch = radius.sukenik_threshold(radii, sigma, 784, regularity)
+    single = np.vstack([semi_elastic_threshold(np.array(radii)[None, :], s, 0.01, 784)
+                        for s in sigma])  # fmt: skip
+    assert np.array_equal(batch, single) and np.array_equal(batch[1], batch[3])
+    assert np.array_equal(
+        radius.sukenik_threshold(radii, sigma[::-1], 784, regularity), batch[::-1]
+    )
+    assert len(radius._SEMI_ELASTIC_ROWS) == 3
+
+
 class _Linear(torch.nn.Module):
     """Logits (0, w·x − b) of a half-space: the smoothed classifier is Φ((w·x − b)/σ)."""
 

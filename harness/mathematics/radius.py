@@ -228,14 +228,32 @@ def cohen_threshold(radii, sigma, dim, regularity) -> np.ndarray:
     return ndtr(np.asarray(radii, dtype=np.float64)[None, :] / np.asarray(sigma, float)[:, None])
 
 
+_SEMI_ELASTIC_ROWS: dict[tuple, np.ndarray] = {}
+"""Thresholds of Thm 3.2 already solved in this process, by (radii, rate, dim, σ): S1's
+trials certify the run's inputs one at a time, each σ several times."""
+_SEMI_ELASTIC_LIMIT = 100_000
+
+
 def sukenik_threshold(radii, sigma, dim, regularity) -> np.ndarray:
     """The least p_A at which Thm 3.2 certifies each radius at the declared rate
-    (:func:`~harness.mathematics.worstcase.semi_elastic_threshold`)."""
+    (:func:`~harness.mathematics.worstcase.semi_elastic_threshold`, which solves each σ on
+    its own, so a σ solved before is looked up)."""
     from harness.mathematics.worstcase import semi_elastic_threshold
 
-    radii = np.asarray(radii, dtype=np.float64)[None, :]
-    sigma = np.asarray(sigma, dtype=np.float64)[:, None]
-    return semi_elastic_threshold(radii, sigma, semi_elastic_rate(regularity), int(dim))
+    radii = tuple(float(r) for r in np.ravel(radii))
+    sigma = np.asarray(sigma, dtype=np.float64).ravel()
+    rate, dim = semi_elastic_rate(regularity), int(dim)
+    keys = [(radii, rate, dim, float(s)) for s in sigma]
+    missing = sorted({key[3] for key in keys if key not in _SEMI_ELASTIC_ROWS})
+    if missing:
+        rows = semi_elastic_threshold(
+            np.array(radii)[None, :], np.array(missing)[:, None], rate, dim
+        )
+        if len(_SEMI_ELASTIC_ROWS) + len(missing) > _SEMI_ELASTIC_LIMIT:
+            _SEMI_ELASTIC_ROWS.clear()
+        for s, row in zip(missing, rows, strict=True):
+            _SEMI_ELASTIC_ROWS[(radii, rate, dim, s)] = row
+    return np.array([_SEMI_ELASTIC_ROWS[key] for key in keys]).reshape(len(sigma), len(radii))
 
 
 def grid_thresholds(formula: RadiusFormula, radii, sigma, dim: int, regularity) -> np.ndarray:

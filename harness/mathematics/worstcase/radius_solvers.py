@@ -44,6 +44,7 @@ _PROBE_LANES = 48  # multisection below this many active inputs (see _bisect_rad
 _MAX_PROBES = 15
 _XI_MARGIN = 1e-10  # certification requires xi < 1/2 - margin (numerical safety)
 _MAX_LOG_RATIO = 300.0  # rate * R beyond which sigma1/sigma0 = e^(+-rR) never certifies
+_THRESHOLD_LOG_WIDTH = 1e-9  # bracket width on log(1 - p_A) of semi_elastic_threshold
 
 
 def is_certified(
@@ -268,12 +269,14 @@ def semi_elastic_threshold(
     """The least p_A at which Thm 3.2 certifies distance ``radius`` (the condition of
     :func:`certified_radius` at R = radius): where a bound on p_A reaches the radius.
 
-    The condition is monotone in p_A (a smaller p_B = 1 − p_A lowers ξ), so the result is
-    found by bisection on log(1 − p_A) between Cohen's Φ(R/σ0) (never enough for
-    rate > 0, Thm B.6) and 1 − 10⁻³⁰⁰, to 60 halvings (a relative 10⁻¹⁵ on 1 − p_A); the
-    returned value is one at which the condition was verified. ``rate == 0`` and
-    ``radius == 0`` give Cohen's Φ(R/σ0) exactly; a radius not certified even at
-    p_A = 1 − 10⁻³⁰⁰ gives ``inf`` (never reached).
+    The condition is monotone in p_A (a smaller p_B = 1 − p_A lowers ξ). With
+    u = log(1 − p_A), it fails at Cohen's u = log Φ(−R/σ0) (never enough for rate > 0,
+    Thm B.6); steps of 1, 2, 4, … below it find a u where it holds (down to
+    1 − p_A = 10⁻³⁰⁰), and bisection narrows that bracket to a width of
+    :data:`_THRESHOLD_LOG_WIDTH` (a relative 10⁻⁹ on 1 − p_A). The returned value is one at
+    which the condition was verified. Each row is solved on its own (the same value
+    whatever else is in the batch). ``rate == 0`` and ``radius == 0`` give Cohen's Φ(R/σ0)
+    exactly; a radius not certified even at p_A = 1 − 10⁻³⁰⁰ gives ``inf`` (never reached).
     """
     r, s0, rt = (np.asarray(v, dtype=np.float64) for v in np.broadcast_arrays(radius, sigma0, rate))
     shape = r.shape
@@ -282,19 +285,29 @@ def semi_elastic_threshold(
     search = np.nonzero((rt > 0) & (r > 0))[0]
     if search.size == 0:
         return out.reshape(shape)
+    floor = np.log(1e-300)
     hi = np.log(sc.ndtr(-r[search] / s0[search]))  # log(1 − p): fails here
-    lo = np.full(search.size, np.log(1e-300))  # holds here, if anywhere
     warm = {key: np.full(search.size, np.nan) for key in ("gb", "ga", "lb", "la")}
+
+    def holds(log_q: NDArray[np.float64], rows: NDArray[np.int64]) -> NDArray[np.bool_]:
+        at = search[rows]
+        return _condition(r[at], s0[at], rt[at], np.exp(log_q), None, int(dim), warm, rows)
+
+    step = np.ones(search.size)
+    lo = np.maximum(hi - step, floor)
+    ok = np.zeros(search.size, dtype=bool)
     rows = np.arange(search.size)
-
-    def holds(log_q: NDArray[np.float64]) -> NDArray[np.bool_]:
-        return _condition(r[search], s0[search], rt[search], np.exp(log_q), None, int(dim), warm,
-                          rows)  # fmt: skip
-
-    reachable = holds(lo)
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        ok = holds(mid)
-        lo, hi = np.where(ok, mid, lo), np.where(ok, hi, mid)
-    out[search] = np.where(reachable, -np.expm1(lo), np.inf)
+    while rows.size:  # expand the bracket below Cohen's until the condition holds
+        ok[rows] = holds(lo[rows], rows)
+        rows = rows[~ok[rows] & (lo[rows] > floor)]
+        hi[rows], step[rows] = lo[rows], 2 * step[rows]
+        lo[rows] = np.maximum(hi[rows] - step[rows], floor)
+    rows = np.flatnonzero(ok)
+    while rows.size:
+        mid = (lo[rows] + hi[rows]) / 2
+        holds_mid = holds(mid, rows)
+        lo[rows] = np.where(holds_mid, mid, lo[rows])
+        hi[rows] = np.where(holds_mid, hi[rows], mid)
+        rows = rows[hi[rows] - lo[rows] > _THRESHOLD_LOG_WIDTH]
+    out[search] = np.where(ok, -np.expm1(lo), np.inf)
     return out.reshape(shape)
