@@ -333,16 +333,24 @@ def engine_patched() -> Iterator[types.ModuleType]:
 @contextlib.contextmanager
 def invalid_rule() -> Iterator[None]:
     """The invalid sequential rule: a plain Clopper–Pearson bound at level α at every look
-    (no α-spending; :func:`harness.mathematics.sequential.spending` patched), for the run
-    and its checks alike; undone on exit."""
-    from harness.mathematics import sequential
+    (:meth:`harness.mathematics.sequential.SequentialRule.look_bounds` patched), for the
+    run and its checks alike; undone on exit."""
+    from harness.mathematics.sequential import SequentialRule
 
-    original = sequential.spending
-    sequential.spending = lambda looks, final_share=0.5: np.ones(looks)
+    original = SequentialRule.look_bounds
+    SequentialRule.look_bounds = plain_clopper_pearson
     try:
         yield
     finally:
-        sequential.spending = original
+        SequentialRule.look_bounds = original
+
+
+def plain_clopper_pearson(rule, counts, k, alpha: float) -> np.ndarray:
+    """Clopper–Pearson at level α at look ``k`` of ``rule``, as if it were the only look."""
+    from harness.mathematics.sequential import cp_lower
+
+    counts, k = np.broadcast_arrays(np.asarray(counts, dtype=np.int64), np.asarray(k))
+    return cp_lower(counts, rule.looks[k], alpha)
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from dataclasses import replace
 
+import mpmath as mp
 import numpy as np
 import pytest
 import torch
@@ -22,7 +23,7 @@ from harness.foundation.regularity import Constant, SemiElastic
 from harness.mathematics import sequential
 from harness.mathematics.crossing import crossing_probability, worst_crossing
 from harness.mathematics.radius import COHEN, SUKENIK, RadiusFormula, cohen_recompute
-from harness.mathematics.sequential import SequentialRule, cp_lower, cp_upper, spending
+from harness.mathematics.sequential import SequentialRule, cp_lower, cp_upper
 from harness.mathematics.worstcase import certified_radius, semi_elastic_threshold
 from harness.running.benchmark import DEFAULT_BENCHMARK, load_benchmark
 from plugins.cohen.certifier import CohenCertifier
@@ -30,65 +31,90 @@ from plugins.cohen.certifier import CohenCertifier
 GRID = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
-def test_schedule_is_geometric_and_spends_alpha_exactly():
+def test_schedule_is_geometric_and_a_single_look_is_clopper_pearson_at_alpha():
     rule = SequentialRule(100_000, GRID)
     looks = rule.looks
     assert looks[0] == 100 and looks[-1] == 100_000
-    assert np.all(looks[1:-1] == np.ceil(1.5 * looks[:-2]))
-    assert looks[-1] / looks[-2] >= 1.5  # no look just before n_max
-    levels = rule.levels(1e-3)
-    assert levels.sum() == pytest.approx(1e-3, rel=1e-12) and levels[-1] == pytest.approx(5e-4)
-    assert SequentialRule(120, GRID).looks.tolist() == [120]
-    assert spending(1).tolist() == [1.0]
+    assert np.all(looks[1:-1] == np.ceil(np.round(1.1 * looks[:-2], 6))) and looks[1] == 110
+    assert looks[-1] / looks[-2] >= 1.1  # no look just before n_max
+    one = SequentialRule(105, GRID)
+    assert one.looks.tolist() == [105]
+    assert one.look_bounds(80, 0, 1e-3) == pytest.approx(stats.beta.ppf(1e-3, 80, 26), rel=1e-12)
 
 
 def test_clopper_pearson_bounds_match_scipy_exact_interval():
-    """The per-look bounds are the one-sided exact (Clopper–Pearson) bounds: those of
-    SciPy's two-sided exact interval at twice the level."""
+    """The last look's bound is at least the one-sided exact (Clopper–Pearson) bound at
+    α/2: that of SciPy's two-sided exact interval at twice the level."""
     for k, n, a in [(0, 50, 0.01), (37, 50, 0.01), (50, 50, 0.001), (9_990, 10_000, 1e-4)]:
         interval = stats.binomtest(k, n).proportion_ci(confidence_level=1 - 2 * a, method="exact")
         assert float(cp_lower(k, n, a)) == pytest.approx(interval.low, rel=1e-9, abs=1e-300)
         assert float(cp_upper(k, n, a)) == pytest.approx(interval.high, rel=1e-9)
+    rule = SequentialRule(10_000, GRID)
+    assert rule.look_bounds(9_990, len(rule.looks) - 1, 2e-4) >= cp_lower(9_990, 10_000, 1e-4)
+
+
+def _log_mixture(k, n, t, a=1.0, b=0.0625):
+    """log M_n(t) of the beta-binomial mixture, in mpmath at 50 digits."""
+    mp.mp.dps = 50
+    k, n, t = mp.mpf(k), mp.mpf(n), mp.mpf(t)
+    return (mp.log(mp.beta(a + k, b + n - k)) - mp.log(mp.beta(a, b)) - k * mp.log(t)
+            - (n - k) * mp.log(1 - t))  # fmt: skip
+
+
+@pytest.mark.parametrize(("k", "n"), [(7, 10), (900, 1_000), (5_000, 5_000), (99_000, 100_000),
+                                      (288_489, 288_489)])  # fmt: skip
+def test_mixture_bound_is_where_robbins_martingale_reaches_one_over_alpha(k, n):
+    """The confidence sequence's lower end: M_n (mpmath's, not the code's) excludes the
+    bound, and a relative 10⁻⁹ of the gap to 1 above it is within the rounding margin."""
+    alpha = 1e-3
+    lower = float(sequential.mixture_lower(k, n, alpha))
+    assert _log_mixture(k, n, lower) >= mp.log(1 / alpha)
+    above = lower + 1e-9 * (1 - lower)
+    assert _log_mixture(k, n, above) < mp.log(1 / alpha) + 2 * sequential.MARGIN
+    assert np.all(np.diff(sequential.mixture_lower(np.arange(n // 2, n + 1, max(1, n // 50)),
+                                                   n, alpha)) >= 0)  # fmt: skip
 
 
 def test_crossing_probability_matches_monte_carlo():
-    """The exact dynamic programme against 200,000 simulated count paths (a large α, so
+    """The exact dynamic programme against 40,000 simulated count paths (a large α, so
     that the crossing is frequent enough to estimate)."""
     rule = SequentialRule(600, GRID)
     alpha, p = 0.3, 0.8
     exact = crossing_probability(rule, alpha, p)
     rng = np.random.default_rng(0)
     steps = np.diff(np.concatenate([[0], rule.looks]))
-    counts = np.cumsum(rng.binomial(steps, p, size=(200_000, len(steps))), axis=1)
-    crossed = (cp_lower(counts, rule.looks, rule.levels(alpha)) > p).any(axis=1).mean()
-    assert abs(crossed - exact) < 4 * np.sqrt(exact * (1 - exact) / 200_000)
-    assert 0.05 < exact < 0.3  # the union bound holds, and the check is not trivial
+    counts = np.cumsum(rng.binomial(steps, p, size=(40_000, len(steps))), axis=1)
+    crossed = (rule.bounds(counts, alpha)[:, -1] > p).mean()
+    assert abs(crossed - exact) < 4 * np.sqrt(exact * (1 - exact) / 40_000)
+    assert 0.02 < exact < 0.3  # the bound holds, and the check is not trivial
 
 
-def test_alpha_spending_is_anytime_valid_and_a_plain_bound_per_look_is_not(monkeypatch):
+def test_the_rule_is_anytime_valid_and_a_plain_bound_per_look_is_not(monkeypatch):
+    from tests.rigged_methods import plain_clopper_pearson
+
     rule = SequentialRule(2_500, GRID)
     points = 1 - np.geomspace(0.5, 1e-4, 40)
     valid = worst_crossing(rule, 1e-3, points)
     assert valid["ratio_to_alpha"] <= 1.0
-    monkeypatch.setattr(sequential, "spending", lambda looks, final_share=0.5: np.ones(looks))
+    monkeypatch.setattr(SequentialRule, "look_bounds", plain_clopper_pearson)
     naive = worst_crossing(rule, 1e-3, points)
     assert naive["ratio_to_alpha"] > 2.0
 
 
 def test_stopping_rule_for_agreeing_samples_stops_at_the_first_look_certifying_the_top():
     """Every sample agreeing at σ = 0.5: the top radius 1.0 needs p >= Φ(2); the input
-    stops at the first look whose bound α_k^(1/n_k) reaches it (a closed form)."""
+    stops at the first look where Robbins' mixture (in mpmath) excludes Φ(2) at α/2."""
     rule = SequentialRule(100_000, GRID)
     sigma = np.array([0.5])
     thresholds = ndtr(np.array([[0.25, 0.5, 0.75, 1.0]]) / sigma[:, None])
-    levels = rule.levels(1e-3)
-    expected = next(k for k, (n, a) in enumerate(zip(rule.looks, levels, strict=True))
-                    if a ** (1 / n) >= ndtr(2.0))  # fmt: skip
+    target = mp.log(2 / mp.mpf("1e-3"))
+    expected = next(k for k, n in enumerate(rule.looks.tolist())
+                    if _log_mixture(n, n, ndtr(2.0)) >= target)  # fmt: skip
     for k, n in enumerate(rule.looks):
         bound = rule.bounds(np.array([rule.looks[: k + 1]]), 1e-3)[:, -1]
         if rule.stops(k, np.array([n]), bound, thresholds, 1e-3)[0]:
             break
-    assert k == expected
+    assert k == expected and rule.looks[k] < 1.25 * np.log(1e3) / -np.log(ndtr(2.0))
 
 
 def test_stopping_rule_decides_abstention_early_and_runs_near_a_threshold():
@@ -276,12 +302,12 @@ def test_sukenik_formula_is_certified_sequentially_and_rederived():
 def test_draws_record_round_trips():
     rule = SequentialRule(1_000, GRID)
     looks = np.zeros((2, len(rule.looks), 3), dtype=np.int64)
-    looks[0, 0], looks[1, :2] = [90, 6, 4], [[98, 1, 1], [147, 2, 1]]
+    looks[0, 0], looks[1, :2] = [90, 6, 4], [[98, 1, 1], [107, 2, 1]]
     draws = Draws("hard", 100, 1_000, np.array([0.2, 0.3]), np.array([[90, 5, 5], [99, 1, 0]]),
-                  np.array([[90, 6, 4], [147, 2, 1]]), rule=rule, looks=looks,
+                  np.array([[90, 6, 4], [107, 2, 1]]), rule=rule, looks=looks,
                   stops=np.array([0, 1]))  # fmt: skip
     back = Draws.from_records([draws.record(0), draws.record(1)])
-    assert back.samples().tolist() == [100, 150] and np.array_equal(back.looks, looks)
+    assert back.samples().tolist() == [100, 110] and np.array_equal(back.looks, looks)
     assert np.array_equal(back.lower_bound(np.array([0, 0]), 1e-3),
                           draws.lower_bound(np.array([0, 0]), 1e-3))  # fmt: skip
 

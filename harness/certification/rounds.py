@@ -90,7 +90,7 @@ def draw_in_rounds(
                                n - before, STREAM_ESTIMATION, start=before)  # fmt: skip
         looks[running, k] = counts + (looks[running, k - 1] if k else 0)
         here = looks[running, k, top[running]]
-        bound[running] = rule.bounds(looks[running, : k + 1, top[running]], alpha)[:, -1]
+        bound[running] = np.maximum(bound[running], rule.look_bounds(here, k, alpha))
         stop = rule.stops(k, here, bound[running], thresholds[running], alpha)
         stops[running[stop]] = k
         seconds[running] += (time.perf_counter() - start) / running.size

@@ -16,7 +16,9 @@ so a look costs O(√n)) and the mass at counts whose bound exceeds p is moved t
 crossed total. No sampling is involved, so the check flags an invalid rule (e.g. a plain
 Clopper–Pearson bound at level α at every look, whose crossing probability is several
 times α) with no false alarms: a valid rule's crossing probability is <= α at every p
-by its union bound (:mod:`harness.mathematics.sequential`).
+by Ville's inequality and the union bound (:mod:`harness.mathematics.sequential`). Each
+look's bound never falls as the count grows, so the counts where it exceeds p are those
+from one count on (:meth:`~harness.mathematics.sequential.SequentialRule.crossing_counts`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import numpy as np
 from scipy import stats
 from scipy.signal import fftconvolve
 
-from harness.mathematics.sequential import SequentialRule, cp_lower
+from harness.mathematics.sequential import SequentialRule
 
 DIRECT_LIMIT = 2_000_000
 """Largest (counts × round length) convolved directly; longer rounds go through FFT."""
@@ -43,10 +45,10 @@ def _window(n: int, p: float) -> tuple[int, int]:
 def crossing_probability(rule: SequentialRule, alpha: float, p: float) -> float:
     """P_p(some look's bound exceeds p) under ``rule`` at level ``alpha``, exactly (up to
     the mass outside :data:`WINDOW_SD` standard deviations, below 10⁻³⁰⁰)."""
-    looks, levels = rule.looks, rule.levels(alpha)
+    least = rule.crossing_counts(p, alpha)  # at each look, the counts from which L_k > p
     alive, offset = np.ones(1), 0  # P(count = offset + i, not crossed yet)
     crossed, before = 0.0, 0
-    for n, level in zip(looks.tolist(), levels.tolist(), strict=True):
+    for n, over_from in zip(rule.looks.tolist(), least.tolist(), strict=True):
         lo, hi = _window(n - before, p)
         step = stats.binom.pmf(np.arange(lo, hi + 1), n - before, p)
         if len(alive) * len(step) > DIRECT_LIMIT:
@@ -57,7 +59,7 @@ def crossing_probability(rule: SequentialRule, alpha: float, p: float) -> float:
         keep_lo, keep_hi = _window(n, p)
         start, stop = max(keep_lo - offset, 0), min(keep_hi - offset + 1, len(alive))
         alive, offset = alive[start:stop], offset + start
-        over = cp_lower(offset + np.arange(len(alive)), n, level) > p
+        over = offset + np.arange(len(alive)) >= over_from
         crossed += float(alive[over].sum())
         alive[over] = 0.0
         before = n

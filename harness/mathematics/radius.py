@@ -158,8 +158,9 @@ def _looks(row: Mapping[str, Any]) -> list | None:
 
 def sequential_bound(record: Mapping[str, Any], top: int, alpha: float) -> float:
     """The bound on p of class ``top`` that hard draws made sequentially (a stored
-    record with ``looks`` and ``rule``) give at their last look: the rule's running
-    maximum of Clopper–Pearson bounds at the α-spending levels (0 if malformed)."""
+    record with ``looks`` and ``rule``) give at their last look: the running maximum of
+    the rule's bounds (:meth:`~harness.mathematics.sequential.SequentialRule.look_bounds`;
+    0 if malformed)."""
     from harness.mathematics.sequential import SequentialRule
 
     try:

@@ -5,33 +5,46 @@ draws them in rounds, on the same stream (the first n_k samples at look k are th
 n_k of a fixed run's), and stops an input once its place on the benchmark's radius grid
 is decided.
 
-**The bound** (a confidence sequence by α-spending). Looks at a fixed geometric
-schedule n_1 < n_2 < … < n_K = n_max (:meth:`SequentialRule.looks`: n_1 = 100,
-n_{k+1} = ⌈1.5·n_k⌉ while at most n_max/1.5; a single look at n_max when n_max < 150). Look k spends α_k = α·w_k of the level, with w_K = 1/2 and the other
-half shared equally by the earlier looks (:func:`spending`; one look: w_1 = 1), and
-L_k = Clopper–Pearson lower bound of the count of ĉ_A among the first n_k samples at
-level α_k (Clopper & Pearson 1934). By the union bound (Bonferroni), P(∃k: p_A < L_k)
-<= Σ_k α_k = α, so the running maximum max_{m<=k} L_m is below p_A at *every* look at
-once with probability >= 1 − α, and so at any stopping time, however it depends on the
-counts: a sequential certificate carries the radius guarantee of a fixed-n one at the
-same α, at a data-dependent n. This is α-spending over a fixed schedule of looks (the
-group-sequential design of Pocock 1977 with the spending of Lan & DeMets 1983, here
-with exact binomial bounds); confidence sequences valid at every n (Robbins' beta-binomial
-mixture; the betting sequences of Waudby-Smith & Ramdas, JRSS-B 2024) would allow more
-looks, at the price of a bound that is harder to re-derive. ĉ_A comes from the n0
-selection samples, independent of these.
+**The bound** (:meth:`SequentialRule.look_bounds`). Looks at a fixed geometric schedule
+n_1 < n_2 < … < n_K = n_max (:meth:`SequentialRule.looks`: n_1 = 100,
+n_{k+1} = ⌈1.1·n_k⌉ while at most n_max/1.1; a single look at n_max when n_max < 110).
+Half of α goes to a confidence sequence valid at every n, half to the last look:
+
+- before n_max, L_k is the lower end of Robbins' beta-binomial mixture confidence
+  sequence (Robbins 1970, "Statistical methods related to the law of the iterated
+  logarithm"; Waudby-Smith & Ramdas, JRSS-B 2024, §3) at level α/2: with C_k ĉ_A's count
+  among the first n_k samples and the mixing law Beta(a, b) (:data:`PRIOR`),
+
+      M_k(t) = B(a + C_k, b + n_k − C_k) / (B(a, b) · t^{C_k} (1 − t)^{n_k − C_k})
+
+  is a nonnegative martingale with mean 1 under p_A = t, so by Ville's inequality
+  P(∃k: M_k(p_A) >= 2/α) <= α/2, and L_k = inf{t <= C_k/n_k : M_k(t) < 2/α}
+  (:func:`mixture_lower`);
+- at n_max, L_K is the larger of that and the Clopper–Pearson bound at level α/2
+  (Clopper & Pearson 1934), which is what a fixed-n run at α/2 would give;
+- with one look, L_1 is the Clopper–Pearson bound at α.
+
+By the union bound P(∃k: p_A < L_k) <= α, so the running maximum max_{m<=k} L_m is below
+p_A at *every* look at once with probability >= 1 − α, and so at any stopping time,
+however it depends on the counts: a sequential certificate carries the radius guarantee
+of a fixed-n one at the same α, at a data-dependent n. Beta(1, 1/16) puts most of its
+mass near p_A = 1, where the samples that count are spent: when every sample agrees,
+M_k(t) ≈ n_k^{−1/16} t^{−n_k}, so the bound passes t after about
+(log(2/α) + log(n)/16) / (1 − t) samples, against log(1/α) / (1 − t) for the best
+level-α test (Neyman–Pearson against p = 1; 218,105 samples for Φ(4), radius 1 at σ = 1/4,
+at α = 0.001). ĉ_A comes from the n0 selection samples, independent of these.
 
 **The stopping rule** (efficiency only: the bound holds whatever it does). With the
 grid's thresholds t_j (the bound at which the certifier's declared formula reaches
 grid radius r_j > 0 at the input's σ, :func:`~harness.mathematics.radius.grid_thresholds`),
 an input's *place* for a bound q is [q > 1/2] + #{j : q >= t_j}. At look k it stops
 (:meth:`SequentialRule.stops`) when k = K or place(L_k) = place(reach_k), where reach_k
-is the largest bound any later look could give if the remaining samples agreed with
-ĉ_A at rate U_k, the Clopper–Pearson upper bound of p_A at level β = 0.01 (a
-conditional-power futility test; U_k = 1 when every sample agreed, so then "every
-remaining sample agrees"): certified at r_j, and r_{j+1} not reachable by n_max.
-Stopping depends only on the harness's counts and this rule, so check S0 re-derives
-every bound and every decision from the stored looks (:func:`look_problems`).
+is the bound n_max would give if the remaining samples agreed with ĉ_A at rate U_k, the
+Clopper–Pearson upper bound of p_A at level β = 0.01 (a conditional-power futility test;
+U_k = 1 when every sample agreed, so then "every remaining sample agrees"): certified at
+r_j, and r_{j+1} not reachable by n_max. Stopping depends only on the harness's counts
+and this rule, so check S0 re-derives every bound and every decision from the stored
+looks (:func:`look_problems`).
 """
 
 from __future__ import annotations
@@ -42,29 +55,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy.special import betaincinv  # the Beta quantile (scipy.stats's, without its overhead)
+from scipy.special import betaincinv, betaln, xlog1py, xlogy
 
-RULE_NAME = "alpha-spending-cp-v1"
+RULE_NAME = "mixture-cs-v2"
 FIRST_LOOK = 100
-"""Samples at the first look (a single look at n_max when n_max < 1.5 × 100)."""
-GROWTH = 1.5
-"""n_{k+1} = ⌈GROWTH·n_k⌉: a geometric schedule, so a decision needs at most 1.5× the
-samples it would need at its own n, and the looks number ~log(n_max/100)/log 1.5 (18
-for n_max = 100,000)."""
+"""Samples at the first look (a single look at n_max when n_max < 1.1 × 100)."""
+GROWTH = 1.1
+"""n_{k+1} = ⌈GROWTH·n_k⌉: a decision needs at most 1.1× the samples of the look it is
+reached at (the confidence sequence holds at every n, so looks cost no α)."""
 FINAL_SHARE = 0.5
-"""The share of α spent at the last look n_max (where inputs near a threshold end up)."""
+"""The share of α spent on the Clopper–Pearson bound at n_max (where inputs near a
+threshold end up); the confidence sequence gets the rest."""
+PRIOR = (1.0, 0.0625)
+"""(a, b) of the Beta mixing law of the confidence sequence: b < 1 weights p_A near 1."""
 FUTILITY_LEVEL = 0.01
 """β of the upper bound U_k of the futility test (it decides efficiency, not validity)."""
-
-
-def spending(looks: int, final_share: float = FINAL_SHARE) -> np.ndarray:
-    """The shares w_k of α spent at each of ``looks`` looks: ``final_share`` at the last,
-    the rest equally before it (Σ w_k = 1; one look spends all of α)."""
-    if looks == 1:
-        return np.ones(1)
-    shares = np.full(looks, (1.0 - final_share) / (looks - 1))
-    shares[-1] = final_share
-    return shares
+BISECTIONS = 64
+"""Halvings of [0, 1] that locate the confidence sequence's lower end (to double precision)."""
+MARGIN = 1e-6
+"""Nats by which log M_n must pass log(1/α) to exclude a value: log-Beta functions of
+counts near 10⁶ lose ~10⁻⁹ nats to rounding, and the bound must err low."""
 
 
 def cp_lower(k, n, alpha) -> np.ndarray:
@@ -81,16 +91,45 @@ def cp_upper(k, n, alpha) -> np.ndarray:
     return np.where(k >= n, 1.0, betaincinv(k + 1, np.maximum(n - k, 1), 1.0 - alpha))
 
 
+def mixture_log_martingale(k, n, t, prior: tuple[float, float] = PRIOR) -> np.ndarray:
+    """log M_n(t) of Robbins' beta-binomial mixture: log B(a + k, b + n − k) − log B(a, b)
+    − k log t − (n − k) log(1 − t), elementwise (+inf where t = 0 < k or t = 1 > k − n)."""
+    a, b = prior
+    k, n = np.asarray(k, dtype=np.float64), np.asarray(n, dtype=np.float64)
+    t = np.asarray(t, dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        return betaln(a + k, b + n - k) - betaln(a, b) - xlogy(k, t) - xlog1py(n - k, -t)
+
+
+def mixture_lower(k, n, alpha, prior: tuple[float, float] = PRIOR) -> np.ndarray:
+    """The lower end of the beta-binomial mixture confidence sequence at level ``alpha``,
+    inf{t <= k/n : M_n(t) < 1/α}, elementwise: the exclusion {t < k/n : M_n(t) >= 1/α} is
+    an interval [0, L) (log M_n decreases on [0, k/n]), located by :data:`BISECTIONS`
+    halvings of [0, 1], the same for every count, so the bound never falls as k grows.
+    A value is excluded when log M_n passes log(1/α) by :data:`MARGIN`, so the value
+    returned is excluded in exact arithmetic too (at or below the exact end)."""
+    k, n = np.broadcast_arrays(np.asarray(k, dtype=np.int64), np.asarray(n, dtype=np.int64))
+    level = MARGIN - np.log(np.asarray(alpha, dtype=np.float64))
+    phat = k / np.maximum(n, 1)
+    lo, hi = np.zeros(k.shape), np.ones(k.shape)
+    for _ in range(BISECTIONS):
+        mid = (lo + hi) / 2
+        excluded = (mid < phat) & (mixture_log_martingale(k, n, mid, prior) >= level)
+        lo, hi = np.where(excluded, mid, lo), np.where(excluded, hi, mid)
+    return lo
+
+
 @dataclass(frozen=True)
 class SequentialRule:
     """The sequential rule of a run: its cap ``n_max`` and the radius grid ``radii`` it
-    decides (the benchmark's ``radii``); the schedule and spending are this module's."""
+    decides (the benchmark's ``radii``); the schedule, prior and shares are this module's."""
 
     n_max: int
     radii: tuple[float, ...]
     first: int = FIRST_LOOK
     growth: float = GROWTH
     final_share: float = FINAL_SHARE
+    prior: tuple[float, float] = PRIOR
     beta: float = FUTILITY_LEVEL
     _looks: np.ndarray = field(init=False, repr=False, compare=False)
 
@@ -98,7 +137,7 @@ class SequentialRule:
         looks, n = [], self.first
         while n * self.growth <= self.n_max:  # the last step to n_max is >= growth too
             looks.append(n)
-            n = math.ceil(n * self.growth)
+            n = math.ceil(round(n * self.growth, 6))  # ⌈1.1 · 100⌉ = 110, not 111
         object.__setattr__(self, "_looks", np.array([*looks, self.n_max], dtype=np.int64))
 
     @property
@@ -106,47 +145,67 @@ class SequentialRule:
         """n_1 < … < n_K = n_max, the sample counts at which the bound is computed."""
         return self._looks
 
-    def levels(self, alpha: float) -> np.ndarray:
-        """α_k = α·w_k of each look (:func:`spending`)."""
-        return alpha * spending(len(self._looks), self.final_share)
-
     def record(self) -> dict[str, Any]:
         """The rule as stored with each certificate's draws."""
         return {"name": RULE_NAME, "n_max": int(self.n_max), "radii": [float(r) for r in self.radii],
                 "first": self.first, "growth": self.growth, "final_share": self.final_share,
-                "beta": self.beta}  # fmt: skip
+                "prior": [float(v) for v in self.prior], "beta": self.beta}  # fmt: skip
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> SequentialRule:
         if record.get("name") != RULE_NAME:
             raise ValueError(f"unknown sequential rule {record.get('name')!r}; known: {RULE_NAME}")
+        a, b = (float(v) for v in record["prior"])
         return cls(int(record["n_max"]), tuple(float(r) for r in record["radii"]),
                    int(record["first"]), float(record["growth"]), float(record["final_share"]),
-                   float(record["beta"]))  # fmt: skip
+                   (a, b), float(record["beta"]))  # fmt: skip
+
+    def look_bounds(self, counts, k, alpha: float) -> np.ndarray:
+        """L_k of the counts of ĉ_A at look(s) ``k`` (0-based, broadcast with ``counts``):
+        the mixture bound at α·(1 − final share), and at the last look the larger of that
+        and Clopper–Pearson at α·final share (one look: Clopper–Pearson at α)."""
+        counts, k = np.broadcast_arrays(np.asarray(counts, dtype=np.int64), np.asarray(k))
+        n, last = self._looks[k], len(self._looks) - 1
+        if last == 0:
+            return cp_lower(counts, n, alpha)
+        bound = mixture_lower(counts, n, alpha * (1.0 - self.final_share), self.prior)
+        final = k == last
+        if np.any(final):
+            bound = np.where(final, np.maximum(bound, cp_lower(counts, n, alpha * self.final_share)),
+                             bound)  # fmt: skip
+        return bound
 
     def bounds(self, counts: np.ndarray, alpha: float) -> np.ndarray:
         """Running maxima max_{m<=k} L_m [B, k] of the bounds at the first k looks, from
         the cumulative counts [B, k] of the certified class at those looks."""
         counts = np.atleast_2d(np.asarray(counts, dtype=np.int64))
-        k = counts.shape[1]
-        lower = cp_lower(counts, self._looks[:k], self.levels(alpha)[:k])
-        return np.maximum.accumulate(lower, axis=1) if k else lower
+        lower = self.look_bounds(counts, np.arange(counts.shape[1])[None, :], alpha)
+        return np.maximum.accumulate(lower, axis=1) if counts.shape[1] else lower
 
-    def stops(self, k: int, count: np.ndarray, bound: np.ndarray, thresholds: np.ndarray,
+    def stops(self, k, count: np.ndarray, bound: np.ndarray, thresholds: np.ndarray,
               alpha: float) -> np.ndarray:  # fmt: skip
-        """Whether each input stops at look ``k`` (0-based), given its count of ĉ_A there,
-        its running bound and its grid ``thresholds`` [B, G] (positive radii)."""
+        """Whether each input stops at look ``k`` (0-based; one for all or one per input),
+        given its count of ĉ_A there, its running bound and its grid ``thresholds`` [B, G]
+        (positive radii)."""
         count = np.asarray(count, dtype=np.int64)
-        looks, levels = self._looks, self.levels(alpha)
-        if k == len(looks) - 1:
-            return np.ones(len(count), dtype=bool)
-        rate = cp_upper(count, looks[k], self.beta)
-        reach = np.asarray(bound, dtype=np.float64).copy()
-        for m in range(k + 1, len(looks)):
-            more = looks[m] - looks[k]
-            projected = count + np.minimum(more, np.ceil(more * rate).astype(np.int64))
-            reach = np.maximum(reach, cp_lower(projected, looks[m], levels[m]))
-        return places(bound, thresholds) >= places(reach, thresholds)
+        k = np.broadcast_to(np.asarray(k, dtype=np.int64), count.shape)
+        last = len(self._looks) - 1
+        more = self.n_max - self._looks[k]
+        rate = cp_upper(count, self._looks[k], self.beta)
+        projected = count + np.minimum(more, np.ceil(more * rate).astype(np.int64))
+        reach = np.maximum(bound, self.look_bounds(projected, np.full_like(k, last), alpha))
+        return (k == last) | (places(bound, thresholds) >= places(reach, thresholds))
+
+    def crossing_counts(self, p: float, alpha: float) -> np.ndarray:
+        """[K]: at each look, the least count whose bound L_k exceeds ``p`` (n_k + 1 if
+        none does), by bisection over the counts (L_k never falls as the count grows)."""
+        last = np.arange(len(self._looks))
+        lo, hi = np.full(len(last), -1, dtype=np.int64), self._looks + 1
+        while np.any(hi - lo > 1):
+            mid = (lo + hi) // 2
+            over = self.look_bounds(np.maximum(mid, 0), last, alpha) > p
+            lo, hi = np.where(over, lo, mid), np.where(over, mid, hi)
+        return hi
 
 
 def places(bound: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
@@ -165,18 +224,38 @@ def look_problems(
     the counts cumulative (each class's count never falls, and rises by at most the
     samples added) and summing to n; the last look's counts its ``estimation``; and the
     rule must continue after every look but the last and stop there (with the class
-    ``top``, the ``thresholds`` of its grid and the level ``alpha``)."""
+    ``top``, the ``thresholds`` of its grid and the level ``alpha``; every decision of
+    every certificate in one evaluation of the rule)."""
     out: list[str | None] = []
-    schedule = rule.looks
+    tops: dict[int, np.ndarray] = {}  # well-formed certificates: ĉ_A's count at each look
     for i, record in enumerate(looks):
         sizes = [int(look.get("n", -1)) for look in record]
         counts = np.array([look.get("counts", []) for look in record], dtype=np.int64)
-        out.append(_problem(rule, schedule, sizes, counts, int(top[i]), estimation[i],
-                            thresholds[i : i + 1], alpha))  # fmt: skip
+        out.append(_shape_problem(rule.looks, sizes, counts, estimation[i]))
+        if out[-1] is None:
+            tops[i] = counts[:, int(top[i])]
+    if not tops:
+        return out
+    rows = np.array(list(tops))
+    depth = np.array([len(tops[i]) for i in rows])
+    padded = np.zeros((len(rows), int(depth.max())), dtype=np.int64)
+    for r, i in enumerate(rows):
+        padded[r, : depth[r]] = tops[i]
+        padded[r, depth[r] :] = tops[i][-1]
+    bounds = rule.bounds(padded, alpha)
+    row, k = np.nonzero(np.arange(padded.shape[1])[None, :] < depth[:, None])
+    stop = rule.stops(k, padded[row, k], bounds[row, k], thresholds[rows[row]], alpha)
+    wrong = stop != (k == depth[row] - 1)
+    for r in np.unique(row[wrong]):
+        first = int(k[(row == r) & wrong].min())
+        sizes = rule.looks
+        verb = "stops" if stop[(row == r) & (k == first)][0] else "continues"
+        out[int(rows[r])] = (f"the rule {verb} at look {first + 1} (n = {sizes[first]}), its "
+                             f"draws end at n = {sizes[depth[r] - 1]}")  # fmt: skip
     return out
 
 
-def _problem(rule, schedule, sizes, counts, top, estimation, thresholds, alpha) -> str | None:
+def _shape_problem(schedule, sizes, counts, estimation) -> str | None:
     if not sizes or sizes != schedule[: len(sizes)].tolist():
         return f"its looks at n = {sizes} are not the rule's schedule {schedule.tolist()[: len(sizes) + 1]}…"
     if counts.ndim != 2 or counts.shape[1] != len(estimation):
@@ -187,18 +266,13 @@ def _problem(rule, schedule, sizes, counts, top, estimation, thresholds, alpha) 
         return "its look counts are not cumulative counts of the samples added at each look"
     if not np.array_equal(counts[-1], np.asarray(estimation, dtype=np.int64)):
         return "its last look's counts are not its estimation counts"
-    bounds = rule.bounds(counts[None, :, top], alpha)[0]
-    for k in range(len(sizes)):
-        stop = bool(rule.stops(k, counts[k : k + 1, top], bounds[k : k + 1], thresholds, alpha)[0])
-        if stop != (k == len(sizes) - 1):
-            verb = "stops" if stop else "continues"
-            return f"the rule {verb} at look {k + 1} (n = {sizes[k]}), its draws end at n = {sizes[-1]}"
     return None
 
 
 def best_bound(rule: SequentialRule, alpha: float) -> float:
     """The largest bound the rule can give: every sample agreeing, at the best look."""
-    return float(np.max(cp_lower(rule.looks, rule.looks, rule.levels(alpha))))
+    looks = np.arange(len(rule.looks))
+    return float(np.max(rule.look_bounds(rule.looks, looks, alpha)))
 
 
 def check_n_max(protocol) -> None:

@@ -273,8 +273,8 @@ def _sequential_note(table: Table) -> list[str]:
     return [
         f"Sequential sampling (run {', '.join(md_code(r) for r in runs)}): each input's "
         "estimation samples are drawn in rounds and stop once its place on the radius grid "
-        "is decided (harness/mathematics/sequential.py: an α-spending Clopper–Pearson "
-        "confidence sequence, valid at the data-dependent stopping time, so each certificate "
+        "is decided (harness/mathematics/sequential.py: a beta-binomial mixture confidence "
+        "sequence with a Clopper–Pearson bound at n_max, valid at the data-dependent stopping time, so each certificate "
         "holds at the same α as a fixed-n one). Certified accuracy at the grid radii is "
         "comparable with a fixed-n run's; the ACR falls by design, since an input stops once "
         "its grid place is decided instead of tightening its radius further (Sun et al., "
