@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy.special import betaincinv, betaln, xlog1py, xlogy
+from scipy.special import betaincinv, betaln
 
 RULE_NAME = "mixture-cs-v2"
 FIRST_LOOK = 100
@@ -91,31 +91,36 @@ def cp_upper(k, n, alpha) -> np.ndarray:
     return np.where(k >= n, 1.0, betaincinv(k + 1, np.maximum(n - k, 1), 1.0 - alpha))
 
 
-def mixture_log_martingale(k, n, t, prior: tuple[float, float] = PRIOR) -> np.ndarray:
-    """log M_n(t) of Robbins' beta-binomial mixture: log B(a + k, b + n − k) − log B(a, b)
-    − k log t − (n − k) log(1 − t), elementwise (+inf where t = 0 < k or t = 1 > k − n)."""
-    a, b = prior
-    k, n = np.asarray(k, dtype=np.float64), np.asarray(n, dtype=np.float64)
-    t = np.asarray(t, dtype=np.float64)
-    with np.errstate(divide="ignore"):
-        return betaln(a + k, b + n - k) - betaln(a, b) - xlogy(k, t) - xlog1py(n - k, -t)
-
-
 def mixture_lower(k, n, alpha, prior: tuple[float, float] = PRIOR) -> np.ndarray:
     """The lower end of the beta-binomial mixture confidence sequence at level ``alpha``,
-    inf{t <= k/n : M_n(t) < 1/α}, elementwise: the exclusion {t < k/n : M_n(t) >= 1/α} is
+    inf{t <= k/n : M_n(t) < 1/α} with log M_n(t) = log B(a + k, b + n − k) − log B(a, b)
+    − k log t − (n − k) log(1 − t), elementwise: the exclusion {t < k/n : M_n(t) >= 1/α} is
     an interval [0, L) (log M_n decreases on [0, k/n]), located by :data:`BISECTIONS`
     halvings of [0, 1], the same for every count, so the bound never falls as k grows.
     A value is excluded when log M_n passes log(1/α) by :data:`MARGIN`, so the value
     returned is excluded in exact arithmetic too (at or below the exact end)."""
     k, n = np.broadcast_arrays(np.asarray(k, dtype=np.int64), np.asarray(n, dtype=np.int64))
-    level = MARGIN - np.log(np.asarray(alpha, dtype=np.float64))
-    phat = k / np.maximum(n, 1)
-    lo, hi = np.zeros(k.shape), np.ones(k.shape)
+    a, b = prior
+    gain = betaln(a + k, b + n - k) - betaln(a, b)  # log of the mixture's marginal likelihood
+    level = MARGIN - math.log(float(alpha))
+    out = np.zeros(k.shape)
+    for i, (count, size, g) in enumerate(zip(k.flat, n.flat, gain.flat, strict=True)):
+        out.flat[i] = _mixture_end(int(count), int(size), float(g), level)
+    return out
+
+
+def _mixture_end(k: int, n: int, gain: float, level: float) -> float:
+    """:func:`mixture_lower` of one count, in Python floats (a round of a few inputs asks
+    for a handful of bounds, where array calls would cost more than the arithmetic)."""
+    if k == 0:
+        return 0.0
+    phat, rest, lo, hi = k / n, n - k, 0.0, 1.0
     for _ in range(BISECTIONS):
         mid = (lo + hi) / 2
-        excluded = (mid < phat) & (mixture_log_martingale(k, n, mid, prior) >= level)
-        lo, hi = np.where(excluded, mid, lo), np.where(excluded, hi, mid)
+        if mid < phat and gain - k * math.log(mid) - rest * math.log1p(-mid) >= level:
+            lo = mid
+        else:
+            hi = mid
     return lo
 
 
