@@ -204,11 +204,11 @@ class SequentialRule:
     def crossing_counts(self, p: float, alpha: float) -> np.ndarray:
         """[K]: at each look, the least count whose bound L_k exceeds ``p`` (n_k + 1 if
         none does), by bisection over the counts (L_k never falls as the count grows)."""
-        last = np.arange(len(self._looks))
-        lo, hi = np.full(len(last), -1, dtype=np.int64), self._looks + 1
+        every = np.arange(len(self._looks))
+        lo, hi = np.full(len(every), -1, dtype=np.int64), self._looks + 1
         while np.any(hi - lo > 1):
             mid = (lo + hi) // 2
-            over = self.look_bounds(np.maximum(mid, 0), last, alpha) > p
+            over = self.look_bounds(np.maximum(mid, 0), every, alpha) > p
             lo, hi = np.where(over, lo, mid), np.where(over, mid, hi)
         return hi
 
@@ -251,12 +251,12 @@ def look_problems(
     row, k = np.nonzero(np.arange(padded.shape[1])[None, :] < depth[:, None])
     stop = rule.stops(k, padded[row, k], bounds[row, k], thresholds[rows[row]], alpha)
     wrong = stop != (k == depth[row] - 1)
+    schedule = rule.looks
     for r in np.unique(row[wrong]):
         first = int(k[(row == r) & wrong].min())
-        sizes = rule.looks
         verb = "stops" if stop[(row == r) & (k == first)][0] else "continues"
-        out[int(rows[r])] = (f"the rule {verb} at look {first + 1} (n = {sizes[first]}), its "
-                             f"draws end at n = {sizes[depth[r] - 1]}")  # fmt: skip
+        out[int(rows[r])] = (f"the rule {verb} at look {first + 1} (n = {schedule[first]}), its "
+                             f"draws end at n = {schedule[depth[r] - 1]}")  # fmt: skip
     return out
 
 
