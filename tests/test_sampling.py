@@ -206,3 +206,21 @@ def test_samples_from_a_start_index_are_those_of_one_longer_call(noise):
     assert np.array_equal(rounds, one) and one.sum() == 3 * total
     with pytest.raises(ValueError, match="start must be an integer >= 0"):
         engine.counts(x, sigma, ids, 10, stream=1, start=-1)
+
+
+def test_rounds_resume_the_noise_block_the_last_round_left_part_used(monkeypatch):
+    """block-v1: rounds of 100, 10, 11, … samples draw each noise block once (the part-used
+    block is kept by the engine for its next call), not once per round."""
+    from harness.engine import noise_schemes
+
+    drawn = []
+    original = noise_schemes.BlockNoise._draw
+    monkeypatch.setattr(noise_schemes.BlockNoise, "_draw",
+                        lambda self, key, block: drawn.append(key[1]) or original(self, key, block))  # fmt: skip
+    engine = SamplingEngine(torch.nn.Linear(3, 4), 4, torch.device("cpu"), batch_size=50, seed=3,
+                            noise="block-v1", pad_batches=True)  # fmt: skip
+    x, sigma = torch.zeros(1, 3), torch.tensor([0.5])
+    bounds = [0, 100, 110, 121, 134, 148, 163, 180, 198, 218, 240, 264, 291, 321, 600]
+    counts = sum(engine.counts(x, sigma, [7], hi - lo, stream=1, start=lo)
+                 for lo, hi in pairwise(bounds))  # fmt: skip
+    assert sorted(drawn) == [0, 1, 2] and counts.sum() == 600

@@ -5,7 +5,8 @@
 - :class:`BlockNoise` (``block-v1``): blocks of :data:`NOISE_BLOCK` samples, block b of
   input i from a torch generator seeded by :func:`~harness.engine.noise.noise_seed` of
   (seed, stream, i, b); drawn in parallel threads on CPU, reused once used up
-  (:class:`BlockPool`, the part an engine keeps between calls).
+  (:class:`BlockPool`, the part an engine keeps between calls). A block a call leaves
+  part-used is kept for the next call, which resumes in it (sequential rounds).
 
 A scheme object is made for one sampling call (its inputs and stream) and fills each
 batch of it (:meth:`fill`); ``block`` is the size no batch segment may cross (None: any).
@@ -16,6 +17,7 @@ on the run's engine between two of the run's inputs) leaves the other's draws al
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -25,6 +27,9 @@ from harness.engine.noise import noise_key, noise_seed, noisy_batch
 
 NOISE_BLOCK = 256
 """Samples per independently seeded noise block (part of the reproducibility contract)."""
+
+KEPT_BYTES = 1 << 28
+"""Most bytes of part-used blocks an engine keeps for its next calls (the oldest go first)."""
 
 Segments = list[list[tuple[int, int, int]]]
 """A window of batches, each a list of (job index, first sample, number of samples)."""
@@ -66,13 +71,32 @@ class PhiloxNoise:
 
 class BlockPool:
     """What ``block-v1`` keeps between calls: the noise threads, each thread's generator,
-    and the used-up blocks of each shape, free for reuse (fresh pages are costly)."""
+    the used-up blocks of each shape, free for reuse (fresh pages are costly), and the
+    blocks a call left part-used, by what seeds them (seed, stream, input id, block, shape):
+    a call that starts inside one (a sequential round) resumes it instead of drawing it
+    again."""
 
     def __init__(self, device: torch.device, threads: int) -> None:
         self.device, self.threads = device, threads
         self.executor = ThreadPoolExecutor(threads) if threads > 1 else None
         self.local = threading.local()
         self.free: dict[tuple[int, ...], list[torch.Tensor]] = {}
+        self.kept: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+        self.kept_bytes = 0
+
+    def keep(self, identity: tuple, block: torch.Tensor) -> None:
+        self.kept[identity] = block
+        self.kept_bytes += block.nbytes
+        while self.kept_bytes > KEPT_BYTES:
+            _, oldest = self.kept.popitem(last=False)
+            self.kept_bytes -= oldest.nbytes
+            self.give_back(oldest)
+
+    def resume(self, identity: tuple) -> torch.Tensor | None:
+        block = self.kept.pop(identity, None)
+        if block is not None:
+            self.kept_bytes -= block.nbytes
+        return block
 
     def take(self, shape: tuple[int, ...]) -> torch.Tensor:
         free = self.free.get(shape)
@@ -102,19 +126,23 @@ class BlockNoise:
         thread), so that small batches also draw in parallel. A block goes back to the
         pool once its last sample is used.
         """
-        jobs, blocks = self.jobs, self.blocks
+        jobs, blocks, pool = self.jobs, self.blocks, self.pool
         missing: dict[tuple[int, int], None] = {}
         for index, start, _ in window[b]:
             key = (index, start // NOISE_BLOCK)
             if key not in blocks:
-                missing[key] = None
+                kept = pool.resume(self._identity(key))
+                if kept is None:
+                    missing[key] = None
+                else:
+                    blocks[key] = kept
         if missing:
             for later in window[b + 1 :]:
                 for index, start, _ in later:
-                    if len(missing) >= self.pool.threads:
+                    if len(missing) >= pool.threads:
                         break
                     key = (index, start // NOISE_BLOCK)
-                    if key not in blocks:
+                    if key not in blocks and self._identity(key) not in pool.kept:
                         missing[key] = None
             blocks.update(self._draw_blocks(list(missing)))
         fill = 0
@@ -128,8 +156,15 @@ class BlockNoise:
             )  # fmt: skip
             fill += take
             end = start + take
-            if end % NOISE_BLOCK == 0 or end == job.end:
-                self.pool.give_back(blocks.pop(key))
+            if end % NOISE_BLOCK == 0:
+                pool.give_back(blocks.pop(key))
+            elif end == job.end:
+                pool.keep(self._identity(key), blocks.pop(key))
+
+    def _identity(self, key: tuple[int, int]) -> tuple:
+        """What seeds block ``key`` (job index, block index), and its shape."""
+        job = self.jobs[key[0]]
+        return (self.seed, self.stream, job.input_id, key[1], tuple(job.x.shape))
 
     def _draw_blocks(self, draws: list[tuple[int, int]]) -> dict[tuple[int, int], torch.Tensor]:
         """The noise blocks keyed (job index, block index), drawn in parallel threads on CPU."""
