@@ -23,6 +23,8 @@ from one count on (:meth:`~harness.mathematics.sequential.SequentialRule.crossin
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 from scipy import stats
 from scipy.signal import fftconvolve
@@ -44,7 +46,14 @@ def _window(n: int, p: float) -> tuple[int, int]:
 
 def crossing_probability(rule: SequentialRule, alpha: float, p: float) -> float:
     """P_p(some look's bound exceeds p) under ``rule`` at level ``alpha``, exactly (up to
-    the mass outside :data:`WINDOW_SD` standard deviations, below 10⁻³⁰⁰)."""
+    the mass outside :data:`WINDOW_SD` standard deviations, below 10⁻³⁰⁰). It depends on
+    nothing else, so the settings a process audits under one rule share their values
+    (remembered by the rule, α, p and the bound function the rule's class has now)."""
+    return _crossing_probability(rule, float(alpha), float(p), type(rule).look_bounds)
+
+
+@lru_cache(maxsize=4096)
+def _crossing_probability(rule: SequentialRule, alpha: float, p: float, _bounds) -> float:
     least = rule.crossing_counts(p, alpha)  # at each look, the counts from which L_k > p
     alive, offset = np.ones(1), 0  # P(count = offset + i, not crossed yet)
     crossed, before = 0.0, 0
