@@ -89,15 +89,17 @@ def test_crossing_probability_matches_monte_carlo():
     assert 0.02 < exact < 0.3  # the bound holds, and the check is not trivial
 
 
-def test_the_rule_is_anytime_valid_and_a_plain_bound_per_look_is_not(monkeypatch):
-    from tests.rigged_methods import plain_clopper_pearson
+CROSSING_POINTS = 1 - np.geomspace(0.5, 1e-4, 40)
 
-    rule = SequentialRule(2_500, GRID)
-    points = 1 - np.geomspace(0.5, 1e-4, 40)
-    valid = worst_crossing(rule, 1e-3, points)
+
+def test_the_rule_is_anytime_valid():
+    valid = worst_crossing(SequentialRule(2_500, GRID), 1e-3, CROSSING_POINTS)
     assert valid["ratio_to_alpha"] <= 1.0
-    monkeypatch.setattr(SequentialRule, "look_bounds", plain_clopper_pearson)
-    naive = worst_crossing(rule, 1e-3, points)
+
+
+@pytest.mark.usefixtures("naive_sequential_rule")
+def test_a_plain_clopper_pearson_bound_at_every_look_is_not_anytime_valid():
+    naive = worst_crossing(SequentialRule(2_500, GRID), 1e-3, CROSSING_POINTS)
     assert naive["ratio_to_alpha"] > 2.0
 
 

@@ -85,6 +85,9 @@ class BlockPool:
         self.kept_bytes = 0
 
     def keep(self, identity: tuple, block: torch.Tensor) -> None:
+        replaced = self.resume(identity)  # a call nested in another drew the same block
+        if replaced is not None:
+            self.give_back(replaced)
         self.kept[identity] = block
         self.kept_bytes += block.nbytes
         while self.kept_bytes > KEPT_BYTES:

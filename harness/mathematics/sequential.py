@@ -100,18 +100,19 @@ def mixture_lower(k, n, alpha, prior: tuple[float, float] = PRIOR) -> np.ndarray
     A value is excluded when log M_n passes log(1/α) by :data:`MARGIN`, so the value
     returned is excluded in exact arithmetic too (at or below the exact end)."""
     k, n = np.broadcast_arrays(np.asarray(k, dtype=np.int64), np.asarray(n, dtype=np.int64))
+    pairs, where = np.unique(np.stack([k.ravel(), n.ravel()], axis=1), axis=0, return_inverse=True)
     a, b = prior
-    gain = betaln(a + k, b + n - k) - betaln(a, b)  # log of the mixture's marginal likelihood
+    gain = betaln(a + pairs[:, 0], b + pairs[:, 1] - pairs[:, 0]) - betaln(a, b)  # log marginal
     level = MARGIN - math.log(float(alpha))
-    out = np.zeros(k.shape)
-    for i, (count, size, g) in enumerate(zip(k.flat, n.flat, gain.flat, strict=True)):
-        out.flat[i] = _mixture_end(int(count), int(size), float(g), level)
-    return out
+    ends = [_mixture_end(int(count), int(size), float(g), level)
+            for (count, size), g in zip(pairs, gain, strict=True)]  # fmt: skip
+    return np.asarray(ends, dtype=np.float64)[where.ravel()].reshape(k.shape)
 
 
 def _mixture_end(k: int, n: int, gain: float, level: float) -> float:
     """:func:`mixture_lower` of one count, in Python floats (a round of a few inputs asks
-    for a handful of bounds, where array calls would cost more than the arithmetic)."""
+    for a handful of bounds, where array calls would cost more than the arithmetic; each
+    distinct (count, n) of a call is solved once)."""
     if k == 0:
         return 0.0
     phat, rest, lo, hi = k / n, n - k, 0.0, 1.0
