@@ -347,10 +347,10 @@ def invalid_rule() -> Iterator[None]:
 
 def plain_clopper_pearson(rule, counts, k, alpha: float) -> np.ndarray:
     """Clopper–Pearson at level α at look ``k`` of ``rule``, as if it were the only look."""
-    from harness.mathematics.sequential import cp_lower
+    from harness.mathematics.stats import clopper_pearson_lower_array
 
     counts, k = np.broadcast_arrays(np.asarray(counts, dtype=np.int64), np.asarray(k))
-    return cp_lower(counts, rule.looks[k], alpha)
+    return clopper_pearson_lower_array(counts, rule.looks[k], alpha)
 
 
 @pytest.fixture

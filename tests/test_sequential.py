@@ -23,7 +23,9 @@ from harness.foundation.regularity import Constant, SemiElastic
 from harness.mathematics import sequential
 from harness.mathematics.crossing import crossing_probability, worst_crossing
 from harness.mathematics.radius import COHEN, SUKENIK, RadiusFormula, cohen_recompute
-from harness.mathematics.sequential import SequentialRule, cp_lower, cp_upper
+from harness.mathematics.sequential import SequentialRule
+from harness.mathematics.stats import clopper_pearson_lower_array as cp_lower
+from harness.mathematics.stats import clopper_pearson_upper_array as cp_upper
 from harness.mathematics.worstcase import certified_radius, semi_elastic_threshold
 from harness.running.benchmark import DEFAULT_BENCHMARK, load_benchmark
 from plugins.cohen.certifier import CohenCertifier

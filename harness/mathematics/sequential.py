@@ -55,7 +55,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy.special import betaincinv, betaln
+from scipy.special import betaln
+
+from harness.mathematics.stats import clopper_pearson_lower_array, clopper_pearson_upper_array
 
 RULE_NAME = "mixture-cs-v2"
 FIRST_LOOK = 100
@@ -75,20 +77,6 @@ BISECTIONS = 64
 MARGIN = 1e-6
 """Nats by which log M_n must pass log(1/α) to exclude a value: log-Beta functions of
 counts near 10⁶ lose ~10⁻⁹ nats to rounding, and the bound must err low."""
-
-
-def cp_lower(k, n, alpha) -> np.ndarray:
-    """Clopper–Pearson lower bounds Beta⁻¹(α; k, n − k + 1) (0 at k = 0), elementwise over
-    arrays of counts, sizes and levels (Clopper & Pearson 1934)."""
-    k, n = np.asarray(k, dtype=np.int64), np.asarray(n, dtype=np.int64)
-    safe = np.maximum(k, 1)
-    return np.where(k == 0, 0.0, betaincinv(safe, n - safe + 1, alpha))
-
-
-def cp_upper(k, n, alpha) -> np.ndarray:
-    """Clopper–Pearson upper bounds Beta⁻¹(1 − α; k + 1, n − k) (1 at k = n), elementwise."""
-    k, n = np.asarray(k, dtype=np.int64), np.asarray(n, dtype=np.int64)
-    return np.where(k >= n, 1.0, betaincinv(k + 1, np.maximum(n - k, 1), 1.0 - alpha))
 
 
 def mixture_lower(k, n, alpha, prior: tuple[float, float] = PRIOR) -> np.ndarray:
@@ -173,11 +161,11 @@ class SequentialRule:
         counts, k = np.broadcast_arrays(np.asarray(counts, dtype=np.int64), np.asarray(k))
         n, last = self._looks[k], len(self._looks) - 1
         if last == 0:
-            return cp_lower(counts, n, alpha)
+            return clopper_pearson_lower_array(counts, n, alpha)
         bound = mixture_lower(counts, n, alpha * (1.0 - self.final_share), self.prior)
         final = k == last
         if np.any(final):
-            bound = np.where(final, np.maximum(bound, cp_lower(counts, n, alpha * self.final_share)),
+            bound = np.where(final, np.maximum(bound, clopper_pearson_lower_array(counts, n, alpha * self.final_share)),
                              bound)  # fmt: skip
         return bound
 
@@ -197,7 +185,7 @@ class SequentialRule:
         k = np.broadcast_to(np.asarray(k, dtype=np.int64), count.shape)
         last = len(self._looks) - 1
         more = self.n_max - self._looks[k]
-        rate = cp_upper(count, self._looks[k], self.beta)
+        rate = clopper_pearson_upper_array(count, self._looks[k], self.beta)
         projected = count + np.minimum(more, np.ceil(more * rate).astype(np.int64))
         reach = np.maximum(bound, self.look_bounds(projected, np.full_like(k, last), alpha))
         return (k == last) | (places(bound, thresholds) >= places(reach, thresholds))
@@ -244,10 +232,9 @@ def look_problems(
         return out
     rows = np.array(list(tops))
     depth = np.array([len(tops[i]) for i in rows])
-    padded = np.zeros((len(rows), int(depth.max())), dtype=np.int64)
+    padded = np.zeros((len(rows), int(depth.max())), dtype=np.int64)  # 0 after a stop
     for r, i in enumerate(rows):
         padded[r, : depth[r]] = tops[i]
-        padded[r, depth[r] :] = tops[i][-1]
     bounds = rule.bounds(padded, alpha)
     row, k = np.nonzero(np.arange(padded.shape[1])[None, :] < depth[:, None])
     stop = rule.stops(k, padded[row, k], bounds[row, k], thresholds[rows[row]], alpha)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 from scipy import stats
+from scipy.special import betaincinv  # the Beta quantile (scipy.stats's, without its overhead)
 
 from harness.foundation.protocol import check_alpha
 
@@ -21,23 +22,30 @@ def clopper_pearson_lower(k: int, n: int, alpha: float) -> float:
 
 
 def clopper_pearson_lower_array(k: np.ndarray, n: np.ndarray, alpha: float) -> np.ndarray:
-    """Vectorized :func:`clopper_pearson_lower` over arrays of counts."""
+    """Vectorized :func:`clopper_pearson_lower` over arrays of counts and sizes."""
     check_alpha(alpha)
-    k = np.asarray(k, dtype=np.int64)
-    n = np.asarray(n, dtype=np.int64)
-    if np.any(n < 1) or np.any(k < 0) or np.any(k > n):
-        raise ValueError(f"need 0 <= k <= n and n >= 1, got k={k}, n={n}")
+    k, n = _counts(k, n)
     safe_k = np.maximum(k, 1)
-    bound = stats.beta.ppf(alpha, safe_k, n - safe_k + 1)
-    return np.where(k == 0, 0.0, bound)
+    return np.where(k == 0, 0.0, betaincinv(safe_k, n - safe_k + 1, alpha))
 
 
 def clopper_pearson_upper(k: int, n: int, alpha: float) -> float:
     """One-sided Clopper–Pearson upper bound: Beta⁻¹(1 − alpha; k + 1, n − k), 1 when k = n."""
+    return float(clopper_pearson_upper_array(np.asarray(k), np.asarray(n), alpha))
+
+
+def clopper_pearson_upper_array(k: np.ndarray, n: np.ndarray, alpha: float) -> np.ndarray:
+    """Vectorized :func:`clopper_pearson_upper` over arrays of counts and sizes."""
     check_alpha(alpha)
-    if not 0 <= k <= n or n < 1:
+    k, n = _counts(k, n)
+    return np.where(k >= n, 1.0, betaincinv(k + 1, np.maximum(n - k, 1), 1.0 - alpha))
+
+
+def _counts(k, n) -> tuple[np.ndarray, np.ndarray]:
+    k, n = np.asarray(k, dtype=np.int64), np.asarray(n, dtype=np.int64)
+    if np.any(n < 1) or np.any(k < 0) or np.any(k > n):
         raise ValueError(f"need 0 <= k <= n and n >= 1, got k={k}, n={n}")
-    return 1.0 if k == n else float(stats.beta.ppf(1 - alpha, k + 1, n - k))
+    return k, n
 
 
 def binomial_pvalue(k: int, n: int) -> float:

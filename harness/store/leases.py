@@ -187,7 +187,7 @@ def owner_gone(owner: str) -> bool:
     except ProcessLookupError:
         return True
     except OSError:  # it exists (another user's process)
-        return False
+        pass
     return False
 
 
