@@ -55,6 +55,7 @@ import numpy as np
 
 from harness.audit.audit import Audit, derived_seed
 from harness.certification.certify import sigma_of, sigma_smoothing
+from harness.foundation.errors import IdrsError
 from harness.foundation.verdict import P_THRESHOLD, CheckResult, Verdict
 
 NAME = "replay"
@@ -116,6 +117,21 @@ def check_replay(audit: Audit) -> CheckResult:
     verdict, summary, detail = judge(evidence, {int(r["input_id"]): r for r in rows})
     evidence |= detail
     return CheckResult(NAME, verdict, summary, evidence)
+
+
+def warm(audit: Audit) -> None:
+    """Start the replay process and have it load the run while the other checks run
+    (:meth:`harness.running.redraw.Replayer.warm`); a run it cannot load is the check's
+    error, reported when it runs."""
+    from harness.running.redraw import Replayer
+
+    if audit.source is None:
+        return
+    try:
+        header = audit.source.header(str(audit.context.device))
+    except IdrsError:
+        return
+    audit.context.memo("harness.running.redraw", "process", Replayer).warm(header)
 
 
 def judge(
