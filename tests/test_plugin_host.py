@@ -22,14 +22,13 @@ from harness.plugin.hookspecs import CONTRACT
 from harness.plugin.manager import PluginManager
 
 HALF = '''
-"""Cohen's certifier at half the σ (the README's example plugin); records where it runs."""
+"""Cohen's certifier at half the σ (the README's example plugin); says where it runs."""
 import os
 
 from harness import Constant, MethodSpec, SigmaProviderSpec, hookimpl
 
 IDRS_BENCH_CONTRACT = 3
-with open(os.environ["IDRS_TEST_IMPORTED"], "a") as out:
-    out.write(f"{os.getpid()}\\n")
+IMPORTED_IN = f"imported in process {os.getpid()}"
 
 
 class HalfSigma:
@@ -45,7 +44,8 @@ class HalfSigma:
 
 @hookimpl
 def idrs_register_sigma_providers(register):
-    register(SigmaProviderSpec("half", lambda context, params: HalfSigma(params["sigma"])))
+    register(SigmaProviderSpec("half", lambda context, params: HalfSigma(params["sigma"]),
+                               IMPORTED_IN))
 
 
 @hookimpl
@@ -114,7 +114,6 @@ def test_a_truncated_stream_is_an_error_and_an_empty_one_its_end():
 def test_a_plugin_of_another_contract_is_refused_with_one_message(
     install_plugin, tmp_path, monkeypatch, declaration, said
 ):
-    monkeypatch.setenv("IDRS_TEST_IMPORTED", str(tmp_path / "imported"))
     install_plugin("idrs_test_old", HALF.replace("IDRS_BENCH_CONTRACT = 3", declaration))
     manager = PluginManager()
     [failure] = [f for f in manager.failures if f.plugin == "idrs_test_old"]
@@ -142,8 +141,6 @@ def test_every_builtin_plugin_declares_the_contract():
 def test_a_third_party_plugin_runs_in_the_plugin_host_and_certifies_as_in_process(
     install_plugin, tmp_path, monkeypatch, linear_model
 ):
-    imported = tmp_path / "imported"
-    monkeypatch.setenv("IDRS_TEST_IMPORTED", str(imported))
     install_plugin("idrs_test_half", HALF)
     manager = PluginManager()
     rows = {row["name"]: row for row in manager.describe()}
@@ -151,7 +148,9 @@ def test_a_third_party_plugin_runs_in_the_plugin_host_and_certifies_as_in_proces
     assert rows["idrs_test_half"]["provides"]["methods"] == ["cohen-half"]
     assert rows["cohen"]["runs_in"] == "here"
     assert "idrs_test_half" not in sys.modules  # never imported by this process
-    assert [int(pid) for pid in imported.read_text().split()] != [os.getpid()]
+    [host] = manager._hosts.values()
+    said = manager.registry.get("sigma_providers", "half").description
+    assert said == f"imported in process {host._process.pid}" and host._process.pid != os.getpid()
 
     from harness.api import certify
 
@@ -166,7 +165,6 @@ def test_a_third_party_plugin_runs_in_the_plugin_host_and_certifies_as_in_proces
 
 
 def test_the_plugins_command_says_where_each_plugin_runs(install_plugin, tmp_path, monkeypatch):
-    monkeypatch.setenv("IDRS_TEST_IMPORTED", str(tmp_path / "imported"))
     install_plugin("idrs_test_half", HALF)
     out = subprocess.run([sys.executable, "-m", "harness.cli.main", "plugins", "--json"],
                          capture_output=True, text=True, check=True)  # fmt: skip
@@ -176,7 +174,6 @@ def test_the_plugins_command_says_where_each_plugin_runs(install_plugin, tmp_pat
 
 
 def test_a_plugin_host_that_dies_is_an_error_naming_it(install_plugin, tmp_path, monkeypatch):
-    monkeypatch.setenv("IDRS_TEST_IMPORTED", str(tmp_path / "imported"))
     install_plugin("idrs_test_half", HALF.replace(
         "return torch.full((len(x),), self.sigma, device=x.device)", "os._exit(3)"))  # fmt: skip
     manager = PluginManager()
@@ -258,7 +255,6 @@ def test_builtin_methods_served_by_a_plugin_host_certify_and_audit_as_in_process
 def test_the_plugin_host_reports_its_failures_and_obeys_the_plugin_selection(
     install_plugin, tmp_path, monkeypatch
 ):
-    monkeypatch.setenv("IDRS_TEST_IMPORTED", str(tmp_path / "imported"))
     install_plugin("idrs_test_half", HALF)
     install_plugin("idrs_test_broken", "raise ImportError('no module named nonexistent')\n")
     manager = PluginManager()
@@ -273,12 +269,11 @@ def test_the_plugin_host_reports_its_failures_and_obeys_the_plugin_selection(
 
 
 def test_a_sigma_batch_is_one_round_trip(install_plugin, tmp_path, monkeypatch):
-    monkeypatch.setenv("IDRS_TEST_IMPORTED", str(tmp_path / "imported"))
     install_plugin("idrs_test_half", HALF)
     manager = PluginManager()
     provider = manager.registry.get("sigma_providers", "half").build(_context(manager),
                                                                      {"sigma": 0.5})  # fmt: skip
-    host = manager._host
+    [host] = manager._hosts.values()
     before = host.requests
     assert torch.equal(provider(torch.zeros(64, 2)), torch.full((64,), 0.25))
     assert host.requests == before + 1
@@ -317,7 +312,7 @@ def test_sequential_draws_cross_the_boundary_and_certify_as_in_process(tmp_path,
 
 BLOCKING_HARNESS = """
 import threading, time
-from harness.plugin.remote import PluginHost
+from harness.plugin.host_process import PluginHost
 
 host = PluginHost()
 threading.Thread(target=lambda: host.request("describe"), daemon=True).start()

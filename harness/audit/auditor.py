@@ -175,6 +175,7 @@ def run_checks(
     threads = torch.get_num_threads()
     try:
         session = AuditSession(store, run_id, options, progress, manager, budget, orders)
+        store.record_plugin_hosts(session.stored.run_id, manager.hosting())  # (the checks')
         rows = session.rows(method, entropy)
         if workers is None:
             workers = default_workers(available_cores(), session.threads)

@@ -35,14 +35,16 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pluggy
 
 from harness.foundation.errors import ContractError, DuplicateNameError, IdrsError
-from harness.plugin import hookspecs
+from harness.plugin import confinement, hookspecs
 from harness.plugin.hookspecs import CONTRACT, CONTRACT_ATTRIBUTE, PORTING
 from harness.plugin.registry import COMPONENT_KINDS, Registry
 
@@ -65,9 +67,12 @@ class PluginFailure:
 class PluginManager:
     """pluggy's manager plus the component registry built from the register hooks."""
 
-    def __init__(self, third_party: bool = True, isolated: bool = True) -> None:
-        """Load the built-in plugins and, unless ``third_party`` is False, the others: in a
-        plugin host, or in this process when ``isolated`` is False (the plugin host's own)."""
+    def __init__(self, third_party: bool = True, isolated: bool = True,
+                 distribution: str | None = None, prefix: str | None = None) -> None:  # fmt: skip
+        """Load the built-in plugins and, unless ``third_party`` is False, the others: in
+        plugin hosts (one per distribution), or in this process when ``isolated`` is False
+        (a plugin host's own, which loads ``distribution``'s only; ``prefix``: the private
+        folder it is installed in, already on ``sys.path`` there)."""
         self.pm = pluggy.PluginManager("idrs_bench")
         self.pm.add_hookspecs(hookspecs)
         self._failures: list[PluginFailure] = []
@@ -78,10 +83,17 @@ class PluginManager:
         self._third_party: list[importlib.metadata.EntryPoint] = []
         self._builtin: list[str] = []
         self._isolated = isolated
+        self._distribution = distribution
+        self._prefixes: dict[str, Path] = {}  # distribution -> its private prefix
+        if isolated and third_party:
+            from harness.plugin.private_install import installed_prefixes
+
+            self._prefixes = installed_prefixes()
         self._serves_third_party = third_party  # (a manager of built-ins only never hosts)
-        self._host = None  # the plugin host (harness.plugin.remote.PluginHost), once started
-        self._hosted: dict[str, Any] = {}  # what it described
+        self._hosts: dict[str | None, Any] = {}  # distribution (None: built-ins) -> PluginHost
+        self._hosted: dict[str | None, dict[str, Any]] = {}  # what each described
         self._host_failures: list[PluginFailure] = []  # what failed there
+        self._taken: list[PluginFailure] = []  # plugins of hosts whose names were taken
         self.not_run: list[str] = []
         """Third-party checks the harness does not run (verdicts are the harness's own)."""
         self._local: set[str] = set()  # registered by the caller, not from an entry point
@@ -103,17 +115,17 @@ class PluginManager:
     def failures(self) -> list[PluginFailure]:
         """Plugins that failed to import or register (every plugin is loaded first)."""
         self.load_all()
-        if self._host is not None or self._pending_hosted():
+        if self._hosts or self._pending_hosted():
             self.registry  # noqa: B018 (a plugin host reports its plugins' failures)
-        return [*self._failures, *self._host_failures]
+        return [*self._failures, *self._host_failures, *self._taken]
 
     def load_all(self) -> None:
-        """Load the third-party plugins not loaded yet: describe them by a plugin host, or
-        (not ``isolated``) import them here."""
+        """Load the third-party plugins not loaded yet: describe them by their plugin hosts,
+        or (not ``isolated``) import them here."""
         pending, self._pending = self._pending, []
         if self._isolated:
             if pending:
-                self._start_host()
+                self._start_hosts()
             return
         for ep in pending:
             self._load(ep)
@@ -121,18 +133,51 @@ class PluginManager:
     def _pending_hosted(self) -> bool:
         return self._isolated and self._serves_third_party and isolate_builtins()
 
-    def _start_host(self) -> None:
-        """Start the plugin host and read what it loaded (its failures are reported here)."""
-        if self._host is not None:
+    def _start_hosts(self) -> None:
+        """Start a plugin host per third-party distribution (and, with
+        ``IDRS_BENCH_ISOLATE=all``, one for the built-ins), confined unless the user asked
+        otherwise, and read what each loaded (their failures are reported here)."""
+        if self._hosts:
             return
-        from harness.plugin.remote import PluginHost
+        from harness.plugin.host_process import PluginHost
 
-        self._host = PluginHost()
-        self._hosted = self._host.request("describe")
+        groups: dict[str, list[str]] = {}
+        for ep in self._third_party:
+            groups.setdefault(distribution_of(ep), []).append(ep.name)
+        confined = hosts_confined(third_party=bool(groups))
+        hosts: dict[str | None, PluginHost] = {}
+        if isolate_builtins():
+            hosts[None] = PluginHost(None, self._builtin, confined=confined)
+        for name, plugins in sorted(groups.items()):
+            hosts[name] = PluginHost(name, plugins, self._prefixes.get(name), confined)
+        for host in hosts.values():
+            host.start()  # (they import their plugins side by side)
         local = {name for name, _ in self.pm.list_name_plugin()}
-        self._host_failures = [PluginFailure(f["plugin"], f["error"])
-                               for f in self._hosted.get("failures", ()) if f["plugin"] not in local]  # fmt: skip
+        for key, host in hosts.items():
+            self._hosted[key] = described = host.request("describe")
+            host.abi = int(described.get("abi", 0))
+            self._host_failures += [PluginFailure(f["plugin"], f["error"])
+                                    for f in described.get("failures", ()) if f["plugin"] not in local]  # fmt: skip
+        self._hosts = hosts
         self._registry = None
+
+    def stop_hosts(self) -> None:
+        """End the plugin hosts' processes; each starts again when next asked (with the cache
+        root of that moment, whose artifact folders a confined host may write)."""
+        for host in self._hosts.values():
+            host.stop()
+
+    def hosting(self) -> dict[str, Any]:
+        """How this process ran third-party plugins, as a run records it: the distributions
+        (name and version) and their hosts' confinement
+        (:func:`harness.plugin.confinement.description`; the weakest of them)."""
+        self.registry  # noqa: B018 (starts the hosts)
+        third = {k: h for k, h in self._hosts.items() if k is not None}
+        versions = {p["distribution"]: p.get("version") for k in third
+                    for p in self._hosted[k].get("plugins", ()) if p.get("distribution") == k}  # fmt: skip
+        abi = min((h.abi for h in third.values()), default=confinement.landlock_abi())
+        return {"third_party": [f"{name} {versions.get(name) or ''}".strip() for name in third],
+                "confinement": confinement.description(abi) if third else "no third-party plugin"}  # fmt: skip
 
     def builtin_plugins(self) -> list[str]:
         """The plugins of this distribution's entry points loaded here."""
@@ -166,22 +211,25 @@ class PluginManager:
 
     @property
     def registry(self) -> Registry:
-        """The components of every plugin (built on first use): this process's, and those a
-        plugin host serves (:mod:`harness.plugin.hosted_components`)."""
+        """The components of every plugin (built on first use): this process's, and those the
+        plugin hosts serve (:mod:`harness.plugin.hosted_components`)."""
         self.load_all()
         if self._pending_hosted():
-            self._start_host()
+            self._start_hosts()
         if self._registry is None:
             self._registry = self._build_registry()
-            if self._host is not None:
-                from harness.plugin.hosted_components import hosted_registry
+            from harness.plugin.hosted_components import hosted_registry
 
-                self._registry, self.not_run = hosted_registry(
-                    self._registry, self._host, self._hosted, isolate_builtins()
+            self.not_run, self._taken = [], []
+            for key, host in self._hosts.items():
+                self._registry, not_run, taken = hosted_registry(
+                    self._registry, host, self._hosted[key], key is None
                 )
+                self.not_run += not_run
+                self._taken += [PluginFailure(plugin, error) for plugin, error in taken]
             from harness.plugin import manifest as plugin_manifest
 
-            failed = {f.plugin for f in [*self._failures, *self._host_failures]}
+            failed = {f.plugin for f in [*self._failures, *self._host_failures, *self._taken]}
             plugin_manifest.write_entries(self._registry, self._third_party, failed)
         return self._registry
 
@@ -218,15 +266,20 @@ class PluginManager:
         top = str(record.get("recompute", "")).split(".")[0]
         if top in builtin_packages() or not self._isolated:
             return formula_from_record(record, None if self._isolated else trusted_packages())
-        self.registry  # noqa: B018 (starts the plugin host of the installed plugins)
-        if self._host is None:
+        self.registry  # noqa: B018 (starts the plugin hosts of the installed plugins)
+        hosts = {distribution_of(ep): self._hosts.get(distribution_of(ep))
+                 for ep in self._third_party if _top_module(ep) == top}  # fmt: skip
+        host = next((h for h in hosts.values() if h is not None), None)
+        if host is None:
             return formula_from_record(record)  # (says which package is missing)
-        return resolve_formula(record, self._host, [])
+        return resolve_formula(record, host, [])
 
     def plugin_names(self) -> list[str]:
         self.load_all()
         local = {name for name, _ in self.pm.list_name_plugin()}
-        return sorted(local | {p["name"] for p in self._hosted.get("plugins", ())})
+        return sorted(
+            local | {p["name"] for d in self._hosted.values() for p in d.get("plugins", ())}
+        )
 
     def describe(self) -> list[dict[str, Any]]:
         """Name, version, implemented hooks, provided components and where it runs (``here``
@@ -239,17 +292,21 @@ class PluginManager:
                          "distribution": self._distributions.get(name),
                          "provides": registry.provided_by(name), "runs_in": "here"})  # fmt: skip
         local = {row["name"] for row in rows}
-        for hosted in self._hosted.get("plugins", ()):
-            if hosted["name"] not in local:
-                rows.append({**hosted, "provides": registry.provided_by(hosted["name"]),
-                             "runs_in": "plugin host"})  # fmt: skip
+        for key, described in self._hosted.items():
+            for hosted in described.get("plugins", ()):
+                if hosted["name"] not in local:
+                    rows.append({**hosted, "provides": registry.provided_by(hosted["name"]),
+                                 "runs_in": "plugin host", "private": key in self._prefixes,
+                                 "confinement": confinement.description(self._hosts[key].abi)})  # fmt: skip
         return sorted(rows, key=lambda row: row["name"])
 
     def _load_entry_points(self, third_party: bool) -> None:
         allowed = _allowed_external_plugins() if third_party else set()
-        entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+        entry_points = plugin_entry_points(self._prefixes.values())
         builtins = [ep for ep in entry_points if is_builtin(ep)]
         others = [ep for ep in entry_points if not is_builtin(ep)]
+        if self._distribution is not None:  # a plugin host's: its distribution's only
+            others = [ep for ep in others if distribution_of(ep) == self._distribution]
         for ep in builtins:  # built-ins first: they keep their names
             self._load(ep)
             self._builtin.append(ep.name)
@@ -349,6 +406,39 @@ def is_builtin(entry_point: importlib.metadata.EntryPoint) -> bool:
     """Whether ``entry_point`` is declared by this distribution (a built-in plugin)."""
     dist = getattr(entry_point, "dist", None)
     return dist is not None and dist.name == DISTRIBUTION
+
+
+def hosts_confined(third_party: bool) -> bool:
+    """Whether plugin hosts confine themselves: yes, unless the user asked otherwise
+    (:func:`harness.plugin.confinement.unconfined_requested`); on a kernel that cannot
+    confine them, a host of third-party plugins is refused (one error naming the kernel
+    feature and the opt-out), and one of built-ins only runs unconfined."""
+    if confinement.unconfined_requested():
+        return False
+    reason = confinement.refusal(confinement.landlock_abi())
+    if reason is not None and third_party:
+        raise IdrsError(reason)
+    return reason is None
+
+
+def plugin_entry_points(prefixes: Iterable[Path] = ()) -> list[importlib.metadata.EntryPoint]:
+    """The ``idrs_bench`` entry points of this environment and of the distributions
+    installed in the private ``prefixes`` (read, never put on this process's path)."""
+    found = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+    for prefix in prefixes:
+        for dist in importlib.metadata.distributions(path=[str(prefix)]):
+            found += [ep for ep in dist.entry_points if ep.group == ENTRY_POINT_GROUP]
+    return found
+
+
+def distribution_of(entry_point: importlib.metadata.EntryPoint) -> str:
+    """The name of the distribution declaring ``entry_point`` (its own name when unknown)."""
+    dist = getattr(entry_point, "dist", None)
+    return dist.name if dist is not None else entry_point.name
+
+
+def _top_module(entry_point: importlib.metadata.EntryPoint) -> str:
+    return entry_point.value.split(":")[0].strip().split(".")[0]
 
 
 def _allowed_external_plugins() -> set[str] | None:

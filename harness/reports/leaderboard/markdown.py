@@ -34,7 +34,11 @@ from harness.reports.leaderboard.metrics import (
 )
 from harness.reports.leaderboard.plots import certified_plot_name, classwise_plot_name
 from harness.reports.leaderboard.reproduce import spec_toml
-from harness.reports.leaderboard.stated_protocol import protocol_differences, run_protocol
+from harness.reports.leaderboard.stated_protocol import (
+    plugin_hosts_statement,
+    protocol_differences,
+    run_protocol,
+)
 from harness.store.storedrun import IMPORTED, NOT_CHECKED
 
 
@@ -126,6 +130,8 @@ def _protocol_table(p: dict[str, Any]) -> list[str]:
         ("recipe hash", md_code(p["recipe_hash"] or "unknown")),
         *([("weights (SHA-256)", md_code(p["weights_digest"]))] if p.get("weights_digest") else []),
         *([("arithmetic", _fingerprint(p["arithmetic"]))] if p.get("arithmetic") else []),
+        *([("plugins", md_text(plugin_hosts_statement(p["plugin_hosts"])))]
+          if p.get("plugin_hosts") else []),
         ("seeds", f"certification {p['seed']}, model {p['model_seed']}"),
         ("device", md_text(p["device"])),
         ("versions", md_text(versions)),
