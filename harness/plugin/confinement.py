@@ -382,6 +382,7 @@ def python_paths() -> list[str]:
 SYSTEM_READ = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/proc", "/sys",
                "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
                "/etc/passwd", "/etc/group", "/etc/nsswitch.conf", "/etc/os-release",
+               "/etc/lsb-release", "/etc/debian_version", "/etc/redhat-release",
                "/etc/mime.types")  # fmt: skip
 """System paths a host reads: libraries and programs, ``/proc`` and ``/sys`` (another
 process's memory, environment and file descriptors stay out of reach: Landlock refuses

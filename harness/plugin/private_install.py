@@ -73,6 +73,13 @@ def install(source: Path, quiet: bool = False) -> tuple[str, str, Path]:
     if reason is not None:
         raise IdrsError(f"`idrs-bench plugins install` builds a plugin confined, and {reason}. "
                         "Install it with pip yourself instead (its build then runs unconfined)")  # fmt: skip
+    if source.suffix != ".whl":
+        missing = unmet_requirements(build_requirements(source))
+        if missing:
+            raise IdrsError(f"{source.name} is built by {', '.join(missing)}, not installed in "
+                            "idrs-bench's environment; a plugin is built without network, with "
+                            "this environment's build backend: install it there first (pip "
+                            "install ...), or install the plugin's wheel")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="idrs-plugin-install-") as folder:
         staging = Path(folder)
         if source.is_dir():  # a copy: an in-tree build writes build/ and *.egg-info there
@@ -161,6 +168,35 @@ def _checked(target: Path) -> tuple[str, str]:
                         "idrs-bench's environment; a plugin installed privately uses the "
                         "environment's packages: install them there first (pip install ...)")  # fmt: skip
     return name, version
+
+
+def build_requirements(source: Path) -> list[str]:
+    """What building a source folder or sdist needs (``[build-system] requires`` of its
+    ``pyproject.toml``; setuptools without one, PEP 518), read without running it."""
+    import tarfile
+    import tomllib
+    import zipfile
+
+    text = None
+    if source.is_dir():
+        path = source / "pyproject.toml"
+        text = path.read_text() if path.is_file() else None
+    elif zipfile.is_zipfile(source):
+        with zipfile.ZipFile(source) as archive:
+            names = [n for n in archive.namelist() if n.count("/") == 1
+                     and n.endswith("/pyproject.toml")]  # fmt: skip
+            text = archive.read(names[0]).decode() if names else None
+    else:
+        try:
+            with tarfile.open(source) as archive:
+                members = [m for m in archive.getmembers() if m.isfile()
+                           and m.name.count("/") == 1 and m.name.endswith("/pyproject.toml")]  # fmt: skip
+                text = archive.extractfile(members[0]).read().decode() if members else None
+        except tarfile.TarError:
+            raise IdrsError(f"{source} is neither a folder, an sdist nor a wheel") from None
+    if text is None:
+        return ["setuptools>=40.8.0"]
+    return list(tomllib.loads(text).get("build-system", {}).get("requires", ["setuptools>=40.8.0"]))
 
 
 def unmet_requirements(requirements: list[str]) -> list[str]:
