@@ -272,3 +272,26 @@ def test_the_seccomp_filter_refuses_other_architectures_and_x32():
     assert 2 + check_arch[2] == deny  # the mismatch jumps to the refusal
     assert (0x35, deny - 4, 0, 0x40000000) == program[3]
     assert all(0 <= jt < 256 and 0 <= jf < 256 for _, jt, jf, _ in program)
+
+
+@needs_landlock
+@pytest.mark.gpu
+def test_a_confined_host_certifies_on_cuda(install_plugin, linear_model):
+    """A third-party σ-provider certifies on the GPU from its confined host (NVIDIA's
+    device files granted, CUDA's caches in the scratch folder): the same certificates as
+    Cohen's certifier at half the σ in the harness's process."""
+    import torch
+
+    from harness.api import certify
+    from harness.plugin.manager import PluginManager
+
+    install_plugin("idrs_test_half", HALF, distribution="idrs-test-half")
+    assert PluginManager().registry.get("methods", "cohen-half").sigma_provider == "half"
+    model = linear_model(torch.tensor([1.0, 0.0]), 0.0)
+    x, y = torch.tensor([[0.3, 0.1], [-0.8, 0.2], [0.05, 0.0]]), torch.tensor([1, 0, 1])
+    hosted = certify(model, x, y, method="cohen-half", sigma=0.5, n=2000, batch_size=512,
+                     device="cuda")  # fmt: skip
+    local = certify(model, x, y, method="cohen", sigma=0.25, n=2000, batch_size=512,
+                    device="cuda")  # fmt: skip
+    for column in ("prediction", "radius", "p_lower", "sigma", "counts_estimation"):
+        assert hosted[column].tolist() == local[column].tolist(), column

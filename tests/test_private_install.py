@@ -131,3 +131,24 @@ def test_a_wheel_is_installed_and_one_whose_requirements_are_unmet_is_refused(tm
     with pytest.raises(IdrsError, match=r"requires idrs-no-such-package>=2, not installed"):
         install(unmet)
     assert (prefix / "idrs_test_quarter.py").is_file()  # the installed one stays
+
+
+def test_a_private_plugin_is_checked_from_the_manifest_without_a_host(tmp_path, cache):
+    """Its entry in the plugin manifest is keyed by the files its RECORD lists, so a
+    benchmark file naming its method is checked without starting its host."""
+    from harness.plugin.manager import plugin_entry_points
+    from harness.plugin.manifest import plugin_key
+    from harness.plugin.private_install import installed_prefixes
+
+    install(_wheel(tmp_path), quiet=True)
+    [entry] = [ep for ep in plugin_entry_points(installed_prefixes().values())
+               if ep.name == "quarter"]  # fmt: skip
+    key = plugin_key(entry)
+    assert key is not None
+    PluginManager().registry  # noqa: B018 (records the manifest)
+    manager = PluginManager()
+    assert "cohen-quarter" in manager.checking_registry().names("methods")
+    assert manager._hosts == {}  # no host started to check it
+    module = next(prefix for prefix in installed_prefixes().values()) / "idrs_test_quarter.py"
+    module.write_text(module.read_text() + "\n# edited\n")
+    assert plugin_key(entry) != key

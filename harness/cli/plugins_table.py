@@ -23,19 +23,22 @@ if TYPE_CHECKING:
 def add_plugins_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``plugins`` (and its actions ``install``, ``uninstall``) to ``idrs-bench``."""
     plugins = sub.add_parser(
-        "plugins", help="list loaded plugins and what they provide; install one confined"
-    )
+        "plugins", help="list loaded plugins and what they provide; install one confined",
+        usage="%(prog)s [--json] [install PATH|WHEEL | uninstall NAME]",
+    )  # fmt: skip
     plugins.add_argument("--json", action="store_true", help="machine-readable output")
     plugins.set_defaults(handler=plugins_command)
     actions = plugins.add_subparsers(title="actions", metavar="{install,uninstall}")
     install = actions.add_parser(
-        "install", help="build (confined, without network) and install a plugin into a private "
-        "prefix that only its confined plugin host imports",
+        "install", prog="idrs-bench plugins install",
+        help="build (confined, without network) and install a plugin into a private prefix "
+        "that only its confined plugin host imports",
     )  # fmt: skip
     install.add_argument("path", metavar="PATH|WHEEL", type=Path,
                          help="the plugin's source folder, sdist or wheel")  # fmt: skip
     install.set_defaults(handler=install_command)
-    uninstall = actions.add_parser("uninstall", help="remove a plugin installed so")
+    uninstall = actions.add_parser("uninstall", prog="idrs-bench plugins uninstall",
+                                   help="remove a plugin installed so")  # fmt: skip
     uninstall.add_argument("name", metavar="NAME", help="its distribution's name")
     uninstall.set_defaults(handler=uninstall_command)
     return plugins

@@ -44,6 +44,10 @@ INLINE_BYTES = 1 << 20
 """Arrays of a dataset up to this size travel in the message; larger ones as files."""
 
 
+class HostStopped(IdrsError):
+    """A request about what a plugin host built before it stopped (its handles are gone)."""
+
+
 class PluginHost:
     """A ``python -m harness.plugin.host`` process, started on first use, and what it was
     told so far (contexts, models, arrays). Its stderr (the plugins' output) is echoed to
@@ -60,9 +64,13 @@ class PluginHost:
     with it) and its plugins' artifact folders under the cache root it started with."""
 
     def __init__(self, distribution: str | None = None, plugins: Sequence[str] = (),
-                 prefix: Path | None = None, confined: bool = False) -> None:  # fmt: skip
+                 prefix: Path | None = None, confined: bool = False,
+                 builtins: Sequence[str] = ()) -> None:  # fmt: skip
         self.distribution, self.plugins, self.prefix = distribution, tuple(plugins), prefix
         self.confined = confined
+        self.builtins = tuple(b for b in builtins if b not in self.plugins)
+        """The built-in plugins, whose artifact folders the host reads (a built-in
+        σ-provider built there by name finds what the harness's own copy fitted)."""
         self._process: subprocess.Popen | None = None
         self._lock = threading.RLock()
         self._tail: deque[str] = deque(maxlen=20)
@@ -106,17 +114,26 @@ class PluginHost:
         start = {"parent": os.getpid(), "distribution": self.distribution,
                  "prefix": None if self.prefix is None else str(self.prefix), "grants": None}  # fmt: skip
         if self.confined:
-            artifacts = [self._artifact_root / "plugins" / plugin for plugin in self.plugins]
-            for folder in artifacts:
+            own, shared = ([self._artifact_root / "plugins" / p for p in names]
+                           for names in (self.plugins, self.builtins))  # fmt: skip
+            for folder in [*own, *shared]:
                 folder.mkdir(parents=True, exist_ok=True)
             start["grants"] = confinement.Grants(
-                read=tuple(str(p) for p in [self._sent, *self._readable]),
-                write=tuple(str(p) for p in [scratch, *artifacts]),
+                read=tuple(str(p) for p in [self._sent, *self._readable, *shared]),
+                write=tuple(str(p) for p in [scratch, *own]),
                 devices=tuple(confinement.gpu_devices()),
             ).to_message()
+        import harness
+
+        root = Path(harness.__file__).resolve().parents[1]
+        if root == Path.cwd().resolve():  # found through the working directory, which -P
+            # keeps off the host's path (else the host would read all of it)
+            environment["PYTHONPATH"] = os.pathsep.join(
+                p for p in (str(root), environment.get("PYTHONPATH")) if p
+            )
         process = subprocess.Popen(
-            [sys.executable, "-m", "harness.plugin.host", json.dumps(start)], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment,
+            [sys.executable, "-P", "-m", "harness.plugin.host", json.dumps(start)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment,
         )  # fmt: skip
         threading.Thread(target=self._echo, args=(process.stderr,), daemon=True).start()
         weakref.finalize(self, stop_child, process)
@@ -149,11 +166,15 @@ class PluginHost:
             with contextlib.suppress(OSError, ValueError):  # a closed stderr: keep the tail
                 sys.stderr.write(line)
 
-    def request(self, op: str, **fields: Any) -> dict[str, Any]:
-        """Send one request; its answer, or the plugin's error as an :class:`IdrsError`."""
+    def request(self, op: str, generation: int | None = None, **fields: Any) -> dict[str, Any]:
+        """Send one request; its answer, or the plugin's error as an :class:`IdrsError`.
+        ``generation``: the host's generation the request's handles and tokens belong to
+        (:class:`HostStopped` when the host has since been started again)."""
         with self._lock:
             if self._process is None or self._process.poll() is not None:
                 self._process = self._start()
+            if generation is not None and generation != self.generation:
+                raise HostStopped("built in a plugin host that has since stopped")
             process = self._process
             self.requests += 1
             message = {

@@ -32,7 +32,7 @@ from harness.plugin.components import (
     TrainContext,
     TrainerSpec,
 )
-from harness.plugin.host_process import PluginHost
+from harness.plugin.host_process import HostStopped, PluginHost
 from harness.plugin.registry import COMPONENT_KINDS, Registry
 from harness.plugin.remote import RemoteCertifier, RemoteSigmaProvider, _Bound
 
@@ -59,10 +59,17 @@ class _Factory:
     def _build(self, op: str, context: BuildContext, host: PluginHost | None = None,
                **fields: Any) -> tuple[_Bound, dict]:  # fmt: skip
         host = host or self.host
-        token = host.context(context)
-        answer = host.request(op, context=token, name=self.name, updates=host.updates(context),
-                              **fields)  # fmt: skip
-        bound = _Bound(host, int(answer["handle"]), host.generation, context, token, self.who(),
+        for retry in (False, True):  # once more when the host stopped after the context
+            token = host.context(context)
+            generation = host.generation  # (the token's: a host started again knows none)
+            try:
+                answer = host.request(op, generation, context=token, name=self.name,
+                                      updates=host.updates(context), **fields)  # fmt: skip
+                break
+            except HostStopped:
+                if retry:
+                    raise
+        bound = _Bound(host, int(answer["handle"]), generation, context, token, self.who(),
                        self.builtin)  # fmt: skip
         return bound, answer["declaration"]
 

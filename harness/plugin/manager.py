@@ -149,7 +149,8 @@ class PluginManager:
         if isolate_builtins():
             hosts[None] = PluginHost(None, self._builtin, confined=confined)
         for name, plugins in sorted(groups.items()):
-            hosts[name] = PluginHost(name, plugins, self._prefixes.get(name), confined)
+            hosts[name] = PluginHost(name, plugins, self._prefixes.get(name), confined,
+                                     self._builtin)  # fmt: skip
         for host in hosts.values():
             host.start()  # (they import their plugins side by side)
         local = {name for name, _ in self.pm.list_name_plugin()}

@@ -57,11 +57,14 @@ class _Bound:
     builtin: bool = False
 
     def request(self, op: str, **fields: Any) -> dict[str, Any]:
-        if self.generation != self.host.generation:
+        from harness.plugin.host_process import HostStopped
+
+        try:
+            return self.host.request(op, self.generation, handle=self.handle, context=self.token,
+                                     updates=self.host.updates(self.context), **fields)  # fmt: skip
+        except HostStopped:
             raise IdrsError(f"{self.who} was built in a plugin host that has since stopped; "
-                            "build the method again")  # fmt: skip
-        return self.host.request(op, handle=self.handle, context=self.token,
-                                 updates=self.host.updates(self.context), **fields)  # fmt: skip
+                            "build the method again") from None  # fmt: skip
 
 
 class _RowGradient(torch.autograd.Function):
