@@ -123,9 +123,7 @@ class PluginHost:
                 write=tuple(str(p) for p in [scratch, *own]),
                 devices=tuple(confinement.gpu_devices()),
             ).to_message()
-        import harness
-
-        root = Path(harness.__file__).resolve().parents[1]
+        root = Path(__file__).resolve().parents[2]  # the folder holding this harness
         if root == Path.cwd().resolve():  # found through the working directory, which -P
             # keeps off the host's path (else the host would read all of it)
             environment["PYTHONPATH"] = os.pathsep.join(

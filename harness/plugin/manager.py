@@ -219,10 +219,10 @@ class PluginManager:
             self._start_hosts()
         if self._registry is None:
             self._registry = self._build_registry()
-            from harness.plugin.hosted_components import hosted_registry
-
             self.not_run, self._taken = [], []
             for key, host in self._hosts.items():
+                from harness.plugin.hosted_components import hosted_registry  # (imports torch)
+
                 self._registry, not_run, taken = hosted_registry(
                     self._registry, host, self._hosted[key], key is None
                 )
