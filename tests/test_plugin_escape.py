@@ -13,9 +13,10 @@ every row keeps its verdict and the other plugin its σ; nothing it could reach 
 (the working directory, the plugins' own site folder and the harness's package are hashed
 before and after, the database too until the next run writes it, the site-packages
 folders compared entry by entry, ``$HOME`` searched for the marker); and a run started
-afterwards, in a new process, is unaffected. Every file the plugin would write bears a marker name, removed at the
-end whatever happened, and appending writes nothing, so a failure of the confinement
-leaves the machine as it was.
+afterwards, in a new process, is unaffected; all of it also after ``check --reaudit``
+imported the plugin again. Every file the plugin would write bears a marker name,
+removed at the end whatever happened, and appending writes nothing, so a failure of the
+confinement leaves the machine as it was.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ from pathlib import Path
 import pytest
 
 import harness
-from harness.audit.audit import Budget
+from harness.audit.audit import BUDGETS, Budget
 from harness.audit.auditor import run_checks
+from harness.cli.main import main
 from harness.foundation.progress import Progress
 from harness.foundation.verdict import Verdict, overall
 from harness.plugin import confinement
@@ -272,6 +274,10 @@ def test_a_plugin_reaches_nothing_but_its_answers(install_plugin, tmp_path, monk
         sigmas = {m: s for m, _, _, _, s, _ in _certificates(db, run)}
         assert sigmas == {"cohen": 0.5, "escape": 0.25, "victim": 0.25}  # the victim: σ/2
         assert _certificates(db, honest) == before_run  # the stored draws and radii
+        # a re-audit imports the plugin again, in a host of its own command: confined too
+        monkeypatch.setitem(BUDGETS, TINY.name, TINY)
+        reaudit = ["check", run[:12], "--db", str(db), "--reaudit", "--method", "escape", "--quiet"]
+        assert main(reaudit) == 0
 
         assert _tree(work) == guarded["cwd"] and _tree(own_site) == guarded["own site"]
         assert _tree(package) == guarded["harness"]

@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             from harness.plugin.host_requests import Host
 
-            host = Host(start.get("distribution"), start.get("prefix"), abi)
+            host = Host(start.get("distribution"), abi)
         except Exception as exc:  # every request is then answered with why the host is broken
             error = answer_error(exc)
     requests = sys.stdin.buffer

@@ -74,9 +74,9 @@ class Host:
     plugins and those of ``distribution`` (None: the built-ins only), in this process;
     ``abi`` is the Landlock ABI it is confined with (0: unconfined)."""
 
-    def __init__(self, distribution: str | None, prefix: str | None = None, abi: int = 0) -> None:
+    def __init__(self, distribution: str | None, abi: int = 0) -> None:
         self.manager = PluginManager(third_party=distribution is not None, isolated=False,
-                                     distribution=distribution, prefix=prefix)  # fmt: skip
+                                     distribution=distribution)  # fmt: skip
         self.abi = abi
         self.registry = self.manager.registry
         self.objects: dict[int, Any] = {}

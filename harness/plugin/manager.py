@@ -68,11 +68,10 @@ class PluginManager:
     """pluggy's manager plus the component registry built from the register hooks."""
 
     def __init__(self, third_party: bool = True, isolated: bool = True,
-                 distribution: str | None = None, prefix: str | None = None) -> None:  # fmt: skip
+                 distribution: str | None = None) -> None:  # fmt: skip
         """Load the built-in plugins and, unless ``third_party`` is False, the others: in
         plugin hosts (one per distribution), or in this process when ``isolated`` is False
-        (a plugin host's own, which loads ``distribution``'s only; ``prefix``: the private
-        folder it is installed in, already on ``sys.path`` there)."""
+        (a plugin host's own, which loads ``distribution``'s only)."""
         self.pm = pluggy.PluginManager("idrs_bench")
         self.pm.add_hookspecs(hookspecs)
         self._failures: list[PluginFailure] = []
@@ -176,9 +175,9 @@ class PluginManager:
         third = {k: h for k, h in self._hosts.items() if k is not None}
         versions = {p["distribution"]: p.get("version") for k in third
                     for p in self._hosted[k].get("plugins", ()) if p.get("distribution") == k}  # fmt: skip
-        abi = min((h.abi for h in third.values()), default=confinement.landlock_abi())
+        weakest = confinement.description(min(h.abi for h in third.values())) if third else None
         return {"third_party": [f"{name} {versions.get(name) or ''}".strip() for name in third],
-                "confinement": confinement.description(abi) if third else "no third-party plugin"}  # fmt: skip
+                "confinement": weakest or "no third-party plugin"}  # fmt: skip
 
     def builtin_plugins(self) -> list[str]:
         """The plugins of this distribution's entry points loaded here."""
