@@ -55,17 +55,10 @@ database's path is on the harness's command line)."""
 UNCONFINED_ENV = "IDRS_BENCH_UNCONFINED"
 """``1``: third-party plugins run in plugin hosts that are not confined (``--unconfined``);
 every run made so records it."""
-ABI_FEATURES = {
-    1: "filesystem rules, no ptrace of the harness",
-    2: "cross-directory rename and link",
-    3: "truncate",
-    4: "TCP bind and connect",
-    5: "ioctl on device files",
-    6: "signal and abstract UNIX socket scoping",
-    7: "audit logging",
-}
-"""What each Landlock ABI adds (its Linux versions: 5.13, 5.19, 6.2, 6.7, 6.10, 6.12, 6.15)."""
 _LINUX = {1: "5.13", 2: "5.19", 3: "6.2", 4: "6.7", 5: "6.10", 6: "6.12", 7: "6.15"}
+"""The first Linux of each Landlock ABI (filesystem rules; cross-directory rename and link;
+truncate; TCP bind and connect; ioctl on device files; signal and abstract-socket scoping;
+audit logging)."""
 
 # --- Landlock's constants (include/uapi/linux/landlock.h) ---------------------------------
 
