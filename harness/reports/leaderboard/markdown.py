@@ -1,17 +1,21 @@
 """The leaderboard as markdown (GitHub-flavoured: tables and footnotes).
 
-Layout: a title; per table (one per dataset and base model) the protocol of each run,
-the sampling error of its accuracies (95 % Clopper–Pearson intervals over the n test
-inputs, the widest half-width, and, on a subset of the test split, how to certify all
-of it), a headline sentence (from verified-sound rows only; a leader whose paired
-difference from the next rows is not significant is named as a tie), the verified-sound
-rows ranked (each accuracy with its interval; a column compares each row with its
-group's first by McNemar's exact test at the headline radius; where the empirical
-attack ran, its robust accuracy beside each certified accuracy),
-then under their own heading the memory (order-dependent) rows ranked at their worst
-replayed input order with the spread over orders, then the rows whose radii are not
-certified (a check found a problem, did not complete, or none ran), the plots, the failures and each run's spec; the verdict footnotes and the metric legend
-close the document. All text from plugins and specs goes through
+Layout, results first: a title and how to re-check the board; per table (one per
+dataset and base model) a warning when its runs follow different protocols, a headline
+sentence (from verified-sound rows only; a leader whose paired difference from the next
+rows is not significant is named as a tie), then the ranking tables with the columns a
+reader compares (clean accuracy, certified accuracy at each radius with its 95 %
+Clopper–Pearson interval, ACR, the paired test against the group's first row by
+McNemar's exact test at the headline radius, the verdict): the verified-sound rows, the
+memory (order-dependent) rows at their worst replayed input order with the spread over
+orders, the rows whose radii are not certified (a check found a problem, did not
+complete, or none ran), the rows imported from published logs; the certified-accuracy
+plot; the sampling error of the accuracies (the widest half-width and, on a subset of
+the test split, how to certify all of it); then the rest of every row in tables of
+their own (the empirical attack's robust accuracy; abstention, misclassification,
+class-wise accuracy, σ, time), the class-wise plot, the failures, the protocol and spec
+of each run. The metric legend, what `sound` asserts and the verdict footnotes close the
+document. All text from plugins and specs goes through
 :func:`~harness.reports.leaderboard.escape.md_text`; numbers use fixed formats; nothing
 depends on the time of rendering, so the same stored runs give the same bytes.
 """
@@ -26,8 +30,11 @@ from harness.mathematics.significance import CONFIDENCE, SIGNIFICANCE, widest_ha
 from harness.reports.leaderboard.board import Board, Row, Table
 from harness.reports.leaderboard.escape import md_code, md_fence, md_text
 from harness.reports.leaderboard.metrics import (
+    CERTIFIED,
+    EMPIRICAL,
     Metric,
     certified_key,
+    empirical_key,
     has_interval,
     metric_catalog,
     sampled_in_rounds,
@@ -212,26 +219,47 @@ def _spread(row: Row) -> str:
             f"{order.get('orders')} orders)")  # fmt: skip
 
 
-def _metric_table(
+def _identity(row: Row, with_run: bool) -> list[str]:
+    return [*([md_code(row.run_id[:12])] if with_run else []), md_text(row.method),
+            md_text(row.setting)]  # fmt: skip
+
+
+def _ranking_table(
     rows: list[Row], table: Table, catalog: list[Metric], notes: _Footnotes, spread: bool = False
 ) -> list[str]:
+    """A group's rows ranked, with the columns a reader compares (the ``main`` metrics)."""
+    main = [m for m in catalog if m.table == "main"]
     with_run = len(table.runs) > 1
     versus = f"vs #1 at {table.headline_radius:g}"
     head = ["#", *(["run"] if with_run else []), "method", "setting",
-            *[md_text(m.header) for m in catalog], *(["ACR over orders"] if spread else []),
+            *[md_text(m.header) for m in main], *(["ACR over orders"] if spread else []),
             versus, "verdict"]  # fmt: skip
     align = ["--:", *([":--"] if with_run else []), ":--", ":--",
-             *["--:" for _ in catalog], *([":--"] if spread else []), ":--", ":--"]  # fmt: skip
+             *["--:" for _ in main], *([":--"] if spread else []), ":--", ":--"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
     for rank, row in enumerate(rows, 1):
         verdict = md_text(row.verdict)
         if row.verdict not in (NOT_CHECKED, IMPORTED):
             verdict += " " + notes.add(row)
         intervals = row.metrics.get("intervals", {})
-        cells = [str(rank), *([md_code(row.run_id[:12])] if with_run else []),
-                 md_text(row.method), md_text(row.setting),
-                 *[fmt(m, row.metrics.get(m.key), intervals.get(m.key)) for m in catalog],
+        cells = [str(rank), *_identity(row, with_run),
+                 *[fmt(m, row.metrics.get(m.key), intervals.get(m.key)) for m in main],
                  *([_spread(row)] if spread else []), _paired(row, rank), verdict]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _detail_table(table: Table, metrics: list[Metric]) -> list[str]:
+    """Every row of ``table`` in board order, with ``metrics`` as columns."""
+    with_run = len(table.runs) > 1
+    head = [*(["run"] if with_run else []), "method", "setting",
+            *[md_text(m.header) for m in metrics]]  # fmt: skip
+    align = [*([":--"] if with_run else []), ":--", ":--", *["--:" for _ in metrics]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
+    for row in table.rows:
+        intervals = row.metrics.get("intervals", {})
+        cells = [*_identity(row, with_run),
+                 *[fmt(m, row.metrics.get(m.key), intervals.get(m.key)) for m in metrics]]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -290,16 +318,12 @@ def _table_section(table: Table, stem: str | None, notes: _Footnotes) -> list[st
     )
     title = f"{md_text(table.dataset)} · {md_text(table.architecture)} · model {md_code(table.recipe_hash[:12])}"
     out = [f"## {table.index}. {title}", ""]
-    for run in table.runs:
-        p = run_protocol(run, stem)
-        out += [f"### Protocol of run {md_code(run.run_id[:12])}", "", *_protocol_table(p), ""]
     out += _protocol_warning(table, stem)
-    out += _sampling_error(table, stem)
-    out += _sequential_note(table)
     out += [_headline(table), ""]
+    out += _sequential_note(table)
     out += ["### Verified sound", ""]
     if table.sound_rows:
-        out += [*_metric_table(table.sound_rows, table, catalog, notes), ""]
+        out += [*_ranking_table(table.sound_rows, table, catalog, notes), ""]
     else:
         out += ["No row of this table is verified sound.", ""]
     if table.memory_rows:
@@ -312,7 +336,7 @@ def _table_section(table: Table, stem: str | None, notes: _Footnotes) -> list[st
             "at the worst input order their check replayed; the spread column gives the ACR over "
             "all replayed orders.",
             "",
-            *_metric_table(table.memory_rows, table, catalog, notes, spread=True),
+            *_ranking_table(table.memory_rows, table, catalog, notes, spread=True),
             "",
         ]
     out += [
@@ -323,7 +347,7 @@ def _table_section(table: Table, stem: str | None, notes: _Footnotes) -> list[st
         "",
     ]
     if table.other_rows:
-        out += [*_metric_table(table.other_rows, table, catalog, notes), ""]
+        out += [*_ranking_table(table.other_rows, table, catalog, notes), ""]
     else:
         out += ["None.", ""]
     if table.imported_rows:
@@ -333,24 +357,35 @@ def _table_section(table: Table, stem: str | None, notes: _Footnotes) -> list[st
             "These radii were read from certification logs (`idrs-bench import-log`); no class "
             "counts came with them, so nothing here is checked or certified.",
             "",
-            *_metric_table(table.imported_rows, table, catalog, notes),
+            *_ranking_table(table.imported_rows, table, catalog, notes),
             "",
         ]
     if stem is not None and table.rows:
         certified = quote(certified_plot_name(stem, table))
+        out += [f"![certified accuracy vs radius, table {table.index}]({certified})", ""]
+    out += _sampling_error(table, stem)
+    attack = [m for m in catalog if m.table == "attack"]
+    if attack and table.rows:
+        out += ["### Attack: empirical robust accuracy", "",
+                "What a PGD attack on the smoothed classifier did not break within each radius: "
+                "an upper bound on robust accuracy, not a certificate (a row certified above it "
+                "has certificates an attack broke).", "",
+                *_detail_table(table, attack), ""]  # fmt: skip
+    if table.rows:
+        out += ["### Every row: abstention, class-wise accuracy, σ and time", "",
+                *_detail_table(table, [m for m in catalog if m.table == "details"]), ""]  # fmt: skip
+    if stem is not None and table.rows:
         classwise = quote(classwise_plot_name(stem, table))
-        out += [
-            f"![certified accuracy vs radius, table {table.index}]({certified})",
-            "",
-            f"![class-wise accuracy, table {table.index}]({classwise})",
-            "",
-        ]
+        out += [f"![class-wise accuracy, table {table.index}]({classwise})", ""]
     if table.failures:
         out += ["### Failures", ""]
         for f in table.failures:
             first = f["error"].splitlines()[0] if f["error"] else ""
             out.append(f"- {md_text(f['method'])} ({md_text(f['setting'])}): {md_text(first)}")
         out.append("")
+    for run in table.runs:
+        p = run_protocol(run, stem)
+        out += [f"### Protocol of run {md_code(run.run_id[:12])}", "", *_protocol_table(p), ""]
     for run in table.runs:
         text = spec_toml(run.run["config"])
         fence = md_fence(text)
@@ -364,11 +399,23 @@ def _legend(board: Board) -> list[str]:
     radii = sorted({r for t in board.tables for r in t.radii})
     attacks = [row.attack for t in board.tables for row in t.rows if row.attack]
     out = ["## Columns", ""]
+    at = ", ".join(f"{r:g}" for r in radii)
+    seen: set[str] = set()
+    per_radius = {certified_key(r): ("cert@r", CERTIFIED) for r in radii} | {
+        empirical_key(r): ("emp@r", EMPIRICAL) for r in radii
+    }
     for metric in metric_catalog(radii, bool(attacks), sampled_in_rounds(board.runs)):
         direction = {True: "higher is better", False: "lower is better", None: "descriptive"}[
             metric.higher_is_better
         ]
-        out.append(f"- **{md_text(metric.header)}**: {md_text(metric.description)} ({direction}).")
+        header, description = metric.header, metric.description
+        if metric.key in per_radius:  # one line for all radii
+            header, template = per_radius[metric.key]
+            if header in seen:
+                continue
+            seen.add(header)
+            description = f"{template.format(r='r')}; r = {at}"
+        out.append(f"- **{md_text(header)}**: {md_text(description)} ({direction}).")
     out.append(
         f"- **[low, high]**: the {CONFIDENCE:.0%} Clopper–Pearson interval of an accuracy over "
         "the row's test inputs (sampling error of the test subset; each certificate's own "
