@@ -121,7 +121,7 @@ def test_a_missing_table_and_a_missing_file_say_what_to_do(tmp_path, capsys):
     spec = tmp_path / "s.toml"
     spec.write_text('name = "x"\n')
     assert main(["run", str(spec), "--quiet"]) == 2
-    assert "missing table [dataset]; add it (README.md" in capsys.readouterr().err
+    assert "missing table [dataset]; add it (docs/benchmarks.md" in capsys.readouterr().err
     assert main(["run", str(tmp_path / "absent.toml"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "relative to the working directory" in err and "quick.toml" in err

@@ -1,4 +1,4 @@
-"""Soundness checks S0–S5 (harness/README.md, "Soundness checks"), a built-in plugin.
+"""Soundness checks S0–S5 (docs/architecture.md, "Soundness checks"), a built-in plugin.
 
 The analytic models, dataset and trainer the checks rely on are the built-in plugin
 ``analytic`` (:mod:`harness.audit.analytic_components`).
@@ -10,7 +10,7 @@ from harness.plugin.components import CheckSpec
 from harness.plugin.hookspecs import hookimpl
 
 IDRS_BENCH_CONTRACT = 3
-"""The plugin contract this plugin is written against (README, "Writing a plugin")."""
+"""The plugin contract this plugin is written against (docs/plugins.md)."""
 
 
 def _sigma_regularity(audit):

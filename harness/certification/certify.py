@@ -1,6 +1,6 @@
 """CERTIFY the harness's way: the harness draws every sample, a certifier only claims.
 
-For a batch of inputs (harness/README.md, "Certifier contract"):
+For a batch of inputs (docs/architecture.md, "Certifier contract"):
 
 1. σ(x): the σ-provider's answer, checked to lie in (0, SIGMA_MAX]; or, for a provider
    that declares a :class:`~harness.engine.draws.SigmaSmoothing`, the harness draws that
@@ -342,7 +342,7 @@ def checked_claims(claims: Any, count: int, who: str, classes: int) -> list[Clai
     plugin) and the contract: a certifier never returns samples, counts or n, only claims."""
     contract = ("the harness draws every sample and records the counts itself; a certifier "
                 "returns one harness.Claim (prediction, radius, p_lower, predict, evidence) per "
-                "input of the Evidence it is given (README, 'Writing a plugin')")  # fmt: skip
+                "input of the Evidence it is given (docs/plugins.md)")  # fmt: skip
     claims = list(claims)
     if len(claims) != count:
         raise ContractError(f"{who} returned {len(claims)} claims for {count} inputs; {contract}")

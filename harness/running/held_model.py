@@ -4,7 +4,7 @@ times against the reference loop).
 
 The model, inputs and labels make a :class:`~harness.foundation.data.Dataset` of their
 own; the method is built from the registry with its parameters checked, the engine in
-the protocol's arithmetic draws every sample (harness/README.md, "Certifier contract"),
+the protocol's arithmetic draws every sample (docs/architecture.md, "Certifier contract"),
 and each certificate carries the same evidence as one from ``idrs-bench run``.
 """
 

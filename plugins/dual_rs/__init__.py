@@ -23,7 +23,7 @@ Source: the paper's abstract and its ICLR 2026 reviews, which cite the local-con
 results as Theorems 4.1 and 4.2 (the body and the reference code,
 eth-sri/Dual-Randomized-Smoothing, were not reachable here); the certificate above is
 that result combined with Cohen et al.'s, and the checks verify its hypothesis
-themselves (harness/README.md, "Soundness checks").
+themselves (docs/architecture.md, "Soundness checks").
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from harness import (
 )
 
 IDRS_BENCH_CONTRACT = 3
-"""The plugin contract this plugin is written against (README, "Writing a plugin")."""
+"""The plugin contract this plugin is written against (docs/plugins.md)."""
 
 METHOD_DEFAULTS: dict[str, Any] = {
     "levels": [0.12, 0.25, 0.5],  # the σ the estimator chooses among (the quick board's cohen σ)
