@@ -223,8 +223,15 @@ def test_a_failed_registration_is_rolled_back_whole(manager, second, error):
     assert registry.provided_by("half") == {}
     assert registry.provider("methods", "cohen") == "cohen"  # the built-in keeps its name
     [failure] = [f for f in manager.failures if f.plugin == "half"]
-    assert failure.error.startswith("register: ") and error in failure.error
+    assert failure.stage == "register" and error in failure.error
     assert "cohen" in registry.names("methods") and manager.registry is registry
+    # a spec naming its method is told which plugin provides it and why it is missing
+    with pytest.raises(UnknownNameError) as missing:
+        registry.get("methods", "half-one")
+    assert str(missing.value).startswith(
+        "method 'half-one' is provided by plugin 'half', which failed to register its "
+        f"components: {failure.error}"
+    )
 
 
 def test_registration_goes_through_pluggys_hook_caller(manager):

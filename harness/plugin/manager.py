@@ -179,7 +179,6 @@ class PluginManager:
         if entries is None:
             return self.registry
         base = self._registry if self._registry is not None else self._build_registry()
-        base.set_failures(self._failures)
 
         def real_check(name: str):
             return lambda params: self.registry.get("methods", name).check(params)
@@ -299,7 +298,7 @@ class PluginManager:
                 registry.set_origin(name, self._distributions.get(name), self._versions.get(name))
             except Exception as exc:
                 self._failures.append(PluginFailure(
-                    name, f"register: {_describe(exc)}", "register",
+                    name, _describe(exc), "register",
                     self._distributions.get(name), self._versions.get(name) or None,
                     _names(staged),
                 ))  # fmt: skip

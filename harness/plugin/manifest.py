@@ -13,8 +13,9 @@ is imported as before, and the manifest is rewritten whenever the full registry 
 been built (:meth:`harness.plugin.manager.PluginManager.registry`).
 
 A plugin that fails keeps its last entry, made invalid (no key): what it provided then
-names it when a benchmark file asks for one of its components
-(:func:`recorded_names`). Only names and parameters are checked from the manifest. A method whose ``check``
+names it when a benchmark file asks for one of its components (:func:`recorded_names`).
+
+Only names and parameters are checked from the manifest. A method whose ``check``
 validates parameter values imports its plugin when the check runs; a name a stand-in
 does not know is an error only if the full registry agrees (the stand-ins hold exactly
 what the plugin registered when its key was recorded).

@@ -82,11 +82,11 @@ def _panel_labels(rows: Sequence[Row], with_run: bool) -> tuple[str, list[str]]:
     its other parameters (its run, its verdict when not sound)."""
     split = [_parts(row.setting) for row in rows]
     common: list[str] = []
-    if len(rows) > 1 and all(parts is not None for parts in split):
-        common = [p for p in split[0] if all(p in parts for parts in split)]  # type: ignore[union-attr]
+    if len(rows) > 1 and None not in split:
+        common = [p for p in split[0] if all(p in parts for parts in split)]
     labels = []
     for row, parts in zip(rows, split, strict=True):
-        label = ",".join(p for p in parts if p not in common) if common else row.setting  # type: ignore[union-attr]
+        label = ",".join(p for p in parts if p not in common) if common else row.setting
         label = flatten(label or row.setting)
         if with_run:
             label += f" [{row.run_id[:8]}]"
