@@ -28,8 +28,12 @@ from harness.plugin.manager import PluginManager
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
-PAGES = [README, ROOT / "harness" / "README.md", ROOT / "leaderboards" / "README.md",
-         *sorted(DOCS.glob("*.md"))]
+PAGES = [
+    README,
+    ROOT / "harness" / "README.md",
+    ROOT / "leaderboards" / "README.md",
+    *sorted(DOCS.glob("*.md")),
+]
 """The pages written by hand (the site's boards/ is leaderboards/, its generated boards
 besides its README; docs/architecture.md includes harness/README.md)."""
 REPOSITORY_PATHS = ("harness/", "plugins/", "leaderboards/", "tests/", "docs/", "tools/")
