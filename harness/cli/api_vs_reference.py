@@ -14,8 +14,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from harness.cli.bench import NUM_CLASSES, model_in_setting, setting_of
-
 
 @dataclass
 class ApiResult:
@@ -36,14 +34,20 @@ class ApiResult:
 
 
 def bench_api(
-    name: str, built: tuple[Any, tuple[int, ...]], protocol: Any, device: Any, inputs: int,
-    sigma: float, reference_batch: int = 1000,
+    name: str, built: tuple[Any, tuple[int, ...]], classes: int, protocol: Any, device: Any,
+    inputs: int, sigma: float, reference_batch: int = 1000,
 ) -> ApiResult:  # fmt: skip
-    """``harness.api.certify`` against the reference loop on one model, in seconds per
-    input (see the module docstring)."""
+    """``harness.api.certify`` against the reference loop on one model with ``classes``
+    outputs, in seconds per input (see the module docstring)."""
     import torch
 
-    from harness.cli.throughput import Setting, reference_certify, synchronizer
+    from harness.cli.throughput import (
+        Setting,
+        model_in_setting,
+        reference_certify,
+        setting_of,
+        synchronizer,
+    )
     from harness.engine.sampling import SamplingEngine
     from harness.reports.precision_report import JointDecisions
     from harness.running.held_model import certify_held_model
@@ -69,22 +73,22 @@ def bench_api(
     api_seconds = (time.perf_counter() - start) / inputs
     xd = x.to(device)
     reference_certify(certified, xd[:1], sigma, protocol.n0, protocol.n0, protocol.alpha,
-                      reference_batch, NUM_CLASSES)  # fmt: skip
+                      reference_batch, classes)  # fmt: skip
     sync()
     start = time.perf_counter()
     reference = reference_certify(certified, xd, sigma, protocol.n0, protocol.n, protocol.alpha,
-                                  reference_batch, NUM_CLASSES)  # fmt: skip
+                                  reference_batch, classes)  # fmt: skip
     sync()
     reference_seconds = (time.perf_counter() - start) / inputs
     checked = differ = None
     if own.precision != "fp32":  # argmax decisions on noisy inputs that differ from fp32
         fp32 = model_in_setting(model, protocol, Setting("fp32", own.channels_last, own.cudnn))
         batch = int(attrs["batch_size"])
-        joint = SamplingEngine(JointDecisions(fp32, certified, NUM_CLASSES), NUM_CLASSES**2,
+        joint = SamplingEngine(JointDecisions(fp32, certified, classes), classes**2,
                                device, batch, seed=0)  # fmt: skip
         m = min(protocol.n, 10_000)
         counts = joint.counts(xd, [sigma] * inputs, list(range(inputs)), m, stream=1)
-        counts = counts.reshape(inputs, NUM_CLASSES, NUM_CLASSES)
+        counts = counts.reshape(inputs, classes, classes)
         checked, differ = inputs * m, int(counts.sum() - counts.trace(axis1=1, axis2=2).sum())
     return ApiResult(
         model=name, device=str(device), setting=str(own), inputs=inputs, n=protocol.n,

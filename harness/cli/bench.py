@@ -203,7 +203,7 @@ def bench_command(args: argparse.Namespace) -> int:
         if args.api:
             from harness.cli.api_vs_reference import bench_api
 
-            api.append(bench_api(name, model, protocol, device, inputs, args.sigma,
+            api.append(bench_api(name, model, NUM_CLASSES, protocol, device, inputs, args.sigma,
                                  args.reference_batch))  # fmt: skip
         if not args.json:
             print(f"{name}: done", file=sys.stderr)
@@ -243,24 +243,6 @@ def _build(registry, name: str):
     return spec.build(shape, NUM_CLASSES, {**spec.defaults, **params}).eval(), shape
 
 
-def setting_of(protocol):
-    """The protocol's backend setting (precision, channels-last, cuDNN mode)."""
-    from harness.cli.throughput import Setting
-
-    return Setting(protocol.precision, protocol.channels_last, protocol.cudnn)
-
-
-def model_in_setting(model, protocol, setting):
-    """``model`` as the engine queries it in ``setting`` (:func:`prepare_model`)."""
-    from dataclasses import replace
-
-    from harness.engine.precision import prepare_model
-
-    return prepare_model(model, replace(protocol, precision=setting.precision,
-                                        channels_last=setting.channels_last,
-                                        cudnn=setting.cudnn))  # fmt: skip
-
-
 def bench_model(
     name: str, built: tuple[Any, tuple[int, ...]], protocol: Any, device: Any, inputs: int,
     sigma: float, seconds: float, scope: str = "setting", reference_batch: int = 1000,
@@ -274,7 +256,9 @@ def bench_model(
     from harness.cli.throughput import (
         batch_sweep,
         limit_settings,
+        model_in_setting,
         reference_certify,
+        setting_of,
         synchronizer,
         timed_rate,
     )

@@ -37,6 +37,21 @@ class Setting:
         return f"{self.precision}{cl} cudnn-{self.cudnn}"
 
 
+def setting_of(protocol: Any) -> Setting:
+    """The protocol's backend setting (precision, channels-last, cuDNN mode)."""
+    return Setting(protocol.precision, protocol.channels_last, protocol.cudnn)
+
+
+def model_in_setting(model: torch.nn.Module, protocol: Any, setting: Setting) -> torch.nn.Module:
+    """``model`` as the engine queries it in ``setting`` (:func:`~harness.engine.precision.
+    prepare_model`)."""
+    from harness.engine.precision import prepare_model
+
+    return prepare_model(model, replace(protocol, precision=setting.precision,
+                                        channels_last=setting.channels_last,
+                                        cudnn=setting.cudnn))  # fmt: skip
+
+
 def limit_settings(
     own: Setting, scope: str, device: torch.device, convolutional: bool = True
 ) -> list[Setting]:
