@@ -11,6 +11,8 @@ import torch
 from harness.audit.audit import BUDGETS, Audit, Budget, fresh_entropy
 from harness.certification.method import build_method
 from harness.engine.arithmetic import run_threads
+from harness.engine.determinism import deterministic_kernels, enable_deterministic_kernels
+from harness.engine.sampling import resolve_device
 from harness.foundation.errors import IdrsError
 from harness.foundation.identity import setting_key
 from harness.foundation.progress import Progress
@@ -39,7 +41,8 @@ def audits(
     fresh audit-time entropy (``entropy``, when given, re-runs an audit from its record;
     a mapping (method, setting) -> entropy re-runs those rows' audits, and only those).
     torch computes with the run's thread count from then on (:func:`~harness.engine.
-    arithmetic.run_threads`; :func:`run_checks` restores the count it had)."""
+    arithmetic.run_threads`), on CUDA with deterministic kernels (:mod:`harness.engine.
+    determinism`; :func:`run_checks` restores both as they were)."""
     if isinstance(budget, str) and budget not in BUDGETS:
         raise IdrsError(f"unknown budget {budget!r}; choose one of {sorted(BUDGETS)}")
     if orders is not None and orders < 1:
@@ -63,6 +66,7 @@ def audits(
     if threads is not None:  # σ recomputed by the replay check rounds as when certified
         torch.set_num_threads(threads)
     device = options.device or run["device"]
+    enable_deterministic_kernels(resolve_device(device))
     prepared = prepare(spec, RunOptions(**{**vars(options), "device": device}), progress, manager)
     if prepared.recipe_hash != run["recipe_hash"]:
         raise IdrsError("the base model recipe changed since the run; rerun the benchmark")
@@ -132,44 +136,49 @@ def run_checks(
     attacked: dict[str, dict] = {}
     threads = torch.get_num_threads()
     try:
-        for audit in audits(
-            store, run_id, options, progress, manager, method, budget, orders, entropy
-        ):
-            results = []
-            with progress.task(
-                f"checks {audit.method.name} {audit.setting}", len(checks), "checks"
-            ) as advance:
-                for check in checks:
-                    try:
-                        result = check.run(audit)
-                        if not isinstance(result, CheckResult) or result.verdict not in set(
-                            Verdict
-                        ):
-                            raise TypeError(
-                                f"returned {result!r}, not a CheckResult with a Verdict"
-                            )
-                    except Exception as exc:  # a check that raises did not complete: `error`
-                        result = CheckResult(
-                            check.name, Verdict.ERROR, f"check raised {type(exc).__name__}: {exc}",
-                            {"traceback": traceback.format_exc(limit=-3)},
-                        )  # fmt: skip
-                        progress.warn(
-                            f"check {check.name} raised on {audit.method.name} ({audit.setting}): "
-                            f"{exc}; the row is not verified"
-                        )
-                    result.evidence.setdefault("entropy", f"{audit.entropy:032x}")
-                    store.add_check(
-                        audit.run_id, audit.method.name, audit.setting, result, audit.budget.name
-                    )
-                    results.append(result)
-                    advance(1)
-            out[audit.method.name, audit.setting] = results
-            if attack:
-                run_attack(store, audit, progress, attacked)
+        device = resolve_device(options.device or store.run(run_id)["device"])
+        with deterministic_kernels(device):
+            for audit in audits(
+                store, run_id, options, progress, manager, method, budget, orders, entropy
+            ):
+                out[audit.method.name, audit.setting] = _checked(audit, checks, store, progress)
+                if attack:
+                    run_attack(store, audit, progress, attacked)
     finally:
         store.close()
         torch.set_num_threads(threads)
     return out
+
+
+def _checked(
+    audit: Audit, checks: list, store: ResultStore, progress: Progress
+) -> list[CheckResult]:
+    """Every check on one row, each result stored as soon as it exists."""
+    results = []
+    with progress.task(
+        f"checks {audit.method.name} {audit.setting}", len(checks), "checks"
+    ) as advance:
+        for check in checks:
+            try:
+                result = check.run(audit)
+                if not isinstance(result, CheckResult) or result.verdict not in set(Verdict):
+                    raise TypeError(f"returned {result!r}, not a CheckResult with a Verdict")
+            except Exception as exc:  # a check that raises did not complete: `error`
+                result = CheckResult(
+                    check.name, Verdict.ERROR, f"check raised {type(exc).__name__}: {exc}",
+                    {"traceback": traceback.format_exc(limit=-3)},
+                )  # fmt: skip
+                progress.warn(
+                    f"check {check.name} raised on {audit.method.name} ({audit.setting}): "
+                    f"{exc}; the row is not verified"
+                )
+            result.evidence.setdefault("entropy", f"{audit.entropy:032x}")
+            store.add_check(
+                audit.run_id, audit.method.name, audit.setting, result, audit.budget.name
+            )
+            results.append(result)
+            advance(1)
+    return results
 
 
 def run_attack(store: ResultStore, audit: Audit, progress: Progress, attacked: dict) -> None:
