@@ -72,6 +72,7 @@ def fingerprint(
     so only ``local`` runs can be matched bit for bit).
     """
     from harness.engine.noise import noise_kernel
+    from harness.engine.precision import resolve_precision
 
     device = torch.device(device)
     cuda = device.type == "cuda"
@@ -84,7 +85,7 @@ def fingerprint(
         "cuda": torch.version.cuda if cuda else None,
         "threads": None if cuda else int(threads or torch.get_num_threads()),
         "cpu_capability": None if cuda else torch.backends.cpu.get_cpu_capability(),
-        "precision": getattr(protocol, "precision", "fp32"),
+        "precision": resolve_precision(getattr(protocol, "precision", "fp32"), device),
         "channels_last": bool(getattr(protocol, "channels_last", False)),
         "noise": noise,
         "batch_size": int(batch_size),
