@@ -12,8 +12,8 @@ noisy samples per second:
   (also fp32, tf32 and bf16): the hardware's limit, which the engine cannot beat;
 - **ideal**: per batch one ``randn`` call, x + σ·ε, forward, argmax;
 - **engine**: Cohen et al.'s CERTIFY through :class:`~harness.engine.sampling.SamplingEngine`
-  as a run makes it (padded batches; n0 = 100 selection and ``--n`` estimation samples per
-  input, counted as n0 + n);
+  as a run makes it (padded batches, deterministic kernels on CUDA; n0 = 100 selection and
+  ``--n`` estimation samples per input, counted as n0 + n);
 - **reference**: the same CERTIFY one input at a time, as in Cohen et al.'s reference
   code (:func:`~harness.cli.throughput.reference_certify`), in the same backend setting, at
   ``--reference-batch`` (their default, 1,000);
@@ -277,6 +277,7 @@ def bench_model(
         torch_default_setting,
     )
     from harness.engine.batchsize import MAX_BATCH, MAX_CPU_BATCH, auto_batch_size
+    from harness.engine.determinism import deterministic_kernels
     from harness.engine.noise import noise_kernel
     from harness.engine.sampling import SamplingEngine, default_noise
 
@@ -324,7 +325,8 @@ def bench_model(
 
     def certify(count: int, how=protocol) -> list:  # the harness's draws and Cohen's claims
         ids = list(range(count))
-        return list(certify_drawn(engine, how, cohen, x[:count], ids, sigmas[:count]))
+        with deterministic_kernels(device):  # as a run computes (harness.engine.determinism)
+            return list(certify_drawn(engine, how, cohen, x[:count], ids, sigmas[:count]))
 
     certify(1)  # warm-up (buffers, kernels)
     sync()
