@@ -11,7 +11,7 @@ import torch
 from harness.audit.audit import BUDGETS, Audit, Budget, fresh_entropy
 from harness.certification.method import build_method
 from harness.engine.arithmetic import run_threads
-from harness.engine.determinism import deterministic_kernels, enable_deterministic_kernels
+from harness.engine.determinism import enable_deterministic_kernels, kernels_restored
 from harness.engine.sampling import resolve_device
 from harness.foundation.errors import IdrsError
 from harness.foundation.identity import setting_key
@@ -136,8 +136,7 @@ def run_checks(
     attacked: dict[str, dict] = {}
     threads = torch.get_num_threads()
     try:
-        device = resolve_device(options.device or store.run(run_id)["device"])
-        with deterministic_kernels(device):
+        with kernels_restored():  # audits() computes with deterministic kernels on CUDA
             for audit in audits(
                 store, run_id, options, progress, manager, method, budget, orders, entropy
             ):

@@ -43,31 +43,37 @@ CUBLAS_WORKSPACE = ":4096:8"
 "Results reproducibility")."""
 
 
-def enable_deterministic_kernels(device: torch.device | str) -> tuple[bool, bool, bool] | None:
+def enable_deterministic_kernels(device: torch.device | str) -> None:
     """On CUDA: torch's deterministic algorithms (warn-only), cuBLAS's reproducible
     workspace, no NaN filling of new tensors, for the rest of the process (the replay process
-    and a plugin host, which exist to compute a run's quantities); returns the settings
-    before. On any other device nothing, and None."""
+    and a plugin host, which exist to compute a run's quantities; :func:`kernels_restored`
+    scopes it). On any other device nothing."""
     if torch.device(device).type != "cuda":
-        return None
+        return
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = False
+
+
+@contextmanager
+def kernels_restored() -> Iterator[None]:
+    """The settings :func:`enable_deterministic_kernels` changes, restored after the block
+    as they were before it."""
     fill = torch.utils.deterministic
     saved = (torch.are_deterministic_algorithms_enabled(),
              torch.is_deterministic_algorithms_warn_only_enabled(),
              fill.fill_uninitialized_memory)  # fmt: skip
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    fill.fill_uninitialized_memory = False
-    return saved
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        fill.fill_uninitialized_memory = saved[2]
 
 
 @contextmanager
 def deterministic_kernels(device: torch.device | str) -> Iterator[None]:
     """:func:`enable_deterministic_kernels` inside the block, the settings before restored
     after."""
-    saved = enable_deterministic_kernels(device)
-    try:
+    with kernels_restored():
+        enable_deterministic_kernels(device)
         yield
-    finally:
-        if saved is not None:
-            torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
-            torch.utils.deterministic.fill_uninitialized_memory = saved[2]

@@ -20,16 +20,10 @@ def _without_none(value: Any) -> Any:
 
 
 def spec_toml(config: dict[str, Any]) -> str:
-    """The benchmark file of a stored config. A run stored before its precision was
-    recorded computed in fp32: its file says so (``auto``, the default, is tf32-conv on
-    CUDA)."""
+    """The benchmark file of a stored config."""
     import tomli_w
 
-    from harness.foundation.protocol import LEGACY_PRECISION
-
     raw = {("certification" if k == "protocol" else k): v for k, v in config.items()}
-    if "certification" in raw and "precision" not in raw["certification"]:
-        raw["certification"] = {**raw["certification"], "precision": LEGACY_PRECISION}
     return tomli_w.dumps(_without_none(raw))
 
 
