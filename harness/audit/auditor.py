@@ -14,6 +14,8 @@ from harness.audit.cost import measured
 from harness.audit.workers import audit_side_by_side, default_workers
 from harness.certification.method import build_method
 from harness.engine.arithmetic import run_threads
+from harness.engine.determinism import enable_deterministic_kernels, kernels_restored
+from harness.engine.sampling import resolve_device
 from harness.foundation.errors import IdrsError
 from harness.foundation.identity import setting_key
 from harness.foundation.progress import Progress
@@ -34,8 +36,8 @@ class AuditSession:
     the replay check re-draws from; :meth:`audit` builds one row's :class:`Audit`.
 
     torch computes with the run's thread count from then on
-    (:func:`~harness.engine.arithmetic.run_threads`; :func:`run_checks` restores the count
-    it had)."""
+    (:func:`~harness.engine.arithmetic.run_threads`), on CUDA with deterministic kernels
+    (:mod:`harness.engine.determinism`; :func:`run_checks` restores both as they were)."""
 
     def __init__(
         self, store: ResultStore, run_id: str | None, options: RunOptions, progress: Progress,
@@ -59,6 +61,7 @@ class AuditSession:
         if self.threads is not None:  # σ recomputed by the replay check rounds as when certified
             torch.set_num_threads(self.threads)
         device = options.device or run["device"]
+        enable_deterministic_kernels(resolve_device(device))
         self.options = RunOptions(**{**vars(options), "device": device})
         self.prepared = prepare(self.spec, self.options, progress, manager)
         if self.prepared.recipe_hash != run["recipe_hash"]:
@@ -174,21 +177,22 @@ def run_checks(
     store = ResultStore(db)
     threads = torch.get_num_threads()
     try:
-        session = AuditSession(store, run_id, options, progress, manager, budget, orders)
-        rows = session.rows(method, entropy)
-        if workers is None:
-            workers = default_workers(available_cores(), session.threads)
-        if workers > 1 and len(rows) > 1 and manager.portable:
-            return audit_side_by_side(session, rows, store, checks, progress, manager, attack,
-                                      workers)  # fmt: skip
-        out: dict[tuple[str, str], list[CheckResult]] = {}
-        attacked: dict[str, dict] = {}
-        for method_name, setting, chosen in rows:
-            audit = session.audit(method_name, setting, chosen)
-            out[method_name, setting] = audit_row(store, audit, checks, progress)
-            if attack:
-                run_attack(store, audit, progress, attacked)
-        return out
+        with kernels_restored():  # the session computes with deterministic kernels on CUDA
+            session = AuditSession(store, run_id, options, progress, manager, budget, orders)
+            rows = session.rows(method, entropy)
+            if workers is None:
+                workers = default_workers(available_cores(), session.threads)
+            if workers > 1 and len(rows) > 1 and manager.portable:
+                return audit_side_by_side(session, rows, store, checks, progress, manager, attack,
+                                          workers)  # fmt: skip
+            out: dict[tuple[str, str], list[CheckResult]] = {}
+            attacked: dict[str, dict] = {}
+            for method_name, setting, chosen in rows:
+                audit = session.audit(method_name, setting, chosen)
+                out[method_name, setting] = audit_row(store, audit, checks, progress)
+                if attack:
+                    run_attack(store, audit, progress, attacked)
+            return out
     finally:
         store.close()
         torch.set_num_threads(threads)

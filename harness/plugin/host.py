@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from harness.engine.determinism import enable_deterministic_kernels
 from harness.engine.exact import ExactSampling
 from harness.engine.precision import prepare_model
 from harness.engine.sampling import SamplingEngine
@@ -170,6 +171,7 @@ class Host:
         """A build context the harness describes, kept under its token."""
         described = request["context"]
         device = torch.device(described["device"])
+        enable_deterministic_kernels(device)  # σ and fits computed here are a run's, as there
         model = self._model(described["model"], device)
         protocol = messages.protocol_from(described["protocol"])
         engine = described["engine"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
+from harness.foundation.protocol import PRECISION_MEANINGS
 from harness.foundation.verdict import false_alarm_statement
 from harness.mathematics.significance import CONFIDENCE, SIGNIFICANCE, widest_half_width
 from harness.reports.leaderboard.board import Board, Row, Table
@@ -63,10 +64,13 @@ def _params(params: dict[str, Any]) -> str:
 
 
 def _arithmetic(p: dict[str, Any]) -> str:
-    """``, precision bf16, channels-last, noise philox-v1`` (runs that record them)."""
+    """``, precision bf16, channels-last, noise philox-v1`` (runs that record them); on CUDA
+    what the precision computes (``tf32-conv``: PyTorch's default arithmetic)."""
     out = ""
     if "precision" in p:
         out += f", precision {md_text(p['precision'])}"
+        if p.get("device") == "cuda" and p["precision"] in PRECISION_MEANINGS:
+            out += f" ({PRECISION_MEANINGS[p['precision']]})"  # the harness's own text
     if p.get("channels_last"):
         out += ", channels-last"
     if "noise" in p:
