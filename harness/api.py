@@ -14,7 +14,7 @@ audit from its record).
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +41,12 @@ def certify(
     batch_size: int | str = 1024,
     train_inputs: torch.Tensor | None = None,
     train_labels: torch.Tensor | None = None,
-    precision: str = "fp32",
+    precision: str = "auto",
     channels_last: bool = False,
     cudnn: str = "heuristic",
+    sampling: str = "fixed",
+    n_max: int | None = None,
+    radii: Sequence[float] | None = None,
     **params: Any,
 ) -> pd.DataFrame:
     """Certify ``inputs`` [N, *shape] (labels [N]) with a registered method, by default
@@ -54,17 +57,24 @@ def certify(
     them); CERTIFY draws ``n0`` selection and ``n`` estimation samples at failure
     probability ``alpha`` per input (Cohen et al. 2019, Alg. "CERTIFY"). Methods whose σ(x)
     uses training data (e.g. ``sukenik``) need ``train_inputs`` (and ``train_labels``).
-    ``precision`` (fp32, tf32, bf16, fp16), ``channels_last`` and ``cudnn`` (heuristic or
-    benchmark) fix the arithmetic of the certified classifier, as ``[certification]`` does
-    in a benchmark file (:mod:`harness.engine.precision`); σ-providers query the model in
-    the same arithmetic. ``batch_size="auto"`` is the probed batch
-    (:mod:`harness.engine.batchsize`).
+    ``precision`` (``auto``: PyTorch's default arithmetic, tf32-conv, on CUDA and fp32
+    elsewhere; or fp32, tf32, tf32-conv, bf16, fp16), ``channels_last`` and ``cudnn``
+    (heuristic or benchmark) fix the arithmetic of the certified classifier, as
+    ``[certification]`` does in a benchmark file (:mod:`harness.engine.precision`; the
+    table's ``attrs["precision"]`` is the one used); σ-providers query the model in the same
+    arithmetic. ``batch_size="auto"`` is the probed batch (:mod:`harness.engine.batchsize`).
+    ``sampling="sequential"`` draws the estimation samples in rounds, at most ``n_max``
+    (default ``n``), until each input's place on the radius grid ``radii`` (default
+    0, 0.25, …, 1) is decided, as ``[certification] sampling`` does
+    (:mod:`harness.mathematics.sequential`; hard-smoothing methods with a radius formula
+    of idrs-bench, others are refused with the reason). Input k gets the noise of test
+    point k of a benchmark with the same seed, so it gets that run's certificate.
     """
     from harness.running.held_model import certify_held_model
 
     rows, attrs = certify_held_model(
         model, inputs, labels, method, sigma, params, n0, n, alpha, device, seed, batch_size,
-        train_inputs, train_labels, precision, channels_last, cudnn,
+        train_inputs, train_labels, precision, channels_last, cudnn, sampling, n_max, radii,
     )  # fmt: skip
     frame = pd.DataFrame(rows, columns=list(CERTIFICATE_COLUMNS))
     frame.attrs.update(attrs)

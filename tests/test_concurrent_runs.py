@@ -80,6 +80,7 @@ def idrs_register_methods(register):
 SPEC = """
 name = "shared"
 seed = 5
+device = "cpu"  # the thread rule is the CPU's (a CUDA run records no thread count)
 shard_size = 16  # two chunks of claims (harness.certification.certify.CLAIM_CHUNK = 8) per shard
 
 [dataset]

@@ -260,16 +260,19 @@ def test_export_round_trip_gives_the_same_board(db, tmp_path):
 def test_spec_file_reproduces_the_stored_config(db, tmp_path, golden_run):
     import tomllib
 
+    import torch
+
     from harness.running.benchmark import parse_benchmark
+    from harness.running.preparation import resolved
 
     write_board(load_runs(db), tmp_path / "golden.md", plots=False)
     spec = tomllib.loads((tmp_path / f"golden.spec-{golden_run.run_id[:12]}.toml").read_text())
     defaults = {"radii": (0.0, 0.25, 0.5, 0.75, 1.0), "headline_radius": None}
-    # a run stored before precision and noise were recorded: fp32, and noise "auto"
-    # (block-v1 on this CPU run's device)
+    # a run stored before precision and noise were recorded: its file names neither, and on
+    # its device (cpu, the command's --device) "auto" is what it used, fp32 and block-v1
     protocol = {**golden_run.config["protocol"], "precision": "fp32", "channels_last": False,
-                "noise": "auto"}  # fmt: skip
-    assert parse_benchmark(spec).to_dict() == {
+                "noise": "block-v1"}  # fmt: skip
+    assert resolved(parse_benchmark(spec), torch.device("cpu")).to_dict() == {
         **golden_run.config,
         **defaults,
         "protocol": protocol,

@@ -140,8 +140,9 @@ def test_verdict_combination(tmp_path, verdicts, expected):
         con.execute("DELETE FROM checks WHERE method = 'cohen' AND setting = 'sigma=0.5'")
         for k, verdict in enumerate(verdicts):
             con.execute(
-                "INSERT INTO checks VALUES (?, 'cohen', 'sigma=0.5', ?, ?, '', '{}', 'not json',"
-                " 'small', '')",
+                "INSERT INTO checks (run_id, method, setting, check_name, verdict, summary,"
+                " evidence, flags, budget, at) VALUES (?, 'cohen', 'sigma=0.5', ?, ?, '', '{}',"
+                " 'not json', 'small', '')",
                 (RUN, f"c{k}", verdict),
             )
     (run,) = load_runs(db)

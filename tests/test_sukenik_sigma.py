@@ -116,3 +116,32 @@ def test_proposed_m_is_computed_once_per_run_and_stored_for_later_runs(tmp_path,
     stored.write_text("damaged")
     assert sukenik._knn_sigma(dataclasses.replace(context, memos=RunMemo()), params).m == first
     assert len(calls) == 2
+
+
+def test_the_float32_screen_finds_the_float64_neighbours(monkeypatch):
+    """nearest_exact ranks as a float64 scan of the whole set: on Fashion-like data with
+    exact duplicates, and on points so nearly equidistant that the screen's margin fails
+    and the query is scanned in float64."""
+    from plugins.sukenik import knn_sigma
+
+    gen = torch.Generator().manual_seed(4)
+    train = torch.rand(TRAIN_CHUNK + 500, 784, generator=gen)
+    train[100:140] = train[7]  # duplicates: ties at equal distance
+    queries = torch.cat([train[:3] + 0.01, torch.rand(5, 784, generator=gen)]).double()
+    expected = _brute_force(queries, train, 20)
+    got = knn_mean_distance(queries, train, 20).numpy()
+    assert np.allclose(got, expected, rtol=1e-12, atol=0)
+    # a shell of points all within float32 resolution of one distance: the margin fails
+    direction = torch.randn(600, 784, generator=gen, dtype=torch.float64)
+    centre = torch.full((784,), 0.5, dtype=torch.float64)
+    shell = centre + 3.0 * direction / direction.norm(dim=1, keepdim=True)
+    shell[:30] = centre + 2.999999 * direction[:30] / direction[:30].norm(dim=1, keepdim=True)
+    shell = shell.float()
+    sq = (shell.double() ** 2).sum(1)
+    fallback = []
+    scan = knn_sigma._scan
+    monkeypatch.setattr(knn_sigma, "_scan", lambda q, *a: fallback.append(q.dtype) or scan(q, *a))
+    best = knn_sigma.nearest_exact(centre[None], shell, sq, 20)
+    assert fallback == [torch.float32, torch.float64]  # screened, then scanned in float64
+    exact = ((shell.double() - centre) ** 2).sum(1)
+    assert torch.equal(exact[best[0]].sort().values, exact.sort().values[:20])

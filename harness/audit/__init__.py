@@ -55,6 +55,12 @@ def _replay(audit):
     return check_replay(audit)
 
 
+def _warm_replay(audit):
+    from harness.audit.replay import warm
+
+    warm(audit)
+
+
 @hookimpl
 def idrs_register_checks(register) -> None:
     register(CheckSpec("evidence", _evidence,
@@ -69,4 +75,5 @@ def idrs_register_checks(register) -> None:
         CheckSpec("counterexamples", _counterexamples, "S4: concrete violations of certificates")
     )
     register(CheckSpec("replay", _replay,
-                       "replay: σ and samples of random certificates re-drawn without plugins"))  # fmt: skip
+                       "replay: σ and samples of random certificates re-drawn without plugins",
+                       _warm_replay))  # fmt: skip

@@ -12,9 +12,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from harness.audit.cost import SigmaQueries
 from harness.certification.certify import sigma_of, sigma_smoothing
 from harness.certification.method import build_method
 from harness.engine.batchsize import auto_batch_size
+from harness.engine.exact import ExactSampling
 from harness.engine.precision import prepare_model
 from harness.engine.sampling import SamplingEngine
 from harness.foundation.data import Dataset
@@ -125,6 +127,8 @@ class Audit:
     simulate it offline from the run's public seed).
 
     ``source`` names the run's files for the replay check (:mod:`harness.running.redraw`).
+    ``queries`` counts the σ queries of the checks (:mod:`harness.audit.cost`): the
+    σ-provider, and those :meth:`rebuild` returns, are counted there.
     """
 
     run_id: str
@@ -141,6 +145,10 @@ class Audit:
     radii: tuple[float, ...] = ()
     entropy: int = field(default_factory=lambda: fresh_entropy())
     source: ReplaySource | None = None
+    queries: SigmaQueries = field(default_factory=SigmaQueries)
+
+    def __post_init__(self) -> None:
+        self.sigma_provider = self.queries.counting(self.sigma_provider)
 
     def seed(self, purpose: str) -> int:
         """A 63-bit seed for one purpose of one check, from the audit's entropy."""
@@ -180,7 +188,11 @@ class Audit:
         and ``protocol``, and an engine that queries ``model`` in ``protocol``'s arithmetic
         (:func:`harness.engine.precision.prepare_model`) with the run's seed, as a run's would:
         a check draws its own samples with :meth:`fresh_engine`, so what the method
-        simulates with ``context.engine`` does not predict them. Artifacts a plugin saves
+        simulates with ``context.engine`` does not predict them. On an analytic model
+        (one with ``class_probabilities``, :mod:`harness.audit.analytic`) that engine is
+        :class:`~harness.engine.exact.ExactSampling`: the method's own Monte Carlo gets each
+        sample's class from the closed form, with the law it has under the model, for one
+        uniform instead of N normals and a forward pass. Artifacts a plugin saves
         go under ``artifact_root`` (give a temporary folder: the cache is not for models
         that exist only in an audit). A σ-provider that declares a σ-smoothing is kept as
         audited: its σ-estimator is a model of its own, fitted to the run's base model,
@@ -192,19 +204,26 @@ class Audit:
         batch = protocol.batch_size
         if batch == "auto":
             batch = auto_batch_size(certified, dataset.input_shape, self.context.device)
-        engine = SamplingEngine(certified, dataset.num_classes, self.context.device, batch,
-                                self.context.seed, noise=run.noise)  # fmt: skip
+        if hasattr(model, "class_probabilities"):  # an analytic model (see the docstring)
+            engine = ExactSampling(certified, model.class_probabilities, dataset.num_classes,
+                                   self.context.device, batch, self.context.seed, run.noise,
+                                   one_hot=bool(getattr(model, "one_hot", False)))  # fmt: skip
+        else:
+            engine = SamplingEngine(certified, dataset.num_classes, self.context.device, batch,
+                                    self.context.seed, noise=run.noise)  # fmt: skip
         content_hash = getattr(model, "content_hash", None)
         context = replace(self.context, dataset=dataset, model=model, protocol=protocol,
-                          engine=engine, artifact_root=artifact_root, memos=memos or RunMemo(),
+                          engine=engine, artifact_root=artifact_root,
+                          memos=memos or self.context.memos.over_same_inputs(),
                           recipe_hash=content_hash() if content_hash else None)  # fmt: skip
         if sigma_smoothing(self.sigma_provider) is not None:
             method = self.registry.get("methods", self.method.name)
             spec = self.registry.get("certifiers", method.certifier)
-            certifier = spec.build(context, {**method.defaults, **self.params}, self.sigma_provider)
+            certifier = spec.build(context, {**method.defaults, **self.params},
+                                   self.sigma_provider.uncounted)  # fmt: skip
             return self.sigma_provider, certifier, context
         provider, certifier = build_method(self.registry, self.method.name, self.params, context)
-        return provider, certifier, context
+        return self.queries.counting(provider), certifier, context
 
     def sigma(self, x: torch.Tensor, where: str = "") -> torch.Tensor:
         """The method's σ at ``x`` (float64, on ``x``'s device), checked to be in range

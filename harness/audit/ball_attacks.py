@@ -27,6 +27,19 @@ def sigma_in_ball(provider, ball_sigma: dict[int, float] | None, input_id: int):
     return lambda points: torch.full((len(points),), ball_sigma[input_id], dtype=torch.float64)
 
 
+def sigma_with_differentiability(provider, x: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """σ(x) [B] (float64, detached) and whether σ carries a gradient in x: one query tells
+    both, so a search skips its gradient steps for a σ that has none without asking again."""
+    x = x.detach().requires_grad_(True)
+    try:
+        with torch.enable_grad():
+            sigma = provider(x)
+    except RuntimeError:  # σ not differentiable (e.g. computed by a search in no-grad mode)
+        with torch.no_grad():
+            return provider(x.detach()).double(), False
+    return sigma.detach().double(), bool(sigma.requires_grad)
+
+
 def sigma_and_gradient(provider, center: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """σ at one input [1, *shape] (detached) and ∇σ there (flattened, float64, on the CPU),
     in one evaluation; the gradient is None if σ is not differentiable."""
@@ -79,19 +92,25 @@ def search_points(
 
 def ball_flip(
     provider, model, center: torch.Tensor, radius: float, prediction: int, gen: torch.Generator,
-    gradient: torch.Tensor | None = None,
+    gradient: torch.Tensor | None = None, center_sigma: float | None = None,
 ):  # fmt: skip
     """A point of B(center, radius) whose exact smoothed prediction on the ball classifier
     ``model`` (with the method's own σ there: ``model.classes[inside]``) is not the class
     ``prediction``, or None; searched at :func:`search_points`, the rays along ±∇σ(center)
-    (``gradient``, else computed) where σ is differentiable.
+    (``gradient``, else computed) where σ is differentiable. A caller that knows σ at the
+    center (``center_sigma``, with its ``gradient``) saves that query.
     """
-    if center.numel() != 2 and gradient is None:
-        gradient = sigma_and_gradient(provider, center[None])[1]
+    if center.numel() != 2 and gradient is None and center_sigma is None:
+        sigma_center, gradient = sigma_and_gradient(provider, center[None])
+        center_sigma = float(sigma_center.double()[0])
     points = search_points(model, center, radius, gradient, gen)
     flat = center.flatten().double().cpu()
     with torch.no_grad():
-        sigma = provider(points.to(center.device)).double().cpu().numpy()
+        if center_sigma is None:
+            sigma = provider(points.to(center.device)).double().cpu().numpy()
+        else:  # points[0] is the center
+            rest = provider(points[1:].to(center.device)).double().cpu().numpy()
+            sigma = np.concatenate([[center_sigma], rest])
     inside = model.smoothed_probability(points.numpy(), sigma)
     flipped = np.nonzero(np.where(inside > 0.5, model.classes[1], model.classes[0]) != prediction)[
         0

@@ -353,9 +353,11 @@ def _trials(audit: Audit, family: str, points, ids, trials: int, protocol, root:
 
                 def false(pred, radius, x0=x0, gradient=gradient, ball_sigma=ball_sigma,
                           input_id=input_id, provider=provider, model=model, where=where,
-                          gen=gen):  # fmt: skip
+                          gen=gen, known=float(sigma[0])):  # fmt: skip
+                    constant = ball_sigma is not None  # memory: σ constant in the ball
                     flip = ball_flip(sigma_in_ball(provider, ball_sigma, input_id), model, x0[0],
-                                     radius, pred, gen, None if ball_sigma else gradient)  # fmt: skip
+                                     radius, pred, gen, None if constant else gradient,
+                                     None if constant else known)  # fmt: skip
                     if flip is None:
                         return None
                     return {**where, **{key: v for key, v in flip.items() if key != "point"}}

@@ -44,6 +44,7 @@ import torch
 
 from harness.audit import sigma_smoothing as smoothed
 from harness.audit.audit import Audit
+from harness.audit.ball_attacks import sigma_with_differentiability
 from harness.certification.certify import checked_sigma, sigma_smoothing
 from harness.foundation.certificate import ABSTAIN
 from harness.foundation.regularity import Constant, Lipschitz, SemiElastic
@@ -57,10 +58,11 @@ TOLERANCE = 1e-9  # ξ = 1/2 exactly at Cohen's radius; allow rounding, never mo
 def sigma_extremes(
     provider, x0: torch.Tensor, radius: torch.Tensor, steps: int, gen: torch.Generator
 ):
-    """Smallest and largest σ(x1) found in each ball B(x0_i, R_i), with their distances."""
+    """Smallest and largest σ(x1) found in each ball B(x0_i, R_i): random points, then (σ
+    differentiable, as the query at x0 tells) projected gradient steps on log σ both ways."""
     flat = x0.flatten(1)
     dim = flat.shape[1]
-    lo = provider(x0).detach().double()
+    lo, differentiable = sigma_with_differentiability(provider, x0)
     hi = lo.clone()
     for fraction in (1.0, 0.5, 0.25):
         for _ in range(4):
@@ -69,7 +71,7 @@ def sigma_extremes(
             with torch.no_grad():
                 s = provider((flat + d).view_as(x0)).double()
             lo, hi = torch.minimum(lo, s), torch.maximum(hi, s)
-    for sign in (1.0, -1.0):
+    for sign in (1.0, -1.0) if differentiable else ():
         x1 = (
             flat + 1e-3 * torch.randn(flat.shape, generator=gen).to(flat.device) / math.sqrt(dim)
         ).view_as(x0)

@@ -100,13 +100,14 @@ class RowReaudit:
 def reaudit(
     stored: StoredRun, folder: Path, options: RunOptions, progress: Progress,
     manager: PluginManager | None = None, method: str | None = None,
-    budgets: Mapping[str, Budget] | None = None,
+    budgets: Mapping[str, Budget] | None = None, workers: int | None = 1,
 ) -> list[RowReaudit]:  # fmt: skip
     """Re-run the recorded audit of every checked row of ``stored`` (``method``'s only, when
     given) on a copy of the run in a results database under ``folder``; the base model and
     the plugins' trained parts are read from the model cache as in a run (``options``;
     ``options.db`` is ignored). ``budgets`` names the budgets a record may name (default
-    :data:`harness.audit.audit.BUDGETS`)."""
+    :data:`harness.audit.audit.BUDGETS`); ``workers``: processes auditing rows side by
+    side (:func:`~harness.audit.auditor.run_checks`)."""
     if stored.imported:
         raise IdrsError(f"run {stored.run_id[:12]} is an imported log: it has no audit to re-run")
     budgets = BUDGETS if budgets is None else budgets
@@ -155,7 +156,8 @@ def reaudit(
     for (name, orders), entropies in planned.items():
         try:
             results = run_checks(db, stored.run_id, options, progress, manager, None,
-                                 budget_of[name], orders, entropies, attack=False)  # fmt: skip
+                                 budget_of[name], orders, entropies, attack=False,
+                                 workers=workers)  # fmt: skip
         except Exception:  # one row's audit failed: re-run the rows one by one to say which
             results = {}
             for key, entropy in entropies.items():
@@ -180,7 +182,7 @@ def reaudit(
 def reaudit_stored(
     db: Path, run_id: str | None, options: RunOptions, progress: Progress,
     manager: PluginManager | None = None, method: str | None = None,
-    budgets: Mapping[str, Budget] | None = None,
+    budgets: Mapping[str, Budget] | None = None, workers: int | None = 1,
 ) -> tuple[StoredRun, list[RowReaudit]]:  # fmt: skip
     """:func:`reaudit` of run ``run_id`` (None: the latest) of the results database ``db``,
     which is only read; returns the run and the rows' re-audits."""
@@ -190,7 +192,8 @@ def reaudit_stored(
     finally:
         store.close()
     with tempfile.TemporaryDirectory(prefix="idrs-reaudit-") as folder:
-        return stored, reaudit(stored, Path(folder), options, progress, manager, method, budgets)
+        return stored, reaudit(stored, Path(folder), options, progress, manager, method, budgets,
+                               workers)  # fmt: skip
 
 
 def recorded_audit(row: StoredRow, budgets: Mapping[str, Budget]) -> tuple[int, Budget, int | None]:

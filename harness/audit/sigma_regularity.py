@@ -27,6 +27,7 @@ import torch
 
 from harness.audit import sigma_smoothing as smoothed
 from harness.audit.audit import Audit
+from harness.audit.ball_attacks import sigma_with_differentiability
 from harness.certification.certify import sigma_smoothing
 from harness.foundation.regularity import Constant, Lipschitz, SemiElastic, Unregularized
 from harness.foundation.verdict import CheckResult, Verdict
@@ -54,10 +55,10 @@ def check_sigma_regularity(audit: Audit) -> CheckResult:
     x0 = audit.inputs[torch.as_tensor(chosen)].to(audit.context.device, torch.float32)
     flat = x0.flatten(1)
     gen = audit.generator(f"{NAME}/pairs")
-    with torch.no_grad():
-        s0 = provider(x0).double()
+    s0, differentiable = sigma_with_differentiability(provider, x0)
     best_q = torch.zeros(len(x0), dtype=torch.float64)
     best_x1 = x0.clone()
+    best_s1 = s0.detach().cpu().clone()  # σ at best_x1
     min_sigma = float(s0.min())
     per_scale = max(1, budget.pairs // len(SCALES))
     for scale in SCALES:
@@ -72,7 +73,12 @@ def check_sigma_regularity(audit: Audit) -> CheckResult:
             better = q > best_q
             best_q[better] = q[better]
             best_x1[better] = x1[better.to(x1.device)]
-    gradient = _ascend(provider, x0, s0, best_x1, best_q, lipschitz, budget.ascent_steps)
+            best_s1[better] = s1.cpu()[better]
+    gradient = (
+        _ascend(provider, x0, s0, best_x1, best_q, best_s1, lipschitz, budget.ascent_steps)
+        if differentiable
+        else NOT_DIFFERENTIABLE
+    )
     worst = int(torch.argmax(best_q))
     found = float(best_q[worst])
     evidence = {
@@ -83,7 +89,7 @@ def check_sigma_regularity(audit: Audit) -> CheckResult:
         "audited": [int(audit.certificates[int(k)]["input_id"]) for k in chosen],
         "distance": float((best_x1[worst] - x0[worst]).flatten().norm()),
         "sigma0": float(s0[worst]),
-        "sigma1": float(provider(best_x1[worst : worst + 1]).double()[0].detach()),
+        "sigma1": float(best_s1[worst]),
         "pairs": len(x0) * per_scale * len(SCALES),
         "ascent": gradient,
         "min_sigma": min_sigma,
@@ -114,8 +120,12 @@ def check_sigma_regularity(audit: Audit) -> CheckResult:
     )  # fmt: skip
 
 
-def _ascend(provider, x0, s0, best_x1, best_q, lipschitz: bool, steps: int) -> str:
-    """Projected gradient ascent of the quotient from the best random pairs (in place)."""
+NOT_DIFFERENTIABLE = "unavailable (σ-provider not differentiable)"
+
+
+def _ascend(provider, x0, s0, best_x1, best_q, best_s1, lipschitz: bool, steps: int) -> str:
+    """Projected gradient ascent of the quotient from the best random pairs (``best_x1``,
+    its quotients ``best_q`` and σ ``best_s1`` updated in place)."""
     x1 = best_x1.clone()
     step = 0.05
     for _ in range(steps):
@@ -124,9 +134,9 @@ def _ascend(provider, x0, s0, best_x1, best_q, lipschitz: bool, steps: int) -> s
             try:
                 s1 = provider(x1).double()
             except RuntimeError:
-                return "unavailable (σ-provider not differentiable)"
+                return NOT_DIFFERENTIABLE
             if not s1.requires_grad:
-                return "unavailable (σ-provider not differentiable)"
+                return NOT_DIFFERENTIABLE
             dist = (x1 - x0).flatten(1).norm(dim=1).double().clamp_min(1e-4)
             q = _quotient(lipschitz, s0.to(s1.device), s1, dist)
             (grad,) = torch.autograd.grad(q.sum(), x1)
@@ -135,6 +145,7 @@ def _ascend(provider, x0, s0, best_x1, best_q, lipschitz: bool, steps: int) -> s
             better = qc > best_q
             best_q[better] = qc[better]
             best_x1[better] = x1.detach()[better.to(x1.device)]
+            best_s1[better] = s1.detach().cpu()[better]
             g = grad.flatten(1)
             g = g / g.norm(dim=1, keepdim=True).clamp_min(1e-12)
             x1 = x1 + step * g.view_as(x1)

@@ -34,7 +34,7 @@ from harness.cli.results_table import (
     attack_statement,
     print_next_steps,
     print_results,
-    samples_table,
+    print_timings,
     terminal,
 )
 from harness.foundation.errors import IdrsError, plain
@@ -152,8 +152,10 @@ def _parser() -> argparse.ArgumentParser:
         "--no-check", action="store_true", help="skip the soundness checks after certifying"
     )
     run.add_argument(
-        "--timings", action="store_true", help="print the wall time of every stage at the end"
-    )
+        "--timings", action="store_true",
+        help="print the wall time of every stage at the end, and what each row's checks cost "
+             "(seconds, σ queries, samples drawn) beside its certification",
+    )  # fmt: skip
     run.set_defaults(handler=_run)
 
     results = sub.add_parser("results", help="summary metrics of a run")
@@ -194,8 +196,10 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--quiet", action="store_true", help="no progress bars")
     check.add_argument("--json", action="store_true", help="machine-readable output")
     check.add_argument(
-        "--timings", action="store_true", help="print the wall time of each setting's checks"
-    )
+        "--timings", action="store_true",
+        help="print the wall time of each setting's checks, and what each check cost "
+             "(seconds, σ queries, samples drawn)",
+    )  # fmt: skip
     check.add_argument(
         "--entropy", metavar="HEX",
         help="re-run an audit from its record: the entropy (hex) in its checks' evidence",
@@ -323,7 +327,8 @@ def _run_checked(
 
         with exclusive(args.db, run_id, "the soundness checks", progress.note) as ours:
             if ours:
-                run_checks(args.db, run_id, options, progress, manager, budget="small")
+                run_checks(args.db, run_id, options, progress, manager, budget="small",
+                           workers=None)  # fmt: skip
     rows = print_results(args.db, run_id, as_json=False, compact=True)
     if not args.no_check:
         from harness.audit.audit import BUDGETS
@@ -331,23 +336,9 @@ def _run_checked(
         terminal(RUN_WIDTH).print(escape(BUDGETS["small"].statement()))
         terminal(RUN_WIDTH).print(escape(attack_statement("small")))
     if args.timings:
-        _print_timings(progress.timings)
-        samples = samples_table(args.db, run_id)
-        if samples is not None:
-            terminal().print(samples)
+        print_timings(progress.timings, args.db, run_id)
     print_next_steps(args.db, run_id, spec.name, rows)
     return 0
-
-
-def _print_timings(timings: list[tuple[str, float]]) -> None:
-    """Wall time per stage (training, each setting's certification, each setting's checks)."""
-    table = Table(title="stage times")
-    table.add_column("stage")
-    table.add_column("seconds", justify="right")
-    for stage, seconds in timings:
-        table.add_row(escape(stage), f"{seconds:,.1f}")
-    table.add_row("sum of the stages", f"{sum(s for _, s in timings):,.1f}")
-    terminal().print(table)
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -372,7 +363,7 @@ def _check(args: argparse.Namespace) -> int:
         args.budget = args.budget or "small"
         results = run_checks(args.db, args.run, options, progress,
                              method=args.method, budget=args.budget, orders=args.orders,
-                             entropy=entropy)  # fmt: skip
+                             entropy=entropy, workers=None)  # fmt: skip
     if args.json:
         print(json.dumps([
             {"method": m, "setting": s, "verdict": str(overall(rs)), "checks_applied": applied(rs),
@@ -396,7 +387,7 @@ def _check(args: argparse.Namespace) -> int:
     terminal().print(escape(BUDGETS[args.budget].statement()))
     terminal().print(escape(attack_statement(args.budget)))
     if args.timings:
-        _print_timings(progress.timings)
+        print_timings(progress.timings, args.db, args.run)
     return 0
 
 
@@ -407,7 +398,8 @@ def _reaudit(args: argparse.Namespace, options, progress) -> int:
     if args.entropy is not None or args.budget is not None or args.orders is not None:
         raise IdrsError("--reaudit re-runs the recorded audits, with their entropy, budget and "
                         "orders: leave out --entropy, --budget and --orders")  # fmt: skip
-    stored, rows = reaudit_stored(args.db, args.run, options, progress, method=args.method)
+    stored, rows = reaudit_stored(args.db, args.run, options, progress, method=args.method,
+                                  workers=None)  # fmt: skip
     problems = [p for r in rows for p in r.problems]
     if args.json:
         print(json.dumps([{"method": r.method, "setting": r.setting, "verified": not r.problems,

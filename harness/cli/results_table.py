@@ -44,6 +44,8 @@ def print_results(
         out["checks_applied"] = row.applied
         out["checks"] = {c.check: {"verdict": c.verdict, "summary": c.summary} for c in row.checks}
         out["complete"] = row.complete
+        out["certification_seconds"] = row.certification_seconds
+        out["audit_seconds"] = row.audit_seconds
         out["expected_inputs"] = row.status.expected if row.status else None
         if not row.complete:
             out["verdict"] = (
@@ -80,11 +82,15 @@ def print_results(
         console.print(_compact_table(title, rows, _headline_radius(run["config"])))
     else:
         console.print(_full_table(title, rows))
-        console.print("checks applied:", highlight=False)
+        console.print("checks applied (and the seconds of certification and audit):",
+                      highlight=False)  # fmt: skip
         for row in rows:
             applied = ", ".join(row["checks_applied"]) or "none"
+            audit = row["audit_seconds"]
+            seconds = (f"certification {row['certification_seconds']:,.1f} s, audit "
+                       + ("not measured" if audit is None else f"{audit:,.1f} s"))  # fmt: skip
             console.print(
-                escape(f"  {row['method']} {row['setting']}: {applied}"),
+                escape(f"  {row['method']} {row['setting']} ({seconds}): {applied}"),
                 highlight=False,
                 soft_wrap=True,
             )
@@ -210,7 +216,22 @@ def terminal(width: int | None = None) -> Console:
     return Console() if sys.stdout.isatty() else Console(width=width or 200)
 
 
-def samples_table(db: Path, run_id: str) -> Table | None:
+def print_timings(timings: list[tuple[str, float]], db: Path, run_id: str | None) -> None:
+    """``--timings``: the wall time of every stage (training, each setting's certification
+    and checks), then the run's estimation samples (sequential) and each row's audit cost."""
+    table = Table(title="stage times")
+    table.add_column("stage")
+    table.add_column("seconds", justify="right")
+    for stage, seconds in timings:
+        table.add_row(escape(stage), f"{seconds:,.1f}")
+    table.add_row("sum of the stages", f"{sum(s for _, s in timings):,.1f}")
+    terminal().print(table)
+    for extra in (samples_table(db, run_id), cost_table(db, run_id)):
+        if extra is not None:
+            terminal().print(extra)
+
+
+def samples_table(db: Path, run_id: str | None) -> Table | None:
     """For a run that drew its estimation samples sequentially, per setting: the samples
     drawn, what fixed sampling at n_max would draw, and the fraction saved (None for a
     fixed-n run)."""
@@ -239,6 +260,49 @@ def samples_table(db: Path, run_id: str) -> Table | None:
                       f"{max(drawn, default=0):,}", f"{fixed:,}", _saved(sum(drawn), fixed))  # fmt: skip
     table.add_row("all", "", "", f"{total:,}", "", "", f"{cap:,}", _saved(total, cap))
     return table
+
+
+def cost_table(db: Path, run_id: str | None) -> Table | None:
+    """What each row's audit cost, check by check (:mod:`harness.audit.cost`): seconds, σ
+    queries (calls and points), samples drawn and rows through base models, beside the
+    row's certification seconds (None when no check recorded its cost)."""
+    from harness.store.store import ResultStore
+    from harness.store.storedrun import read_run
+
+    store = ResultStore(db)
+    try:
+        rows = read_run(store, run_id).rows()
+    finally:
+        store.close()
+    if not any(row.audit_costs() for row in rows):
+        return None
+    table = Table(title="audit cost (σ: calls / points queried; samples drawn and rows through "
+                  "base models in this process)")  # fmt: skip
+    for column in ("method", "setting", "stage", "seconds", "σ calls", "σ points", "samples",
+                   "forward rows"):  # fmt: skip
+        table.add_column(column, justify="left" if column in ("method", "setting", "stage")
+                         else "right")  # fmt: skip
+    for row in rows:
+        costs = row.audit_costs()
+        if not costs:
+            continue
+        table.add_row(escape(row.method), escape(row.setting), "certification",
+                      f"{row.certification_seconds:,.1f}", "", "", "", "")  # fmt: skip
+        total = {key: 0.0 for key in ("seconds", "sigma_calls", "sigma_points", "samples",
+                                      "forward_rows")}  # fmt: skip
+        for stage, cost in costs:
+            values = [float(cost.get(key, 0)) for key in total]
+            for key, value in zip(total, values, strict=True):
+                total[key] += value
+            table.add_row("", "", escape(stage), *_cost_cells(values))
+        table.add_row("", "", "[bold]audit[/bold]", *_cost_cells(list(total.values())),
+                      end_section=True)  # fmt: skip
+    return table
+
+
+def _cost_cells(values: list[float]) -> list[str]:
+    """Seconds (0.1 s) and counts (thousands separated)."""
+    return [f"{values[0]:,.1f}", *(f"{int(v):,}" for v in values[1:])]
 
 
 def _saved(drawn: int, fixed: int) -> str:

@@ -37,6 +37,20 @@ from harness.foundation.protocol import NOISE_SCHEMES, SIGMA_MAX
 PLAN_WINDOW = 64
 """Batches planned at once (their row indices are made in one host-to-device copy)."""
 
+
+class EngineTally:
+    """Noisy samples drawn, and rows passed through base models (padding included), by the
+    engines of this process: what the soundness checks' cost reports read
+    (:mod:`harness.audit.cost`)."""
+
+    def __init__(self) -> None:
+        self.samples = 0
+        self.rows = 0
+
+
+TALLY = EngineTally()
+"""The tally of every engine of this process."""
+
 STREAM_SELECTION = 0
 """Noise stream of CERTIFY's n0 selection samples."""
 STREAM_ESTIMATION = 1
@@ -70,9 +84,10 @@ class SamplingEngine:
         (:func:`default_noise` of the device).
     :param pad_batches: give every forward pass the full ``batch_size`` rows (a partial
         batch is padded with zeros and the padding's outputs dropped). A BLAS routine
-        may round a row differently for another number of rows, never for other rows'
-        contents, so each sample's logits are then bit-identical whatever batch it
-        shares; for per-input σ searches (:meth:`padded`).
+        may round a row differently for another number of rows, so each sample's logits
+        are then bit-identical whatever batch it shares, where at that shape a row's
+        logits depend on the row alone (a run measures it: :func:`harness.engine.
+        arithmetic.rows_independent`); for per-input σ searches (:meth:`padded`).
     """
 
     def __init__(
@@ -172,6 +187,7 @@ class SamplingEngine:
         if len(sigmas) != len(input_ids):
             raise ValueError(f"{len(input_ids)} inputs but {len(sigmas)} values of sigma")
         x = x.to(self.device, torch.float32)
+        TALLY.samples += num * len(input_ids)
         jobs = [
             Job(x[i], float(s), int(i_id), int(start) + num, int(start))
             for i, (s, i_id) in enumerate(zip(sigmas, input_ids, strict=True))
@@ -226,7 +242,9 @@ class SamplingEngine:
         whole buffer with the rest zeroed, the padding's outputs dropped)."""
         if self.pad_batches and fill < len(buffer):
             buffer[fill:].zero_()
+            TALLY.rows += len(buffer)
             return self.model(buffer)[:fill]
+        TALLY.rows += fill
         return self.model(buffer[:fill])
 
     def _batch_buffer(self, shape: torch.Size) -> torch.Tensor:

@@ -53,6 +53,8 @@ class CheckResult:
     summary: str
     evidence: dict[str, Any] = field(default_factory=dict)
     flags: list[str] = field(default_factory=list)
+    cost: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    """What the check cost here (seconds, σ queries, samples: harness.audit.cost), when measured."""
 
 
 def overall(results: list[CheckResult]) -> Verdict:

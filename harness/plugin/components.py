@@ -174,29 +174,46 @@ class BuildContext:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def memo(self, plugin: str, key: Hashable, build: Callable[[], T]) -> T:
+    def memo(
+        self, plugin: str, key: Hashable, build: Callable[[], T], inputs_only: bool = False
+    ) -> T:
         """``build()``, computed once per (``plugin``, ``key``) in this run and base model.
 
         Kept in ``memos``, which every copy of this context shares, so building the
-        method again (another setting, the soundness checks) reuses the value.
+        method again (another setting, the soundness checks) reuses the value. With
+        ``inputs_only`` the value depends on the dataset's inputs alone (not on its labels
+        or the base model, e.g. a statistic of the training inputs): it is then also shared
+        by the contexts the checks make on other base models over the same inputs.
         """
-        return self.memos.get(plugin, key, build)
+        return self.memos.get(plugin, key, build, inputs_only)
 
 
 class RunMemo:
     """Values plugins compute once per run and base model (:meth:`BuildContext.memo`),
     by (plugin, key). One belongs to each prepared run (and to each context the checks
-    make on another base model); nothing is shared between runs."""
+    make on another base model); nothing is shared between runs.
 
-    def __init__(self) -> None:
-        self._values: dict[tuple[str, Hashable], Any] = {}
+    ``inputs`` holds the values that depend on the dataset's inputs alone: this memo's own,
+    or the run's for a memo the checks make on another base model over the same inputs
+    (:meth:`over_same_inputs`)."""
 
-    def get(self, plugin: str, key: Hashable, build: Callable[[], T]) -> T:
+    def __init__(self, inputs: RunMemo | None = None) -> None:
+        self._values: dict[tuple[bool, str, Hashable], Any] = {}
+        self.inputs: RunMemo = self if inputs is None else inputs
+
+    def over_same_inputs(self) -> RunMemo:
+        """A memo for another base model over this memo's inputs (its inputs-only values shared)."""
+        return RunMemo(self.inputs)
+
+    def get(
+        self, plugin: str, key: Hashable, build: Callable[[], T], inputs_only: bool = False
+    ) -> T:
         """The value of (``plugin``, ``key``), built by ``build()`` the first time."""
-        entry = (plugin, key)
-        if entry not in self._values:
-            self._values[entry] = build()
-        return self._values[entry]
+        values = self.inputs._values if inputs_only else self._values
+        entry = (inputs_only, plugin, key)
+        if entry not in values:
+            values[entry] = build()
+        return values[entry]
 
 
 @dataclass
@@ -288,8 +305,11 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class CheckSpec:
-    """A soundness check: ``run(...)`` audits a method's certificates."""
+    """A soundness check: ``run(audit)`` audits a method's certificates; ``prepare(audit)``,
+    if given, is called for every audit before any check runs, to start work the check
+    will wait for (e.g. a helper process) while the other checks run."""
 
     name: str
     run: Callable[..., Any]
     description: str = ""
+    prepare: Callable[..., None] | None = None

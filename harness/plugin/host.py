@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from harness.engine.determinism import enable_deterministic_kernels
+from harness.engine.exact import ExactSampling
 from harness.engine.precision import prepare_model
 from harness.engine.sampling import SamplingEngine
 from harness.foundation.data import Dataset
@@ -174,16 +176,24 @@ class Host:
         """A build context the harness describes, kept under its token."""
         described = request["context"]
         device = torch.device(described["device"])
+        enable_deterministic_kernels(device)  # σ and fits computed here are a run's, as there
         model = self._model(described["model"], device)
         protocol = messages.protocol_from(described["protocol"])
         engine = described["engine"]
         key = (described["model"]["key"], protocol.precision, protocol.channels_last,
-               *(engine[k] for k in ("num_classes", "batch_size", "seed", "noise", "pad_batches")))  # fmt: skip
+               *(engine.get(k) for k in ("num_classes", "batch_size", "seed", "noise",
+                                         "pad_batches", "exact")))  # fmt: skip
         if key not in self.engines:  # shared by the contexts of one engine, as in the harness
-            self.engines[key] = SamplingEngine(
-                prepare_model(model, protocol), int(engine["num_classes"]), device,
-                int(engine["batch_size"]), int(engine["seed"]), noise=engine["noise"],
-                pad_batches=bool(engine["pad_batches"]))  # fmt: skip
+            settings = (int(engine["num_classes"]), device, int(engine["batch_size"]),
+                        int(engine["seed"]))  # fmt: skip
+            if engine.get("exact"):  # an analytic model of the checks (harness.engine.exact)
+                self.engines[key] = ExactSampling(
+                    prepare_model(model, protocol), model.class_probabilities, *settings,
+                    engine["noise"], bool(engine["pad_batches"]), bool(model.one_hot))  # fmt: skip
+            else:
+                self.engines[key] = SamplingEngine(
+                    prepare_model(model, protocol), *settings, noise=engine["noise"],
+                    pad_batches=bool(engine["pad_batches"]))  # fmt: skip
         sampling = self.engines[key]
         records = described.get("state")
         state = None if records is None else RunState(messages.records_from(records, "harness"))
@@ -195,8 +205,18 @@ class Host:
             recipe_hash=described.get("recipe_hash"), run_id=described.get("run_id"),
             method=described.get("method"), setting=described.get("setting"), state=state,
             artifact_root=None if root is None else Path(root),
-            memos=self.memos.setdefault(described["memo"], RunMemo()),
+            memos=self._memo(described["memo"], described.get("inputs_memo")),
         )  # fmt: skip
+
+    def _memo(self, token: str, inputs: str | None) -> RunMemo:
+        """The run memo the harness names ``token``, sharing its inputs-only values with the
+        memo it names ``inputs`` (itself when they are one)."""
+        if token not in self.memos:
+            shared = self.memos.get(inputs) if inputs not in (None, token) else None
+            if inputs not in (None, token) and shared is None:
+                shared = self.memos[inputs] = RunMemo()
+            self.memos[token] = RunMemo(shared)
+        return self.memos[token]
 
     def _model(self, described: dict[str, Any], device: torch.device) -> torch.nn.Module:
         key = described["key"]

@@ -80,7 +80,20 @@ class PluginManager:
         self._host_failures: list[PluginFailure] = []  # what failed there
         self.not_run: list[str] = []
         """Third-party checks the harness does not run (verdicts are the harness's own)."""
+        self._local: set[str] = set()  # registered by the caller, not from an entry point
         self._load_entry_points(third_party)
+
+    @property
+    def third_party(self) -> bool:
+        """Whether this manager serves the installed third-party plugins."""
+        return self._serves_third_party
+
+    @property
+    def portable(self) -> bool:
+        """Whether another process makes the same manager from the entry points alone
+        (:meth:`PluginManager(third_party) <PluginManager>`, the same environment): no
+        plugin was registered here by the caller, and third-party plugins are hosted."""
+        return self._isolated and not self._local
 
     @property
     def failures(self) -> list[PluginFailure]:
@@ -128,6 +141,10 @@ class PluginManager:
         """Register a plugin object (usually a module with ``@hookimpl`` functions) in this
         process; ``distribution``: the installed package that declares it, when known. One
         that declares another contract version is refused."""
+        self._add(plugin, name, version, distribution)
+        self._local.add(name)
+
+    def _add(self, plugin: Any, name: str, version: str, distribution: str | None) -> None:
         if getattr(plugin, CONTRACT_ATTRIBUTE, CONTRACT) != CONTRACT:
             check_contract(plugin, name)
         self.pm.register(plugin, name=name)
@@ -138,6 +155,7 @@ class PluginManager:
 
     def unregister(self, name: str) -> None:
         self.pm.unregister(name=name)
+        self._local.discard(name)
         self._versions.pop(name, None)
         self._distributions.pop(name, None)
         self._registry = None
@@ -269,8 +287,8 @@ class PluginManager:
             self._fail(ep, exc, "contract", _would_register(plugin))
             return
         try:
-            self.register(plugin, name=ep.name, version=ep.dist.version if ep.dist else "",
-                          distribution=ep.dist.name if ep.dist else None)  # fmt: skip
+            self._add(plugin, ep.name, ep.dist.version if ep.dist else "",
+                      ep.dist.name if ep.dist else None)  # fmt: skip
         except Exception as exc:
             self._fail(ep, exc, "load")
 

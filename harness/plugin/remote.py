@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from harness.engine.draws import Evidence, SigmaSmoothing
+from harness.engine.exact import ExactSampling
 from harness.foundation import errors
 from harness.foundation.errors import ContractError, IdrsError
 from harness.foundation.threads import child_environment, stop_child
@@ -169,11 +170,13 @@ class PluginHost:
             "seed": int(context.seed), "protocol": messages.protocol_message(context.protocol),
             "engine": {"num_classes": engine.num_classes, "batch_size": engine.batch_size,
                        "seed": int(engine.seed), "noise": engine.noise,
-                       "pad_batches": bool(engine.pad_batches)},
+                       "pad_batches": bool(engine.pad_batches),
+                       "exact": isinstance(engine, ExactSampling)},
             "recipe_hash": context.recipe_hash, "run_id": context.run_id,
             "method": context.method, "setting": context.setting, "state": state,
             "artifact_root": None if context.artifact_root is None else str(context.artifact_root),
-            "memo": self._memo(context.memos), "quiet": not context.progress.enabled,
+            "memo": self._memo(context.memos), "inputs_memo": self._memo(context.memos.inputs),
+            "quiet": not context.progress.enabled,
         }  # fmt: skip
 
     def _memo(self, memos: RunMemo) -> str:

@@ -110,6 +110,7 @@ class Replayer:
         self._process: subprocess.Popen | None = None
         self._log = None
         self._finalizer = None
+        self._unread = 0  # answers to warm-up requests not read yet
 
     def _start(self) -> subprocess.Popen:
         env = child_environment(environ=dict(os.environ, IDRS_BENCH_PLUGINS=""))
@@ -121,14 +122,37 @@ class Replayer:
         self._finalizer = weakref.finalize(self, _stop, process, self._log)
         return process
 
-    def request(self, payload: Mapping[str, Any]) -> dict[str, Any]:
-        """Send one request; its answer, or an error naming why the process failed."""
+    def warm(self, run: Mapping[str, Any]) -> None:
+        """Start the process and have it load the run (``run``: a request's ``"run"``
+        header) while this process goes on; the next :meth:`request` reads past it. A
+        process already running is left as it is."""
+        if self._process is not None and self._process.poll() is None:
+            return
+        self._send({"run": run, "inputs": [], "sigma": [], "kind": "hard",
+                    "sigma_model": None, "fresh_streams": [0, 0], "looks": None})  # fmt: skip
+        self._unread += 1
+
+    def _send(self, payload: Mapping[str, Any]) -> subprocess.Popen:
         if self._process is None or self._process.poll() is not None:
             self._process = self._start()
-        process = self._process
+            self._unread = 0
         try:
-            process.stdin.write(json.dumps(payload) + "\n")
-            process.stdin.flush()
+            self._process.stdin.write(json.dumps(payload) + "\n")
+            self._process.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass  # the answer's absence says why
+        return self._process
+
+    def request(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+        """Send one request; its answer, or an error naming why the process failed. The
+        samples it drew count as this process's (:data:`harness.engine.sampling.TALLY`)."""
+        from harness.engine.sampling import TALLY
+
+        process = self._send(payload)
+        try:
+            for _ in range(self._unread):  # warm-ups answered first (a failed one says why again)
+                process.stdout.readline()
+            self._unread = 0
             line = process.stdout.readline()
         except (BrokenPipeError, OSError):
             line = ""
@@ -143,6 +167,8 @@ class Replayer:
         answer = json.loads(line)
         if not answer.get("ok"):
             raise IdrsError(f"replay: {answer.get('error')}")
+        TALLY.samples += int(answer.get("samples", 0))
+        TALLY.rows += int(answer.get("forward_rows", 0))
         return answer
 
     def close(self) -> None:
@@ -219,6 +245,7 @@ def _load_run(header: Mapping[str, Any]) -> _LoadedRun:
     import torch
 
     from harness.engine.arithmetic import differences, fingerprint
+    from harness.engine.determinism import enable_deterministic_kernels
     from harness.engine.sampling import resolve_device
     from harness.plugin.manager import PluginManager
     from harness.running.benchmark import benchmark_from_dict
@@ -231,6 +258,7 @@ def _load_run(header: Mapping[str, Any]) -> _LoadedRun:
     _built_in(registry, "datasets", spec.dataset.name, "dataset")
     _built_in(registry, "models", spec.model.architecture, "architecture")
     device = resolve_device(header["device"])
+    enable_deterministic_kernels(device)  # this process exists to recompute a run's draws
     recorded = header.get("arithmetic") or {}
     if device.type == "cpu" and recorded.get("threads"):
         torch.set_num_threads(int(recorded["threads"]))
@@ -348,9 +376,9 @@ def _rounds(engine, x, sigma, ids, looks: Sequence[Sequence[int]], stream: int) 
 
 def _answer(request: Mapping[str, Any], runs: dict[str, _LoadedRun]) -> dict[str, Any]:
     from harness.engine.draws import SOFT, STREAM_SIGMA_ESTIMATION, STREAM_SIGMA_SELECTION
-    from harness.engine.sampling import STREAM_ESTIMATION, STREAM_SELECTION
+    from harness.engine.sampling import STREAM_ESTIMATION, STREAM_SELECTION, TALLY
 
-    start = time.perf_counter()
+    start, samples, rows = time.perf_counter(), TALLY.samples, TALLY.rows
     key = json.dumps(request["run"], sort_keys=True)
     if key not in runs:
         runs.clear()  # one run at a time
@@ -388,6 +416,7 @@ def _answer(request: Mapping[str, Any], runs: dict[str, _LoadedRun]) -> dict[str
         out["sigma"] = _draws(estimator, x, noise, ids, protocol.n0, protocol.n, streams, False,
                               not exact)  # fmt: skip
     out["seconds"] = time.perf_counter() - start
+    out["samples"], out["forward_rows"] = TALLY.samples - samples, TALLY.rows - rows
     return out
 
 

@@ -75,6 +75,7 @@ CREATE TABLE IF NOT EXISTS checks (
     flags TEXT NOT NULL,
     budget TEXT NOT NULL,
     at TEXT NOT NULL,
+    cost TEXT,
     PRIMARY KEY (run_id, method, setting, check_name)
 );
 CREATE TABLE IF NOT EXISTS state (
@@ -135,6 +136,7 @@ ADDED_COLUMNS = (
     ("runs", "arithmetic", "TEXT"),
     ("runs", "components", "TEXT"),  # which plugin and package provides each component
     ("certificates", "draws", "TEXT"),  # before the harness drew the evidence itself
+    ("checks", "cost", "TEXT"),  # what each check cost (harness.audit.cost)
 )
 """Columns added after the first release: (table, column, type)."""
 
@@ -172,5 +174,5 @@ FAILURE_INSERT = _insert("INSERT", "failures", ("run_id", "method", "setting", "
 CHECK_INSERT = _insert(
     "INSERT OR REPLACE", "checks",
     ("run_id", "method", "setting", "check_name", "verdict", "summary", "evidence", "flags",
-     "budget", "at"),
+     "budget", "at", "cost"),
 )  # fmt: skip

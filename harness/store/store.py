@@ -351,7 +351,9 @@ class ResultStore(LeaseRecords):
         return [dict(r) for r in rows]
 
     def add_check(self, run_id: str, method: str, setting: str, result: Any, budget: str) -> None:
-        """Store a :class:`harness.foundation.verdict.CheckResult`, replacing an earlier one."""
+        """Store a :class:`harness.foundation.verdict.CheckResult`, replacing an earlier one,
+        with what it cost (its ``cost``, :mod:`harness.audit.cost`)."""
+        cost = getattr(result, "cost", None)
         with self.db:
             self.db.execute(
                 CHECK_INSERT,
@@ -359,7 +361,8 @@ class ResultStore(LeaseRecords):
                  "check_name": result.check, "verdict": str(result.verdict),
                  "summary": result.summary,
                  "evidence": json.dumps(result.evidence, default=_jsonable, sort_keys=True),
-                 "flags": json.dumps(result.flags), "budget": budget, "at": _now()},
+                 "flags": json.dumps(result.flags), "budget": budget, "at": _now(),
+                 "cost": None if cost is None else json.dumps(cost)},
             )  # fmt: skip
 
     def checks(self, run_id: str) -> list[dict[str, Any]]:

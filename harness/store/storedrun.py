@@ -122,6 +122,7 @@ class StoredCheck:
     budget: str | None = None
     order: dict[str, Any] | None = None
     evidence: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    cost: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
     @property
     def applied(self) -> bool:
@@ -139,12 +140,7 @@ class StoredCheck:
         order = row.get("order")
         if order is None:
             order = _order_evidence(row.get("evidence"))
-        evidence = row.get("evidence")
-        if isinstance(evidence, str):
-            try:
-                evidence = json.loads(evidence)
-            except json.JSONDecodeError:
-                evidence = None
+        evidence, cost = (_parsed(row.get(key)) for key in ("evidence", "cost"))
         return cls(
             method=row["method"],
             setting=row["setting"],
@@ -155,17 +151,29 @@ class StoredCheck:
             budget=None if row.get("budget") is None else str(row["budget"]),
             order=order,
             evidence=evidence if isinstance(evidence, dict) else None,
+            cost=cost if isinstance(cost, dict) else None,
         )
 
     def as_dict(self) -> dict[str, Any]:
         """The check as a run export holds it (``order`` only for memory certificates;
-        ``evidence`` when it was read with it)."""
+        ``evidence`` when it was read with it; never ``cost``, which is this machine's)."""
         out = asdict(self)
+        del out["cost"]
         out["flags"] = list(self.flags)
         for key in ("order", "evidence"):
             if out[key] is None:
                 del out[key]
         return out
+
+
+def _parsed(value: Any) -> Any:
+    """A JSON column's value parsed (None when it does not parse)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return None
 
 
 def _order_evidence(evidence: Any) -> dict[str, Any] | None:
@@ -263,6 +271,24 @@ class StoredRow:
     @property
     def complete(self) -> bool:
         return self.status is not None and self.status.complete
+
+    @property
+    def certification_seconds(self) -> float:
+        """Seconds its certificates took (σ, the harness's draws and the claims)."""
+        return sum(c.seconds for c in self.certificates)
+
+    def audit_costs(self) -> list[tuple[str, dict[str, Any]]]:
+        """(check, cost record) of each check and of the attack that recorded its cost
+        (:mod:`harness.audit.cost`), in stored order, the attack last."""
+        out = [(c.check, c.cost) for c in self.checks if c.cost is not None]
+        cost = None if self.attack is None else self.attack.result.get("cost")
+        return out + ([("attack", cost)] if isinstance(cost, dict) else [])
+
+    @property
+    def audit_seconds(self) -> float | None:
+        """Wall seconds of its checks and attack (None when none recorded its cost)."""
+        costs = self.audit_costs()
+        return sum(float(c.get("seconds", 0.0)) for _, c in costs) if costs else None
 
     @property
     def applied(self) -> list[str]:

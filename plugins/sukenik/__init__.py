@@ -43,8 +43,9 @@ def check_params(params: Mapping[str, Any]) -> None:
 
 
 def _proposed_m(context: BuildContext, train, k: int, rule: str) -> float:
-    """m by ``rule`` (App. E.1), computed once per run and base model and kept in the
-    plugin's artifact directory, so later runs and their checks use the very same m."""
+    """m by ``rule`` (App. E.1), computed once per run and kept in the plugin's artifact
+    directory, so later runs and their checks use the very same m. It depends on the
+    training inputs alone, so the checks' rebuilds on analytic base models share it."""
 
     def stored_or_computed() -> float:
         from plugins.sukenik.knn_sigma import propose_m
@@ -63,7 +64,7 @@ def _proposed_m(context: BuildContext, train, k: int, rule: str) -> float:
         return m
 
     return context.memo("sukenik", ("m", context.dataset.name, len(train), k, rule),
-                        stored_or_computed)  # fmt: skip
+                        stored_or_computed, inputs_only=True)  # fmt: skip
 
 
 def _knn_sigma(context: BuildContext, params: Mapping[str, Any]):

@@ -36,10 +36,12 @@ from harness.store.storedrun import StoredRun
 def reaudit_board(
     runs: list[StoredRun], data_root: str | None, device: str, progress: Progress,
     manager: PluginManager | None = None, budgets: Mapping[str, Budget] | None = None,
+    workers: int | None = 1,
 ) -> list[RowReaudit]:  # fmt: skip
     """Re-audit every checked row of the board's ``runs`` from the files beside it.
     ``device``: ``auto`` (the run's device where this machine has one, else the CPU),
-    ``cpu`` or ``cuda``."""
+    ``cpu`` or ``cuda``; ``workers``: processes auditing rows side by side
+    (:func:`harness.audit.auditor.run_checks`)."""
     manager = manager or PluginManager()
     out: list[RowReaudit] = []
     for run in runs:
@@ -57,7 +59,8 @@ def reaudit_board(
                     continue
                 here = _device(run, device, progress)
                 options = RunOptions(db=Path(os.devnull), device=here, data_root=data_root)
-                out += reaudit(run, Path(folder), options, progress, manager, budgets=budgets)
+                out += reaudit(run, Path(folder), options, progress, manager, budgets=budgets,
+                               workers=workers)  # fmt: skip
     return out
 
 

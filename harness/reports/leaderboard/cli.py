@@ -194,6 +194,6 @@ def _reaudit(args: argparse.Namespace, runs) -> dict:
     from harness.reports.leaderboard.board_reaudit import reaudit_board
 
     start = time.monotonic()
-    rows = reaudit_board(runs, args.data_root, args.device, Progress())
+    rows = reaudit_board(runs, args.data_root, args.device, Progress(), workers=None)
     print(f"re-audited {len(rows)} row(s) in {time.monotonic() - start:,.0f} s")
     return {(r.run_id, r.method, r.setting): r for r in rows}

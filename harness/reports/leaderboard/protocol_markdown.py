@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from harness.foundation.protocol import PRECISION_MEANINGS
 from harness.reports.leaderboard.board import Table
 from harness.reports.leaderboard.escape import md_code, md_text
 from harness.reports.leaderboard.stated_protocol import protocol_differences, run_protocol
@@ -17,10 +18,13 @@ def _params(params: dict[str, Any]) -> str:
 
 
 def _arithmetic(p: dict[str, Any]) -> str:
-    """``, precision bf16, channels-last, noise philox-v1`` (runs that record them)."""
+    """``, precision bf16, channels-last, noise philox-v1`` (runs that record them); on CUDA
+    what the precision computes (``tf32-conv``: PyTorch's default arithmetic)."""
     out = ""
     if "precision" in p:
         out += f", precision {md_text(p['precision'])}"
+        if p.get("device") == "cuda" and p["precision"] in PRECISION_MEANINGS:
+            out += f" ({PRECISION_MEANINGS[p['precision']]})"  # the harness's own text
     if p.get("channels_last"):
         out += ", channels-last"
     if "noise" in p:
