@@ -11,7 +11,8 @@ import pytest
 from harness.audit import cost as cost_module
 from harness.audit import workers as workers_module
 from harness.audit.audit import Budget, parse_entropy
-from harness.audit.auditor import audits, run_checks
+from harness.audit.auditor import run_checks
+from harness.audit.session import audits
 from harness.cli.main import main
 from harness.foundation.progress import Progress
 from harness.running.benchmark import parse_benchmark

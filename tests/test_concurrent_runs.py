@@ -243,8 +243,8 @@ def _replayed(setup, db: Path, monkeypatch):
     import importlib.util
 
     from harness.audit.audit import BUDGETS
-    from harness.audit.auditor import audits
     from harness.audit.replay import check_replay
+    from harness.audit.session import audits
     from harness.foundation.progress import Progress
     from harness.plugin.manager import PluginManager
     from harness.running.preparation import RunOptions

@@ -15,8 +15,8 @@ import torch
 
 from harness import ModelSpec, hookimpl
 from harness.audit.audit import BUDGETS
-from harness.audit.auditor import audits
 from harness.audit.replay import check_replay
+from harness.audit.session import audits
 from harness.engine.arithmetic import ROWS_DEPENDENT, differences, rows_independent
 from harness.engine.determinism import CUBLAS_WORKSPACE, deterministic_kernels
 from harness.engine.sampling import SamplingEngine

@@ -304,7 +304,7 @@ CHECKED = {
 
 def _run_and_audit(tmp_path, manager, raw, device=None):
     from harness.audit.audit import Budget
-    from harness.audit.auditor import audits
+    from harness.audit.session import audits
     from harness.store.store import ResultStore
 
     db = tmp_path / f"{raw['certification']['precision']}.sqlite"

@@ -22,9 +22,9 @@ from harness import (
     hookimpl,
 )
 from harness.audit.audit import BUDGETS
-from harness.audit.auditor import audits
 from harness.audit.evidence import check_evidence
 from harness.audit.replay import check_replay, judge
+from harness.audit.session import audits
 from harness.foundation.progress import Progress
 from harness.foundation.verdict import Verdict
 from harness.mathematics.stats import mean_difference_z, replication_test, replication_z

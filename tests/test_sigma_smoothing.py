@@ -28,8 +28,8 @@ from harness import (
     cohen_radius,
     hookimpl,
 )
-from harness.audit.auditor import audits
 from harness.audit.evidence import check_evidence
+from harness.audit.session import audits
 from harness.engine.sampling import SamplingEngine
 from harness.foundation.progress import Progress
 from harness.foundation.verdict import Verdict

@@ -11,9 +11,10 @@ import pytest
 from scipy.stats import beta, norm
 
 from harness.audit.audit import Budget
-from harness.audit.auditor import audits, run_checks
+from harness.audit.auditor import run_checks
 from harness.audit.evidence import check_evidence
 from harness.audit.justification import check_justification
+from harness.audit.session import audits
 from harness.foundation.progress import Progress
 from harness.foundation.verdict import Verdict, overall
 from harness.mathematics.radius import COHEN, SUKENIK, is_pure
