@@ -19,7 +19,7 @@ from harness.foundation.threads import available_cores, set_passive_wait, thread
 
 # Idle OpenMP threads sleep in this process and in the processes the tests start (they
 # inherit the environment): pytest-xdist's workers share the cores, and spinning threads
-# of two workers slow each other down severalfold (docs/architecture.md, "Threads"). Set
+# of two workers slow each other down severalfold (harness/README.md, "Threads"). Set
 # before torch starts its OpenMP runtime.
 set_passive_wait()
 

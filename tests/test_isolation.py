@@ -1,5 +1,5 @@
 """Plugins that forge verdicts when imported cannot reach the harness's verdicts (issue:
-third-party code never runs where verdicts are made; docs/architecture.md, "Plugin host").
+third-party code never runs where verdicts are made; harness/README.md, "Plugin host").
 
 Two rigged third-party plugins, written against the public API, certify Cohen's radius
 × 1.15 under a radius formula of their own; when imported, one replaces every soundness

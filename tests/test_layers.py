@@ -1,4 +1,4 @@
-"""The core's layers (docs/architecture.md, "Layout"): imports only go down.
+"""The core's layers (harness/README.md, "Layout"): imports only go down.
 
 Each folder of ``harness/`` is one layer; the list below orders them along the data
 path, lowest first. A module may import from its own layer and the layers below it,

@@ -1,5 +1,5 @@
 """Third-party plugins run in a plugin host, never where samples are drawn or verdicts made
-(docs/architecture.md, "Plugin host"); plugins declare their contract version."""
+(harness/README.md, "Plugin host"); plugins declare their contract version."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Expected verdicts of the built-in methods (docs/architecture.md, "Soundness checks").
+"""Expected verdicts of the built-in methods (harness/README.md, "Soundness checks").
 
 On the analytic ball-2 classifier: cohen and sukenik sound, chen-fgss and alfarra-ds
 (without memory) violated, alfarra-ds-memory order-dependent (never sound: Súkeník et al.

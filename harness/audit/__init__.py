@@ -1,4 +1,4 @@
-"""Soundness checks S0–S5 (docs/architecture.md, "Soundness checks"), a built-in plugin.
+"""Soundness checks S0–S5 (harness/README.md, "Soundness checks"), a built-in plugin.
 
 The analytic models, dataset and trainer the checks rely on are the built-in plugin
 ``analytic`` (:mod:`harness.audit.analytic_components`).

@@ -15,7 +15,7 @@ sound methods (cohen, sukenik, lipschitz-sigma-net) are run over ``--alarm-seeds
 seeds: any flag is a false alarm. The seed is the run's noise seed; every audit draws
 its own entropy. By default the rigged plugin is registered in this process (the checks'
 power against what a plugin claims); with ``--isolated`` it is installed as a package and
-runs in a plugin host, as a third-party plugin does (docs/architecture.md, "Plugin host"):
+runs in a plugin host, as a third-party plugin does (harness/README.md, "Plugin host"):
 then the engine patch reaches only the host, never the samples the harness draws.
 
 With ``--sampling sequential`` the runs draw their estimation samples sequentially

@@ -1,6 +1,6 @@
 """CERTIFY the harness's way: the harness draws every sample, a certifier only claims.
 
-For a batch of inputs (docs/architecture.md, "Certifier contract"):
+For a batch of inputs (harness/README.md, "Certifier contract"):
 
 1. σ(x): the σ-provider's answer, checked to lie in (0, SIGMA_MAX]; or, for a provider
    that declares a :class:`~harness.engine.draws.SigmaSmoothing`, the harness draws that

@@ -1,5 +1,5 @@
 """``idrs-bench plugins``: the loaded plugins as a table (or JSON), where each runs (this
-process or a plugin host, docs/architecture.md), the checks of third-party plugins that are
+process or a plugin host, harness/README.md), the checks of third-party plugins that are
 not run, and the plugins not loaded: refused (another plugin contract) or failed, with
 what each would provide where that is known."""
 

@@ -1,6 +1,6 @@
 """The arithmetic a run certified with: what must match for its counts to replay bit for bit.
 
-A stored class count is a function of the run's noise keys (docs/architecture.md, "Noise
+A stored class count is a function of the run's noise keys (harness/README.md, "Noise
 contract") *and* of the floating-point arithmetic that computed the base model's
 logits: the device and its kernels (torch version, CPU instruction set, GPU model), the
 number of threads, the precision backend, cuDNN's algorithm choice and its version, the

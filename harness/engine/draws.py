@@ -1,6 +1,6 @@
 """What the harness draws for a certificate, and what a certifier may say about it.
 
-The harness owns every sample a certificate rests on (docs/architecture.md, "Certifier
+The harness owns every sample a certificate rests on (harness/README.md, "Certifier
 contract"). For each input it draws, on the run's keys (seed, stream, input id) of
 the noise contract (:mod:`harness.engine.sampling`), the selection samples (n0, stream 0) and
 the estimation samples (n, stream 1) of the base model at σ(x): class counts for hard

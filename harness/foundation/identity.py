@@ -1,7 +1,7 @@
 """What names a setting and a run: canonical keys and content hashes.
 
 A run's id is the content hash of its resolved benchmark, device type and base-model
-recipe (docs/architecture.md, "Unit of work"); a setting is stored under its canonical key.
+recipe (harness/README.md, "Unit of work"); a setting is stored under its canonical key.
 """
 
 from __future__ import annotations

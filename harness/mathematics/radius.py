@@ -306,7 +306,7 @@ def trusted_packages() -> set[str]:
 def builtin_packages() -> set[str]:
     """Top-level packages of idrs-bench itself: ``harness`` and those of its own
     ``idrs_bench`` entry points (the built-in plugins). A formula of these is resolved in
-    the harness's process; any other runs in a plugin host (docs/architecture.md)."""
+    the harness's process; any other runs in a plugin host (harness/README.md)."""
     from importlib.metadata import entry_points
 
     return {"harness"} | {ep.value.split(":")[0].split(".")[0]

@@ -61,7 +61,7 @@ class SigmaProvider(Protocol):
 
 @runtime_checkable
 class Certifier(Protocol):
-    """Claims certificates from the samples the harness drew (docs/architecture.md,
+    """Claims certificates from the samples the harness drew (harness/README.md,
     "Certifier contract").
 
     Built by :meth:`CertifierSpec.build` with the σ-provider it certifies. The harness

@@ -1,7 +1,7 @@
 """The plugin host: ``python -m harness.plugin.host``, the process where third-party plugins run.
 
 The harness never imports a third-party plugin where it draws samples, runs checks or
-decides verdicts (docs/architecture.md, "Plugin host"). Their σ-providers, certifiers,
+decides verdicts (harness/README.md, "Plugin host"). Their σ-providers, certifiers,
 radius formulas, trainers, method checks and datasets run here instead, and answer the
 harness's typed requests (:mod:`harness.plugin.messages`, framed by
 :mod:`harness.plugin.wire`): describe the plugins; build a σ-provider or certifier in a

@@ -1,4 +1,4 @@
-"""The registry entries of plugins that run in a plugin host (docs/architecture.md, "Plugin host").
+"""The registry entries of plugins that run in a plugin host (harness/README.md, "Plugin host").
 
 :func:`hosted_registry` adds, for each component a plugin host describes, a spec of the
 usual type whose callable asks the host: a σ-provider's or certifier's ``build``

@@ -16,7 +16,7 @@ Third-party plugins are never imported by the harness's own process: a plugin ho
 (:mod:`harness.plugin.host`, started when first needed: :attr:`PluginManager.registry`,
 :meth:`PluginManager.describe`, :attr:`PluginManager.failures`) imports them, and the
 registry holds specs that ask it (:mod:`harness.plugin.hosted_components`;
-docs/architecture.md, "Plugin host"). The plugin host's own manager is made with
+harness/README.md, "Plugin host"). The plugin host's own manager is made with
 ``isolated=False`` and imports them in its process. A benchmark file is checked before
 that against what they registered last time (:meth:`PluginManager.checking_registry`,
 :mod:`harness.plugin.manifest`), so that its errors do not wait for a plugin host.

@@ -3,7 +3,7 @@
 
 Everything a plugin host answers is read here into the harness's own types with the
 types checked (a claim's class an integer, its radius and bound numbers, ...); it is a
-claim to audit, never evidence (docs/architecture.md, "Plugin host").
+claim to audit, never evidence (harness/README.md, "Plugin host").
 """
 
 from __future__ import annotations

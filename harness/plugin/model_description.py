@@ -1,6 +1,6 @@
 """What a base model is, as data: enough for a plugin host to rebuild it.
 
-A σ-provider, certifier or trainer that runs in a plugin host (docs/architecture.md,
+A σ-provider, certifier or trainer that runs in a plugin host (harness/README.md,
 "Plugin host") sees the base model through its build context, so the host rebuilds the
 harness's model from a description: the registered architecture that built it (name,
 input shape, number of classes, parameters), plain attributes its forward pass reads

@@ -4,7 +4,7 @@ A third-party plugin (and, with ``IDRS_BENCH_ISOLATE=all``, a built-in one) is i
 only by a plugin host (:mod:`harness.plugin.host`), a process of its own. The harness's
 registry holds, for each of its components, a spec whose factory asks the host to build
 it, and the built objects here are proxies with the declared attributes the harness and
-the checks read (docs/architecture.md, "Plugin host"):
+the checks read (harness/README.md, "Plugin host"):
 
 - :class:`RemoteSigmaProvider`: ``regularity`` (and ``weights``), σ of a batch in one
   round trip (with each row's gradient when the caller differentiates; a σ-provider's σ of
@@ -60,7 +60,7 @@ class PluginHost:
     told so far (contexts, models, arrays). Its stderr (the plugins' output) is echoed to
     this process's stderr; it ends when this object is closed or collected. Each request
     carries this process's thread count, which the host then computes with (the two take
-    turns: docs/architecture.md, "Threads"), so that σ rounds as the run's own."""
+    turns: harness/README.md, "Threads"), so that σ rounds as the run's own."""
 
     def __init__(self) -> None:
         self._process: subprocess.Popen | None = None

@@ -11,7 +11,7 @@ keys) or tagged dicts ``{"__wire__": tag, ...}`` for
 
 Nothing is unpickled and nothing is evaluated: a plugin host is third-party code, and
 what it answers can only be numbers, strings and arrays of the listed dtypes, which the
-harness then audits as claims (docs/architecture.md, "Plugin host").
+harness then audits as claims (harness/README.md, "Plugin host").
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ own; the protocol is made as a benchmark file's ``[certification]`` table makes 
 sequential sampling on the radius grid), the method is built from the registry with its
 parameters checked (and refused where sequential sampling cannot certify it), the engine
 in the protocol's arithmetic (with deterministic kernels on CUDA,
-:mod:`harness.engine.determinism`) draws every sample (docs/architecture.md, "Certifier
+:mod:`harness.engine.determinism`) draws every sample (harness/README.md, "Certifier
 contract"), and each certificate carries the same evidence as one from ``idrs-bench run``:
 inputs with the ids of a benchmark's test points get that run's certificates.
 """

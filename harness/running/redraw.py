@@ -52,7 +52,7 @@ from harness.foundation.errors import IdrsError
 from harness.foundation.threads import child_environment, stop_child
 
 FRESH_STREAM_BASE = 1 << 32
-"""Fresh replication streams lie above every documented stream (docs/architecture.md,
+"""Fresh replication streams lie above every documented stream (harness/README.md,
 "Noise contract": 0–5 for the harness, 100 and up for plugins)."""
 
 

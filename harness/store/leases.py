@@ -13,7 +13,7 @@ once when the dead process was of the same host (:func:`owner_gone`: a resumed r
 not wait out its killed predecessor's leases).
 
 The result does not depend on which process certified what: noise depends only on
-(seed, stream, input id, sample index) (``docs/architecture.md``, "Noise contract"), σ is
+(seed, stream, input id, sample index) (``harness/README.md``, "Noise contract"), σ is
 computed on the whole shard, and each certificate is stored under its primary key
 (run, method, setting, input). An order-dependent certifier (a memory) leases its
 whole setting (:data:`harness.store.schema.WHOLE_SETTING`), so one process certifies its

@@ -23,7 +23,7 @@ Source: the paper's abstract and its ICLR 2026 reviews, which cite the local-con
 results as Theorems 4.1 and 4.2 (the body and the reference code,
 eth-sri/Dual-Randomized-Smoothing, were not reachable here); the certificate above is
 that result combined with Cohen et al.'s, and the checks verify its hypothesis
-themselves (docs/architecture.md, "Soundness checks").
+themselves (harness/README.md, "Soundness checks").
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Leaderboards: markdown, plots, JSON and CSV from stored runs, and ``compare``
-(docs/architecture.md).
+(harness/README.md).
 
 The runs are read through :mod:`harness.store.storedrun` (certificates, checks and each
 row's verdict) and measured by :mod:`harness.mathematics.accuracy`. Modules, one concept each:
