@@ -31,7 +31,7 @@ def certify(
     model: torch.nn.Module,
     inputs: torch.Tensor,
     labels: torch.Tensor,
-    method: str = "sukenik",
+    method: str = "cohen",
     sigma: float = 0.25,
     n0: int = 100,
     n: int = 100_000,
@@ -49,7 +49,8 @@ def certify(
     radii: Sequence[float] | None = None,
     **params: Any,
 ) -> pd.DataFrame:
-    """Certify ``inputs`` [N, *shape] (labels [N]) with a registered method.
+    """Certify ``inputs`` [N, *shape] (labels [N]) with a registered method, by default
+    Cohen et al.'s constant σ (``method="cohen"``).
 
     ``model`` maps inputs in their own space to logits (normalization inside it).
     ``sigma`` and ``params`` are the method's parameters (``idrs-bench plugins`` lists

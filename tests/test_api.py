@@ -1,9 +1,7 @@
-"""The Python API: the README's example runs, and certify() matches the store's evidence."""
+"""The Python API: certify() uses Cohen's method unless told otherwise and matches the
+store's evidence; run() and check() (the docs' examples run in tests/test_docs.py)."""
 
 from __future__ import annotations
-
-import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,17 +12,13 @@ from harness.api import CERTIFICATE_COLUMNS, certify, run
 from harness.foundation.errors import IdrsError, ParameterError
 from harness.running.benchmark import BENCHMARKS_DIR
 
-README = Path(__file__).parent.parent / "README.md"
 
-
-def test_readme_example_runs():
-    section = README.read_text().split("### Python API")[1]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)
-    table, idrs = namespace["table"], namespace["idrs"]
-    assert list(table.columns) == list(CERTIFICATE_COLUMNS) and len(table) == 8
-    assert len(idrs) == 8 and (idrs["sigma"] > 0).all()
+def test_certify_defaults_to_cohens_method():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3))
+    table = certify(model, torch.randn(3, 4), torch.zeros(3), n0=20, n=200, device="cpu")
+    assert list(table.columns) == list(CERTIFICATE_COLUMNS)
+    assert set(table["method"]) == {"cohen"} and set(table["setting"]) == {"sigma=0.25"}
 
 
 def test_certify_evidence_matches_clopper_pearson_and_cohen_radius():

@@ -397,7 +397,7 @@ def test_the_api_certifies_in_the_precision_it_is_given(linear_model):
 
 
 def test_a_cuda_boards_header_says_what_its_precision_computes():
-    from harness.reports.leaderboard.markdown import _arithmetic
+    from harness.reports.leaderboard.protocol_markdown import _arithmetic
 
     cuda = _arithmetic({"precision": "tf32-conv", "device": "cuda", "noise": "philox-v1"})
     assert cuda == (", precision tf32-conv (PyTorch's default: cuDNN convolutions in TF32, "

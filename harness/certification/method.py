@@ -101,5 +101,5 @@ def _require(obj: Any, protocol: type, attributes: tuple[str, ...], what: str) -
     missing = [a for a in attributes if not hasattr(obj, a)]
     raise IdrsError(
         f"{what} lacks the declared attribute(s) {', '.join(missing) or '?'} of "
-        f"harness.plugin.components.{protocol.__name__}; see the README's section on writing a plugin"
+        f"harness.plugin.components.{protocol.__name__}; see docs/plugins.md"
     )

@@ -136,7 +136,12 @@ class Host:
                 if kind == "datasets":
                     item["class_names"] = list(spec.class_names)
                 components.append(item)
-        failures = [{"plugin": f.plugin, "error": f.error} for f in self.manager.failures]
+        failures = [
+            {"plugin": f.plugin, "error": f.error, "stage": f.stage,
+             "distribution": f.distribution, "version": f.version,
+             "provides": None if f.provides is None else {k: list(v) for k, v in f.provides.items()}}
+            for f in self.manager.failures
+        ]  # fmt: skip
         return {"plugins": plugins, "components": components, "failures": failures,
                 "builtin": sorted(self.manager.builtin_plugins())}  # fmt: skip
 

@@ -178,7 +178,7 @@ def _table(raw: dict, key: str, where: str, allowed: set[str]) -> dict:
     value = raw.get(key)
     if not isinstance(value, dict):
         raise SpecError(
-            f'{where}: missing table [{key}]; add it (README.md, "Benchmark files", shows '
+            f'{where}: missing table [{key}]; add it (docs/benchmarks.md, "Benchmark files", shows '
             "every table)"
         )
     unknown = set(value) - allowed
