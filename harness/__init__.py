@@ -5,8 +5,7 @@ imports what it needs from ``harness`` and nothing from its submodules, which ar
 internal and may change. Every name below is stable; each is loaded on first use
 (``import harness`` imports neither torch nor scipy). A plugin is a module with
 ``@hookimpl`` functions (the hooks are listed in :mod:`harness.plugin.hookspecs`), declared
-as an entry point of the group ``idrs_bench``; see the README's section on writing a
-plugin.
+as an entry point of the group ``idrs_bench``; see docs/plugins.md.
 
 Registering components
     ``hookimpl``: marks a hook implementation, e.g.
@@ -28,7 +27,7 @@ What a plugin builds
     ``Unregularized``: what a σ-provider declares about σ(x).
     ``Evidence`` (what a certifier receives: the inputs, σ(x), the α its bound holds at
     and the harness's ``Draws``) and ``Claim`` (what it answers per input); the harness
-    draws every sample (README, "Writing a plugin"). ``SigmaSmoothing``: a σ-provider
+    draws every sample (docs/plugins.md). ``SigmaSmoothing``: a σ-provider
     whose σ(x) is a smoothed choice among noise levels, drawn by the harness too.
     ``Certificate`` (one stored certified input: the claim and the harness's draws) and
     ``ABSTAIN``. ``HardSmoothingCertifier``: the shared base of CERTIFY certifiers (Cohen

@@ -14,7 +14,7 @@ audit from its record).
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ def certify(
     model: torch.nn.Module,
     inputs: torch.Tensor,
     labels: torch.Tensor,
-    method: str = "sukenik",
+    method: str = "cohen",
     sigma: float = 0.25,
     n0: int = 100,
     n: int = 100_000,
@@ -41,29 +41,40 @@ def certify(
     batch_size: int | str = 1024,
     train_inputs: torch.Tensor | None = None,
     train_labels: torch.Tensor | None = None,
-    precision: str = "fp32",
+    precision: str = "auto",
     channels_last: bool = False,
     cudnn: str = "heuristic",
+    sampling: str = "fixed",
+    n_max: int | None = None,
+    radii: Sequence[float] | None = None,
     **params: Any,
 ) -> pd.DataFrame:
-    """Certify ``inputs`` [N, *shape] (labels [N]) with a registered method.
+    """Certify ``inputs`` [N, *shape] (labels [N]) with a registered method, by default
+    Cohen et al.'s constant σ (``method="cohen"``).
 
     ``model`` maps inputs in their own space to logits (normalization inside it).
     ``sigma`` and ``params`` are the method's parameters (``idrs-bench plugins`` lists
     them); CERTIFY draws ``n0`` selection and ``n`` estimation samples at failure
     probability ``alpha`` per input (Cohen et al. 2019, Alg. "CERTIFY"). Methods whose σ(x)
     uses training data (e.g. ``sukenik``) need ``train_inputs`` (and ``train_labels``).
-    ``precision`` (fp32, tf32, bf16, fp16), ``channels_last`` and ``cudnn`` (heuristic or
-    benchmark) fix the arithmetic of the certified classifier, as ``[certification]`` does
-    in a benchmark file (:mod:`harness.engine.precision`); σ-providers query the model in
-    the same arithmetic. ``batch_size="auto"`` is the probed batch
-    (:mod:`harness.engine.batchsize`).
+    ``precision`` (``auto``: PyTorch's default arithmetic, tf32-conv, on CUDA and fp32
+    elsewhere; or fp32, tf32, tf32-conv, bf16, fp16), ``channels_last`` and ``cudnn``
+    (heuristic or benchmark) fix the arithmetic of the certified classifier, as
+    ``[certification]`` does in a benchmark file (:mod:`harness.engine.precision`; the
+    table's ``attrs["precision"]`` is the one used); σ-providers query the model in the same
+    arithmetic. ``batch_size="auto"`` is the probed batch (:mod:`harness.engine.batchsize`).
+    ``sampling="sequential"`` draws the estimation samples in rounds, at most ``n_max``
+    (default ``n``), until each input's place on the radius grid ``radii`` (default
+    0, 0.25, …, 1) is decided, as ``[certification] sampling`` does
+    (:mod:`harness.mathematics.sequential`; hard-smoothing methods with a radius formula
+    of idrs-bench, others are refused with the reason). Input k gets the noise of test
+    point k of a benchmark with the same seed, so it gets that run's certificate.
     """
     from harness.running.held_model import certify_held_model
 
     rows, attrs = certify_held_model(
         model, inputs, labels, method, sigma, params, n0, n, alpha, device, seed, batch_size,
-        train_inputs, train_labels, precision, channels_last, cudnn,
+        train_inputs, train_labels, precision, channels_last, cudnn, sampling, n_max, radii,
     )  # fmt: skip
     frame = pd.DataFrame(rows, columns=list(CERTIFICATE_COLUMNS))
     frame.attrs.update(attrs)

@@ -39,13 +39,40 @@ def test_bench_json_for_a_tiny_mlp(capsys, tmp_path, monkeypatch):
             assert np.isfinite(r[key]) and r[key] > 0
         assert r["limit_per_s"] >= r["best_raw_per_s"] >= r["raw_per_s"]
         assert r["limit_setting"] in {"bf16 cudnn-heuristic", "fp32 cudnn-heuristic"}
-        for other in ("ideal", "raw", "best_raw", "limit", "reference"):
+        for other in ("ideal", "raw", "best_raw", "limit", "reference", "reference_default"):
             assert r[f"engine_vs_{other}"] == pytest.approx(r["engine_per_s"] / r[f"{other}_per_s"])
+        # PyTorch's default arithmetic on a CPU is fp32: the reference loop measured there
+        assert r["reference_default_setting"] == "fp32 cudnn-heuristic"
     for a in out["api"]:
         assert a["inputs"] == 1 and a["n"] == 200 and a["batch_size"] == 64
         assert a["api_speedup"] == pytest.approx(a["reference_s_per_input"] / a["api_s_per_input"])
         assert a["decisions_checked"] == 200 and 0 <= a["decisions_differ_from_fp32"] <= 200
+        assert a["api_speedup_vs_default"] == pytest.approx(
+            a["reference_default_s_per_input"] / a["api_s_per_input"])  # fmt: skip
+        assert a["sequential_s_per_input"] is None  # fixed sampling only
     assert [a["model"] for a in out["api"]] == ["mlp"]
+
+
+def test_bench_api_with_sequential_sampling_on_the_cpu(capsys, tmp_path, monkeypatch):
+    """Default precision (auto: fp32 on a CPU, where the reference in PyTorch's default
+    arithmetic is the reference itself); with --sampling sequential api.certify is timed
+    sequentially too, and each of api, sequential api and reference says how many inputs
+    it certifies at each grid radius."""
+    monkeypatch.setenv("IDRS_BENCH_CACHE", str(tmp_path))
+    argv = ["bench", "--models", "mlp", "--device", "cpu", "--n", "2000", "--inputs", "2",
+            "--seconds", "0.05", "--batch-size", "256", "--api", "--sampling", "sequential",
+            "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    [row], [api] = out["engine"], out["api"]
+    assert row["precision"] == "fp32" and row["reference_default_per_s"] == row["reference_per_s"]
+    assert api["reference_default_s_per_input"] == api["reference_s_per_input"]
+    assert api["grid"] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    for key in ("api_on_grid", "reference_on_grid", "sequential_on_grid"):
+        counts = api[key]
+        assert len(counts) == 5 and all(0 <= c <= 2 for c in counts)
+        assert counts == sorted(counts, reverse=True)  # certified at r: also at every r' < r
+    assert 100 <= api["sequential_samples"] <= 2000 and api["sequential_s_per_input"] > 0
 
 
 def test_the_limit_is_taken_over_the_settings_a_device_offers():

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from harness.audit.audit import BUDGETS
-from harness.audit.auditor import audits
 from harness.audit.evidence import check_evidence
 from harness.audit.replay import check_replay
+from harness.audit.session import audits
 from harness.foundation.errors import IdrsError
 from harness.foundation.progress import Progress
 from harness.plugin.manager import PluginManager

@@ -361,23 +361,6 @@ def test_a_padded_engine_forwards_full_batches_and_counts_the_same():
     assert set(recorder.rows) == {96}
 
 
-def test_a_rows_logits_at_one_batch_shape_do_not_depend_on_the_other_rows():
-    """The premise of ``pad_batches``: at a fixed shape, BLAS rounds each row alone."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(784, 200), torch.nn.ReLU(), torch.nn.Linear(200, 10)
-    )
-    rows = torch.randn(64, 784, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        reference = model(rows)
-        for seed in range(3):
-            other = torch.randn(64, 784, generator=torch.Generator().manual_seed(10 + seed))
-            order = torch.randperm(64, generator=torch.Generator().manual_seed(20 + seed))
-            mixed = other.clone()
-            mixed[order[:40]] = rows[:40]  # 40 of the rows, at other positions
-            assert torch.equal(model(mixed)[order[:40]], reference[:40])
-
-
 def test_chen_sigma_is_bit_identical_whatever_the_inputs_searched_with_it():
     torch.manual_seed(0)
     model = torch.nn.Sequential(

@@ -121,7 +121,7 @@ def test_a_missing_table_and_a_missing_file_say_what_to_do(tmp_path, capsys):
     spec = tmp_path / "s.toml"
     spec.write_text('name = "x"\n')
     assert main(["run", str(spec), "--quiet"]) == 2
-    assert "missing table [dataset]; add it (README.md" in capsys.readouterr().err
+    assert "missing table [dataset]; add it (docs/benchmarks.md" in capsys.readouterr().err
     assert main(["run", str(tmp_path / "absent.toml"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "relative to the working directory" in err and "quick.toml" in err
@@ -154,3 +154,71 @@ def test_a_damaged_dataset_file_is_named_with_the_fix(tmp_path, capsys, write_mn
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert err.startswith(f"error: {bad} is damaged (") and "replace it with the original" in err
+
+
+OLD_PLUGIN = """
+from harness import MethodSpec, hookimpl
+
+IDRS_BENCH_CONTRACT = 2
+
+
+@hookimpl
+def idrs_register_methods(register):
+    register(MethodSpec("my-method", sigma_provider="constant", certifier="cohen",
+                        defaults={"sigma": 0.5}))
+"""
+
+
+def test_a_method_of_a_refused_plugin_names_the_plugin_and_why(
+    tmp_path, capsys, spec_template, install_plugin
+):
+    """A plugin written against contract 2: its method is not 'unknown' but refused."""
+    install_plugin("idrs_test_old", OLD_PLUGIN, "idrs-test-old", version="0.3", entry_point="old")
+    code, err = _run(tmp_path, capsys, spec_template, method="my-method")
+    assert code == 2 and len(err.splitlines()) == 1
+    assert err.startswith(
+        "error: method 'my-method' is provided by plugin 'old' (package idrs-test-old 0.3), "
+        "which was refused when loaded: ContractError: plugin 'old' declares "
+        "IDRS_BENCH_CONTRACT = 2; this idrs-bench implements plugin contract 3"
+    )
+    assert "Porting a plugin to contract 3" in err and "unknown method" not in err
+
+
+def test_a_method_of_a_plugin_that_no_longer_imports_names_it_from_the_manifest(
+    tmp_path, capsys, spec_template, install_plugin, monkeypatch
+):
+    """A plugin that loaded once (the manifest recorded its methods), then broke."""
+    monkeypatch.setenv("IDRS_BENCH_CACHE", str(tmp_path / "cache"))
+    site = install_plugin(
+        "idrs_test_old", OLD_PLUGIN.replace("= 2", "= 3"), "idrs-test-old", entry_point="old"
+    )
+    assert main(["plugins"]) == 0  # loads it: the manifest records 'my-method'
+    capsys.readouterr()
+    (site / "idrs_test_old.py").write_text("import idrs_test_missing_dependency\n")
+    code, err = _run(tmp_path, capsys, spec_template, method="my-method")
+    assert code == 2 and len(err.splitlines()) == 1
+    assert err == (
+        "error: method 'my-method' is provided by plugin 'old' (package idrs-test-old 0.1), "
+        "which failed to load: ModuleNotFoundError: No module named "
+        "'idrs_test_missing_dependency' (`idrs-bench plugins` lists every plugin)"
+    )
+
+
+def test_an_unknown_method_lists_the_plugins_that_failed_to_load(
+    tmp_path, capsys, spec_template, install_plugin, monkeypatch
+):
+    """Never loaded, a broken plugin's methods are unknown: the error says it may hold one."""
+    monkeypatch.setenv("IDRS_BENCH_CACHE", str(tmp_path / "cache"))
+    install_plugin(
+        "idrs_test_broken",
+        "raise ImportError('needs libfoo')\n",
+        "idrs-test-broken",
+        entry_point="broken",
+    )
+    code, err = _run(tmp_path, capsys, spec_template, method="my-method")
+    assert code == 2 and len(err.splitlines()) == 1
+    assert err.startswith("error: unknown method 'my-method'; available: alfarra-ds, ")
+    assert err.endswith(
+        "; plugins that were not loaded may provide it: plugin 'broken' (package "
+        "idrs-test-broken 0.1) failed to load: ImportError: needs libfoo"
+    )

@@ -80,6 +80,7 @@ def idrs_register_methods(register):
 SPEC = """
 name = "shared"
 seed = 5
+device = "cpu"  # the thread rule is the CPU's (a CUDA run records no thread count)
 shard_size = 16  # two chunks of claims (harness.certification.certify.CLAIM_CHUNK = 8) per shard
 
 [dataset]
@@ -242,8 +243,8 @@ def _replayed(setup, db: Path, monkeypatch):
     import importlib.util
 
     from harness.audit.audit import BUDGETS
-    from harness.audit.auditor import audits
     from harness.audit.replay import check_replay
+    from harness.audit.session import audits
     from harness.foundation.progress import Progress
     from harness.plugin.manager import PluginManager
     from harness.running.preparation import RunOptions

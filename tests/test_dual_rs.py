@@ -17,7 +17,8 @@ from scipy import stats
 from harness import hookimpl
 from harness.audit.analytic import LinearClassifier
 from harness.audit.audit import Budget
-from harness.audit.auditor import audits, run_checks
+from harness.audit.auditor import run_checks
+from harness.audit.session import audits
 from harness.audit.sigma_smoothing import probe_constancy
 from harness.cli.main import main
 from harness.engine.draws import HARD, Draws, Evidence

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
-from harness.audit.auditor import audits, run_checks
+from harness.audit.auditor import run_checks
 from harness.audit.empirical import STRENGTHS, attack_row
+from harness.audit.session import audits
 from harness.foundation.progress import Progress
 from harness.mathematics.accuracy import RADII, empirical_key, empirical_successes
 from harness.reports.leaderboard.board import build_board

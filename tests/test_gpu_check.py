@@ -1,21 +1,42 @@
 """``tools/gpu-check``, the one command for a lent GPU: its steps, their order and time
-caps, where the logs go, and its machinery run here on the CPU with tiny sizes."""
+caps, what comes back (the device returns at most 8 files of ``$OUT``), and its machinery
+run here on the CPU with tiny sizes."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+import tarfile
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tools" / "gpu-check"
+RETURNED = 8
+"""Files the device brings back from $OUT (the device's documented limit)."""
+FASHION = pytest.mark.skipif(
+    not Path("/usr/share/datasets/fashion-mnist").is_dir(),
+    reason="needs Fashion-MNIST under /usr/share/datasets (the default and the board's dataset)",
+)
 
 
 def _run(tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OUT": str(tmp_path / "out")}
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "GPU_CHECK_WORK": str(tmp_path / "work"),
+           "IDRS_BENCH_CACHE": str(tmp_path / "cache")}  # fmt: skip
     return subprocess.run([str(SCRIPT), *args], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=timeout)  # fmt: skip
+
+
+def _returned(out: Path) -> list[str]:
+    """Every file under $OUT (what the device would have to bring back)."""
+    return sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+
+
+def _logs(out: Path) -> dict[str, str]:
+    with tarfile.open(out / "logs.tar") as tar:
+        return {m.name: tar.extractfile(m).read().decode() for m in tar.getmembers() if m.isfile()}
 
 
 def test_the_dry_run_lists_every_step_in_order_with_its_cap_and_command(tmp_path):
@@ -23,36 +44,79 @@ def test_the_dry_run_lists_every_step_in_order_with_its_cap_and_command(tmp_path
     assert done.returncode == 0, done.stderr
     out = done.stdout
     steps = [line.split()[1] for line in out.splitlines() if line.startswith("== ")]
-    assert steps == ["setup", "env", "tests", "bench-fp32", "bench-bf16", "default-run"]
-    assert f"OUT={tmp_path / 'out'} device=cuda budget=450s" in out
+    assert steps == ["setup", "env", "tests", "bench-default", "default-run", "bench-bf16"]
+    assert f"OUT={tmp_path / 'out'} device=cuda budget=510s" in out
     assert "pip install -q --no-deps --target /tmp/site .gpu/whl/*.whl" in out  # offline
-    assert '"${XDIST[@]}" -v -rA "${TIMEOUT_PLUGIN[@]}" --junitxml="$OUT/junit.xml"' in out
-    assert "--precision bf16 --channels-last" in out
-    assert 'run --device "$DEVICE" --timings --db "$OUT/default.sqlite"' in out
+    assert '"${XDIST[@]}" -v -rA "${TIMEOUT_PLUGIN[@]}" --junitxml="$WORK/$STEP/junit.xml"' in out
+    assert "bench_pair default" in out and "--precision bf16 --channels-last" in out
+    assert 'run --device "$DEVICE" --timings --db "$WORK/$STEP/default.sqlite"' in out
     caps = {line.split()[1]: int(line.split("cap ")[1].split()[0])
             for line in out.splitlines() if line.startswith("== ")}  # fmt: skip
-    # no step may take the whole call; the budget (plus 20 s between SIGINT and SIGKILL)
-    # keeps the call within 8 minutes
-    assert all(v < 450 for v in caps.values()) and 450 + 20 <= 8 * 60
+    # no step may take the whole call; the budget, the 20 s between SIGINT and SIGKILL and
+    # the summary keep the call within 9 minutes
+    assert all(v < 510 for v in caps.values()) and 510 + 20 + 10 <= 9 * 60
+    assert caps["tests"] == 250
+    board = _run(tmp_path, "--dry-run", "--steps", "setup,fashion-board", "--cap",
+                 "fashion-board=300").stdout  # fmt: skip
+    assert "== fashion-board (cap 300 s" in board and "fashion-mnist.toml" in board
+    assert "leaderboard --db" in board and "fashion-board.tar.gz" in board
     gpu_only = _run(tmp_path, "--dry-run", "--steps", "gpu-tests").stdout
-    assert "-m gpu -v -rA" in gpu_only and '--junitxml="$OUT/junit-gpu.xml"' in gpu_only
+    assert "-m gpu -v -rA" in gpu_only and '--junitxml="$WORK/$STEP/junit-gpu.xml"' in gpu_only
     assert not (tmp_path / "out").exists()  # a dry run writes nothing
     assert "python3 -m pip download" in _run(tmp_path, "prepare", "--dry-run").stdout
 
 
-def test_a_tiny_run_on_the_cpu_writes_every_log_and_the_summary(tmp_path):
-    done = _run(tmp_path, "--device", "cpu", "--tiny", "--steps", "env,bench-fp32",
+def test_a_tiny_run_on_the_cpu_brings_every_log_back_in_a_few_files(tmp_path):
+    done = _run(tmp_path, "--device", "cpu", "--tiny", "--steps", "env,bench-default",
                 "--budget", "240")  # fmt: skip
     out = tmp_path / "out"
     summary = (out / "summary.txt").read_text()
     assert done.returncode == 0, summary + done.stdout
-    assert summary.startswith("env: ok") and "\nbench-fp32: ok" in summary
-    assert "torch" in (out / "env.log").read_text()
-    bench = json.loads((out / "bench-fp32-small.json").read_text())
+    assert summary.startswith("env: ok") and "\nbench-default: ok" in summary
+    assert _returned(out) == ["logs.tar", "summary.txt"]  # caches and databases elsewhere
+    logs = _logs(out)
+    assert "torch" in logs["env.log"] and "PyTorch's defaults" in logs["env.log"]
+    bench = json.loads(logs["bench-default/bench-default-small.json"])
     [row] = bench["engine"]
     assert row["model"] == "mlp" and row["device"] == "cpu" and row["n"] == 400
+    assert row["precision"] == "fp32"  # auto, on a CPU
     assert f"engine/limit {row['engine_vs_limit']:.2f}" in summary
-    assert "api" in summary and "s/input" in summary
+    assert "reference in PyTorch's default" in summary and "api sequential" in summary
+
+
+@FASHION
+def test_the_fashion_board_step_brings_back_its_database_and_board(tmp_path):
+    """The second call's step, tiny on the CPU: the run with its checks, the board, and
+    both tarred into $OUT beside the summary and the logs."""
+    done = _run(tmp_path, "--device", "cpu", "--tiny", "--steps", "fashion-board",
+                "--budget", "240")  # fmt: skip
+    out = tmp_path / "out"
+    summary = (out / "summary.txt").read_text()
+    assert done.returncode == 0, summary + done.stdout
+    assert summary.startswith("fashion-board: ok")
+    assert _returned(out) == ["fashion-board.tar.gz", "logs.tar", "summary.txt"]
+    with tarfile.open(out / "fashion-board.tar.gz") as tar:
+        names = set(tar.getnames())
+    assert {"fashion-mnist.sqlite", "board/fashion-mnist.md", "board/fashion-mnist.run.json",
+            "board/fashion-mnist.weights.pt"} <= names  # fmt: skip
+    log = _logs(out)["fashion-board.log"]
+    assert "checks cohen sigma=0.25" in log and "wrote " in log  # checks, --timings, the board
+
+
+@FASHION
+def test_a_step_cut_at_its_cap_keeps_its_log_and_the_rest_goes_on(tmp_path):
+    """The default run (the quick benchmark, checks included: far longer than 10 s) is cut;
+    what it wrote is in its log, with a line that says so, and the next step runs."""
+    done = _run(tmp_path, "--device", "cpu", "--tiny", "--steps", "default-run,env", "--cap",
+                "default-run=10", "--budget", "120")  # fmt: skip
+    out = tmp_path / "out"
+    summary = (out / "summary.txt").read_text()
+    assert done.returncode == 1, summary
+    assert "default-run: cut at its cap of 10s" in summary and "\nenv: ok" in summary
+    assert len(_returned(out)) <= RETURNED and "default-run.log" not in _returned(out)
+    lines = _logs(out)["default-run.log"].rstrip().splitlines()
+    assert lines[-1].startswith("gpu-check: step default-run cut at its cap of 10s")
+    assert len(lines) > 1  # what the run wrote before the cut
 
 
 def test_steps_past_the_budget_are_skipped_and_unknown_steps_refused(tmp_path):

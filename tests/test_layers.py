@@ -5,7 +5,9 @@ path, lowest first. A module may import from its own layer and the layers below 
 never from a layer above (imports inside functions and under ``TYPE_CHECKING``
 included), and never from ``plugins``: the core reaches a plugin only through the
 registry. ``harness/__init__.py`` (the plugin API) and ``harness/api.py`` (the API for
-scripts) sit on top.
+scripts) sit on top. Within a layer no two modules import each other, directly or through
+others (top-level imports and imports inside functions; one under ``TYPE_CHECKING`` never
+runs, so it names a type without making a cycle).
 """
 
 from __future__ import annotations
@@ -44,12 +46,30 @@ def layer_of(module: str) -> int:
     return LAYERS.index(parts[1])
 
 
-def imports(source: str, name: str, is_package: bool, known: set[str]) -> list[tuple[int, str]]:
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    """The ids of the nodes inside ``if TYPE_CHECKING:`` blocks."""
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        test = getattr(node, "test", None)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(test):
+            for child in node.body:
+                inside |= {id(n) for n in ast.walk(child)}
+    return inside
+
+
+def imports(
+    source: str, name: str, is_package: bool, known: set[str], type_checking: bool = True
+) -> list[tuple[int, str]]:
     """(line, module) for every import of a ``harness`` or ``plugins`` module in a
     module's source: top-level, inside functions, relative, ``from X import module``,
-    and ``importlib.import_module`` of a literal name."""
+    and ``importlib.import_module`` of a literal name; under ``TYPE_CHECKING`` too unless
+    ``type_checking`` is false."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    skipped = set() if type_checking else _type_checking_nodes(tree)
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -88,8 +108,73 @@ def upward_imports(root: Path = ROOT) -> list[str]:
     return offenders
 
 
+def import_cycles(root: Path = ROOT) -> list[list[str]]:
+    """The groups of ``harness`` modules that import each other at run time, directly or
+    through others (strongly connected components of the import graph, Tarjan's algorithm),
+    each sorted, with more than one module."""
+    files = sorted((root / "harness").rglob("*.py"))
+    known = {module_name(p, root) for p in files}
+    graph = {}
+    for path in files:
+        name = module_name(path, root)
+        found = imports(path.read_text(), name, path.name == "__init__.py", known, False)
+        graph[name] = sorted({m for _, m in found if m in known and m != name})
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while not group or group[-1] != v:
+                group.append(stack.pop())
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return sorted(cycles)
+
+
 def test_imports_only_go_down():
     assert upward_imports() == []
+
+
+def test_no_modules_import_each_other():
+    assert import_cycles() == [], "split what these share into a module below them"
+
+
+def test_the_cycle_check_sees_imports_inside_functions_and_through_others(tmp_path):
+    (tmp_path / "harness" / "engine").mkdir(parents=True)
+    (tmp_path / "harness" / "cli").mkdir()
+    for name in ("__init__", "engine/__init__", "cli/__init__"):
+        (tmp_path / "harness" / f"{name}.py").write_text("")
+    files = {
+        "engine/a.py": "from harness.engine.b import X\n",
+        "engine/b.py": "def f():\n    from harness.engine import a\n",  # inside a function
+        "cli/c.py": "from harness.cli import d\n",
+        "cli/d.py": "import harness.cli.e\n",
+        "cli/e.py": "def g():\n    from . import c\n",  # relative, through d
+        "cli/f.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                    "    from harness.cli.g import G\n",  # a type only
+        "cli/g.py": "from harness.cli.f import F\n",
+    }  # fmt: skip
+    for name, text in files.items():
+        (tmp_path / "harness" / name).write_text(text)
+    assert import_cycles(tmp_path) == [
+        ["harness.cli.c", "harness.cli.d", "harness.cli.e"],
+        ["harness.engine.a", "harness.engine.b"],
+    ]
 
 
 def test_no_module_is_over_450_lines():

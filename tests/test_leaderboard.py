@@ -44,6 +44,67 @@ def test_golden_markdown(db):
     assert text == GOLDEN.read_text()
 
 
+def _table_after(text: str, heading: str) -> list[list[str]]:
+    """The cells of the first markdown table after the line ``heading`` (header included,
+    the alignment line left out)."""
+    lines = text.splitlines()
+    start = lines.index(heading)
+    table = []
+    for line in lines[start + 1 :]:
+        if line.startswith("|"):
+            table.append([cell.strip() for cell in line.strip("|").split("|")])
+        elif table:
+            break
+    return [table[0], *table[2:]]
+
+
+def _with_interval(k: int, n: int = 4) -> str:
+    """k/n with its two-sided 95 % Clopper–Pearson interval, from SciPy's Beta quantiles."""
+    from scipy.stats import beta
+
+    low = beta.ppf(0.025, k, n - k + 1) if k > 0 else 0.0
+    high = beta.ppf(0.975, k + 1, n - k) if k < n else 1.0
+    return f"{k / n:.3f} [{low:.3f}, {high:.3f}]"
+
+
+def test_the_board_tables_hold_the_hand_computed_values(db):
+    """The ranking and details tables against GOLDEN_NOTES's hand computation (counts of
+    the 4 inputs), the intervals from SciPy, McNemar's p by hand."""
+    text = render_markdown(build_board(load_runs(db)), "golden")
+    sound = _table_after(text, "### Verified sound")
+    assert sound[0] == ["#", "method", "setting", "clean acc", "cert\\@0", "cert\\@0.25",
+                        "cert\\@0.5", "cert\\@0.75", "cert\\@1", "ACR", "vs #1 at 0.5",
+                        "verdict"]  # fmt: skip
+    # cohen σ = 0.5: PREDICT right on 3 of 4, certified 3 3 3 2 2, ACR 3/4
+    assert sound[1] == ["1", "cohen", "sigma=0.5", _with_interval(3),
+                        *map(_with_interval, (3, 3, 3, 2, 2)), "0.750", "leader",
+                        "sound [^v1]"]  # fmt: skip
+    # σ = 0.25: 3 3 2 1 0, ACR 1.5/4; at 0.5 only input 3 differs (b = 1, c = 0):
+    # p = min(1, 2 P(X <= 0)), X ~ Binomial(1, 1/2), = 1
+    assert sound[2] == ["2", "cohen", "sigma=0.25", _with_interval(3),
+                        *map(_with_interval, (3, 3, 2, 1, 0)), "0.375", "tie (p = 1.00)",
+                        "sound [^v2]"]  # fmt: skip
+    others = _table_after(text, "### Not verified sound: these radii are not certified")
+    assert others[1] == ["1", "chen-fgss", "sigma=0.25", _with_interval(4),
+                         *map(_with_interval, (4,) * 5), "2.000", "leader",
+                         "violated [^v3]"]  # fmt: skip
+    # lipschitz vs chen at 0.5: chen certifies all 4, lipschitz input 3 only: b = 3, c = 0,
+    # p = 2 (1/2)^3 = 0.25
+    assert others[2] == ["2", "lipschitz-sigma-net", "sigma\\_min=0.1", _with_interval(3),
+                         *map(_with_interval, (2, 2, 1, 0, 0)), "0.188", "tie (p = 0.25)",
+                         "not checked"]  # fmt: skip
+    details = _table_after(text, "### Every row: abstention, class-wise accuracy, σ and time")
+    assert details == [
+        ["method", "setting", "abstain", "misclass", "class min", "class max", "class std",
+         "mean σ", "s/input"],
+        ["cohen", "sigma=0.5", "0.000", "0.250", "0.500", "1.000", "0.250", "0.500", "0.125"],
+        ["cohen", "sigma=0.25", "0.250", "0.000", "0.500", "1.000", "0.250", "0.250", "0.375"],
+        ["chen-fgss", "sigma=0.25", "0.000", "0.000", "1.000", "1.000", "0.000", "0.750", "1.00"],
+        ["lipschitz-sigma-net", "sigma\\_min=0.1", "0.500", "0.000", "0.500", "1.000", "0.250",
+         "0.500", "2.00"],
+    ]  # fmt: skip
+
+
 def test_metrics_match_hand_computation(db):
     (table,) = build_board(load_runs(db)).tables
     rows = {(r.method, r.setting): r.metrics for r in table.rows}
@@ -199,16 +260,19 @@ def test_export_round_trip_gives_the_same_board(db, tmp_path):
 def test_spec_file_reproduces_the_stored_config(db, tmp_path, golden_run):
     import tomllib
 
+    import torch
+
     from harness.running.benchmark import parse_benchmark
+    from harness.running.preparation import resolved
 
     write_board(load_runs(db), tmp_path / "golden.md", plots=False)
     spec = tomllib.loads((tmp_path / f"golden.spec-{golden_run.run_id[:12]}.toml").read_text())
     defaults = {"radii": (0.0, 0.25, 0.5, 0.75, 1.0), "headline_radius": None}
-    # a run stored before precision and noise were recorded: fp32, and noise "auto"
-    # (block-v1 on this CPU run's device)
+    # a run stored before precision and noise were recorded: its file names neither, and on
+    # its device (cpu, the command's --device) "auto" is what it used, fp32 and block-v1
     protocol = {**golden_run.config["protocol"], "precision": "fp32", "channels_last": False,
-                "noise": "auto"}  # fmt: skip
-    assert parse_benchmark(spec).to_dict() == {
+                "noise": "block-v1"}  # fmt: skip
+    assert resolved(parse_benchmark(spec), torch.device("cpu")).to_dict() == {
         **golden_run.config,
         **defaults,
         "protocol": protocol,

@@ -129,10 +129,13 @@ def test_a_board_of_hostile_names_keeps_its_structure(tmp_path, monkeypatch, mak
     assert images == ["hostile-1-certified-accuracy.png", "hostile-1-classwise-accuracy.png"]
     # every table row has as many cells as its header
     widths = {len(row) for row in parsed.rows if row}
-    assert widths == {2, 19}, widths  # the protocol table and the two metric tables
-    metric_rows = [row for row in parsed.rows if len(row) == 19 and row[0] != "#"]
+    assert widths == {2, 9, 12}, widths  # protocol, details, the two ranking tables
+    metric_rows = [row for row in parsed.rows if len(row) == 12 and row[0] != "#"]
     assert sorted(row[1] for row in metric_rows) == sorted(_flat(h) for h in HOSTILE)
     assert all(row[1] == row[2] for row in metric_rows)  # method == setting, both literal
+    detail_rows = [row for row in parsed.rows if len(row) == 9 and row[0] != "method"]
+    assert sorted(row[0] for row in detail_rows) == sorted(_flat(h) for h in HOSTILE)
+    assert all(row[0] == row[1] for row in detail_rows)
     verdicts = {row[1]: row[-1] for row in metric_rows}
     assert verdicts[_flat(HOSTILE[1])].startswith("sound")
     # an unknown verdict string counts as violated; the string itself is in the footnote

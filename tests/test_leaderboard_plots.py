@@ -1,28 +1,35 @@
-"""The board's plots read at a glance: one colour family and line style per method, its
-settings in shades light to dark by σ with a marker each, a legend inside the figure
-however many rows; class-wise columns named by the dataset's classes with their counts."""
+"""The board's plots read at a glance: small multiples, one panel per method with its
+settings together (at most six curves a panel, in distinct colours ordered by σ, each
+with a marker), the best verified-sound row as a reference on every panel, attack curves
+only where they can be told apart, legends inside the figure; class-wise columns named
+by the dataset's classes with their counts."""
 
 from __future__ import annotations
-
-import colorsys
-import itertools
 
 import pytest
 from matplotlib.colors import to_rgb
 
-from harness.reports.leaderboard.board import build_board
-from harness.reports.leaderboard.plots import certified_figure, classwise_figure, line_styles
+from harness.reports.leaderboard.board import Row, build_board
+from harness.reports.leaderboard.plots import (
+    PER_PANEL,
+    REFERENCE,
+    certified_figure,
+    classwise_figure,
+    panels,
+    visible_attack,
+)
 from harness.reports.leaderboard.render import class_names, write_board
 from harness.store.storedrun import load_runs
 
 SIGMAS = (0.12, 0.25, 0.5, 1.0)
 
 
-def _rows(methods: int) -> dict:
-    """``methods`` methods × 4 σ, four inputs each, radii growing with σ."""
+def _rows(methods: int, sigmas=SIGMAS) -> dict:
+    """``methods`` methods × the σ, four inputs each: inputs 0-2 correct with radii σ, 2σ,
+    3σ, input 3 abstains."""
     out = {}
     for m in range(methods):
-        for sigma in SIGMAS:
+        for sigma in sigmas:
             out[f"method-{m}", f"sigma={sigma}"] = [
                 (0, 0, sigma * (k + 1), sigma, 0.1) for k in range(2)
             ] + [(1, 1, sigma * 3, sigma, 0.1), (-1, 0, 0.0, sigma, 0.1)]
@@ -31,52 +38,99 @@ def _rows(methods: int) -> dict:
 
 @pytest.fixture
 def table(tmp_path, monkeypatch, make_run, golden_run):
-    def make(methods: int):
-        db = tmp_path / f"{methods}.sqlite"
-        make_run(db, monkeypatch, rows=_rows(methods), checks=[], failure=None)
+    def make(methods: int, sigmas=SIGMAS, sound: bool = False):
+        db = tmp_path / f"{methods}-{len(sigmas)}-{sound}.sqlite"
+        rows = _rows(methods, sigmas)
+        checks = [(*key, "evidence", "sound", "", []) for key in rows] if sound else []
+        make_run(db, monkeypatch, rows=rows, checks=checks, failure=None)
         (table,) = build_board(load_runs(db)).tables
         return table
 
     return make
 
 
-def _hue_and_lightness(color) -> tuple[float, float]:
-    h, lightness, _ = colorsys.rgb_to_hls(*to_rgb(color))
-    return h, lightness
+def _panels(figure):
+    return [ax for ax in figure.axes if ax.get_visible()]
 
 
-def test_one_family_and_style_per_method_shades_and_markers_per_sigma(table):
-    rows = table(3).rows
-    styles = line_styles(rows)
-    by_method: dict[str, list] = {}
-    for i, row in enumerate(rows):
-        by_method.setdefault(row.method, []).append((row.metrics["mean_sigma"], *styles[i]))
-    assert len({entries[0][2] for entries in by_method.values()}) == 3  # line styles differ
-    hues = []
-    for entries in by_method.values():
-        entries.sort(key=lambda e: e[0])
-        assert len({e[2] for e in entries}) == 1  # one line style per method
-        assert len({e[3] for e in entries}) == len(SIGMAS)  # a marker per σ
-        lightness = [_hue_and_lightness(e[1])[1] for e in entries]
-        assert lightness == sorted(lightness, reverse=True)  # darker as σ grows
-        assert lightness[0] - lightness[-1] > 0.25
-        hue = [_hue_and_lightness(e[1])[0] for e in entries]
-        assert max(hue) - min(hue) < 0.08  # one colour family
-        hues.append(sum(hue) / len(hue))
-    hues.sort()
-    assert all(b - a > 0.1 for a, b in itertools.pairwise(hues))  # three families
+def _curves(ax):
+    """The certified-accuracy curves of a panel (those in its legend), by label."""
+    return {
+        line.get_label(): line for line in ax.get_lines() if not line.get_label().startswith("_")
+    }
 
 
-@pytest.mark.parametrize("methods", [1, 3, 6])
-def test_the_legend_fits_inside_the_figure(table, methods):
-    figure = certified_figure(table(methods), "a title")
+def test_one_panel_per_method_with_its_settings_in_sigma_order(table):
+    figure = certified_figure(table(3), "a title")
+    axes = _panels(figure)
+    assert sorted(ax.get_title() for ax in axes) == ["method-0", "method-1", "method-2"]
+    for ax in axes:
+        curves = _curves(ax)
+        # not checked, so not sound: each label says so
+        assert list(curves) == [f"sigma={s} · not checked" for s in SIGMAS]
+        colours = [to_rgb(line.get_color()) for line in curves.values()]
+        assert len(set(colours)) == len(SIGMAS)  # distinct colours ...
+        luminance = [0.2126 * r + 0.7152 * g + 0.0722 * b for r, g, b in colours]
+        assert luminance == sorted(luminance)  # ... ordered by σ, dark to light
+        assert len({line.get_marker() for line in curves.values()}) == len(SIGMAS)
+
+
+def test_at_most_six_curves_a_panel(table):
+    sigmas = tuple(0.1 * k for k in range(1, PER_PANEL + 3))  # 8 settings
+    t = table(1, sigmas)
+    assert [(title, len(rows)) for title, rows in panels(t.rows)] == [
+        ("method-0 (1/2)", PER_PANEL), ("method-0 (2/2)", 2),
+    ]  # fmt: skip
+    assert [len(_curves(ax)) for ax in _panels(certified_figure(t, "x"))] == [PER_PANEL, 2]
+
+
+def test_the_best_sound_row_is_the_reference_on_every_panel(table):
+    t = table(2, sound=True)
+    # every row sound; the best at the headline radius 0.5 certifies inputs 0-2 there
+    # (σ = 1: radii 1, 2, 3), so its curve is 3/4 up to r = 1, 2/4 to 2, 1/4 to 3, then 0
+    best = t.sound_rows[0]
+    assert best.setting == "sigma=1.0"
+    for ax in _panels(certified_figure(t, "x")):
+        [reference] = [line for line in ax.get_lines() if line.get_color() == REFERENCE]
+        for r, fraction in zip(reference.get_xdata(), reference.get_ydata(), strict=True):
+            expected = sum(radius >= r for radius in (1.0, 2.0, 3.0)) / 4
+            assert fraction == pytest.approx(expected)
+    legend = certified_figure(t, "x").legends[0]
+    assert "best verified-sound row: method-" in legend.get_texts()[0].get_text()
+    # no sound row, no reference
+    assert not any(line.get_color() == REFERENCE for ax in _panels(certified_figure(table(1), "x"))
+                   for line in ax.get_lines())  # fmt: skip
+
+
+def _attacked_row(certified: dict, empirical: dict) -> Row:
+    metrics = {f"certified_accuracy@{r:g}": v for r, v in certified.items()}
+    metrics |= {f"empirical_accuracy@{r:g}": v for r, v in empirical.items()}
+    return Row("r", "m", "s", metrics, "sound", (), [], attack={"inputs": 4})
+
+
+def test_an_attack_curve_is_drawn_only_where_it_can_be_told_apart():
+    radii = [0.0, 0.5, 1.0]
+    same = _attacked_row({0: 0.8, 0.5: 0.5, 1: 0.2}, {0: 0.8, 0.5: 0.5, 1: 0.2})
+    assert visible_attack(same, radii) == []
+    apart = _attacked_row({0: 0.8, 0.5: 0.5, 1: 0.2}, {0: 0.8, 0.5: 0.6, 1: 0.2})
+    assert visible_attack(apart, radii) == [(0.0, 0.8), (0.5, 0.6), (1.0, 0.2)]
+    not_run = _attacked_row({0: 0.8, 0.5: 0.5, 1: 0.2}, {})
+    assert visible_attack(not_run, radii) == []
+
+
+@pytest.mark.parametrize("methods", [1, 3, 7])
+def test_every_legend_fits_inside_the_figure(table, methods):
+    figure = certified_figure(table(methods, sound=True), "a title")
     figure.canvas.draw()
     renderer = figure.canvas.get_renderer()
-    legend = figure.axes[0].get_legend().get_window_extent(renderer)
     frame = figure.bbox
-    assert legend.x0 >= frame.x0 - 1 and legend.x1 <= frame.x1 + 1
-    assert legend.y0 >= frame.y0 - 1 and legend.y1 <= frame.y1 + 1
-    assert len(figure.axes[0].get_legend().get_texts()) == 4 * methods
+    legends = [ax.get_legend() for ax in _panels(figure)] + list(figure.legends)
+    assert len(legends) == methods + 1
+    for legend in legends:
+        box = legend.get_window_extent(renderer)
+        assert box.x0 >= frame.x0 - 1 and box.x1 <= frame.x1 + 1
+        assert box.y0 >= frame.y0 - 1 and box.y1 <= frame.y1 + 1
+    assert len(_panels(figure)) == methods
 
 
 def test_classwise_columns_name_the_classes_and_count_their_inputs(table, tmp_path):

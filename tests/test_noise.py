@@ -9,7 +9,8 @@ import pytest
 import torch
 from scipy import stats
 
-from harness.engine.noise import gaussian_noise, noise_key, noisy_batch, philox4x32
+from harness.engine.noise import gaussian_noise, noise_key, noisy_batch
+from harness.engine.philox import philox4x32
 from harness.engine.sampling import SamplingEngine
 
 

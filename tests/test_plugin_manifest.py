@@ -160,7 +160,10 @@ def test_a_restricted_or_failing_plugin_is_not_taken_from_the_manifest(installed
     assert status == 2 and "cohen-slow" not in err, err
     _, _, err = _cli(installed, tmp_path, "run", unknown)  # tried again, not cached
     assert "cohen-slow" not in err
-    assert (
-        "slow"
-        not in json.loads((tmp_path / "cache" / "plugin-manifest.json").read_text())["plugins"]
-    )
+    # its entry is kept without a key (never valid to check a spec against), so that a spec
+    # naming one of its methods is told which plugin provides it and why it is missing
+    kept = json.loads((tmp_path / "cache" / "plugin-manifest.json").read_text())["plugins"]
+    assert kept["slow"]["key"] is None and "cohen-slow" in kept["slow"]["components"]["methods"]
+    status, _, err = _cli(installed, tmp_path, "run", _spec(tmp_path, "cohen-slow", "{}"))
+    assert status == 2 and "method 'cohen-slow' is provided by plugin 'slow'" in err, err
+    assert "failed to load: ImportError: a missing dependency" in err

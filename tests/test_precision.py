@@ -2,6 +2,8 @@
 
 import json
 import sqlite3
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -35,7 +37,11 @@ TINY = {
 @pytest.mark.parametrize(
     ("key", "value", "message"),
     [
-        ("precision", "fp8", "unknown precision 'fp8'; choose one of fp32, tf32, bf16, fp16"),
+        (
+            "precision",
+            "fp8",
+            "unknown precision 'fp8'; choose auto or one of fp32, tf32, tf32-conv, bf16, fp16",
+        ),
         ("channels_last", "yes", "channels_last must be true or false"),
         ("batch_size", "big", 'batch_size must be an integer >= 1 or "auto"'),
         ("batch_size", 0, 'batch_size must be an integer >= 1 or "auto"'),
@@ -92,6 +98,60 @@ def test_cudnn_mode_is_set_around_every_forward_pass_and_named_in_the_run_id():
     timed = {**TINY, "certification": {**TINY["certification"], "cudnn": "benchmark"}}
     assert parse_benchmark(timed).to_dict()["protocol"]["cudnn"] == "benchmark"
     assert benchmark_from_dict(parse_benchmark(timed).to_dict()).protocol.cudnn == "benchmark"
+
+
+@pytest.mark.parametrize(
+    ("precision", "matmul", "conv"),
+    [("fp32", False, False), ("tf32-conv", False, True), ("tf32", True, True)],
+)
+def test_tf32_is_set_for_matmuls_and_convolutions_as_the_precision_names(precision, matmul, conv):
+    """Inside the certified classifier's forward pass TF32 is what the precision names,
+    whatever is set globally (tf32-conv: PyTorch's defaults, cuDNN convolutions in TF32 and
+    matmuls in fp32), and the global settings are restored after."""
+    seen = []
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            seen.append((torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
+            return x
+
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        for globally in (False, True):
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = globally
+            PrecisionModel(Probe(), precision, False)(torch.zeros(1, 2))
+            assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (
+                globally, globally)  # fmt: skip
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+    assert seen == [(matmul, conv)] * 2
+
+
+def test_auto_precision_is_pytorchs_default_on_cuda_and_leaves_cpu_runs_as_they_were():
+    """``precision = "auto"`` (the default) resolves to tf32-conv on CUDA, where PyTorch's
+    own defaults are cuDNN convolutions in TF32 and matmuls in fp32 (checked on this torch:
+    Cohen et al.'s code inherits them), and to fp32 on a CPU, so a CPU run's spec and its
+    id are those of a spec that named fp32, as every run before the default was auto."""
+    from harness.engine.precision import default_precision
+    from harness.running.preparation import resolved, run_identity
+
+    fresh = [sys.executable, "-c", "import torch; print(torch.backends.cudnn.allow_tf32, "
+             "torch.backends.cuda.matmul.allow_tf32)"]  # fmt: skip
+    assert subprocess.run(fresh, capture_output=True, text=True).stdout.split() == ["True", "False"]
+    assert default_precision("cuda") == "tf32-conv" and default_precision("cpu") == "fp32"
+    spec = {**TINY, "certification": {k: v for k, v in TINY["certification"].items()
+                                      if k != "precision"}}  # fmt: skip
+    auto = parse_benchmark(spec)
+    assert auto.protocol.precision == "auto"
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolved(auto, cuda).protocol.precision == "tf32-conv"
+    named = parse_benchmark({**spec, "certification": {**spec["certification"], "precision": "fp32",
+                                                       "noise": "block-v1"}})  # fmt: skip
+    assert resolved(auto, cpu).to_dict() == named.to_dict()
+    assert run_identity(resolved(auto, cpu), cpu, "r") == run_identity(named, cpu, "r")
+    strict = parse_benchmark({**spec, "certification": {**spec["certification"],
+                                                        "precision": "fp32"}})  # fmt: skip
+    assert resolved(strict, cuda).protocol.precision == "fp32"  # strict fp32: one option away
 
 
 def test_prepare_model_casts_a_copy_and_leaves_the_model_alone():
@@ -244,7 +304,7 @@ CHECKED = {
 
 def _run_and_audit(tmp_path, manager, raw, device=None):
     from harness.audit.audit import Budget
-    from harness.audit.auditor import audits
+    from harness.audit.session import audits
     from harness.store.store import ResultStore
 
     db = tmp_path / f"{raw['certification']['precision']}.sqlite"
@@ -334,3 +394,14 @@ def test_the_api_certifies_in_the_precision_it_is_given(linear_model):
     assert [list(c.counts_estimation) for c in expected] == table["counts_estimation"].tolist()
     with pytest.raises(ParameterError, match="unknown precision 'fp64'"):
         certify(linear_model(w, 0.0), x, y, precision="fp64", **args)
+
+
+def test_a_cuda_boards_header_says_what_its_precision_computes():
+    from harness.reports.leaderboard.protocol_markdown import _arithmetic
+
+    cuda = _arithmetic({"precision": "tf32-conv", "device": "cuda", "noise": "philox-v1"})
+    assert cuda == (", precision tf32-conv (PyTorch's default: cuDNN convolutions in TF32, "
+                    "matmuls in fp32), noise philox-v1")  # fmt: skip
+    strict = _arithmetic({"precision": "fp32", "device": "cuda"})
+    assert strict == ", precision fp32 (strict fp32, TF32 off)"
+    assert _arithmetic({"precision": "fp32", "device": "cpu"}) == ", precision fp32"  # no TF32

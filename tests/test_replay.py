@@ -22,9 +22,9 @@ from harness import (
     hookimpl,
 )
 from harness.audit.audit import BUDGETS
-from harness.audit.auditor import audits
 from harness.audit.evidence import check_evidence
 from harness.audit.replay import check_replay, judge
+from harness.audit.session import audits
 from harness.foundation.progress import Progress
 from harness.foundation.verdict import Verdict
 from harness.mathematics.stats import mean_difference_z, replication_test, replication_z
@@ -286,6 +286,21 @@ def test_sigma_on_another_arithmetic_is_held_to_a_tolerance(mode, relative, flag
     assert sigma_flagged == flagged, summary
     if flagged and mode == "fresh":
         assert f"within {SIGMA_TOLERANCE:g} (relative)" in summary
+
+
+@pytest.mark.parametrize("mode, relative, flagged", [
+    ("exact", 1e-15, True), ("fresh", 1e-3, True), ("fresh", 1e-9, False)])  # fmt: skip
+def test_sigma_alone_and_in_a_batch_are_held_to_the_same_rule(mode, relative, flagged):
+    """Where a row's logits may depend on the batch (another arithmetic, or rows measured
+    dependent), σ alone and σ in a batch may differ in their last bits too: held to the
+    tolerance there, bit for bit on the run's own arithmetic."""
+    stored = 0.12213990144007479
+    evidence = {"inputs": [7], "mode": mode, "replayed": {}, "fresh": {}, "u": [[0.5], [0.5]],
+                "sigma": {"alone": [stored * (1 + relative)], "batch": [stored], "order": [0]}}  # fmt: skip
+    _, summary, detail = judge(evidence, {7: {"sigma": stored, "draws": {}}})
+    assert ("mismatch" in detail and detail["mismatch"]["how"] == "alone vs batch") == flagged
+    if flagged:
+        assert "σ recomputed alone (a batch of one)" in summary
 
 
 class SmoothedSigma:

@@ -28,8 +28,8 @@ from harness import (
     cohen_radius,
     hookimpl,
 )
-from harness.audit.auditor import audits
 from harness.audit.evidence import check_evidence
+from harness.audit.session import audits
 from harness.engine.sampling import SamplingEngine
 from harness.foundation.progress import Progress
 from harness.foundation.verdict import Verdict
@@ -138,8 +138,10 @@ def run(tmp_path, manager):
         "methods": [{"name": f"smoothed-{m}"} for m in ("capped", "uncapped", "full-alpha")],
     }  # fmt: skip
     db = tmp_path / "r.sqlite"
+    # on the CPU: the tests below redraw its noise (block-v1) and rely on its draws (an
+    # input whose σ level is not certified); a CUDA run draws philox-v1
     run_id = run_benchmark(
-        parse_benchmark(raw), RunOptions(db=db), Progress(enabled=False), manager
+        parse_benchmark(raw), RunOptions(db=db, device="cpu"), Progress(enabled=False), manager
     )
     store = ResultStore(db)
     try:
@@ -154,7 +156,9 @@ def test_sigma_is_the_level_the_harness_draws_choose(run):
     audit = run["smoothed-capped"]
     x = audit.inputs
     ids = [c["input_id"] for c in audit.certificates]
-    engine = SamplingEngine(Halfspace(), 2, torch.device("cpu"), 4096, seed=3)
+    protocol = audit.context.protocol  # the run's noise scheme, on its device
+    engine = SamplingEngine(Halfspace(), 2, audit.context.device, 4096, seed=3,
+                            noise=protocol.noise)  # fmt: skip
     selection = engine.counts(x, np.full(len(x), NOISE), ids, 50, 4)  # stream 4, redrawn here
     for cert, counts in zip(audit.certificates, selection, strict=True):
         assert cert["sigma"] == LEVELS[int(np.argmax(counts))]

@@ -21,9 +21,9 @@ from scipy import stats
 from harness import hookimpl
 from harness.audit.analytic import BallClassifier, LinearClassifier
 from harness.audit.audit import BUDGETS, Budget
-from harness.audit.auditor import audits
 from harness.audit.coverage import check_coverage
 from harness.audit.detection_power import SOUND_METHODS, flags_per_check
+from harness.audit.session import audits
 from harness.engine.sampling import SamplingEngine
 from harness.foundation.progress import Progress
 from harness.foundation.verdict import Verdict

@@ -10,7 +10,7 @@ from harness.plugin.components import CheckSpec
 from harness.plugin.hookspecs import hookimpl
 
 IDRS_BENCH_CONTRACT = 3
-"""The plugin contract this plugin is written against (README, "Writing a plugin")."""
+"""The plugin contract this plugin is written against (docs/plugins.md)."""
 
 
 def _sigma_regularity(audit):

@@ -10,7 +10,7 @@ from harness.plugin.components import DatasetSpec, ModelSpec, TrainerSpec
 from harness.plugin.hookspecs import hookimpl
 
 IDRS_BENCH_CONTRACT = 3
-"""The plugin contract this plugin is written against (README, "Writing a plugin")."""
+"""The plugin contract this plugin is written against (docs/plugins.md)."""
 
 
 def _build_linear(input_shape, num_classes, params):

@@ -63,7 +63,7 @@ class Budget:
     ``small`` certifies S1's trials at n <= 2,500, a quarter of the default benchmark's
     n: the calibration test then sees a shift of the counts by >= 0.45 % of n (0.23 % at
     10,000; the evidence states it), far below the 3 % of the rigged ``padded-counts``,
-    and the detection-power tables (leaderboards/README.md) are measured at it.
+    and the detection-power tables (docs/leaderboards.md) are measured at it.
     """
 
     name: str
@@ -96,7 +96,7 @@ class Budget:
             "<= 10⁻³ per statistical check (S1, S4, a replication test). What this budget "
             "detects and how often sound methods are flagged "
             "is measured on ball-2 and Fashion-MNIST by `python3 -m "
-            f"tests.rigged_methods --budget {self.name}` (leaderboards/README.md)."
+            f"tests.rigged_methods --budget {self.name}` (docs/leaderboards.md)."
         )
 
 

@@ -267,21 +267,40 @@ def attack_certificates(audit: Audit) -> tuple[list[dict], int, list[int]]:
     radius = torch.tensor([certs[k]["radius"] for k in chosen], device=device)
     target = torch.tensor([certs[k]["prediction"] for k in chosen], device=device)
 
+    known: dict[bytes, float] = {}  # σ at the iterates asked
+    differentiable = [True]  # until σ answers without a gradient
+
     def sigma_at(x1: torch.Tensor) -> torch.Tensor:
         if smoothing is not None:  # the certificate's own σ, meant to be constant in its ball
             return torch.tensor([certs[k]["sigma"] for k in chosen], device=device)
+        keys = _point_keys(x1)
+        new = [i for i, key in enumerate(keys) if key not in known]
+        if differentiable[0] or len(new) == len(keys):  # (a gradient is asked again)
+            return _sigma_of(x1, keys)
+        if new:  # an iterate that did not move: its σ is known
+            _sigma_of(x1[torch.tensor(new, device=device)], [keys[i] for i in new])
+        return torch.tensor([known[key] for key in keys], dtype=torch.float64, device=device)
+
+    def _sigma_of(x1: torch.Tensor, keys: list[bytes]) -> torch.Tensor:
         sigma = provider(x1)
         checked_sigma(sigma.detach(), len(x1), audit.method.sigma_provider,
                       " at a PGD point inside a certified ball")  # fmt: skip
+        known.update(zip(keys, sigma.detach().double().cpu().tolist(), strict=True))
+        differentiable[0] = sigma.requires_grad
         return sigma if sigma.requires_grad else sigma.detach()
 
     x1 = pgd_on_smoothed(engine.model, x0, target, radius, sigma_at, budget.attack_steps,
                          budget.attack_samples, gen)  # fmt: skip
     engine = audit.fresh_engine(f"{NAME}/confirm")
-    return _confirm(audit, engine, x0, x1, chosen, target), len(chosen), audited
+    return _confirm(audit, engine, x0, x1, chosen, target, known), len(chosen), audited
 
 
-def _confirm(audit, engine, x0, x1, chosen, target) -> list[dict]:
+def _point_keys(x: torch.Tensor) -> list[bytes]:
+    """Each point's float32 bytes: a point's key in a map of σ already asked."""
+    return [row.numpy().tobytes() for row in x.detach().to("cpu", torch.float32)]
+
+
+def _confirm(audit, engine, x0, x1, chosen, target, known: dict[bytes, float]) -> list[dict]:
     """Fresh Monte Carlo at each candidate x1 (:func:`confirm_other_class`, noise seeded
     from the audit's entropy), jointly at level :data:`CONFIRMATION_ERROR` over all
     candidates, classes and σ (a union bound).
@@ -289,14 +308,21 @@ def _confirm(audit, engine, x0, x1, chosen, target) -> list[dict]:
     σ at x1 is the method's; for a σ-smoothing, every level plausible at x1 by the
     harness's draws of its σ-estimator
     (:func:`harness.audit.sigma_smoothing.plausible_at`, which spends a share of the
-    same error), and a candidate is confirmed only if another class wins at each."""
+    same error), and a candidate is confirmed only if another class wins at each. ``known``:
+    σ already asked at some of the points (a last PGD step that did not move)."""
     certs, budget = audit.certificates, audit.budget
     num = 16 * budget.attack_samples
     ids = [certs[k]["input_id"] for k in chosen]
     smoothing = sigma_smoothing(audit.sigma_provider)
     if smoothing is None:
-        with torch.no_grad():
-            sigma = audit.sigma(x1, " at a PGD point inside a certified ball").double().cpu()
+        keys = _point_keys(x1)
+        new = [i for i, key in enumerate(keys) if key not in known]
+        if new:
+            with torch.no_grad():
+                asked = audit.sigma(x1[torch.tensor(new, device=x1.device)],
+                                    " at a PGD point inside a certified ball")  # fmt: skip
+            known.update(zip([keys[i] for i in new], asked.double().cpu().tolist(), strict=True))
+        sigma = torch.tensor([known[key] for key in keys], dtype=torch.float64)
         candidates = [(sigma, np.ones(len(chosen), dtype=bool))]
         error = CONFIRMATION_ERROR
     else:

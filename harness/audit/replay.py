@@ -6,11 +6,13 @@ certificates of the row (16 at the ``small`` budget, 64 at ``full``), chosen wit
 audit's entropy (``audit.rng("replay")``, recorded), are re-examined:
 
 1. **σ.** σ(x) is recomputed for all m in a shuffled batch, then for each input alone
-   (a batch of one). On the run's arithmetic each must equal the stored σ bit for bit;
-   on another (a board re-audited on another CPU, whose ``exp`` may round the last bit
-   otherwise) the two must equal each other bit for bit and the stored σ within a
-   relative :data:`SIGMA_TOLERANCE`. A σ-provider whose answer depends on the batch it
-   is asked in, or on its state, is ``violated`` (naming the input and both values). (A
+   (a batch of one). On the run's arithmetic (the same fingerprint, on which a row's logits
+   were measured not to depend on the other rows of a batch) each must equal the stored σ
+   bit for bit; on another (a board re-audited on another CPU, whose ``exp`` may round the
+   last bit otherwise; a BLAS that rounds a row by its position in the batch) the three
+   must agree within a relative :data:`SIGMA_TOLERANCE`. A σ-provider whose answer depends
+   on the batch it is asked in, or on its state, is ``violated`` (naming the input and both
+   values). (A
    provider that memoizes σ by input, such as the built-in σ searches, answers the
    second query from its memo: the batch is then the recomputation, in another
    composition than the run's shard.)
@@ -146,16 +148,21 @@ def judge(
     rows = [certificates[i] for i in ids]
     sigma = evidence["sigma"]
     exact = evidence["mode"] == "exact"
+    allowed = "bit for bit" if exact else f"within {SIGMA_TOLERANCE:g} (relative)"
+
+    def differ(u: float, v: float) -> bool:
+        return (u != v) if exact else not abs(u - v) <= SIGMA_TOLERANCE * abs(v)
+
     for i, row, a, b in zip(ids, rows, sigma["alone"], sigma["batch"], strict=True):
         stored, a, b = float(row["sigma"]), float(a), float(b)
-        if a != b:
+        if differ(a, b):
             return Verdict.VIOLATED, (
                 f"input {i}: σ recomputed alone (a batch of one) is {a!r} and in a shuffled batch "
-                f"{b!r}: the σ-provider's answer depends on the batch or on its state"
+                f"{b!r}, not equal {allowed}: the σ-provider's answer depends on the batch or on "
+                "its state"
             ), {"mismatch": {"input_id": i, "quantity": "sigma", "how": "alone vs batch",
                              "alone": a, "batch": b}}  # fmt: skip
-        if (a != stored) if exact else not abs(a - stored) <= SIGMA_TOLERANCE * abs(stored):
-            allowed = "bit for bit" if exact else f"within {SIGMA_TOLERANCE:g} (relative)"
+        if differ(a, stored):
             return Verdict.VIOLATED, (
                 f"input {i}: σ recomputed is {a!r}, the stored σ is {stored!r}, not equal "
                 f"{allowed}: the σ-provider's answer depends on its state"

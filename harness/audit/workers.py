@@ -5,7 +5,7 @@ S1 at a time), which leave the cores of a machine half idle; the rows of a run a
 independent. :func:`audit_side_by_side` therefore audits rows in this process and in
 ``workers`` − 1 worker processes (``python -m harness.audit.workers``) at once, each
 taking the next row when it is done with one, the costliest rows (by their
-certification time) first. A worker prepares the run as :class:`~harness.audit.auditor.
+certification time) first. A worker prepares the run as :class:`~harness.audit.session.
 AuditSession` does here (the run's thread count, so that σ recomputed by the replay
 check rounds as when certified), loads the same plugins (the entry points of this
 environment: :attr:`~harness.plugin.manager.PluginManager.portable`), audits each row it
@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.audit.audit import Budget, fresh_entropy
+from harness.audit.session import AuditSession, audit_row, run_attack
 from harness.foundation.errors import IdrsError
 from harness.foundation.identity import setting_key
 from harness.foundation.progress import Progress
@@ -66,8 +67,6 @@ def audit_side_by_side(
 ) -> dict[tuple[str, str], list[CheckResult]]:  # fmt: skip
     """Audit ``rows`` of ``session``'s run in this process and ``workers`` − 1 workers
     (module docstring); the stored results of every row, in ``rows``' order."""
-    from harness.audit.auditor import audit_row, run_attack
-
     groups = _groups(session, [(m, s, fresh_entropy() if e is None else e) for m, s, e in rows])
     todo: queue.SimpleQueue[list[Row]] = queue.SimpleQueue()
     for group in groups:
@@ -216,7 +215,6 @@ class _Reporting(Progress):
 
 def serve(lines, send: Callable[[dict[str, Any]], None]) -> None:
     """A worker: prepare the job of the first line, then audit each group of rows sent."""
-    from harness.audit.auditor import AuditSession, audit_row, run_attack
     from harness.plugin.manager import PluginManager
     from harness.running.preparation import RunOptions
     from harness.store.store import ResultStore

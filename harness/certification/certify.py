@@ -342,7 +342,7 @@ def checked_claims(claims: Any, count: int, who: str, classes: int) -> list[Clai
     plugin) and the contract: a certifier never returns samples, counts or n, only claims."""
     contract = ("the harness draws every sample and records the counts itself; a certifier "
                 "returns one harness.Claim (prediction, radius, p_lower, predict, evidence) per "
-                "input of the Evidence it is given (README, 'Writing a plugin')")  # fmt: skip
+                "input of the Evidence it is given (docs/plugins.md)")  # fmt: skip
     claims = list(claims)
     if len(claims) != count:
         raise ContractError(f"{who} returned {len(claims)} claims for {count} inputs; {contract}")

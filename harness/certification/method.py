@@ -75,14 +75,24 @@ def build_setting(
     state = RunState(list(records))
     context = replace(context, method=name, setting=key, state=state)
     provider, certifier = build_method(context.registry, name, params, context)
-    if context.protocol.sampling == "sequential":  # refused before any sample is drawn
-        from harness.certification.certify import sigma_smoothing
-        from harness.certification.rounds import unsupported
-
-        why = unsupported(f"method {name!r}", certifier, sigma_smoothing(provider) is not None)
-        if why:
-            raise IdrsError(why)
+    check_sampling(context, name, provider, certifier)
     return BuiltSetting(context.registry.get("methods", name), provider, certifier, state, context)
+
+
+def check_sampling(
+    context: BuildContext, name: str, provider: SigmaProvider, certifier: Certifier
+) -> None:
+    """Raise an :class:`IdrsError` naming the method and the fix when the protocol's
+    sampling cannot certify it (sequential sampling: a soft certifier, a σ-smoothing, a
+    formula without threshold), before any sample is drawn."""
+    if context.protocol.sampling != "sequential":
+        return
+    from harness.certification.certify import sigma_smoothing
+    from harness.certification.rounds import unsupported
+
+    why = unsupported(f"method {name!r}", certifier, sigma_smoothing(provider) is not None)
+    if why:
+        raise IdrsError(why)
 
 
 def _require(obj: Any, protocol: type, attributes: tuple[str, ...], what: str) -> None:
@@ -91,5 +101,5 @@ def _require(obj: Any, protocol: type, attributes: tuple[str, ...], what: str) -
     missing = [a for a in attributes if not hasattr(obj, a)]
     raise IdrsError(
         f"{what} lacks the declared attribute(s) {', '.join(missing) or '?'} of "
-        f"harness.plugin.components.{protocol.__name__}; see the README's section on writing a plugin"
+        f"harness.plugin.components.{protocol.__name__}; see docs/plugins.md"
     )

@@ -12,15 +12,20 @@ noisy samples per second:
   (also fp32, tf32 and bf16): the hardware's limit, which the engine cannot beat;
 - **ideal**: per batch one ``randn`` call, x + σ·ε, forward, argmax;
 - **engine**: Cohen et al.'s CERTIFY through :class:`~harness.engine.sampling.SamplingEngine`
-  as a run makes it (padded batches; n0 = 100 selection and ``--n`` estimation samples per
-  input, counted as n0 + n);
+  as a run makes it (padded batches, deterministic kernels on CUDA; n0 = 100 selection and
+  ``--n`` estimation samples per input, counted as n0 + n);
 - **reference**: the same CERTIFY one input at a time, as in Cohen et al.'s reference
   code (:func:`~harness.cli.throughput.reference_certify`), in the same backend setting, at
   ``--reference-batch`` (their default, 1,000);
+- **reference, PyTorch's default**: the reference loop as their code runs it, on the plain
+  model in PyTorch's default arithmetic (:func:`~harness.engine.precision.default_precision`:
+  tf32-conv on CUDA, fp32 on a CPU, where it is the reference itself), with the engine's
+  cuDNN mode;
 
 and their ratios. ``--api`` adds, per model, ``harness.api.certify`` (method ``cohen``)
-against the reference loop on the same weights and inputs, in seconds per input, and
-in a precision other than fp32 how many argmax decisions on noisy inputs differ from fp32
+against the reference loop (in the engine's arithmetic and in PyTorch's default) on the
+same weights and inputs, in seconds per input, and in a precision other than fp32 how
+many argmax decisions on noisy inputs differ from fp32
 (on up to 10,000 samples per input). With ``--sampling sequential`` the engine certifies
 the same inputs a second time under sequential sampling (n_max = ``--n``, the default
 radius grid, :mod:`harness.mathematics.sequential`), back to back with the fixed-n
@@ -31,8 +36,9 @@ inputs: how much is saved depends on how confident the model is, so a benchmark'
 ``mlp`` and ``cnn`` on 1×28×28 inputs, ``resnet110`` the registered ``cifar-resnet`` with
 depth 110 on 3×32×32 (Cohen et al.'s CIFAR-10 ResNet-110); all with 10 classes.
 
-Defaults: on CUDA n = 100,000 and 8 inputs; on CPU n = 50,000 and 4 inputs, the limit
-over the engine's own setting.
+Defaults: on CUDA n = 100,000 and 8 inputs, precision ``auto`` (tf32-conv, PyTorch's
+default arithmetic, as in a run); on CPU n = 50,000 and 4 inputs, fp32, the limit over
+the engine's own setting.
 """
 
 from __future__ import annotations
@@ -75,12 +81,15 @@ class BenchResult:
     ideal_per_s: float
     engine_per_s: float
     reference_per_s: float
+    reference_default_per_s: float  # the reference loop in PyTorch's default arithmetic
+    reference_default_setting: str
     reference_batch: int
     engine_vs_ideal: float
     engine_vs_raw: float
     engine_vs_best_raw: float
     engine_vs_limit: float
     engine_vs_reference: float
+    engine_vs_reference_default: float
     n: int
     inputs: int
     noise: str
@@ -133,8 +142,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--sigma", type=float, default=0.25, metavar="S")
     parser.add_argument(
-        "--precision", default="fp32", metavar="fp32|tf32|bf16|fp16", help="the arithmetic"
-    )
+        "--precision", default="auto", metavar="auto|fp32|tf32|tf32-conv|bf16|fp16",
+        help="the arithmetic (auto: PyTorch's default, tf32-conv, on cuda; fp32 on cpu)",
+    )  # fmt: skip
     parser.add_argument("--channels-last", action="store_true")
     parser.add_argument(
         "--cudnn", default="heuristic", metavar="heuristic|benchmark",
@@ -157,13 +167,15 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--sampling", default="fixed", choices=("fixed", "sequential"), metavar="fixed|sequential",
-        help="sequential: also certify sequentially (n_max = --n) and report the samples saved",
+        help="sequential: also certify sequentially (n_max = --n) and report the samples saved "
+        "(with --api: api.certify sequentially too, against the reference)",
     )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(handler=bench_command)
 
 
 def bench_command(args: argparse.Namespace) -> int:
+    from harness.engine.precision import resolve_precision
     from harness.engine.sampling import resolve_device
     from harness.foundation.protocol import CertificationProtocol
 
@@ -191,7 +203,8 @@ def bench_command(args: argparse.Namespace) -> int:
     seconds = args.seconds or (2.0 if gpu else 5.0)
     batch: int | str = args.batch_size if args.batch_size == "auto" else int(args.batch_size)
     protocol = CertificationProtocol(
-        n0=N0, n=n, alpha=0.001, batch_size=batch, precision=args.precision,
+        n0=N0, n=n, alpha=0.001, batch_size=batch,
+        precision=resolve_precision(args.precision, device),
         channels_last=args.channels_last, noise=args.noise, cudnn=args.cudnn,
     )  # fmt: skip
     scope = args.limit or ("precision" if gpu else "setting")
@@ -203,8 +216,8 @@ def bench_command(args: argparse.Namespace) -> int:
         if args.api:
             from harness.cli.api_vs_reference import bench_api
 
-            api.append(bench_api(name, model, protocol, device, inputs, args.sigma,
-                                 args.reference_batch))  # fmt: skip
+            api.append(bench_api(name, model, NUM_CLASSES, protocol, device, inputs, args.sigma,
+                                 args.reference_batch, args.sampling))  # fmt: skip
         if not args.json:
             print(f"{name}: done", file=sys.stderr)
     if args.json:
@@ -243,24 +256,6 @@ def _build(registry, name: str):
     return spec.build(shape, NUM_CLASSES, {**spec.defaults, **params}).eval(), shape
 
 
-def setting_of(protocol):
-    """The protocol's backend setting (precision, channels-last, cuDNN mode)."""
-    from harness.cli.throughput import Setting
-
-    return Setting(protocol.precision, protocol.channels_last, protocol.cudnn)
-
-
-def model_in_setting(model, protocol, setting):
-    """``model`` as the engine queries it in ``setting`` (:func:`prepare_model`)."""
-    from dataclasses import replace
-
-    from harness.engine.precision import prepare_model
-
-    return prepare_model(model, replace(protocol, precision=setting.precision,
-                                        channels_last=setting.channels_last,
-                                        cudnn=setting.cudnn))  # fmt: skip
-
-
 def bench_model(
     name: str, built: tuple[Any, tuple[int, ...]], protocol: Any, device: Any, inputs: int,
     sigma: float, seconds: float, scope: str = "setting", reference_batch: int = 1000,
@@ -274,11 +269,15 @@ def bench_model(
     from harness.cli.throughput import (
         batch_sweep,
         limit_settings,
-        reference_certify,
+        model_in_setting,
+        setting_of,
         synchronizer,
         timed_rate,
+        timed_reference,
+        torch_default_setting,
     )
     from harness.engine.batchsize import MAX_BATCH, MAX_CPU_BATCH, auto_batch_size
+    from harness.engine.determinism import deterministic_kernels
     from harness.engine.noise import noise_kernel
     from harness.engine.sampling import SamplingEngine, default_noise
 
@@ -326,7 +325,8 @@ def bench_model(
 
     def certify(count: int, how=protocol) -> list:  # the harness's draws and Cohen's claims
         ids = list(range(count))
-        return list(certify_drawn(engine, how, cohen, x[:count], ids, sigmas[:count]))
+        with deterministic_kernels(device):  # as a run computes (harness.engine.determinism)
+            return list(certify_drawn(engine, how, cohen, x[:count], ids, sigmas[:count]))
 
     certify(1)  # warm-up (buffers, kernels)
     sync()
@@ -350,22 +350,26 @@ def bench_model(
         extra = {"sampling": "sequential", "sequential_samples": mean,
                  "samples_saved": 1 - mean / protocol.n,
                  "sequential_vs_fixed_time": (time.perf_counter() - start) / fixed_seconds}  # fmt: skip
-    reference_certify(certified, x[:1], sigma, protocol.n0, protocol.n, protocol.alpha,
-                      reference_batch, NUM_CLASSES)  # fmt: skip
-    sync()
-    start = time.perf_counter()
-    reference_certify(certified, x, sigma, protocol.n0, protocol.n, protocol.alpha,
-                      reference_batch, NUM_CLASSES)  # fmt: skip
-    sync()
-    reference = total / (time.perf_counter() - start)
+
+    def reference_rate(loop) -> float:  # the loop on every input, after one warm-up
+        seconds, _ = timed_reference(loop, x, sigma, protocol, reference_batch, NUM_CLASSES, sync)
+        return total / seconds
+
+    reference = reference_rate(certified)
+    default = torch_default_setting(device, own.cudnn)
+    reference_default = (
+        reference if default == own else reference_rate(model_in_setting(model, protocol, default))
+    )
     return BenchResult(
         model=name, device=str(device), setting=str(own), batch_size=int(batch),
         raw_per_s=raw, best_raw_per_s=own_best, best_raw_batch=int(own_batch),
         limit_per_s=limit, limit_setting=str(limit_setting), limit_batch=int(limit_batch),
         ideal_per_s=ideal, engine_per_s=engine_rate, reference_per_s=reference,
+        reference_default_per_s=reference_default, reference_default_setting=str(default),
         reference_batch=reference_batch, engine_vs_ideal=engine_rate / ideal,
         engine_vs_raw=engine_rate / raw, engine_vs_best_raw=engine_rate / own_best,
         engine_vs_limit=engine_rate / limit, engine_vs_reference=engine_rate / reference,
+        engine_vs_reference_default=engine_rate / reference_default,
         n=protocol.n, inputs=inputs, noise=noise,
         noise_kernel=noise_kernel(device) if noise == "philox-v1" else None,
         precision=protocol.precision, limit_scope=scope, **extra,
@@ -396,7 +400,7 @@ def _print_table(results: list[BenchResult]) -> None:
     table = Table(title="noisy samples per second (higher is better)")
     for column in ("model", "batch", "raw", "limit (batch, setting)", "ideal", "engine",
                    "reference", "engine/limit", "engine/best raw", "engine/raw",
-                   "engine/reference"):  # fmt: skip
+                   "engine/reference", "engine/reference (PyTorch default)"):  # fmt: skip
         table.add_column(column, justify="left" if column == "model" else "right")
     for r in results:
         table.add_row(
@@ -404,7 +408,7 @@ def _print_table(results: list[BenchResult]) -> None:
             f"{_si(r.limit_per_s)} ({r.limit_batch:,}, {r.limit_setting})", _si(r.ideal_per_s),
             _si(r.engine_per_s), _si(r.reference_per_s), f"{r.engine_vs_limit:.2f}",
             f"{r.engine_vs_best_raw:.2f}", f"{r.engine_vs_raw:.2f}",
-            f"{r.engine_vs_reference:.2f}",
+            f"{r.engine_vs_reference:.2f}", f"{r.engine_vs_reference_default:.2f}",
         )  # fmt: skip
     Console(width=None if sys.stdout.isatty() else 200).print(table)
     if results:
@@ -413,7 +417,8 @@ def _print_table(results: list[BenchResult]) -> None:
             f"{r.device}, {r.setting}, n0 = {N0}, n = {r.n}, {r.inputs} inputs per model, noise "
             f"{r.noise}{f' ({r.noise_kernel})' if r.noise_kernel else ''}; limit over "
             f"{r.limit_scope}; best raw: over batch sizes in the engine's setting; reference "
-            f"at batch {r.reference_batch:,}"
+            f"at batch {r.reference_batch:,}, in the engine's setting and in PyTorch's default "
+            f"arithmetic ({r.reference_default_setting})"
         )
     for r in results:
         if r.sampling == "sequential":

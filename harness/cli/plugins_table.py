@@ -1,6 +1,7 @@
 """``idrs-bench plugins``: the loaded plugins as a table (or JSON), where each runs (this
 process or a plugin host, harness/README.md, and how the host is confined), the checks
-of third-party plugins that are not run, and the plugins that failed to load;
+of third-party plugins that are not run, and the plugins not loaded: refused (another
+plugin contract) or failed, with what each would provide where that is known;
 ``plugins install PATH`` and ``plugins uninstall NAME`` (:mod:`harness.plugin.private_install`)."""
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def warn_plugin_failures(manager: PluginManager) -> None:
     manager.registry  # noqa: B018 - building it records registration failures
     for failure in manager.failures:
         Console(stderr=True, soft_wrap=True).print(
-            f"[yellow]warning:[/yellow] plugin {escape(failure.plugin)} failed: {escape(failure.error)}"
+            f"[yellow]warning:[/yellow] {escape(failure.origin())} {escape(failure.why())}"
         )
 
 
@@ -59,7 +60,12 @@ def plugins_command(args: argparse.Namespace) -> int:
 
     manager = PluginManager()
     rows = manager.describe()
-    failures = [{"plugin": f.plugin, "error": f.error} for f in manager.failures]
+    failures = [
+        {"plugin": f.plugin, "error": f.error, "stage": f.stage, "distribution": f.distribution,
+         "version": f.version,
+         "provides": None if f.provides is None else {k: list(v) for k, v in f.provides.items()}}
+        for f in manager.failures
+    ]  # fmt: skip
     if args.json:
         print(json.dumps({"plugins": rows, "failures": failures, "checks_not_run": manager.not_run},
                          indent=2))  # fmt: skip
@@ -81,9 +87,12 @@ def plugins_command(args: argparse.Namespace) -> int:
     console.print(table)
     for check in manager.not_run:
         console.print(f"not run: check {escape(check)} (verdicts are the harness's own checks')")
-    for failure in failures:
+    for failure in manager.failures:
+        provides = "; ".join(f"{kind}: {', '.join(names)}"
+                             for kind, names in sorted((failure.provides or {}).items()))  # fmt: skip
         console.print(
-            f"[red]failed to load[/red] {escape(failure['plugin'])}: {escape(failure['error'])}"
+            f"[red]not loaded[/red] {escape(failure.origin())} {escape(failure.why())}"
+            + (f" (it provides {escape(provides)})" if provides else "")
         )
     return 0
 

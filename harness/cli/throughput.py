@@ -37,6 +37,31 @@ class Setting:
         return f"{self.precision}{cl} cudnn-{self.cudnn}"
 
 
+def setting_of(protocol: Any) -> Setting:
+    """The protocol's backend setting (precision, channels-last, cuDNN mode)."""
+    return Setting(protocol.precision, protocol.channels_last, protocol.cudnn)
+
+
+def model_in_setting(model: torch.nn.Module, protocol: Any, setting: Setting) -> torch.nn.Module:
+    """``model`` as the engine queries it in ``setting`` (:func:`~harness.engine.precision.
+    prepare_model`)."""
+    from harness.engine.precision import prepare_model
+
+    return prepare_model(model, replace(protocol, precision=setting.precision,
+                                        channels_last=setting.channels_last,
+                                        cudnn=setting.cudnn))  # fmt: skip
+
+
+def torch_default_setting(device: torch.device, cudnn: str) -> Setting:
+    """PyTorch's default arithmetic on ``device`` (:func:`~harness.engine.precision.
+    default_precision`: tf32-conv on CUDA, fp32 elsewhere) on the plain model (no
+    channels-last), in the cuDNN mode ``cudnn``: what code that keeps PyTorch's defaults,
+    Cohen et al.'s, runs."""
+    from harness.engine.precision import default_precision
+
+    return Setting(default_precision(device), False, cudnn)
+
+
 def limit_settings(
     own: Setting, scope: str, device: torch.device, convolutional: bool = True
 ) -> list[Setting]:
@@ -47,7 +72,7 @@ def limit_settings(
     precisions = [own.precision] if scope != "all" else list(dict.fromkeys([own.precision,
                                                                           "fp32", "tf32", "bf16"]))  # fmt: skip
     if device.type != "cuda":
-        precisions = [p for p in precisions if p != "tf32"] or [own.precision]
+        precisions = [p for p in precisions if not p.startswith("tf32")] or [own.precision]
     same = scope == "setting" or not convolutional
     layouts = [own.channels_last] if same else [own.channels_last, not own.channels_last]
     modes = [own.cudnn] if same or device.type != "cuda" else [own.cudnn, *(
@@ -106,6 +131,23 @@ def batch_sweep(
                 break
             batch *= 2
     return rates
+
+
+def timed_reference(
+    model, x, sigma: float, protocol: Any, batch: int, num_classes: int, sync
+) -> tuple[float, list[tuple[int, float]]]:
+    """Wall seconds of :func:`reference_certify` on every input of ``x`` with the
+    ``protocol``'s n0, n and α, and its certificates, after a warm-up input that meets
+    every batch shape of the loop (kernels compiled, cuDNN's algorithms chosen or timed)."""
+    warm = min(protocol.n, batch + protocol.n % batch)
+    reference_certify(model, x[:1], sigma, protocol.n0, warm, protocol.alpha, batch,
+                      num_classes)  # fmt: skip
+    sync()
+    start = time.perf_counter()
+    found = reference_certify(model, x, sigma, protocol.n0, protocol.n, protocol.alpha, batch,
+                              num_classes)  # fmt: skip
+    sync()
+    return time.perf_counter() - start, found
 
 
 def reference_certify(

@@ -3,7 +3,13 @@ samples: class counts (hard smoothing) or sums of softmax outputs and of their s
 (soft smoothing), on the device. Once inputs are done, :meth:`fetch` copies their rows to
 pinned host memory without blocking (CUDA; :class:`~harness.engine.sampling.
 SamplingEngine` hands them out once the copy has landed); on a CPU the rows are read
-where they are."""
+where they are.
+
+Both are deterministic (:mod:`harness.engine.determinism`): counts are integer additions,
+exact in any order; soft sums add each input's rows in order (on a CPU ``index_add_`` runs
+through the rows; on CUDA ``index_put_(accumulate=True)`` sorts the rows by input, stably,
+and sums each input's rows of the batch in order, where ``index_add_`` would add float
+atomics in whatever order the threads arrive), so the same batches give the same bits."""
 
 from __future__ import annotations
 
@@ -49,7 +55,17 @@ class HardCounts:
     def add(self, lo: int, hi: int, rows: torch.Tensor, logits: torch.Tensor) -> None:
         """Rows ``lo:hi`` of the window, with their logits: one count each."""
         cells = self._cells[lo:hi] + logits.argmax(dim=1)
-        self.counts.view(-1).index_add_(0, cells, self._ones[: hi - lo])
+        # integer atomics are exact in any order: under torch's deterministic mode (which
+        # would sort every batch's cells instead) they run as atomics all the same
+        strict = self.counts.is_cuda and torch.are_deterministic_algorithms_enabled()
+        if strict:
+            warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+            torch.use_deterministic_algorithms(False)
+        try:
+            self.counts.view(-1).index_add_(0, cells, self._ones[: hi - lo])
+        finally:
+            if strict:
+                torch.use_deterministic_algorithms(True, warn_only=warn_only)
 
     def fetch(self, lo: int, hi: int) -> None:
         """Start copying the counts of inputs ``lo:hi`` (all done) to the host."""
@@ -74,8 +90,12 @@ class SoftSums:
 
     def add(self, lo: int, hi: int, rows: torch.Tensor, logits: torch.Tensor) -> None:
         probs = torch.softmax(logits.double(), dim=1)
-        self.sums.index_add_(0, rows, probs)
-        self.sums_sq.index_add_(0, rows, probs * probs)
+        if self.sums.is_cuda:  # sorted by input, each input's rows added in order
+            self.sums.index_put_((rows,), probs, accumulate=True)
+            self.sums_sq.index_put_((rows,), probs * probs, accumulate=True)
+        else:
+            self.sums.index_add_(0, rows, probs)
+            self.sums_sq.index_add_(0, rows, probs * probs)
 
     def fetch(self, lo: int, hi: int) -> None:
         """Start copying the sums of inputs ``lo:hi`` (all done) to the host."""

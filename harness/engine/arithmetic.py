@@ -24,6 +24,13 @@ process, so two processes on the same arithmetic may run different algorithms: s
 run never matches any arithmetic, and its replay is the replication test, never a
 false bit-for-bit alarm. The default ``heuristic`` mode picks the same algorithm for the
 same shapes, cuDNN version and GPU model, all recorded.
+
+Padding every pass to ``batch_size`` rows makes a sample's logits those of any batch it
+could share only if, at that shape, a row's outputs depend on the row alone. Not every
+BLAS promises it (seen: the CPU of a GPU machine, torch 2.11, rounded a row of the
+784-200-10 MLP otherwise at another position of the same 64-row batch), so a run measures
+it when it begins (:func:`rows_independent`, recorded as ``rows``): a run whose rows were
+``dependent`` matches no arithmetic either, and its replays are statistical.
 """
 
 from __future__ import annotations
@@ -65,6 +72,7 @@ def fingerprint(
     so only ``local`` runs can be matched bit for bit).
     """
     from harness.engine.noise import noise_kernel
+    from harness.engine.precision import resolve_precision
 
     device = torch.device(device)
     cuda = device.type == "cuda"
@@ -77,7 +85,7 @@ def fingerprint(
         "cuda": torch.version.cuda if cuda else None,
         "threads": None if cuda else int(threads or torch.get_num_threads()),
         "cpu_capability": None if cuda else torch.backends.cpu.get_cpu_capability(),
-        "precision": getattr(protocol, "precision", "fp32"),
+        "precision": resolve_precision(getattr(protocol, "precision", "fp32"), device),
         "channels_last": bool(getattr(protocol, "channels_last", False)),
         "noise": noise,
         "batch_size": int(batch_size),
@@ -89,10 +97,53 @@ def fingerprint(
     }
 
 
+ROWS_DEPENDENT = "dependent"
+"""The ``rows`` of a fingerprint whose logits depended on the other rows of a batch."""
+
+
+def rows_independent(
+    model: torch.nn.Module, examples: torch.Tensor, batch_size: int, trials: int = 2
+) -> bool:
+    """Whether ``model``'s outputs at ``batch_size`` rows are, bit for bit, a function of
+    each row alone: a batch of noisy copies of ``examples`` (on the model's device), then
+    the same rows at other positions (``trials`` random permutations, the second with half
+    of the other rows replaced), compared bit for bit. A batch of one row is trivially so."""
+    if batch_size < 2:
+        return True
+    generator = torch.Generator().manual_seed(0)
+    shape = examples.shape[1:]
+    picks = torch.arange(batch_size) % len(examples)
+    noise = torch.randn((batch_size, *shape), generator=generator)
+    base = (examples.cpu()[picks] + 0.25 * noise).to(examples.device)
+    with torch.no_grad():
+        reference = _bits(model(base))
+        for trial in range(trials):
+            order = torch.randperm(batch_size, generator=generator)
+            mixed = base[order.to(examples.device)]
+            if trial:  # other rows' contents too: fresh noise in half of them
+                other = order[batch_size // 2 :]
+                fresh = torch.randn((len(other), *shape), generator=generator)
+                mixed[batch_size // 2 :] = (examples.cpu()[picks[other]] + 0.25 * fresh).to(
+                    mixed.device
+                )
+                order = order[: batch_size // 2]
+            got = _bits(model(mixed))[: len(order)]
+            if not torch.equal(got, reference[order.to(reference.device)]):
+                return False
+    return True
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """A float tensor's bits as integers (NaN equals NaN, −0 differs from +0)."""
+    kinds = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return t.detach().contiguous().view(kinds[t.element_size()])
+
+
 def differences(recorded: Mapping[str, Any] | None, here: Mapping[str, Any]) -> list[str]:
     """The keys on which ``here`` differs from a run's ``recorded`` fingerprint, as
     ``key: recorded → here``; every key when none was recorded (a run made before
-    fingerprints, or one whose arithmetic changed on resume)."""
+    fingerprints, or one whose arithmetic changed on resume). A run that timed cuDNN's
+    algorithms, or whose rows were ``dependent``, differs from every arithmetic."""
     if not recorded or "varied" in recorded:
         why = "not recorded" if not recorded else "the run changed arithmetic when resumed"
         return [f"arithmetic {why}"]
@@ -100,6 +151,9 @@ def differences(recorded: Mapping[str, Any] | None, here: Mapping[str, Any]) -> 
         f"cudnn: {recorded['cudnn']!r}: cuDNN timed its algorithms, another process may "
         "choose others"
     ] if str(recorded.get("cudnn")).startswith("benchmark") else []  # fmt: skip
+    if recorded.get("rows") == ROWS_DEPENDENT:
+        timed.append("rows: a row's logits depended on the other rows of its batch when the "
+                     "run began (measured), so no input is re-drawn bit for bit")  # fmt: skip
     return timed + [
         f"{key}: {recorded.get(key)!r} → {here.get(key)!r}"
         for key in KEYS

@@ -1,10 +1,8 @@
 """Counter-based Gaussian noise: ε of sample j, coordinate k of input i in stream s is a function.
 
 Scheme ``philox-v1``. The key is a 64-bit hash of (seed, stream, input id), split into two
-32-bit words (k0, k1); the counter is (j, ⌊k/4⌋, 0, 0). Philox-4×32-10 (Salmon et al.,
-"Parallel random numbers: as easy as 1, 2, 3", SC 2011, §4.2: 10 rounds of
-c ← (hi(M1·c2) ⊕ c1 ⊕ k0, lo(M1·c2), hi(M0·c0) ⊕ c3 ⊕ k1, lo(M0·c0)), key bumped by the
-Weyl constants between rounds) turns each counter into four 32-bit words x0..x3, the top
+32-bit words (k0, k1); the counter is (j, ⌊k/4⌋, 0, 0). Philox-4×32-10
+(:mod:`harness.engine.philox`) turns each counter into four 32-bit words x0..x3, the top
 24 bits of each a uniform u = (x >> 8 + ½)·2⁻²⁴ in (0, 1), and Box–Muller turns (u0, u1)
 into coordinates 4g, 4g+1 and (u2, u3) into 4g+2, 4g+3:
 
@@ -25,9 +23,8 @@ import warnings
 
 import torch
 
-PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
-PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85
-PHILOX_ROUNDS = 10
+from harness.engine.philox import philox4x32
+
 _LOW32 = 0xFFFFFFFF
 _MASK64 = (1 << 64) - 1
 
@@ -56,33 +53,6 @@ def noise_key(seed: int, stream: int, input_id: int) -> tuple[int, int]:
     """The Philox key (k0, k1) of one input's noise in one stream."""
     z = mix64(seed, stream, input_id, 0x5048494C)  # the last word separates it from block seeds
     return z & _LOW32, z >> 32
-
-
-def philox4x32(
-    c0: torch.Tensor,
-    c1: torch.Tensor,
-    c2: torch.Tensor | int,
-    c3: torch.Tensor | int,
-    k0: torch.Tensor | int,
-    k1: torch.Tensor | int,
-) -> tuple[torch.Tensor, ...]:
-    """Philox-4×32-10 of counters (c0, c1, c2, c3) under keys (k0, k1), uint32 held in int64.
-
-    Arguments broadcast; an int64 product of two 32-bit words wraps modulo 2⁶⁴, whose low
-    and high halves are the lo and hi words of the product.
-    """
-    for _ in range(PHILOX_ROUNDS):
-        p0 = c0 * PHILOX_M0
-        p1 = c2 * PHILOX_M1
-        c0, c1, c2, c3 = (
-            ((p1 >> 32) & _LOW32) ^ c1 ^ k0,
-            p1 & _LOW32,
-            ((p0 >> 32) & _LOW32) ^ c3 ^ k1,
-            p0 & _LOW32,
-        )
-        k0 = (k0 + PHILOX_W0) & _LOW32
-        k1 = (k1 + PHILOX_W1) & _LOW32
-    return c0, c1, c2, c3
 
 
 def _uniform(x: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 - :func:`philox_rounds`: Philox-4×32-10 (Salmon et al., SC 2011, §4.2) on uint32 lanes:
   ``umulhi`` is the high word of the 64-bit product, a uint32 product and sum wrap modulo
-  2³², as in the reference philox4x32 (and in :func:`harness.engine.noise.philox4x32`).
+  2³², as in the reference philox4x32 (and in :func:`harness.engine.philox.philox4x32`).
 - :func:`philox_words_kernel`: the four raw words of given counters under given keys
   (what the tests compare bit for bit with the torch path).
 - :func:`noisy_batch_kernel`: one pass that draws the keyed noise of every (row, group of
@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from harness.engine.noise import PHILOX_M0, PHILOX_M1, PHILOX_ROUNDS, PHILOX_W0, PHILOX_W1
+from harness.engine.philox import PHILOX_M0, PHILOX_M1, PHILOX_ROUNDS, PHILOX_W0, PHILOX_W1
 
 M0 = tl.constexpr(PHILOX_M0)
 M1 = tl.constexpr(PHILOX_M1)

@@ -1,4 +1,4 @@
-"""The base classifier in the arithmetic a protocol names: fp32, tf32, bf16 or fp16.
+"""The base classifier in the arithmetic a protocol names: fp32, tf32, tf32-conv, bf16 or fp16.
 
 A certificate is a statement about one classifier f; f computed in bf16 is a different
 function from f in fp32 (argmax decisions near ties flip), so the precision is part of
@@ -10,9 +10,15 @@ BuildContext`) is f as certified, and σ-providers, certifiers and checks query 
 ``context.model`` is the fp32 model as trained (for training and fitting, e.g. a σ
 network, and for the closed forms of the analytic models).
 
-- ``fp32``: the model as given (TF32 off for matmul and cuDNN convolutions).
-- ``tf32``: fp32 tensors, matmul and convolutions on TF32 tensor cores (CUDA; CPU has
-  none, so on CPU it computes as fp32).
+- ``fp32``: strict fp32 (TF32 off for matmuls and cuDNN convolutions).
+- ``tf32-conv``: PyTorch's default arithmetic on CUDA, named: cuDNN convolutions on TF32
+  tensor cores (``torch.backends.cudnn.allow_tf32`` is True by default), matmuls in fp32
+  (``torch.backends.cuda.matmul.allow_tf32`` is False). What code that keeps PyTorch's
+  defaults certifies, Cohen et al.'s ``Smooth.certify`` among it; the default on CUDA
+  (``precision = "auto"``, :func:`default_precision`), so that the harness certifies the
+  classifier researchers' own code certifies, as fast. A model without convolutions
+  computes as in fp32.
+- ``tf32``: matmuls and convolutions on TF32 tensor cores.
 - ``bf16`` / ``fp16``: a copy of the model cast to that dtype; the noisy input x + σ·ε is
   formed in fp32 and rounded to the dtype; the argmax is taken of the logits in it.
 - ``channels_last``: 4-d inputs and the model's conv weights in channels-last memory
@@ -22,6 +28,10 @@ network, and for the closed forms of the analytic models).
   on first use of each shape: often faster, but another process may time another
   algorithm, which rounds differently). Set around every forward pass, whatever a plugin
   set globally.
+
+A CPU has no TF32: there tf32 and tf32-conv compute as fp32, and ``auto`` is fp32, so CPU
+runs are what they were. The resolved precision is in the run's protocol (its id and its
+board's header) and in its arithmetic fingerprint (:mod:`harness.engine.arithmetic`).
 """
 
 from __future__ import annotations
@@ -34,16 +44,31 @@ import torch
 
 from harness.foundation.protocol import CUDNN_MODES, PRECISIONS
 
-DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
-          "fp16": torch.float16}  # fmt: skip
+DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "tf32-conv": torch.float32,
+          "bf16": torch.bfloat16, "fp16": torch.float16}  # fmt: skip
+TF32 = {"tf32": (True, True), "tf32-conv": (False, True)}
+"""Per precision, whether matmuls and whether cuDNN convolutions run on TF32 tensor cores
+(every other precision: neither)."""
+
+
+def default_precision(device: torch.device | str) -> str:
+    """What ``precision = "auto"`` resolves to: PyTorch's default arithmetic, tf32-conv, on
+    CUDA; fp32 elsewhere (a CPU has no TF32)."""
+    return "tf32-conv" if torch.device(device).type == "cuda" else "fp32"
+
+
+def resolve_precision(precision: str, device: torch.device | str) -> str:
+    """``precision``, with ``auto`` resolved for ``device`` (:func:`default_precision`)."""
+    return default_precision(device) if precision == "auto" else precision
 
 
 @contextmanager
-def backend_settings(tf32: bool, cudnn_benchmark: bool):
-    """TF32 for matmul and cuDNN, and cuDNN's benchmark mode, as given, restored after."""
+def backend_settings(matmul_tf32: bool, conv_tf32: bool, cudnn_benchmark: bool):
+    """TF32 for matmuls and for cuDNN convolutions, and cuDNN's benchmark mode, as given,
+    restored after."""
     cuda, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
     saved = cuda.allow_tf32, cudnn.allow_tf32, cudnn.benchmark
-    cuda.allow_tf32 = cudnn.allow_tf32 = tf32
+    cuda.allow_tf32, cudnn.allow_tf32 = matmul_tf32, conv_tf32
     cudnn.benchmark = cudnn_benchmark
     try:
         yield
@@ -83,18 +108,21 @@ class PrecisionModel(torch.nn.Module):
         x = x.to(self.dtype)
         if self.channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
-        with backend_settings(self.precision == "tf32", self.cudnn == "benchmark"):
+        matmul, conv = TF32.get(self.precision, (False, False))
+        with backend_settings(matmul, conv, self.cudnn == "benchmark"):
             return self.model(x)
 
 
 def prepare_model(model: torch.nn.Module, protocol: Any) -> torch.nn.Module:
-    """The base classifier as the ``protocol`` certifies it (its ``precision``,
-    ``channels_last`` and ``cudnn`` mode); ``model`` itself for plain fp32 on a CPU. Use it
-    for every query of the base model whose answers must match the certificates."""
-    precision = getattr(protocol, "precision", "fp32")
+    """The base classifier as the ``protocol`` certifies it (its ``precision``, ``auto``
+    resolved for the model's device, ``channels_last`` and ``cudnn`` mode); ``model`` itself
+    for plain fp32 on a CPU. Use it for every query of the base model whose answers must
+    match the certificates."""
     channels_last = bool(getattr(protocol, "channels_last", False))
     cudnn = getattr(protocol, "cudnn", "heuristic")
     on_cpu = all(t.device.type == "cpu" for t in (*model.parameters(), *model.buffers()))
+    precision = resolve_precision(getattr(protocol, "precision", "fp32"),
+                                  "cpu" if on_cpu else "cuda")  # fmt: skip
     if precision == "fp32" and not channels_last and on_cpu:
         return model  # no TF32 to switch off and no cuDNN on a CPU
     return PrecisionModel(model, precision, channels_last, cudnn).eval()

@@ -84,9 +84,10 @@ class SamplingEngine:
         (:func:`default_noise` of the device).
     :param pad_batches: give every forward pass the full ``batch_size`` rows (a partial
         batch is padded with zeros and the padding's outputs dropped). A BLAS routine
-        may round a row differently for another number of rows, never for other rows'
-        contents, so each sample's logits are then bit-identical whatever batch it
-        shares; for per-input σ searches (:meth:`padded`).
+        may round a row differently for another number of rows, so each sample's logits
+        are then bit-identical whatever batch it shares, where at that shape a row's
+        logits depend on the row alone (a run measures it: :func:`harness.engine.
+        arithmetic.rows_independent`); for per-input σ searches (:meth:`padded`).
     """
 
     def __init__(

@@ -17,11 +17,9 @@ class IdrsError(Exception):
 
 
 class UnknownNameError(IdrsError, KeyError):
-    """A method, dataset, architecture, ... that no loaded plugin provides."""
-
-    def __init__(self, kind: str, name: str, available: list[str]) -> None:
-        names = ", ".join(sorted(available)) or "(none loaded)"
-        super().__init__(f"unknown {kind} {name!r}; available: {names}")
+    """A method, dataset, architecture, ... that no loaded plugin provides; the message
+    names the available ones, or the installed plugin that provides it and why it was not
+    loaded (:mod:`harness.plugin.registry`)."""
 
     def __str__(self) -> str:  # KeyError would otherwise repr() the message
         return str(self.args[0])

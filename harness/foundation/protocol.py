@@ -7,8 +7,19 @@ from itertools import pairwise
 
 from harness.foundation.errors import ParameterError
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
-"""Arithmetic of the base model's forward pass (see :mod:`harness.engine.precision`)."""
+PRECISIONS = ("fp32", "tf32", "tf32-conv", "bf16", "fp16")
+"""Arithmetic of the base model's forward pass (see :mod:`harness.engine.precision`);
+``precision = "auto"`` resolves to one when a run starts (tf32-conv on CUDA, fp32 elsewhere)."""
+PRECISION_MEANINGS = {
+    "fp32": "strict fp32, TF32 off",
+    "tf32-conv": "PyTorch's default: cuDNN convolutions in TF32, matmuls in fp32",
+    "tf32": "matmuls and convolutions in TF32",
+    "bf16": "a bf16 copy of the model",
+    "fp16": "an fp16 copy of the model",
+}
+"""What each precision computes on CUDA, as a board's header states it."""
+LEGACY_PRECISION = "fp32"
+"""The precision of runs whose stored protocol names none (made before it was recorded)."""
 NOISE_SCHEMES = ("philox-v1", "block-v1")
 """Noise schemes of the sampling engine (see :mod:`harness.engine.sampling`)."""
 CUDNN_MODES = ("heuristic", "benchmark")
@@ -29,7 +40,9 @@ class CertificationProtocol:
     ``alpha`` is the failure probability of each certificate; ``batch_size`` the
     number of noisy samples per forward pass (``"auto"``: the largest that fits the
     device, :mod:`harness.engine.batchsize`). ``precision`` and ``channels_last`` fix the
-    arithmetic of the base classifier that is certified (:mod:`harness.engine.precision`);
+    arithmetic of the base classifier that is certified (:mod:`harness.engine.precision`;
+    ``"auto"``: PyTorch's default arithmetic, ``tf32-conv``, on CUDA, fp32 elsewhere,
+    resolved and recorded when a run starts);
     ``noise`` the noise scheme (``"auto"``: philox-v1 on CUDA, block-v1 elsewhere,
     resolved and recorded when a run starts). ``cudnn`` how cuDNN picks its convolution
     algorithms on CUDA: ``"heuristic"`` (its deterministic heuristics: a replay on the
@@ -45,7 +58,7 @@ class CertificationProtocol:
     n: int = 100_000
     alpha: float = 0.001
     batch_size: int | str = 1024
-    precision: str = "fp32"
+    precision: str = "auto"
     channels_last: bool = False
     noise: str = "auto"
     cudnn: str = "heuristic"
@@ -72,9 +85,10 @@ class CertificationProtocol:
             raise ParameterError(
                 f'batch_size must be an integer >= 1 or "auto", got {self.batch_size!r}'
             )
-        if self.precision not in PRECISIONS:
+        if self.precision != "auto" and self.precision not in PRECISIONS:
             raise ParameterError(
-                f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}"
+                f"unknown precision {self.precision!r}; choose auto or one of "
+                + ", ".join(PRECISIONS)
             )
         if not isinstance(self.channels_last, bool):
             raise ParameterError(f"channels_last must be true or false, got {self.channels_last!r}")

@@ -282,5 +282,5 @@ def check_n_max(protocol) -> None:
     raise ParameterError(
         f"n_max = {protocol.n_max} cannot certify the grid's first radius {grid[0]:g}: even if "
         f"all {protocol.n_max} samples agreed, the sequential bound at α = {protocol.alpha:g} "
-        f"stays <= 1/2; set certification.n_max >= {least}"
+        f"stays <= 1/2; set n_max >= {least} (certification.n_max in a benchmark file)"
     )

@@ -31,7 +31,7 @@ certifier only claims; 3: plugins declare the version they were written against 
 third-party plugins run in a plugin host, a process of their own."""
 CONTRACT_ATTRIBUTE = "IDRS_BENCH_CONTRACT"
 """The module attribute in which a plugin declares it: ``IDRS_BENCH_CONTRACT = 3``."""
-PORTING = "the README's section 'Porting a plugin to contract 3'"
+PORTING = "docs/plugins.md, 'Porting a plugin to contract 3'"
 """Where a plugin's author reads how to port it."""
 
 hookspec = pluggy.HookspecMarker("idrs_bench")

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from harness.engine.determinism import enable_deterministic_kernels
 from harness.engine.exact import ExactSampling
 from harness.engine.precision import prepare_model
 from harness.engine.sampling import SamplingEngine
@@ -129,7 +130,12 @@ class Host:
                 if kind == "datasets":
                     item["class_names"] = list(spec.class_names)
                 components.append(item)
-        failures = [{"plugin": f.plugin, "error": f.error} for f in self.manager.failures]
+        failures = [
+            {"plugin": f.plugin, "error": f.error, "stage": f.stage,
+             "distribution": f.distribution, "version": f.version,
+             "provides": None if f.provides is None else {k: list(v) for k, v in f.provides.items()}}
+            for f in self.manager.failures
+        ]  # fmt: skip
         return {"plugins": plugins, "components": components, "failures": failures,
                 "builtin": sorted(self.manager.builtin_plugins()), "abi": self.abi}  # fmt: skip
 
@@ -164,6 +170,7 @@ class Host:
         """A build context the harness describes, kept under its token."""
         described = request["context"]
         device = torch.device(described["device"])
+        enable_deterministic_kernels(device)  # σ and fits computed here are a run's, as there
         model = self._model(described["model"], device)
         protocol = messages.protocol_from(described["protocol"])
         engine = described["engine"]

@@ -33,7 +33,7 @@ from harness.plugin.components import (
     TrainerSpec,
 )
 from harness.plugin.host_process import HostStopped, PluginHost
-from harness.plugin.registry import COMPONENT_KINDS, Registry
+from harness.plugin.registry import COMPONENT_KINDS, PluginFailure, Registry
 from harness.plugin.remote import RemoteCertifier, RemoteSigmaProvider, _Bound
 
 SERVED = ("sigma_providers", "certifiers", "trainers", "methods", "datasets")
@@ -166,12 +166,12 @@ def _refused_model(name: str, plugin: str):
 
 def hosted_registry(
     local: Registry, host: PluginHost, described: Mapping[str, Any], builtins_too: bool
-) -> tuple[Registry, list[str], list[tuple[str, str]]]:
+) -> tuple[Registry, list[str], list[PluginFailure]]:
     """``local`` (the plugins of this process, and of the hosts merged so far) plus the
     host's components: every served kind of a third-party plugin, and with ``builtins_too``
     a built-in plugin's σ-providers, certifiers and trainers in place of this process's.
-    Returns the registry, the third-party checks it leaves out, and (plugin, error) for
-    each plugin left out whole because a name it registers is taken (by a plugin of this
+    Returns the registry, the third-party checks it leaves out, and the failure of each
+    plugin left out whole because a name it registers is taken (by a plugin of this
     process or of another host)."""
     builtin = set(described.get("builtin", ()))
     remote: dict[str, list[tuple[str, Any]]] = {}
@@ -195,11 +195,18 @@ def hosted_registry(
             if (kind, name) not in replaced:
                 registry.add(kind, local.get(kind, name), local.provider(kind, name))
     failures = []
+    origins = {p["name"]: p for p in described.get("plugins", ())}
     for plugin, specs in remote.items():
         try:
             registry.add_all(plugin, specs)
         except DuplicateNameError as exc:
-            failures.append((plugin, f"register: DuplicateNameError: {exc}"))
+            origin = origins.get(plugin, {})
+            names: dict[str, tuple[str, ...]] = {}
+            for kind, spec in specs:
+                names[kind] = (*names.get(kind, ()), spec.name)
+            failures.append(PluginFailure(plugin, f"DuplicateNameError: {exc}", "register",
+                                          origin.get("distribution"), origin.get("version"),
+                                          names))  # fmt: skip
     local.copy_origins(registry)
     for hosted in described.get("plugins", ()):
         if hosted["name"] not in builtin:

@@ -24,7 +24,12 @@ that against what they registered last time (:meth:`PluginManager.checking_regis
 Every plugin declares the version of the plugin contract it was written against, as
 ``IDRS_BENCH_CONTRACT = 3`` in its module (:data:`~harness.plugin.hookspecs.CONTRACT`);
 an entry point that declares another version or none is refused when it is loaded, with
-one message naming the plugin, both versions and the README's porting section.
+one message naming the plugin, both versions and the porting section of docs/plugins.md.
+What a plugin that was refused or failed would provide is kept with its failure
+(:class:`~harness.plugin.registry.PluginFailure`): the names its refused module's hooks
+register, what its failed registration staged, else what the plugin manifest last
+recorded; a spec naming one of them is told which plugin provides it and why it is
+missing.
 
 Tests and scripts register plugins of their own in this process with
 :meth:`PluginManager.register` (code the caller already runs here: nothing to isolate
@@ -36,7 +41,6 @@ from __future__ import annotations
 import importlib.metadata
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -46,7 +50,7 @@ import pluggy
 from harness.foundation.errors import ContractError, DuplicateNameError, IdrsError
 from harness.plugin import confinement, hookspecs
 from harness.plugin.hookspecs import CONTRACT, CONTRACT_ATTRIBUTE, PORTING
-from harness.plugin.registry import COMPONENT_KINDS, Registry
+from harness.plugin.registry import COMPONENT_KINDS, PluginFailure, Registry
 
 ENTRY_POINT_GROUP = "idrs_bench"
 DISTRIBUTION = "idrs-bench"
@@ -54,14 +58,6 @@ PLUGINS_ENV_VAR = "IDRS_BENCH_PLUGINS"
 ISOLATE_ENV = "IDRS_BENCH_ISOLATE"
 """``all``: the built-in σ-providers, certifiers and trainers are served by a plugin host
 too (to exercise and measure the boundary); unset or ``third-party``: only third-party ones."""
-
-
-@dataclass(frozen=True)
-class PluginFailure:
-    """A plugin that could not be loaded or whose registration raised."""
-
-    plugin: str
-    error: str
 
 
 class PluginManager:
@@ -156,7 +152,7 @@ class PluginManager:
         for key, host in hosts.items():
             self._hosted[key] = described = host.request("describe")
             host.abi = int(described.get("abi", 0))
-            self._host_failures += [PluginFailure(f["plugin"], f["error"])
+            self._host_failures += [_with_recorded_components(_failure_from_host(f))
                                     for f in described.get("failures", ()) if f["plugin"] not in local]  # fmt: skip
         self._hosts = hosts
         self._registry = None
@@ -226,11 +222,14 @@ class PluginManager:
                     self._registry, host, self._hosted[key], key is None
                 )
                 self.not_run += not_run
-                self._taken += [PluginFailure(plugin, error) for plugin, error in taken]
+                self._taken += taken
             from harness.plugin import manifest as plugin_manifest
 
-            failed = {f.plugin for f in [*self._failures, *self._host_failures, *self._taken]}
-            plugin_manifest.write_entries(self._registry, self._third_party, failed)
+            failures = [*self._failures, *self._host_failures, *self._taken]
+            self._registry.set_failures(failures)
+            plugin_manifest.write_entries(
+                self._registry, self._third_party, {f.plugin for f in failures}
+            )
         return self._registry
 
     def checking_registry(self) -> Registry:
@@ -250,7 +249,9 @@ class PluginManager:
         def real_check(name: str):
             return lambda params: self.registry.get("methods", name).check(params)
 
-        return plugin_manifest.stand_in_registry(base, entries, real_check)
+        checking = plugin_manifest.stand_in_registry(base, entries, real_check)
+        checking.set_failures(self._failures)
+        return checking
 
     def formula(self, record: dict[str, Any]) -> Any:
         """The radius formula a record names (S0's declaration): idrs-bench's own, resolved
@@ -334,11 +335,19 @@ class PluginManager:
                     f"{PLUGINS_ENV_VAR}"
                 )
             plugin = ep.load()
+        except Exception as exc:
+            self._fail(ep, exc, "load")
+            return
+        try:
             check_contract(plugin, ep.name)
+        except ContractError as exc:
+            self._fail(ep, exc, "contract", _would_register(plugin))
+            return
+        try:
             self._add(plugin, ep.name, ep.dist.version if ep.dist else "",
                       ep.dist.name if ep.dist else None)  # fmt: skip
         except Exception as exc:
-            self._fail(ep.name, exc)
+            self._fail(ep, exc, "load")
 
     def _build_registry(self) -> Registry:
         """Call every plugin's register hooks through pluggy's hook caller (restricted to
@@ -346,7 +355,7 @@ class PluginManager:
         it registers, and add it whole or, when a hook raises or a registration is
         refused, not at all (the failure is recorded)."""
         registry = Registry()
-        self._failures = [f for f in self._failures if not f.error.startswith("register: ")]
+        self._failures = [f for f in self._failures if f.stage != "register"]
         plugins = [p for _, p in self.pm.list_name_plugin() if p is not None]  # in order
         for plugin in plugins:
             name = self.pm.get_name(plugin)
@@ -363,14 +372,25 @@ class PluginManager:
                 registry.add_all(name, staged)
                 registry.set_origin(name, self._distributions.get(name), self._versions.get(name))
             except Exception as exc:
-                self._failures.append(PluginFailure(name, f"register: {_describe(exc)}"))
+                self._failures.append(PluginFailure(
+                    name, _describe(exc), "register",
+                    self._distributions.get(name), self._versions.get(name) or None,
+                    _names(staged),
+                ))  # fmt: skip
         return registry
 
     def _impls(self, hook: str) -> list[Any]:
         return getattr(self.pm.hook, hook).get_hookimpls()
 
-    def _fail(self, name: str, exc: BaseException) -> None:
-        self._failures.append(PluginFailure(name, _describe(exc)))
+    def _fail(
+        self, ep: importlib.metadata.EntryPoint, exc: BaseException, stage: str,
+        provides: dict[str, tuple[str, ...]] | None = None,
+    ) -> None:  # fmt: skip
+        dist = getattr(ep, "dist", None)
+        self._failures.append(PluginFailure(
+            ep.name, _describe(exc), stage, dist.name if dist else None,
+            dist.version if dist else None, provides,
+        ))  # fmt: skip
 
 
 def isolate_builtins() -> bool:
@@ -391,6 +411,57 @@ def check_contract(plugin: Any, name: str) -> None:
                "(before plugins declared one)")  # fmt: skip
     raise ContractError(f"plugin {name!r} {written}; this idrs-bench implements plugin contract "
                         f"{CONTRACT}: see {PORTING}")  # fmt: skip
+
+
+def _names(registrations: list[tuple[str, Any]]) -> dict[str, tuple[str, ...]]:
+    """kind -> the names of ``registrations`` ((kind, spec) pairs)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for kind, spec in registrations:
+        name = getattr(spec, "name", None)
+        if isinstance(name, str):
+            out[kind] = (*out.get(kind, ()), name)
+    return out
+
+
+def _would_register(plugin: Any) -> dict[str, tuple[str, ...]] | None:
+    """What a refused plugin's register hooks name (called with a recording ``register``;
+    nothing they register is kept); None when none could be called. Only the process that
+    imported the plugin calls this: for a third-party plugin, the plugin host."""
+    staged: list[tuple[str, Any]] = []
+    called = False
+    for kind in COMPONENT_KINDS:
+        hook = getattr(plugin, f"idrs_register_{kind}", None)
+        if not callable(hook):
+            continue
+        try:
+            hook(register=lambda spec, _k=kind: staged.append((_k, spec)))
+            called = True
+        except Exception:  # a hook of another contract may fail here: its names are unknown
+            return None
+    return _names(staged) if called else None
+
+
+def _failure_from_host(record: dict[str, Any]) -> PluginFailure:
+    """A plugin host's failure record (:meth:`harness.plugin.host.Host.op_describe`)."""
+    provides = record.get("provides")
+    return PluginFailure(
+        str(record["plugin"]), str(record["error"]), str(record.get("stage", "load")),
+        record.get("distribution"), record.get("version"),
+        None if provides is None else {k: tuple(v) for k, v in provides.items()},
+    )  # fmt: skip
+
+
+def _with_recorded_components(failure: PluginFailure) -> PluginFailure:
+    """``failure`` with what the plugin manifest last recorded for the plugin, when its own
+    record does not say what it provides."""
+    if failure.provides is not None:
+        return failure
+    from dataclasses import replace
+
+    from harness.plugin import manifest as plugin_manifest
+
+    recorded = plugin_manifest.recorded_names(failure.plugin)
+    return failure if recorded is None else replace(failure, provides=recorded)
 
 
 def _wraps(impl: Any) -> bool:

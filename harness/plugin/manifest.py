@@ -13,6 +13,9 @@ or package (an edit in an editable install changes it; for a plugin installed by
 without a valid entry is imported as before, and the manifest is rewritten whenever the
 full registry has been built (:meth:`harness.plugin.manager.PluginManager.registry`).
 
+A plugin that fails keeps its last entry, made invalid (no key): what it provided then
+names it when a benchmark file asks for one of its components (:func:`recorded_names`).
+
 Only names and parameters are checked from the manifest. A method whose ``check``
 validates parameter values imports its plugin when the check runs; a name a stand-in
 does not know is an error only if the full registry agrees (the stand-ins hold exactly
@@ -96,10 +99,25 @@ def read_entries(
     out = {}
     for ep in entry_points:
         entry = plugins.get(ep.name)
-        if not isinstance(entry, dict) or entry.get("key") != plugin_key(ep):
+        key = entry.get("key") if isinstance(entry, dict) else None
+        if key is None or key != plugin_key(ep):  # a failed plugin's entry has no key
             return None
         out[ep.name] = entry["components"]
     return out
+
+
+def recorded_names(plugin: str) -> dict[str, tuple[str, ...]] | None:
+    """kind -> the names ``plugin`` registered when the manifest last recorded it, valid or
+    not (a plugin that fails now keeps its last record); None when it has none."""
+    try:
+        data = json.loads(manifest_path().read_text())
+    except (OSError, ValueError):
+        return None
+    entry = (data.get("plugins", {}) if data.get("format") == FORMAT else {}).get(plugin)
+    components = entry.get("components") if isinstance(entry, dict) else None
+    if not isinstance(components, dict):
+        return None
+    return {kind: tuple(names) for kind, names in components.items() if isinstance(names, dict)}
 
 
 def write_entries(
@@ -117,7 +135,9 @@ def write_entries(
     for ep in entry_points:
         key = plugin_key(ep)
         components = _components(registry, ep.name)
-        if key is None or ep.name in failed or components is None:
+        if ep.name in failed and isinstance(old.get(ep.name), dict):
+            plugins[ep.name] = {"key": None, "components": old[ep.name].get("components", {})}
+        elif key is None or ep.name in failed or components is None:
             plugins.pop(ep.name, None)
         else:
             plugins[ep.name] = {"key": key, "components": components}

@@ -102,7 +102,7 @@ def claims_from(message: Any, who: str) -> list[Any]:
         if not isinstance(item, dict) or "not_a_claim" in item:
             kind = item.get("not_a_claim") if isinstance(item, dict) else type(item).__name__
             raise ContractError(f"{who} returned a {kind}; a certifier returns one harness.Claim "
-                                "per input (README, 'Writing a plugin')")  # fmt: skip
+                                "per input (docs/plugins.md)")  # fmt: skip
         prediction, predict = item.get("prediction"), item.get("predict")
         radius, bound = item.get("radius"), item.get("p_lower")
         evidence = item.get("evidence")

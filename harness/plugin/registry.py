@@ -5,13 +5,16 @@ Every component a plugin registers lands in the table of its kind
 :class:`~harness.plugin.components.MethodSpec`; ``registry.get("methods", "cohen")``
 is the same lookup by the kind's name. A name ending in ``-N`` is a family (``cone-60``
 finds ``cone-N`` with ``dim=60``). A plugin's registrations are added all at once or not
-at all (:meth:`Registry.add_all`).
+at all (:meth:`Registry.add_all`). A name no table holds may belong to an installed
+plugin that was not loaded (:class:`PluginFailure`): the error then names that plugin and
+why, instead of suggesting a typo.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from harness.foundation.errors import DuplicateNameError, UnknownNameError
@@ -47,14 +50,70 @@ _FAMILY_SUFFIX = re.compile(r"^(?P<stem>.+)-(?P<dim>\d+)$")
 
 SpecT = TypeVar("SpecT")
 
+_STAGES = {
+    "contract": "was refused when loaded",
+    "load": "failed to load",
+    "register": "failed to register its components",
+}
+
+
+@dataclass(frozen=True)
+class PluginFailure:
+    """An installed plugin that provides nothing here, and why.
+
+    ``stage``: ``contract`` (refused: it declares another plugin contract), ``load`` (its
+    import raised) or ``register`` (a register hook raised, or a name it registers is
+    taken). ``provides`` (kind -> names) is what it registers where that is known: the
+    names its refused module's hooks register, what its failed registration staged, or
+    what the plugin manifest last recorded for it; None when unknown.
+    ``distribution`` and ``version``: the installed package that declares it."""
+
+    plugin: str
+    error: str
+    stage: str = "load"
+    distribution: str | None = None
+    version: str | None = None
+    provides: Mapping[str, tuple[str, ...]] | None = None
+
+    def origin(self) -> str:
+        """``plugin 'p' (package idrs-p 0.1)``."""
+        package = ""
+        if self.distribution:
+            version = f" {self.version}" if self.version else ""
+            package = f" (package {self.distribution}{version})"
+        return f"plugin {self.plugin!r}{package}"
+
+    def why(self) -> str:
+        """``was refused when loaded: ContractError: ...``."""
+        return f"{_STAGES.get(self.stage, 'failed')}: {self.error}"
+
+
+def _missing(kind: str, name: str, available: Iterable[str], failures: list[PluginFailure]) -> str:
+    """Why no table holds ``name``: the plugin that provides it and why it was not loaded,
+    else the available names and the plugins not loaded that may provide it."""
+    for failure in failures:
+        if name in (failure.provides or {}).get(kind, ()):
+            return (f"{_SINGULAR[kind]} {name!r} is provided by {failure.origin()}, which "
+                    f"{failure.why()} (`idrs-bench plugins` lists every plugin)")  # fmt: skip
+    names = ", ".join(sorted(available)) or "(none loaded)"
+    text = f"unknown {_SINGULAR[kind]} {name!r}; available: {names}"
+    unknown = [f for f in failures if f.provides is None]
+    if unknown:
+        text += "; plugins that were not loaded may provide it: " + "; ".join(
+            f"{f.origin()} {f.why()}" for f in unknown
+        )
+    return text
+
 
 class ComponentTable(Generic[SpecT]):
-    """The components of one kind by name, each with the name of its plugin."""
+    """The components of one kind by name, each with the name of its plugin;
+    ``failures``: the plugins not loaded (shared with the registry)."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, failures: list[PluginFailure] | None = None) -> None:
         self.kind = kind
         self.spec_type: type = COMPONENT_KINDS[kind]
         self._items: dict[str, tuple[SpecT, str]] = {}
+        self._failures = failures if failures is not None else []
 
     def check(self, spec: Any, plugin: str) -> None:
         """Raise unless ``spec`` is of this kind and its name is free."""
@@ -105,21 +164,31 @@ class ComponentTable(Generic[SpecT]):
         match = _FAMILY_SUFFIX.match(name)
         if match and f"{match['stem']}-N" in self._items:
             return self._items[f"{match['stem']}-N"]
-        raise UnknownNameError(_SINGULAR[self.kind], name, list(self._items))
+        raise UnknownNameError(_missing(self.kind, name, self._items, self._failures))
 
 
 class Registry:
     """Every registered component: one :class:`ComponentTable` per kind."""
 
     def __init__(self) -> None:
-        self.sigma_providers: ComponentTable[SigmaProviderSpec] = ComponentTable("sigma_providers")
-        self.trainers: ComponentTable[TrainerSpec] = ComponentTable("trainers")
-        self.certifiers: ComponentTable[CertifierSpec] = ComponentTable("certifiers")
-        self.methods: ComponentTable[MethodSpec] = ComponentTable("methods")
-        self.datasets: ComponentTable[DatasetSpec] = ComponentTable("datasets")
-        self.models: ComponentTable[ModelSpec] = ComponentTable("models")
-        self.checks: ComponentTable[CheckSpec] = ComponentTable("checks")
+        self.failures: list[PluginFailure] = []
+        """The installed plugins not loaded (:meth:`set_failures`); a lookup of a name
+        one of them provides names it and why."""
+        failures = self.failures
+        self.sigma_providers: ComponentTable[SigmaProviderSpec] = ComponentTable(
+            "sigma_providers", failures
+        )
+        self.trainers: ComponentTable[TrainerSpec] = ComponentTable("trainers", failures)
+        self.certifiers: ComponentTable[CertifierSpec] = ComponentTable("certifiers", failures)
+        self.methods: ComponentTable[MethodSpec] = ComponentTable("methods", failures)
+        self.datasets: ComponentTable[DatasetSpec] = ComponentTable("datasets", failures)
+        self.models: ComponentTable[ModelSpec] = ComponentTable("models", failures)
+        self.checks: ComponentTable[CheckSpec] = ComponentTable("checks", failures)
         self._origins: dict[str, tuple[str | None, str | None]] = {}
+
+    def set_failures(self, failures: Iterable[PluginFailure]) -> None:
+        """The installed plugins that were not loaded, and why (read by every lookup)."""
+        self.failures[:] = list(failures)
 
     def set_origin(self, plugin: str, distribution: str | None, version: str | None) -> None:
         """Record the installed package (distribution) that declares ``plugin``, and its version."""

@@ -116,7 +116,7 @@ def add_import_log_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentP
     )
     parser.add_argument(
         "file", type=Path,
-        help="the log, in a format detected from the file (README: Published logs)",
+        help="the log, in a format detected from the file (docs/benchmarks.md: Published logs)",
     )  # fmt: skip
     parser.add_argument("--dataset", required=True, help="the dataset it certified, e.g. cifar10")
     parser.add_argument("--name", required=True, help="a name for the run, e.g. cohen2019-0.25")

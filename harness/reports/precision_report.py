@@ -189,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("spec", help="benchmark TOML file")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a spec value (VALUE is TOML), as for idrs-bench run")  # fmt: skip
-    parser.add_argument("--precision", default="bf16", choices=("tf32", "bf16", "fp16"))
+    parser.add_argument(
+        "--precision", default="bf16", choices=("tf32", "tf32-conv", "bf16", "fp16")
+    )
     parser.add_argument("--db", default="idrs-bench.sqlite", help="results database")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None)
     parser.add_argument("--json", action="store_true", help="print the counts as JSON")

@@ -20,7 +20,8 @@ Example (the built-in default benchmark is ``harness/benchmarks/quick.toml``)::
     n = 2000
     alpha = 0.001
     batch_size = 1024      # or "auto": the largest batch that fits the device
-    precision = "fp32"     # "tf32", "bf16" or "fp16": the certified classifier's arithmetic
+    precision = "auto"     # the certified classifier's arithmetic: tf32-conv (PyTorch's
+                           # default) on CUDA, fp32 elsewhere; or "fp32", "tf32", "bf16", "fp16"
     channels_last = false  # image models in channels-last memory format
     noise = "auto"         # "philox-v1" (CUDA default) or "block-v1" (CPU default)
     cudnn = "heuristic"    # or "benchmark": cuDNN times its algorithms (replays statistically)
@@ -40,7 +41,12 @@ from typing import Any
 
 from harness.foundation.errors import DatasetMissingError, ParameterError, SpecError
 from harness.foundation.identity import setting_key
-from harness.foundation.protocol import LEGACY_NOISE, SEQUENTIAL_FIELDS, CertificationProtocol
+from harness.foundation.protocol import (
+    LEGACY_NOISE,
+    LEGACY_PRECISION,
+    SEQUENTIAL_FIELDS,
+    CertificationProtocol,
+)
 from harness.mathematics.accuracy import RADII
 from harness.plugin.registry import Registry
 
@@ -172,7 +178,7 @@ def _table(raw: dict, key: str, where: str, allowed: set[str]) -> dict:
     value = raw.get(key)
     if not isinstance(value, dict):
         raise SpecError(
-            f'{where}: missing table [{key}]; add it (README.md, "Benchmark files", shows '
+            f'{where}: missing table [{key}]; add it (docs/benchmarks.md, "Benchmark files", shows '
             "every table)"
         )
     unknown = set(value) - allowed
@@ -272,7 +278,7 @@ def parse_benchmark(raw: dict[str, Any], default_name: str = "benchmark") -> Ben
             checkpoint=None if checkpoint is None else _typed(checkpoint, str, "model.checkpoint"),
             format=_typed(model.get("format", "state_dict"), str, "model.format"),
         ),
-        protocol=_protocol(cert, raw.get("radii", RADII)),
+        protocol=certification_protocol(cert, raw.get("radii", RADII)),
         methods=method_configs,
         radii=_radii(raw.get("radii", RADII)),
         headline_radius=raw.get("headline_radius"),
@@ -316,7 +322,7 @@ def _radii(value: Any) -> tuple[float, ...]:
     return tuple(sorted({float(r) for r in value}))
 
 
-def _protocol(cert: dict[str, Any], radii: Any) -> CertificationProtocol:
+def certification_protocol(cert: dict[str, Any], radii: Any) -> CertificationProtocol:
     """The [certification] table; sequential sampling decides the benchmark's ``radii``
     (checked as given: a grid out of order is an error, not sorted silently), and its
     ``n_max`` must let an input certify at all (:func:`check_n_max`)."""
@@ -394,12 +400,14 @@ def _sequence_fields(config: dict[str, Any]) -> dict[str, Any]:
 
 def benchmark_from_dict(config: dict[str, Any]) -> Benchmark:
     """Inverse of :meth:`Benchmark.to_dict` (a stored run's config)."""
+    # a run stored before the protocol recorded its noise scheme (its precision) used
+    # block-v1 (fp32)
+    legacy = {"noise": LEGACY_NOISE, "precision": LEGACY_PRECISION}
     return Benchmark(
         name=config["name"],
         dataset=DataConfig(**config["dataset"]),
         model=ModelConfig(**config["model"]),
-        # a run stored before the protocol recorded its noise scheme used block-v1
-        protocol=CertificationProtocol(**{"noise": LEGACY_NOISE, **_sequence_fields(config)}),
+        protocol=CertificationProtocol(**{**legacy, **_sequence_fields(config)}),
         methods=[MethodConfig(**m) for m in config["methods"]],
         seed=config["seed"],
         device=config["device"],

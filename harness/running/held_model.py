@@ -3,13 +3,19 @@
 times against the reference loop).
 
 The model, inputs and labels make a :class:`~harness.foundation.data.Dataset` of their
-own; the method is built from the registry with its parameters checked, the engine in
-the protocol's arithmetic draws every sample (harness/README.md, "Certifier contract"),
-and each certificate carries the same evidence as one from ``idrs-bench run``.
+own; the protocol is made as a benchmark file's ``[certification]`` table makes it
+(:func:`~harness.running.benchmark.certification_protocol`: the same checks and errors,
+sequential sampling on the radius grid), the method is built from the registry with its
+parameters checked (and refused where sequential sampling cannot certify it), the engine
+in the protocol's arithmetic (with deterministic kernels on CUDA,
+:mod:`harness.engine.determinism`) draws every sample (harness/README.md, "Certifier
+contract"), and each certificate carries the same evidence as one from ``idrs-bench run``:
+inputs with the ids of a benchmark's test points get that run's certificates.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -55,23 +61,33 @@ def certify_held_model(
     precision: str,
     channels_last: bool,
     cudnn: str,
+    sampling: str = "fixed",
+    n_max: int | None = None,
+    radii: Sequence[float] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """One row per input (method, setting, label and the certificate's fields) and the
-    run's attributes (weights digest, resolved batch size); the arguments are
-    :func:`harness.api.certify`'s (``params``: the method's other parameters)."""
+    run's attributes (weights digest, resolved batch size and precision); the arguments
+    are :func:`harness.api.certify`'s (``params``: the method's other parameters)."""
     from harness.certification.certify import certify_inputs
-    from harness.certification.method import build_method
-    from harness.engine.precision import prepare_model
+    from harness.certification.method import build_method, check_sampling
+    from harness.engine.determinism import deterministic_kernels
+    from harness.engine.precision import prepare_model, resolve_precision
     from harness.engine.sampling import SamplingEngine, resolve_device
     from harness.foundation.data import Dataset
     from harness.foundation.identity import setting_key
     from harness.foundation.progress import Progress
-    from harness.foundation.protocol import CertificationProtocol
+    from harness.mathematics.accuracy import RADII
     from harness.plugin.components import BuildContext
     from harness.plugin.manager import PluginManager
-    from harness.running.benchmark import _check_keys
+    from harness.running.benchmark import _check_keys, certification_protocol
     from harness.running.weights import weights_digest
 
+    device = resolve_device(device or "auto")
+    cert = {"n0": n0, "n": n, "alpha": alpha, "batch_size": batch_size,
+            "precision": resolve_precision(precision, device), "channels_last": channels_last,
+            "cudnn": cudnn, "sampling": sampling,
+            **({} if n_max is None else {"n_max": n_max})}  # fmt: skip
+    protocol = certification_protocol(cert, RADII if radii is None else radii)
     registry = PluginManager().registry
     spec = registry.get("methods", method)
     setting = {"sigma": sigma, **params} if "sigma" in spec.defaults else dict(params)
@@ -83,7 +99,6 @@ def certify_held_model(
     labels = torch.as_tensor(labels, dtype=torch.long)
     if len(inputs) != len(labels):
         raise IdrsError(f"{len(inputs)} inputs but {len(labels)} labels")
-    device = resolve_device(device or "auto")
     model = model.to(device).eval()
     with torch.no_grad():
         num_classes = int(model(inputs[:1].to(device)).shape[-1])
@@ -97,15 +112,12 @@ def certify_held_model(
             dtype=torch.long,
         )
     dataset = Dataset("api", train_x, train_y, inputs, labels, num_classes)
-    protocol = CertificationProtocol(n0=n0, n=n, alpha=alpha, batch_size=batch_size,
-                                     precision=precision, channels_last=channels_last,
-                                     cudnn=cudnn)  # fmt: skip
     certified = prepare_model(model, protocol)
     if batch_size == "auto":
         from harness.engine.batchsize import auto_batch_size
 
         batch_size = auto_batch_size(certified, tuple(inputs.shape[1:]), device)
-    engine = SamplingEngine(certified, num_classes, device, batch_size, seed)
+    engine = SamplingEngine(certified, num_classes, device, batch_size, seed, pad_batches=True)
     digest = weights_digest(model)
     key = setting_key(setting)
     context = BuildContext(
@@ -113,10 +125,12 @@ def certify_held_model(
         engine=engine, progress=Progress(enabled=False), registry=registry, recipe_hash=digest,
         run_id=f"api-{digest[:12]}", method=method, setting=key,
     )  # fmt: skip
-    provider, certifier = build_method(registry, method, full, context)
     ids = list(range(len(inputs)))
-    rows = [
-        {"method": method, "setting": key, "label": int(labels[cert.input_id]), **vars(cert)}
-        for cert in certify_inputs(context, spec, provider, certifier, inputs.to(device), ids)
-    ]
-    return rows, {"weights_digest": digest, "batch_size": batch_size}
+    with deterministic_kernels(device):
+        provider, certifier = build_method(registry, method, full, context)
+        check_sampling(context, method, provider, certifier)
+        made = certify_inputs(context, spec, provider, certifier, inputs.to(device), ids)
+        rows = [{"method": method, "setting": key, "label": int(labels[c.input_id]), **vars(c)}
+                for c in made]  # fmt: skip
+    attrs = {"weights_digest": digest, "batch_size": batch_size, "precision": protocol.precision}
+    return rows, attrs

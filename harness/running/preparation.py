@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from harness.engine.precision import prepare_model
+from harness.engine.precision import prepare_model, resolve_precision
 from harness.engine.sampling import SamplingEngine, default_noise, resolve_device
 from harness.foundation.data import Dataset
 from harness.foundation.errors import DatasetMissingError
@@ -90,10 +90,7 @@ def prepare(
     model, recipe_hash = obtain_model(
         benchmark.model, dataset, registry, device, progress, options.cache_dir
     )
-    if benchmark.protocol.noise == "auto":  # recorded resolved: the run states its noise
-        benchmark = replace(
-            benchmark, protocol=replace(benchmark.protocol, noise=default_noise(device))
-        )
+    benchmark = resolved(benchmark, device)
     model_in_precision = prepare_model(model, benchmark.protocol)
     batch_size = benchmark.protocol.batch_size
     if batch_size == "auto":
@@ -121,6 +118,17 @@ def prepare(
         benchmark, dataset, recipe_hash, context, registry, run_id, weights_digest(model),
         batch_size, manager.hosting(),
     )  # fmt: skip
+
+
+def resolved(benchmark: Benchmark, device: torch.device) -> Benchmark:
+    """``benchmark`` with its ``auto`` noise scheme and precision resolved for ``device``,
+    as the run records them (its spec states its noise and its arithmetic). On a CPU
+    ``auto`` is block-v1 and fp32, so a CPU run's spec, and its id, are what they were
+    before the precision was ``auto``."""
+    protocol = benchmark.protocol
+    noise = default_noise(device) if protocol.noise == "auto" else protocol.noise
+    precision = resolve_precision(protocol.precision, device)
+    return replace(benchmark, protocol=replace(protocol, precision=precision, noise=noise))
 
 
 def run_identity(benchmark: Benchmark, device: torch.device, recipe_hash: str) -> str:

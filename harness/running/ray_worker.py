@@ -57,6 +57,7 @@ class CertifyWorker:
         """``weights``: None (a user checkpoint) or [ObjectRef of the model's state dict]."""
         import ray
 
+        from harness.engine.determinism import enable_deterministic_kernels
         from harness.foundation.progress import Progress
         from harness.plugin.manager import PluginManager
         from harness.running.preparation import build_context, load_dataset
@@ -66,6 +67,7 @@ class CertifyWorker:
         options = RunOptions(db=Path(os.devnull), data_root=setup.data_root)
         dataset = load_dataset(setup.benchmark, self.registry, options)
         device = torch.device(setup.device)
+        enable_deterministic_kernels(device)  # this process computes the run's quantities
         state = ray.get(weights[0]) if weights is not None else None
         model = _worker_model(setup, dataset, self.registry, state, device)
         self.context = build_context(

@@ -245,6 +245,7 @@ def _load_run(header: Mapping[str, Any]) -> _LoadedRun:
     import torch
 
     from harness.engine.arithmetic import differences, fingerprint
+    from harness.engine.determinism import enable_deterministic_kernels
     from harness.engine.sampling import resolve_device
     from harness.plugin.manager import PluginManager
     from harness.running.benchmark import benchmark_from_dict
@@ -257,6 +258,7 @@ def _load_run(header: Mapping[str, Any]) -> _LoadedRun:
     _built_in(registry, "datasets", spec.dataset.name, "dataset")
     _built_in(registry, "models", spec.model.architecture, "architecture")
     device = resolve_device(header["device"])
+    enable_deterministic_kernels(device)  # this process exists to recompute a run's draws
     recorded = header.get("arithmetic") or {}
     if device.type == "cpu" and recorded.get("threads"):
         torch.set_num_threads(int(recorded["threads"]))

@@ -16,7 +16,14 @@ from typing import Any, Protocol
 
 import torch
 
-from harness.engine.arithmetic import computing_with, fingerprint, run_threads
+from harness.engine.arithmetic import (
+    ROWS_DEPENDENT,
+    computing_with,
+    fingerprint,
+    rows_independent,
+    run_threads,
+)
+from harness.engine.determinism import deterministic_kernels
 from harness.foundation.errors import IdrsError
 from harness.foundation.progress import Progress
 from harness.foundation.version import __version__
@@ -105,10 +112,11 @@ def run_benchmark(
             _check_checkpoint(prepared, test_ids)
         work = pending_work(store, run_id, benchmark, test_ids)
         threads = None  # a finished run keeps its record: this process certifies nothing
-        if work:
-            threads = _record_arithmetic(store, prepared, executor, options.threads)["threads"]
-        with computing_with(threads):
-            executor.certify(prepared, store, work, options)
+        with deterministic_kernels(context.device):
+            if work:
+                threads = _record_arithmetic(store, prepared, executor, options.threads)
+            with computing_with(threads):
+                executor.certify(prepared, store, work, options)
         from harness.running.runfiles import record_run_files
 
         record_run_files(store, prepared, options.cache_dir)
@@ -141,18 +149,43 @@ def run_components(benchmark: Benchmark, registry: Registry) -> dict[str, dict[s
 
 def _record_arithmetic(
     store: ResultStore, prepared: Prepared, executor: Executor, requested: int | None
-) -> dict[str, Any]:
-    """The arithmetic this process certifies with, recorded with the run: on CPU with the
-    thread count the run began with (every process of one run rounds alike, so its counts
-    replay bit for bit), unless the user asked for another (the run is then ``varied``)."""
+) -> int | None:
+    """The thread count this process certifies with (None on CUDA), and its arithmetic
+    recorded with the run: on CPU with the thread count the run began with (every process
+    of one run rounds alike, so its counts replay bit for bit), unless the user asked for
+    another (the run is then ``varied``); with whether a row's logits depend on the other
+    rows of a batch, measured when the run begins (:func:`~harness.engine.arithmetic.
+    rows_independent`; a run recorded before this was measured keeps its record)."""
     where = "local" if isinstance(executor, LocalExecutor) else type(executor).__name__
-    protocol, progress = prepared.benchmark.protocol, prepared.context.progress
+    context, progress = prepared.context, prepared.context.progress
+    protocol = prepared.benchmark.protocol
+    measured: dict[int | None, str] = {}
+
+    def rows(threads: int | None) -> str:
+        if threads not in measured:
+            examples = prepared.dataset.test_x[:4].to(context.device, torch.float32)
+            with computing_with(threads):
+                alone = rows_independent(context.engine.model, examples, prepared.batch_size)
+            measured[threads] = "independent" if alone else ROWS_DEPENDENT
+        return measured[threads]
 
     def choose(recorded: dict[str, Any] | None) -> dict[str, Any]:
         threads = run_threads(recorded, requested)
-        return fingerprint(prepared.context.device, protocol, prepared.batch_size, where, threads)
+        here = fingerprint(context.device, protocol, prepared.batch_size, where, threads)
+        if recorded is None or "rows" in recorded:
+            here["rows"] = rows(threads)
+        return here
 
+    before = store.run(prepared.run_id).get("arithmetic")
+    if before is None or "rows" in before:  # measured here, not in the transaction below
+        rows(run_threads(before, requested))
     recorded, here = store.record_arithmetic(prepared.run_id, choose)
+    if here.get("rows") == ROWS_DEPENDENT and not (recorded or {}).get("rows"):
+        progress.note(
+            f"run {prepared.run_id[:12]}: at {prepared.batch_size} rows a row's logits depend on "
+            "the other rows of the batch on this arithmetic, so its inputs are not re-drawn "
+            'bit for bit: its replays are statistical (harness/README.md, "Replay")'
+        )
     if requested is None and here["threads"] not in (None, torch.get_num_threads()):
         progress.note(
             f"run {prepared.run_id[:12]} certifies with {here['threads']} threads, as it began "
@@ -164,7 +197,7 @@ def _record_arithmetic(
             f"process certifies with {here['threads']} (asked for): the run is marked varied "
             "and its counts replay statistically only; leave --threads out to keep its count"
         )
-    return here
+    return here["threads"]
 
 
 def _check_weights(run: dict[str, Any], prepared: Prepared) -> None:

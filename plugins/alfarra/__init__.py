@@ -33,7 +33,7 @@ from harness import (
 )
 
 IDRS_BENCH_CONTRACT = 3
-"""The plugin contract this plugin is written against (README, "Writing a plugin")."""
+"""The plugin contract this plugin is written against (docs/plugins.md)."""
 
 OPTIMIZER_DEFAULTS = {"sigma": 0.25, "steps": 100, "samples": 1, "beta": 1e-4, "sigma_min": 1e-3}
 """Alg. 1 with the paper's values (§4: β = 1e-4, K = 100, M = 1; σ_0 = the training σ)."""

@@ -17,7 +17,7 @@ from harness import BuildContext, MethodSpec, SigmaProviderSpec, TrainerSpec, ho
 from plugins.chen.config import SEARCH_DEFAULTS, TRAINER_DEFAULTS, SearchConfig
 
 IDRS_BENCH_CONTRACT = 3
-"""The plugin contract this plugin is written against (README, "Writing a plugin")."""
+"""The plugin contract this plugin is written against (docs/plugins.md)."""
 
 
 def check_params(params: Mapping[str, Any]) -> None:

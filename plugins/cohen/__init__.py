@@ -22,7 +22,7 @@ from harness import (
 )
 
 IDRS_BENCH_CONTRACT = 3
-"""The plugin contract this plugin is written against (README, "Writing a plugin")."""
+"""The plugin contract this plugin is written against (docs/plugins.md)."""
 
 TRAINER_DEFAULTS = {"sigma": 0.25, "epochs": 10, "batch_size": 128, "lr": 1e-3}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from harness import DatasetSpec, hookimpl
 
 IDRS_BENCH_CONTRACT = 3
-"""The plugin contract this plugin is written against (README, "Writing a plugin")."""
+"""The plugin contract this plugin is written against (docs/plugins.md)."""
 
 FASHION_MNIST_CLASSES = (
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",

@@ -42,7 +42,7 @@ from harness import (
 )
 
 IDRS_BENCH_CONTRACT = 3
-"""The plugin contract this plugin is written against (README, "Writing a plugin")."""
+"""The plugin contract this plugin is written against (docs/plugins.md)."""
 
 METHOD_DEFAULTS: dict[str, Any] = {
     "levels": [0.12, 0.25, 0.5],  # the σ the estimator chooses among (the quick board's cohen σ)

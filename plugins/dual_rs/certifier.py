@@ -1,6 +1,6 @@
 """The certificate of dual randomized smoothing: min(R_σ, R_c) with α split (Sun et al. 2026).
 
-For an input x the harness hands over two smoothings it drew itself (README, "The
+For an input x the harness hands over two smoothings it drew itself (docs/plugins.md, "The
 contract a certifier and a σ-provider declare"):
 
 - the σ-estimator's (``evidence.sigma_draws``): k̂ = argmax of its n0 selection counts,

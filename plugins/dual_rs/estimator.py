@@ -13,7 +13,7 @@ shows that smoothing the base model at σ(x) certifies as at a constant σ.
 The provider declares this to the harness as a :class:`harness.SigmaSmoothing`
 (``smoothing``); the harness draws the estimator's samples itself (its streams 4 and 5),
 stores them with every certificate, spends α_σ on them and caps each certificate at
-R_σ (README, "The contract a certifier and a σ-provider declare"). Nothing asks this
+R_σ (docs/plugins.md, "The contract a certifier and a σ-provider declare"). Nothing asks this
 object for σ: calling it raises, so a check that would take σ from the method instead
 of drawing it fails loudly rather than auditing the wrong σ.
 """

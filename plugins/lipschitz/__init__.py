@@ -27,7 +27,7 @@ from harness import (
 )
 
 IDRS_BENCH_CONTRACT = 3
-"""The plugin contract this plugin is written against (README, "Writing a plugin")."""
+"""The plugin contract this plugin is written against (docs/plugins.md)."""
 
 METHOD_DEFAULTS: dict[str, Any] = {
     "sigma_min": 0.65,  # §4

@@ -13,7 +13,7 @@ from typing import Any
 from harness import ModelSpec, ParameterError, hookimpl
 
 IDRS_BENCH_CONTRACT = 3
-"""The plugin contract this plugin is written against (README, "Writing a plugin")."""
+"""The plugin contract this plugin is written against (docs/plugins.md)."""
 
 
 def build_mlp(input_shape: tuple[int, ...], num_classes: int, params: Mapping[str, Any]):

@@ -25,7 +25,7 @@ from harness import (
 )
 
 IDRS_BENCH_CONTRACT = 3
-"""The plugin contract this plugin is written against (README, "Writing a plugin")."""
+"""The plugin contract this plugin is written against (docs/plugins.md)."""
 
 METHOD_DEFAULTS = {"sigma": 0.25, "rate": 0.01, "k": 20, "m": "min", "max_ratio": 0.0}
 

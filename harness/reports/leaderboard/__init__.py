@@ -5,9 +5,10 @@ The runs are read through :mod:`harness.store.storedrun` (certificates, checks a
 row's verdict) and measured by :mod:`harness.mathematics.accuracy`. Modules, one concept each:
 :mod:`~.source` (runs named on the command line: ids, databases, run exports),
 :mod:`~.metrics` (the columns), :mod:`~.board` (tables and ranking),
-:mod:`~.escape` (markdown escaping of plugin text), :mod:`~.protocol` and
-:mod:`~.reproduce` (the header and the command), :mod:`~.markdown`, :mod:`~.plots`,
-:mod:`~.tabular` (JSON, CSV) and :mod:`~.schema`, :mod:`~.render` (writing the files),
+:mod:`~.escape` (markdown escaping of plugin text), :mod:`~.stated_protocol`,
+:mod:`~.protocol_markdown` and :mod:`~.reproduce` (each run's protocol, its table and the
+command), :mod:`~.markdown`, :mod:`~.plots`, :mod:`~.tabular` (JSON, CSV) and
+:mod:`~.board_schema`, :mod:`~.render` (writing the files),
 :mod:`~.verify`, :mod:`~.compare` (two runs row by row) and :mod:`~.cli`. Importing
 this package loads neither pandas nor matplotlib.
 """

@@ -10,7 +10,7 @@ cache root as the model cache's ``<recipe hash>.pt``, checked against the SHA-25
 export records), the plugins' trained parts
 (:func:`~harness.reports.leaderboard.recheck.stage_trained_parts`), the σ-estimators, and
 the dataset, whose files must have the SHA-256 the run recorded. It costs what the
-run's checks cost (measured in the README).
+run's checks cost (measured in docs/leaderboards.md).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ _PROTOCOL = {
         "n": {"type": "integer", "minimum": 1},
         "alpha": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
         "batch_size": {"type": ["integer", "string", "null"]},
-        "precision": {"enum": ["fp32", "tf32", "bf16", "fp16"]},
+        "precision": {"enum": ["fp32", "tf32", "tf32-conv", "bf16", "fp16"]},
         "channels_last": {"type": "boolean"},
         "noise": {"type": "string"},
         "cudnn": {"enum": ["heuristic", "benchmark"]},

@@ -1,17 +1,21 @@
 """The leaderboard as markdown (GitHub-flavoured: tables and footnotes).
 
-Layout: a title; per table (one per dataset and base model) the protocol of each run,
-the sampling error of its accuracies (95 % Clopper–Pearson intervals over the n test
-inputs, the widest half-width, and, on a subset of the test split, how to certify all
-of it), a headline sentence (from verified-sound rows only; a leader whose paired
-difference from the next rows is not significant is named as a tie), the verified-sound
-rows ranked (each accuracy with its interval; a column compares each row with its
-group's first by McNemar's exact test at the headline radius; where the empirical
-attack ran, its robust accuracy beside each certified accuracy),
-then under their own heading the memory (order-dependent) rows ranked at their worst
-replayed input order with the spread over orders, then the rows whose radii are not
-certified (a check found a problem, did not complete, or none ran), the plots, the failures and each run's spec; the verdict footnotes and the metric legend
-close the document. All text from plugins and specs goes through
+Layout, results first: a title and how to re-check the board; per table (one per
+dataset and base model) a warning when its runs follow different protocols, a headline
+sentence (from verified-sound rows only; a leader whose paired difference from the next
+rows is not significant is named as a tie), then the ranking tables with the columns a
+reader compares (clean accuracy, certified accuracy at each radius with its 95 %
+Clopper–Pearson interval, ACR, the paired test against the group's first row by
+McNemar's exact test at the headline radius, the verdict): the verified-sound rows, the
+memory (order-dependent) rows at their worst replayed input order with the spread over
+orders, the rows whose radii are not certified (a check found a problem, did not
+complete, or none ran), the rows imported from published logs; the certified-accuracy
+plot; the sampling error of the accuracies (the widest half-width and, on a subset of
+the test split, how to certify all of it); then the rest of every row in tables of
+their own (the empirical attack's robust accuracy; abstention, misclassification,
+class-wise accuracy, σ, time), the class-wise plot, the failures, the protocol and spec
+of each run. The metric legend, what `sound` asserts and the verdict footnotes close the
+document. All text from plugins and specs goes through
 :func:`~harness.reports.leaderboard.escape.md_text`; numbers use fixed formats; nothing
 depends on the time of rendering, so the same stored runs give the same bytes.
 """
@@ -26,19 +30,19 @@ from harness.mathematics.significance import CONFIDENCE, SIGNIFICANCE, widest_ha
 from harness.reports.leaderboard.board import Board, Row, Table
 from harness.reports.leaderboard.escape import md_code, md_fence, md_text
 from harness.reports.leaderboard.metrics import (
+    CERTIFIED,
+    EMPIRICAL,
     Metric,
     certified_key,
+    empirical_key,
     has_interval,
     metric_catalog,
     sampled_in_rounds,
 )
 from harness.reports.leaderboard.plots import certified_plot_name, classwise_plot_name
+from harness.reports.leaderboard.protocol_markdown import protocol_table, protocol_warning
 from harness.reports.leaderboard.reproduce import spec_toml
-from harness.reports.leaderboard.stated_protocol import (
-    plugin_hosts_statement,
-    protocol_differences,
-    run_protocol,
-)
+from harness.reports.leaderboard.stated_protocol import run_protocol
 from harness.store.storedrun import IMPORTED, NOT_CHECKED
 
 
@@ -60,87 +64,6 @@ def _paired(row: Row, rank: int) -> str:
         return "not paired"
     p = row.paired.p_value
     return f"tie (p = {p:.2f})" if row.paired.tie else f"p = {p:.2g}"
-
-
-def _params(params: dict[str, Any]) -> str:
-    return ", ".join(f"{k} = {params[k]}" for k in sorted(params)) or "defaults"
-
-
-def _arithmetic(p: dict[str, Any]) -> str:
-    """``, precision bf16, channels-last, noise philox-v1`` (runs that record them)."""
-    out = ""
-    if "precision" in p:
-        out += f", precision {md_text(p['precision'])}"
-    if p.get("channels_last"):
-        out += ", channels-last"
-    if "noise" in p:
-        out += f", noise {md_text(p['noise'])}"
-    if p.get("cudnn", "heuristic") != "heuristic":
-        out += f", cuDNN {md_text(p['cudnn'])} mode"
-    return out
-
-
-def _fingerprint(f: dict[str, Any]) -> str:
-    """The recorded arithmetic (:mod:`harness.engine.arithmetic`) in a line; a replay on the same
-    one reproduces the counts bit for bit."""
-    if "varied" in f:
-        return "varied (resumed on another arithmetic): counts replay statistically only"
-    threads = f", {f['threads']} threads" if f.get("threads") else ""
-    return md_text(
-        f"{f.get('device_type')} ({f.get('device_name')}{threads}, {f.get('cpu_capability')}), "
-        f"torch {f.get('torch')}, {f.get('batch_size')} rows per forward pass, "
-        f"{f.get('executor')} executor"
-    )
-
-
-def _protocol_warning(table: Table, stem: str | None) -> list[str]:
-    differ = protocol_differences([run_protocol(run, stem) for run in table.runs])
-    if not differ:
-        return []
-    what = "; ".join(f"{k}: {', '.join(md_text(v) for v in vs)}" for k, vs in differ.items())
-    return [
-        f"**Warning.** The runs of this table follow different protocols ({what}); "
-        "their rows are ranked together but measure different things.",
-        "",
-    ]
-
-
-def _estimation(p: dict[str, Any]) -> str:
-    """The estimation samples a protocol draws: n, or sequential sampling and its cap."""
-    if p.get("sampling") == "sequential":
-        return f"sequential sampling up to n_max = {p['n_max']} (n = {p['n']})"
-    return f"n = {p['n']}"
-
-
-def _protocol_table(p: dict[str, Any]) -> list[str]:
-    alpha = md_text(f"{p['alpha']:g}")
-    arithmetic = _arithmetic(p)
-    p = {k: md_text(v) if isinstance(v, int) else v for k, v in p.items()}  # ints from a spec
-    count = "all" if p["test_count"] is None else f"at most {p['test_count']}"
-    versions = ", ".join(f"{k} {v}" for k, v in p["versions"].items())
-    items = [
-        ("run", f"{md_code(p['run_id'])} ({md_text(p['name'])})"),
-        ("dataset", md_text(p["dataset"])),
-        ("test subset", f"test points 0, k, 2k, … with k = {p['test_every']}, {count}: "
-                        f"{p['inputs']} inputs"),
-        ("certification", f"n0 = {p['n0']}, {_estimation(p)}, α = {alpha}, "
-                          f"batch size {p['batch_size']}{arithmetic}"),
-        ("base model", f"{md_text(p['architecture'])} ({md_text(_params(p['architecture_params']))})"),
-        ("trainer", f"{md_text(p['trainer'])} ({md_text(_params(p['trainer_params']))})"),
-        ("recipe hash", md_code(p["recipe_hash"] or "unknown")),
-        *([("weights (SHA-256)", md_code(p["weights_digest"]))] if p.get("weights_digest") else []),
-        *([("arithmetic", _fingerprint(p["arithmetic"]))] if p.get("arithmetic") else []),
-        *([("plugins", md_text(plugin_hosts_statement(p["plugin_hosts"])))]
-          if p.get("plugin_hosts") else []),
-        ("seeds", f"certification {p['seed']}, model {p['model_seed']}"),
-        ("device", md_text(p["device"])),
-        ("versions", md_text(versions)),
-        ("git commit", md_code(p["git_commit"]) if p["git_commit"] else "unknown"),
-        ("date", f"started {md_code(p['created'])}, finished "
-                 + (md_code(p["finished"]) if p["finished"] else "never")),
-        ("reproduce", f"{md_code(p['command'])} at that commit, with the spec below"),
-    ]  # fmt: skip
-    return ["| | |", "|:--|:--|", *[f"| {k} | {v} |" for k, v in items]]
 
 
 def _row_name(row: Row) -> str:
@@ -218,26 +141,47 @@ def _spread(row: Row) -> str:
             f"{order.get('orders')} orders)")  # fmt: skip
 
 
-def _metric_table(
+def _identity(row: Row, with_run: bool) -> list[str]:
+    return [*([md_code(row.run_id[:12])] if with_run else []), md_text(row.method),
+            md_text(row.setting)]  # fmt: skip
+
+
+def _ranking_table(
     rows: list[Row], table: Table, catalog: list[Metric], notes: _Footnotes, spread: bool = False
 ) -> list[str]:
+    """A group's rows ranked, with the columns a reader compares (the ``main`` metrics)."""
+    main = [m for m in catalog if m.table == "main"]
     with_run = len(table.runs) > 1
     versus = f"vs #1 at {table.headline_radius:g}"
     head = ["#", *(["run"] if with_run else []), "method", "setting",
-            *[md_text(m.header) for m in catalog], *(["ACR over orders"] if spread else []),
+            *[md_text(m.header) for m in main], *(["ACR over orders"] if spread else []),
             versus, "verdict"]  # fmt: skip
     align = ["--:", *([":--"] if with_run else []), ":--", ":--",
-             *["--:" for _ in catalog], *([":--"] if spread else []), ":--", ":--"]  # fmt: skip
+             *["--:" for _ in main], *([":--"] if spread else []), ":--", ":--"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
     for rank, row in enumerate(rows, 1):
         verdict = md_text(row.verdict)
         if row.verdict not in (NOT_CHECKED, IMPORTED):
             verdict += " " + notes.add(row)
         intervals = row.metrics.get("intervals", {})
-        cells = [str(rank), *([md_code(row.run_id[:12])] if with_run else []),
-                 md_text(row.method), md_text(row.setting),
-                 *[fmt(m, row.metrics.get(m.key), intervals.get(m.key)) for m in catalog],
+        cells = [str(rank), *_identity(row, with_run),
+                 *[fmt(m, row.metrics.get(m.key), intervals.get(m.key)) for m in main],
                  *([_spread(row)] if spread else []), _paired(row, rank), verdict]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _detail_table(table: Table, metrics: list[Metric]) -> list[str]:
+    """Every row of ``table`` in board order, with ``metrics`` as columns."""
+    with_run = len(table.runs) > 1
+    head = [*(["run"] if with_run else []), "method", "setting",
+            *[md_text(m.header) for m in metrics]]  # fmt: skip
+    align = [*([":--"] if with_run else []), ":--", ":--", *["--:" for _ in metrics]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
+    for row in table.rows:
+        intervals = row.metrics.get("intervals", {})
+        cells = [*_identity(row, with_run),
+                 *[fmt(m, row.metrics.get(m.key), intervals.get(m.key)) for m in metrics]]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -296,16 +240,12 @@ def _table_section(table: Table, stem: str | None, notes: _Footnotes) -> list[st
     )
     title = f"{md_text(table.dataset)} · {md_text(table.architecture)} · model {md_code(table.recipe_hash[:12])}"
     out = [f"## {table.index}. {title}", ""]
-    for run in table.runs:
-        p = run_protocol(run, stem)
-        out += [f"### Protocol of run {md_code(run.run_id[:12])}", "", *_protocol_table(p), ""]
-    out += _protocol_warning(table, stem)
-    out += _sampling_error(table, stem)
-    out += _sequential_note(table)
+    out += protocol_warning(table, stem)
     out += [_headline(table), ""]
+    out += _sequential_note(table)
     out += ["### Verified sound", ""]
     if table.sound_rows:
-        out += [*_metric_table(table.sound_rows, table, catalog, notes), ""]
+        out += [*_ranking_table(table.sound_rows, table, catalog, notes), ""]
     else:
         out += ["No row of this table is verified sound.", ""]
     if table.memory_rows:
@@ -318,7 +258,7 @@ def _table_section(table: Table, stem: str | None, notes: _Footnotes) -> list[st
             "at the worst input order their check replayed; the spread column gives the ACR over "
             "all replayed orders.",
             "",
-            *_metric_table(table.memory_rows, table, catalog, notes, spread=True),
+            *_ranking_table(table.memory_rows, table, catalog, notes, spread=True),
             "",
         ]
     out += [
@@ -329,7 +269,7 @@ def _table_section(table: Table, stem: str | None, notes: _Footnotes) -> list[st
         "",
     ]
     if table.other_rows:
-        out += [*_metric_table(table.other_rows, table, catalog, notes), ""]
+        out += [*_ranking_table(table.other_rows, table, catalog, notes), ""]
     else:
         out += ["None.", ""]
     if table.imported_rows:
@@ -339,24 +279,35 @@ def _table_section(table: Table, stem: str | None, notes: _Footnotes) -> list[st
             "These radii were read from certification logs (`idrs-bench import-log`); no class "
             "counts came with them, so nothing here is checked or certified.",
             "",
-            *_metric_table(table.imported_rows, table, catalog, notes),
+            *_ranking_table(table.imported_rows, table, catalog, notes),
             "",
         ]
     if stem is not None and table.rows:
         certified = quote(certified_plot_name(stem, table))
+        out += [f"![certified accuracy vs radius, table {table.index}]({certified})", ""]
+    out += _sampling_error(table, stem)
+    attack = [m for m in catalog if m.table == "attack"]
+    if attack and table.rows:
+        out += ["### Attack: empirical robust accuracy", "",
+                "What a PGD attack on the smoothed classifier did not break within each radius: "
+                "an upper bound on robust accuracy, not a certificate (a row certified above it "
+                "has certificates an attack broke).", "",
+                *_detail_table(table, attack), ""]  # fmt: skip
+    if table.rows:
+        out += ["### Every row: abstention, class-wise accuracy, σ and time", "",
+                *_detail_table(table, [m for m in catalog if m.table == "details"]), ""]  # fmt: skip
+    if stem is not None and table.rows:
         classwise = quote(classwise_plot_name(stem, table))
-        out += [
-            f"![certified accuracy vs radius, table {table.index}]({certified})",
-            "",
-            f"![class-wise accuracy, table {table.index}]({classwise})",
-            "",
-        ]
+        out += [f"![class-wise accuracy, table {table.index}]({classwise})", ""]
     if table.failures:
         out += ["### Failures", ""]
         for f in table.failures:
             first = f["error"].splitlines()[0] if f["error"] else ""
             out.append(f"- {md_text(f['method'])} ({md_text(f['setting'])}): {md_text(first)}")
         out.append("")
+    for run in table.runs:
+        p = run_protocol(run, stem)
+        out += [f"### Protocol of run {md_code(run.run_id[:12])}", "", *protocol_table(p), ""]
     for run in table.runs:
         text = spec_toml(run.run["config"])
         fence = md_fence(text)
@@ -370,11 +321,23 @@ def _legend(board: Board) -> list[str]:
     radii = sorted({r for t in board.tables for r in t.radii})
     attacks = [row.attack for t in board.tables for row in t.rows if row.attack]
     out = ["## Columns", ""]
+    at = ", ".join(f"{r:g}" for r in radii)
+    seen: set[str] = set()
+    per_radius = {certified_key(r): ("cert@r", CERTIFIED) for r in radii} | {
+        empirical_key(r): ("emp@r", EMPIRICAL) for r in radii
+    }
     for metric in metric_catalog(radii, bool(attacks), sampled_in_rounds(board.runs)):
         direction = {True: "higher is better", False: "lower is better", None: "descriptive"}[
             metric.higher_is_better
         ]
-        out.append(f"- **{md_text(metric.header)}**: {md_text(metric.description)} ({direction}).")
+        header, description = metric.header, metric.description
+        if metric.key in per_radius:  # one line for all radii
+            header, template = per_radius[metric.key]
+            if header in seen:
+                continue
+            seen.add(header)
+            description = f"{template.format(r='r')}; r = {at}"
+        out.append(f"- **{md_text(header)}**: {md_text(description)} ({direction}).")
     out.append(
         f"- **[low, high]**: the {CONFIDENCE:.0%} Clopper–Pearson interval of an accuracy over "
         "the row's test inputs (sampling error of the test subset; each certificate's own "

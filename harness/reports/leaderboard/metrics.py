@@ -7,7 +7,12 @@ Table 2, mean σ(x), seconds per input; with sequential sampling the estimation 
 per certificate), and, where the empirical attack ran, the
 empirical robust accuracy beside certified accuracy at each radius
 (:mod:`harness.audit.empirical`). The accuracies over test inputs carry 95 % intervals
-(:data:`INTERVAL_KEYS` names which).
+(:func:`has_interval` says which).
+
+Each metric names the board table that shows it (:data:`TABLES`): ``main``, the columns a
+reader compares (clean accuracy, certified accuracy at each radius, ACR); ``attack``, the
+empirical robust accuracy; ``details``, the rest (abstention, misclassification, the
+class-wise figures, σ, time, samples). The JSON and CSV beside a board hold them all.
 """
 
 from __future__ import annotations
@@ -17,16 +22,25 @@ from dataclasses import dataclass
 
 from harness.mathematics.accuracy import certified_key, empirical_key
 
+CERTIFIED = "fraction of inputs CERTIFY classifies correctly with radius >= {r}"
+EMPIRICAL = ("fraction of inputs a PGD attack on the smoothed classifier did not break within "
+             "radius {r} (each break confirmed by fresh Monte Carlo): an upper bound on robust "
+             "accuracy, not a certificate")  # fmt: skip
+"""The meaning of ``cert@r`` and ``emp@r``, at a radius ``r``."""
+TABLES = ("main", "attack", "details")
+"""The board's tables a metric can be shown in (module docstring)."""
+
 
 @dataclass(frozen=True)
 class Metric:
-    """A column: its key in rows and exports, header, direction and meaning."""
+    """A column: its key in rows and exports, header, direction, meaning and board table."""
 
     key: str
     header: str
     higher_is_better: bool | None  # None: descriptive, neither better nor worse
     description: str
     digits: int | None = 3  # fixed decimals in markdown; None: 3 significant digits (#.3g)
+    table: str = "details"  # one of TABLES
 
 
 def has_interval(key: str) -> bool:
@@ -41,21 +55,14 @@ def metric_catalog(
     empirical robust accuracy beside each certified accuracy; ``sequential``: with the
     estimation samples per certificate (mean and max) beside the seconds per input."""
     return [
-        Metric("clean_accuracy", "clean acc", True, "accuracy of PREDICT (abstention counts as an error)"),
-        *[
-            metric
-            for r in radii
-            for metric in [
-                Metric(certified_key(r), f"cert@{r:g}", True,
-                       f"fraction of inputs CERTIFY classifies correctly with radius >= {r:g}"),
-                *([Metric(empirical_key(r), f"emp@{r:g}", None,
-                          f"fraction of inputs a PGD attack on the smoothed classifier did not "
-                          f"break within radius {r:g} (each break confirmed by fresh Monte Carlo): "
-                          "an upper bound on robust accuracy, not a certificate")]
-                  if empirical else []),
-            ]
-        ],
-        Metric("acr", "ACR", True, "average certified radius (0 for wrong or abstained inputs)"),
+        Metric("clean_accuracy", "clean acc", True,
+               "accuracy of PREDICT (abstention counts as an error)", table="main"),
+        *[Metric(certified_key(r), f"cert@{r:g}", True, CERTIFIED.format(r=f"{r:g}"),
+                 table="main") for r in radii],
+        Metric("acr", "ACR", True, "average certified radius (0 for wrong or abstained inputs)",
+               table="main"),
+        *[Metric(empirical_key(r), f"emp@{r:g}", None, EMPIRICAL.format(r=f"{r:g}"),
+                 table="attack") for r in (radii if empirical else ())],
         Metric("abstention_rate", "abstain", False, "fraction of inputs CERTIFY abstains on"),
         Metric("misclassification_rate", "misclass", False,
                "fraction of inputs CERTIFY assigns a wrong class"),

@@ -1,15 +1,18 @@
 """The PNG plots of a leaderboard table (matplotlib, Agg canvas, no pyplot state).
 
-- certified accuracy vs radius: for every row, the fraction of inputs certified
-  correctly with radius >= r, on a grid of r from 0 to just past the largest radius.
-  Each method has a colour family (blues, oranges, greens, ...) and a line style of its
-  own, so two methods whose curves coincide stay apart; its settings are shades of that
-  family, light to dark in order of mean σ, with a marker each. Verified-sound rows are drawn full, the
-  others thinner and lighter and marked "not certified". The legend lists the rows by
-  method and σ beside the axes, in columns below them when there are many. Where the
-  empirical attack ran, the row's empirical robust accuracy at the attacked radii is a
-  thin dotted line with crosses in the row's colour (an upper bound: the certified curve
-  should lie below it);
+- certified accuracy vs radius, as small multiples in the style of the field's figures
+  (Cohen et al. 2019, Fig. 7; Súkeník et al. 2022, Fig. 4): one panel per method with its
+  settings together, at most :data:`PER_PANEL` curves per panel (a method with more
+  settings gets more panels), all panels on the same axes. A curve is the fraction of
+  inputs certified correctly with radius >= r, on a grid of r from 0 to just past the
+  largest radius. A panel's curves go through an ordered colour map (:data:`SETTINGS`)
+  by mean σ, with a marker each; the parameters its settings share are in its title,
+  the others in its legend; rows not verified sound are thinner and lighter, their
+  verdict in the legend. The best verified-sound row of the table is drawn on every
+  panel as a broad grey reference line under the curves. Where the empirical attack ran
+  and its robust accuracy differs from the certified accuracy at some attacked radius,
+  it is a dashed line with crosses in the row's colour (an upper bound: the certified
+  curve should lie below it);
 - class-wise accuracy: a heat map of PREDICT's accuracy per class (columns, named by
   the dataset's class names with the number of inputs of each) for every row
   (Mohapatra et al. 2021, §3.2).
@@ -26,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.mathematics.accuracy import empirical_key
+from harness.mathematics.accuracy import certified_key, empirical_key
 from harness.reports.leaderboard.board import Row, Table
 from harness.reports.leaderboard.escape import flatten
 
@@ -35,16 +38,22 @@ if TYPE_CHECKING:
 
 _RC = {"text.parse_math": False, "text.usetex": False, "font.size": 9}
 _PNG_METADATA = {"Software": None}
-FAMILIES = ("Blues", "Oranges", "Greens", "Reds", "Purples", "Greys", "YlOrBr", "PuRd", "BuGn",
-            "RdPu")  # fmt: skip
-"""Sequential colour maps, one per method, in the table's order (best-ranked first)."""
-LINE_STYLES = ((0, ()), (0, (6, 2)), (0, (1, 1.5)), (0, (6, 2, 1, 2)), (0, (3, 1)),
-               (0, (6, 1.5, 1, 1.5, 1, 1.5)))  # fmt: skip
-"""Solid, dashed, dotted, dash-dot, ...: one per method, cycled."""
+SETTINGS = "viridis"
+"""The ordered colour map of a panel's settings (by mean σ), sampled in [0, 0.85]: every
+colour distinct from its neighbours and readable on white."""
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 """Markers of a method's settings in order of mean σ (sparse along each curve)."""
-LEGEND_BESIDE = 12
-"""Legends of up to this many rows go beside the axes; longer ones below, in columns."""
+PER_PANEL = 6
+"""The most curves (rows) in one panel."""
+COLUMNS = 3
+"""Panels per line of the figure."""
+REFERENCE = "#9a9a9a"
+"""The colour of the best sound row's reference line."""
+ATTACK_STYLE = (0, (4, 2))
+"""The attack's curves: dashed, in the row's colour, with crosses at the attacked radii."""
+ATTACK_VISIBLE = 0.005
+"""An attack curve is drawn where it differs from the certified one by more than this at
+some attacked radius (closer, the two lines would be one)."""
 
 
 def certified_plot_name(stem: str, table: Table) -> str:
@@ -62,29 +71,62 @@ def row_label(row: Row, with_run: bool) -> str:
     return label if row.sound else label + " (not certified)"
 
 
+def _parts(setting: str) -> list[str] | None:
+    """``["rate=0.03", "sigma=0.8"]`` of a canonical setting key; None if it does not split."""
+    parts = setting.split(",")
+    return parts if all(p.count("=") == 1 for p in parts) else None
+
+
+def _panel_labels(rows: Sequence[Row], with_run: bool) -> tuple[str, list[str]]:
+    """The parameters ``rows`` (one panel's, several) share, and each row's legend entry:
+    its other parameters (its run, its verdict when not sound)."""
+    split = [_parts(row.setting) for row in rows]
+    common: list[str] = []
+    if len(rows) > 1 and None not in split:
+        common = [p for p in split[0] if all(p in parts for parts in split)]
+    labels = []
+    for row, parts in zip(rows, split, strict=True):
+        label = ",".join(p for p in parts if p not in common) if common else row.setting
+        label = flatten(label or row.setting)
+        if with_run:
+            label += f" [{row.run_id[:8]}]"
+        labels.append(label if row.sound else f"{label} · {flatten(row.verdict)}")
+    return flatten(", ".join(common)), labels
+
+
 def _curve(row: Row, grid: list[float]) -> list[float]:
     radii, count = row.correct_radii, row.metrics["inputs"]
     return [(len(radii) - bisect.bisect_left(radii, r)) / count for r in grid]
 
 
-def line_styles(rows: Sequence[Row]) -> dict[int, tuple[tuple, object, str]]:
-    """For each row (by position): (colour, line style, marker). A method's rows share a
-    colour map and a line style (the first families and styles, the clearest, go to the
-    methods of the best-ranked rows); by mean σ, their shades go from light to dark and
-    their markers through :data:`MARKERS`."""
+def _by_sigma(rows: Sequence[Row], indices: Sequence[int]) -> list[int]:
+    return sorted(indices, key=lambda i: (rows[i].metrics["mean_sigma"], rows[i].setting,
+                                          rows[i].run_id))  # fmt: skip
+
+
+def line_styles(rows: Sequence[Row]) -> list[tuple[tuple, str]]:
+    """(colour, marker) of each of one panel's ``rows``, given in order of mean σ: the
+    colours through :data:`SETTINGS` from dark to light, the markers through
+    :data:`MARKERS`."""
     import matplotlib
 
-    methods = list(dict.fromkeys(row.method for row in rows))
-    out = {}
-    for k, method in enumerate(methods):
-        cmap = matplotlib.colormaps[FAMILIES[k % len(FAMILIES)]]
-        mine = sorted(
-            (i for i, row in enumerate(rows) if row.method == method),
-            key=lambda i: (rows[i].metrics["mean_sigma"], rows[i].setting, rows[i].run_id),
-        )
-        for j, i in enumerate(mine):
-            shade = 0.8 if len(mine) == 1 else 0.45 + 0.55 * j / (len(mine) - 1)
-            out[i] = (cmap(shade), LINE_STYLES[k % len(LINE_STYLES)], MARKERS[j % len(MARKERS)])
+    cmap = matplotlib.colormaps[SETTINGS]
+    count = len(rows)
+    return [(cmap(0.3 if count == 1 else 0.85 * j / (count - 1)), MARKERS[j % len(MARKERS)])
+            for j in range(count)]  # fmt: skip
+
+
+def panels(rows: Sequence[Row]) -> list[tuple[str, list[int]]]:
+    """(title, row positions) of each panel: one per method in the table's order (its
+    best-ranked row first), its rows by mean σ, split into panels of at most
+    :data:`PER_PANEL` (titled ``method (1/2)``, ...)."""
+    out = []
+    for method in dict.fromkeys(row.method for row in rows):
+        mine = _by_sigma(rows, [i for i, row in enumerate(rows) if row.method == method])
+        chunks = [mine[k : k + PER_PANEL] for k in range(0, len(mine), PER_PANEL)]
+        for c, chunk in enumerate(chunks, 1):
+            title = flatten(method) + (f" ({c}/{len(chunks)})" if len(chunks) > 1 else "")
+            out.append((title, chunk))
     return out
 
 
@@ -92,6 +134,16 @@ def _attack_curve(row: Row, radii: list[float]) -> list[tuple[float, float]]:
     """(radius, empirical robust accuracy) at the radii the attack ran."""
     return [(r, row.metrics[empirical_key(r)]) for r in radii
             if row.metrics.get(empirical_key(r)) is not None]  # fmt: skip
+
+
+def visible_attack(row: Row, radii: list[float]) -> list[tuple[float, float]]:
+    """The row's attack curve if it can be told apart from its certified curve (it
+    differs by more than :data:`ATTACK_VISIBLE` at some attacked radius), else []."""
+    attacked = _attack_curve(row, radii)
+    certified = {r: row.metrics.get(certified_key(r)) for r, _ in attacked}
+    if any(certified[r] is None or abs(v - certified[r]) > ATTACK_VISIBLE for r, v in attacked):
+        return attacked
+    return []
 
 
 def write_certified_plot(table: Table, path: Path, title: str) -> None:
@@ -103,58 +155,72 @@ def write_certified_plot(table: Table, path: Path, title: str) -> None:
 
 
 def certified_figure(table: Table, title: str) -> Figure:
-    """The figure of :func:`write_certified_plot`."""
+    """The figure of :func:`write_certified_plot`: one panel per method (:func:`panels`)."""
     import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
 
     rows = table.rows
     top = max([*table.radii, *(r for row in rows for r in row.correct_radii[-1:])], default=1.0)
     top = top * 1.05 if top > 0 else 1.0
     grid = [top * i / 400 for i in range(401)]
     with_run = len(table.runs) > 1
-    styles = line_styles(rows)
-    order = sorted(range(len(rows)), key=lambda i: (rows[i].method, rows[i].metrics["mean_sigma"],
-                                                    rows[i].setting, rows[i].run_id))  # fmt: skip
-    beside = len(rows) <= LEGEND_BESIDE
-    labels = [row_label(row, with_run) for row in rows]
-    longest = max(map(len, labels), default=0)
-    columns = 1 if beside else max(1, min(3, int(110 // max(longest, 1))))
-    below = 0 if beside else 0.2 * -(-len(rows) // columns) + 0.4
-    width = 6.5 + (0.055 * longest + 0.5 if beside else 0)
+    layout = panels(rows)
+    best = table.sound_rows[0] if table.sound_rows else None
+    reference = _curve(best, grid) if best is not None else None
+    columns = max(1, min(COLUMNS, len(layout)))
+    lines = max(1, -(-len(layout) // columns))
+    any_attack = any(visible_attack(row, table.radii) for row in rows)
     with matplotlib.rc_context(_RC):
-        fig = Figure(figsize=(max(width, 7.5), 4.8 + below), dpi=100)
+        fig = Figure(figsize=(max(0.4 + 3.4 * columns, 7.2), 1.1 + 2.7 * lines), dpi=100)
         FigureCanvasAgg(fig)
-        ax = fig.add_subplot()
-        for n, i in enumerate(order):
-            row, (color, style, marker) = rows[i], styles[i]
-            curve = _curve(row, grid)
-            marks = [k for k in range(7 * n % 40, len(grid), 40) if curve[k] > 0]
-            ax.step(grid, curve, where="post", color=color, linestyle=style,
-                    linewidth=1.8 if row.sound else 1.2, alpha=1.0 if row.sound else 0.8,
-                    marker=marker, markersize=3.5, markevery=marks,
-                    label=labels[i])  # fmt: skip
-            attacked = _attack_curve(row, table.radii)
-            if attacked:
-                ax.plot(*zip(*attacked, strict=True), color=color, linestyle=(0, (1, 1.5)),
-                        linewidth=1.0, marker="x", markersize=4,
-                        label=labels[i] + " · attack (upper bound)")  # fmt: skip
-        ax.set_xlim(0, top)
-        ax.set_ylim(0, 1.02)
-        ax.set_xlabel("radius (ℓ2)")
-        attacked = any(_attack_curve(row, table.radii) for row in rows)
-        ax.set_ylabel(
-            "certified (—) and empirical (··) accuracy" if attacked else "certified accuracy"
-        )
-        ax.set_title(flatten(f"certified accuracy · {title}"))
-        ax.grid(alpha=0.3)
-        if rows and beside:
-            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False,
-                      handlelength=3.5)  # fmt: skip
-        elif rows:
-            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), fontsize=7, frameon=False,
-                      ncols=columns, handlelength=3.5)  # fmt: skip
-        fig.tight_layout()
+        axes = fig.subplots(lines, columns, sharex=True, sharey=True, squeeze=False)
+        for k, ax in enumerate(axes.flat):
+            if k >= len(layout):
+                ax.set_visible(False)
+                continue
+            panel_title, members = layout[k]
+            shared, labels = _panel_labels([rows[i] for i in members], with_run)
+            styles = line_styles([rows[i] for i in members])
+            if reference is not None:
+                ax.plot(grid, reference, color=REFERENCE, linewidth=4.5, alpha=0.45,
+                        solid_capstyle="butt", zorder=1)  # fmt: skip
+            for n, i in enumerate(members):
+                row, (color, marker) = rows[i], styles[n]
+                curve = _curve(row, grid)
+                marks = [j for j in range(9 * n % 40, len(grid), 40) if curve[j] > 0]
+                ax.step(grid, curve, where="post", color=color,
+                        linewidth=1.6 if row.sound else 1.0, alpha=1.0 if row.sound else 0.75,
+                        marker=marker, markersize=3.5, markevery=marks, zorder=3,
+                        label=labels[n])  # fmt: skip
+                attacked = visible_attack(row, table.radii)
+                if attacked:
+                    ax.plot(*zip(*attacked, strict=True), color=color, linestyle=ATTACK_STYLE,
+                            linewidth=0.9, marker="x", markersize=3.5, zorder=2)  # fmt: skip
+            ax.set_title(panel_title + (f" · {shared}" if shared else ""), fontsize=9)
+            ax.set_xlim(0, top)
+            ax.set_ylim(0, 1.02)
+            ax.grid(alpha=0.3)
+            ax.legend(loc="upper right", fontsize=6.5, frameon=False, handlelength=2.2)
+            if k % columns == 0:
+                ax.set_ylabel("certified accuracy")
+            if k + columns >= len(layout):
+                ax.set_xlabel("radius (ℓ2)")
+                ax.tick_params(labelbottom=True)
+        key = []
+        if best is not None:
+            key.append(Line2D([], [], color=REFERENCE, linewidth=4.5, alpha=0.45,
+                              label=f"best verified-sound row: {row_label(best, with_run)}"))  # fmt: skip
+        if any_attack:
+            key.append(Line2D([], [], color="black", linestyle=ATTACK_STYLE, linewidth=0.9,
+                              marker="x", markersize=3.5,
+                              label="attack: empirical robust accuracy (an upper bound)"))  # fmt: skip
+        if key:
+            fig.legend(handles=key, loc="lower center", ncols=len(key), fontsize=7,
+                       frameon=False)  # fmt: skip
+        fig.suptitle(flatten(f"certified accuracy · {title}"))
+        fig.tight_layout(rect=(0, 0.05 if key else 0, 1, 1))
     return fig
 
 

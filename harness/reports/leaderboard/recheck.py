@@ -403,12 +403,14 @@ class _Methods:
 
     def sigma(self, row: StoredRow, ids: list[int]) -> tuple[dict | None, str]:
         """σ of ``ids`` recomputed in a shuffled batch, then alone, with the run's thread
-        count (as it was computed); or None and why not."""
+        count and deterministic kernels (as it was computed); or None and why not."""
         from harness.certification.certify import sigma_of
         from harness.engine.arithmetic import computing_with, run_threads
+        from harness.engine.determinism import deterministic_kernels
 
+        threads = run_threads(self.run.run.get("arithmetic"))
         try:
-            with computing_with(run_threads(self.run.run.get("arithmetic"))), self._cache():
+            with computing_with(threads), deterministic_kernels(self.device), self._cache():
                 context, provider, _ = self._method(row)
                 x = context.dataset.test_x[ids].to(context.device)
                 order = np.random.default_rng(len(ids)).permutation(len(ids))
