@@ -332,7 +332,7 @@ def test_sequential_draws_cross_the_boundary_and_certify_as_in_process(tmp_path,
 BLOCKING_HARNESS = """
 import threading, time
 from harness.plugin.host_process import PluginHost
-from harness.plugin.manager import hosts_confined
+from harness.plugin.confinement import hosts_confined
 
 host = PluginHost("idrs-test-blocking", ["idrs_test_blocking"], confined=hosts_confined(True))
 threading.Thread(target=lambda: host.request("describe"), daemon=True).start()

@@ -136,9 +136,8 @@ def test_a_wheel_is_installed_and_one_whose_requirements_are_unmet_is_refused(tm
 def test_a_private_plugin_is_checked_from_the_manifest_without_a_host(tmp_path, cache):
     """Its entry in the plugin manifest is keyed by the files its RECORD lists, so a
     benchmark file naming its method is checked without starting its host."""
-    from harness.plugin.manager import plugin_entry_points
+    from harness.plugin.entry_points import installed_prefixes, plugin_entry_points
     from harness.plugin.manifest import plugin_key
-    from harness.plugin.private_install import installed_prefixes
 
     install(_wheel(tmp_path), quiet=True)
     [entry] = [ep for ep in plugin_entry_points(installed_prefixes().values())

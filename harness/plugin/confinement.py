@@ -142,6 +142,19 @@ def unconfined_requested() -> bool:
     return value == "1"
 
 
+def hosts_confined(third_party: bool) -> bool:
+    """Whether plugin hosts confine themselves: yes, unless the user asked otherwise
+    (:func:`unconfined_requested`); on a kernel that cannot confine them, a host of
+    third-party plugins is refused (one error naming the kernel feature and the opt-out),
+    and one of built-ins only runs unconfined."""
+    if unconfined_requested():
+        return False
+    reason = refusal(landlock_abi())
+    if reason is not None and third_party:
+        raise IdrsError(reason)
+    return reason is None
+
+
 def add_unconfined_option(parser) -> None:
     """``--unconfined`` on an ``argparse`` parser (its command sets :data:`UNCONFINED_ENV`)."""
     parser.add_argument(

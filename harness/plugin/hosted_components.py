@@ -15,6 +15,7 @@ dataset's ``load``, a method's ``check``. Two kinds stay out of the harness's pr
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -230,3 +231,26 @@ def _spec(host: PluginHost, item: Mapping[str, Any], builtin: bool) -> Any:
                            tuple(item.get("class_names", ())))  # fmt: skip
     check = ParameterCheck(host, kind, name, plugin) if item.get("check") else None
     return MethodSpec(name, item["sigma_provider"], item["certifier"], defaults, description, check)
+
+
+def failures_from_host(
+    described: Mapping[str, Any], local: Mapping[str, Any]
+) -> list[PluginFailure]:
+    """The plugins a host failed to load or register (but those of ``local``, this
+    process's own), each with what the plugin manifest last recorded it provides when the
+    host could not say (:meth:`harness.plugin.host_requests.Host.op_describe`)."""
+    from harness.plugin import manifest as plugin_manifest
+
+    out = []
+    for record in described.get("failures", ()):
+        if record["plugin"] in local:
+            continue
+        provides = record.get("provides")
+        failure = PluginFailure(
+            str(record["plugin"]), str(record["error"]), str(record.get("stage", "load")),
+            record.get("distribution"), record.get("version"),
+            None if provides is None else {k: tuple(v) for k, v in provides.items()},
+        )  # fmt: skip
+        recorded = None if provides is not None else plugin_manifest.recorded_names(failure.plugin)
+        out.append(failure if recorded is None else replace(failure, provides=recorded))
+    return out

@@ -1,25 +1,23 @@
 """The plugin manager: loads every plugin from the ``idrs_bench`` entry points.
 
-Built-in and third-party plugins are found the same way, through the entry points of
-the group ``idrs_bench`` (the built-ins are declared in ``pyproject.toml``'s
-``[project.entry-points.idrs_bench]`` table). A plugin is *built-in* when the
-distribution that declares its entry point is this one (``idrs-bench``), *third-party*
-otherwise. The environment variable ``IDRS_BENCH_PLUGINS`` restricts which
-third-party plugins load: unset loads all, ``""`` loads none, ``"a,b"`` loads only
-``a`` and ``b``; built-ins always load (the checks and the default benchmark rely on
-them). A plugin that fails to import or to register is recorded in
-:attr:`PluginManager.failures` and skipped; everything else keeps working. A
-component name provided twice fails naming both plugins
+Built-in and third-party plugins are found the same way (:mod:`harness.plugin.entry_points`:
+this environment's entry points and the private prefixes of ``idrs-bench plugins
+install``); a plugin is *built-in* when its entry point is this distribution's
+(``idrs-bench``). ``IDRS_BENCH_PLUGINS`` restricts which third-party plugins load (unset:
+all, ``""``: none, ``"a,b"``: ``a`` and ``b``); built-ins always load. A plugin that fails
+to import or to register is recorded in :attr:`PluginManager.failures` and skipped;
+everything else keeps working. A component name provided twice fails naming both plugins
 (:class:`~harness.foundation.errors.DuplicateNameError`).
 
-Third-party plugins are never imported by the harness's own process: a plugin host
-(:mod:`harness.plugin.host`, started when first needed: :attr:`PluginManager.registry`,
-:meth:`PluginManager.describe`, :attr:`PluginManager.failures`) imports them, and the
-registry holds specs that ask it (:mod:`harness.plugin.hosted_components`;
-harness/README.md, "Plugin host"). The plugin host's own manager is made with
-``isolated=False`` and imports them in its process. A benchmark file is checked before
-that against what they registered last time (:meth:`PluginManager.checking_registry`,
-:mod:`harness.plugin.manifest`), so that its errors do not wait for a plugin host.
+Third-party plugins are never imported by the harness's own process: plugin hosts
+(:mod:`harness.plugin.host`, one per distribution, confined by the kernel:
+:mod:`harness.plugin.confinement`; started when first needed: :attr:`PluginManager.registry`,
+:meth:`PluginManager.describe`, :attr:`PluginManager.failures`) import them, and the
+registry holds specs that ask them (:mod:`harness.plugin.hosted_components`;
+harness/README.md, "Plugin host"). A plugin host's own manager is made with
+``isolated=False`` and imports its distribution's plugins in its process. A benchmark
+file is checked before that against what they registered last time
+(:meth:`PluginManager.checking_registry`, :mod:`harness.plugin.manifest`).
 
 Every plugin declares the version of the plugin contract it was written against, as
 ``IDRS_BENCH_CONTRACT = 3`` in its module (:data:`~harness.plugin.hookspecs.CONTRACT`);
@@ -40,7 +38,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -49,12 +46,21 @@ import pluggy
 
 from harness.foundation.errors import ContractError, DuplicateNameError, IdrsError
 from harness.plugin import confinement, hookspecs
+from harness.plugin.confinement import hosts_confined
+from harness.plugin.entry_points import (
+    DISTRIBUTION,
+    ENTRY_POINT_GROUP,
+    PLUGINS_ENV_VAR,
+    allowed_external_plugins,
+    distribution_of,
+    installed_prefixes,
+    is_builtin,
+    plugin_entry_points,
+    top_module,
+)
 from harness.plugin.hookspecs import CONTRACT, CONTRACT_ATTRIBUTE, PORTING
 from harness.plugin.registry import COMPONENT_KINDS, PluginFailure, Registry
 
-ENTRY_POINT_GROUP = "idrs_bench"
-DISTRIBUTION = "idrs-bench"
-PLUGINS_ENV_VAR = "IDRS_BENCH_PLUGINS"
 ISOLATE_ENV = "IDRS_BENCH_ISOLATE"
 """``all``: the built-in σ-providers, certifiers and trainers are served by a plugin host
 too (to exercise and measure the boundary); unset or ``third-party``: only third-party ones."""
@@ -79,11 +85,8 @@ class PluginManager:
         self._builtin: list[str] = []
         self._isolated = isolated
         self._distribution = distribution
-        self._prefixes: dict[str, Path] = {}  # distribution -> its private prefix
-        if isolated and third_party:
-            from harness.plugin.private_install import installed_prefixes
-
-            self._prefixes = installed_prefixes()
+        self._prefixes: dict[str, Path] = (installed_prefixes() if isolated and third_party
+                                           else {})  # distribution -> its private prefix  # fmt: skip
         self._serves_third_party = third_party  # (a manager of built-ins only never hosts)
         self._hosts: dict[str | None, Any] = {}  # distribution (None: built-ins) -> PluginHost
         self._hosted: dict[str | None, dict[str, Any]] = {}  # what each described
@@ -135,6 +138,7 @@ class PluginManager:
         if self._hosts:
             return
         from harness.plugin.host_process import PluginHost
+        from harness.plugin.hosted_components import failures_from_host
 
         groups: dict[str, list[str]] = {}
         for ep in self._third_party:
@@ -148,25 +152,21 @@ class PluginManager:
                                      self._builtin)  # fmt: skip
         for host in hosts.values():
             host.start()  # (they import their plugins side by side)
-        local = {name for name, _ in self.pm.list_name_plugin()}
         for key, host in hosts.items():
             self._hosted[key] = described = host.request("describe")
             host.abi = int(described.get("abi", 0))
-            self._host_failures += [_with_recorded_components(_failure_from_host(f))
-                                    for f in described.get("failures", ()) if f["plugin"] not in local]  # fmt: skip
+            self._host_failures += failures_from_host(described, dict(self.pm.list_name_plugin()))
         self._hosts = hosts
         self._registry = None
 
     def stop_hosts(self) -> None:
-        """End the plugin hosts' processes; each starts again when next asked (with the cache
-        root of that moment, whose artifact folders a confined host may write)."""
+        """End the hosts' processes; each starts again when asked, with that moment's cache root."""
         for host in self._hosts.values():
             host.stop()
 
     def hosting(self) -> dict[str, Any]:
         """How this process ran third-party plugins, as a run records it: the distributions
-        (name and version) and their hosts' confinement
-        (:func:`harness.plugin.confinement.description`; the weakest of them)."""
+        (name and version) and their hosts' weakest confinement (``confinement.description``)."""
         self.registry  # noqa: B018 (starts the hosts)
         third = {k: h for k, h in self._hosts.items() if k is not None}
         versions = {p["distribution"]: p.get("version") for k in third
@@ -268,19 +268,17 @@ class PluginManager:
         if top in builtin_packages() or not self._isolated:
             return formula_from_record(record, None if self._isolated else trusted_packages())
         self.registry  # noqa: B018 (starts the plugin hosts of the installed plugins)
-        hosts = {distribution_of(ep): self._hosts.get(distribution_of(ep))
-                 for ep in self._third_party if _top_module(ep) == top}  # fmt: skip
-        host = next((h for h in hosts.values() if h is not None), None)
+        hosts = [self._hosts.get(distribution_of(ep)) for ep in self._third_party
+                 if top_module(ep) == top]  # fmt: skip
+        host = next((h for h in hosts if h is not None), None)
         if host is None:
             return formula_from_record(record)  # (says which package is missing)
         return resolve_formula(record, host, [])
 
     def plugin_names(self) -> list[str]:
         self.load_all()
-        local = {name for name, _ in self.pm.list_name_plugin()}
-        return sorted(
-            local | {p["name"] for d in self._hosted.values() for p in d.get("plugins", ())}
-        )
+        hosted = {p["name"] for d in self._hosted.values() for p in d.get("plugins", ())}
+        return sorted({name for name, _ in self.pm.list_name_plugin()} | hosted)
 
     def describe(self) -> list[dict[str, Any]]:
         """Name, version, implemented hooks, provided components and where it runs (``here``
@@ -302,7 +300,7 @@ class PluginManager:
         return sorted(rows, key=lambda row: row["name"])
 
     def _load_entry_points(self, third_party: bool) -> None:
-        allowed = _allowed_external_plugins() if third_party else set()
+        allowed = allowed_external_plugins() if third_party else set()
         entry_points = plugin_entry_points(self._prefixes.values())
         builtins = [ep for ep in entry_points if is_builtin(ep)]
         others = [ep for ep in entry_points if not is_builtin(ep)]
@@ -441,29 +439,6 @@ def _would_register(plugin: Any) -> dict[str, tuple[str, ...]] | None:
     return _names(staged) if called else None
 
 
-def _failure_from_host(record: dict[str, Any]) -> PluginFailure:
-    """A plugin host's failure record (:meth:`harness.plugin.host.Host.op_describe`)."""
-    provides = record.get("provides")
-    return PluginFailure(
-        str(record["plugin"]), str(record["error"]), str(record.get("stage", "load")),
-        record.get("distribution"), record.get("version"),
-        None if provides is None else {k: tuple(v) for k, v in provides.items()},
-    )  # fmt: skip
-
-
-def _with_recorded_components(failure: PluginFailure) -> PluginFailure:
-    """``failure`` with what the plugin manifest last recorded for the plugin, when its own
-    record does not say what it provides."""
-    if failure.provides is not None:
-        return failure
-    from dataclasses import replace
-
-    from harness.plugin import manifest as plugin_manifest
-
-    recorded = plugin_manifest.recorded_names(failure.plugin)
-    return failure if recorded is None else replace(failure, provides=recorded)
-
-
 def _wraps(impl: Any) -> bool:
     """Whether a hook implementation is a wrapper (it sees the others' calls)."""
     return bool(getattr(impl, "wrapper", False) or getattr(impl, "hookwrapper", False))
@@ -471,49 +446,3 @@ def _wraps(impl: Any) -> bool:
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
-
-
-def is_builtin(entry_point: importlib.metadata.EntryPoint) -> bool:
-    """Whether ``entry_point`` is declared by this distribution (a built-in plugin)."""
-    dist = getattr(entry_point, "dist", None)
-    return dist is not None and dist.name == DISTRIBUTION
-
-
-def hosts_confined(third_party: bool) -> bool:
-    """Whether plugin hosts confine themselves: yes, unless the user asked otherwise
-    (:func:`harness.plugin.confinement.unconfined_requested`); on a kernel that cannot
-    confine them, a host of third-party plugins is refused (one error naming the kernel
-    feature and the opt-out), and one of built-ins only runs unconfined."""
-    if confinement.unconfined_requested():
-        return False
-    reason = confinement.refusal(confinement.landlock_abi())
-    if reason is not None and third_party:
-        raise IdrsError(reason)
-    return reason is None
-
-
-def plugin_entry_points(prefixes: Iterable[Path] = ()) -> list[importlib.metadata.EntryPoint]:
-    """The ``idrs_bench`` entry points of this environment and of the distributions
-    installed in the private ``prefixes`` (read, never put on this process's path)."""
-    found = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
-    for prefix in prefixes:
-        for dist in importlib.metadata.distributions(path=[str(prefix)]):
-            found += [ep for ep in dist.entry_points if ep.group == ENTRY_POINT_GROUP]
-    return found
-
-
-def distribution_of(entry_point: importlib.metadata.EntryPoint) -> str:
-    """The name of the distribution declaring ``entry_point`` (its own name when unknown)."""
-    dist = getattr(entry_point, "dist", None)
-    return dist.name if dist is not None else entry_point.name
-
-
-def _top_module(entry_point: importlib.metadata.EntryPoint) -> str:
-    return entry_point.value.split(":")[0].strip().split(".")[0]
-
-
-def _allowed_external_plugins() -> set[str] | None:
-    value = os.environ.get(PLUGINS_ENV_VAR)
-    if value is None:
-        return None
-    return {name.strip() for name in value.split(",") if name.strip()}

@@ -8,10 +8,9 @@ confined as a plugin host is (:mod:`harness.plugin.confinement`; no network: the
 uses this environment's build backend, ``pip wheel --no-build-isolation --no-index``,
 and refuses a package whose backend is not installed here), writing only a staging
 folder of the harness's. The installed files then move to the **private prefix**
-``<cache root>/plugin-packages/<name>/`` (:func:`prefix_root`), one folder per
-distribution, which is never on the harness's module path: the harness reads the
-entry points there (:func:`installed_prefixes`, :func:`harness.plugin.manager.plugin_entry_points`)
-and only that distribution's confined plugin host imports from it (a folder on
+``<cache root>/plugin-packages/<name>/`` (:mod:`harness.plugin.entry_points`), one
+folder per distribution, which is never on the harness's module path: the harness reads
+the entry points there and only that distribution's confined plugin host imports from it (a folder on
 ``sys.path``, not a site folder: a ``.pth`` file there is never run).
 
 The package's dependencies are not installed: each must already be satisfied by this
@@ -25,7 +24,6 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -34,32 +32,12 @@ from pathlib import Path
 
 from harness.foundation.errors import IdrsError
 from harness.plugin import confinement
-
-FOLDER = "plugin-packages"
-
-
-def prefix_root() -> Path:
-    """``<cache root>/plugin-packages``: one private prefix per installed distribution."""
-    from harness.foundation.artifacts import cache_root
-
-    return cache_root() / FOLDER
-
-
-def normalized(name: str) -> str:
-    """A distribution's name as the packaging specifications compare it (PEP 503)."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def installed_prefixes() -> dict[str, Path]:
-    """Each distribution installed by :func:`install` (its metadata's name) and its prefix."""
-    root = prefix_root()
-    if not root.is_dir():
-        return {}
-    out = {}
-    for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        for dist in importlib.metadata.distributions(path=[str(folder)]):
-            out[dist.metadata["Name"]] = folder
-    return out
+from harness.plugin.entry_points import (
+    ENTRY_POINT_GROUP,
+    installed_prefixes,
+    normalized,
+    prefix_root,
+)
 
 
 def install(source: Path, quiet: bool = False) -> tuple[str, str, Path]:
@@ -150,8 +128,6 @@ def _checked(target: Path) -> tuple[str, str]:
         raise IdrsError(f"the build installed {len(dists)} distributions; expected one")
     dist = dists[0]
     name, version = dist.metadata["Name"], dist.version
-    from harness.plugin.manager import ENTRY_POINT_GROUP
-
     if not [ep for ep in dist.entry_points if ep.group == ENTRY_POINT_GROUP]:
         raise IdrsError(f"{name} {version} declares no {ENTRY_POINT_GROUP!r} entry point: it is "
                         "not an idrs-bench plugin")  # fmt: skip
