@@ -22,14 +22,13 @@ from harness.plugin.hookspecs import CONTRACT
 from harness.plugin.manager import PluginManager
 
 HALF = '''
-"""Cohen's certifier at half the σ (the README's example plugin); records where it runs."""
+"""Cohen's certifier at half the σ (the README's example plugin); says where it runs."""
 import os
 
 from harness import Constant, MethodSpec, SigmaProviderSpec, hookimpl
 
 IDRS_BENCH_CONTRACT = 3
-with open(os.environ["IDRS_TEST_IMPORTED"], "a") as out:
-    out.write(f"{os.getpid()}\\n")
+IMPORTED_IN = f"imported in process {os.getpid()}"
 
 
 class HalfSigma:
@@ -45,7 +44,8 @@ class HalfSigma:
 
 @hookimpl
 def idrs_register_sigma_providers(register):
-    register(SigmaProviderSpec("half", lambda context, params: HalfSigma(params["sigma"])))
+    register(SigmaProviderSpec("half", lambda context, params: HalfSigma(params["sigma"]),
+                               IMPORTED_IN))
 
 
 @hookimpl
@@ -112,9 +112,8 @@ def test_a_truncated_stream_is_an_error_and_an_empty_one_its_end():
     ("IDRS_BENCH_CONTRACT = 2", "declares IDRS_BENCH_CONTRACT = 2"),
 ])  # fmt: skip
 def test_a_plugin_of_another_contract_is_refused_with_one_message(
-    install_plugin, tmp_path, monkeypatch, declaration, said
+    install_plugin, declaration, said
 ):
-    monkeypatch.setenv("IDRS_TEST_IMPORTED", str(tmp_path / "imported"))
     install_plugin("idrs_test_old", HALF.replace("IDRS_BENCH_CONTRACT = 3", declaration))
     manager = PluginManager()
     [failure] = [f for f in manager.failures if f.plugin == "idrs_test_old"]
@@ -140,10 +139,8 @@ def test_every_builtin_plugin_declares_the_contract():
 
 
 def test_a_third_party_plugin_runs_in_the_plugin_host_and_certifies_as_in_process(
-    install_plugin, tmp_path, monkeypatch, linear_model
+    install_plugin, linear_model
 ):
-    imported = tmp_path / "imported"
-    monkeypatch.setenv("IDRS_TEST_IMPORTED", str(imported))
     install_plugin("idrs_test_half", HALF)
     manager = PluginManager()
     rows = {row["name"]: row for row in manager.describe()}
@@ -151,7 +148,9 @@ def test_a_third_party_plugin_runs_in_the_plugin_host_and_certifies_as_in_proces
     assert rows["idrs_test_half"]["provides"]["methods"] == ["cohen-half"]
     assert rows["cohen"]["runs_in"] == "here"
     assert "idrs_test_half" not in sys.modules  # never imported by this process
-    assert [int(pid) for pid in imported.read_text().split()] != [os.getpid()]
+    [host] = manager._hosts.values()
+    said = manager.registry.get("sigma_providers", "half").description
+    assert said == f"imported in process {host._process.pid}" and host._process.pid != os.getpid()
 
     from harness.api import certify
 
@@ -165,8 +164,7 @@ def test_a_third_party_plugin_runs_in_the_plugin_host_and_certifies_as_in_proces
     assert "idrs_test_half" not in sys.modules
 
 
-def test_the_plugins_command_says_where_each_plugin_runs(install_plugin, tmp_path, monkeypatch):
-    monkeypatch.setenv("IDRS_TEST_IMPORTED", str(tmp_path / "imported"))
+def test_the_plugins_command_says_where_each_plugin_runs(install_plugin):
     install_plugin("idrs_test_half", HALF)
     out = subprocess.run([sys.executable, "-m", "harness.cli.main", "plugins", "--json"],
                          capture_output=True, text=True, check=True)  # fmt: skip
@@ -175,8 +173,7 @@ def test_the_plugins_command_says_where_each_plugin_runs(install_plugin, tmp_pat
     assert rows["idrs_test_half"]["version"] == "0.1"
 
 
-def test_a_plugin_host_that_dies_is_an_error_naming_it(install_plugin, tmp_path, monkeypatch):
-    monkeypatch.setenv("IDRS_TEST_IMPORTED", str(tmp_path / "imported"))
+def test_a_plugin_host_that_dies_is_an_error_naming_it(install_plugin):
     install_plugin("idrs_test_half", HALF.replace(
         "return torch.full((len(x),), self.sigma, device=x.device)", "os._exit(3)"))  # fmt: skip
     manager = PluginManager()
@@ -185,6 +182,25 @@ def test_a_plugin_host_that_dies_is_an_error_naming_it(install_plugin, tmp_path,
     provider = spec.build(context, {"sigma": 0.5})
     with pytest.raises(Exception, match=r"plugin host .*failed"):
         provider(torch.zeros(2, 2))
+
+
+def test_a_component_of_a_host_that_stopped_says_so_and_the_host_serves_again(install_plugin):
+    """A host killed between two requests (e.g. by the kernel's OOM killer) is started
+    again by the next one; a σ-provider it had built says it must be built again (its
+    handle is gone), and a new one works."""
+    install_plugin("idrs_test_half", HALF)
+    manager = PluginManager()
+    spec = manager.registry.get("sigma_providers", "half")
+    context = _context(manager)
+    provider = spec.build(context, {"sigma": 0.5})
+    [host] = manager._hosts.values()
+    host._process.kill()
+    host._process.wait()
+    with pytest.raises(Exception, match=r"built in a plugin host that has since stopped"):
+        provider(torch.zeros(2, 2))
+    assert torch.equal(
+        spec.build(context, {"sigma": 0.5})(torch.zeros(2, 2)), torch.full((2,), 0.25)
+    )
 
 
 def _context(manager):
@@ -256,9 +272,8 @@ def test_builtin_methods_served_by_a_plugin_host_certify_and_audit_as_in_process
 
 
 def test_the_plugin_host_reports_its_failures_and_obeys_the_plugin_selection(
-    install_plugin, tmp_path, monkeypatch
+    install_plugin, monkeypatch
 ):
-    monkeypatch.setenv("IDRS_TEST_IMPORTED", str(tmp_path / "imported"))
     install_plugin("idrs_test_half", HALF)
     install_plugin("idrs_test_broken", "raise ImportError('no module named nonexistent')\n")
     manager = PluginManager()
@@ -272,13 +287,12 @@ def test_the_plugin_host_reports_its_failures_and_obeys_the_plugin_selection(
     assert [f.plugin for f in manager.failures] == ["idrs_test_broken"]
 
 
-def test_a_sigma_batch_is_one_round_trip(install_plugin, tmp_path, monkeypatch):
-    monkeypatch.setenv("IDRS_TEST_IMPORTED", str(tmp_path / "imported"))
+def test_a_sigma_batch_is_one_round_trip(install_plugin):
     install_plugin("idrs_test_half", HALF)
     manager = PluginManager()
     provider = manager.registry.get("sigma_providers", "half").build(_context(manager),
                                                                      {"sigma": 0.5})  # fmt: skip
-    host = manager._host
+    [host] = manager._hosts.values()
     before = host.requests
     assert torch.equal(provider(torch.zeros(64, 2)), torch.full((64,), 0.25))
     assert host.requests == before + 1
@@ -317,9 +331,10 @@ def test_sequential_draws_cross_the_boundary_and_certify_as_in_process(tmp_path,
 
 BLOCKING_HARNESS = """
 import threading, time
-from harness.plugin.remote import PluginHost
+from harness.plugin.host_process import PluginHost
+from harness.plugin.confinement import hosts_confined
 
-host = PluginHost()
+host = PluginHost("idrs-test-blocking", ["idrs_test_blocking"], confined=hosts_confined(True))
 threading.Thread(target=lambda: host.request("describe"), daemon=True).start()
 while host._process is None:
     time.sleep(0.01)
@@ -331,7 +346,11 @@ time.sleep(600)
 def test_a_plugin_host_ends_with_the_harness_even_while_a_plugin_blocks(install_plugin):
     """A harness process killed while its plugin host is inside a plugin's code that never
     returns (here: its import) leaves no host behind: the host watches its parent."""
-    install_plugin("idrs_test_blocking", "import time\nIDRS_BENCH_CONTRACT = 3\ntime.sleep(600)\n")
+    install_plugin(
+        "idrs_test_blocking",
+        "import time\nIDRS_BENCH_CONTRACT = 3\ntime.sleep(600)\n",
+        distribution="idrs-test-blocking",
+    )
     harness = subprocess.Popen([sys.executable, "-c", BLOCKING_HARNESS], stdout=subprocess.PIPE,
                                text=True, env={**os.environ})  # fmt: skip
     try:

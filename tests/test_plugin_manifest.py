@@ -70,7 +70,8 @@ def installed(tmp_path):
     (site / "idrs_slow_plugin.py").write_text(PLUGIN)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: idrs-slow-plugin\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text("[idrs_bench]\nslow = idrs_slow_plugin\n")
-    marker = tmp_path / "imported"
+    marker = tmp_path / "cache" / "plugins" / "slow" / "imported"  # (its confined host may write
+    # its artifact folder, which the harness creates before it starts the host)
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), str(site), os.environ.get("PYTHONPATH", "")]),

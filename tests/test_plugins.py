@@ -10,7 +10,8 @@ from harness import hookimpl
 from harness.cli.main import main
 from harness.foundation.errors import DuplicateNameError, UnknownNameError
 from harness.plugin.components import MethodSpec
-from harness.plugin.manager import PluginManager, is_builtin
+from harness.plugin.entry_points import is_builtin
+from harness.plugin.manager import PluginManager
 
 
 def _method_plugin(name: str):

@@ -46,6 +46,7 @@ def run_checks(
     try:
         with kernels_restored():  # the session computes with deterministic kernels on CUDA
             session = AuditSession(store, run_id, options, progress, manager, budget, orders)
+            store.record_plugin_hosts(session.stored.run_id, manager.hosting())  # (the checks')
             rows = session.rows(method, entropy)
             if workers is None:
                 workers = default_workers(available_cores(), session.threads)

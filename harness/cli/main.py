@@ -28,7 +28,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness.cli.bench import add_bench_parser
-from harness.cli.plugins_table import plugins_command, warn_plugin_failures
+from harness.cli.plugins_table import add_plugins_parser, warn_plugin_failures
 from harness.cli.results_table import (
     RUN_WIDTH,
     attack_statement,
@@ -40,6 +40,7 @@ from harness.cli.results_table import (
 from harness.foundation.errors import IdrsError, plain
 from harness.foundation.threads import requested_threads, set_passive_wait
 from harness.foundation.version import __version__
+from harness.plugin.confinement import add_unconfined_option, opted_out
 from harness.reports.import_log import add_import_log_parser
 from harness.reports.leaderboard import add_compare_parser, add_leaderboard_parser
 from harness.store.integrity import check_database
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from harness.plugin.manager import PluginManager
 
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], object]] = [
+    add_plugins_parser,
     add_leaderboard_parser,
     add_compare_parser,
     add_bench_parser,
@@ -75,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
     try:
-        return args.handler(args)
+        with opted_out(getattr(args, "unconfined", False)):
+            return args.handler(args)
     except IdrsError as exc:
         _error(str(exc))
         return 2
@@ -156,6 +159,7 @@ def _parser() -> argparse.ArgumentParser:
         help="print the wall time of every stage at the end, and what each row's checks cost "
              "(seconds, σ queries, samples drawn) beside its certification",
     )  # fmt: skip
+    add_unconfined_option(run)
     run.set_defaults(handler=_run)
 
     results = sub.add_parser("results", help="summary metrics of a run")
@@ -209,11 +213,8 @@ def _parser() -> argparse.ArgumentParser:
         help="re-run every row's recorded audit (its entropy, budget and orders) on a copy of "
         "the run and fail on any verdict that differs from the stored one (nothing is stored)",
     )  # fmt: skip
+    add_unconfined_option(check)
     check.set_defaults(handler=_check)
-
-    plugins = sub.add_parser("plugins", help="list loaded plugins and what they provide")
-    plugins.add_argument("--json", action="store_true", help="machine-readable output")
-    plugins.set_defaults(handler=plugins_command)
 
     for add_parser in SUBCOMMANDS:
         add_parser(sub)

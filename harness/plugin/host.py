@@ -1,327 +1,47 @@
-"""The plugin host: ``python -m harness.plugin.host``, the process where third-party plugins run.
+"""The plugin host: ``python -m harness.plugin.host START``, the process where plugins run.
 
 The harness never imports a third-party plugin where it draws samples, runs checks or
-decides verdicts (harness/README.md, "Plugin host"). Their σ-providers, certifiers,
-radius formulas, trainers, method checks and datasets run here instead, and answer the
-harness's typed requests (:mod:`harness.plugin.messages`, framed by
-:mod:`harness.plugin.wire`): describe the plugins; build a σ-provider or certifier in a
-build context the harness describes (dataset, base model rebuilt from its description and
-state, device, seed, protocol, run, method, setting, run state); σ of a batch of points
-(with each row's gradient when asked); a claim per input from the harness's evidence; a
-re-derivation by a formula; a trained model's state. Every answer is a claim the harness
-audits. The host sees what it is asked about, no more: the samples of a certificate when
-the certifier is asked for its claim, a point when its σ is asked, never the audit's
-entropy or the harness's own engines.
+decides verdicts (harness/README.md, "Plugin host"). Each third-party distribution gets a
+host of its own (:class:`harness.plugin.host_process.PluginHost` starts it), so that one plugin
+cannot reach another's code, and the host answers the harness's requests
+(:mod:`harness.plugin.host_requests`). ``START`` is a JSON object: ``parent``, the
+harness's pid; ``distribution``, the one whose plugins this host loads (besides the
+built-ins; null: the built-ins only); ``prefix``, the folder it is installed in when
+``idrs-bench plugins install`` put it there (:mod:`harness.plugin.private_install`);
+``grants``, what the confined host may reach besides its Python
+(:class:`harness.plugin.confinement.Grants`), or null when the user ran it unconfined.
+
+Before it imports numpy, torch or any plugin, and before it starts a thread, the host
+confines itself (:func:`harness.plugin.confinement.confine`): a plugin's code, from its
+import on, reads only its Python, its own files and what the harness sends, writes only
+its scratch directory and artifact folders, opens no socket and cannot signal or
+ptrace the harness (docs/threat-model.md).
 
 Protocol: one request per message on stdin, one answer per message on the original
 stdout (plugins' prints go to stderr); ``{"ok": false, "error": ...}`` when a request
-fails. The process ends when its stdin closes, or when the harness's process (the pid
-it is started with) has ended while a plugin's code blocks: it never outlives the harness.
+fails (every request, when the host could not confine itself or load its plugins). The
+process ends when its stdin closes, or when the harness's process (the pid it is started
+with) has ended while a plugin's code blocks: it never outlives the harness.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import json
 import os
 import sys
 import threading
 import time
 import traceback
-from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
-import numpy as np
-import torch
-
-from harness.engine.determinism import enable_deterministic_kernels
-from harness.engine.exact import ExactSampling
-from harness.engine.precision import prepare_model
-from harness.engine.sampling import SamplingEngine
-from harness.foundation.data import Dataset
 from harness.foundation.errors import IdrsError
-from harness.foundation.progress import Progress
-from harness.foundation.runstate import RunState
-from harness.mathematics.radius import (
-    formula_from_record,
-    formula_record,
-    is_pure,
-    trusted_packages,
-)
-from harness.plugin import messages, model_description, wire
-from harness.plugin.components import BuildContext, RunMemo, TrainContext
-from harness.plugin.manager import PluginManager
+from harness.plugin import confinement
 
 
-class _Missing:
-    """Stands for a training split the harness does not have (e.g. ``harness.api.certify``
-    without ``train_inputs``); any use says so."""
-
-    def _fail(self, *_: Any, **__: Any):
-        raise IdrsError("this method needs the training inputs, which the harness does not have "
-                        "here: pass certify(..., train_inputs=X_train, train_labels=y_train)")  # fmt: skip
-
-    __len__ = __getitem__ = __iter__ = _fail
-
-    def __getattr__(self, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        self._fail()
-
-
-class _AbsentModel(torch.nn.Module):
-    """Stands for a base model the harness could not describe (not of a registered
-    architecture); a plugin that queries it is told why."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__()
-        self.reason = reason
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        raise IdrsError(f"the plugin host has no copy of the base model: {self.reason}")
-
-
-class Host:
-    """The objects a plugin host keeps: built components by handle, contexts, base models,
-    datasets' arrays and run memos (each named by the harness)."""
-
-    def __init__(self) -> None:
-        self.manager = PluginManager(isolated=False)  # every plugin, in this process
-        self.registry = self.manager.registry
-        self.objects: dict[int, Any] = {}
-        self.contexts: dict[str, BuildContext] = {}
-        self.models: dict[str, torch.nn.Module] = {}
-        self.arrays: dict[str, torch.Tensor] = {}
-        self.memos: dict[str, RunMemo] = {}
-        self.engines: dict[tuple, SamplingEngine] = {}
-        self.handles = 0
-
-    def serve(self, request: dict[str, Any]) -> dict[str, Any]:
-        threads = request.get("threads")
-        if isinstance(threads, int) and threads >= 1 and threads != torch.get_num_threads():
-            torch.set_num_threads(threads)  # the harness's count (a run's own, on CPU)
-        for update in request.get("updates", ()):
-            model_description.update(self.models[update["key"]], update["description"],
-                                     update["state"])  # fmt: skip
-        for handle in request.get("release", ()):
-            self.objects.pop(handle, None)
-        for token in request.get("forget", ()):
-            self.contexts.pop(token, None)
-        op = request.get("op")
-        handler = getattr(self, f"op_{op}", None)
-        if handler is None:
-            raise IdrsError(f"the plugin host has no request {op!r}")
-        return handler(request) or {}
-
-    def _keep(self, obj: Any) -> int:
-        self.handles += 1
-        self.objects[self.handles] = obj
-        return self.handles
-
-    # --- the plugins ------------------------------------------------------------------
-
-    def op_describe(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Every plugin loaded here and what it registered (names, defaults, compositions)."""
-        plugins = self.manager.describe()
-        components = []
-        for kind in ("sigma_providers", "certifiers", "trainers", "methods", "datasets",
-                     "models", "checks"):  # fmt: skip
-            for name in self.registry.names(kind):
-                spec = self.registry.get(kind, name)
-                item = {"kind": kind, "name": name, "plugin": self.registry.provider(kind, name),
-                        "description": getattr(spec, "description", "")}  # fmt: skip
-                if hasattr(spec, "defaults"):
-                    item["defaults"] = dict(spec.defaults)
-                if kind == "methods":
-                    item |= {"sigma_provider": spec.sigma_provider, "certifier": spec.certifier,
-                             "check": spec.check is not None}  # fmt: skip
-                if kind == "datasets":
-                    item["class_names"] = list(spec.class_names)
-                components.append(item)
-        failures = [
-            {"plugin": f.plugin, "error": f.error, "stage": f.stage,
-             "distribution": f.distribution, "version": f.version,
-             "provides": None if f.provides is None else {k: list(v) for k, v in f.provides.items()}}
-            for f in self.manager.failures
-        ]  # fmt: skip
-        return {"plugins": plugins, "components": components, "failures": failures,
-                "builtin": sorted(self.manager.builtin_plugins())}  # fmt: skip
-
-    def op_check_params(self, request: dict[str, Any]) -> None:
-        check = self.registry.get("methods", request["method"]).check
-        if check is not None:
-            check(request["params"])
-
-    def op_load_dataset(self, request: dict[str, Any]) -> dict[str, Any]:
-        spec = self.registry.get("datasets", request["name"])
-        data = spec.load(data_root=request.get("data_root"), download=bool(request.get("download")),
-                         seed=int(request.get("seed", 0)), **request.get("family", {}))  # fmt: skip
-        return {"dataset": {"name": data.name, "train_x": data.train_x, "train_y": data.train_y,
-                            "test_x": data.test_x, "test_y": data.test_y,
-                            "num_classes": data.num_classes, "class_names": list(data.class_names),
-                            "files": dict(data.files)}}  # fmt: skip
-
-    def op_train(self, request: dict[str, Any]) -> dict[str, Any]:
-        model = model_description.rebuild(self.registry, request["model"]["description"],
-                                          request["model"]["state"])  # fmt: skip
-        device = torch.device(request["device"])
-        context = TrainContext(device=device, seed=int(request["seed"]),
-                               progress=Progress(enabled=not request.get("quiet", False)))  # fmt: skip
-        trainer = self.registry.get("trainers", request["trainer"])
-        trainer.train(model.to(device), self._dataset(request["dataset"]), request["params"],
-                      context)  # fmt: skip
-        return {"state": model_description.state_of(model)}
-
-    # --- build contexts and components --------------------------------------------------
-
-    def op_context(self, request: dict[str, Any]) -> None:
-        """A build context the harness describes, kept under its token."""
-        described = request["context"]
-        device = torch.device(described["device"])
-        enable_deterministic_kernels(device)  # σ and fits computed here are a run's, as there
-        model = self._model(described["model"], device)
-        protocol = messages.protocol_from(described["protocol"])
-        engine = described["engine"]
-        key = (described["model"]["key"], protocol.precision, protocol.channels_last,
-               *(engine.get(k) for k in ("num_classes", "batch_size", "seed", "noise",
-                                         "pad_batches", "exact")))  # fmt: skip
-        if key not in self.engines:  # shared by the contexts of one engine, as in the harness
-            settings = (int(engine["num_classes"]), device, int(engine["batch_size"]),
-                        int(engine["seed"]))  # fmt: skip
-            if engine.get("exact"):  # an analytic model of the checks (harness.engine.exact)
-                self.engines[key] = ExactSampling(
-                    prepare_model(model, protocol), model.class_probabilities, *settings,
-                    engine["noise"], bool(engine["pad_batches"]), bool(model.one_hot))  # fmt: skip
-            else:
-                self.engines[key] = SamplingEngine(
-                    prepare_model(model, protocol), *settings, noise=engine["noise"],
-                    pad_batches=bool(engine["pad_batches"]))  # fmt: skip
-        sampling = self.engines[key]
-        records = described.get("state")
-        state = None if records is None else RunState(messages.records_from(records, "harness"))
-        root = described.get("artifact_root")
-        self.contexts[described["token"]] = BuildContext(
-            dataset=self._dataset(described["dataset"]), model=model, device=device,
-            seed=int(described["seed"]), protocol=protocol, engine=sampling,
-            progress=Progress(enabled=not described.get("quiet", False)), registry=self.registry,
-            recipe_hash=described.get("recipe_hash"), run_id=described.get("run_id"),
-            method=described.get("method"), setting=described.get("setting"), state=state,
-            artifact_root=None if root is None else Path(root),
-            memos=self._memo(described["memo"], described.get("inputs_memo")),
-        )  # fmt: skip
-
-    def _memo(self, token: str, inputs: str | None) -> RunMemo:
-        """The run memo the harness names ``token``, sharing its inputs-only values with the
-        memo it names ``inputs`` (itself when they are one)."""
-        if token not in self.memos:
-            shared = self.memos.get(inputs) if inputs not in (None, token) else None
-            if inputs not in (None, token) and shared is None:
-                shared = self.memos[inputs] = RunMemo()
-            self.memos[token] = RunMemo(shared)
-        return self.memos[token]
-
-    def _model(self, described: dict[str, Any], device: torch.device) -> torch.nn.Module:
-        key = described["key"]
-        if "absent" in described:
-            self.models[key] = _AbsentModel(described["absent"])
-        elif "description" in described:
-            model = model_description.rebuild(self.registry, described["description"],
-                                              described["state"])  # fmt: skip
-            self.models[key] = model.to(device)
-        return self.models[key]
-
-    def _dataset(self, described: dict[str, Any]) -> Dataset:
-        def array(value: Any) -> Any:
-            if isinstance(value, dict) and "file" in value:
-                path = value["file"]
-                if path not in self.arrays:
-                    self.arrays[path] = torch.from_numpy(np.load(path, allow_pickle=False))
-                return self.arrays[path]
-            return _Missing() if value is None else value
-
-        return Dataset(described["name"], array(described["train_x"]),
-                       array(described["train_y"]), array(described["test_x"]),
-                       array(described["test_y"]), int(described["num_classes"]),
-                       tuple(described.get("class_names", ())), dict(described.get("files", {})))  # fmt: skip
-
-    def op_build_sigma_provider(self, request: dict[str, Any]) -> dict[str, Any]:
-        context = self.contexts[request["context"]]
-        spec = self.registry.get("sigma_providers", request["name"])
-        provider = spec.build(context, request["params"])
-        declaration: dict[str, Any] = {
-            "regularity": messages.regularity_message(provider.regularity),
-            "weights": getattr(provider, "weights", None),
-        }
-        smoothing = getattr(provider, "smoothing", None)
-        if smoothing is not None:
-            declaration["smoothing"] = {
-                "noise": smoothing.noise, "levels": list(smoothing.levels),
-                "alpha": smoothing.alpha, "architecture": smoothing.architecture,
-                "architecture_params": dict(smoothing.architecture_params or {}),
-                "state": model_description.state_of(smoothing.model),
-            }  # fmt: skip
-        return {"handle": self._keep(provider), "declaration": declaration}
-
-    def op_build_certifier(self, request: dict[str, Any]) -> dict[str, Any]:
-        context = self.contexts[request["context"]]
-        params = request["params"]
-        provider = request["provider"]
-        if "handle" in provider:
-            sigma_provider = self.objects[provider["handle"]]
-        else:  # the harness built it itself (a built-in one); the certifier gets its own copy
-            sigma_provider = self.registry.get("sigma_providers", provider["name"]).build(context,
-                                                                                          params)  # fmt: skip
-        certifier = self.registry.get("certifiers", request["name"]).build(context, params,
-                                                                           sigma_provider)  # fmt: skip
-        formula = certifier.radius_formula
-        return {"handle": self._keep(certifier), "declaration": {
-            "smoothing": certifier.smoothing, "order_dependent": bool(certifier.order_dependent),
-            "radius_formula": formula_record(formula), "impure": formula.impure_parts(),
-        }}  # fmt: skip
-
-    # --- what a built component answers -------------------------------------------------
-
-    def op_sigma(self, request: dict[str, Any]) -> dict[str, Any]:
-        provider = self.objects[request["handle"]]
-        x = request["x"].to(request["device"])
-        if not request.get("gradient"):
-            with torch.no_grad():
-                return {"sigma": provider(x), "gradient": None}
-        x.requires_grad_(True)
-        with torch.enable_grad():
-            sigma = provider(x)
-            gradient = None
-            if isinstance(sigma, torch.Tensor) and sigma.requires_grad:
-                (gradient,) = torch.autograd.grad(sigma.sum(), x, allow_unused=True)
-        return {"sigma": sigma.detach() if isinstance(sigma, torch.Tensor) else sigma,
-                "gradient": gradient}  # fmt: skip
-
-    def op_certify(self, request: dict[str, Any]) -> dict[str, Any]:
-        certifier = self.objects[request["handle"]]
-        context = self.contexts[request["context"]]
-        evidence = messages.evidence_from(request["evidence"], context.device)
-        claims = [messages.claim_message(c) for c in certifier.certify(evidence)]
-        staged = [] if context.state is None else context.state.take()
-        return {"claims": claims, "staged": messages.records_message(staged)}
-
-    def op_ball_sigmas(self, request: dict[str, Any]) -> dict[str, Any]:
-        sigmas = self.objects[request["handle"]].ball_sigmas(request["rows"])
-        return {"ids": [int(k) for k in sigmas], "sigmas": [float(v) for v in sigmas.values()]}
-
-    def op_order_spread(self, request: dict[str, Any]) -> dict[str, Any]:
-        inputs = dict(zip(request["ids"], request["x"], strict=True))
-        return {"spread": self.objects[request["handle"]].order_spread(
-            request["certificates"], inputs, int(request["orders"]), request["radii"],
-            int(request["seed"]))}  # fmt: skip
-
-    def op_recompute(self, request: dict[str, Any]) -> dict[str, Any]:
-        formula = formula_from_record(request["formula"], trusted_packages())
-        recomputed = formula.derive(request["rows"], request["inputs"],
-                                    messages.protocol_from(request["protocol"]),
-                                    messages.regularity_from(request["regularity"], "harness"))  # fmt: skip
-        return {"recomputed": messages.recomputed_message(recomputed),
-                "pure": is_pure(formula.recompute)}  # fmt: skip
-
-
-def _answer_error(exc: BaseException) -> dict[str, Any]:
+def answer_error(exc: BaseException) -> dict[str, Any]:
+    """The answer to a request that failed with ``exc``."""
     kind = type(exc).__name__ if isinstance(exc, IdrsError) else "error"
     message = str(exc) if isinstance(exc, IdrsError) else f"{type(exc).__name__}: {exc}"
     return {"ok": False, "error": message, "error_type": kind,
@@ -345,20 +65,64 @@ def exit_with_parent(parent: int, poll: float = PARENT_POLL_SECONDS) -> threadin
     return thread
 
 
+def distribution_paths(name: str | None, prefix: str | None) -> list[str]:
+    """What a distribution's code is read from: its private prefix, and the source folder
+    of an editable install (``direct_url.json``, PEP 610)."""
+    paths = [] if prefix is None else [prefix]
+    if name is None:
+        return paths
+    try:
+        dist = importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return paths
+    described = json.loads(dist.read_text("direct_url.json") or "{}")
+    url = urlparse(str(described.get("url", "")))
+    if url.scheme == "file" and described.get("dir_info", {}).get("editable"):
+        paths.append(unquote(url.path))
+    return paths
+
+
+def confine(start: dict[str, Any]) -> int:
+    """Confine this process as ``start`` says; the Landlock ABI it is confined with (0:
+    unconfined, as the user asked)."""
+    if start.get("grants") is None:
+        return 0
+    given = confinement.Grants.from_message(start["grants"])
+    read = [*given.read, *confinement.python_paths(), *confinement.SYSTEM_READ,
+            *distribution_paths(start.get("distribution"), start.get("prefix"))]  # fmt: skip
+    grants = confinement.Grants(confinement.existing(read), confinement.existing(given.write),
+                                confinement.existing([*confinement.SYSTEM_DEVICES,
+                                                      *given.devices]))  # fmt: skip
+    return confinement.confine(grants).abi
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Serve requests until stdin closes or the harness's process ends (its pid the
-    argument, default this process's parent; see the module docstring)."""
+    """Confine, load the plugins, then serve requests until stdin closes or the harness's
+    process ends (see the module docstring)."""
     argv = sys.argv[1:] if argv is None else argv
-    exit_with_parent(int(argv[0]) if argv else os.getppid())
+    start = json.loads(argv[0]) if argv else {}
     channel = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a plugin's print goes to stderr
     sys.stdout = sys.stderr
-    requests = sys.stdin.buffer
+    error = None
     try:
-        host: Host | None = Host()
-        error = None
-    except Exception as exc:  # every request is then answered with why the host is broken
-        host, error = None, _answer_error(exc)
+        abi = confine(start)  # first: before any thread, numpy, torch or plugin
+    except Exception as exc:
+        error = answer_error(exc)
+    exit_with_parent(int(start.get("parent", os.getppid())))
+    from harness.plugin import wire
+
+    host = None
+    if error is None:
+        if start.get("prefix"):
+            sys.path.insert(0, start["prefix"])  # (not a site folder: no .pth file runs)
+        try:
+            from harness.plugin.host_requests import Host
+
+            host = Host(start.get("distribution"), abi)
+        except Exception as exc:  # every request is then answered with why the host is broken
+            error = answer_error(exc)
+    requests = sys.stdin.buffer
     while True:
         try:
             request = wire.read_message(requests)
@@ -370,11 +134,11 @@ def main(argv: list[str] | None = None) -> None:
         try:
             answer = {"ok": True, **host.serve(request)}
         except Exception as exc:
-            answer = _answer_error(exc)
+            answer = answer_error(exc)
         try:
             wire.write_message(channel, answer)
         except wire.WireError as exc:  # e.g. a σ-provider that returned a list of objects
-            wire.write_message(channel, _answer_error(IdrsError(
+            wire.write_message(channel, answer_error(IdrsError(
                 f"the plugin's answer to {request.get('op')!r} cannot be sent to the harness: {exc}")))  # fmt: skip
 
 

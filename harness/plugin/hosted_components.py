@@ -15,12 +15,13 @@ dataset's ``load``, a method's ``check``. Two kinds stay out of the harness's pr
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from harness.foundation.data import Dataset
-from harness.foundation.errors import ContractError, IdrsError
+from harness.foundation.errors import ContractError, DuplicateNameError, IdrsError
 from harness.plugin import model_description
 from harness.plugin.components import (
     BuildContext,
@@ -32,8 +33,9 @@ from harness.plugin.components import (
     TrainContext,
     TrainerSpec,
 )
-from harness.plugin.registry import COMPONENT_KINDS, Registry
-from harness.plugin.remote import PluginHost, RemoteCertifier, RemoteSigmaProvider, _Bound
+from harness.plugin.host_process import HostStopped, PluginHost
+from harness.plugin.registry import COMPONENT_KINDS, PluginFailure, Registry
+from harness.plugin.remote import RemoteCertifier, RemoteSigmaProvider, _Bound
 
 SERVED = ("sigma_providers", "certifiers", "trainers", "methods", "datasets")
 """What a plugin host serves of a third-party plugin (models are refused, checks not run)."""
@@ -42,22 +44,34 @@ BUILTINS_SERVED = ("sigma_providers", "certifiers", "trainers")
 
 
 class _Factory:
-    """A component's callable, answered by the plugin host."""
+    """A component's callable, answered by the plugin host (``builtin``: of a built-in
+    plugin, served by a host with ``IDRS_BENCH_ISOLATE=all``)."""
 
-    def __init__(self, host: PluginHost, kind: str, name: str, plugin: str) -> None:
+    def __init__(self, host: PluginHost, kind: str, name: str, plugin: str,
+                 builtin: bool = False) -> None:  # fmt: skip
         self.host, self.kind, self.name, self.plugin = host, kind, name, plugin
+        self.builtin = builtin
 
     def who(self) -> str:
         singular = {"sigma_providers": "σ-provider", "certifiers": "certifier",
                     "trainers": "trainer", "datasets": "dataset", "methods": "method"}  # fmt: skip
         return f"{singular[self.kind]} {self.name!r} (plugin {self.plugin!r}, in its plugin host)"
 
-    def _build(self, op: str, context: BuildContext, **fields: Any) -> tuple[_Bound, dict]:
-        token = self.host.context(context)
-        answer = self.host.request(op, context=token, name=self.name,
-                                   updates=self.host.updates(context), **fields)  # fmt: skip
-        bound = _Bound(self.host, int(answer["handle"]), self.host.generation, context, token,
-                       self.who())  # fmt: skip
+    def _build(self, op: str, context: BuildContext, host: PluginHost | None = None,
+               **fields: Any) -> tuple[_Bound, dict]:  # fmt: skip
+        host = host or self.host
+        for retry in (False, True):  # once more when the host stopped after the context
+            token = host.context(context)
+            generation = host.generation  # (the token's: a host started again knows none)
+            try:
+                answer = host.request(op, generation, context=token, name=self.name,
+                                      updates=host.updates(context), **fields)  # fmt: skip
+                break
+            except HostStopped:
+                if retry:
+                    raise
+        bound = _Bound(host, int(answer["handle"]), generation, context, token, self.who(),
+                       self.builtin)  # fmt: skip
         return bound, answer["declaration"]
 
 
@@ -68,22 +82,36 @@ class SigmaProviderFactory(_Factory):
 
 
 class CertifierFactory(_Factory):
-    """Builds a certifier in the host with the σ-provider it certifies: the host's own one
-    behind a proxy, or, for a σ-provider this process built (the method's, named by
-    ``context.method``), a copy the host builds by name."""
+    """Builds a certifier in a host with the σ-provider it certifies: that host's own one
+    behind a proxy, or, for a σ-provider this process or another host built (the method's,
+    named by ``context.method``), a copy the host builds by name (a built-in one: every
+    host loads the built-ins). A built-in certifier is built in the host of a hosted
+    σ-provider; two third-party distributions never share a host."""
 
     def __call__(
         self, context: BuildContext, params: Mapping[str, Any], sigma_provider: Any
     ) -> RemoteCertifier:
+        host = self.host
+        provider: dict[str, Any] | None = None
         if isinstance(sigma_provider, RemoteSigmaProvider):
-            provider: dict[str, Any] = {"handle": sigma_provider._bound.handle}
-        elif context.method is not None and context.registry is not None:
+            theirs = sigma_provider._bound
+            if theirs.host is not host and self.builtin:
+                host = theirs.host
+            if theirs.host is host:
+                provider = {"handle": theirs.handle}
+            elif not theirs.builtin:
+                raise ContractError(
+                    f"{self.who()} certifies {theirs.who}, of another plugin distribution; each "
+                    "distribution runs in a plugin host of its own, so a method composes the "
+                    "components of one distribution and the built-ins"
+                )
+        if provider is None:
+            if context.method is None or context.registry is None:
+                raise ContractError(f"{self.who()} is built in a plugin host, which needs the "
+                                    "method (context.method) to build its σ-provider there")  # fmt: skip
             provider = {"name": context.registry.get("methods", context.method).sigma_provider}
-        else:
-            raise ContractError(f"{self.who()} is built in a plugin host, which needs the "
-                                "method (context.method) to build its σ-provider there")  # fmt: skip
-        bound, declaration = self._build("build_certifier", context, params=dict(params),
-                                         provider=provider)  # fmt: skip
+        bound, declaration = self._build("build_certifier", context, host=host,
+                                         params=dict(params), provider=provider)  # fmt: skip
         return RemoteCertifier(bound, declaration)
 
 
@@ -108,6 +136,8 @@ class Trainer(_Factory):
 class DatasetLoader(_Factory):
     def __call__(self, data_root: str | None = None, download: bool = False, seed: int = 0,
                  **family: Any) -> Dataset:  # fmt: skip
+        if data_root is not None:
+            self.host.grant_read(data_root)
         answer = self.host.request("load_dataset", name=self.name, data_root=data_root,
                                    download=download, seed=seed, family=family)["dataset"]  # fmt: skip
         tensors = [answer.get(k) for k in ("train_x", "train_y", "test_x", "test_y")]
@@ -137,13 +167,15 @@ def _refused_model(name: str, plugin: str):
 
 def hosted_registry(
     local: Registry, host: PluginHost, described: Mapping[str, Any], builtins_too: bool
-) -> tuple[Registry, list[str]]:
-    """``local`` (the plugins of this process) plus the host's components: every served
-    kind of a third-party plugin, and with ``builtins_too`` a built-in plugin's σ-providers,
-    certifiers and trainers in place of this process's. Returns the registry and the
-    third-party checks it leaves out."""
+) -> tuple[Registry, list[str], list[PluginFailure]]:
+    """``local`` (the plugins of this process, and of the hosts merged so far) plus the
+    host's components: every served kind of a third-party plugin, and with ``builtins_too``
+    a built-in plugin's σ-providers, certifiers and trainers in place of this process's.
+    Returns the registry, the third-party checks it leaves out, and the failure of each
+    plugin left out whole because a name it registers is taken (by a plugin of this
+    process or of another host)."""
     builtin = set(described.get("builtin", ()))
-    remote: list[tuple[str, Any, str]] = []
+    remote: dict[str, list[tuple[str, Any]]] = {}
     not_run: list[str] = []
     for item in described.get("components", ()):
         kind, name, plugin = item["kind"], item["name"], item["plugin"]
@@ -151,38 +183,74 @@ def hosted_registry(
         if kind == "checks" and third:
             not_run.append(f"{name} (plugin {plugin!r})")
         elif kind == "models" and third:
-            remote.append((kind, ModelSpec(name, _refused_model(name, plugin),
-                                           item.get("defaults", {}), item["description"]), plugin))  # fmt: skip
+            remote.setdefault(plugin, []).append((kind, ModelSpec(
+                name, _refused_model(name, plugin), item.get("defaults", {}),
+                item["description"])))  # fmt: skip
         elif (third and kind in SERVED) or (builtins_too and kind in BUILTINS_SERVED):
-            remote.append((kind, _spec(host, item), plugin))
-    replaced = {(kind, spec.name) for kind, spec, _ in remote}
+            remote.setdefault(plugin, []).append((kind, _spec(host, item, not third)))
+    replaced = {(kind, spec.name) for specs in remote.values() for kind, spec in specs
+                if builtins_too and spec.name in local.names(kind)}  # fmt: skip
     registry = Registry()
     for kind in COMPONENT_KINDS:
         for name in local.names(kind):
             if (kind, name) not in replaced:
                 registry.add(kind, local.get(kind, name), local.provider(kind, name))
-    for kind, spec, plugin in remote:
-        if spec.name not in registry.names(kind):  # a name this process already has keeps it
-            registry.add(kind, spec, plugin)
+    failures = []
+    origins = {p["name"]: p for p in described.get("plugins", ())}
+    for plugin, specs in remote.items():
+        try:
+            registry.add_all(plugin, specs)
+        except DuplicateNameError as exc:
+            origin = origins.get(plugin, {})
+            names: dict[str, tuple[str, ...]] = {}
+            for kind, spec in specs:
+                names[kind] = (*names.get(kind, ()), spec.name)
+            failures.append(PluginFailure(plugin, f"DuplicateNameError: {exc}", "register",
+                                          origin.get("distribution"), origin.get("version"),
+                                          names))  # fmt: skip
     local.copy_origins(registry)
     for hosted in described.get("plugins", ()):
         if hosted["name"] not in builtin:
             registry.set_origin(hosted["name"], hosted.get("distribution"), hosted.get("version"))
-    return registry, not_run
+    return registry, not_run, failures
 
 
-def _spec(host: PluginHost, item: Mapping[str, Any]) -> Any:
+def _spec(host: PluginHost, item: Mapping[str, Any], builtin: bool) -> Any:
     kind, name, plugin = item["kind"], item["name"], item["plugin"]
     description = str(item.get("description", ""))
     defaults = dict(item.get("defaults", {}))
     if kind == "sigma_providers":
-        return SigmaProviderSpec(name, SigmaProviderFactory(host, kind, name, plugin), description)
+        return SigmaProviderSpec(name, SigmaProviderFactory(host, kind, name, plugin, builtin),
+                                 description)  # fmt: skip
     if kind == "certifiers":
-        return CertifierSpec(name, CertifierFactory(host, kind, name, plugin), description)
+        return CertifierSpec(name, CertifierFactory(host, kind, name, plugin, builtin), description)
     if kind == "trainers":
-        return TrainerSpec(name, Trainer(host, kind, name, plugin), defaults, description)
+        return TrainerSpec(name, Trainer(host, kind, name, plugin, builtin), defaults, description)
     if kind == "datasets":
         return DatasetSpec(name, DatasetLoader(host, kind, name, plugin), description,
                            tuple(item.get("class_names", ())))  # fmt: skip
     check = ParameterCheck(host, kind, name, plugin) if item.get("check") else None
     return MethodSpec(name, item["sigma_provider"], item["certifier"], defaults, description, check)
+
+
+def failures_from_host(
+    described: Mapping[str, Any], local: Mapping[str, Any]
+) -> list[PluginFailure]:
+    """The plugins a host failed to load or register (but those of ``local``, this
+    process's own), each with what the plugin manifest last recorded it provides when the
+    host could not say (:meth:`harness.plugin.host_requests.Host.op_describe`)."""
+    from harness.plugin import manifest as plugin_manifest
+
+    out = []
+    for record in described.get("failures", ()):
+        if record["plugin"] in local:
+            continue
+        provides = record.get("provides")
+        failure = PluginFailure(
+            str(record["plugin"]), str(record["error"]), str(record.get("stage", "load")),
+            record.get("distribution"), record.get("version"),
+            None if provides is None else {k: tuple(v) for k, v in provides.items()},
+        )  # fmt: skip
+        recorded = None if provides is not None else plugin_manifest.recorded_names(failure.plugin)
+        out.append(failure if recorded is None else replace(failure, provides=recorded))
+    return out

@@ -1,25 +1,23 @@
 """The plugin manager: loads every plugin from the ``idrs_bench`` entry points.
 
-Built-in and third-party plugins are found the same way, through the entry points of
-the group ``idrs_bench`` (the built-ins are declared in ``pyproject.toml``'s
-``[project.entry-points.idrs_bench]`` table). A plugin is *built-in* when the
-distribution that declares its entry point is this one (``idrs-bench``), *third-party*
-otherwise. The environment variable ``IDRS_BENCH_PLUGINS`` restricts which
-third-party plugins load: unset loads all, ``""`` loads none, ``"a,b"`` loads only
-``a`` and ``b``; built-ins always load (the checks and the default benchmark rely on
-them). A plugin that fails to import or to register is recorded in
-:attr:`PluginManager.failures` and skipped; everything else keeps working. A
-component name provided twice fails naming both plugins
+Built-in and third-party plugins are found the same way (:mod:`harness.plugin.entry_points`:
+this environment's entry points and the private prefixes of ``idrs-bench plugins
+install``); a plugin is *built-in* when its entry point is this distribution's
+(``idrs-bench``). ``IDRS_BENCH_PLUGINS`` restricts which third-party plugins load (unset:
+all, ``""``: none, ``"a,b"``: ``a`` and ``b``); built-ins always load. A plugin that fails
+to import or to register is recorded in :attr:`PluginManager.failures` and skipped;
+everything else keeps working. A component name provided twice fails naming both plugins
 (:class:`~harness.foundation.errors.DuplicateNameError`).
 
-Third-party plugins are never imported by the harness's own process: a plugin host
-(:mod:`harness.plugin.host`, started when first needed: :attr:`PluginManager.registry`,
-:meth:`PluginManager.describe`, :attr:`PluginManager.failures`) imports them, and the
-registry holds specs that ask it (:mod:`harness.plugin.hosted_components`;
-harness/README.md, "Plugin host"). The plugin host's own manager is made with
-``isolated=False`` and imports them in its process. A benchmark file is checked before
-that against what they registered last time (:meth:`PluginManager.checking_registry`,
-:mod:`harness.plugin.manifest`), so that its errors do not wait for a plugin host.
+Third-party plugins are never imported by the harness's own process: plugin hosts
+(:mod:`harness.plugin.host`, one per distribution, confined by the kernel:
+:mod:`harness.plugin.confinement`; started when first needed: :attr:`PluginManager.registry`,
+:meth:`PluginManager.describe`, :attr:`PluginManager.failures`) import them, and the
+registry holds specs that ask them (:mod:`harness.plugin.hosted_components`;
+harness/README.md, "Plugin host"). A plugin host's own manager is made with
+``isolated=False`` and imports its distribution's plugins in its process. A benchmark
+file is checked before that against what they registered last time
+(:meth:`PluginManager.checking_registry`, :mod:`harness.plugin.manifest`).
 
 Every plugin declares the version of the plugin contract it was written against, as
 ``IDRS_BENCH_CONTRACT = 3`` in its module (:data:`~harness.plugin.hookspecs.CONTRACT`);
@@ -40,19 +38,29 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pluggy
 
 from harness.foundation.errors import ContractError, DuplicateNameError, IdrsError
-from harness.plugin import hookspecs
+from harness.plugin import confinement, hookspecs
+from harness.plugin.confinement import hosts_confined
+from harness.plugin.entry_points import (
+    DISTRIBUTION,
+    ENTRY_POINT_GROUP,
+    PLUGINS_ENV_VAR,
+    allowed_external_plugins,
+    distribution_of,
+    installed_prefixes,
+    is_builtin,
+    plugin_entry_points,
+    top_module,
+)
 from harness.plugin.hookspecs import CONTRACT, CONTRACT_ATTRIBUTE, PORTING
 from harness.plugin.registry import COMPONENT_KINDS, PluginFailure, Registry
 
-ENTRY_POINT_GROUP = "idrs_bench"
-DISTRIBUTION = "idrs-bench"
-PLUGINS_ENV_VAR = "IDRS_BENCH_PLUGINS"
 ISOLATE_ENV = "IDRS_BENCH_ISOLATE"
 """``all``: the built-in σ-providers, certifiers and trainers are served by a plugin host
 too (to exercise and measure the boundary); unset or ``third-party``: only third-party ones."""
@@ -61,9 +69,11 @@ too (to exercise and measure the boundary); unset or ``third-party``: only third
 class PluginManager:
     """pluggy's manager plus the component registry built from the register hooks."""
 
-    def __init__(self, third_party: bool = True, isolated: bool = True) -> None:
-        """Load the built-in plugins and, unless ``third_party`` is False, the others: in a
-        plugin host, or in this process when ``isolated`` is False (the plugin host's own)."""
+    def __init__(self, third_party: bool = True, isolated: bool = True,
+                 distribution: str | None = None) -> None:  # fmt: skip
+        """Load the built-in plugins and, unless ``third_party`` is False, the others: in
+        plugin hosts (one per distribution), or in this process when ``isolated`` is False
+        (a plugin host's own, which loads ``distribution``'s only)."""
         self.pm = pluggy.PluginManager("idrs_bench")
         self.pm.add_hookspecs(hookspecs)
         self._failures: list[PluginFailure] = []
@@ -74,10 +84,14 @@ class PluginManager:
         self._third_party: list[importlib.metadata.EntryPoint] = []
         self._builtin: list[str] = []
         self._isolated = isolated
+        self._distribution = distribution
+        self._prefixes: dict[str, Path] = (installed_prefixes() if isolated and third_party
+                                           else {})  # distribution -> its private prefix  # fmt: skip
         self._serves_third_party = third_party  # (a manager of built-ins only never hosts)
-        self._host = None  # the plugin host (harness.plugin.remote.PluginHost), once started
-        self._hosted: dict[str, Any] = {}  # what it described
+        self._hosts: dict[str | None, Any] = {}  # distribution (None: built-ins) -> PluginHost
+        self._hosted: dict[str | None, dict[str, Any]] = {}  # what each described
         self._host_failures: list[PluginFailure] = []  # what failed there
+        self._taken: list[PluginFailure] = []  # plugins of hosts whose names were taken
         self.not_run: list[str] = []
         """Third-party checks the harness does not run (verdicts are the harness's own)."""
         self._local: set[str] = set()  # registered by the caller, not from an entry point
@@ -99,17 +113,17 @@ class PluginManager:
     def failures(self) -> list[PluginFailure]:
         """Plugins that failed to import or register (every plugin is loaded first)."""
         self.load_all()
-        if self._host is not None or self._pending_hosted():
+        if self._hosts or self._pending_hosted():
             self.registry  # noqa: B018 (a plugin host reports its plugins' failures)
-        return [*self._failures, *self._host_failures]
+        return [*self._failures, *self._host_failures, *self._taken]
 
     def load_all(self) -> None:
-        """Load the third-party plugins not loaded yet: describe them by a plugin host, or
-        (not ``isolated``) import them here."""
+        """Load the third-party plugins not loaded yet: describe them by their plugin hosts,
+        or (not ``isolated``) import them here."""
         pending, self._pending = self._pending, []
         if self._isolated:
             if pending:
-                self._start_host()
+                self._start_hosts()
             return
         for ep in pending:
             self._load(ep)
@@ -117,18 +131,49 @@ class PluginManager:
     def _pending_hosted(self) -> bool:
         return self._isolated and self._serves_third_party and isolate_builtins()
 
-    def _start_host(self) -> None:
-        """Start the plugin host and read what it loaded (its failures are reported here)."""
-        if self._host is not None:
+    def _start_hosts(self) -> None:
+        """Start a plugin host per third-party distribution (and, with
+        ``IDRS_BENCH_ISOLATE=all``, one for the built-ins), confined unless the user asked
+        otherwise, and read what each loaded (their failures are reported here)."""
+        if self._hosts:
             return
-        from harness.plugin.remote import PluginHost
+        from harness.plugin.host_process import PluginHost
+        from harness.plugin.hosted_components import failures_from_host
 
-        self._host = PluginHost()
-        self._hosted = self._host.request("describe")
-        local = {name for name, _ in self.pm.list_name_plugin()}
-        self._host_failures = [_with_recorded_components(_failure_from_host(f))
-                               for f in self._hosted.get("failures", ()) if f["plugin"] not in local]  # fmt: skip
+        groups: dict[str, list[str]] = {}
+        for ep in self._third_party:
+            groups.setdefault(distribution_of(ep), []).append(ep.name)
+        confined = hosts_confined(third_party=bool(groups))
+        hosts: dict[str | None, PluginHost] = {}
+        if isolate_builtins():
+            hosts[None] = PluginHost(None, self._builtin, confined=confined)
+        for name, plugins in sorted(groups.items()):
+            hosts[name] = PluginHost(name, plugins, self._prefixes.get(name), confined,
+                                     self._builtin)  # fmt: skip
+        for host in hosts.values():
+            host.start()  # (they import their plugins side by side)
+        for key, host in hosts.items():
+            self._hosted[key] = described = host.request("describe")
+            host.abi = int(described.get("abi", 0))
+            self._host_failures += failures_from_host(described, dict(self.pm.list_name_plugin()))
+        self._hosts = hosts
         self._registry = None
+
+    def stop_hosts(self) -> None:
+        """End the hosts' processes; each starts again when asked, with that moment's cache root."""
+        for host in self._hosts.values():
+            host.stop()
+
+    def hosting(self) -> dict[str, Any]:
+        """How this process ran third-party plugins, as a run records it: the distributions
+        (name and version) and their hosts' weakest confinement (``confinement.description``)."""
+        self.registry  # noqa: B018 (starts the hosts)
+        third = {k: h for k, h in self._hosts.items() if k is not None}
+        versions = {p["distribution"]: p.get("version") for k in third
+                    for p in self._hosted[k].get("plugins", ()) if p.get("distribution") == k}  # fmt: skip
+        weakest = confinement.description(min(h.abi for h in third.values())) if third else None
+        return {"third_party": [f"{name} {versions.get(name) or ''}".strip() for name in third],
+                "confinement": weakest or "no third-party plugin"}  # fmt: skip
 
     def builtin_plugins(self) -> list[str]:
         """The plugins of this distribution's entry points loaded here."""
@@ -162,22 +207,25 @@ class PluginManager:
 
     @property
     def registry(self) -> Registry:
-        """The components of every plugin (built on first use): this process's, and those a
-        plugin host serves (:mod:`harness.plugin.hosted_components`)."""
+        """The components of every plugin (built on first use): this process's, and those the
+        plugin hosts serve (:mod:`harness.plugin.hosted_components`)."""
         self.load_all()
         if self._pending_hosted():
-            self._start_host()
+            self._start_hosts()
         if self._registry is None:
             self._registry = self._build_registry()
-            if self._host is not None:
-                from harness.plugin.hosted_components import hosted_registry
+            self.not_run, self._taken = [], []
+            for key, host in self._hosts.items():
+                from harness.plugin.hosted_components import hosted_registry  # (imports torch)
 
-                self._registry, self.not_run = hosted_registry(
-                    self._registry, self._host, self._hosted, isolate_builtins()
+                self._registry, not_run, taken = hosted_registry(
+                    self._registry, host, self._hosted[key], key is None
                 )
+                self.not_run += not_run
+                self._taken += taken
             from harness.plugin import manifest as plugin_manifest
 
-            failures = [*self._failures, *self._host_failures]
+            failures = [*self._failures, *self._host_failures, *self._taken]
             self._registry.set_failures(failures)
             plugin_manifest.write_entries(
                 self._registry, self._third_party, {f.plugin for f in failures}
@@ -219,15 +267,18 @@ class PluginManager:
         top = str(record.get("recompute", "")).split(".")[0]
         if top in builtin_packages() or not self._isolated:
             return formula_from_record(record, None if self._isolated else trusted_packages())
-        self.registry  # noqa: B018 (starts the plugin host of the installed plugins)
-        if self._host is None:
+        self.registry  # noqa: B018 (starts the plugin hosts of the installed plugins)
+        hosts = [self._hosts.get(distribution_of(ep)) for ep in self._third_party
+                 if top_module(ep) == top]  # fmt: skip
+        host = next((h for h in hosts if h is not None), None)
+        if host is None:
             return formula_from_record(record)  # (says which package is missing)
-        return resolve_formula(record, self._host, [])
+        return resolve_formula(record, host, [])
 
     def plugin_names(self) -> list[str]:
         self.load_all()
-        local = {name for name, _ in self.pm.list_name_plugin()}
-        return sorted(local | {p["name"] for p in self._hosted.get("plugins", ())})
+        hosted = {p["name"] for d in self._hosted.values() for p in d.get("plugins", ())}
+        return sorted({name for name, _ in self.pm.list_name_plugin()} | hosted)
 
     def describe(self) -> list[dict[str, Any]]:
         """Name, version, implemented hooks, provided components and where it runs (``here``
@@ -240,17 +291,21 @@ class PluginManager:
                          "distribution": self._distributions.get(name),
                          "provides": registry.provided_by(name), "runs_in": "here"})  # fmt: skip
         local = {row["name"] for row in rows}
-        for hosted in self._hosted.get("plugins", ()):
-            if hosted["name"] not in local:
-                rows.append({**hosted, "provides": registry.provided_by(hosted["name"]),
-                             "runs_in": "plugin host"})  # fmt: skip
+        for key, described in self._hosted.items():
+            for hosted in described.get("plugins", ()):
+                if hosted["name"] not in local:
+                    rows.append({**hosted, "provides": registry.provided_by(hosted["name"]),
+                                 "runs_in": "plugin host", "private": key in self._prefixes,
+                                 "confinement": confinement.description(self._hosts[key].abi)})  # fmt: skip
         return sorted(rows, key=lambda row: row["name"])
 
     def _load_entry_points(self, third_party: bool) -> None:
-        allowed = _allowed_external_plugins() if third_party else set()
-        entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+        allowed = allowed_external_plugins() if third_party else set()
+        entry_points = plugin_entry_points(self._prefixes.values())
         builtins = [ep for ep in entry_points if is_builtin(ep)]
         others = [ep for ep in entry_points if not is_builtin(ep)]
+        if self._distribution is not None:  # a plugin host's: its distribution's only
+            others = [ep for ep in others if distribution_of(ep) == self._distribution]
         for ep in builtins:  # built-ins first: they keep their names
             self._load(ep)
             self._builtin.append(ep.name)
@@ -384,29 +439,6 @@ def _would_register(plugin: Any) -> dict[str, tuple[str, ...]] | None:
     return _names(staged) if called else None
 
 
-def _failure_from_host(record: dict[str, Any]) -> PluginFailure:
-    """A plugin host's failure record (:meth:`harness.plugin.host.Host.op_describe`)."""
-    provides = record.get("provides")
-    return PluginFailure(
-        str(record["plugin"]), str(record["error"]), str(record.get("stage", "load")),
-        record.get("distribution"), record.get("version"),
-        None if provides is None else {k: tuple(v) for k, v in provides.items()},
-    )  # fmt: skip
-
-
-def _with_recorded_components(failure: PluginFailure) -> PluginFailure:
-    """``failure`` with what the plugin manifest last recorded for the plugin, when its own
-    record does not say what it provides."""
-    if failure.provides is not None:
-        return failure
-    from dataclasses import replace
-
-    from harness.plugin import manifest as plugin_manifest
-
-    recorded = plugin_manifest.recorded_names(failure.plugin)
-    return failure if recorded is None else replace(failure, provides=recorded)
-
-
 def _wraps(impl: Any) -> bool:
     """Whether a hook implementation is a wrapper (it sees the others' calls)."""
     return bool(getattr(impl, "wrapper", False) or getattr(impl, "hookwrapper", False))
@@ -414,16 +446,3 @@ def _wraps(impl: Any) -> bool:
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
-
-
-def is_builtin(entry_point: importlib.metadata.EntryPoint) -> bool:
-    """Whether ``entry_point`` is declared by this distribution (a built-in plugin)."""
-    dist = getattr(entry_point, "dist", None)
-    return dist is not None and dist.name == DISTRIBUTION
-
-
-def _allowed_external_plugins() -> set[str] | None:
-    value = os.environ.get(PLUGINS_ENV_VAR)
-    if value is None:
-        return None
-    return {name.strip() for name in value.split(",") if name.strip()}

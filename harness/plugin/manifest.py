@@ -8,9 +8,10 @@ parameter defaults and method compositions each one registered are kept in
 them (:func:`stand_in_registry`). An entry is valid while its **key** is unchanged: the
 entry point, the plugin distribution's name and version, this harness's version, and
 the size and modification time of every ``.py`` file of the plugin's top-level module
-or package (an edit in an editable install changes it). A plugin without a valid entry
-is imported as before, and the manifest is rewritten whenever the full registry has
-been built (:meth:`harness.plugin.manager.PluginManager.registry`).
+or package (an edit in an editable install changes it; for a plugin installed by
+``idrs-bench plugins install``, the ``.py`` files its ``RECORD`` lists). A plugin
+without a valid entry is imported as before, and the manifest is rewritten whenever the
+full registry has been built (:meth:`harness.plugin.manager.PluginManager.registry`).
 
 A plugin that fails keeps its last entry, made invalid (no key): what it provided then
 names it when a benchmark file asks for one of its components (:func:`recorded_names`).
@@ -52,17 +53,20 @@ def plugin_key(entry_point: importlib.metadata.EntryPoint) -> str | None:
     """The SHA-256 of everything an entry stays valid for (module doc); None when the
     plugin's files cannot be found without importing it."""
     module = entry_point.value.split(":")[0].strip()
+    dist = getattr(entry_point, "dist", None)
     try:
         found = importlib.util.find_spec(module.split(".")[0])  # a top-level name: not run
     except (ImportError, ValueError):
         return None
-    if found is None:
-        return None
-    paths = [Path(found.origin)] if found.origin and found.has_location else []
-    for folder in found.submodule_search_locations or []:
-        for root, dirs, files in os.walk(folder):
-            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-            paths += [Path(root) / f for f in sorted(files) if f.endswith(".py")]
+    if found is None:  # installed in a private prefix: the files its RECORD lists
+        files = (dist.files or []) if dist is not None else []
+        paths = [Path(dist.locate_file(f)) for f in files if f.suffix == ".py"]
+    else:
+        paths = [Path(found.origin)] if found.origin and found.has_location else []
+        for folder in found.submodule_search_locations or []:
+            for root, dirs, names in os.walk(folder):
+                dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+                paths += [Path(root) / f for f in sorted(names) if f.endswith(".py")]
     if not paths:
         return None
     stamps = []
@@ -72,7 +76,6 @@ def plugin_key(entry_point: importlib.metadata.EntryPoint) -> str | None:
         except OSError:
             return None
         stamps.append([str(path), stat.st_size, stat.st_mtime_ns])
-    dist = getattr(entry_point, "dist", None)
     record = {
         "format": FORMAT,
         "harness": __version__,

@@ -18,237 +18,26 @@ the checks read (harness/README.md, "Plugin host"):
 - trainers (the model's state goes out, the trained state comes back), datasets, and a
   method's parameter check.
 
-The build context travels as data: the dataset's arrays (large ones once, as ``.npy``
-files in a temporary folder), the base model's description and state
-(:mod:`harness.plugin.model_description`; sent again when the model changes in place, as
-the checks' analytic models do between trials), the protocol and the engine's settings.
+Each asks the host it was built in (:class:`harness.plugin.host_process.PluginHost`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import subprocess
-import sys
-import tempfile
-import threading
 import weakref
-from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from harness.engine.draws import Evidence, SigmaSmoothing
-from harness.engine.exact import ExactSampling
-from harness.foundation import errors
 from harness.foundation.errors import ContractError, IdrsError
-from harness.foundation.threads import child_environment, stop_child
 from harness.mathematics.radius import RadiusFormula, Recomputed, formula_from_record
-from harness.plugin import messages, model_description, wire
-from harness.plugin.components import BuildContext, RunMemo
+from harness.plugin import messages, model_description
+from harness.plugin.components import BuildContext
 
-INLINE_BYTES = 1 << 20
-"""Arrays of a dataset up to this size travel in the message; larger ones as files."""
-
-
-class PluginHost:
-    """A ``python -m harness.plugin.host`` process, started on first use, and what it was
-    told so far (contexts, models, arrays). Its stderr (the plugins' output) is echoed to
-    this process's stderr; it ends when this object is closed or collected. Each request
-    carries this process's thread count, which the host then computes with (the two take
-    turns: harness/README.md, "Threads"), so that σ rounds as the run's own."""
-
-    def __init__(self) -> None:
-        self._process: subprocess.Popen | None = None
-        self._lock = threading.RLock()
-        self._tail: deque[str] = deque(maxlen=20)
-        self._folder = tempfile.TemporaryDirectory(prefix="idrs-plugin-host-")
-        self.generation = 0
-        self.requests = 0
-        """Requests answered so far (one per σ batch, per certify chunk, ...)."""
-        self._reset()
-
-    def _reset(self) -> None:
-        self._contexts: dict[int, tuple[weakref.ref, str]] = {}
-        self._models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._arrays: dict[int, tuple[weakref.ref, int, dict[str, str]]] = {}  # by id
-        self._memos: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._release: list[int] = []
-        self._forget: list[str] = []
-        self._count = 0
-
-    def _start(self) -> subprocess.Popen:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "harness.plugin.host", str(os.getpid())], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_environment(),
-        )  # fmt: skip
-        threading.Thread(target=self._echo, args=(process.stderr,), daemon=True).start()
-        weakref.finalize(self, stop_child, process)
-        self.generation += 1
-        self._reset()
-        return process
-
-    def _echo(self, stream) -> None:
-        for raw in iter(stream.readline, b""):
-            line = raw.decode(errors="replace")
-            self._tail.append(line.rstrip())
-            with contextlib.suppress(OSError, ValueError):  # a closed stderr: keep the tail
-                sys.stderr.write(line)
-
-    def request(self, op: str, **fields: Any) -> dict[str, Any]:
-        """Send one request; its answer, or the plugin's error as an :class:`IdrsError`."""
-        with self._lock:
-            if self._process is None or self._process.poll() is not None:
-                self._process = self._start()
-            process = self._process
-            self.requests += 1
-            message = {
-                "op": op,
-                **fields,
-                "release": self._release,
-                "forget": self._forget,
-                "threads": torch.get_num_threads(),
-            }  # (the run's count, as here)
-            self._release, self._forget = [], []
-            try:
-                wire.write_message(process.stdin, message)
-                answer = wire.read_message(process.stdout)
-            except (BrokenPipeError, OSError, EOFError, wire.WireError) as exc:
-                process.kill()
-                process.wait()
-                tail = " | ".join(list(self._tail)[-5:]) or "no output"
-                raise IdrsError(f"the plugin host (python -m harness.plugin.host) failed "
-                                f"({type(exc).__name__}, exit {process.returncode}): {tail}") from None  # fmt: skip
-        if not isinstance(answer, dict) or not answer.get("ok"):
-            raise _plugin_error(answer)
-        return answer
-
-    def close(self) -> None:
-        with self._lock:
-            if self._process is not None:
-                stop_child(self._process)
-                self._process = None
-        self._folder.cleanup()
-
-    # --- build contexts as data --------------------------------------------------------
-
-    def context(self, context: BuildContext) -> str:
-        """The token of ``context`` in the host, described to it the first time."""
-        with self._lock:
-            known = self._contexts.get(id(context))
-            if known is not None and known[0]() is context:
-                return known[1]
-            self._count += 1
-            token = f"c{self._count}"
-            self.request("context", context=self._described(context, token))
-            self._contexts[id(context)] = (weakref.ref(context, self._forgotten(token)), token)
-            return token
-
-    def _forgotten(self, token: str):
-        generation = self.generation
-
-        def forget(_ref) -> None:
-            if generation == self.generation:
-                self._forget.append(token)
-
-        return forget
-
-    def release(self, handle: int, generation: int) -> None:
-        if generation == self.generation:
-            self._release.append(handle)
-
-    def _described(self, context: BuildContext, token: str) -> dict[str, Any]:
-        engine = context.engine
-        state = None if context.state is None else messages.records_message(context.state.records())
-        return {
-            "token": token, "dataset": self._dataset(context.dataset),
-            "model": self._model(context.model), "device": str(context.device),
-            "seed": int(context.seed), "protocol": messages.protocol_message(context.protocol),
-            "engine": {"num_classes": engine.num_classes, "batch_size": engine.batch_size,
-                       "seed": int(engine.seed), "noise": engine.noise,
-                       "pad_batches": bool(engine.pad_batches),
-                       "exact": isinstance(engine, ExactSampling)},
-            "recipe_hash": context.recipe_hash, "run_id": context.run_id,
-            "method": context.method, "setting": context.setting, "state": state,
-            "artifact_root": None if context.artifact_root is None else str(context.artifact_root),
-            "memo": self._memo(context.memos), "inputs_memo": self._memo(context.memos.inputs),
-            "quiet": not context.progress.enabled,
-        }  # fmt: skip
-
-    def _memo(self, memos: RunMemo) -> str:
-        if memos not in self._memos:
-            self._count += 1
-            self._memos[memos] = f"m{self._count}"
-        return self._memos[memos]
-
-    def _model(self, model: torch.nn.Module) -> dict[str, Any]:
-        known = self._models.get(model)
-        if known is not None:
-            return {"key": known[0]}
-        self._count += 1
-        key = f"model{self._count}"
-        try:
-            described = {"description": model_description.describe(model),
-                         "state": model_description.state_of(model)}  # fmt: skip
-        except ContractError as exc:  # the host's plugins get a stand-in that says why
-            self._models[model] = [key, None]
-            return {"key": key, "absent": str(exc)}
-        self._models[model] = [key, model_description.fingerprint(model)]
-        return {"key": key, **described}
-
-    def updates(self, context: BuildContext) -> list[dict[str, Any]]:
-        """The change of ``context``'s base model since the host last saw it (none or one)."""
-        model = context.model
-        known = self._models.get(model)
-        if known is None or known[1] is None:  # not sent, or absent there
-            return []
-        now = model_description.fingerprint(model)
-        if now == known[1]:
-            return []
-        known[1] = now
-        return [{"key": known[0], "description": model_description.describe(model),
-                 "state": model_description.state_of(model)}]  # fmt: skip
-
-    def _dataset(self, dataset: Any) -> dict[str, Any]:
-        def array(value: Any) -> Any:
-            if not isinstance(value, torch.Tensor):
-                return None  # absent (e.g. no training split): using it there raises
-            if value.numel() * value.element_size() <= INLINE_BYTES:
-                return value
-            sent = self._arrays.get(id(value))  # (tensors compare by value: keyed by id)
-            if sent is None or sent[0]() is not value or sent[1] != value._version:
-                self._count += 1
-                path = Path(self._folder.name) / f"array-{self._count}.npy"
-                np.save(path, value.detach().cpu().numpy(), allow_pickle=False)
-                key = id(value)
-                gone = weakref.ref(value, lambda _, key=key: self._arrays.pop(key, None))
-                sent = self._arrays[key] = (gone, value._version, {"file": str(path)})
-            return sent[2]
-
-        return {"name": dataset.name, "train_x": array(dataset.train_x),
-                "train_y": array(dataset.train_y), "test_x": array(dataset.test_x),
-                "test_y": array(dataset.test_y), "num_classes": int(dataset.num_classes),
-                "class_names": list(dataset.class_names), "files": dict(dataset.files)}  # fmt: skip
-
-
-def _plugin_error(answer: Any) -> IdrsError:
-    """The error a plugin raised in the host, as the harness's error of the same kind."""
-    if not isinstance(answer, dict):
-        return IdrsError(f"the plugin host answered {type(answer).__name__}, not an answer")
-    kind = {name: getattr(errors, name) for name in ("ParameterError", "ContractError",
-            "DatasetMissingError", "ModelOutputError", "UnknownNameError", "SpecError")}  # fmt: skip
-    cls = kind.get(str(answer.get("error_type")), IdrsError)
-    message = str(answer.get("error", "no message"))
-    if cls is errors.UnknownNameError:
-        cls = IdrsError
-    if answer.get("error_type") == "error":
-        tail = str(answer.get("traceback", "")).strip().splitlines()[-3:]
-        message += " (in the plugin host: " + " | ".join(t.strip() for t in tail) + ")"
-    return cls(message)
+if TYPE_CHECKING:
+    from harness.plugin.host_process import PluginHost
 
 
 # --- proxies ------------------------------------------------------------------------------
@@ -265,13 +54,17 @@ class _Bound:
     context: BuildContext
     token: str
     who: str
+    builtin: bool = False
 
     def request(self, op: str, **fields: Any) -> dict[str, Any]:
-        if self.generation != self.host.generation:
+        from harness.plugin.host_process import HostStopped
+
+        try:
+            return self.host.request(op, self.generation, handle=self.handle, context=self.token,
+                                     updates=self.host.updates(self.context), **fields)  # fmt: skip
+        except HostStopped:
             raise IdrsError(f"{self.who} was built in a plugin host that has since stopped; "
-                            "build the method again")  # fmt: skip
-        return self.host.request(op, handle=self.handle, context=self.token,
-                                 updates=self.host.updates(self.context), **fields)  # fmt: skip
+                            "build the method again") from None  # fmt: skip
 
 
 class _RowGradient(torch.autograd.Function):

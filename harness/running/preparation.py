@@ -64,6 +64,7 @@ class Prepared:
     run_id: str
     weights_digest: str | None = None  # SHA-256 of the base model's weights
     batch_size: int | None = None  # the protocol's batch size, resolved
+    plugin_hosts: dict | None = None  # how third-party plugins run (PluginManager.hosting)
 
 
 def prepare(
@@ -74,7 +75,8 @@ def prepare(
 ) -> Prepared:
     """Check the benchmark (unless :func:`~harness.running.benchmark.validate` did), load the
     dataset, train or load the base model, build the engine."""
-    registry = (manager or PluginManager()).registry
+    manager = manager or PluginManager()
+    registry = manager.registry
     if not isinstance(benchmark, CheckedBenchmark):
         benchmark = validate(benchmark, registry)
     device = resolve_device(options.device or benchmark.device)
@@ -114,7 +116,7 @@ def prepare(
 
     return Prepared(
         benchmark, dataset, recipe_hash, context, registry, run_id, weights_digest(model),
-        batch_size,
+        batch_size, manager.hosting(),
     )  # fmt: skip
 
 

@@ -106,6 +106,7 @@ def run_benchmark(
             run_id, len(test_ids), prepared.dataset.files, prepared.dataset.class_names
         )
         store.record_components(run_id, run_components(benchmark, prepared.registry))
+        store.record_plugin_hosts(run_id, prepared.plugin_hosts)
         executor = executor or LocalExecutor()
         if benchmark.model.checkpoint is not None:
             _check_checkpoint(prepared, test_ids)

@@ -4,7 +4,7 @@ A re-audit (:mod:`harness.audit.reaudit`) re-runs a run's checks through the sam
 as ``idrs-bench check``, which reads a results database. A board's runs come from its
 run export (:mod:`harness.reports.leaderboard.source`), so :func:`copy_run` writes a
 :class:`~harness.store.storedrun.StoredRun` into a fresh store: what an audit reads (the
-``runs`` row with its data files, arithmetic and components, every certificate with its
+``runs`` row with its data files, arithmetic, components and plugin hosts, every certificate with its
 evidence, the files a replay needs) and nothing it would write (checks, attacks).
 """
 
@@ -32,6 +32,9 @@ def copy_run(store: ResultStore, run: StoredRun) -> None:
         store.record_arithmetic(run.run_id, lambda _: dict(row["arithmetic"]))  # (as recorded)
     if row.get("components"):
         store.record_components(run.run_id, row["components"])
+    if row.get("plugin_hosts"):
+        for hosting in row["plugin_hosts"].get("varied", [row["plugin_hosts"]]):
+            store.record_plugin_hosts(run.run_id, hosting)
     for f in run.files:
         store.add_file(run.run_id, f["role"], f["name"], f["path"], f["sha256"], f["meta"])
     with store.db:

@@ -135,6 +135,7 @@ ADDED_COLUMNS = (
     ("runs", "class_names", "TEXT"),
     ("runs", "arithmetic", "TEXT"),
     ("runs", "components", "TEXT"),  # which plugin and package provides each component
+    ("runs", "plugin_hosts", "TEXT"),  # how third-party plugins were confined
     ("certificates", "draws", "TEXT"),  # before the harness drew the evidence itself
     ("checks", "cost", "TEXT"),  # what each check cost (harness.audit.cost)
 )

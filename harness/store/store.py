@@ -22,7 +22,9 @@ The ``files`` table names what a replay of a run needs besides the database (the
 model's weights, plugins' fitted artifacts, the σ-estimator of a σ-smoothing), with
 their SHA-256; ``runs.arithmetic`` is the fingerprint of the arithmetic it certified
 with (:mod:`harness.engine.arithmetic`), ``runs.components`` which plugin, package and
-version provided each component the run names (:meth:`ResultStore.record_components`).
+version provided each component the run names (:meth:`ResultStore.record_components`),
+``runs.plugin_hosts`` how its third-party plugins were confined
+(:meth:`ResultStore.record_plugin_hosts`).
 
 A database written by an earlier release gets the columns added since, and its
 renamed columns their new names, on opening (``runs.model_hash`` became ``recipe_hash``:
@@ -231,6 +233,22 @@ class ResultStore(LeaseRecords):
         self.db.commit()
         return recorded, here
 
+    def record_plugin_hosts(self, run_id: str, hosting: dict[str, Any]) -> None:
+        """Record how this process ran the third-party plugins for the run (their packages
+        and confinement, :meth:`~harness.plugin.manager.PluginManager.hosting`); a process
+        that ran them otherwise is added (``{"varied": [...]}``, as for the arithmetic)."""
+        from harness.engine.arithmetic import combined
+
+        self.db.execute("BEGIN IMMEDIATE")
+        row = self.db.execute(
+            "SELECT plugin_hosts FROM runs WHERE run_id = ?", (run_id,)
+        ).fetchone()
+        recorded = json.loads(row[0]) if row is not None and row[0] else None
+        if hosting not in (recorded or {}).get("varied", ()):
+            self.db.execute("UPDATE runs SET plugin_hosts = ? WHERE run_id = ?",
+                            (json.dumps(combined(recorded, hosting), sort_keys=True), run_id))  # fmt: skip
+        self.db.commit()
+
     def record_components(self, run_id: str, components: dict[str, Any]) -> None:
         """Record which plugin, installed package (distribution) and version provided each
         component of the run (kind -> name -> provenance), unless the run has a record (a
@@ -416,7 +434,8 @@ class ResultStore(LeaseRecords):
         out["versions"] = json.loads(out["versions"])
         out["data_files"] = json.loads(out["data_files"]) if out.get("data_files") else None
         out["arithmetic"] = json.loads(out["arithmetic"]) if out.get("arithmetic") else None
-        out["components"] = json.loads(out["components"]) if out.get("components") else None
+        for key in ("components", "plugin_hosts"):
+            out[key] = json.loads(out[key]) if out.get(key) else None
         return out
 
     def certificates(self, run_id: str) -> Iterable[dict[str, Any]]:

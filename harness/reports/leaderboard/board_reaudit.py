@@ -57,6 +57,8 @@ def reaudit_board(
                     out += [RowReaudit.of(run, row, error=str(exc))
                             for row in run.rows() if row.checks]  # fmt: skip
                     continue
+                manager.stop_hosts()  # (they start again with this cache root: a confined
+                # host writes its plugins' artifact folders under the cache root it starts with)
                 here = _device(run, device, progress)
                 options = RunOptions(db=Path(os.devnull), device=here, data_root=data_root)
                 out += reaudit(run, Path(folder), options, progress, manager, budgets=budgets,

@@ -37,6 +37,7 @@ _PROTOCOL = {
         "recipe_hash": {"type": ["string", "null"]},
         "weights_digest": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
         "arithmetic": {"type": "object"},
+        "plugin_hosts": {"type": "object"},
         "seed": {"type": "integer"},
         "device": {"type": "string"},
         "versions": {"type": "object", "additionalProperties": {"type": "string"}},

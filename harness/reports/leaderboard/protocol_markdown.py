@@ -1,6 +1,6 @@
 """A run's protocol on a board, in markdown: the protocol table (dataset, test subset,
-certification protocol and arithmetic, base model, hashes, seeds, versions, commit,
-dates, how to reproduce it) and the warning a table gets when its runs follow different
+certification protocol and arithmetic, base model, hashes, how its third-party plugins
+ran, seeds, versions, commit, dates, how to reproduce it) and the warning a table gets when its runs follow different
 protocols (:mod:`harness.reports.leaderboard.stated_protocol` states them)."""
 
 from __future__ import annotations
@@ -10,7 +10,11 @@ from typing import Any
 from harness.foundation.protocol import PRECISION_MEANINGS
 from harness.reports.leaderboard.board import Table
 from harness.reports.leaderboard.escape import md_code, md_text
-from harness.reports.leaderboard.stated_protocol import protocol_differences, run_protocol
+from harness.reports.leaderboard.stated_protocol import (
+    plugin_hosts_statement,
+    protocol_differences,
+    run_protocol,
+)
 
 
 def _params(params: dict[str, Any]) -> str:
@@ -84,6 +88,8 @@ def protocol_table(p: dict[str, Any]) -> list[str]:
         ("recipe hash", md_code(p["recipe_hash"] or "unknown")),
         *([("weights (SHA-256)", md_code(p["weights_digest"]))] if p.get("weights_digest") else []),
         *([("arithmetic", _fingerprint(p["arithmetic"]))] if p.get("arithmetic") else []),
+        *([("plugins", md_text(plugin_hosts_statement(p["plugin_hosts"])))]
+          if p.get("plugin_hosts") else []),
         ("seeds", f"certification {p['seed']}, model {p['model_seed']}"),
         ("device", md_text(p["device"])),
         ("versions", md_text(versions)),

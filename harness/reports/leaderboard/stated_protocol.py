@@ -73,4 +73,21 @@ def run_protocol(run: StoredRun, stem: str | None) -> dict[str, Any]:
         out["weights_digest"] = row["weights_digest"]
     if row.get("arithmetic"):  # where its counts replay bit for bit (harness.engine.arithmetic)
         out["arithmetic"] = row["arithmetic"]
+    if row.get("plugin_hosts"):  # runs from before plugin hosts were confined have none
+        out["plugin_hosts"] = row["plugin_hosts"]
     return out
+
+
+def plugin_hosts_statement(record: dict[str, Any]) -> str:
+    """How a run's third-party plugins ran (:meth:`harness.store.store.ResultStore.
+    record_plugin_hosts`), in a line: unconfined first, when any process ran them so."""
+    processes = record.get("varied", [record])
+    packages = sorted({p for h in processes for p in h.get("third_party", ())})
+    if not packages:
+        return "built-ins only (no third-party plugin loaded)"
+    named = ", ".join(packages)
+    if any(h.get("confinement") == "unconfined" for h in processes):
+        return (f"UNCONFINED (--unconfined): {named} ran with the user's rights, able to reach "
+                "the harness's files and processes (docs/threat-model.md)")  # fmt: skip
+    ways = sorted({h["confinement"] for h in processes if h.get("third_party")})
+    return f"{named}, each in a plugin host confined by the kernel ({'; '.join(ways)})"

@@ -1,0 +1,434 @@
+"""The plugin host's confinement: what third-party code may reach, enforced by the kernel.
+
+A plugin host (:mod:`harness.plugin.host`) confines itself before it imports anything but
+the standard library and ``harness``'s light modules, and before it starts a thread (the
+kernel confines the calling thread, and its later threads and children inherit it; a
+thread started earlier would stay outside), in three steps (docs/threat-model.md):
+
+1. **Landlock** (Linux security module; docs.kernel.org/userspace-api/landlock.html): the
+   filesystem reads and executes only beneath :attr:`Grants.read` (the Python installation
+   and every ``sys.path`` entry, the harness's packages, system libraries, the files the
+   harness sends), writes only beneath :attr:`Grants.write` (a scratch directory the
+   harness creates and deletes, the plugin's own artifact directories) and the device
+   files of :attr:`Grants.devices`; no TCP bind or connect (ABI 4); signals and abstract
+   UNIX sockets scoped to the host's own domain (ABI 6); a Landlock-confined process cannot
+   ptrace, nor read or write the memory of (``/proc/<pid>/mem``), a process outside its
+   domain, the harness included. Rights a running kernel's ABI lacks are left out of the
+   ruleset (:func:`ruleset`); below :data:`MINIMUM_ABI` (no ``truncate(2)`` rule) the
+   harness refuses to start a third-party plugin confined (:func:`refusal`).
+2. **No capabilities**: the bounding, ambient, effective, permitted and inheritable sets
+   emptied (a root host keeps uid 0 but not ``CAP_DAC_READ_SEARCH``'s
+   ``open_by_handle_at(2)``, which bypasses path rules, nor any other privilege), after
+   ``PR_SET_NO_NEW_PRIVS`` (no set-uid or file capabilities through ``execve``).
+3. **seccomp**: ``socket(2)`` and ``io_uring_setup(2)`` fail with EPERM (Landlock has no
+   rule for UDP nor for connecting to a named UNIX socket, e.g. a system bus through which
+   root starts services, or a Ray node's; io_uring can open sockets without the system
+   call), and so do ``chown``-family calls and ``chmod``-family calls that set the set-uid or
+   set-gid bit (Landlock does not govern a file's metadata). ``socketpair(2)``
+   stays (multiprocessing's pipes).
+
+The system calls are made with :mod:`ctypes` (``landlock_create_ruleset`` 444,
+``landlock_add_rule`` 445, ``landlock_restrict_self`` 446, the same on every
+architecture; ``prctl``, ``capset``): no dependency, and the ABI is small, versioned and
+stable. The Python bindings on PyPI are thin wrappers of the same calls, young (the
+``landlock`` package was at 1.0.0.dev5 in 2025) and not packaged by distributions.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import platform
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.foundation.errors import IdrsError
+
+MINIMUM_ABI = 3
+"""The lowest Landlock ABI a third-party plugin host is confined with: ABI 3 (Linux 6.2)
+governs ``truncate(2)``, without which a host could empty any file it can name (the run
+database's path is on the harness's command line)."""
+UNCONFINED_ENV = "IDRS_BENCH_UNCONFINED"
+"""``1``: third-party plugins run in plugin hosts that are not confined (``--unconfined``);
+every run made so records it."""
+_LINUX = {1: "5.13", 2: "5.19", 3: "6.2", 4: "6.7", 5: "6.10", 6: "6.12", 7: "6.15"}
+"""The first Linux of each Landlock ABI (filesystem rules; cross-directory rename and link;
+truncate; TCP bind and connect; ioctl on device files; signal and abstract-socket scoping;
+audit logging)."""
+
+# --- Landlock's constants (include/uapi/linux/landlock.h) ---------------------------------
+
+_CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446
+_CREATE_RULESET_VERSION = 1
+_RULE_PATH_BENEATH = 1
+
+FS_EXECUTE, FS_WRITE_FILE, FS_READ_FILE, FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+FS_REMOVE_DIR, FS_REMOVE_FILE, FS_MAKE_CHAR, FS_MAKE_DIR = 1 << 4, 1 << 5, 1 << 6, 1 << 7
+FS_MAKE_REG, FS_MAKE_SOCK, FS_MAKE_FIFO, FS_MAKE_BLOCK = 1 << 8, 1 << 9, 1 << 10, 1 << 11
+FS_MAKE_SYM, FS_REFER, FS_TRUNCATE, FS_IOCTL_DEV = 1 << 12, 1 << 13, 1 << 14, 1 << 15
+NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1
+SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1
+
+FS_BY_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 5: (1 << 16) - 1}
+"""The filesystem rights an ABI governs (ABI 4 adds none; later ABIs none so far)."""
+FILE_RIGHTS = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL_DEV
+"""The rights a rule on a file (not a directory) may grant."""
+READ = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR
+DEVICE = FS_READ_FILE | FS_WRITE_FILE | FS_TRUNCATE | FS_IOCTL_DEV | FS_READ_DIR
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = (("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64))  # fmt: skip
+
+
+class _PathBeneathAttr(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = (("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32))
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+def _syscall(number: int, *args) -> int:
+    result = _libc.syscall(ctypes.c_long(number), *args)
+    if result < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+    return result
+
+
+def landlock_abi() -> int:
+    """The running kernel's Landlock ABI version; 0 when it has none (no such system call,
+    or Landlock not enabled at boot: ``lsm=`` lacks ``landlock``)."""
+    if sys.platform != "linux":
+        return 0
+    try:
+        return _syscall(_CREATE_RULESET, None, ctypes.c_size_t(0),
+                        ctypes.c_uint32(_CREATE_RULESET_VERSION))  # fmt: skip
+    except OSError:
+        return 0
+
+
+def refusal(abi: int) -> str | None:
+    """Why third-party plugins cannot run confined on a kernel of Landlock ``abi`` (None
+    when they can): the kernel feature, and the explicit opt-out."""
+    if abi >= MINIMUM_ABI:
+        return None
+    found = (f"Landlock ABI {abi}, which cannot refuse truncate(2)" if abi else
+             "no Landlock (Linux < 5.13, or not enabled at boot: add landlock to the lsm= "
+             "kernel parameter)")  # fmt: skip
+    return (
+        f"third-party plugins run only in a plugin host confined by the kernel, which needs "
+        f"the Landlock security module at ABI >= {MINIMUM_ABI} (Linux >= {_LINUX[MINIMUM_ABI]}; "
+        f"TCP rules need ABI 4, Linux >= 6.7; signal scoping ABI 6, Linux >= 6.12); this "
+        f"kernel ({platform.release()}) has {found}. Run on a newer kernel, leave the plugins "
+        f"out (IDRS_BENCH_PLUGINS=''), or run them unconfined with --unconfined "
+        f"({UNCONFINED_ENV}=1; recorded with the run and on its board: a plugin can then "
+        "reach the harness's files and processes, docs/threat-model.md)"
+    )
+
+
+def unconfined_requested() -> bool:
+    """Whether the user opted out of confinement (``--unconfined``, ``$IDRS_BENCH_UNCONFINED``)."""
+    value = os.environ.get(UNCONFINED_ENV, "")
+    if value not in ("", "0", "1"):
+        raise IdrsError(f"{UNCONFINED_ENV}={value!r}; use 1 (plugins unconfined) or leave it unset")
+    return value == "1"
+
+
+def hosts_confined(third_party: bool) -> bool:
+    """Whether plugin hosts confine themselves: yes, unless the user asked otherwise
+    (:func:`unconfined_requested`); on a kernel that cannot confine them, a host of
+    third-party plugins is refused (one error naming the kernel feature and the opt-out),
+    and one of built-ins only runs unconfined."""
+    if unconfined_requested():
+        return False
+    reason = refusal(landlock_abi())
+    if reason is not None and third_party:
+        raise IdrsError(reason)
+    return reason is None
+
+
+def add_unconfined_option(parser) -> None:
+    """``--unconfined`` on an ``argparse`` parser (its command sets :data:`UNCONFINED_ENV`)."""
+    parser.add_argument(
+        "--unconfined", action="store_true",
+        help="run third-party plugins in plugin hosts the kernel does not confine (on a kernel "
+        "without Landlock); recorded with the run and on its board (docs/threat-model.md)",
+    )  # fmt: skip
+
+
+@contextmanager
+def opted_out(unconfined: bool) -> Iterator[None]:
+    """With ``unconfined`` (``--unconfined``), :data:`UNCONFINED_ENV` is set while the block
+    runs (its subprocesses inherit it), then restored."""
+    before = os.environ.get(UNCONFINED_ENV)
+    if unconfined:
+        os.environ[UNCONFINED_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(UNCONFINED_ENV, None)
+        else:
+            os.environ[UNCONFINED_ENV] = before
+
+
+def description(abi: int) -> str:
+    """How a host of Landlock ``abi`` is confined, as a run records it (0: unconfined)."""
+    if abi <= 0:
+        return "unconfined"
+    return f"Landlock ABI {abi}, no capabilities, no sockets"
+
+
+# --- the ruleset ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Grants:
+    """What a confined host may reach: ``read`` (read and execute beneath each path),
+    ``write`` (everything beneath), ``devices`` (read, write and ioctl on each device
+    file). A path that does not exist is left out."""
+
+    read: tuple[str, ...] = ()
+    write: tuple[str, ...] = ()
+    devices: tuple[str, ...] = ()
+
+    def to_message(self) -> dict[str, list[str]]:
+        return {"read": list(self.read), "write": list(self.write), "devices": list(self.devices)}
+
+    @classmethod
+    def from_message(cls, message: dict) -> Grants:
+        return cls(*(tuple(str(p) for p in message.get(k, ())) for k in ("read", "write",
+                                                                          "devices")))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Ruleset:
+    """A Landlock ruleset for one ABI: the rights it governs and the rules that grant some."""
+
+    abi: int
+    handled_fs: int
+    handled_net: int
+    scoped: int
+    rules: tuple[tuple[str, int], ...] = field(default=())
+    """(path, rights) per rule, each within what its kind of file may be granted."""
+
+
+def ruleset(grants: Grants, abi: int, is_dir: Callable[[str], bool] = os.path.isdir) -> Ruleset:
+    """The ruleset of ``grants`` on a kernel of Landlock ``abi`` (≥ 1): every filesystem
+    right the ABI knows is governed, TCP (ABI ≥ 4) with no port allowed, signals and
+    abstract sockets (ABI ≥ 6) scoped; each rule keeps the rights the ABI governs, and on a
+    file only those a file may be granted."""
+    if abi < 1:
+        raise ValueError("a Landlock ruleset needs ABI >= 1")
+    handled_fs = FS_BY_ABI[max(a for a in FS_BY_ABI if a <= abi)]
+    handled_net = NET_BIND_TCP | NET_CONNECT_TCP if abi >= 4 else 0
+    scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0
+    rules: dict[str, int] = {}
+    for paths, rights in ((grants.read, READ), (grants.write, handled_fs),
+                          (grants.devices, DEVICE)):  # fmt: skip
+        for path in paths:
+            allowed = rights & handled_fs
+            if not is_dir(path):
+                allowed &= FILE_RIGHTS
+            rules[path] = rules.get(path, 0) | allowed
+    return Ruleset(abi, handled_fs, handled_net, scoped, tuple(rules.items()))
+
+
+def restrict(rules: Ruleset) -> None:
+    """Apply ``rules`` to this thread (and its future threads and children), for good."""
+    attr = _RulesetAttr(rules.handled_fs, rules.handled_net, rules.scoped)
+    fd = _syscall(_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)),
+                  ctypes.c_uint32(0))  # fmt: skip
+    try:
+        for path, allowed in rules.rules:
+            try:
+                parent = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            try:
+                beneath = _PathBeneathAttr(allowed, parent)
+                _syscall(_ADD_RULE, ctypes.c_int(fd), ctypes.c_int(_RULE_PATH_BENEATH),
+                         ctypes.byref(beneath), ctypes.c_uint32(0))  # fmt: skip
+            finally:
+                os.close(parent)
+        _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+        _syscall(_RESTRICT_SELF, ctypes.c_int(fd), ctypes.c_uint32(0))
+    finally:
+        os.close(fd)
+
+
+# --- capabilities and seccomp ----------------------------------------------------------------
+
+_PR_CAPBSET_DROP, _PR_SET_SECCOMP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT = 24, 22, 38, 47
+_PR_CAP_AMBIENT_CLEAR_ALL, _SECCOMP_MODE_FILTER = 4, 2
+_CAPABILITY_VERSION_3 = 0x20080522
+
+
+def _prctl(option: int, arg: int = 0, pointer=None) -> None:
+    third = ctypes.c_ulong(0) if pointer is None else pointer
+    if _libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg), third, ctypes.c_ulong(0),
+                   ctypes.c_ulong(0)) != 0:  # fmt: skip
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
+def drop_capabilities() -> None:
+    """Empty this thread's capability sets (bounding first: it needs ``CAP_SETPCAP``)."""
+    last = int(Path("/proc/sys/kernel/cap_last_cap").read_text()) if Path(
+        "/proc/sys/kernel/cap_last_cap").exists() else 63  # fmt: skip
+    for cap in range(last + 1):
+        try:
+            _prctl(_PR_CAPBSET_DROP, cap)
+        except OSError as exc:
+            if exc.errno == errno.EINVAL:  # beyond this kernel's capabilities
+                break
+            if exc.errno != errno.EPERM:  # EPERM: not privileged, so nothing to drop
+                raise
+    _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL)
+    header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable (two words each)
+    if _libc.capset(header, data) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
+@dataclass(frozen=True)
+class _Arch:
+    audit: int
+    socket: int
+    chown: tuple[int, ...]
+    chmod_mode_arg1: tuple[int, ...]  # chmod(path, mode), fchmod(fd, mode)
+    chmod_mode_arg2: tuple[int, ...]  # fchmodat(dirfd, path, mode[, flags])
+    x32: bool = False
+
+
+_ARCHES = {
+    "x86_64": _Arch(0xC000003E, 41, (92, 93, 94, 260), (90, 91), (268, 452), x32=True),
+    "aarch64": _Arch(0xC00000B7, 198, (54, 55), (52,), (53, 452)),
+}
+_IO_URING_SETUP = 425  # the same on every architecture
+_SETUID_BITS = 0o6000
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = (("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
+                ("k", ctypes.c_uint32))  # fmt: skip
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = (("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter)))
+
+
+def seccomp_program(machine: str) -> list[tuple[int, int, int, int]]:
+    """The classic-BPF filter of step 3 for ``machine`` (``platform.machine()``): a list
+    of (code, jt, jf, k); another architecture's system calls are refused whole."""
+    arch = _ARCHES[machine]
+    load, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    allow, deny = 0x7FFF0000, 0x00050000 | errno.EPERM
+    program: list[tuple] = [(load, 0, 0, 4), (jeq, 0, "deny", arch.audit), (load, 0, 0, 0)]
+    if arch.x32:  # x32 system calls (numbers with bit 30 set) are refused
+        program.append((jge, "deny", 0, 0x40000000))
+    for number in (arch.socket, _IO_URING_SETUP, *arch.chown):
+        program.append((jeq, "deny", 0, number))
+    for number in arch.chmod_mode_arg1:
+        program.append((jeq, "mode1", 0, number))
+    for number in arch.chmod_mode_arg2:
+        program.append((jeq, "mode2", 0, number))
+    program.append((ret, 0, 0, allow))
+    labels = {"mode1": len(program)}  # the low word of argument 1 (seccomp_data.args[1])
+    program += [(load, 0, 0, 16 + 8), (jset, "deny", "allow", _SETUID_BITS)]
+    labels["mode2"] = len(program)
+    program += [(load, 0, 0, 16 + 16), (jset, "deny", "allow", _SETUID_BITS)]
+    labels["deny"] = len(program)
+    program.append((ret, 0, 0, deny))
+    labels["allow"] = len(program)  # (jumps go forward only)
+    program.append((ret, 0, 0, allow))
+
+    def offset(target, at: int) -> int:
+        return target if isinstance(target, int) else labels[target] - at - 1
+
+    return [(code, offset(jt, at), offset(jf, at), k)
+            for at, (code, jt, jf, k) in enumerate(program)]  # fmt: skip
+
+
+def install_seccomp(machine: str) -> None:
+    """Install :func:`seccomp_program` on this thread (after ``PR_SET_NO_NEW_PRIVS``)."""
+    instructions = seccomp_program(machine)
+    array = (_SockFilter * len(instructions))(*(_SockFilter(*i) for i in instructions))
+    program = _SockFprog(len(instructions), array)
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+    _prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(program))
+
+
+# --- this process ----------------------------------------------------------------------------
+
+
+def python_paths() -> list[str]:
+    """What this Python reads: its installation, every ``sys.path`` entry and the folders
+    of ``harness`` and the built-in ``plugins`` (an editable install maps them)."""
+    import importlib.util
+
+    paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable),
+             os.path.realpath(sys.executable), *(p for p in sys.path if p)]  # fmt: skip
+    for package in ("harness", "plugins"):
+        spec = importlib.util.find_spec(package)
+        if spec is not None:
+            paths += list(spec.submodule_search_locations or ())
+    return list(dict.fromkeys(os.path.abspath(p) for p in paths))
+
+
+SYSTEM_READ = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/proc", "/sys",
+               "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
+               "/etc/passwd", "/etc/group", "/etc/nsswitch.conf", "/etc/os-release",
+               "/etc/lsb-release", "/etc/debian_version", "/etc/redhat-release",
+               "/etc/mime.types")  # fmt: skip
+"""System paths a host reads: libraries and programs, ``/proc`` and ``/sys`` (another
+process's memory, environment and file descriptors stay out of reach: Landlock refuses
+the ptrace access they need), and the few files of ``/etc`` that the C library, Python
+and torch read (never the whole of it: the host may run as root)."""
+SYSTEM_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+
+
+def gpu_devices() -> list[str]:
+    """NVIDIA's device files (CUDA opens them), when present."""
+    return sorted(str(p) for p in Path("/dev").glob("nvidia*"))
+
+
+def thread_count() -> int:
+    """The threads of this process."""
+    return len(os.listdir("/proc/self/task"))
+
+
+def confine(grants: Grants, abi: int | None = None) -> Ruleset:
+    """Confine this process for good (steps 1–3 of the module docstring) and return the
+    Landlock ruleset applied. Refused (:class:`IdrsError`) while it has other threads, which
+    would stay unconfined, and on a kernel below :data:`MINIMUM_ABI`."""
+    abi = landlock_abi() if abi is None else abi
+    reason = refusal(abi)
+    if reason is not None:
+        raise IdrsError(reason)
+    if thread_count() != 1:
+        raise IdrsError(f"the plugin host has {thread_count()} threads before it is confined; "
+                        "a thread started before confinement would stay unconfined")  # fmt: skip
+    rules = ruleset(grants, abi)
+    machine = platform.machine()
+    if machine not in _ARCHES:
+        raise IdrsError(f"the plugin host's seccomp filter knows x86_64 and aarch64, not "
+                        f"{machine}; run with --unconfined on this machine")  # fmt: skip
+    drop_capabilities()
+    restrict(rules)
+    install_seccomp(machine)
+    return rules
+
+
+def existing(paths: Iterable[str]) -> tuple[str, ...]:
+    """The paths that exist, each once, in order."""
+    return tuple(p for p in dict.fromkeys(paths) if os.path.exists(p))

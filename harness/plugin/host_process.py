@@ -1,0 +1,342 @@
+"""A plugin host's process as the harness holds it: started, confined, told, asked.
+
+:class:`PluginHost` starts ``python -m harness.plugin.host`` (:mod:`harness.plugin.host`)
+for one third-party distribution (or the built-ins, with ``IDRS_BENCH_ISOLATE=all``),
+with a folder of its own: ``sent/``, where this process writes what the host reads
+(large dataset arrays, as ``.npy`` files: the host may not write there, so nothing it
+does can redirect the harness's writes), and ``scratch/``, the host's ``$TMPDIR``,
+``$HOME`` and caches (:func:`scratch_environment`), the only place besides its plugins'
+artifact folders that a confined host writes (:mod:`harness.plugin.confinement`), deleted
+with it. The build context travels as data: the dataset's arrays (large ones once), the
+base model's description and state (:mod:`harness.plugin.model_description`; sent again
+when the model changes in place, as the checks' analytic models do between trials), the
+protocol and the engine's settings, and where its plugins keep artifacts. An answer that
+says a request failed becomes the harness's error of the same kind (:func:`plugin_error`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from harness.engine.exact import ExactSampling
+from harness.foundation import errors
+from harness.foundation.errors import ContractError, IdrsError
+from harness.foundation.threads import child_environment, stop_child
+from harness.plugin import confinement, messages, model_description, wire
+from harness.plugin.components import BuildContext, RunMemo
+
+INLINE_BYTES = 1 << 20
+"""Arrays of a dataset up to this size travel in the message; larger ones as files."""
+
+
+class HostStopped(IdrsError):
+    """A request about what a plugin host built before it stopped (its handles are gone)."""
+
+
+class PluginHost:
+    """A ``python -m harness.plugin.host`` process, started on first use, and what it was
+    told so far (contexts, models, arrays). Its stderr (the plugins' output) is echoed to
+    this process's stderr; it ends when this object is closed or collected. Each request
+    carries this process's thread count, which the host then computes with (the two take
+    turns: harness/README.md, "Threads"), so that σ rounds as the run's own.
+
+    It loads the built-ins and the plugins ``plugins`` of ``distribution`` (None: the
+    built-ins only), installed in ``prefix`` when ``idrs-bench plugins install`` put them
+    there. ``confined``: the host confines itself (:mod:`harness.plugin.confinement`) to
+    reading its Python, its distribution's files, what this process sends it (a folder of
+    its own) and the data roots its datasets are asked to load from (:meth:`grant_read`),
+    and to writing its scratch directory (its ``$TMPDIR``, ``$HOME`` and caches, deleted
+    with it) and its plugins' artifact folders under the cache root it started with."""
+
+    def __init__(self, distribution: str | None = None, plugins: Sequence[str] = (),
+                 prefix: Path | None = None, confined: bool = False,
+                 builtins: Sequence[str] = ()) -> None:  # fmt: skip
+        self.distribution, self.plugins, self.prefix = distribution, tuple(plugins), prefix
+        self.confined = confined
+        self.builtins = tuple(b for b in builtins if b not in self.plugins)
+        """The built-in plugins, whose artifact folders the host reads (a built-in
+        σ-provider built there by name finds what the harness's own copy fitted)."""
+        self._process: subprocess.Popen | None = None
+        self._lock = threading.RLock()
+        self._tail: deque[str] = deque(maxlen=20)
+        self._folder = tempfile.TemporaryDirectory(prefix="idrs-plugin-host-")
+        self._sent = Path(self._folder.name) / "sent"  # what this process writes, the host reads
+        self._sent.mkdir()
+        self._readable: list[Path] = []
+        self._artifact_root: Path | None = None
+        self.generation = 0
+        self.abi = 0
+        """The Landlock ABI the host is confined with (0: unconfined or not started)."""
+        self.requests = 0
+        """Requests answered so far (one per σ batch, per certify chunk, ...)."""
+        self._reset()
+
+    def _reset(self) -> None:
+        self._contexts: dict[int, tuple[weakref.ref, str]] = {}
+        self._models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._arrays: dict[int, tuple[weakref.ref, int, dict[str, str]]] = {}  # by id
+        self._memos: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._release: list[int] = []
+        self._forget: list[str] = []
+        self._count = 0
+
+    def start(self) -> None:
+        """Start the host process now (it imports its plugins meanwhile), unless running."""
+        with self._lock:
+            if self._process is None or self._process.poll() is not None:
+                self._process = self._start()
+
+    def _start(self) -> subprocess.Popen:
+        scratch = Path(self._folder.name) / "scratch"
+        shutil.rmtree(scratch, ignore_errors=True)  # (a host started before has ended)
+        environment = child_environment()
+        for name, folder in scratch_environment(scratch).items():
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            environment[name] = folder
+        from harness.foundation.artifacts import cache_root
+
+        self._artifact_root = cache_root().resolve()
+        start = {"parent": os.getpid(), "distribution": self.distribution,
+                 "prefix": None if self.prefix is None else str(self.prefix), "grants": None}  # fmt: skip
+        if self.confined:
+            own, shared = ([self._artifact_root / "plugins" / p for p in names]
+                           for names in (self.plugins, self.builtins))  # fmt: skip
+            for folder in [*own, *shared]:
+                folder.mkdir(parents=True, exist_ok=True)
+            start["grants"] = confinement.Grants(
+                read=tuple(str(p) for p in [self._sent, *self._readable, *shared]),
+                write=tuple(str(p) for p in [scratch, *own]),
+                devices=tuple(confinement.gpu_devices()),
+            ).to_message()
+        root = Path(__file__).resolve().parents[2]  # the folder holding this harness
+        if root == Path.cwd().resolve():  # found through the working directory, which -P
+            # keeps off the host's path (else the host would read all of it)
+            environment["PYTHONPATH"] = os.pathsep.join(
+                p for p in (str(root), environment.get("PYTHONPATH")) if p
+            )
+        process = subprocess.Popen(
+            [sys.executable, "-P", "-m", "harness.plugin.host", json.dumps(start)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment,
+        )  # fmt: skip
+        threading.Thread(target=self._echo, args=(process.stderr,), daemon=True).start()
+        weakref.finalize(self, stop_child, process)
+        self.generation += 1
+        self._reset()
+        return process
+
+    def grant_read(self, path: str | Path) -> None:
+        """Let the host read beneath ``path`` (a dataset's data root): a running confined
+        host that may not is stopped, and the next request starts one that may."""
+        path = Path(path).resolve()
+        if any(path.is_relative_to(p) for p in self._readable):
+            return
+        self._readable.append(path)
+        if self.confined:
+            self.stop()
+
+    def stop(self) -> None:
+        """End the host process (the next request starts another: built components are
+        lost, and say so when used)."""
+        with self._lock:
+            if self._process is not None:
+                stop_child(self._process)
+                self._process = None
+
+    def _echo(self, stream) -> None:
+        for raw in iter(stream.readline, b""):
+            line = raw.decode(errors="replace")
+            self._tail.append(line.rstrip())
+            with contextlib.suppress(OSError, ValueError):  # a closed stderr: keep the tail
+                sys.stderr.write(line)
+
+    def request(self, op: str, generation: int | None = None, **fields: Any) -> dict[str, Any]:
+        """Send one request; its answer, or the plugin's error as an :class:`IdrsError`.
+        ``generation``: the host's generation the request's handles and tokens belong to
+        (:class:`HostStopped` when the host has since been started again)."""
+        with self._lock:
+            if self._process is None or self._process.poll() is not None:
+                self._process = self._start()
+            if generation is not None and generation != self.generation:
+                raise HostStopped("built in a plugin host that has since stopped")
+            process = self._process
+            self.requests += 1
+            message = {
+                "op": op,
+                **fields,
+                "release": self._release,
+                "forget": self._forget,
+                "threads": torch.get_num_threads(),
+            }  # (the run's count, as here)
+            self._release, self._forget = [], []
+            try:
+                wire.write_message(process.stdin, message)
+                answer = wire.read_message(process.stdout)
+            except (BrokenPipeError, OSError, EOFError, wire.WireError) as exc:
+                process.kill()
+                process.wait()
+                tail = " | ".join(list(self._tail)[-5:]) or "no output"
+                raise IdrsError(f"the plugin host (python -m harness.plugin.host) failed "
+                                f"({type(exc).__name__}, exit {process.returncode}): {tail}") from None  # fmt: skip
+        if not isinstance(answer, dict) or not answer.get("ok"):
+            raise plugin_error(answer)
+        return answer
+
+    def close(self) -> None:
+        self.stop()
+        self._folder.cleanup()
+
+    # --- build contexts as data --------------------------------------------------------
+
+    def context(self, context: BuildContext) -> str:
+        """The token of ``context`` in the host, described to it the first time."""
+        with self._lock:
+            known = self._contexts.get(id(context))
+            if known is not None and known[0]() is context:
+                return known[1]
+            self._count += 1
+            token = f"c{self._count}"
+            self.request("context", context=self._described(context, token))
+            self._contexts[id(context)] = (weakref.ref(context, self._forgotten(token)), token)
+            return token
+
+    def _forgotten(self, token: str):
+        generation = self.generation
+
+        def forget(_ref) -> None:
+            if generation == self.generation:
+                self._forget.append(token)
+
+        return forget
+
+    def release(self, handle: int, generation: int) -> None:
+        if generation == self.generation:
+            self._release.append(handle)
+
+    def _described(self, context: BuildContext, token: str) -> dict[str, Any]:
+        engine = context.engine
+        state = None if context.state is None else messages.records_message(context.state.records())
+        return {
+            "token": token, "dataset": self._dataset(context.dataset),
+            "model": self._model(context.model), "device": str(context.device),
+            "seed": int(context.seed), "protocol": messages.protocol_message(context.protocol),
+            "engine": {"num_classes": engine.num_classes, "batch_size": engine.batch_size,
+                       "seed": int(engine.seed), "noise": engine.noise,
+                       "pad_batches": bool(engine.pad_batches),
+                       "exact": isinstance(engine, ExactSampling)},
+            "recipe_hash": context.recipe_hash, "run_id": context.run_id,
+            "method": context.method, "setting": context.setting, "state": state,
+            **self._artifacts(context.artifact_root),
+            "memo": self._memo(context.memos), "inputs_memo": self._memo(context.memos.inputs),
+            "quiet": not context.progress.enabled,
+        }  # fmt: skip
+
+    def _artifacts(self, root: Path | None) -> dict[str, Any]:
+        """Where a context's plugins keep artifacts: ``root`` (None: the cache root), which
+        a confined host writes when it is the cache root the host started with (else it
+        keeps them in its scratch directory: an audit's temporary root)."""
+        from harness.foundation.artifacts import cache_root
+
+        root = (cache_root() if root is None else Path(root)).resolve()
+        return {"artifact_root": str(root),
+                "granted": not self.confined or root == self._artifact_root}  # fmt: skip
+
+    def _memo(self, memos: RunMemo) -> str:
+        if memos not in self._memos:
+            self._count += 1
+            self._memos[memos] = f"m{self._count}"
+        return self._memos[memos]
+
+    def _model(self, model: torch.nn.Module) -> dict[str, Any]:
+        known = self._models.get(model)
+        if known is not None:
+            return {"key": known[0]}
+        self._count += 1
+        key = f"model{self._count}"
+        try:
+            described = {"description": model_description.describe(model),
+                         "state": model_description.state_of(model)}  # fmt: skip
+        except ContractError as exc:  # the host's plugins get a stand-in that says why
+            self._models[model] = [key, None]
+            return {"key": key, "absent": str(exc)}
+        self._models[model] = [key, model_description.fingerprint(model)]
+        return {"key": key, **described}
+
+    def updates(self, context: BuildContext) -> list[dict[str, Any]]:
+        """The change of ``context``'s base model since the host last saw it (none or one)."""
+        model = context.model
+        known = self._models.get(model)
+        if known is None or known[1] is None:  # not sent, or absent there
+            return []
+        now = model_description.fingerprint(model)
+        if now == known[1]:
+            return []
+        known[1] = now
+        return [{"key": known[0], "description": model_description.describe(model),
+                 "state": model_description.state_of(model)}]  # fmt: skip
+
+    def _dataset(self, dataset: Any) -> dict[str, Any]:
+        def array(value: Any) -> Any:
+            if not isinstance(value, torch.Tensor):
+                return None  # absent (e.g. no training split): using it there raises
+            if value.numel() * value.element_size() <= INLINE_BYTES:
+                return value
+            sent = self._arrays.get(id(value))  # (tensors compare by value: keyed by id)
+            if sent is None or sent[0]() is not value or sent[1] != value._version:
+                self._count += 1
+                path = self._sent / f"array-{self._count}.npy"
+                np.save(path, value.detach().cpu().numpy(), allow_pickle=False)
+                key = id(value)
+                gone = weakref.ref(value, lambda _, key=key: self._arrays.pop(key, None))
+                sent = self._arrays[key] = (gone, value._version, {"file": str(path)})
+            return sent[2]
+
+        return {"name": dataset.name, "train_x": array(dataset.train_x),
+                "train_y": array(dataset.train_y), "test_x": array(dataset.test_x),
+                "test_y": array(dataset.test_y), "num_classes": int(dataset.num_classes),
+                "class_names": list(dataset.class_names), "files": dict(dataset.files)}  # fmt: skip
+
+
+def plugin_error(answer: Any) -> IdrsError:
+    """The error a plugin raised in the host, as the harness's error of the same kind."""
+    if not isinstance(answer, dict):
+        return IdrsError(f"the plugin host answered {type(answer).__name__}, not an answer")
+    kind = {name: getattr(errors, name) for name in ("ParameterError", "ContractError",
+            "DatasetMissingError", "ModelOutputError", "UnknownNameError", "SpecError")}  # fmt: skip
+    cls = kind.get(str(answer.get("error_type")), IdrsError)
+    message = str(answer.get("error", "no message"))
+    if cls is errors.UnknownNameError:
+        cls = IdrsError
+    if answer.get("error_type") == "error":
+        tail = str(answer.get("traceback", "")).strip().splitlines()[-3:]
+        message += " (in the plugin host: " + " | ".join(t.strip() for t in tail) + ")"
+    return cls(message)
+
+
+def scratch_environment(scratch: Path) -> dict[str, str]:
+    """The variables that point a host's temporary files, home and caches (Python's, torch's,
+    Triton's, Matplotlib's, the harness's) into its scratch directory, and keep the user's
+    site-packages where Python found them for this process."""
+    import site
+
+    folders = {"TMPDIR": "tmp", "TEMP": "tmp", "TMP": "tmp", "HOME": "home",
+               "XDG_CACHE_HOME": "cache", "XDG_CONFIG_HOME": "config", "XDG_DATA_HOME": "data",
+               "TORCHINDUCTOR_CACHE_DIR": "cache/inductor", "TRITON_CACHE_DIR": "cache/triton",
+               "TORCH_HOME": "cache/torch", "MPLCONFIGDIR": "config/matplotlib",
+               "IDRS_BENCH_CACHE": "cache/idrs-bench"}  # fmt: skip
+    out = {name: str(scratch / sub) for name, sub in folders.items()}
+    return out | {"PYTHONUSERBASE": site.getuserbase()}
