@@ -56,7 +56,7 @@ def _rows(db: Path) -> list[tuple]:
 
 def test_interrupted_run_resumes_without_loss_or_duplicates(tmp_path, stored_certificates):
     spec = tmp_path / "tiny.toml"
-    spec.write_text(TINY.format(n=15000))
+    spec.write_text(TINY.format(n=40000))  # long enough to be killed mid-way under load
     command = [sys.executable, "-m", "harness.cli.main", "run", str(spec), "--quiet", "--no-check"]
     # the uninterrupted reference (it also trains and caches the shared base model)
     subprocess.run(
@@ -70,12 +70,12 @@ def test_interrupted_run_resumes_without_loss_or_duplicates(tmp_path, stored_cer
         [*command, "--db", str(db)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     deadline = time.time() + 120
-    while stored_certificates(db) < 12 and time.time() < deadline and proc.poll() is None:
+    while stored_certificates(db) < 8 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     at_kill = stored_certificates(db)
-    assert 12 <= at_kill < len(reference), "the run was not interrupted mid-way"
+    assert 8 <= at_kill < len(reference), "the run was not interrupted mid-way"
 
     subprocess.run([*command, "--db", str(db)], check=True, capture_output=True)
     resumed = _rows(db)
