@@ -5,6 +5,7 @@ by side (harness.audit.workers) give the audit one process gives."""
 import hashlib
 import json
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -89,6 +90,20 @@ def test_rows_side_by_side_are_audited_as_in_one_process_and_their_costs_shown(
     line = next(li for li in out.splitlines() if li.strip().startswith("cohen sigma=0.25 ("))
     assert f"certification {cohen.certification_seconds:,.1f} s" in line
     assert f"audit {cohen.audit_seconds:,.1f} s" in line
+
+
+def test_a_row_audited_in_a_worker_shows_its_checks_and_its_attack_as_stages(ball_run, manager):
+    """``--timings``' stages of a row audited side by side: its checks and its attack, as for
+    a row audited here (the attack runs where the row's checks ran)."""
+    db, run_id = ball_run
+    progress = Progress(enabled=False)
+    with_attack = replace(TINY, name="small")  # the small budget's attack, TINY's checks
+    run_checks(db, run_id, RunOptions(db=db), progress, manager, method="cohen",
+               budget=with_attack, entropy=parse_entropy(ENTROPY), workers=2)  # fmt: skip
+    stages = [name for name, _ in progress.timings]
+    for setting in ("sigma=0.25", "sigma=0.5"):
+        assert stages.count(f"checks cohen {setting}") == 1
+        assert stages.count(f"attack cohen {setting}") == 1
 
 
 def test_a_worker_that_fails_leaves_its_rows_to_this_process(ball_run, manager, monkeypatch):

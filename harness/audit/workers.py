@@ -17,8 +17,9 @@ that fails leaves its rows to this process.
 
 Protocol: the first line on stdin is the job (database, run, options, budget, orders,
 attack), then one line per row ``{"rows": [[method, setting, entropy], ...]}``; on stdout
-one JSON line per event: ``{"check": name}``, ``{"warning": text}``, ``{"done": true}``
-after a group of rows. The process ends when stdin closes, or when its parent ends.
+one JSON line per event: ``{"check": name}``, ``{"attacked": true}`` after a row's attack,
+``{"warning": text}``, ``{"done": true}`` after a group of rows. The process ends when stdin
+closes, or when its parent ends.
 """
 
 from __future__ import annotations
@@ -149,7 +150,7 @@ def _feed(
                 group = todo.get_nowait()
             except queue.Empty:
                 return
-            if not _audit_group(process, group, names, progress):
+            if not _audit_group(process, group, names, progress, job["attack"]):
                 todo.put(group)
                 return
     finally:
@@ -157,8 +158,9 @@ def _feed(
 
 
 def _audit_group(process: subprocess.Popen, group: list[Row], names: list[str],
-                 progress: Progress) -> bool:  # fmt: skip
-    """Send ``group`` to ``process`` and follow it to its end; False if the worker failed."""
+                 progress: Progress, attack: bool) -> bool:  # fmt: skip
+    """Send ``group`` to ``process`` and follow it to its end (each row's checks, then its
+    attack, as stages here); False if the worker failed."""
     try:
         process.stdin.write(json.dumps({"rows": [list(row) for row in group]}) + "\n")
         process.stdin.flush()
@@ -170,6 +172,14 @@ def _audit_group(process: subprocess.Popen, group: list[Row], names: list[str],
                 event = _event(process, progress)
                 if event is None or "check" not in event:
                     progress.warn(f"an audit worker ended while auditing {method} ({setting}); "
+                                  "its rows are audited here")  # fmt: skip
+                    return False
+                advance(1)
+        if attack:
+            with progress.task(f"attack {method} {setting}", 1, "rows") as advance:
+                event = _event(process, progress)
+                if event is None or "attacked" not in event:
+                    progress.warn(f"an audit worker ended while attacking {method} ({setting}); "
                                   "its rows are audited here")  # fmt: skip
                     return False
                 advance(1)
@@ -238,6 +248,7 @@ def serve(lines, send: Callable[[dict[str, Any]], None]) -> None:
                 audit_row(store, audit, checks, progress, lambda name: send({"check": name}))
                 if job["attack"]:
                     run_attack(store, audit, progress, attacked)
+                    send({"attacked": True})
             send({"done": True})
     finally:
         store.close()
