@@ -26,9 +26,9 @@ the fixture :func:`rigged_methods` is this module).
   chosen after looking at the result, until one certifies.
 - ``sigma-at-test-points``: σ × 1.3 exactly at the benchmark's test points, declared
   constant.
-- ``honest-when-rebuilt``: ``padded-formula`` on the base model it was first built for
-  (the run's, by its recipe hash), Cohen's honest certificate on any other model (as
-  when a check rebuilds it).
+- ``honest-when-rebuilt``: ``padded-formula`` on the base model it was first built for in
+  a run (the run's, by its recipe hash), Cohen's honest certificate on any other model
+  (as when a check rebuilds it).
 - ``engine-patch`` (:func:`engine_patched`): a plugin that, when imported, patches the
   harness's :class:`~harness.SamplingEngine` to move 3 % of the estimation votes onto the
   top class; the method itself is plain Cohen.
@@ -240,13 +240,14 @@ class SigmaAtTestPoints:
 
 
 class HonestWhenRebuilt(PaddedFormula):
-    """``PaddedFormula`` on the first base model it is built for (by its recipe hash, so on
-    the run's model in the run and in its checks); Cohen's certificate on any other."""
+    """``PaddedFormula`` on the first base model it is built for in a run (by its recipe
+    hash, so on the run's model in the run and in its checks, also when one process makes
+    several runs); Cohen's certificate on any other (S1's rebuilds)."""
 
     first_model: ClassVar[dict[str, str | None]] = {}
 
     def __init__(self, context) -> None:
-        first = self.first_model.setdefault("hash", context.recipe_hash)
+        first = self.first_model.setdefault(context.run_id, context.recipe_hash)
         self.cheating = context.recipe_hash is not None and context.recipe_hash == first
         if not self.cheating:
             self.radius_formula = COHEN

@@ -106,6 +106,18 @@ def test_every_rigged_method_is_caught_on_ball2_and_no_sound_method_flagged(
     assert all(row["any"] == 0 for row in alarms.values()), alarms
 
 
+def test_honest_when_rebuilt_cheats_on_the_model_of_each_run(rigged_methods):
+    """The rigged method pads on each run's base model (in one process that makes several
+    runs, as ``--benchmark both`` does) and is honest on the models S1 rebuilds it on."""
+    from types import SimpleNamespace as Context
+
+    rigged = rigged_methods.HonestWhenRebuilt
+    assert rigged(Context(run_id="ball-2 run", recipe_hash="mlp")).cheating
+    assert not rigged(Context(run_id="ball-2 run", recipe_hash="exact ball")).cheating
+    assert rigged(Context(run_id="fashion run", recipe_hash="fashion mlp")).cheating
+    assert rigged(Context(run_id="fashion run", recipe_hash="fashion mlp")).cheating  # its checks
+
+
 def test_holm_against_its_definition():
     assert holm_rejections([0.01, 0.04, 0.03], 0.05) == [True, False, False]
     assert holm_rejections([0.01, 0.02, 0.03], 0.1) == [True, True, True]  # 0.033, 0.05, 0.1
