@@ -283,3 +283,27 @@ def test_memory_formula_bounds_an_inside_certificate_by_the_enclosing_ball():
     assert out.radius[0] == pytest.approx(r_a, rel=1e-12)
     assert out.prediction[1] == 1 and out.radius[1] == pytest.approx(r_a - 0.5, rel=1e-12)
     assert out.bound[1] == pytest.approx(beta.ppf(0.001, 990, 11), rel=1e-12)  # B's own evidence
+
+
+@pytest.mark.parametrize("radius", [1e-5, 2.4e-4, 0.5])
+def test_s3_queries_sigma_only_inside_the_ball(radius):
+    """S3's search for σ's extremes asks σ only at points of B(x0, R), however small R is
+    (a start 10⁻³ off x0 once lay outside small balls, and its σ flagged a sound radius)."""
+    import torch
+
+    from harness.audit.justification import sigma_extremes
+
+    x0 = torch.rand(3, 1, 28, 28)
+    farthest = []
+
+    def sigma(x):  # log σ 0.2-Lipschitz, differentiable
+        farthest.append(float((x.detach().flatten(1) - x0.flatten(1)).norm(dim=1).max()))
+        return 0.25 * torch.exp(0.2 * (x.flatten(1) - 0.5).norm(dim=1))
+
+    lo, hi = sigma_extremes(
+        sigma, x0, torch.full((3,), radius), 4, torch.Generator().manual_seed(0)
+    )
+    assert max(farthest) <= radius
+    centre = sigma(x0).double().numpy()
+    assert np.all(hi <= centre * np.exp(0.2 * radius))
+    assert np.all(lo >= centre * np.exp(-0.2 * radius))

@@ -59,9 +59,13 @@ def sigma_extremes(
     provider, x0: torch.Tensor, radius: torch.Tensor, steps: int, gen: torch.Generator
 ):
     """Smallest and largest σ(x1) found in each ball B(x0_i, R_i): random points, then (σ
-    differentiable, as the query at x0 tells) projected gradient steps on log σ both ways."""
+    differentiable, as the query at x0 tells) projected gradient steps on log σ both ways,
+    from a start within R/2 of x0. Every point queried lies in the ball after rounding
+    (:func:`_inside`): a σ found outside it would flag a sound certificate (a radius below
+    the start's 10⁻³ offset did)."""
     flat = x0.flatten(1)
     dim = flat.shape[1]
+    radius = _inside(flat, radius)
     lo, differentiable = sigma_with_differentiability(provider, x0)
     hi = lo.clone()
     for fraction in (1.0, 0.5, 0.25):
@@ -72,9 +76,10 @@ def sigma_extremes(
                 s = provider((flat + d).view_as(x0)).double()
             lo, hi = torch.minimum(lo, s), torch.maximum(hi, s)
     for sign in (1.0, -1.0) if differentiable else ():
-        x1 = (
-            flat + 1e-3 * torch.randn(flat.shape, generator=gen).to(flat.device) / math.sqrt(dim)
-        ).view_as(x0)
+        # a start off x0 (where σ's gradient may vanish), inside the ball however small R is
+        start = 1e-3 * torch.randn(flat.shape, generator=gen).to(flat.device) / math.sqrt(dim)
+        start *= (radius / 2 / start.norm(dim=1).clamp_min(1e-12)).clamp(max=1.0)[:, None]
+        x1 = (flat + start).view_as(x0)
         for _ in range(steps):
             x1 = x1.detach().requires_grad_(True)
             with torch.enable_grad():
@@ -94,6 +99,16 @@ def sigma_extremes(
             s = provider(x1.detach()).double()
         lo, hi = torch.minimum(lo, s), torch.maximum(hi, s)
     return lo.cpu().numpy(), hi.cpu().numpy()
+
+
+def _inside(flat: torch.Tensor, radius: torch.Tensor) -> torch.Tensor:
+    """The radius to search within so that every point x0 + δ, rounded to ``flat``'s dtype,
+    lies in B(x0, R): R less twice the rounding of √d coordinates of magnitude up to
+    max|x0| + R (unit roundoff u), and 2⁻²⁰·R for the rounding of ‖δ‖."""
+    unit = torch.finfo(flat.dtype).eps / 2
+    reach = flat.abs().amax(dim=1) + radius
+    slack = 2 * math.sqrt(flat.shape[1]) * unit * reach + radius * 2.0**-20
+    return (radius - slack).clamp_min(0)
 
 
 def check_justification(audit: Audit) -> CheckResult:
