@@ -569,6 +569,19 @@ def test_radius_relative_tolerance():
         assert ok == expect
 
 
+def test_a_radius_is_the_same_alone_as_in_a_batch():
+    """An input's radius does not depend on what else is solved with it: the certifier
+    solves a shard or a round's stopped inputs, S0 a row's certificates at once, and S0
+    compares the two (p_A near 1/2 gives the small radii where paths used to part)."""
+    rng = np.random.default_rng(1)
+    p_a = np.concatenate([rng.uniform(0.5000001, 0.50001, 20), rng.uniform(0.55, 0.999, 30)])
+    sigma0 = rng.uniform(0.2, 0.3, 50)
+    batch = certified_radius(p_a, sigma0, 0.2, 784)
+    alone = [certified_radius(p, s, 0.2, 784) for p, s in zip(p_a, sigma0, strict=True)]
+    assert batch.tolist() == alone
+    assert certified_radius(p_a[:7], sigma0[:7], 0.2, 784).tolist() == alone[:7]
+
+
 def test_radius_with_p_b():
     p_a, p_b, sigma0, rate, n = 0.7, 0.1, 0.5, 0.02, 784
     r = certified_radius(p_a, sigma0, rate, n, p_b=p_b)

@@ -40,8 +40,7 @@ from harness.mathematics.worstcase.xi import xi, xi_arrays
 
 _BISECT_RTOL = 1e-9  # relative tolerance of the certified radius
 _BISECT_ATOL_REL = 2.0**-50  # absolute floor, relative to Cohen's radius
-_PROBE_LANES = 48  # multisection below this many active inputs (see _bisect_radius)
-_MAX_PROBES = 15
+_PROBES = 3  # interior probes per input and pass (see _bisect_radius)
 _XI_MARGIN = 1e-10  # certification requires xi < 1/2 - margin (numerical safety)
 _MAX_LOG_RATIO = 300.0  # rate * R beyond which sigma1/sigma0 = e^(+-rR) never certifies
 _THRESHOLD_LOG_WIDTH = 1e-9  # bracket width on log(1 - p_A) of semi_elastic_threshold
@@ -157,8 +156,8 @@ def certified_radius(
     * Nothing certifies (``p_a ≤ 1/2``, resp. ``p_a ≤ p_b``): 0.0.
       ``p_a == 1`` (``p_b == 0``) certifies every radius: ``inf``.
     * Otherwise bracket-and-bisect, vectorized over the whole batch, inside
-      ``[0, R_Cohen]`` (plain bisection while >= 48 inputs are unresolved, a
-      15-point multisection per pass below that, to cut per-call overhead): the
+      ``[0, R_Cohen]`` (a 3-point multisection per pass: half the passes of a
+      bisection, the same probes for an input whatever else is in the batch): the
       result never exceeds Cohen's radius (Thm B.6, by construction: at
       ``R_Cohen`` the half-space value is already 1/2 and the worst-case ball
       is at least as bad).  Stops at a relative bracket width of 1e-9 and
@@ -224,9 +223,10 @@ def _bisect_radius(
     Invariant: the condition holds at ``lo`` (verified, or ``lo = 0``) and fails at
     ``hi`` (verified, or ``hi = R_Cohen``).  Each pass probes ``k`` equally spaced
     interior points per input and keeps the sub-bracket around the first failing
-    probe.  ``k = 1`` (plain bisection) whenever at least ``_PROBE_LANES`` inputs are
-    still active; smaller batches use more probes per pass (multisection) so that a
-    single input does not pay ~30 rounds of per-call overhead.
+    probe, ``k`` = :data:`_PROBES` for every input, so that an input's probes, and its
+    radius, are the same bits alone as in any batch: the certifier solves a shard or a
+    round's stopped inputs, S0 a row's certificates at once, and S0 compares the two
+    (a k that grew as fewer inputs stayed active made them differ by up to 10⁻⁸).
     """
     n = sigma0.shape[0]
     lo = np.zeros(n)
@@ -236,7 +236,7 @@ def _bisect_radius(
     atol = _BISECT_ATOL_REL * r_cohen
     active = np.arange(n)
     while active.size:
-        k = max(1, min(_MAX_PROBES, _PROBE_LANES // active.size))
+        k = _PROBES
         frac = np.arange(1, k + 1) / (k + 1.0)
         lo_a, hi_a = lo[active], hi[active]
         probes = lo_a[:, None] + (hi_a - lo_a)[:, None] * frac  # (active, k)
