@@ -6,8 +6,7 @@ the ``idrs_bench`` entry point, the published formats of the Python packaging
 specifications: core metadata and the entry points file;
 :func:`harness.audit.detection_power.install_plugin_module`) into a folder put on
 ``sys.path`` and ``PYTHONPATH``, so that ``importlib.metadata`` finds it here and in the
-plugin host. Nothing is installed into the environment. :func:`half_sigma_plugin` is
-the source of the plugin most tests install.
+plugin host. Nothing is installed into the environment.
 """
 
 from __future__ import annotations
@@ -42,40 +41,3 @@ def install_plugin(tmp_path, monkeypatch):
     yield install
     for module in [m for m in sys.modules if m.startswith(("idrs_test_", "idrs_half"))]:
         del sys.modules[module]
-
-
-def half_sigma_plugin(provider: str = "half", method: str = "cohen-half",
-                      cls: str = "HalfSigma") -> str:  # fmt: skip
-    """The source of the README's example plugin: σ-provider ``provider`` (class ``cls``),
-    σ/2 declared constant, and method ``method``, Cohen's certifier at that σ (default
-    σ = 0.5); the σ-provider's description names the process that imported the module."""
-    return f'''
-import os
-
-from harness import Constant, MethodSpec, SigmaProviderSpec, hookimpl
-
-IDRS_BENCH_CONTRACT = 3
-IMPORTED_IN = f"imported in process {{os.getpid()}}"
-
-
-class {cls}:
-    def __init__(self, sigma):
-        self.sigma = sigma / 2
-        self.regularity = Constant(self.sigma)
-
-    def __call__(self, x):
-        import torch
-
-        return torch.full((len(x),), self.sigma, device=x.device)
-
-
-@hookimpl
-def idrs_register_sigma_providers(register):
-    register(SigmaProviderSpec("{provider}", lambda context, params: {cls}(params["sigma"]),
-                               IMPORTED_IN))
-
-
-@hookimpl
-def idrs_register_methods(register):
-    register(MethodSpec("{method}", "{provider}", "cohen", {{"sigma": 0.5}}))
-'''

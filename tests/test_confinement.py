@@ -17,7 +17,6 @@ import pytest
 from harness.foundation.errors import IdrsError
 from harness.plugin import confinement
 from harness.plugin.confinement import Grants, refusal, ruleset
-from tests.installed_plugins import half_sigma_plugin
 
 CONFINABLE = refusal(confinement.landlock_abi()) is None
 needs_landlock = pytest.mark.skipif(not CONFINABLE, reason="this kernel has no Landlock ABI >= 3")
@@ -145,7 +144,32 @@ def test_each_layer_alone_refuses_what_it_governs(tmp_path, layer, expected):
     assert outside.exists() == (expected["write outside"] == "done")
 
 
-HALF = half_sigma_plugin()
+HALF = """
+from harness import Constant, MethodSpec, SigmaProviderSpec, hookimpl
+
+IDRS_BENCH_CONTRACT = 3
+
+
+class Half:
+    def __init__(self, sigma):
+        self.sigma = sigma / 2
+        self.regularity = Constant(self.sigma)
+
+    def __call__(self, x):
+        import torch
+
+        return torch.full((len(x),), self.sigma, device=x.device)
+
+
+@hookimpl
+def idrs_register_sigma_providers(register):
+    register(SigmaProviderSpec("half", lambda context, params: Half(params["sigma"])))
+
+
+@hookimpl
+def idrs_register_methods(register):
+    register(MethodSpec("cohen-half", "half", "cohen", {"sigma": 0.5}))
+"""
 
 SPEC = """name = "tiny"
 [dataset]

@@ -45,7 +45,6 @@ from harness.plugin.manager import PluginManager
 from harness.running.benchmark import parse_benchmark
 from harness.running.preparation import RunOptions
 from harness.running.runner import run_benchmark
-from tests.installed_plugins import half_sigma_plugin
 
 pytestmark = pytest.mark.skipif(
     confinement.refusal(confinement.landlock_abi()) is not None,
@@ -148,7 +147,33 @@ def idrs_register_methods(register):
     register(MethodSpec("escape", "escape", "cohen", {}))
 '''
 
-VICTIM = half_sigma_plugin("victim", "victim", "Victim")  # another distribution
+VICTIM = '''
+"""Another distribution's plugin: Cohen at half the σ."""
+from harness import Constant, MethodSpec, SigmaProviderSpec, hookimpl
+
+IDRS_BENCH_CONTRACT = 3
+
+
+class Victim:
+    def __init__(self, sigma):
+        self.sigma = sigma / 2
+        self.regularity = Constant(self.sigma)
+
+    def __call__(self, x):
+        import torch
+
+        return torch.full((len(x),), self.sigma, device=x.device)
+
+
+@hookimpl
+def idrs_register_sigma_providers(register):
+    register(SigmaProviderSpec("victim", lambda context, params: Victim(params["sigma"])))
+
+
+@hookimpl
+def idrs_register_methods(register):
+    register(MethodSpec("victim", "victim", "cohen", {"sigma": 0.5}))
+'''
 
 TINY = Budget("tiny", coverage_trials=8, coverage_n=200, pairs=2, ascent_steps=2,
               audited_inputs=3, attack_steps=2, attack_samples=8, orders=2)  # fmt: skip

@@ -20,9 +20,39 @@ from harness.foundation.progress import Progress
 from harness.plugin import wire
 from harness.plugin.hookspecs import CONTRACT
 from harness.plugin.manager import PluginManager
-from tests.installed_plugins import half_sigma_plugin
 
-HALF = half_sigma_plugin()
+HALF = '''
+"""Cohen's certifier at half the σ (the README's example plugin); says where it runs."""
+import os
+
+from harness import Constant, MethodSpec, SigmaProviderSpec, hookimpl
+
+IDRS_BENCH_CONTRACT = 3
+IMPORTED_IN = f"imported in process {os.getpid()}"
+
+
+class HalfSigma:
+    def __init__(self, sigma):
+        self.sigma = sigma / 2
+        self.regularity = Constant(self.sigma)
+
+    def __call__(self, x):
+        import torch
+
+        return torch.full((len(x),), self.sigma, device=x.device)
+
+
+@hookimpl
+def idrs_register_sigma_providers(register):
+    register(SigmaProviderSpec("half", lambda context, params: HalfSigma(params["sigma"]),
+                               IMPORTED_IN))
+
+
+@hookimpl
+def idrs_register_methods(register):
+    register(MethodSpec("cohen-half", sigma_provider="half", certifier="cohen",
+                        defaults={"sigma": 0.5}))
+'''
 
 
 def _roundtrip(value):
