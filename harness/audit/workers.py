@@ -167,24 +167,30 @@ def _audit_group(process: subprocess.Popen, group: list[Row], names: list[str],
     except OSError:
         return False
     for method, setting, _ in group:
-        with progress.task(f"checks {method} {setting}", len(names), "checks") as advance:
-            for _ in names:
-                event = _event(process, progress)
-                if event is None or "check" not in event:
-                    progress.warn(f"an audit worker ended while auditing {method} ({setting}); "
-                                  "its rows are audited here")  # fmt: skip
-                    return False
-                advance(1)
-        if attack:
-            with progress.task(f"attack {method} {setting}", 1, "rows") as advance:
-                event = _event(process, progress)
-                if event is None or "attacked" not in event:
-                    progress.warn(f"an audit worker ended while attacking {method} ({setting}); "
-                                  "its rows are audited here")  # fmt: skip
-                    return False
-                advance(1)
+        if not _follow(
+            process, progress, f"checks {method} {setting}", len(names), "checks", "check"
+        ):
+            return False
+        if attack and not _follow(
+            process, progress, f"attack {method} {setting}", 1, "rows", "attacked"
+        ):
+            return False
     event = _event(process, progress)
     return event is not None and event.get("done") is True
+
+
+def _follow(process: subprocess.Popen, progress: Progress, stage: str, count: int, unit: str,
+            key: str) -> bool:  # fmt: skip
+    """Show ``stage`` while the worker reports ``count`` events ``key``; False (with a
+    warning) if it ended or said something else first."""
+    with progress.task(stage, count, unit) as advance:
+        for _ in range(count):
+            event = _event(process, progress)
+            if event is None or key not in event:
+                progress.warn(f"an audit worker ended during {stage}; its rows are audited here")
+                return False
+            advance(1)
+    return True
 
 
 def _event(process: subprocess.Popen, progress: Progress) -> dict[str, Any] | None:
