@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from harness import hookimpl
-from harness.audit import coverage as coverage_module
+from harness.audit import coverage_rounds
 from harness.audit.audit import Budget, parse_entropy
 from harness.audit.ball_attacks import ball_flip
 from harness.audit.counterexamples import _exact_flips
@@ -157,7 +157,7 @@ def test_s1_asks_a_rounds_sigma_at_once_with_the_evidence_of_one_trial_at_a_time
     that reads the model is asked trial by trial (after one query that finds it does)."""
     audit = _audit(ball_run, method)
     together_calls, together = _calls(audit, check_coverage)
-    monkeypatch.setattr(coverage_module, "_placement_free", lambda rnd: False)
+    monkeypatch.setattr(coverage_rounds, "_placement_free", lambda rnd: False)
     alone_calls, alone = _calls(_audit(ball_run, method), check_coverage)
     assert together.evidence == alone.evidence
     assert together.verdict == alone.verdict
