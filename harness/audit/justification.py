@@ -81,8 +81,8 @@ def sigma_extremes(
     values = values.view(len(points), count)
     lo, hi = values.min(dim=0).values, values.max(dim=0).values
     if differentiable:
-        starts = []
-        for _ in (1.0, -1.0):
+        starts = []  # of the ascent of log σ, then of − log σ
+        for _ in range(2):
             # a start off x0 (where σ's gradient may vanish), inside the ball however small R is
             start = 1e-3 * torch.randn(flat.shape, generator=gen).to(flat.device) / math.sqrt(dim)
             start *= (radius / 2 / start.norm(dim=1).clamp_min(1e-12)).clamp(max=1.0)[:, None]
