@@ -9,13 +9,14 @@ thread started earlier would stay outside), in three steps (docs/threat-model.md
    filesystem reads and executes only beneath :attr:`Grants.read` (the Python installation
    and every ``sys.path`` entry, the harness's packages, system libraries, the files the
    harness sends), writes only beneath :attr:`Grants.write` (a scratch directory the
-   harness creates and deletes, the plugin's own artifact directories) and the device
-   files of :attr:`Grants.devices`; no TCP bind or connect (ABI 4); signals and abstract
-   UNIX sockets scoped to the host's own domain (ABI 6); a Landlock-confined process cannot
-   ptrace, nor read or write the memory of (``/proc/<pid>/mem``), a process outside its
-   domain, the harness included. Rights a running kernel's ABI lacks are left out of the
-   ruleset (:func:`ruleset`); below :data:`MINIMUM_ABI` (no ``truncate(2)`` rule) the
-   harness refuses to start a third-party plugin confined (:func:`refusal`).
+   harness creates and deletes, the plugin's own artifact directories), the device
+   files of :attr:`Grants.devices` and its own threads' files (:attr:`Grants.threads`:
+   the CUDA driver names its threads); no TCP bind or connect (ABI 4); signals and
+   abstract UNIX sockets scoped to the host's own domain (ABI 6); a Landlock-confined
+   process cannot ptrace, nor read or write the memory of (``/proc/<pid>/mem``), a process
+   outside its domain, the harness included. Rights a running kernel's ABI lacks are left
+   out of the ruleset (:func:`ruleset`); below :data:`MINIMUM_ABI` (no ``truncate(2)``
+   rule) the harness refuses to start a third-party plugin confined (:func:`refusal`).
 2. **No capabilities**: the bounding, ambient, effective, permitted and inheritable sets
    emptied (a root host keeps uid 0 but not ``CAP_DAC_READ_SEARCH``'s
    ``open_by_handle_at(2)``, which bypasses path rules, nor any other privilege), after
@@ -26,6 +27,10 @@ thread started earlier would stay outside), in three steps (docs/threat-model.md
    call), and so do ``chown``-family calls and ``chmod``-family calls that set the set-uid or
    set-gid bit (Landlock does not govern a file's metadata). ``socketpair(2)``
    stays (multiprocessing's pipes).
+
+Each step is a layer of :data:`LAYERS`; a host takes all of them, and only the diagnostic
+``python -m harness.plugin.confinement_probe`` starts hosts with fewer (one layer alone),
+to say which layer a device driver's initialization needs something from.
 
 The system calls are made with :mod:`ctypes` (``landlock_create_ruleset`` 444,
 ``landlock_add_rule`` 445, ``landlock_restrict_self`` 446, the same on every
@@ -43,7 +48,7 @@ import platform
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from harness.foundation.errors import IdrsError
@@ -79,6 +84,20 @@ FILE_RIGHTS = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL
 """The rights a rule on a file (not a directory) may grant."""
 READ = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR
 DEVICE = FS_READ_FILE | FS_WRITE_FILE | FS_TRUNCATE | FS_IOCTL_DEV | FS_READ_DIR
+"""On a device file: open it for reading and writing, and its ``ioctl(2)`` commands (how a
+driver is spoken to; ABI 5); on a folder of device files (``/dev/nvidia-caps/``): list it,
+and the same on every device file beneath."""
+THREAD_NAMES = FS_WRITE_FILE | FS_TRUNCATE
+"""Beneath the host's own ``/proc/<pid>/task``: write a file there (reading is the
+``/proc`` rule's). ``pthread_setname_np(3)`` on another thread opens
+``/proc/self/task/<tid>/comm`` for reading and writing, and ``open(..., "w")`` truncates
+too (a procfs file has no length to cut); nothing can be made, removed or linked in
+procfs, so no other right applies there."""
+LAYERS = ("landlock-fs", "landlock-net", "capabilities", "seccomp")
+"""The confinement's layers: Landlock's filesystem rules (step 1's files, devices and
+threads, with its ptrace restriction); Landlock's TCP rules and its scoping of signals and
+abstract UNIX sockets (step 1's rest); the emptied capability sets (step 2); the seccomp
+filter (step 3)."""
 
 
 class _RulesetAttr(ctypes.Structure):
@@ -193,12 +212,14 @@ def description(abi: int) -> str:
 @dataclass(frozen=True)
 class Grants:
     """What a confined host may reach: ``read`` (read and execute beneath each path),
-    ``write`` (everything beneath), ``devices`` (read, write and ioctl on each device
-    file). A path that does not exist is left out."""
+    ``write`` (everything beneath), ``devices`` (:data:`DEVICE` on each device file or
+    folder of them), ``threads`` (:data:`THREAD_NAMES` beneath each: :func:`confine` sets
+    it to the process's own ``/proc/<pid>/task``). A path that does not exist is left out."""
 
     read: tuple[str, ...] = ()
     write: tuple[str, ...] = ()
     devices: tuple[str, ...] = ()
+    threads: tuple[str, ...] = ()
 
     def to_message(self) -> dict[str, list[str]]:
         return {"read": list(self.read), "write": list(self.write), "devices": list(self.devices)}
@@ -219,31 +240,54 @@ class Ruleset:
     scoped: int
     rules: tuple[tuple[str, int], ...] = field(default=())
     """(path, rights) per rule, each within what its kind of file may be granted."""
+    pinned: tuple[str, ...] = ()
+    """The rules' paths that :func:`restrict` keeps open for the process's lifetime."""
 
 
-def ruleset(grants: Grants, abi: int, is_dir: Callable[[str], bool] = os.path.isdir) -> Ruleset:
+def ruleset(grants: Grants, abi: int, is_dir: Callable[[str], bool] = os.path.isdir,
+            layers: Iterable[str] = LAYERS) -> Ruleset:  # fmt: skip
     """The ruleset of ``grants`` on a kernel of Landlock ``abi`` (≥ 1): every filesystem
-    right the ABI knows is governed, TCP (ABI ≥ 4) with no port allowed, signals and
-    abstract sockets (ABI ≥ 6) scoped; each rule keeps the rights the ABI governs, and on a
-    file only those a file may be granted."""
+    right the ABI knows is governed (layer ``landlock-fs``), TCP (ABI ≥ 4) with no port
+    allowed and signals and abstract sockets (ABI ≥ 6) scoped (layer ``landlock-net``);
+    each rule keeps the rights the ABI governs, and on a file only those a file may be
+    granted. The rules of :attr:`Grants.threads` are pinned: procfs makes a process's
+    folders as they are looked up, and a rule holds the folder it was made on, so the
+    folder must stay (:func:`restrict`)."""
     if abi < 1:
         raise ValueError("a Landlock ruleset needs ABI >= 1")
-    handled_fs = FS_BY_ABI[max(a for a in FS_BY_ABI if a <= abi)]
-    handled_net = NET_BIND_TCP | NET_CONNECT_TCP if abi >= 4 else 0
-    scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0
+    layers = set(layers)
+    handled_fs = FS_BY_ABI[max(a for a in FS_BY_ABI if a <= abi)] if "landlock-fs" in layers else 0
+    net = "landlock-net" in layers
+    handled_net = NET_BIND_TCP | NET_CONNECT_TCP if abi >= 4 and net else 0
+    scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 and net else 0
     rules: dict[str, int] = {}
     for paths, rights in ((grants.read, READ), (grants.write, handled_fs),
-                          (grants.devices, DEVICE)):  # fmt: skip
-        for path in paths:
+                          (grants.devices, DEVICE), (grants.threads, THREAD_NAMES)):  # fmt: skip
+        for path in paths if handled_fs else ():
             allowed = rights & handled_fs
             if not is_dir(path):
                 allowed &= FILE_RIGHTS
             rules[path] = rules.get(path, 0) | allowed
-    return Ruleset(abi, handled_fs, handled_net, scoped, tuple(rules.items()))
+    pinned = tuple(p for p in grants.threads if p in rules)
+    return Ruleset(abi, handled_fs, handled_net, scoped, tuple(rules.items()), pinned)
+
+
+_PINNED: dict[str, int] = {}
+"""The folders of :attr:`Ruleset.pinned`, each held by an ``O_PATH`` descriptor for the
+process's lifetime."""
 
 
 def restrict(rules: Ruleset) -> None:
-    """Apply ``rules`` to this thread (and its future threads and children), for good."""
+    """Apply ``rules`` to this thread (and its future threads and children), for good.
+
+    A Landlock rule holds the inode of the folder it was made on. A procfs folder such as
+    ``/proc/<pid>/task`` is made when it is looked up and dropped with its dentry (memory
+    pressure, ``drop_caches``): looked up again, it is another inode, which no rule names.
+    The folders of :attr:`Ruleset.pinned` keep their ``O_PATH`` descriptor open, so their
+    dentry, and the inode the rule holds, stay for the process's lifetime."""
+    if not (rules.handled_fs or rules.handled_net or rules.scoped):
+        raise IdrsError(f"Landlock ABI {rules.abi} governs nothing of the layers asked for "
+                        "(TCP rules need ABI 4, scoping ABI 6)")  # fmt: skip
     attr = _RulesetAttr(rules.handled_fs, rules.handled_net, rules.scoped)
     fd = _syscall(_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)),
                   ctypes.c_uint32(0))  # fmt: skip
@@ -257,7 +301,12 @@ def restrict(rules: Ruleset) -> None:
                 beneath = _PathBeneathAttr(allowed, parent)
                 _syscall(_ADD_RULE, ctypes.c_int(fd), ctypes.c_int(_RULE_PATH_BENEATH),
                          ctypes.byref(beneath), ctypes.c_uint32(0))  # fmt: skip
-            finally:
+            except BaseException:
+                os.close(parent)
+                raise
+            if path in rules.pinned:
+                _PINNED[path] = parent
+            else:
                 os.close(parent)
         _prctl(_PR_SET_NO_NEW_PRIVS, 1)
         _syscall(_RESTRICT_SELF, ctypes.c_int(fd), ctypes.c_uint32(0))
@@ -397,9 +446,12 @@ and torch read (never the whole of it: the host may run as root)."""
 SYSTEM_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 
 
-def gpu_devices() -> list[str]:
-    """NVIDIA's device files (CUDA opens them), when present."""
-    return sorted(str(p) for p in Path("/dev").glob("nvidia*"))
+def gpu_devices(root: str = "/dev") -> list[str]:
+    """NVIDIA's device files beneath ``root``, when present: ``nvidiactl`` (the driver's
+    control), ``nvidia<N>`` (each GPU), ``nvidia-uvm`` (unified memory, which CUDA opens at
+    ``cuInit``), ``nvidia-uvm-tools`` (its profiling events), ``nvidia-modeset`` and the
+    folder ``nvidia-caps/`` (MIG's capabilities, which the driver lists and reads)."""
+    return sorted(str(p) for p in Path(root).glob("nvidia*"))
 
 
 def thread_count() -> int:
@@ -407,25 +459,45 @@ def thread_count() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def confine(grants: Grants, abi: int | None = None) -> Ruleset:
-    """Confine this process for good (steps 1–3 of the module docstring) and return the
-    Landlock ruleset applied. Refused (:class:`IdrsError`) while it has other threads, which
-    would stay unconfined, and on a kernel below :data:`MINIMUM_ABI`."""
+def own_threads() -> str:
+    """This process's ``/proc/<pid>/task``: its threads' folders (``<tid>/comm``, a
+    thread's name, which ``pthread_setname_np(3)`` writes, as the CUDA driver does for the
+    threads it starts in ``cuInit``). Beneath it, besides ``comm``, are the other per-thread
+    files of this process alone, each checked by the kernel as for any process writing its
+    own (docs/threat-model.md lists them)."""
+    return f"/proc/{os.getpid()}/task"
+
+
+def confine(grants: Grants, abi: int | None = None, layers: Iterable[str] = LAYERS) -> Ruleset:
+    """Confine this process for good (steps 1–3 of the module docstring; ``layers``: of
+    :data:`LAYERS`, all but for the diagnostic probe) and return the Landlock ruleset
+    applied. Its own threads' files are granted (:func:`own_threads`, pinned). Refused
+    (:class:`IdrsError`) while it has other threads, which would stay unconfined, and on a
+    kernel below :data:`MINIMUM_ABI`."""
+    layers = tuple(layers)
+    unknown = [layer for layer in layers if layer not in LAYERS]
+    if unknown:
+        raise IdrsError(f"unknown confinement layer(s) {unknown}; choose from {', '.join(LAYERS)}")
     abi = landlock_abi() if abi is None else abi
+    landlock = any(layer.startswith("landlock") for layer in layers)
     reason = refusal(abi)
-    if reason is not None:
+    if reason is not None and landlock:
         raise IdrsError(reason)
     if thread_count() != 1:
         raise IdrsError(f"the plugin host has {thread_count()} threads before it is confined; "
                         "a thread started before confinement would stay unconfined")  # fmt: skip
-    rules = ruleset(grants, abi)
+    grants = replace(grants, threads=(own_threads(),))
+    rules = ruleset(grants, abi, layers=layers) if landlock else Ruleset(0, 0, 0, 0)
     machine = platform.machine()
-    if machine not in _ARCHES:
+    if machine not in _ARCHES and "seccomp" in layers:
         raise IdrsError(f"the plugin host's seccomp filter knows x86_64 and aarch64, not "
                         f"{machine}; run with --unconfined on this machine")  # fmt: skip
-    drop_capabilities()
-    restrict(rules)
-    install_seccomp(machine)
+    if "capabilities" in layers:
+        drop_capabilities()
+    if landlock:
+        restrict(rules)
+    if "seccomp" in layers:
+        install_seccomp(machine)
     return rules
 
 

@@ -61,13 +61,16 @@ class PluginHost:
     reading its Python, its distribution's files, what this process sends it (a folder of
     its own) and the data roots its datasets are asked to load from (:meth:`grant_read`),
     and to writing its scratch directory (its ``$TMPDIR``, ``$HOME`` and caches, deleted
-    with it) and its plugins' artifact folders under the cache root it started with."""
+    with it) and its plugins' artifact folders under the cache root it started with.
+    ``layers``: the confinement's layers (:data:`~harness.plugin.confinement.LAYERS`, all
+    of them; fewer only for :mod:`harness.plugin.confinement_probe`)."""
 
     def __init__(self, distribution: str | None = None, plugins: Sequence[str] = (),
                  prefix: Path | None = None, confined: bool = False,
-                 builtins: Sequence[str] = ()) -> None:  # fmt: skip
+                 builtins: Sequence[str] = (),
+                 layers: Sequence[str] = confinement.LAYERS) -> None:  # fmt: skip
         self.distribution, self.plugins, self.prefix = distribution, tuple(plugins), prefix
-        self.confined = confined
+        self.confined, self.layers = confined, tuple(layers)
         self.builtins = tuple(b for b in builtins if b not in self.plugins)
         """The built-in plugins, whose artifact folders the host reads (a built-in
         σ-provider built there by name finds what the harness's own copy fitted)."""
@@ -123,6 +126,8 @@ class PluginHost:
                 write=tuple(str(p) for p in [scratch, *own]),
                 devices=tuple(confinement.gpu_devices()),
             ).to_message()
+            if self.layers != confinement.LAYERS:
+                start["layers"] = list(self.layers)
         root = Path(__file__).resolve().parents[2]  # the folder holding this harness
         if root == Path.cwd().resolve():  # found through the working directory, which -P
             # keeps off the host's path (else the host would read all of it)
