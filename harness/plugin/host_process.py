@@ -154,6 +154,12 @@ class PluginHost:
         if self.confined:
             self.stop()
 
+    @property
+    def name(self) -> str:
+        """The host as errors name it: by the distribution whose plugins it loads."""
+        of = "the built-in plugins" if self.distribution is None else self.distribution
+        return f"the plugin host of {of}"
+
     def stop(self) -> None:
         """End the host process (the next request starts another: built components are
         lost, and say so when used)."""
@@ -195,10 +201,10 @@ class PluginHost:
                 process.kill()
                 process.wait()
                 tail = " | ".join(list(self._tail)[-5:]) or "no output"
-                raise IdrsError(f"the plugin host (python -m harness.plugin.host) failed "
+                raise IdrsError(f"{self.name} (python -m harness.plugin.host) failed "
                                 f"({type(exc).__name__}, exit {process.returncode}): {tail}") from None  # fmt: skip
         if not isinstance(answer, dict) or not answer.get("ok"):
-            raise plugin_error(answer)
+            raise plugin_error(answer, self.name)
         return answer
 
     def close(self) -> None:
@@ -215,7 +221,13 @@ class PluginHost:
                 return known[1]
             self._count += 1
             token = f"c{self._count}"
-            self.request("context", context=self._described(context, token))
+            described = self._described(context, token)
+            try:
+                self.request("context", context=described)
+            except IdrsError:  # the host may not have kept the model this request described:
+                if set(described["model"]) != {"key"}:  # describe it again next time, so the
+                    self._models.pop(context.model, None)  # next build fails as this one did
+                raise
             self._contexts[id(context)] = (weakref.ref(context, self._forgotten(token)), token)
             return token
 
@@ -316,10 +328,11 @@ class PluginHost:
                 "class_names": list(dataset.class_names), "files": dict(dataset.files)}  # fmt: skip
 
 
-def plugin_error(answer: Any) -> IdrsError:
-    """The error a plugin raised in the host, as the harness's error of the same kind."""
+def plugin_error(answer: Any, host: str = "the plugin host") -> IdrsError:
+    """The error a plugin raised in ``host`` (:attr:`PluginHost.name`), as the harness's
+    error of the same kind; one that is not the harness's says where it was raised."""
     if not isinstance(answer, dict):
-        return IdrsError(f"the plugin host answered {type(answer).__name__}, not an answer")
+        return IdrsError(f"{host} answered {type(answer).__name__}, not an answer")
     kind = {name: getattr(errors, name) for name in ("ParameterError", "ContractError",
             "DatasetMissingError", "ModelOutputError", "UnknownNameError", "SpecError")}  # fmt: skip
     cls = kind.get(str(answer.get("error_type")), IdrsError)
@@ -328,7 +341,7 @@ def plugin_error(answer: Any) -> IdrsError:
         cls = IdrsError
     if answer.get("error_type") == "error":
         tail = str(answer.get("traceback", "")).strip().splitlines()[-3:]
-        message += " (in the plugin host: " + " | ".join(t.strip() for t in tail) + ")"
+        message += f" (in {host}: " + " | ".join(t.strip() for t in tail) + ")"
     return cls(message)
 
 
