@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from harness.foundation.errors import IdrsError
-from harness.plugin import confinement, confinement_probe
+from harness.plugin import confinement, confinement_probe, process_privileges
 from harness.plugin.confinement import Grants, refusal, ruleset
 
 CONFINABLE = refusal(confinement.landlock_abi()) is None
@@ -322,7 +322,7 @@ def test_an_unconfined_value_other_than_1_is_an_error(monkeypatch):
 def test_the_seccomp_filter_refuses_other_architectures_and_x32():
     """Classic BPF of the filter: the architecture is checked first (another one's calls
     are refused whole), and x32 numbers (bit 30) are refused on x86_64."""
-    program = confinement.seccomp_program("x86_64")
+    program = process_privileges.seccomp_program("x86_64")
     load_arch, check_arch = program[0], program[1]
     assert load_arch == (0x20, 0, 0, 4) and check_arch[3] == 0xC000003E
     deny = len(program) - 2

@@ -17,7 +17,7 @@ thread started earlier would stay outside), in three steps (docs/threat-model.md
    outside its domain, the harness included. Rights a running kernel's ABI lacks are left
    out of the ruleset (:func:`ruleset`); below :data:`MINIMUM_ABI` (no ``truncate(2)``
    rule) the harness refuses to start a third-party plugin confined (:func:`refusal`).
-2. **No capabilities**: the bounding, ambient, effective, permitted and inheritable sets
+2. **No capabilities** (:mod:`harness.plugin.process_privileges`, as step 3): the bounding, ambient, effective, permitted and inheritable sets
    emptied (a root host keeps uid 0 but not ``CAP_DAC_READ_SEARCH``'s
    ``open_by_handle_at(2)``, which bypasses path rules, nor any other privilege), after
    ``PR_SET_NO_NEW_PRIVS`` (no set-uid or file capabilities through ``execve``).
@@ -34,7 +34,7 @@ to say which layer a device driver's initialization needs something from.
 
 The system calls are made with :mod:`ctypes` (``landlock_create_ruleset`` 444,
 ``landlock_add_rule`` 445, ``landlock_restrict_self`` 446, the same on every
-architecture; ``prctl``, ``capset``): no dependency, and the ABI is small, versioned and
+architecture): no dependency, and the ABI is small, versioned and
 stable. The Python bindings on PyPI are thin wrappers of the same calls, young (the
 ``landlock`` package was at 1.0.0.dev5 in 2025) and not packaged by distributions.
 """
@@ -42,7 +42,6 @@ stable. The Python bindings on PyPI are thin wrappers of the same calls, young (
 from __future__ import annotations
 
 import ctypes
-import errno
 import os
 import platform
 import sys
@@ -52,6 +51,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from harness.foundation.errors import IdrsError
+from harness.plugin.process_privileges import (
+    SECCOMP_MACHINES,
+    drop_capabilities,
+    install_seccomp,
+    no_new_privileges,
+)
 
 MINIMUM_ABI = 3
 """The lowest Landlock ABI a third-party plugin host is confined with: ABI 3 (Linux 6.2)
@@ -308,113 +313,10 @@ def restrict(rules: Ruleset) -> None:
                 _PINNED[path] = parent
             else:
                 os.close(parent)
-        _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+        no_new_privileges()
         _syscall(_RESTRICT_SELF, ctypes.c_int(fd), ctypes.c_uint32(0))
     finally:
         os.close(fd)
-
-
-# --- capabilities and seccomp ----------------------------------------------------------------
-
-_PR_CAPBSET_DROP, _PR_SET_SECCOMP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT = 24, 22, 38, 47
-_PR_CAP_AMBIENT_CLEAR_ALL, _SECCOMP_MODE_FILTER = 4, 2
-_CAPABILITY_VERSION_3 = 0x20080522
-
-
-def _prctl(option: int, arg: int = 0, pointer=None) -> None:
-    third = ctypes.c_ulong(0) if pointer is None else pointer
-    if _libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg), third, ctypes.c_ulong(0),
-                   ctypes.c_ulong(0)) != 0:  # fmt: skip
-        code = ctypes.get_errno()
-        raise OSError(code, os.strerror(code))
-
-
-def drop_capabilities() -> None:
-    """Empty this thread's capability sets (bounding first: it needs ``CAP_SETPCAP``)."""
-    last = int(Path("/proc/sys/kernel/cap_last_cap").read_text()) if Path(
-        "/proc/sys/kernel/cap_last_cap").exists() else 63  # fmt: skip
-    for cap in range(last + 1):
-        try:
-            _prctl(_PR_CAPBSET_DROP, cap)
-        except OSError as exc:
-            if exc.errno == errno.EINVAL:  # beyond this kernel's capabilities
-                break
-            if exc.errno != errno.EPERM:  # EPERM: not privileged, so nothing to drop
-                raise
-    _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL)
-    header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)
-    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable (two words each)
-    if _libc.capset(header, data) != 0:
-        code = ctypes.get_errno()
-        raise OSError(code, os.strerror(code))
-
-
-@dataclass(frozen=True)
-class _Arch:
-    audit: int
-    socket: int
-    chown: tuple[int, ...]
-    chmod_mode_arg1: tuple[int, ...]  # chmod(path, mode), fchmod(fd, mode)
-    chmod_mode_arg2: tuple[int, ...]  # fchmodat(dirfd, path, mode[, flags])
-    x32: bool = False
-
-
-_ARCHES = {
-    "x86_64": _Arch(0xC000003E, 41, (92, 93, 94, 260), (90, 91), (268, 452), x32=True),
-    "aarch64": _Arch(0xC00000B7, 198, (54, 55), (52,), (53, 452)),
-}
-_IO_URING_SETUP = 425  # the same on every architecture
-_SETUID_BITS = 0o6000
-
-
-class _SockFilter(ctypes.Structure):
-    _fields_ = (("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
-                ("k", ctypes.c_uint32))  # fmt: skip
-
-
-class _SockFprog(ctypes.Structure):
-    _fields_ = (("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter)))
-
-
-def seccomp_program(machine: str) -> list[tuple[int, int, int, int]]:
-    """The classic-BPF filter of step 3 for ``machine`` (``platform.machine()``): a list
-    of (code, jt, jf, k); another architecture's system calls are refused whole."""
-    arch = _ARCHES[machine]
-    load, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
-    allow, deny = 0x7FFF0000, 0x00050000 | errno.EPERM
-    program: list[tuple] = [(load, 0, 0, 4), (jeq, 0, "deny", arch.audit), (load, 0, 0, 0)]
-    if arch.x32:  # x32 system calls (numbers with bit 30 set) are refused
-        program.append((jge, "deny", 0, 0x40000000))
-    for number in (arch.socket, _IO_URING_SETUP, *arch.chown):
-        program.append((jeq, "deny", 0, number))
-    for number in arch.chmod_mode_arg1:
-        program.append((jeq, "mode1", 0, number))
-    for number in arch.chmod_mode_arg2:
-        program.append((jeq, "mode2", 0, number))
-    program.append((ret, 0, 0, allow))
-    labels = {"mode1": len(program)}  # the low word of argument 1 (seccomp_data.args[1])
-    program += [(load, 0, 0, 16 + 8), (jset, "deny", "allow", _SETUID_BITS)]
-    labels["mode2"] = len(program)
-    program += [(load, 0, 0, 16 + 16), (jset, "deny", "allow", _SETUID_BITS)]
-    labels["deny"] = len(program)
-    program.append((ret, 0, 0, deny))
-    labels["allow"] = len(program)  # (jumps go forward only)
-    program.append((ret, 0, 0, allow))
-
-    def offset(target, at: int) -> int:
-        return target if isinstance(target, int) else labels[target] - at - 1
-
-    return [(code, offset(jt, at), offset(jf, at), k)
-            for at, (code, jt, jf, k) in enumerate(program)]  # fmt: skip
-
-
-def install_seccomp(machine: str) -> None:
-    """Install :func:`seccomp_program` on this thread (after ``PR_SET_NO_NEW_PRIVS``)."""
-    instructions = seccomp_program(machine)
-    array = (_SockFilter * len(instructions))(*(_SockFilter(*i) for i in instructions))
-    program = _SockFprog(len(instructions), array)
-    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
-    _prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(program))
 
 
 # --- this process ----------------------------------------------------------------------------
@@ -489,7 +391,7 @@ def confine(grants: Grants, abi: int | None = None, layers: Iterable[str] = LAYE
     grants = replace(grants, threads=(own_threads(),))
     rules = ruleset(grants, abi, layers=layers) if landlock else Ruleset(0, 0, 0, 0)
     machine = platform.machine()
-    if machine not in _ARCHES and "seccomp" in layers:
+    if machine not in SECCOMP_MACHINES and "seccomp" in layers:
         raise IdrsError(f"the plugin host's seccomp filter knows x86_64 and aarch64, not "
                         f"{machine}; run with --unconfined on this machine")  # fmt: skip
     if "capabilities" in layers:
