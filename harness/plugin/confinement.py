@@ -17,10 +17,11 @@ thread started earlier would stay outside), in three steps (docs/threat-model.md
    outside its domain, the harness included. Rights a running kernel's ABI lacks are left
    out of the ruleset (:func:`ruleset`); below :data:`MINIMUM_ABI` (no ``truncate(2)``
    rule) the harness refuses to start a third-party plugin confined (:func:`refusal`).
-2. **No capabilities** (:mod:`harness.plugin.process_privileges`, as step 3): the bounding, ambient, effective, permitted and inheritable sets
-   emptied (a root host keeps uid 0 but not ``CAP_DAC_READ_SEARCH``'s
-   ``open_by_handle_at(2)``, which bypasses path rules, nor any other privilege), after
-   ``PR_SET_NO_NEW_PRIVS`` (no set-uid or file capabilities through ``execve``).
+2. **No capabilities** (:mod:`harness.plugin.process_privileges`, as step 3): the
+   bounding, ambient, effective, permitted and inheritable sets emptied (a root host keeps
+   uid 0 but not ``CAP_DAC_READ_SEARCH``'s ``open_by_handle_at(2)``, which bypasses path
+   rules, nor any other privilege), after ``PR_SET_NO_NEW_PRIVS`` (no set-uid or file
+   capabilities through ``execve``).
 3. **seccomp**: ``socket(2)`` and ``io_uring_setup(2)`` fail with EPERM (Landlock has no
    rule for UDP nor for connecting to a named UNIX socket, e.g. a system bus through which
    root starts services, or a Ray node's; io_uring can open sockets without the system
@@ -28,15 +29,15 @@ thread started earlier would stay outside), in three steps (docs/threat-model.md
    set-gid bit (Landlock does not govern a file's metadata). ``socketpair(2)``
    stays (multiprocessing's pipes).
 
-Each step is a layer of :data:`LAYERS`; a host takes all of them, and only the diagnostic
-``python -m harness.plugin.confinement_probe`` starts hosts with fewer (one layer alone),
-to say which layer a device driver's initialization needs something from.
+The steps are the layers of :data:`LAYERS` (step 1 two of them); a host takes all of
+them, and only the diagnostic ``python -m harness.plugin.confinement_probe`` starts hosts
+with one alone, to say which layer a device driver's initialization needs something from.
 
 The system calls are made with :mod:`ctypes` (``landlock_create_ruleset`` 444,
 ``landlock_add_rule`` 445, ``landlock_restrict_self`` 446, the same on every
-architecture): no dependency, and the ABI is small, versioned and
-stable. The Python bindings on PyPI are thin wrappers of the same calls, young (the
-``landlock`` package was at 1.0.0.dev5 in 2025) and not packaged by distributions.
+architecture): no dependency, and the ABI is small, versioned and stable. The Python
+bindings on PyPI are thin wrappers of the same calls, young (the ``landlock`` package was
+at 1.0.0.dev5 in 2025) and not packaged by distributions.
 """
 
 from __future__ import annotations

@@ -19,9 +19,10 @@ initialize CUDA and compute:
 - **torch.cuda** (``--device cuda``): torch's CUDA initialization and the same computation
   on the GPU (cuBLAS, cuDNN), against the CPU's;
 
-and, in the host confined by all layers, what must stay refused (:data:`REFUSED`; each only opened and
-closed, nothing written): ``/proc/sysrq-trigger`` and ``/proc/sys/vm/drop_caches`` for
-writing, the harness's main thread's name for writing, the harness's memory for reading.
+and, in the host confined by all layers, what must stay refused (:data:`REFUSED`; each
+only opened and closed, nothing written): ``/proc/sysrq-trigger`` and
+``/proc/sys/vm/drop_caches`` for writing, the harness's main thread's name for writing,
+the harness's memory for reading.
 
 It prints one line per host as each answers: ``ok`` or ``FAILED``, then each part's
 outcome. A part the device lacks (no CUDA driver on a CPU machine, no NVIDIA device file)
