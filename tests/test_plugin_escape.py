@@ -5,9 +5,10 @@ an author who wants to top the board would (docs/threat-model.md): drop a ``.pth
 and a module into every site-packages folder (and append to a ``.pth`` there, writing
 nothing), into the harness's package, the working directory and ``$HOME``; open the run
 database for writing and change its stored draws and radii (by its path, and through the
-harness's file descriptors); open the harness's memory (``/proc/<ppid>/mem``); signal
-the harness; connect to a port this test listens on; patch another distribution's
-plugin. It reports each outcome in its σ-provider's description, which the harness
+harness's file descriptors); open the harness's memory (``/proc/<ppid>/mem``), the
+harness's thread name, ``/proc/sysrq-trigger`` and ``/proc/sys/vm/drop_caches`` for
+writing (root writes both without a capability; nothing is written); signal the harness;
+connect to a port this test listens on; patch another distribution's plugin. It reports each outcome in its σ-provider's description, which the harness
 receives as data. Each attempt fails in the host (the patch changes only its own host);
 every row keeps its verdict and the other plugin its σ; nothing it could reach changed
 (the working directory, the plugins' own site folder and the harness's package are hashed
@@ -123,6 +124,10 @@ attempt("home", drop(GUARDED["home"]))
 attempt("run database", rewrite_draws)
 attempt("run database through the harness's descriptors", descriptors)
 attempt("harness memory", memory)
+# root writes these without any capability: a reboot, dropped caches (opened, never written)
+attempt("/proc/sysrq-trigger", lambda: os.close(os.open("/proc/sysrq-trigger", os.O_WRONLY)))
+attempt("/proc/sys/vm/drop_caches", lambda: os.close(os.open("/proc/sys/vm/drop_caches", os.O_WRONLY)))
+attempt("the harness's thread name", append(f"/proc/{os.getppid()}/task/{os.getppid()}/comm"))
 attempt("signal the harness", lambda: os.kill(os.getppid(), signal.SIGCONT))
 attempt("connect", lambda: socket.create_connection(("127.0.0.1", GUARDED["port"]), 5).close())
 attempt("patch another plugin", patch_victim)
@@ -257,7 +262,9 @@ def test_a_plugin_reaches_nothing_but_its_answers(install_plugin, tmp_path, monk
         hosts = {name: host for name, host in manager._hosts.items()}
         assert sorted(hosts) == ["idrs-test-escape", "idrs-test-victim"]  # a host each
         assert all(host.abi == confinement.landlock_abi() for host in hosts.values())
-        assert len(outcomes) == len(sites) + 1 + len(pth) + 9, outcomes
+        assert len(outcomes) == len(sites) + 1 + len(pth) + 12, outcomes
+        if not Path("/proc/sysrq-trigger").exists():  # a kernel without magic SysRq
+            assert outcomes.pop("/proc/sysrq-trigger").startswith("refused: FileNotFoundError")
         tried = {k: v for k, v in outcomes.items() if k != "patch another plugin"}
         assert all(v.startswith("refused: ") for v in tried.values()), tried
         assert outcomes["patch another plugin"] == "done"  # in its own host only (below)

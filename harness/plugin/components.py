@@ -10,6 +10,7 @@ each; a context carries it, so a factory can resolve other components by name.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -107,6 +108,44 @@ class OrderDependentCertifier(Certifier, Protocol):
         self, certificates: Sequence[Mapping[str, Any]], inputs: Mapping[int, torch.Tensor],
         orders: int, radii: Sequence[float], seed: int,
     ) -> dict[str, Any]: ...  # fmt: skip
+
+
+def declared_members(protocol: type) -> tuple[str, ...]:
+    """The members a protocol of the contract declares, in order: what the class bodies of
+    ``protocol`` and the protocols it extends annotate (attributes) or define (methods,
+    properties, and special methods such as ``__call__``), not what ``typing`` and ``abc``
+    add to every protocol class (its private names and the special methods it sets)."""
+    names: dict[str, None] = {}
+    for cls in reversed(protocol.__mro__):
+        if cls in (object, Protocol) or cls.__module__ == "typing":
+            continue
+        for name in inspect.get_annotations(cls):
+            names[name] = None
+        for name, value in vars(cls).items():
+            special = name.startswith("__") and name.endswith("__")
+            written = inspect.isfunction(value) and value.__qualname__.startswith(
+                f"{cls.__qualname__}.")  # fmt: skip
+            if (special and written) or not name.startswith("_"):
+                names[name] = None
+    return tuple(names)
+
+
+def missing_members(obj: Any, protocol: type) -> list[str]:
+    """The members of :func:`declared_members` that ``obj`` lacks, by ordinary attribute
+    lookup (``hasattr``: instance attributes, class attributes, properties, ``__getattr__``),
+    a special method in its class or a base, where Python looks it up (``obj(x)`` calls
+    ``type(obj).__call__``). A component is accepted when this is empty, however it provides
+    its members and on every Python (``isinstance`` on a runtime-checkable protocol looks
+    members up statically since Python 3.12, missing those a ``__getattr__`` serves)."""
+    missing = []
+    for name in declared_members(protocol):
+        if name.startswith("__") and name.endswith("__"):
+            found = any(name in vars(cls) for cls in type(obj).__mro__)
+        else:
+            found = hasattr(obj, name)
+        if not found:
+            missing.append(name)
+    return missing
 
 
 @dataclass

@@ -139,6 +139,14 @@ class Host:
         return {"plugins": plugins, "components": components, "failures": failures,
                 "builtin": sorted(self.manager.builtin_plugins()), "abi": self.abi}  # fmt: skip
 
+    def op_probe(self, request: dict[str, Any]) -> dict[str, Any]:
+        """What a device driver does to the OS while it initializes, tried here
+        (:func:`harness.plugin.confinement_probe.probe`)."""
+        from harness.plugin.confinement_probe import probe
+
+        return {"parts": probe(str(request["device"]), [str(d) for d in request["devices"]],
+                               int(request["parent"]), bool(request["refusals"]))}  # fmt: skip
+
     def op_check_params(self, request: dict[str, Any]) -> None:
         check = self.registry.get("methods", request["method"]).check
         if check is not None:
