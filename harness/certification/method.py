@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from harness.engine.draws import SigmaSmoothing
+from harness.foundation.data import PORTING
 from harness.foundation.errors import IdrsError
 from harness.foundation.runstate import RunState, StateRecord
 from harness.plugin.components import (
@@ -23,7 +24,7 @@ from harness.plugin.registry import Registry
 
 _SIGMA_ATTRIBUTES = ("regularity",)
 _CERTIFIER_ATTRIBUTES = ("smoothing", "order_dependent", "radius_formula", "certify")
-_MEMORY_ATTRIBUTES = ("ball_sigmas", "order_spread")
+_MEMORY_ATTRIBUTES = ("ball_sigmas", "order_replays")
 
 
 def build_method(
@@ -49,7 +50,9 @@ def build_method(
         )
     if certifier.order_dependent:
         _require(certifier, OrderDependentCertifier, _MEMORY_ATTRIBUTES,
-                 f"order-dependent certifier {method.certifier!r}")  # fmt: skip
+                 f"order-dependent certifier {method.certifier!r}",
+                 "; contract 4 replaced order_spread (which saw the labels) by order_replays: "
+                 f"{PORTING}" if hasattr(certifier, "order_spread") else "")  # fmt: skip
     return provider, certifier
 
 
@@ -95,11 +98,13 @@ def check_sampling(
         raise IdrsError(why)
 
 
-def _require(obj: Any, protocol: type, attributes: tuple[str, ...], what: str) -> None:
+def _require(
+    obj: Any, protocol: type, attributes: tuple[str, ...], what: str, hint: str = ""
+) -> None:
     if isinstance(obj, protocol):
         return
     missing = [a for a in attributes if not hasattr(obj, a)]
     raise IdrsError(
         f"{what} lacks the declared attribute(s) {', '.join(missing) or '?'} of "
-        f"harness.plugin.components.{protocol.__name__}; see docs/plugins.md"
+        f"harness.plugin.components.{protocol.__name__}{hint or '; see docs/plugins.md'}"
     )
