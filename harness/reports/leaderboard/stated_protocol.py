@@ -14,8 +14,8 @@ only when it is not the default ``heuristic``)."""
 COMPARED_KEYS = ("n0", "n", "alpha", "precision", "channels_last", "noise", "cudnn", "sampling",
                  "n_max", "test_split")  # fmt: skip
 """Protocol keys whose difference makes two runs' rows not directly comparable."""
-NOT_RECORDED = ("not recorded: the run began before runs recorded it, so its plugins may "
-                "have read it")  # fmt: skip
+NOT_RECORDED = ("not recorded (the run began before runs recorded it, so its plugins may "
+                "have read it)")  # fmt: skip
 """A run's ``test_split`` when it records none: it began before the harness withheld the
 test split from plugins (its plugins may have read it)."""
 
@@ -89,9 +89,9 @@ def run_protocol(run: StoredRun, stem: str | None) -> dict[str, Any]:
 def test_split_statement(record: str | None) -> str:
     """What a run's plugins had of the test split (its ``test_split`` record), in a line."""
     if record == WITHHELD:
-        return ("withheld from every plugin: σ-providers, certifiers and the trainer got the "
+        return ("withheld from every plugin (σ-providers, certifiers and the trainer got the "
                 "training split and the dataset's description, a σ-provider each test input "
-                "only when asked for its σ, no plugin a test label (docs/plugins.md)")  # fmt: skip
+                "only when asked for its σ, no plugin a test label; docs/plugins.md)")  # fmt: skip
     return NOT_RECORDED if record is None else f"unknown record {record!r}"
 
 
