@@ -401,8 +401,7 @@ def isolate_builtins() -> bool:
 
 
 def check_contract(plugin: Any, name: str) -> None:
-    """Raise a :class:`ContractError` unless ``plugin`` declares a contract this harness
-    accepts (:data:`~harness.plugin.hookspecs.ACCEPTED`)."""
+    """Raise a :class:`ContractError` unless ``plugin`` declares a contract in ``ACCEPTED``."""
     declared = getattr(plugin, CONTRACT_ATTRIBUTE, None)
     if declared in ACCEPTED:
         return

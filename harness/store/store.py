@@ -24,8 +24,8 @@ their SHA-256; ``runs.arithmetic`` is the fingerprint of the arithmetic it certi
 with (:mod:`harness.engine.arithmetic`), ``runs.components`` which plugin, package and
 version provided each component the run names (:meth:`ResultStore.record_components`),
 ``runs.plugin_hosts`` how its third-party plugins were confined
-(:meth:`ResultStore.record_plugin_hosts`), ``runs.test_split`` what its plugins had of the
-test split (``withheld``: nothing; NULL: the run began before this was recorded).
+(:meth:`ResultStore.record_plugin_hosts`), ``runs.test_split`` ``withheld`` (NULL: a run
+begun before it was recorded).
 
 A database written by an earlier release gets the columns added since, and its
 renamed columns their new names, on opening (``runs.model_hash`` became ``recipe_hash``:
@@ -129,25 +129,15 @@ class ResultStore(LeaseRecords):
         self.db.close()
 
     def begin_run(
-        self,
-        run_id: str,
-        name: str,
-        config: dict[str, Any],
-        versions: dict[str, str],
-        git_commit: str | None,
-        device: str,
-        seed: int,
-        recipe_hash: str,
-        weights_digest: str | None = None,
-        test_split: str | None = None,
-    ) -> bool:
+        self, run_id: str, name: str, config: dict[str, Any], versions: dict[str, str],
+        git_commit: str | None, device: str, seed: int, recipe_hash: str,
+        weights_digest: str | None = None, test_split: str | None = None,
+    ) -> bool:  # fmt: skip
         """Record a run unless it exists; True when it is new.
 
         ``recipe_hash`` is the base model's recipe hash (its cache key), ``weights_digest``
         the SHA-256 of its weights (:func:`harness.running.weights.weights_digest`),
-        ``test_split`` what its plugins had of the test split
-        (:data:`harness.foundation.data.WITHHELD`; None: not recorded). A run that exists
-        keeps what began it: a run begun before the record stays without one.
+        ``test_split`` :data:`harness.foundation.data.WITHHELD` (an existing run keeps its own).
         """
         with self.db:
             cursor = self.db.execute(

@@ -349,8 +349,7 @@ class _Methods:
 
     def __init__(self, run: StoredRun, source, device: str) -> None:
         self.run, self.source, self.device = run, source, device
-        self.context = None
-        self.test_x = None  # the run's test inputs (the harness's: the context withholds them)
+        self.context = self.test_x = None  # test_x: the run's (the context withholds them)
         self.manager = None  # the plugins, once a method is built
         self.error: str | None = None
         self.built: dict[tuple[str, str], Any] = {}
