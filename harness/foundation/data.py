@@ -1,8 +1,8 @@
 """The in-memory dataset the harness loads, and the part of it plugin code sees.
 
 A dataset plugin produces both splits (:class:`Dataset`); the harness alone keeps the test
-split, certifies and scores with it. σ-providers, certifiers, trainers and method checks get
-a :class:`TrainingSplit`: the training split and the dataset's description, never the test
+split, certifies and scores with it. σ-providers, certifiers and trainers get a
+:class:`TrainingSplit`: the training split and the dataset's description, never the test
 inputs or labels (docs/plugins.md, "What a plugin sees of the dataset").
 """
 
@@ -65,7 +65,7 @@ class Dataset:
 
 @dataclass(frozen=True)
 class TrainingSplit:
-    """A dataset as σ-providers, certifiers, trainers and method checks see it: the
+    """A dataset as σ-providers, certifiers and trainers see it: the
     training split (``train_x`` [N_train, *input_shape], ``train_y``) and the description
     (``name``, ``num_classes``, ``class_names``, ``input_shape``, ``dim``, ``files``: path ->
     SHA-256). The test split is withheld: reading ``test_x``, ``test_y`` or ``test_subset``
@@ -98,8 +98,8 @@ class TrainingSplit:
 def withheld(dataset: str, name: str) -> ContractError:
     """The error for plugin code that reads the test split (``name``) of ``dataset``."""
     return ContractError(
-        f"dataset {dataset!r}: {name} is withheld from plugins. σ-providers, certifiers, "
-        "trainers and method checks get the training split (train_x, train_y) and the "
+        f"dataset {dataset!r}: {name} is withheld from plugins. σ-providers, certifiers and "
+        "trainers get the training split (train_x, train_y) and the "
         "dataset's description (name, num_classes, class_names, input_shape, dim, files), "
         "never the test inputs or labels: the harness alone certifies and scores with them, "
         "and a σ-provider sees each test input only when asked for its σ. A plugin written "

@@ -10,8 +10,8 @@ artifact folders that a confined host writes (:mod:`harness.plugin.confinement`)
 with it. The build context travels as data: the dataset's arrays (large ones once), the
 base model's description and state (:mod:`harness.plugin.model_description`; sent again
 when the model changes in place, as the checks' analytic models do between trials), the
-protocol and the engine's settings, and where its plugins keep artifacts. Of the dataset
-only its training split and description travel: the test split stays in this process. An answer that
+protocol and the engine's settings, and where its plugins keep artifacts; of the dataset
+only its training split and description (the test split stays here). An answer that
 says a request failed becomes the harness's error of the same kind (:func:`plugin_error`).
 """
 

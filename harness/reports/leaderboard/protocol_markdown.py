@@ -15,7 +15,7 @@ from harness.reports.leaderboard.stated_protocol import (
     plugin_hosts_statement,
     protocol_differences,
     run_protocol,
-    test_split_statement,
+    statement_of_test_split,
 )
 
 
@@ -92,7 +92,7 @@ def protocol_table(p: dict[str, Any]) -> list[str]:
         *([("arithmetic", _fingerprint(p["arithmetic"]))] if p.get("arithmetic") else []),
         *([("plugins", md_text(plugin_hosts_statement(p["plugin_hosts"])))]
           if p.get("plugin_hosts") else []),
-        *([("test split", md_text(test_split_statement(p["test_split"])))]
+        *([("test split", md_text(statement_of_test_split(p["test_split"])))]
           if p.get("test_split") else []),
         ("seeds", f"certification {p['seed']}, model {p['model_seed']}"),
         ("device", md_text(p["device"])),

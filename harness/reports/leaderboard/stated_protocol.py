@@ -16,8 +16,8 @@ COMPARED_KEYS = ("n0", "n", "alpha", "precision", "channels_last", "noise", "cud
 """Protocol keys whose difference makes two runs' rows not directly comparable."""
 NOT_RECORDED = ("not recorded (the run began before runs recorded it, so its plugins may "
                 "have read it)")  # fmt: skip
-"""A run's ``test_split`` when it records none: it began before the harness withheld the
-test split from plugins (its plugins may have read it)."""
+"""A run's ``test_split`` when it records none (a run begun before the harness withheld the
+test split from plugins)."""
 
 
 def protocol_differences(protocols: list[dict[str, Any]]) -> dict[str, list[str]]:
@@ -86,7 +86,7 @@ def run_protocol(run: StoredRun, stem: str | None) -> dict[str, Any]:
     return out
 
 
-def test_split_statement(record: str | None) -> str:
+def statement_of_test_split(record: str | None) -> str:
     """What a run's plugins had of the test split (its ``test_split`` record), in a line."""
     if record == WITHHELD:
         return ("withheld from every plugin (σ-providers, certifiers and the trainer got the "
