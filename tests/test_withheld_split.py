@@ -159,25 +159,24 @@ WHERE = ["plugin host", "in process"]
 
 @pytest.mark.parametrize("where", WHERE)
 @pytest.mark.parametrize("component", ["sigma", "certifier"])
-@pytest.mark.parametrize("field", ["test_x", "test_y"])
 def test_a_sigma_provider_or_certifier_that_reads_the_test_split_gets_the_error(
-    where, component, field, install_plugin
+    where, component, install_plugin
 ):
     from harness.certification.method import build_method
 
     manager = _manager(where, install_plugin)
-    method = f"{component}-peeks-{field}"
-    with pytest.raises(ContractError) as caught:
-        build_method(manager.registry, method, {}, _context(manager, method))
-    said = str(caught.value)
-    assert f"dataset 'ball-2': {field} is withheld from plugins" in said
-    assert "Porting a plugin to contract 4" in said
+    for field in ("test_x", "test_y"):  # the test inputs, the test labels
+        method = f"{component}-peeks-{field}"
+        with pytest.raises(ContractError) as caught:
+            build_method(manager.registry, method, {}, _context(manager, method))
+        said = str(caught.value)
+        assert f"dataset 'ball-2': {field} is withheld from plugins" in said
+        assert "Porting a plugin to contract 4" in said
 
 
 @pytest.mark.parametrize("where", WHERE)
-@pytest.mark.parametrize("field", ["test_x", "test_y"])
 def test_a_trainer_that_reads_the_test_split_gets_the_error(
-    where, field, install_plugin, tmp_path, monkeypatch
+    where, install_plugin, tmp_path, monkeypatch
 ):
     from harness.running.benchmark import parse_benchmark
     from harness.running.preparation import RunOptions
@@ -185,14 +184,15 @@ def test_a_trainer_that_reads_the_test_split_gets_the_error(
 
     monkeypatch.setenv("IDRS_BENCH_CACHE", str(tmp_path / "cache"))  # (trained, not cached)
     manager = _manager(where, install_plugin)
-    raw = {"name": "peek", "seed": 0, "dataset": {"name": "ball-2", "test_count": 4},
-           "model": {"architecture": "mlp", "trainer": f"peek-{field}",
-                     "architecture_params": {"width": 4}},
-           "certification": {"n0": 10, "n": 100, "alpha": 0.01},
-           "methods": [{"name": "cohen", "settings": [{"sigma": 0.25}]}]}  # fmt: skip
-    with pytest.raises(ContractError, match=f"{field} is withheld from plugins"):
-        run_benchmark(parse_benchmark(raw), RunOptions(db=tmp_path / "r.sqlite"),
-                      Progress(enabled=False), manager)  # fmt: skip
+    for field in ("test_x", "test_y"):
+        raw = {"name": "peek", "seed": 0, "dataset": {"name": "ball-2", "test_count": 4},
+               "model": {"architecture": "mlp", "trainer": f"peek-{field}",
+                         "architecture_params": {"width": 4}},
+               "certification": {"n0": 10, "n": 100, "alpha": 0.01},
+               "methods": [{"name": "cohen", "settings": [{"sigma": 0.25}]}]}  # fmt: skip
+        with pytest.raises(ContractError, match=f"{field} is withheld from plugins"):
+            run_benchmark(parse_benchmark(raw), RunOptions(db=tmp_path / "r.sqlite"),
+                          Progress(enabled=False), manager)  # fmt: skip
 
 
 def test_a_contract_3_plugin_runs_and_is_told_how_to_port_where_it_reads_the_test_split(
