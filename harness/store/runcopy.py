@@ -5,8 +5,8 @@ as ``idrs-bench check``, which reads a results database. A board's runs come fro
 run export (:mod:`harness.reports.leaderboard.source`), so :func:`copy_run` writes a
 :class:`~harness.store.storedrun.StoredRun` into a fresh store: what an audit reads (the
 ``runs`` row with its data files, arithmetic, components, plugin hosts and test-split
-record, every certificate with its
-evidence, the files a replay needs) and nothing it would write (checks, attacks).
+record, every certificate with its evidence, the files a replay needs) and nothing it
+would write (checks, attacks).
 """
 
 from __future__ import annotations
