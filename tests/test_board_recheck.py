@@ -271,3 +271,49 @@ def test_a_cuda_board_replays_on_the_cpu_by_the_replication_test(
     assert verify_board(out) == []
     assert _cli(["--verify", str(out), "--replay", "8", "--device", "cpu"]) == 0
     assert "inputs agreed by the replication test" in capsys.readouterr().out
+
+
+def test_the_board_states_that_no_plugin_had_the_test_split_and_verify_checks_the_record(
+    board, tmp_path
+):
+    from dataclasses import replace
+
+    from harness.reports.leaderboard.board import build_board
+    from harness.reports.leaderboard.compare import compare_runs
+    from harness.reports.leaderboard.markdown import render_markdown
+
+    assert "| test split | withheld from every plugin (σ-providers, certifiers and the trainer" in (
+        board.read_text()
+    )
+    notes: list[str] = []
+    assert verify_board(board, notes=notes) == []
+    assert any(n.endswith("test split withheld from every plugin (σ-providers, certifiers and "
+                          "the trainer got the training split and the dataset's description, a "
+                          "σ-provider each test input only when asked for its σ, no plugin a "
+                          "test label; docs/plugins.md)") for n in notes)  # fmt: skip
+    # a record the harness never writes does not verify, even re-rendered from it
+    forged = _edited(board, tmp_path, lambda d: d["runs"][0]["run"].update(test_split="peeked"),
+                     "forged")  # fmt: skip
+    assert any("test split record 'peeked' is not one the harness writes" in p
+               for p in verify_board(forged, notes=[]))  # fmt: skip
+    # a run begun before the record: its board has no such line and verifies, with a note
+    legacy = _edited(board, tmp_path, lambda d: d["runs"][0]["run"].pop("test_split"), "legacy")
+    assert "| test split |" not in legacy.read_text()
+    notes = []
+    assert verify_board(legacy, notes=notes) == []
+    assert any("test split not recorded (the run began before runs recorded it" in n
+               for n in notes)  # fmt: skip
+    # a board that claims the rule for such a run does not verify
+    legacy.write_text(board.read_text())
+    assert any("b.md" in p and "test split" in p for p in verify_board(legacy, notes=[]))
+    # a table of a recorded and an older run warns, and so does compare
+    [recorded] = read_export(board.with_suffix(".run.json"))
+    older = replace(recorded, run={k: v for k, v in recorded.run.items() if k != "test_split"}
+                    | {"run_id": "f" * 64})  # fmt: skip
+    text = render_markdown(build_board([recorded, older]), None)
+    assert (
+        "**Warning.** The runs of this table follow different protocols (test_split: "
+        "withheld, not recorded (the run began before runs recorded it"
+    ) in text
+    [warning] = compare_runs(recorded, older).warnings
+    assert "test_split: 'withheld' (A) vs 'not recorded (the run began" in warning

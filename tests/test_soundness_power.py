@@ -25,6 +25,7 @@ from harness.audit.coverage import check_coverage
 from harness.audit.detection_power import SOUND_METHODS, flags_per_check
 from harness.audit.session import audits
 from harness.engine.sampling import SamplingEngine
+from harness.foundation.errors import ContractError
 from harness.foundation.progress import Progress
 from harness.foundation.verdict import Verdict
 from harness.mathematics.calibration import calibration_pvalues, detectable_rate, pit_score
@@ -239,11 +240,19 @@ def _probe_plugin(seen: list):
         def __call__(self, x):
             return torch.full((len(x),), 0.25, dtype=torch.float64, device=x.device)
 
+    def withheld(dataset) -> bool:
+        try:
+            _ = dataset.test_y
+        except ContractError as exc:
+            return "test_y is withheld from plugins" in str(exc)
+        return False
+
     def build(context, params):
         seen.append({"recipe_hash": context.recipe_hash, "dataset": context.dataset.name,
                      "shape": context.dataset.input_shape, "classes": context.dataset.num_classes,
-                     "test_points": len(context.dataset.test_x), "seed": context.seed,
-                     "n": context.protocol.n, "artifacts": context.artifact_dir("probe")})  # fmt: skip
+                     "train_points": len(context.dataset.train_x), "seed": context.seed,
+                     "withheld": withheld(context.dataset), "n": context.protocol.n,
+                     "artifacts": context.artifact_dir("probe")})  # fmt: skip
         return Probe()
 
     @hookimpl
@@ -283,8 +292,9 @@ def test_s1_rebuilds_the_method_in_a_context_like_the_runs(tmp_path, manager):
     for ctx in rebuilt:
         assert ctx["recipe_hash"] is not None and ctx["recipe_hash"] != run["recipe_hash"]
         assert len(ctx["recipe_hash"]) == len(run["recipe_hash"]) == 64
-        same = ("dataset", "shape", "classes", "test_points", "seed")
+        same = ("dataset", "shape", "classes", "train_points", "seed", "withheld")
         assert {k: ctx[k] for k in same} == {k: run[k] for k in same}
+        assert ctx["withheld"]  # the rebuilt method, as the run's, never sees the test split
         assert ctx["n"] == 100  # min(run's n, budget.coverage_n)
         assert ctx["artifacts"] is not None and not ctx["artifacts"].exists()  # removed after S1
         assert ctx["artifacts"].parents[2] != run["artifacts"].parents[2]  # not the cache

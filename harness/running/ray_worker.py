@@ -70,6 +70,7 @@ class CertifyWorker:
         enable_deterministic_kernels(device)  # this process computes the run's quantities
         state = ray.get(weights[0]) if weights is not None else None
         model = _worker_model(setup, dataset, self.registry, state, device)
+        self.test_x = dataset.test_x  # the harness's: the context withholds the test split
         self.context = build_context(
             setup.benchmark, dataset, model, setup.recipe_hash, device, setup.batch_size,
             Progress(enabled=False), self.registry, setup.run_id,
@@ -110,7 +111,8 @@ class CertifyWorker:
 
         try:
             method, provider, certifier, state = self._method(name, params, key, records)
-            for cert in certify_shard(self.context, method, provider, certifier, ids, todo):
+            shard = certify_shard(self.context, self.test_x, method, provider, certifier, ids, todo)
+            for cert in shard:
                 yield cert, state.take()
         except Exception as exc:
             yield ShardFailure(failure_message(exc))

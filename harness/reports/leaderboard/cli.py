@@ -97,12 +97,17 @@ def leaderboard_command(args: argparse.Namespace) -> int:
         sys.stdout.write(render_markdown(build_board(runs), None))
         return 0
     from harness.reports.leaderboard.render import write_board
+    from harness.reports.leaderboard.stated_protocol import statement_of_test_split
 
     missing: list[str] = []
     for path in write_board(runs, args.out, plots=not args.no_plots, problems=missing):
         print(f"wrote {path}")
     for line in missing:
         print(f"warning: {line}", file=sys.stderr)
+    for run in runs:  # its board states nothing about the test split
+        if not run.imported and not run.run.get("test_split"):
+            print(f"note: run {run.run_id[:12]}: test split {statement_of_test_split(None)}",
+                  file=sys.stderr)  # fmt: skip
     return 0
 
 
