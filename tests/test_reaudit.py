@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import shlex
 import shutil
 import sqlite3
 import sys
@@ -293,7 +294,7 @@ def test_a_board_whose_plugin_is_not_installed_names_the_package(published, boar
     code, out = _verify(board, capsys)
     assert code == 1, out
     wanted = (f"method 'half-cohen' comes from plugin '{PLUGIN}' of the package '{PACKAGE}' 0.1, "
-              f"which is not installed here (pip install {PACKAGE})")  # fmt: skip
+              f"which is not installed here ({shlex.quote(sys.executable)} -m pip install {PACKAGE})")  # fmt: skip
     assert f"{_label(run_id, 'half-cohen')}: not verified: {wanted}" in out, out
     assert "is not provided by idrs-bench or an installed plugin" not in out
     # fast-rate's certificates re-derive by Súkeník's formula, a built-in: a note names it
