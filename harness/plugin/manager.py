@@ -317,8 +317,9 @@ class PluginManager:
                 PluginFailure(
                     DISTRIBUTION,
                     f"no {ENTRY_POINT_GROUP!r} entry points of the {DISTRIBUTION!r} distribution "
-                    "were found, so no built-in plugin is loaded; install the package "
-                    "(pip install -e . in the repository)",
+                    "were found, so no built-in plugin is loaded; install the package as "
+                    "README.md's first command does (in the repository: python3 -m venv .venv "
+                    "&& .venv/bin/python -m pip install -e .)",
                 )
             )
 

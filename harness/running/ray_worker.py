@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from harness.foundation.errors import IdrsError
+from harness.foundation.errors import IdrsError, pip_command
 from harness.foundation.runstate import RunState, StateRecord
 from harness.running.benchmark import Benchmark
 from harness.running.preparation import RunOptions
@@ -22,9 +22,9 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError:
+        install = pip_command('install "idrs-bench[ray]"')
         raise IdrsError(
-            'the Ray executor needs Ray: pip install "idrs-bench[ray]" (or use the default '
-            "--executor local)"
+            f"the Ray executor needs Ray: {install} (or use the default --executor local)"
         ) from None
     return ray
 
