@@ -31,8 +31,7 @@ recorded; a spec naming one of them is told which plugin provides it and why it 
 missing.
 
 Tests and scripts register plugins of their own in this process with
-:meth:`PluginManager.register` (code the caller already runs here: nothing to isolate
-it from).
+:meth:`PluginManager.register` (code the caller already runs here: nothing to isolate).
 """
 
 from __future__ import annotations
