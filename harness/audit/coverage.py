@@ -2,8 +2,9 @@
 
 The method (its σ-provider and certifier) is rebuilt on an analytic base model in a
 context made like a run's (:meth:`~harness.audit.audit.Audit.rebuild`): the
-benchmark's dataset (its name, input shape, number of classes K and inputs, labelled by
-the analytic model, so that a kNN σ or a fitted σ-network behaves as on the benchmark),
+benchmark's training split and description (its name, input shape, number of classes K
+and training inputs, labelled by the analytic model, so that a kNN σ or a fitted
+σ-network behaves as on the benchmark; the test split withheld, as in the run),
 a recipe hash (the analytic model's content hash; its artifacts go to a temporary
 folder), the run's seed and protocol at n = min(run's n, ``budget.coverage_n``) in
 fp32. Its trial inputs are the run's own certified inputs (with their input ids), chosen

@@ -51,20 +51,18 @@ from harness.certification.certify import (
     sigma_of,
     sigma_smoothing,
 )
-from harness.foundation.data import Dataset
+from harness.foundation.data import TrainingSplit
 from harness.plugin.remote import RemoteSigmaProvider
 
 
-def _labelled(audit: Audit, model: torch.nn.Module) -> Dataset:
-    """The benchmark's dataset (name, inputs, shapes, K, files) labelled by ``model``."""
+def _labelled(audit: Audit, model: torch.nn.Module) -> TrainingSplit:
+    """The benchmark's training split and description (name, inputs, shapes, K, files), the
+    inputs labelled by ``model``: what the rebuilt method sees (the test split withheld,
+    as in the run)."""
     data, device = audit.context.dataset, audit.context.device
-
-    def labels(x: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            parts = [model(chunk.to(device)).argmax(1).cpu() for chunk in x.split(8192)]
-        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
-
-    return replace(data, train_y=labels(data.train_x), test_y=labels(data.test_x))
+    with torch.no_grad():
+        parts = [model(chunk.to(device)).argmax(1).cpu() for chunk in data.train_x.split(8192)]
+    return replace(data, train_y=torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long))
 
 
 def _secret(audit: Audit, context, purpose: str):
@@ -88,7 +86,7 @@ class _Round:
     pair: tuple[int, int]
     model: torch.nn.Module
     place: Callable
-    dataset: Dataset
+    dataset: TrainingSplit
     provider: object
     certifier: object
     context: object
