@@ -57,7 +57,7 @@ def _model_cache(tmp_path_factory):
 def _plugin_hosts():
     """On a kernel that cannot confine plugin hosts (no Landlock ABI >= 3), the suite runs
     them unconfined (the tests of the confinement itself skip there)."""
-    from harness.plugin import confinement
+    from harness.plugin.hosting import confinement
 
     mp = pytest.MonkeyPatch()
     if confinement.refusal(confinement.landlock_abi()) is not None:

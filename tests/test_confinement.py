@@ -1,4 +1,4 @@
-"""The plugin host's confinement (harness/plugin/confinement.py, docs/threat-model.md): the
+"""The plugin host's confinement (harness/plugin/hosting/confinement.py, docs/threat-model.md): the
 Landlock ruleset of each ABI, each layer on this kernel, and the refusal on a kernel
 without Landlock, with ``--unconfined`` as the recorded way out."""
 
@@ -15,8 +15,8 @@ import sys
 import pytest
 
 from harness.foundation.errors import IdrsError
-from harness.plugin import confinement, confinement_probe, process_privileges
-from harness.plugin.confinement import Grants, refusal, ruleset
+from harness.plugin.hosting import confinement, confinement_probe, process_privileges
+from harness.plugin.hosting.confinement import Grants, refusal, ruleset
 
 CONFINABLE = refusal(confinement.landlock_abi()) is None
 needs_landlock = pytest.mark.skipif(not CONFINABLE, reason="this kernel has no Landlock ABI >= 3")
@@ -125,7 +125,7 @@ def test_a_kernel_that_cannot_confine_is_refused_naming_the_feature_and_the_opt_
 
 def test_the_host_refuses_to_confine_itself_with_threads_running():
     """A thread started before confinement would stay outside it: refused."""
-    code = ("import threading, time; from harness.plugin import confinement\n"
+    code = ("import threading, time; from harness.plugin.hosting import confinement\n"
             "threading.Thread(target=time.sleep, args=(5,), daemon=True).start()\n"
             "confinement.confine(confinement.Grants(), abi=7)\n")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -134,7 +134,7 @@ def test_the_host_refuses_to_confine_itself_with_threads_running():
 
 LAYER = r"""
 import json, os, socket, sys
-from harness.plugin import confinement as c
+from harness.plugin.hosting import confinement as c
 
 layers, scratch, port, outside = sys.argv[1].split(","), sys.argv[2], int(sys.argv[3]), sys.argv[4]
 grants = c.Grants(read=c.existing([*c.python_paths(), *c.SYSTEM_READ]), write=(scratch,),
@@ -358,7 +358,7 @@ def test_a_confined_host_certifies_on_cuda(install_plugin, linear_model):
 @pytest.fixture(scope="module")
 def confined_host():
     """A plugin host confined as a third-party plugin's is (the built-ins only)."""
-    from harness.plugin.host_process import PluginHost
+    from harness.plugin.hosting.host_process import PluginHost
 
     host = PluginHost(None, confined=True)
     yield host

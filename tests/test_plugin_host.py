@@ -17,8 +17,8 @@ import torch
 
 from harness.foundation.errors import ContractError
 from harness.foundation.progress import Progress
-from harness.plugin import wire
 from harness.plugin.hookspecs import CONTRACT
+from harness.plugin.hosting import wire
 from harness.plugin.manager import PluginManager
 
 HALF = '''
@@ -208,7 +208,7 @@ def _context(manager):
     from harness.foundation.data import Dataset
     from harness.foundation.protocol import CertificationProtocol
     from harness.plugin.components import BuildContext
-    from harness.plugin.model_description import build_model
+    from harness.plugin.hosting.model_description import build_model
 
     model = build_model(manager.registry, "linear-N", (2,), 2, {})
     data = Dataset("t", torch.zeros(4, 2), torch.zeros(4, dtype=torch.long), torch.zeros(2, 2),
@@ -226,7 +226,7 @@ def test_builtin_methods_served_by_a_plugin_host_certify_and_audit_as_in_process
     the same certificates bit for bit, and the same verdicts from the same audit entropy."""
     from harness.audit.audit import Budget
     from harness.audit.auditor import run_checks
-    from harness.plugin.hosted_components import CertifierFactory
+    from harness.plugin.hosting.hosted_components import CertifierFactory
     from harness.running.benchmark import parse_benchmark
     from harness.running.preparation import RunOptions
     from harness.running.runner import run_benchmark
@@ -331,8 +331,8 @@ def test_sequential_draws_cross_the_boundary_and_certify_as_in_process(tmp_path,
 
 BLOCKING_HARNESS = """
 import threading, time
-from harness.plugin.host_process import PluginHost
-from harness.plugin.confinement import hosts_confined
+from harness.plugin.hosting.host_process import PluginHost
+from harness.plugin.hosting.confinement import hosts_confined
 
 host = PluginHost("idrs-test-blocking", ["idrs_test_blocking"], confined=hosts_confined(True))
 threading.Thread(target=lambda: host.request("describe"), daemon=True).start()

@@ -40,7 +40,7 @@ from harness.cli.results_table import (
 from harness.foundation.errors import IdrsError, plain
 from harness.foundation.threads import requested_threads, set_passive_wait
 from harness.foundation.version import __version__
-from harness.plugin.confinement import add_unconfined_option, opted_out
+from harness.plugin.hosting.confinement import add_unconfined_option, opted_out
 from harness.reports.import_log import add_import_log_parser
 from harness.reports.leaderboard import add_compare_parser, add_leaderboard_parser
 from harness.store.integrity import check_database

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from harness.foundation.errors import IdrsError
-from harness.plugin.confinement import add_unconfined_option
+from harness.plugin.hosting.confinement import add_unconfined_option
 from harness.reports.leaderboard.source import resolve_runs
 from harness.store.store import DEFAULT_DB
 from harness.store.storedrun import incomplete_note

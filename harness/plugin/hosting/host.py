@@ -1,20 +1,20 @@
-"""The plugin host: ``python -m harness.plugin.host START``, the process where plugins run.
+"""The plugin host: ``python -m harness.plugin.hosting.host START``, the process where plugins run.
 
 The harness never imports a third-party plugin where it draws samples, runs checks or
 decides verdicts (harness/README.md, "Plugin host"). Each third-party distribution gets a
-host of its own (:class:`harness.plugin.host_process.PluginHost` starts it), so that one plugin
+host of its own (:class:`harness.plugin.hosting.host_process.PluginHost` starts it), so that one plugin
 cannot reach another's code, and the host answers the harness's requests
-(:mod:`harness.plugin.host_requests`). ``START`` is a JSON object: ``parent``, the
+(:mod:`harness.plugin.hosting.host_requests`). ``START`` is a JSON object: ``parent``, the
 harness's pid; ``distribution``, the one whose plugins this host loads (besides the
 built-ins; null: the built-ins only); ``prefix``, the folder it is installed in when
-``idrs-bench plugins install`` put it there (:mod:`harness.plugin.private_install`);
+``idrs-bench plugins install`` put it there (:mod:`harness.plugin.hosting.private_install`);
 ``grants``, what the confined host may reach besides its Python
-(:class:`harness.plugin.confinement.Grants`), or null when the user ran it unconfined;
+(:class:`harness.plugin.hosting.confinement.Grants`), or null when the user ran it unconfined;
 ``layers``, the confinement's layers (absent: all of them; fewer only for the diagnostic
-:mod:`harness.plugin.confinement_probe`).
+:mod:`harness.plugin.hosting.confinement_probe`).
 
 Before it imports numpy, torch or any plugin, and before it starts a thread, the host
-confines itself (:func:`harness.plugin.confinement.confine`): a plugin's code, from its
+confines itself (:func:`harness.plugin.hosting.confinement.confine`): a plugin's code, from its
 import on, reads only its Python, its own files and what the harness sends, writes only
 its scratch directory and artifact folders, opens no socket and cannot signal or
 ptrace the harness (docs/threat-model.md).
@@ -39,7 +39,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from harness.foundation.errors import IdrsError
-from harness.plugin import confinement
+from harness.plugin.hosting import confinement
 
 
 def answer_error(exc: BaseException) -> dict[str, Any]:
@@ -112,14 +112,14 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:
         error = answer_error(exc)
     exit_with_parent(int(start.get("parent", os.getppid())))
-    from harness.plugin import wire
+    from harness.plugin.hosting import wire
 
     host = None
     if error is None:
         if start.get("prefix"):
             sys.path.insert(0, start["prefix"])  # (not a site folder: no .pth file runs)
         try:
-            from harness.plugin.host_requests import Host
+            from harness.plugin.hosting.host_requests import Host
 
             host = Host(start.get("distribution"), abi)
         except Exception as exc:  # every request is then answered with why the host is broken

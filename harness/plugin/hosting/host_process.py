@@ -1,14 +1,14 @@
 """A plugin host's process as the harness holds it: started, confined, told, asked.
 
-:class:`PluginHost` starts ``python -m harness.plugin.host`` (:mod:`harness.plugin.host`)
+:class:`PluginHost` starts ``python -m harness.plugin.hosting.host`` (:mod:`harness.plugin.hosting.host`)
 for one third-party distribution (or the built-ins, with ``IDRS_BENCH_ISOLATE=all``),
 with a folder of its own: ``sent/``, where this process writes what the host reads
 (large dataset arrays, as ``.npy`` files: the host may not write there, so nothing it
 does can redirect the harness's writes), and ``scratch/``, the host's ``$TMPDIR``,
 ``$HOME`` and caches (:func:`scratch_environment`), the only place besides its plugins'
-artifact folders that a confined host writes (:mod:`harness.plugin.confinement`), deleted
+artifact folders that a confined host writes (:mod:`harness.plugin.hosting.confinement`), deleted
 with it. The build context travels as data: the dataset's arrays (large ones once), the
-base model's description and state (:mod:`harness.plugin.model_description`; sent again
+base model's description and state (:mod:`harness.plugin.hosting.model_description`; sent again
 when the model changes in place, as the checks' analytic models do between trials), the
 protocol and the engine's settings, and where its plugins keep artifacts. An answer that
 says a request failed becomes the harness's error of the same kind (:func:`plugin_error`).
@@ -37,8 +37,8 @@ from harness.engine.exact import ExactSampling
 from harness.foundation import errors
 from harness.foundation.errors import ContractError, IdrsError
 from harness.foundation.threads import child_environment, stop_child
-from harness.plugin import confinement, messages, model_description, wire
 from harness.plugin.components import BuildContext, RunMemo
+from harness.plugin.hosting import confinement, messages, model_description, wire
 
 INLINE_BYTES = 1 << 20
 """Arrays of a dataset up to this size travel in the message; larger ones as files."""
@@ -49,7 +49,7 @@ class HostStopped(IdrsError):
 
 
 class PluginHost:
-    """A ``python -m harness.plugin.host`` process, started on first use, and what it was
+    """A ``python -m harness.plugin.hosting.host`` process, started on first use, and what it was
     told so far (contexts, models, arrays). Its stderr (the plugins' output) is echoed to
     this process's stderr; it ends when this object is closed or collected. Each request
     carries this process's thread count, which the host then computes with (the two take
@@ -57,13 +57,13 @@ class PluginHost:
 
     It loads the built-ins and the plugins ``plugins`` of ``distribution`` (None: the
     built-ins only), installed in ``prefix`` when ``idrs-bench plugins install`` put them
-    there. ``confined``: the host confines itself (:mod:`harness.plugin.confinement`) to
+    there. ``confined``: the host confines itself (:mod:`harness.plugin.hosting.confinement`) to
     reading its Python, its distribution's files, what this process sends it (a folder of
     its own) and the data roots its datasets are asked to load from (:meth:`grant_read`),
     and to writing its scratch directory (its ``$TMPDIR``, ``$HOME`` and caches, deleted
     with it) and its plugins' artifact folders under the cache root it started with.
-    ``layers``: the confinement's layers (:data:`~harness.plugin.confinement.LAYERS`, all
-    of them; fewer only for :mod:`harness.plugin.confinement_probe`)."""
+    ``layers``: the confinement's layers (:data:`~harness.plugin.hosting.confinement.LAYERS`, all
+    of them; fewer only for :mod:`harness.plugin.hosting.confinement_probe`)."""
 
     def __init__(self, distribution: str | None = None, plugins: Sequence[str] = (),
                  prefix: Path | None = None, confined: bool = False,
@@ -128,14 +128,14 @@ class PluginHost:
             ).to_message()
             if self.layers != confinement.LAYERS:
                 start["layers"] = list(self.layers)
-        root = Path(__file__).resolve().parents[2]  # the folder holding this harness
+        root = Path(__file__).resolve().parents[3]  # the folder holding this harness
         if root == Path.cwd().resolve():  # found through the working directory, which -P
             # keeps off the host's path (else the host would read all of it)
             environment["PYTHONPATH"] = os.pathsep.join(
                 p for p in (str(root), environment.get("PYTHONPATH")) if p
             )
         process = subprocess.Popen(
-            [sys.executable, "-P", "-m", "harness.plugin.host", json.dumps(start)],
+            [sys.executable, "-P", "-m", "harness.plugin.hosting.host", json.dumps(start)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment,
         )  # fmt: skip
         threading.Thread(target=self._echo, args=(process.stderr,), daemon=True).start()
@@ -201,7 +201,7 @@ class PluginHost:
                 process.kill()
                 process.wait()
                 tail = " | ".join(list(self._tail)[-5:]) or "no output"
-                raise IdrsError(f"{self.name} (python -m harness.plugin.host) failed "
+                raise IdrsError(f"{self.name} (python -m harness.plugin.hosting.host) failed "
                                 f"({type(exc).__name__}, exit {process.returncode}): {tail}") from None  # fmt: skip
         if not isinstance(answer, dict) or not answer.get("ok"):
             raise plugin_error(answer, self.name)
