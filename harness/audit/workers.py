@@ -242,7 +242,7 @@ def serve(lines, send: Callable[[dict[str, Any]], None]) -> None:
     checks = [manager.registry.get("checks", n) for n in manager.registry.names("checks")]
     progress = _Reporting(send)
     store = ResultStore(Path(job["db"]))
-    try:
+    try:  # (its plugin hosts end with it)
         session = AuditSession(store, job["run_id"], options, progress, manager,
                                Budget(**job["budget"]))  # fmt: skip
         attacked: dict[str, dict] = {}
@@ -258,6 +258,7 @@ def serve(lines, send: Callable[[dict[str, Any]], None]) -> None:
             send({"done": True})
     finally:
         store.close()
+        manager.close()
 
 
 def main() -> None:

@@ -4,8 +4,11 @@ Nothing heavy is imported before it is needed: ``--help``, ``plugins`` and every
 error in a benchmark file or its parameters answer without importing torch (the spec
 is parsed and checked against the registered plugins first). A subcommand defined
 in another module is one ``add_<name>_parser(subparsers)`` in :data:`SUBCOMMANDS`.
-SIGTERM is handled like Ctrl-C: the run stops, says how to resume, exits 143.
-Idle OpenMP threads are told to sleep before anything imports torch, and ``run`` and
+SIGTERM is handled like Ctrl-C: the run stops, its plugin hosts end with everything they
+started, it says how to resume and exits 143 (130 for Ctrl-C). Exit statuses: 0, done; 2, an
+error; 3 (:data:`ROWS_FAILED`), ``run`` finished but rows failed (each is named with its
+plugin, why, and the command that retries it); 1, ``--reaudit`` found a verdict that
+differs. Idle OpenMP threads are told to sleep before anything imports torch, and ``run`` and
 ``check`` compute with their share of the machine's cores
 (:mod:`harness.foundation.threads`).
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import signal
 import sqlite3
 import sys
@@ -32,6 +36,7 @@ from harness.cli.plugins_table import add_plugins_parser, warn_plugin_failures
 from harness.cli.results_table import (
     RUN_WIDTH,
     attack_statement,
+    print_failed_rows,
     print_next_steps,
     print_results,
     print_timings,
@@ -41,6 +46,7 @@ from harness.foundation.errors import IdrsError, plain
 from harness.foundation.threads import requested_threads, set_passive_wait
 from harness.foundation.version import __version__
 from harness.plugin.hosting.confinement import add_unconfined_option, opted_out
+from harness.plugin.hosting.limits import add_plugin_timeout_option, timeout_set
 from harness.reports.import_log import add_import_log_parser
 from harness.reports.leaderboard import add_compare_parser, add_leaderboard_parser
 from harness.store.integrity import check_database
@@ -59,6 +65,10 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], object]] = [
 """Registration functions of the subcommands defined in their own modules."""
 
 
+ROWS_FAILED = 3
+"""``run``'s exit status when it finished but some rows failed (docs/cli.md)."""
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the process is (handled like Ctrl-C)."""
 
@@ -71,13 +81,17 @@ def main(argv: list[str] | None = None) -> int:
     set_passive_wait()  # before torch is imported: the OpenMP runtime reads it when it starts
     parser = _parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # (what `run` says to retry)
     if not hasattr(args, "handler"):
         parser.print_help()
         return 2
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
     try:
-        with opted_out(getattr(args, "unconfined", False)):
+        with (
+            opted_out(getattr(args, "unconfined", False)),
+            timeout_set(getattr(args, "plugin_timeout", None)),
+        ):
             return args.handler(args)
     except IdrsError as exc:
         _error(str(exc))
@@ -160,6 +174,7 @@ def _parser() -> argparse.ArgumentParser:
              "(seconds, σ queries, samples drawn) beside its certification",
     )  # fmt: skip
     add_unconfined_option(run)
+    add_plugin_timeout_option(run)
     run.set_defaults(handler=_run)
 
     results = sub.add_parser("results", help="summary metrics of a run")
@@ -214,6 +229,7 @@ def _parser() -> argparse.ArgumentParser:
         "the run and fail on any verdict that differs from the stored one (nothing is stored)",
     )  # fmt: skip
     add_unconfined_option(check)
+    add_plugin_timeout_option(check)
     check.set_defaults(handler=_check)
 
     for add_parser in SUBCOMMANDS:
@@ -277,14 +293,15 @@ def _run(args: argparse.Namespace) -> int:
     if args.executor != "ray" and (args.address is not None or args.workers is not None):
         raise IdrsError("--address and --workers apply to --executor ray only; add it")
     spec = load_benchmark(args.spec or DEFAULT_BENCHMARK, args.set)
-    # every name and parameter, before torch and before third-party plugins are imported
-    manager = PluginManager()  # this command's: passed to the run and to the checks
-    spec = validate(spec, manager.checking_registry())
-    check_data_root(args.data_root, spec.dataset.name)
-    check_database(args.db)
-    requested = requested_threads(args.threads)
-    with _working(requested, args.quiet):
-        return _run_checked(args, spec, manager, requested)
+    # every name and parameter, before torch and before third-party plugins are imported;
+    # this command's manager (the run's and the checks'), whose plugin hosts end with it
+    with PluginManager() as manager:
+        spec = validate(spec, manager.checking_registry())
+        check_data_root(args.data_root, spec.dataset.name)
+        check_database(args.db)
+        requested = requested_threads(args.threads)
+        with _working(requested, args.quiet):
+            return _run_checked(args, spec, manager, requested)
 
 
 def _run_checked(
@@ -339,7 +356,8 @@ def _run_checked(
     if args.timings:
         print_timings(progress.timings, args.db, run_id)
     print_next_steps(args.db, run_id, spec.name, rows)
-    return 0
+    failed = print_failed_rows(args.db, run_id, shlex.join(["idrs-bench", *args.argv]))
+    return ROWS_FAILED if failed else 0
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -58,7 +58,12 @@ def plugins_command(args: argparse.Namespace) -> int:
     """``idrs-bench plugins``: every plugin, where it runs, what it provides; failures."""
     from harness.plugin.manager import PluginManager
 
-    manager = PluginManager()
+    with PluginManager() as manager:
+        return _plugins_table(args, manager)
+
+
+def _plugins_table(args: argparse.Namespace, manager) -> int:
+    """``idrs-bench plugins`` with its plugin manager."""
     rows = manager.describe()
     failures = [
         {"plugin": f.plugin, "error": f.error, "stage": f.stage, "distribution": f.distribution,

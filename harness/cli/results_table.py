@@ -100,12 +100,50 @@ def print_results(
             f"[yellow]run {run['run_id'][:12]} is {escape(note)}[/yellow]; "
             "`idrs-bench run` with the same spec and --db finishes it"
         )
-    for failure in failures:
+    for failure in [] if compact else failures:  # (`run` says more: print_failed_rows)
         console.print(
             f"[red]failed:[/red] {escape(failure['method'])} ({escape(failure['setting'])}): "
             f"{escape(failure['error'].splitlines()[0])}"
         )
     return rows
+
+
+def print_failed_rows(db: Path, run_id: str, retry: str) -> int:
+    """At the end of ``run``: each row that failed, with the plugins of its method, why, and
+    ``retry``, the command that certifies it again (the others are kept); how many failed."""
+    from harness.store.store import ResultStore
+    from harness.store.storedrun import read_run
+
+    store = ResultStore(db)
+    try:
+        stored = read_run(store, run_id)
+    finally:
+        store.close()
+    if not stored.failures:
+        return 0
+    components = stored.run.get("components") or {}
+    console = terminal(RUN_WIDTH)
+    console.print(f"[red]{len(stored.failures)} row(s) failed[/red] (every other row is above):")
+    for failure in stored.failures:
+        method = failure["method"]
+        console.print(
+            f"  [red]failed:[/red] {escape(method)} ({escape(failure['setting'])}), "
+            f"{escape(_plugins_of(method, components))}: "
+            f"{escape(failure['error'].splitlines()[0])}",
+            highlight=False, soft_wrap=True,
+        )  # fmt: skip
+    console.print(f"retry the failed row(s): {escape(retry)}   (finished rows are kept)",
+                  highlight=False, soft_wrap=True)  # fmt: skip
+    return len(stored.failures)
+
+
+def _plugins_of(method: str, components: dict[str, Any]) -> str:
+    """The plugin (and package) of ``method``, as the run recorded it (``runs.components``)."""
+    provenance = (components.get("methods") or {}).get(method)
+    if not provenance:
+        return "its plugin not recorded"
+    package = " ".join(p for p in (provenance.get("distribution"), provenance.get("version")) if p)
+    return f"plugin {provenance['plugin']}" + (f" of {package}" if package else "")
 
 
 def _headline_radius(config: dict[str, Any]) -> float:

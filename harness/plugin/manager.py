@@ -20,12 +20,15 @@ top (``tests/test_layers.py``).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from harness.foundation.errors import IdrsError
 from harness.plugin.entry_points import distribution_of, installed_prefixes, top_module
 from harness.plugin.hosting import confinement
 from harness.plugin.hosting.confinement import hosts_confined
+from harness.plugin.hosting.limits import plugin_timeout
 from harness.plugin.loader import PluginLoader
 from harness.plugin.registry import PluginFailure, Registry
 
@@ -63,7 +66,7 @@ class PluginManager(PluginLoader):
         for host in hosts.values():
             host.close()
         if hosts:  # (the registry's specs ask hosts that are gone)
-            self._hosted, self._registry = {}, None
+            self._hosted, self._registry, self._host_failures = {}, None, []
             self._pending = list(self._third_party)
 
     @property
@@ -117,8 +120,17 @@ class PluginManager(PluginLoader):
                                      self._builtin)  # fmt: skip
         for host in hosts.values():
             host.start()  # (they import their plugins side by side)
-        for key, host in hosts.items():
-            self._hosted[key] = described = host.request("describe")
+        for key, host in list(hosts.items()):
+            try:
+                self._hosted[key] = described = host.request("describe")
+            except IdrsError as exc:  # (hung, died or broke the wire while importing)
+                if key is None:
+                    raise
+                host.close()
+                del hosts[key]
+                self._host_failures += [PluginFailure(plugin, f"IdrsError: {exc}", "load", key)
+                                        for plugin in groups[key]]  # fmt: skip
+                continue
             host.abi = int(described.get("abi", 0))
             self._host_failures += failures_from_host(described, dict(self.pm.list_name_plugin()))
         self._hosts = hosts
@@ -131,14 +143,19 @@ class PluginManager(PluginLoader):
 
     def hosting(self) -> dict[str, Any]:
         """How this process ran third-party plugins, as a run records it: the distributions
-        (name and version) and their hosts' weakest confinement (``confinement.description``)."""
+        (name and version), their hosts' weakest confinement (``confinement.description``)
+        and, when plugin hosts served it, the time limit of a request to one
+        (``plugin_timeout``, seconds: :mod:`harness.plugin.hosting.limits`)."""
         self.registry  # noqa: B018 (starts the hosts)
         third = {k: h for k, h in self._hosts.items() if k is not None}
         versions = {p["distribution"]: p.get("version") for k in third
                     for p in self._hosted[k].get("plugins", ()) if p.get("distribution") == k}  # fmt: skip
         weakest = confinement.description(min(h.abi for h in third.values())) if third else None
-        return {"third_party": [f"{name} {versions.get(name) or ''}".strip() for name in third],
-                "confinement": weakest or "no third-party plugin"}  # fmt: skip
+        record = {"third_party": [f"{name} {versions.get(name) or ''}".strip() for name in third],
+                  "confinement": weakest or "no third-party plugin"}  # fmt: skip
+        if self._hosts:
+            record["plugin_timeout"] = plugin_timeout()
+        return record
 
     @property
     def registry(self) -> Registry:
@@ -226,6 +243,18 @@ class PluginManager(PluginLoader):
                                  "runs_in": "plugin host", "private": key in self._prefixes,
                                  "confinement": confinement.description(self._hosts[key].abi)})  # fmt: skip
         return sorted(rows, key=lambda row: row["name"])
+
+
+@contextmanager
+def managed(manager: PluginManager | None = None) -> Iterator[PluginManager]:
+    """``manager`` as given (whoever made it ends its hosts), or a new one whose hosts end
+    when the block does, also on an exception: a command or API call that makes its own
+    manager leaves no plugin host behind."""
+    if manager is not None:
+        yield manager
+        return
+    with PluginManager() as made:
+        yield made
 
 
 def isolate_builtins() -> bool:

@@ -99,28 +99,28 @@ def recheck_runs(
     from harness.running.benchmark import benchmark_from_dict
 
     problems: list[str] = []
-    manager = PluginManager()
-    registry = manager.registry
-    for run in runs:
-        if run.imported:
-            continue
-        protocol = benchmark_from_dict(run.config).protocol
-        inputs = _Inputs(run, data_root, registry)
-        for row in run.rows():
-            if row.checks and all(c.draws is None for c in row.certificates):
-                if notes is not None:
-                    notes.append(f"{_label(run, row)}: its certificates carry no draws (certified "
-                                 "before the harness drew the evidence): not re-derived")  # fmt: skip
+    with PluginManager() as manager:
+        registry = manager.registry
+        for run in runs:
+            if run.imported:
                 continue
-            absent = registry.absent([("methods", row.method)], run.run.get("components"))
-            found: set[str] = set()
-            mine = _recheck_row(run, row, protocol, inputs, absent, found, manager.formula)
-            if absent and not mine and notes is not None:
-                notes.append(f"{_label(run, row)}: {absent}; its certificates re-derive (their "
-                             "formula is installed), --replay and --reaudit need it")  # fmt: skip
-            problems += mine
-            if rederived is not None:
-                rederived[run.run_id, row.method, row.setting] = None if mine else found
+            protocol = benchmark_from_dict(run.config).protocol
+            inputs = _Inputs(run, data_root, registry)
+            for row in run.rows():
+                if row.checks and all(c.draws is None for c in row.certificates):
+                    if notes is not None:
+                        notes.append(f"{_label(run, row)}: its certificates carry no draws (certified "
+                                     "before the harness drew the evidence): not re-derived")  # fmt: skip
+                    continue
+                absent = registry.absent([("methods", row.method)], run.run.get("components"))
+                found: set[str] = set()
+                mine = _recheck_row(run, row, protocol, inputs, absent, found, manager.formula)
+                if absent and not mine and notes is not None:
+                    notes.append(f"{_label(run, row)}: {absent}; its certificates re-derive (their "
+                                 "formula is installed), --replay and --reaudit need it")  # fmt: skip
+                problems += mine
+                if rederived is not None:
+                    rederived[run.run_id, row.method, row.setting] = None if mine else found
     return problems
 
 
@@ -356,6 +356,8 @@ class _Methods:
         self.folder = tempfile.mkdtemp(prefix="idrs-replay-")
 
     def close(self) -> None:
+        if self.manager is not None:  # (its plugin hosts end)
+            self.manager.close()
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def _cache(self):
