@@ -269,7 +269,7 @@ def test_without_landlock_plugins_are_refused_and_an_unconfined_run_says_so(
     assert confinement.UNCONFINED_ENV not in os.environ  # (only for the command's duration)
     [run] = load_runs(db)
     assert run.run["plugin_hosts"] == {"third_party": ["idrs-test-half 0.1"],
-                                       "confinement": "unconfined"}  # fmt: skip
+                                       "confinement": "unconfined", "plugin_timeout": 1800}  # fmt: skip
     capsys.readouterr()
     assert main(["leaderboard", "--db", str(db)]) == 0
     header = next(line for line in capsys.readouterr().out.splitlines() if "| plugins |" in line)
@@ -298,7 +298,7 @@ def test_a_confined_run_records_its_plugin_hosts_and_a_resume_unconfined_is_adde
     manager = PluginManager()
     run_id = run_benchmark(load_benchmark(spec, []), RunOptions(db=db), Progress(False), manager)
     confined = manager.hosting()
-    assert confined == {"third_party": ["idrs-test-half 0.1"],
+    assert confined == {"third_party": ["idrs-test-half 0.1"], "plugin_timeout": 1800,
                         "confinement": confinement.description(confinement.landlock_abi())}  # fmt: skip
     with confinement.opted_out(True):
         tiny = Budget("tiny", coverage_trials=4, coverage_n=50, pairs=1, ascent_steps=1,
@@ -307,10 +307,12 @@ def test_a_confined_run_records_its_plugin_hosts_and_a_resume_unconfined_is_adde
                    attack=False)  # fmt: skip
     with sqlite3.connect(db) as con:
         [(recorded,)] = con.execute("SELECT plugin_hosts FROM runs").fetchall()
-    unconfined = {"third_party": ["idrs-test-half 0.1"], "confinement": "unconfined"}
+    unconfined = {"third_party": ["idrs-test-half 0.1"], "confinement": "unconfined",
+                  "plugin_timeout": 1800}  # fmt: skip
     assert json.loads(recorded) == {"varied": [confined, unconfined]}
     assert plugin_hosts_statement(json.loads(recorded)).startswith("UNCONFINED")
     assert "confined by the kernel (Landlock ABI" in plugin_hosts_statement(confined)
+    assert plugin_hosts_statement(confined).endswith("; a request to a host limited to 1800 s")
 
 
 def test_an_unconfined_value_other_than_1_is_an_error(monkeypatch):
@@ -403,7 +405,7 @@ def test_threads_are_named_after_the_kernel_dropped_its_dentries(confined_host):
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
         control = f"/proc/{sleeper.pid}/task"
-        pinned = f"/proc/{confined_host._process.pid}/task"
+        pinned = f"/proc/{confined_host.process.host_pid}/task"
         before = os.stat(control).st_ino, os.stat(pinned).st_ino
         try:
             with open("/proc/sys/vm/drop_caches", "w") as caches:

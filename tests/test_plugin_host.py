@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
-import struct
+import signal
 import subprocess
 import sys
 import time
@@ -85,7 +85,7 @@ def test_the_wire_refuses_what_is_not_plain_data(value):
 
 def _frame(header: dict, payload: bytes = b"") -> io.BytesIO:
     text = json.dumps(header).encode()
-    return io.BytesIO(struct.pack("<QQ", len(text), len(payload)) + text + payload)
+    return io.BytesIO(wire.HEAD.pack(wire.MAGIC, len(text), len(payload)) + text + payload)
 
 
 @pytest.mark.parametrize("header, payload", [
@@ -150,7 +150,8 @@ def test_a_third_party_plugin_runs_in_the_plugin_host_and_certifies_as_in_proces
     assert "idrs_test_half" not in sys.modules  # never imported by this process
     [host] = manager._hosts.values()
     said = manager.registry.get("sigma_providers", "half").description
-    assert said == f"imported in process {host._process.pid}" and host._process.pid != os.getpid()
+    pid = host.process.host_pid
+    assert said == f"imported in process {pid}" and pid not in (os.getpid(), host.process.pid)
 
     from harness.api import certify
 
@@ -184,6 +185,23 @@ def test_a_plugin_host_that_dies_is_an_error_naming_it(install_plugin):
         provider(torch.zeros(2, 2))
 
 
+def test_a_plugin_that_kills_its_host_when_imported_is_a_failure_and_the_rest_works(
+    install_plugin,
+):
+    """A distribution whose host dies while it imports its plugins (here: at once) is a
+    plugin failure saying how the host ended; the other plugins keep working."""
+    install_plugin("idrs_test_half", HALF)
+    install_plugin("idrs_test_exits", "import os\nIDRS_BENCH_CONTRACT = 3\nos._exit(5)\n",
+                   distribution="idrs-test-exits")  # fmt: skip
+    with PluginManager() as manager:
+        [failure] = manager.failures
+        assert failure.plugin == "idrs_test_exits" and failure.distribution == "idrs-test-exits"
+        assert "the plugin host of idrs-test-exits" in failure.error
+        assert "exited with status 5 while answering the request 'describe'" in failure.error
+        assert {"cohen-half", "cohen"} <= set(manager.registry.names("methods"))
+        assert list(manager._hosts) == ["idrs-test-half"]
+
+
 def test_a_component_of_a_host_that_stopped_says_so_and_the_host_serves_again(install_plugin):
     """A host killed between two requests (e.g. by the kernel's OOM killer) is started
     again by the next one; a σ-provider it had built says it must be built again (its
@@ -194,8 +212,8 @@ def test_a_component_of_a_host_that_stopped_says_so_and_the_host_serves_again(in
     context = _context(manager)
     provider = spec.build(context, {"sigma": 0.5})
     [host] = manager._hosts.values()
-    host._process.kill()
-    host._process.wait()
+    os.kill(host.process.host_pid, signal.SIGKILL)
+    host.process.process.wait()  # (its keeper ends with it)
     with pytest.raises(Exception, match=r"built in a plugin host that has since stopped"):
         provider(torch.zeros(2, 2))
     assert torch.equal(
@@ -336,9 +354,9 @@ from harness.plugin.hosting.confinement import hosts_confined
 
 host = PluginHost("idrs-test-blocking", ["idrs_test_blocking"], confined=hosts_confined(True))
 threading.Thread(target=lambda: host.request("describe"), daemon=True).start()
-while host._process is None:
+while host.process is None or host.process.host_pid is None:
     time.sleep(0.01)
-print(host._process.pid, flush=True)
+print(host.process.host_pid, host.process.pid, flush=True)
 time.sleep(600)
 """
 
@@ -354,15 +372,16 @@ def test_a_plugin_host_ends_with_the_harness_even_while_a_plugin_blocks(install_
     harness = subprocess.Popen([sys.executable, "-c", BLOCKING_HARNESS], stdout=subprocess.PIPE,
                                text=True, env={**os.environ})  # fmt: skip
     try:
-        pid = int(harness.stdout.readline())
+        pids = [int(p) for p in harness.stdout.readline().split()]  # the host, its keeper
         time.sleep(1.0)  # the host is importing the blocking plugin
-        os.kill(pid, 0)  # alive
+        for pid in pids:
+            os.kill(pid, 0)  # alive
         harness.kill()
         harness.wait()
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and _alive(pid):
+        while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
             time.sleep(0.1)
-        assert not _alive(pid), "the plugin host outlived the harness's process"
+        assert not any(_alive(pid) for pid in pids), "the plugin host outlived the harness"
     finally:
         harness.kill()
 
