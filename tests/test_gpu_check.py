@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -25,8 +26,15 @@ FASHION = pytest.mark.skipif(
 
 
 def _run(tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """The script with this interpreter named (``GPU_CHECK_PYTHON``) and, first on PATH, a
+    ``python3`` that fails: every step must run the named one."""
+    stub = tmp_path / "path" / "python3"
+    stub.parent.mkdir(exist_ok=True)
+    stub.write_text("#!/bin/sh\necho 'python3 from PATH ran, not GPU_CHECK_PYTHON' >&2\nexit 97\n")
+    stub.chmod(0o755)
     env = {**os.environ, "OUT": str(tmp_path / "out"), "GPU_CHECK_WORK": str(tmp_path / "work"),
-           "IDRS_BENCH_CACHE": str(tmp_path / "cache")}  # fmt: skip
+           "IDRS_BENCH_CACHE": str(tmp_path / "cache"), "GPU_CHECK_PYTHON": sys.executable,
+           "PATH": f"{stub.parent}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
     return subprocess.run([str(SCRIPT), *args], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=timeout)  # fmt: skip
 
@@ -99,6 +107,7 @@ def test_a_tiny_run_on_the_cpu_brings_every_log_back_in_a_few_files(tmp_path):
     assert _returned(out) == ["logs.tar", "summary.txt"]  # caches and databases elsewhere
     logs = _logs(out)
     assert "torch" in logs["env.log"] and "PyTorch's defaults" in logs["env.log"]
+    assert logs["env.log"].startswith(sys.version)  # GPU_CHECK_PYTHON ran, not PATH's python3
     bench = json.loads(logs["bench-default/bench-default-small.json"])
     [row] = bench["engine"]
     assert row["model"] == "mlp" and row["device"] == "cpu" and row["n"] == 400

@@ -146,7 +146,7 @@ class _PropertySigma:
 
 class _Partial:
     """A certifier with only ``smoothing`` and ``certify``; with ``order_dependent`` but no
-    ``ball_sigmas``/``order_spread`` when ``memory``."""
+    ``ball_sigmas``/``order_replays`` when ``memory``."""
 
     smoothing = "hard"
 
@@ -223,7 +223,7 @@ def test_a_component_is_accepted_however_it_provides_its_members():
 
 @pytest.mark.parametrize("method, missing, protocol", [
     ("partial", "order_dependent, radius_formula", "Certifier"),
-    ("partial-memory", "ball_sigmas, order_spread", "OrderDependentCertifier"),
+    ("partial-memory", "ball_sigmas, order_replays", "OrderDependentCertifier"),
     ("not-callable", "__call__", "SigmaProvider"),  # Python calls type(provider).__call__
 ])  # fmt: skip
 def test_a_component_that_lacks_members_is_refused_naming_each(method, missing, protocol):
@@ -297,7 +297,7 @@ def test_the_declared_members_are_the_same_on_python_3_12_and_later():
         list(declared_members(p)) for p in (SigmaProvider, Certifier, OrderDependentCertifier)
     ]
     assert expected[0] == ["regularity", "__call__"]
-    assert expected[2] == [*expected[1], "ball_sigmas", "order_spread"]
+    assert expected[2] == [*expected[1], "ball_sigmas", "order_replays"]
     source = ROOT / "harness" / "plugin" / "components.py"
     for python in pythons:
         done = subprocess.run([python, "-c", DECLARED, str(source)], capture_output=True,

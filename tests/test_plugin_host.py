@@ -27,7 +27,7 @@ import os
 
 from harness import Constant, MethodSpec, SigmaProviderSpec, hookimpl
 
-IDRS_BENCH_CONTRACT = 3
+IDRS_BENCH_CONTRACT = 4
 IMPORTED_IN = f"imported in process {os.getpid()}"
 
 
@@ -114,12 +114,12 @@ def test_a_truncated_stream_is_an_error_and_an_empty_one_its_end():
 def test_a_plugin_of_another_contract_is_refused_with_one_message(
     install_plugin, declaration, said
 ):
-    install_plugin("idrs_test_old", HALF.replace("IDRS_BENCH_CONTRACT = 3", declaration))
+    install_plugin("idrs_test_old", HALF.replace("IDRS_BENCH_CONTRACT = 4", declaration))
     manager = PluginManager()
     [failure] = [f for f in manager.failures if f.plugin == "idrs_test_old"]
     assert said in failure.error
     assert f"implements plugin contract {CONTRACT}" in failure.error
-    assert "Porting a plugin to contract 3" in failure.error
+    assert "Porting a plugin to contract 4" in failure.error
     assert "cohen-half" not in manager.registry.names("methods")
     assert "cohen" in manager.registry.names("methods")  # the rest keeps working
 

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from harness.engine.draws import SigmaSmoothing
+from harness.foundation.data import PORTING
 from harness.foundation.errors import IdrsError
 from harness.foundation.runstate import RunState, StateRecord
 from harness.plugin.components import (
@@ -46,7 +47,9 @@ def build_method(
         )
     if certifier.order_dependent:
         _require(certifier, OrderDependentCertifier,
-                 f"order-dependent certifier {method.certifier!r}")  # fmt: skip
+                 f"order-dependent certifier {method.certifier!r}",
+                 "; contract 4 replaced order_spread (which saw the labels) by order_replays: "
+                 f"{PORTING}" if hasattr(certifier, "order_spread") else "")  # fmt: skip
     return provider, certifier
 
 
@@ -92,12 +95,12 @@ def check_sampling(
         raise IdrsError(why)
 
 
-def _require(obj: Any, protocol: type, what: str) -> None:
+def _require(obj: Any, protocol: type, what: str, hint: str = "") -> None:
     """Refuse ``obj`` naming each member of ``protocol`` it lacks
     (:func:`~harness.plugin.components.missing_members`: the same on every Python)."""
     missing = missing_members(obj, protocol)
     if missing:
         raise IdrsError(
             f"{what} lacks the declared member(s) {', '.join(missing)} of "
-            f"harness.plugin.components.{protocol.__name__}; see docs/plugins.md"
+            f"harness.plugin.components.{protocol.__name__}{hint or '; see docs/plugins.md'}"
         )

@@ -94,7 +94,7 @@ def _certify_setting(
             if store.state_records(run_id, work.method, key) != state.committed:
                 built.pop((work.method, key), None)  # another process went on: restore its state
                 provider, certifier, state, context = _built_method(store, prepared, work, built)
-        labels = context.dataset.test_y
+        test_x, labels = prepared.dataset.test_x, prepared.dataset.test_y
         waiting = False
         with context.progress.task(  # counts what this process certifies
             f"{work.method} {key}", total=work.remaining, unit="inputs"
@@ -116,7 +116,7 @@ def _certify_setting(
                     lost = False
                     if todo:
                         certificates = certify_shard(
-                            context, method, provider, certifier, work.shards[shard], todo
+                            context, test_x, method, provider, certifier, work.shards[shard], todo
                         )
                         for cert in certificates:
                             store.add_certificate(

@@ -7,7 +7,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,6 +18,9 @@ from harness.foundation.identity import setting_key
 from harness.plugin.components import BuildContext, Certifier, MethodSpec, SigmaProvider
 from harness.running.benchmark import Benchmark
 from harness.store.store import ResultStore
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -79,14 +82,17 @@ def failure_message(exc: BaseException) -> str:
 
 def certify_shard(
     context: BuildContext,
+    test_x: torch.Tensor,
     method: MethodSpec,
     provider: SigmaProvider,
     certifier: Certifier,
     ids: list[int],
     todo: list[int],
 ) -> Iterator[Certificate]:
-    """Certificates of the inputs ``todo`` of the shard ``ids``, as each is produced
-    (:func:`harness.certification.certify.certify_drawn`: the harness draws, the certifier claims).
+    """Certificates of the inputs ``todo`` of the shard ``ids`` (indices of the test
+    inputs ``test_x``, which the harness holds: the context withholds them), as each is
+    produced (:func:`harness.certification.certify.certify_drawn`: the harness draws, the
+    certifier claims).
 
     σ is computed on the whole shard, as in an uninterrupted run: a σ whose last bits
     depend on the batch is then the same when a shard is resumed or retried.
@@ -94,7 +100,7 @@ def certify_shard(
     if not todo:
         return
     start = time.perf_counter()
-    x = context.dataset.test_x[ids].to(context.device)
+    x = test_x[ids].to(context.device)
     sigma, sigma_draws = sigma_of(context, provider, x, ids, method.sigma_provider)
     keep = np.array([ids.index(i) for i in todo])
     seconds = (time.perf_counter() - start) / len(ids)  # σ(x) is part of a certificate's cost

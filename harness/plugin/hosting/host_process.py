@@ -11,7 +11,8 @@ folders that a confined host writes (:mod:`harness.plugin.hosting.confinement`),
 when it ends. The build context travels as data: the dataset's arrays (large ones once), the
 base model's description and state (:mod:`harness.plugin.hosting.model_description`; sent
 again when the model changes in place, as the checks' analytic models do between trials),
-the protocol and the engine's settings, and where its plugins keep artifacts. An answer that
+the protocol and the engine's settings, and where its plugins keep artifacts; of the dataset
+only its training split and description (the test split stays here). An answer that
 says a request failed becomes the harness's error of the same kind (:func:`plugin_error`).
 
 Every request has a time limit (:func:`~harness.plugin.hosting.limits.plugin_timeout`): a
@@ -386,10 +387,11 @@ class PluginHost:
                 sent = self._arrays[key] = (gone, value._version, {"file": str(path)})
             return sent[2]
 
+        # a TrainingSplit: the test split is never sent (docs/plugins.md)
         return {"name": dataset.name, "train_x": array(dataset.train_x),
-                "train_y": array(dataset.train_y), "test_x": array(dataset.test_x),
-                "test_y": array(dataset.test_y), "num_classes": int(dataset.num_classes),
-                "class_names": list(dataset.class_names), "files": dict(dataset.files)}  # fmt: skip
+                "train_y": array(dataset.train_y), "num_classes": int(dataset.num_classes),
+                "input_shape": list(dataset.input_shape), "class_names": list(dataset.class_names),
+                "files": dict(dataset.files)}  # fmt: skip
 
 
 def plugin_error(answer: Any, host: str = "the plugin host") -> IdrsError:
