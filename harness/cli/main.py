@@ -35,13 +35,14 @@ from harness.cli.bench import add_bench_parser
 from harness.cli.plugins_table import add_plugins_parser, warn_plugin_failures
 from harness.cli.results_table import (
     RUN_WIDTH,
+    add_results_parser,
     attack_statement,
     print_failed_rows,
     print_next_steps,
     print_results,
     print_timings,
-    typed_program,
     terminal,
+    typed_program,
 )
 from harness.foundation.errors import IdrsError, plain
 from harness.foundation.threads import requested_threads, set_passive_wait
@@ -183,21 +184,7 @@ def _parser() -> argparse.ArgumentParser:
     add_plugin_timeout_option(run)
     run.set_defaults(handler=_run)
 
-    results = sub.add_parser("results", help="summary metrics of a run")
-    results.add_argument(
-        "run", nargs="?", metavar="RUN", help="run id or unique prefix (default: the latest)"
-    )
-    results.add_argument("--db", type=Path, default=DEFAULT_DB, metavar="PATH")
-    results.add_argument("--json", action="store_true", help="machine-readable output")
-    results.add_argument(
-        "--format", choices=("table", "cohen-log"), default="table", metavar="table|cohen-log",
-        help="cohen-log: Cohen et al.'s per-input certify log of one method and setting",
-    )  # fmt: skip
-    results.add_argument("--method", metavar="M", help="the method whose log to write (cohen-log)")
-    results.add_argument(
-        "--setting", metavar="S", help="the setting whose log to write (cohen-log)"
-    )
-    results.set_defaults(handler=_results)
+    add_results_parser(sub)  # (defined with its table)
 
     check = sub.add_parser("check", help="audit the certificates of a finished run")
     check.add_argument(
@@ -446,20 +433,6 @@ def _reaudit(args: argparse.Namespace, options, progress) -> int:
     print(f"run {stored.run_id[:12]}: {verified} of {len(rows)} row(s) re-audited with their "
           f"recorded verdicts{'' if not problems else f'; {len(problems)} problem(s)'}")  # fmt: skip
     return 1 if problems else 0
-
-
-def _results(args: argparse.Namespace) -> int:
-    if not args.db.is_file():
-        raise IdrsError(
-            f"results database {str(args.db)!r} not found; run a benchmark first or pass --db"
-        )
-    if args.format == "cohen-log":
-        from harness.reports.cohen_log import write_run_log
-
-        sys.stdout.write(write_run_log(args.db, args.run, args.method, args.setting))
-        return 0
-    print_results(args.db, args.run, as_json=args.json)
-    return 0
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """What ``idrs-bench results`` and the end of ``idrs-bench run`` print: the summary
 table of a run (compact at the run's end, full for ``results``), its verdicts, and the
-commands to go on with."""
+commands to go on with; the ``results`` command itself."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 import shutil
@@ -16,7 +17,43 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from harness.foundation.errors import IdrsError
 from harness.store.store import DEFAULT_DB
+
+
+def add_results_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """``idrs-bench results``: a run's summary table, or Cohen et al.'s certify log."""
+    results = sub.add_parser("results", help="summary metrics of a run")
+    results.add_argument(
+        "run", nargs="?", metavar="RUN", help="run id or unique prefix (default: the latest)"
+    )
+    results.add_argument("--db", type=Path, default=DEFAULT_DB, metavar="PATH")
+    results.add_argument("--json", action="store_true", help="machine-readable output")
+    results.add_argument(
+        "--format", choices=("table", "cohen-log"), default="table", metavar="table|cohen-log",
+        help="cohen-log: Cohen et al.'s per-input certify log of one method and setting",
+    )  # fmt: skip
+    results.add_argument("--method", metavar="M", help="the method whose log to write (cohen-log)")
+    results.add_argument(
+        "--setting", metavar="S", help="the setting whose log to write (cohen-log)"
+    )
+    results.set_defaults(handler=results_command)
+    return results
+
+
+def results_command(args: argparse.Namespace) -> int:
+    """``idrs-bench results``."""
+    if not args.db.is_file():
+        raise IdrsError(
+            f"results database {str(args.db)!r} not found; run a benchmark first or pass --db"
+        )
+    if args.format == "cohen-log":
+        from harness.reports.cohen_log import write_run_log
+
+        sys.stdout.write(write_run_log(args.db, args.run, args.method, args.setting))
+        return 0
+    print_results(args.db, args.run, as_json=args.json)
+    return 0
 
 
 def print_results(
