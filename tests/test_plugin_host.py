@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.foundation.errors import ContractError
+from harness.foundation.errors import ContractError, IdrsError
 from harness.foundation.progress import Progress
 from harness.plugin.hookspecs import CONTRACT
 from harness.plugin.hosting import wire
@@ -175,14 +175,16 @@ def test_the_plugins_command_says_where_each_plugin_runs(install_plugin):
 
 
 def test_a_plugin_host_that_dies_is_an_error_naming_it(install_plugin):
+    """The error names the host's distribution, how it ended and the request it was
+    answering."""
     install_plugin("idrs_test_half", HALF.replace(
         "return torch.full((len(x),), self.sigma, device=x.device)", "os._exit(3)"))  # fmt: skip
-    manager = PluginManager()
-    spec = manager.registry.get("sigma_providers", "half")
-    context = _context(manager)
-    provider = spec.build(context, {"sigma": 0.5})
-    with pytest.raises(Exception, match=r"plugin host .*failed"):
-        provider(torch.zeros(2, 2))
+    with PluginManager() as manager:
+        spec = manager.registry.get("sigma_providers", "half")
+        provider = spec.build(_context(manager), {"sigma": 0.5})
+        with pytest.raises(IdrsError, match=r"the plugin host of idrs-idrs-test-half .* exited "
+                           r"with status 3 while answering the request 'sigma'"):  # fmt: skip
+            provider(torch.zeros(2, 2))
 
 
 def test_a_plugin_that_kills_its_host_when_imported_is_a_failure_and_the_rest_works(
@@ -199,7 +201,7 @@ def test_a_plugin_that_kills_its_host_when_imported_is_a_failure_and_the_rest_wo
         assert "the plugin host of idrs-test-exits" in failure.error
         assert "exited with status 5 while answering the request 'describe'" in failure.error
         assert {"cohen-half", "cohen"} <= set(manager.registry.names("methods"))
-        assert list(manager._hosts) == ["idrs-test-half"]
+        assert list(manager._hosts) == ["idrs-idrs-test-half"]
 
 
 def test_a_component_of_a_host_that_stopped_says_so_and_the_host_serves_again(install_plugin):
