@@ -2,7 +2,8 @@
 process or a plugin host, harness/README.md, and how the host is confined), the checks
 of third-party plugins that are not run, and the plugins not loaded: refused (another
 plugin contract) or failed, with what each would provide where that is known;
-``plugins install PATH`` and ``plugins uninstall NAME`` (:mod:`harness.plugin.hosting.private_install`)."""
+``plugins install PATH`` and ``plugins uninstall NAME``
+(:mod:`harness.plugin.hosting.private_install`)."""
 
 from __future__ import annotations
 

@@ -3,15 +3,15 @@
 A plugin host (:mod:`harness.plugin.hosting.host`, confined before it gets here) serves the
 σ-providers, certifiers, radius formulas, trainers, method checks and datasets of its
 plugins, answering the harness's typed requests (:mod:`harness.plugin.hosting.messages`,
-framed by :mod:`harness.plugin.hosting.wire`): describe the plugins; build a σ-provider or certifier in a
-build context the harness describes (the dataset's training split and description, base
-model rebuilt from its description and state, device, seed, protocol, run, method,
-setting, run state); σ of a batch of points (with each row's gradient when asked); a claim
-per input from the harness's evidence; a re-derivation by a formula; a trained model's
-state. Every answer is a claim the harness audits. The host sees what it is asked about,
-no more: the samples of a certificate when the certifier is asked for its claim, a point
-when its σ is asked; never the rest of the test split, a test label, the audit's entropy
-or the harness's own engines.
+framed by :mod:`harness.plugin.hosting.wire`): describe the plugins; build a σ-provider or
+certifier in a build context the harness describes (the dataset's training split and
+description, base model rebuilt from its description and state, device, seed, protocol,
+run, method, setting, run state); σ of a batch of points (with each row's gradient when
+asked); a claim per input from the harness's evidence; a re-derivation by a formula; a
+trained model's state. Every answer is a claim the harness audits. The host sees what it
+is asked about, no more: the samples of a certificate when the certifier is asked for its
+claim, a point when its σ is asked; never the rest of the test split, a test label, the
+audit's entropy or the harness's own engines.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ A message is a JSON header plus the raw bytes of the arrays it carries, framed a
 ``<MAGIC><header length><payload length><header><payload>`` (:data:`MAGIC`, then two
 unsigned 64-bit little-endian lengths): bytes that do not begin a frame (a plugin writing
 to the descriptor the answers travel on) are a broken stream at once, never a wait for
-bytes that will not come. Values are JSON (``None``, booleans, numbers, strings, lists, dicts with string
-keys) or tagged dicts ``{"__wire__": tag, ...}`` for
+bytes that will not come. Values are JSON (``None``, booleans, numbers, strings, lists,
+dicts with string keys) or tagged dicts ``{"__wire__": tag, ...}`` for
 
 - ``ndarray`` and ``tensor``: a numpy array or a torch tensor (sent from the CPU), its
   dtype from :data:`DTYPES`, its shape and the index of its bytes in the payload;
