@@ -184,3 +184,39 @@ def test_sigma_is_bit_identical_alone_and_anywhere_in_any_batch(samples):
     assert torch.equal(sigma(x[5:12]), full[5:12])
     assert torch.equal(shuffled, full)
     assert len(set(full.tolist())) > 32  # σ really depends on the input
+
+
+def test_a_call_of_several_chunks_ascends_them_together_as_each_point_alone():
+    """The ascent of a call of 150 points (3 chunks of 64 rows, in lock-step) gives each
+    point the σ of its ascent alone, bit for bit, and the σ of the one-input reference
+    written out step by step up to rounding."""
+    model = _mlp(d=6)
+    x = torch.randn(150, 6, generator=torch.Generator().manual_seed(8))
+    keys = content_keys(x)
+    kw = dict(seed=4, stream=STREAM_OPTIMIZE, steps=5, samples=1, beta=0.05, sigma_min=1e-3)
+    together = optimize_sigma(model, x, 0.3, keys, **kw)
+    for i in (0, 63, 64, 127, 128, 149):
+        assert torch.equal(optimize_sigma(model, x[i : i + 1], 0.3, keys[i : i + 1], **kw),
+                           together[i : i + 1])  # fmt: skip
+        reference = _reference_one_input(model, x[i], 0.3, keys[i], **kw)
+        assert float(together[i]) == pytest.approx(reference, rel=1e-6)
+    assert len(set(together.tolist())) > 100  # σ really depends on the point
+
+
+def test_a_non_finite_gradient_in_any_chunk_is_an_error_naming_the_model():
+    from harness.foundation.errors import ModelOutputError
+
+    class Broken(torch.nn.Module):  # NaN logits for inputs far from the origin
+        def __init__(self):
+            super().__init__()
+            self.mlp = _mlp(d=6)
+
+        def forward(self, x):
+            return torch.where(x.norm(dim=1, keepdim=True) > 10, torch.nan, self.mlp(x))
+
+    x = torch.randn(70, 6, generator=torch.Generator().manual_seed(9))
+    x[66] *= 100  # in the second chunk only
+    kw = dict(seed=4, stream=STREAM_OPTIMIZE, steps=3, samples=1, beta=0.05, sigma_min=1e-3)
+    with pytest.raises(ModelOutputError, match="non-finite gradient"):
+        optimize_sigma(Broken(), x, 0.3, content_keys(x), **kw)
+    assert torch.isfinite(optimize_sigma(Broken(), x[:64], 0.3, content_keys(x[:64]), **kw)).all()

@@ -128,18 +128,21 @@ def test_no_check_asks_sigma_twice_at_a_point(ball_run, manager, monkeypatch):
     """Within one check, σ's value is asked at most once per point and provider (S1's
     rebuilt providers are others): asking again is only for σ's gradient there (a PGD
     iterate that did not move, for a σ with a gradient); the replay check asks each of its
-    points twice by design (in a shuffled batch and alone)."""
+    points twice by design (in a shuffled batch and alone). A query that raised answered
+    nothing (S1's query of a round, when σ reads the exact model whose placement it
+    withholds: σ is then asked trial by trial)."""
     db, run_id = ball_run
     asked: Counter = Counter()  # value queries per (provider, point) after the first query
     seen: set = set()
     counted = cost_module.CountingSigma.__call__
 
     def recording(self, x):
+        sigma = counted(self, x)
         for row in x.detach().cpu().double():
             key = (id(self.uncounted), hashlib.sha256(row.numpy().tobytes()).hexdigest())
             asked[key] += key in seen and not x.requires_grad
             seen.add(key)
-        return counted(self, x)
+        return sigma
 
     monkeypatch.setattr(cost_module.CountingSigma, "__call__", recording)
     checks = [manager.registry.get("checks", n) for n in manager.registry.names("checks")]

@@ -302,7 +302,8 @@ def test_s3_queries_sigma_only_inside_the_ball(radius):
     farthest = []
 
     def sigma(x):  # log σ 0.2-Lipschitz, differentiable
-        farthest.append(float((x.detach().flatten(1) - x0.flatten(1)).norm(dim=1).max()))
+        centres = x0.flatten(1).repeat(len(x) // len(x0), 1)  # σ is asked ball by ball
+        farthest.append(float((x.detach().flatten(1) - centres).norm(dim=1).max()))
         return 0.25 * torch.exp(0.2 * (x.flatten(1) - 0.5).norm(dim=1))
 
     lo, hi = sigma_extremes(

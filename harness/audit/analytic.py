@@ -23,7 +23,8 @@ whose boundary is the hard one. Without ``one_hot`` (K = 2 only) the logits are
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -37,10 +38,22 @@ ONE_HOT_LOGIT = 1e4
 """Logit of the answered class of a one-hot analytic model (exp(−1e4) = 0 in float64)."""
 
 
+class PlacementWithheld(Exception):
+    """An analytic model was read while its placement was withheld (:meth:`_Analytic.withheld`):
+    what was computed depends on where the plane or ball lies."""
+
+
 class _Analytic(torch.nn.Module):
-    """A two-sided analytic classifier answering ``classes[side]`` of ``num_classes``."""
+    """A two-sided analytic classifier answering ``classes[side]`` of ``num_classes``.
+
+    Its placement (the plane or the ball: ``PLACEMENT``) can be withheld
+    (:meth:`withheld`): then evaluating the model, its smoothed classifier, or reading its
+    placement raises :class:`PlacementWithheld`, so a computation that completes did not
+    depend on the placement (check S1 asks σ of many trials at once this way, each trial
+    on its own placement)."""
 
     family = ""
+    PLACEMENT: tuple[str, ...] = ()
 
     def __init__(self, one_hot: bool, num_classes: int, classes: tuple[int, int]) -> None:
         super().__init__()
@@ -53,6 +66,25 @@ class _Analytic(torch.nn.Module):
         self.one_hot = one_hot
         self.num_classes = num_classes
         self.classes = (negative, positive)
+        self._withheld = False
+
+    @contextmanager
+    def withheld(self) -> Iterator[None]:
+        """Inside, anything that reads the placement raises :class:`PlacementWithheld`."""
+        saved, self._withheld = self._withheld, True
+        try:
+            yield
+        finally:
+            self._withheld = saved
+
+    def _placed(self) -> None:
+        if self.__dict__.get("_withheld"):
+            raise PlacementWithheld(f"the {self.family} model's placement is withheld")
+
+    def __getattr__(self, name: str) -> Any:  # buffers and the placement's numbers
+        if name in type(self).PLACEMENT:
+            self._placed()
+        return super().__getattr__(name)
 
     def _logits(self, margin: torch.Tensor) -> torch.Tensor:
         """(0, margin), or one-hot logits of class ``classes[margin > 0]``."""
@@ -108,6 +140,7 @@ class LinearClassifier(_Analytic):
     one-hot logits of ``classes[w·x > b]``."""
 
     family = "linear"
+    PLACEMENT = ("w", "offset")
 
     def __init__(
         self, dim: int, offset: float = 0.0, one_hot: bool = False, num_classes: int = 2,
@@ -118,7 +151,16 @@ class LinearClassifier(_Analytic):
         w = torch.zeros(dim)
         w[0] = 1.0
         self.register_buffer("w", w)
-        self.offset = float(offset)
+        self._offset = float(offset)
+
+    @property
+    def offset(self) -> float:
+        self._placed()
+        return self._offset
+
+    @offset.setter
+    def offset(self, value: float) -> None:
+        self._offset = float(value)
 
     def set_plane(self, normal: torch.Tensor, offset: float) -> None:
         """Move the boundary to {x : w·x = offset}, w = normal / ‖normal‖."""
@@ -152,6 +194,7 @@ class BallClassifier(_Analytic):
     logits of ``classes[inside]``."""
 
     family = "ball"
+    PLACEMENT = ("center", "radius")
 
     def __init__(
         self, dim: int, radius: float = 1.0, one_hot: bool = False, num_classes: int = 2,
@@ -159,8 +202,17 @@ class BallClassifier(_Analytic):
     ) -> None:  # fmt: skip
         super().__init__(one_hot, num_classes, classes)
         self.dim = dim
-        self.radius = float(radius)
+        self._radius = float(radius)
         self.register_buffer("center", torch.zeros(dim))
+
+    @property
+    def radius(self) -> float:
+        self._placed()
+        return self._radius
+
+    @radius.setter
+    def radius(self, value: float) -> None:
+        self._radius = float(value)
 
     def set_ball(self, center: torch.Tensor, radius: float) -> None:
         """Move the ball to B(center, radius)."""

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from harness.audit.sigma_calls import sigma_and_gradients
 from harness.mathematics.stats import (
     clopper_pearson_lower_array,
     clopper_pearson_upper,
@@ -25,37 +26,6 @@ def sigma_in_ball(provider, ball_sigma: dict[int, float] | None, input_id: int):
     if ball_sigma is None:
         return provider
     return lambda points: torch.full((len(points),), ball_sigma[input_id], dtype=torch.float64)
-
-
-def sigma_with_differentiability(provider, x: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """σ(x) [B] (float64, detached) and whether σ carries a gradient in x: one query tells
-    both, so a search skips its gradient steps for a σ that has none without asking again."""
-    x = x.detach().requires_grad_(True)
-    try:
-        with torch.enable_grad():
-            sigma = provider(x)
-    except RuntimeError:  # σ not differentiable (e.g. computed by a search in no-grad mode)
-        with torch.no_grad():
-            return provider(x.detach()).double(), False
-    return sigma.detach().double(), bool(sigma.requires_grad)
-
-
-def sigma_and_gradient(provider, center: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """σ at one input [1, *shape] (detached) and ∇σ there (flattened, float64, on the CPU),
-    in one evaluation; the gradient is None if σ is not differentiable."""
-    x = center.detach().float().requires_grad_(True)
-    try:
-        with torch.enable_grad():
-            sigma = provider(x)
-            if not sigma.requires_grad:
-                return sigma.detach(), None
-            (grad,) = torch.autograd.grad(sigma.sum(), x)
-    except RuntimeError:  # σ not differentiable (e.g. computed by a search in no-grad mode)
-        with torch.no_grad():
-            return provider(center), None
-    grad = grad.flatten().double().cpu()
-    ok = bool(torch.isfinite(grad).all()) and float(grad.norm()) > 0
-    return sigma.detach(), grad if ok else None
 
 
 def search_points(
@@ -101,16 +71,24 @@ def ball_flip(
     center (``center_sigma``, with its ``gradient``) saves that query.
     """
     if center.numel() != 2 and gradient is None and center_sigma is None:
-        sigma_center, gradient = sigma_and_gradient(provider, center[None])
+        sigma_center, [gradient] = sigma_and_gradients(provider, center[None], 1)
         center_sigma = float(sigma_center.double()[0])
     points = search_points(model, center, radius, gradient, gen)
-    flat = center.flatten().double().cpu()
     with torch.no_grad():
         if center_sigma is None:
             sigma = provider(points.to(center.device)).double().cpu().numpy()
         else:  # points[0] is the center
             rest = provider(points[1:].to(center.device)).double().cpu().numpy()
             sigma = np.concatenate([[center_sigma], rest])
+    return flip_among(model, center, points, sigma, prediction)
+
+
+def flip_among(
+    model, center: torch.Tensor, points: torch.Tensor, sigma: np.ndarray, prediction: int
+) -> dict | None:  # fmt: skip
+    """The first of ``points`` (of a ball around ``center``) whose exact smoothed prediction
+    on the ball classifier ``model`` at σ ``sigma`` (one per point) is not ``prediction``,
+    with its σ, exact P(inside) and distance to the center; or None."""
     inside = model.smoothed_probability(points.numpy(), sigma)
     flipped = np.nonzero(np.where(inside > 0.5, model.classes[1], model.classes[0]) != prediction)[
         0
@@ -118,6 +96,7 @@ def ball_flip(
     if not len(flipped):
         return None
     k = int(flipped[0])
+    flat = center.flatten().double().cpu()
     return {"point": points[k].flatten().tolist(), "sigma": float(sigma[k]), "exact_p_inside": float(inside[k]),
             "distance": float((points[k].double().flatten() - flat).norm())}  # fmt: skip
 

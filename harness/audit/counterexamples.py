@@ -39,11 +39,12 @@ from harness.audit import sigma_smoothing as smoothed
 from harness.audit.analytic import BallClassifier
 from harness.audit.audit import Audit
 from harness.audit.ball_attacks import (
-    ball_flip,
     confirm_other_class,
+    flip_among,
     pgd_on_smoothed,
-    sigma_in_ball,
+    search_points,
 )
+from harness.audit.sigma_calls import calls_of, sigma_and_gradients, sigma_in_calls
 from harness.certification.certify import checked_sigma, sigma_smoothing
 from harness.foundation.certificate import ABSTAIN, unlabelled
 from harness.foundation.verdict import P_THRESHOLD, CheckResult, Verdict
@@ -125,22 +126,15 @@ def check_counterexamples(audit: Audit) -> CheckResult:
         evidence["exact_flips"] = ("not applicable: the base model's softmax is not one-hot, so "
                                    "the soft smoothed classifier has no closed form")  # fmt: skip
     elif isinstance(model, BallClassifier):
-        flips = []
         memory = audit.certifier.order_dependent
         ball_sigma = audit.certifier.ball_sigmas(unlabelled(certs)) if memory else None
         flip_at = _smoothed_flip(audit, gen, len(certs))
-        for c, x in zip(certs, audit.inputs, strict=True):
-            if c["prediction"] != ABSTAIN and c["radius"] > 0:
-                flip = flip_at(c, x) if flip_at else ball_flip(
-                    sigma_in_ball(audit.sigma_provider, ball_sigma, c["input_id"]),
-                    model,
-                    x.to(audit.context.device),
-                    c["radius"],
-                    c["prediction"],
-                    gen,
-                )  # fmt: skip
-                if flip is not None:
-                    flips.append({"input_id": c["input_id"], "radius": c["radius"], **flip})
+        certified = [(c, x) for c, x in zip(certs, audit.inputs, strict=True)
+                     if c["prediction"] != ABSTAIN and c["radius"] > 0]  # fmt: skip
+        found = ([flip_at(c, x) for c, x in certified] if flip_at
+                 else _exact_flips(audit, model, certified, ball_sigma, gen))  # fmt: skip
+        flips = [{"input_id": c["input_id"], "radius": c["radius"], **flip}
+                 for (c, _), flip in zip(certified, found, strict=True) if flip is not None]  # fmt: skip
         p_flips = false_certificates_pvalue(len(flips), len(certs), alpha)
         evidence["exact_flips"] = {"count": len(flips), "trials": len(certs), "p_value": p_flips,
                                    "examples": flips[:3]}  # fmt: skip
@@ -228,6 +222,45 @@ def _intersections(certs: list[dict], inputs: torch.Tensor) -> dict:
             "distance": float(dist[0]),
         }
     return out
+
+
+def _exact_flips(
+    audit: Audit, model: BallClassifier, certified: list[tuple[dict, torch.Tensor]],
+    ball_sigma: dict[int, float] | None, gen: torch.Generator,
+) -> list[dict | None]:  # fmt: skip
+    """(b) in every certified ball (:func:`~harness.audit.ball_attacks.search_points`, each
+    ball's point whose exact smoothed prediction is another class, or None), σ asked in
+    few calls (:mod:`harness.audit.sigma_calls`): at the centers with their gradients
+    (in more than 2-D: the rays along ±∇σ), then at every ball's search points at once.
+    Memory certificates (``ball_sigma``) keep σ constant in each ball: no query."""
+    if not certified:
+        return []
+    device, provider, batch = audit.context.device, audit.sigma_provider, calls_of(audit)
+    centers = torch.stack([x for _, x in certified]).to(device)
+    planar = centers[0].numel() == 2  # every angle of a polygon: no rays along ∇σ
+    gradients: list[torch.Tensor | None] = [None] * len(certified)
+    center_sigma = None
+    if ball_sigma is not None:
+        center_sigma = np.array([ball_sigma[c["input_id"]] for c, _ in certified])
+    elif not planar:
+        asked, gradients = sigma_and_gradients(provider, centers, batch)
+        center_sigma = asked.double().cpu().numpy()
+    points = [search_points(model, x, c["radius"], g, gen)
+              for (c, _), x, g in zip(certified, centers, gradients, strict=True)]  # fmt: skip
+    rest = [p if center_sigma is None else p[1:] for p in points]  # the center's σ is known
+    if ball_sigma is not None:
+        values = [np.full(len(r), center_sigma[k]) for k, r in enumerate(rest)]
+    else:
+        with torch.no_grad():
+            flat = sigma_in_calls(provider, torch.cat(rest).to(device), batch)
+        values = np.split(flat.double().cpu().numpy(), np.cumsum([len(r) for r in rest])[:-1])
+    found = []
+    for k, ((c, _), x) in enumerate(zip(certified, centers, strict=True)):
+        sigma = (
+            values[k] if center_sigma is None else np.concatenate([[center_sigma[k]], values[k]])
+        )
+        found.append(flip_among(model, x, points[k], sigma, c["prediction"]))
+    return found
 
 
 def _smoothed_flip(audit: Audit, gen: torch.Generator, searches: int):

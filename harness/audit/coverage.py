@@ -37,6 +37,13 @@ certifying and abstaining and between the two classes (:func:`trial_quantile`).
   σ-estimator, and a point counts only if it flips at every level plausible there
   (:func:`harness.audit.sigma_smoothing.ball_flip`).
 
+**σ queries.** A round asks σ at all its trial inputs at once, then at all the flip
+rays of its certificates, while the exact model's placement is withheld; a σ that reads
+the model (a σ of each trial's classifier) is asked trial by trial
+(:mod:`harness.audit.coverage_rounds`); both ways draw the same placements, rays and
+noise from the audit's entropy. The trials' placement and judging:
+:mod:`harness.audit.coverage_trials`.
+
 Each trial is judged twice: the rebuilt certifier's claim, and the certificate the
 *run's* declared radius formula (the one S0 holds the run's certificates to) derives
 from the trial's draws; the trial is false if either is. A formula is a pure function of
@@ -70,45 +77,25 @@ from __future__ import annotations
 
 import math
 import tempfile
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import torch
-from scipy import stats
-from scipy.special import ndtri
 
-from harness.audit import sigma_smoothing as smoothed
-from harness.audit.analytic import BallClassifier, LinearClassifier
 from harness.audit.anytime import first_look, sequential_validity
 from harness.audit.audit import Audit
-from harness.audit.ball_attacks import ball_flip, sigma_and_gradient, sigma_in_ball
-from harness.certification.certify import (
-    certifier_label,
-    certify_drawn,
-    checked_sigma,
-    sigma_of,
-    sigma_smoothing,
-)
-from harness.foundation.certificate import ABSTAIN, Certificate
-from harness.foundation.data import TrainingSplit
+from harness.audit.coverage_rounds import run_trials
+from harness.audit.coverage_trials import RELATIVE
 from harness.foundation.protocol import CertificationProtocol
 from harness.foundation.verdict import P_THRESHOLD, CheckResult, Verdict
 from harness.mathematics.calibration import (
     calibration_power,
     calibration_pvalues,
     detectable_rate,
-    pit_score,
 )
-from harness.mathematics.radius import Recomputed, sigma_choice_recompute
-from harness.mathematics.stats import false_certificates_pvalue, holm_rejections
+from harness.mathematics.stats import holm_rejections
 
 NAME = "coverage"
-QUANTILES = (0.02, 0.98)
-"""Range of the exact P(side 1) at the trial input (at σ_ref) of the trials outside the
-margin (:func:`trial_quantile`)."""
-RELATIVE = 1e-9
-"""Relative tolerance when a claim is compared with its formula's derivation (as S0)."""
 SUBTESTS = 4
 """linear and ball false certificates, calibration bias and dispersion (Holm family)."""
 
@@ -119,250 +106,6 @@ def coverage_protocol(audit: Audit) -> CertificationProtocol:
     run, cap = audit.context.protocol, audit.budget.coverage_n
     capped = {"n_max": min(run.estimation_cap, cap)} if run.sampling == "sequential" else {}
     return replace(run, n=min(run.n, cap), precision="fp32", **capped)
-
-
-@dataclass
-class _Outcome:
-    """One sub-test's trials: false certificates, underived claims and calibration scores."""
-
-    trials: int = 0
-    certified: int = 0
-    failures: int = 0
-    example: dict | None = None
-    underived: list[dict] = field(default_factory=list)
-    scores: list[float] = field(default_factory=list)
-    inputs: list[int] = field(default_factory=list)
-    classes: list[list[int]] = field(default_factory=list)
-
-    def record(self, alpha: float) -> dict:
-        return {"trials": self.trials, "certified": self.certified, "failures": self.failures,
-                "p_value": false_certificates_pvalue(self.failures, self.trials, alpha),
-                "example": self.example, "inputs": self.inputs, "classes": self.classes}  # fmt: skip
-
-
-def _labelled(audit: Audit, model: torch.nn.Module) -> TrainingSplit:
-    """The benchmark's training split and description (name, inputs, shapes, K, files), the
-    inputs labelled by ``model``: what the rebuilt method sees (the test split withheld,
-    as in the run)."""
-    data, device = audit.context.dataset, audit.context.device
-    with torch.no_grad():
-        parts = [model(chunk.to(device)).argmax(1).cpu() for chunk in data.train_x.split(8192)]
-    return replace(data, train_y=torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long))
-
-
-def _secret(audit: Audit, context, purpose: str):
-    """``context`` whose seed (of the harness's σ-smoothing draws) comes from the audit's
-    entropy."""
-    return replace(context, seed=audit.seed(f"{purpose}/sigma-smoothing"))
-
-
-def _pair(rng: np.random.Generator, num_classes: int) -> tuple[int, int]:
-    """Two distinct random classes of K: (class of side 0, class of side 1)."""
-    a, b = rng.choice(num_classes, size=2, replace=False)
-    return int(a), int(b)
-
-
-def _derived(audit: Audit, rows: list[dict], x: torch.Tensor, protocol, provider) -> Recomputed:
-    """The run's declared formula on the trials' draws (as S0 derives the run's): with a
-    σ-smoothing, at the α it leaves, and capped at R_σ."""
-    smoothing = sigma_smoothing(provider)
-    spent = 0.0 if smoothing is None else float(smoothing.alpha)
-    out = audit.certifier.radius_formula.derive(
-        rows, x.detach().cpu(), replace(protocol, alpha=protocol.alpha - spent), provider.regularity
-    )
-    if smoothing is None:
-        return out
-    cap = sigma_choice_recompute([r["draws"]["sigma"] for r in rows], protocol, spent).radius
-    return replace(out, radius=np.minimum(np.asarray(out.radius, dtype=np.float64), cap))
-
-
-def _candidates(c: Certificate, derived: Recomputed, i: int) -> list[tuple[str, int, float]]:
-    """The certificates a trial stands for: the claim and the formula's, where they certify
-    (the formula's only where the claim's ball of the same class does not contain it)."""
-    out = []
-    claimed = c.prediction != ABSTAIN and c.radius > 0
-    if claimed:
-        out.append(("claim", int(c.prediction), float(c.radius)))
-    pred, radius = int(derived.prediction[i]), float(derived.radius[i])
-    if pred != ABSTAIN and radius > 0 and not (claimed and pred == c.prediction
-                                                and radius <= c.radius):  # fmt: skip
-        out.append(("formula", pred, radius))
-    return out
-
-
-def _underived(c: Certificate, derived: Recomputed, i: int) -> dict | None:
-    """The claim's first quantity that its formula does not derive (as S0), or None."""
-    bound, pred, radius = (
-        float(derived.bound[i]),
-        int(derived.prediction[i]),
-        float(derived.radius[i]),
-    )
-    if not c.p_lower <= bound * (1 + RELATIVE):
-        return {"input_id": c.input_id, "quantity": "bound", "claimed": c.p_lower, "derived": bound}
-    if c.prediction != ABSTAIN and c.prediction != pred:
-        return {"input_id": c.input_id, "quantity": "prediction", "claimed": c.prediction,
-                "derived": pred}  # fmt: skip
-    if not c.radius <= radius * (1 + RELATIVE):
-        return {
-            "input_id": c.input_id,
-            "quantity": "radius",
-            "claimed": c.radius,
-            "derived": radius,
-        }
-    return None
-
-
-def _score(c: Certificate, probabilities: np.ndarray, v: float) -> float:
-    """The calibration score of a trial's estimation draws (:func:`pit_score`) at the top
-    class of its selection draws; soft draws of a one-hot model are counts divided by n."""
-    base = c.draws["base"]
-    n = int(base["n"])
-    top = int(np.argmax(base["selection"]))
-    k = base["estimation"][top]
-    if base.get("looks"):  # sequential: the first look, drawn whatever the counts
-        n, k = int(base["looks"][0]["n"]), base["looks"][0]["counts"][top]
-    k = int(k) if base["kind"] == "hard" else round(float(k) * n)
-    return pit_score(k, n, float(probabilities[top]), v)
-
-
-def _uniform(rng: np.random.Generator) -> float:
-    """V of the randomized transform, uniform in (0, 1)."""
-    return min(max(float(rng.random()), 1e-15), 1 - 1e-15)
-
-
-def _judge(out: _Outcome, c: Certificate, derived: Recomputed, i: int, false, v: float,
-           probabilities: np.ndarray) -> None:  # fmt: skip
-    """Record one trial: false (``false(prediction, radius)`` -> example or None) for its
-    claim or its formula's certificate, underived claims, and its calibration score."""
-    out.trials += 1
-    out.certified += c.prediction != ABSTAIN and c.radius > 0
-    missing = _underived(c, derived, i)
-    if missing is not None:
-        out.underived.append(missing)
-    for source, pred, radius in _candidates(c, derived, i):
-        found = false(pred, radius)
-        if found is not None:
-            out.failures += 1
-            out.example = out.example or {"certificate": source, "prediction": pred,
-                                          "radius": radius, **found}  # fmt: skip
-            break
-    out.scores.append(_score(c, probabilities, v))
-
-
-def trial_quantile(rng: np.random.Generator, trial: int, n: int, alpha: float) -> float:
-    """The exact probability of side 1 at a trial input (at σ_ref): even trials uniform in
-    :data:`QUANTILES`; odd trials in the *margin* 1/2 ± Φ⁻¹(1 − α)/√n, where an estimate
-    of n samples decides between certifying and abstaining and between the two classes
-    (where a certifier that rescues abstentions or picks its class from the estimation
-    samples acts)."""
-    if trial % 2 == 0:
-        return float(rng.uniform(*QUANTILES))
-    width = min(float(ndtri(1 - alpha)) / math.sqrt(n), 0.5 - QUANTILES[0])
-    return float(rng.uniform(0.5 - width, 0.5 + width))
-
-
-def _place_linear(model, x0: torch.Tensor, s: float, q: float, gen) -> dict:
-    """A random hyperplane at signed distance σ_ref·Φ⁻¹(q) from x0 (P(side 1) = q at σ_ref)."""
-    normal = torch.randn(model.w.numel(), generator=gen, dtype=torch.float64)
-    normal /= normal.norm()
-    distance = s * float(ndtri(q))
-    model.set_plane(normal, float(x0.flatten().double() @ normal) - distance)
-    return {"distance": distance}
-
-
-def _place_ball(model, x0: torch.Tensor, s: float, q: float, gen) -> dict:
-    """A ball B(c, ρ), c = x0 + σ_ref·u (u a random unit vector), χ²_N(ρ²/σ_ref²; 1) = q."""
-    u = torch.randn(model.dim, generator=gen, dtype=torch.float64)
-    radius = s * math.sqrt(stats.ncx2.ppf(q, model.dim, 1.0))
-    model.set_ball(x0.flatten().double() + s * u / u.norm(), radius)
-    return {"ball_radius": radius}
-
-
-def _trials(audit: Audit, family: str, points, ids, trials: int, protocol, root: Path) -> _Outcome:
-    """``trials`` certified trial inputs on fresh placements of the family's exact model,
-    in rounds of distinct inputs (one rebuild of the method per round, per trial for a
-    memory)."""
-    device, dim = audit.context.device, points[0].numel()
-    classes = audit.context.dataset.num_classes
-    name = audit.method.sigma_provider
-    stored_sigma = [float(c["sigma"]) for c in audit.certificates]
-    model_type, place = {"linear": (LinearClassifier, _place_linear),
-                         "ball": (BallClassifier, _place_ball)}[family]  # fmt: skip
-    out = _Outcome()
-    for r in range(math.ceil(trials / len(points))):
-        purpose = f"coverage/{family}/{r}"
-        rng, gen = audit.rng(purpose), audit.generator(purpose)
-        chosen = rng.choice(len(points), min(trials - out.trials, len(points)), replace=False)
-        pair = _pair(rng, classes)
-        model = model_type(dim, one_hot=True, num_classes=classes, classes=pair).to(device)
-        place(model, points[int(chosen[0])], stored_sigma[int(chosen[0])], 0.5, gen)
-        dataset = _labelled(audit, model)  # by the round's first placement
-        provider, certifier, context = audit.rebuild(dataset, model, protocol, root)
-        draw = audit.fresh_engine(purpose, context.engine)  # the round's inputs are distinct
-        out.classes.append(list(pair))
-        for j, k in enumerate(chosen.tolist()):
-            x0, input_id = points[k : k + 1].to(device), ids[k]
-            q = trial_quantile(rng, j, protocol.estimation_cap, protocol.alpha)
-            # σ_ref: the run's σ at x0, the scale at which x0 sits at P(side 1) = q
-            placed = place(model, points[k], stored_sigma[k], q, gen)
-            if certifier.order_dependent and j:  # a memory lives for one classifier
-                provider, certifier, context = audit.rebuild(
-                    dataset, model, protocol, root, context.memos
-                )
-            gradient = None
-            if sigma_smoothing(provider) is None and family == "ball":  # σ, ∇σ in one call
-                sigma, gradient = sigma_and_gradient(provider, x0)
-                sigma, drawn = checked_sigma(sigma, 1, name).double().cpu().numpy(), None
-            else:  # the provider's σ, or a σ-smoothing's drawn by the harness
-                sigma, drawn = sigma_of(_secret(audit, context, f"{purpose}/{j}"), provider, x0,
-                                        [input_id], name)  # fmt: skip
-            [c] = certify_drawn(draw, protocol, certifier, x0, [input_id], sigma, drawn,
-                                label=certifier_label(context, audit.method),
-                                regularity=provider.regularity)  # fmt: skip
-            derived = _derived(audit, [vars(c)], x0, protocol, provider)
-            ball_sigma = None
-            if certifier.order_dependent:  # memory certificates: σ constant in each ball
-                ball_sigma = certifier.ball_sigmas([vars(c)])
-            probabilities = model.class_probabilities(x0.cpu().numpy(), sigma)[0]
-            out.inputs.append(input_id)
-            where = {"model": f"{family}-{dim}", "input_id": input_id, "exact_p_side_1": q,
-                     **placed}  # fmt: skip
-            if family == "linear":  # the smoothed boundary is the plane, whatever σ
-                signed = float(model.signed_distance(x0.cpu().numpy())[0])
-                truth = pair[int(signed > 0)]
-
-                def false(pred, radius, truth=truth, signed=signed, where=where):
-                    if pred != truth or radius > abs(signed):
-                        return {**where, "true_class": truth, "distance_to_boundary": abs(signed)}
-                    return None
-
-            elif drawn is not None:  # flips at every σ level plausible there, drawn by the harness
-                smoothing, level = sigma_smoothing(provider), int(np.argmax(drawn.selection[0]))
-
-                def false(pred, radius, x0=x0, model=model, where=where, gen=gen,
-                          context=context, smoothing=smoothing, level=level,
-                          search=f"{purpose}/{j}"):  # fmt: skip
-                    flip = smoothed.ball_flip(audit, context, smoothing, model, x0[0], radius,
-                                              pred, level, gen, search, trials)  # fmt: skip
-                    if flip is None:
-                        return None
-                    return {**where, **{key: v for key, v in flip.items() if key != "point"}}
-
-            else:
-
-                def false(pred, radius, x0=x0, gradient=gradient, ball_sigma=ball_sigma,
-                          input_id=input_id, provider=provider, model=model, where=where,
-                          gen=gen, known=float(sigma[0])):  # fmt: skip
-                    constant = ball_sigma is not None  # memory: σ constant in the ball
-                    flip = ball_flip(sigma_in_ball(provider, ball_sigma, input_id), model, x0[0],
-                                     radius, pred, gen, None if constant else gradient,
-                                     None if constant else known)  # fmt: skip
-                    if flip is None:
-                        return None
-                    return {**where, **{key: v for key, v in flip.items() if key != "point"}}
-
-            _judge(out, c, derived, 0, false, _uniform(rng), probabilities)
-    return out
 
 
 def check_coverage(audit: Audit) -> CheckResult:
@@ -377,7 +120,7 @@ def check_coverage(audit: Audit) -> CheckResult:
     half = max(1, budget.coverage_trials // 2)
     names = (f"linear-{dim}", f"ball-{dim}")
     with tempfile.TemporaryDirectory(prefix="idrs-bench-s1-") as root:
-        outcomes = [_trials(audit, family, points, ids, half, protocol, Path(root))
+        outcomes = [run_trials(audit, family, points, ids, half, protocol, Path(root))
                     for family in ("linear", "ball")]  # fmt: skip
     scores = np.array([z for o in outcomes for z in o.scores])
     p_bias, p_dispersion = calibration_pvalues(scores)

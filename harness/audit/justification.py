@@ -44,7 +44,7 @@ import torch
 
 from harness.audit import sigma_smoothing as smoothed
 from harness.audit.audit import Audit
-from harness.audit.ball_attacks import sigma_with_differentiability
+from harness.audit.sigma_calls import calls_of, sigma_in_calls, sigma_with_differentiability
 from harness.certification.certify import checked_sigma, sigma_smoothing
 from harness.foundation.certificate import ABSTAIN
 from harness.foundation.regularity import Constant, Lipschitz, SemiElastic
@@ -56,49 +56,69 @@ TOLERANCE = 1e-9  # ξ = 1/2 exactly at Cohen's radius; allow rounding, never mo
 
 
 def sigma_extremes(
-    provider, x0: torch.Tensor, radius: torch.Tensor, steps: int, gen: torch.Generator
-):
+    provider, x0: torch.Tensor, radius: torch.Tensor, steps: int, gen: torch.Generator,
+    batch: int = 1024,
+):  # fmt: skip
     """Smallest and largest σ(x1) found in each ball B(x0_i, R_i): random points, then (σ
-    differentiable, as the query at x0 tells) projected gradient steps on log σ both ways,
+    differentiable, as the first query tells) projected gradient steps on log σ both ways,
     from a start within R/2 of x0. Every point queried lies in the ball after rounding
     (:func:`_inside`): a σ found outside it would flag a sound certificate (a radius below
-    the start's 10⁻³ offset did)."""
+    the start's 10⁻³ offset did).
+
+    σ is asked in few calls of at most ``batch`` points
+    (:mod:`harness.audit.sigma_calls`): the inputs and all random points at once, then
+    the two ascents of every ball in lock-step, one query per step and one at their ends."""
     flat = x0.flatten(1)
-    dim = flat.shape[1]
+    count, dim = flat.shape
     radius = _inside(flat, radius)
-    lo, differentiable = sigma_with_differentiability(provider, x0)
-    hi = lo.clone()
+    points = [x0]
     for fraction in (1.0, 0.5, 0.25):
         for _ in range(4):
             d = torch.randn(flat.shape, generator=gen, dtype=flat.dtype).to(flat.device)
             d *= (fraction * radius / d.norm(dim=1))[:, None]
-            with torch.no_grad():
-                s = provider((flat + d).view_as(x0)).double()
-            lo, hi = torch.minimum(lo, s), torch.maximum(hi, s)
-    for sign in (1.0, -1.0) if differentiable else ():
-        # a start off x0 (where σ's gradient may vanish), inside the ball however small R is
-        start = 1e-3 * torch.randn(flat.shape, generator=gen).to(flat.device) / math.sqrt(dim)
-        start *= (radius / 2 / start.norm(dim=1).clamp_min(1e-12)).clamp(max=1.0)[:, None]
-        x1 = (flat + start).view_as(x0)
-        for _ in range(steps):
-            x1 = x1.detach().requires_grad_(True)
-            with torch.enable_grad():
-                s = provider(x1).double()
-                if not s.requires_grad:
-                    break
-                (grad,) = torch.autograd.grad(torch.log(s).sum(), x1)
-            with torch.no_grad():
-                lo, hi = torch.minimum(lo, s.detach()), torch.maximum(hi, s.detach())
-                g = grad.flatten(1)
-                g = g / g.norm(dim=1, keepdim=True).clamp_min(1e-12)
-                moved = x1.flatten(1) + sign * (radius / 4)[:, None] * g
-                delta = moved - flat
-                delta *= (radius / delta.norm(dim=1).clamp_min(1e-12)).clamp(max=1.0)[:, None]
-                x1 = (flat + delta).view_as(x0)
-        with torch.no_grad():
-            s = provider(x1.detach()).double()
-        lo, hi = torch.minimum(lo, s), torch.maximum(hi, s)
+            points.append((flat + d).view_as(x0))
+    values, differentiable = sigma_with_differentiability(provider, torch.cat(points), batch)
+    values = values.view(len(points), count)
+    lo, hi = values.min(dim=0).values, values.max(dim=0).values
+    if differentiable:
+        starts = []  # of the ascent of log σ, then of − log σ
+        for _ in range(2):
+            # a start off x0 (where σ's gradient may vanish), inside the ball however small R is
+            start = 1e-3 * torch.randn(flat.shape, generator=gen).to(flat.device) / math.sqrt(dim)
+            start *= (radius / 2 / start.norm(dim=1).clamp_min(1e-12)).clamp(max=1.0)[:, None]
+            starts.append(flat + start)
+        sign = torch.tensor([1.0, -1.0], device=flat.device).repeat_interleave(count)[:, None]
+        found = _ascend_log_sigma(provider, flat.repeat(2, 1), torch.cat(starts),
+                                  radius.repeat(2), sign, steps, x0.shape[1:], batch)  # fmt: skip
+        found = found.view(-1, 2, count)
+        lo = torch.minimum(lo, found.amin(dim=(0, 1)))
+        hi = torch.maximum(hi, found.amax(dim=(0, 1)))
     return lo.cpu().numpy(), hi.cpu().numpy()
+
+
+def _ascend_log_sigma(provider, flat, x1, radius, sign, steps: int, shape, batch: int):
+    """σ at every point of the projected ascents of ``sign``·log σ from ``x1`` (steps of
+    R/4 along the normalized gradient, projected on the ball of ``radius`` around
+    ``flat``), all rows in lock-step: [steps + 1, rows] (float64; fewer steps when σ
+    stops carrying a gradient)."""
+    seen = []
+    for _ in range(steps):
+        x1 = x1.detach().requires_grad_(True)
+        with torch.enable_grad():
+            s = sigma_in_calls(provider, x1.view(-1, *shape), batch).double()
+            if not s.requires_grad:
+                break
+            (grad,) = torch.autograd.grad(torch.log(s).sum(), x1)
+        with torch.no_grad():
+            seen.append(s.detach())
+            g = grad / grad.norm(dim=1, keepdim=True).clamp_min(1e-12)
+            moved = x1 + sign * (radius / 4)[:, None] * g
+            delta = moved - flat
+            delta *= (radius / delta.norm(dim=1).clamp_min(1e-12)).clamp(max=1.0)[:, None]
+            x1 = flat + delta
+    with torch.no_grad():
+        seen.append(sigma_in_calls(provider, x1.detach().view(-1, *shape), batch).double())
+    return torch.stack(seen)
 
 
 def _inside(flat: torch.Tensor, radius: torch.Tensor) -> torch.Tensor:
@@ -134,7 +154,7 @@ def check_justification(audit: Audit) -> CheckResult:
     p_lower = np.array([certs[k]["p_lower"] for k in chosen])
     gen = audit.generator(f"{NAME}/extremes")
     lo, hi = sigma_extremes(_checked(audit), x0, torch.tensor(radius, dtype=torch.float32, device=device),
-                            audit.budget.ascent_steps, gen)  # fmt: skip
+                            audit.budget.ascent_steps, gen, calls_of(audit))  # fmt: skip
     lo, hi = np.minimum(lo, sigma0), np.maximum(hi, sigma0)
     dim = int(x0[0].numel())
     xi_lo = np.asarray(xi(radius, sigma0, lo, p_lower, dim))
@@ -240,14 +260,19 @@ def _soft_hypotheses(audit: Audit, declared) -> CheckResult:
     chosen = audit.subset(f"{NAME}/pairs-inputs", len(audit.inputs), budget.audited_inputs)
     x0 = audit.inputs[torch.as_tensor(chosen)].to(device, torch.float32)
     gen = audit.generator(f"{NAME}/pairs")
-    s0 = audit.sigma(x0).double()
-    worst_q, min_sigma = 0.0, float(s0.min())
-    for scale in (0.01, 0.1, 1.0):
+    scales = (0.01, 0.1, 1.0)
+    points = [x0]
+    for scale in scales:
         d = torch.randn(x0.flatten(1).shape, generator=gen).to(device)
         d *= scale / d.norm(dim=1, keepdim=True)
-        s1 = audit.sigma((x0.flatten(1) + d).view_as(x0), " near an audited input").double()
+        points.append((x0.flatten(1) + d).view_as(x0))
+    # the inputs and their pairs at every scale in one query (calls of the run's batch)
+    s = torch.cat([audit.sigma(part, " at or near an audited input")
+                   for part in torch.cat(points).split(calls_of(audit))]).double()  # fmt: skip
+    s0, pairs = s[: len(x0)], s[len(x0) :].view(len(scales), len(x0))
+    worst_q, min_sigma = 0.0, float(s.min())
+    for scale, s1 in zip(scales, pairs, strict=True):
         worst_q = max(worst_q, float(((s1 - s0).abs() / scale).max()))
-        min_sigma = min(min_sigma, float(s1.min()))
     stored_min = min((float(c["sigma"]) for c in certs), default=math.inf)
     evidence.update(lip_empirical=worst_q, min_sigma=min(min_sigma, stored_min))
     if worst_q > declared.lip * (1 + 1e-3) + 1e-5:

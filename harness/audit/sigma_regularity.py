@@ -27,7 +27,7 @@ import torch
 
 from harness.audit import sigma_smoothing as smoothed
 from harness.audit.audit import Audit
-from harness.audit.ball_attacks import sigma_with_differentiability
+from harness.audit.sigma_calls import calls_of, sigma_with_graph
 from harness.certification.certify import sigma_smoothing
 from harness.foundation.regularity import Constant, Lipschitz, SemiElastic, Unregularized
 from harness.foundation.verdict import CheckResult, Verdict
@@ -55,30 +55,37 @@ def check_sigma_regularity(audit: Audit) -> CheckResult:
     x0 = audit.inputs[torch.as_tensor(chosen)].to(audit.context.device, torch.float32)
     flat = x0.flatten(1)
     gen = audit.generator(f"{NAME}/pairs")
-    s0, differentiable = sigma_with_differentiability(provider, x0)
-    best_q = torch.zeros(len(x0), dtype=torch.float64)
-    best_x1 = x0.clone()
-    best_s1 = s0.detach().cpu().clone()  # σ at best_x1
-    min_sigma = float(s0.min())
     per_scale = max(1, budget.pairs // len(SCALES))
-    for scale in SCALES:
-        for _ in range(per_scale):
-            direction = torch.randn(flat.shape, generator=gen).to(flat.device)
-            direction *= scale / direction.norm(dim=1, keepdim=True)
-            x1 = (flat + direction).view_as(x0)
-            with torch.no_grad():
-                s1 = provider(x1).double()
-            min_sigma = min(min_sigma, float(s1.min()))
-            q = _quotient(lipschitz, s0, s1, torch.full_like(s0, scale)).cpu()
-            better = q > best_q
-            best_q[better] = q[better]
-            best_x1[better] = x1[better.to(x1.device)]
-            best_s1[better] = s1.cpu()[better]
+    scales = [scale for scale in SCALES for _ in range(per_scale)]
+    pairs = []  # every pair's second point, drawn in the order of the scales
+    for scale in scales:
+        direction = torch.randn(flat.shape, generator=gen).to(flat.device)
+        direction *= scale / direction.norm(dim=1, keepdim=True)
+        pairs.append((flat + direction).view_as(x0))
+    # the inputs and every pair in one query (its graph is the ascent's first step)
+    asked, sigma, differentiable = sigma_with_graph(provider, torch.cat([x0, *pairs]),
+                                                    calls_of(audit))  # fmt: skip
+    values = sigma.detach().double()
+    count = len(x0)
+    s0 = values[:count]
+    best_q = torch.zeros(count, dtype=torch.float64)
+    best_row = torch.arange(count)  # each input's best second point: a row of ``asked``
+    min_sigma = float(values.min())
+    for m, scale in enumerate(scales):
+        rows = torch.arange((m + 1) * count, (m + 2) * count)
+        s1 = values[rows.to(values.device)]
+        q = _quotient(lipschitz, s0, s1, torch.full_like(s0, scale)).cpu()
+        better = q > best_q
+        best_q[better] = q[better]
+        best_row[better] = rows[better]
+    best_x1 = asked.detach()[best_row.to(asked.device)].clone()
+    best_s1 = values[best_row.to(values.device)].cpu().clone()  # σ at best_x1
     gradient = (
-        _ascend(provider, x0, s0, best_x1, best_q, best_s1, lipschitz, budget.ascent_steps)
+        _ascend(provider, x0, s0, (asked, sigma, best_row), best_x1, best_q, best_s1, lipschitz,
+                budget.ascent_steps)
         if differentiable
         else NOT_DIFFERENTIABLE
-    )
+    )  # fmt: skip
     worst = int(torch.argmax(best_q))
     found = float(best_q[worst])
     evidence = {
@@ -123,23 +130,33 @@ def check_sigma_regularity(audit: Audit) -> CheckResult:
 NOT_DIFFERENTIABLE = "unavailable (σ-provider not differentiable)"
 
 
-def _ascend(provider, x0, s0, best_x1, best_q, best_s1, lipschitz: bool, steps: int) -> str:
+def _ascend(provider, x0, s0, first, best_x1, best_q, best_s1, lipschitz: bool,
+            steps: int) -> str:  # fmt: skip
     """Projected gradient ascent of the quotient from the best random pairs (``best_x1``,
-    its quotients ``best_q`` and σ ``best_s1`` updated in place)."""
+    its quotients ``best_q`` and σ ``best_s1`` updated in place), every audited input in
+    lock-step: one σ query per step. The first step's σ and graph are those of the pairs'
+    query (``first``: the points asked, σ with its graph, each input's row in them)."""
     x1 = best_x1.clone()
     step = 0.05
-    for _ in range(steps):
-        x1 = x1.detach().requires_grad_(True)
+    for k in range(steps):
         with torch.enable_grad():
-            try:
-                s1 = provider(x1).double()
-            except RuntimeError:
-                return NOT_DIFFERENTIABLE
-            if not s1.requires_grad:
-                return NOT_DIFFERENTIABLE
+            if k == 0:  # the best pairs' points and σ, with the pairs' query's graph
+                leaf, sigma, rows = first
+                x1 = leaf[rows.to(leaf.device)]
+                s1 = sigma[rows.to(sigma.device)].double()
+            else:
+                leaf = x1 = x1.detach().requires_grad_(True)
+                try:
+                    s1 = provider(x1).double()
+                except RuntimeError:
+                    return NOT_DIFFERENTIABLE
+                if not s1.requires_grad:
+                    return NOT_DIFFERENTIABLE
             dist = (x1 - x0).flatten(1).norm(dim=1).double().clamp_min(1e-4)
             q = _quotient(lipschitz, s0.to(s1.device), s1, dist)
-            (grad,) = torch.autograd.grad(q.sum(), x1)
+            (grad,) = torch.autograd.grad(q.sum(), leaf)
+            if k == 0:
+                grad = grad[rows.to(grad.device)]
         with torch.no_grad():
             qc = q.detach().cpu()
             better = qc > best_q
@@ -148,5 +165,5 @@ def _ascend(provider, x0, s0, best_x1, best_q, best_s1, lipschitz: bool, steps: 
             best_s1[better] = s1.detach().cpu()[better]
             g = grad.flatten(1)
             g = g / g.norm(dim=1, keepdim=True).clamp_min(1e-12)
-            x1 = x1 + step * g.view_as(x1)
+            x1 = x1.detach() + step * g.view_as(x1)
     return f"{steps} steps"

@@ -93,7 +93,9 @@ def optimize_sigma(
     one). With ``fixed_shape`` every chunk is padded to that many inputs (zeros, whose
     σ is discarded), so the result of each input is the same bit for bit in any batch
     (see :data:`FIXED_ROWS`); without it the last chunk is smaller, which changes σ
-    in its last bits only (floating-point rounding).
+    in its last bits only (floating-point rounding). The ascents of all chunks run
+    together, step by step (:func:`_ascend`): a batch of any size is one ascent of K
+    steps, not one per chunk.
     """
     check_optimizer_params(steps, samples, beta, sigma_min)
     if len(keys) != len(x):
@@ -103,8 +105,7 @@ def optimize_sigma(
     if steps == 0 or len(x) == 0:
         return sigma.clamp_min(sigma_min)
     chunk = max(1, max_batch // samples)
-    generator = torch.Generator(device=device)
-    out = []
+    chunks = []  # (inputs, σ, keys), padded to ``chunk`` inputs
     for start in range(0, len(x), chunk):
         part = slice(start, start + chunk)
         xs, ss = x[part], sigma[part]
@@ -112,34 +113,43 @@ def optimize_sigma(
         if pad:
             xs = torch.cat([xs, xs.new_zeros((pad, *xs.shape[1:]))])
             ss = torch.cat([ss, ss.new_ones(pad)])
-        out.append(
-            _ascend(model, xs, ss, keys[part], generator, seed, stream,
-                    steps, samples, beta, sigma_min, first_step)
-        )  # fmt: skip
-    return torch.cat(out)
+        chunks.append((xs, ss, keys[part]))
+    return _ascend(model, chunks, torch.Generator(device=device), seed, stream, steps, samples,
+                   beta, sigma_min, first_step)  # fmt: skip
 
 
-def _ascend(model, x, sigma, keys, generator, seed, stream, steps, samples, beta, sigma_min, first):
-    """σ_K of the first ``len(keys)`` inputs of ``x`` (the others are padding: zero noise,
-    their σ is left as it is and dropped)."""
-    real = len(keys)
-    delta = torch.zeros((len(x), samples, *x.shape[1:]), device=x.device, dtype=x.dtype)
+def _ascend(model, chunks, generator, seed, stream, steps, samples, beta, sigma_min, first):
+    """σ_K of the inputs of every chunk (``(x, σ, keys)``: the first ``len(keys)`` rows of
+    ``x`` are inputs, the others padding: zero noise, their σ is left as it is and
+    dropped), all chunks in lock-step: step k of every chunk, then step k + 1. Each chunk's
+    arithmetic is that of its ascent alone; the gradients are checked once, at the end,
+    so that no step waits for the device."""
+    finite = torch.ones((), dtype=torch.bool, device=chunks[0][0].device)
+    deltas = [torch.zeros((len(x), samples, *x.shape[1:]), device=x.device, dtype=x.dtype)
+              for x, _, _ in chunks]  # fmt: skip
+    sigmas = [sigma for _, sigma, _ in chunks]
     with torch.enable_grad():
         for k in range(steps):
-            for i, key in enumerate(keys):
-                generator.manual_seed(noise_seed(seed, stream, key, first + k))
-                delta[i].normal_(generator=generator)
-            s = sigma.detach().requires_grad_(True)
-            (grad,) = torch.autograd.grad(soft_radius(model, x, s, delta)[:real].sum(), s)
-            grad = grad[:real]
-            if not bool(torch.isfinite(grad).all()):
-                raise ModelOutputError(
-                    "OptimizeSigma got a non-finite gradient of the certified radius; "
-                    "check the base model's outputs and the step size beta"
-                )
-            sigma = sigma.detach().clone()
-            sigma[:real] = (s.detach()[:real] + beta * grad).clamp_min(sigma_min)
-    return sigma[:real]
+            for c, ((x, _, keys), delta) in enumerate(zip(chunks, deltas, strict=True)):
+                real = len(keys)
+                for i, key in enumerate(keys):
+                    generator.manual_seed(noise_seed(seed, stream, key, first + k))
+                    delta[i].normal_(generator=generator)
+                s = sigmas[c].detach().requires_grad_(True)
+                (grad,) = torch.autograd.grad(soft_radius(model, x, s, delta)[:real].sum(), s)
+                grad = grad[:real]
+                finite &= torch.isfinite(grad).all()
+                sigma = s.detach().clone()
+                sigma[:real] = (s.detach()[:real] + beta * grad).clamp_min(sigma_min)
+                sigmas[c] = sigma
+    if not bool(finite):
+        raise ModelOutputError(
+            "OptimizeSigma got a non-finite gradient of the certified radius; "
+            "check the base model's outputs and the step size beta"
+        )
+    return torch.cat(
+        [sigma[: len(keys)] for sigma, (_, _, keys) in zip(sigmas, chunks, strict=True)]
+    )
 
 
 class OptimizedSigma:

@@ -1,0 +1,216 @@
+"""S1's trials (:mod:`harness.audit.coverage`): where a trial's exact classifier is
+placed, and how a trial's certificates are judged against it.
+
+A trial input x0 sits at an exact probability q of side 1 at σ_ref, the run's stored
+σ(x0) (:func:`trial_quantile`): on ``linear-N`` a random hyperplane at signed distance
+σ_ref·Φ⁻¹(q) (:func:`place_linear`), on ``ball-N`` a ball B(c, ρ), c = x0 + σ_ref·u,
+χ²_N(ρ²/σ_ref²; 1) = q (:func:`place_ball`). A trial stands for its claim and for the
+certificate the run's declared formula derives from its draws (:func:`candidates`); it is
+false when either is (:func:`first_false`), underived when its claim is not what the
+formula derives (:func:`underived`), and it gives the calibration test a score
+(:func:`score`). :class:`Outcome` sums a family's trials.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+from scipy import stats
+from scipy.special import ndtri
+
+from harness.audit.audit import Audit
+from harness.certification.certify import sigma_smoothing
+from harness.foundation.certificate import ABSTAIN, Certificate
+from harness.mathematics.calibration import pit_score
+from harness.mathematics.radius import Recomputed, sigma_choice_recompute
+from harness.mathematics.stats import false_certificates_pvalue
+
+QUANTILES = (0.02, 0.98)
+"""Range of the exact P(side 1) at the trial input (at σ_ref) of the trials outside the
+margin (:func:`trial_quantile`)."""
+RELATIVE = 1e-9
+"""Relative tolerance when a claim is compared with its formula's derivation (as S0)."""
+
+
+@dataclass
+class Outcome:
+    """One sub-test's trials: false certificates, underived claims and calibration scores."""
+
+    trials: int = 0
+    certified: int = 0
+    failures: int = 0
+    example: dict | None = None
+    underived: list[dict] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+    inputs: list[int] = field(default_factory=list)
+    classes: list[list[int]] = field(default_factory=list)
+
+    def record(self, alpha: float) -> dict:
+        return {"trials": self.trials, "certified": self.certified, "failures": self.failures,
+                "p_value": false_certificates_pvalue(self.failures, self.trials, alpha),
+                "example": self.example, "inputs": self.inputs, "classes": self.classes}  # fmt: skip
+
+
+def pair_of_classes(rng: np.random.Generator, num_classes: int) -> tuple[int, int]:
+    """Two distinct random classes of K: (class of side 0, class of side 1)."""
+    a, b = rng.choice(num_classes, size=2, replace=False)
+    return int(a), int(b)
+
+
+def derived_by_formula(
+    audit: Audit, rows: list[dict], x: torch.Tensor, protocol, provider
+) -> Recomputed:
+    """The run's declared formula on the trials' draws (as S0 derives the run's): with a
+    σ-smoothing, at the α it leaves, and capped at R_σ."""
+    smoothing = sigma_smoothing(provider)
+    spent = 0.0 if smoothing is None else float(smoothing.alpha)
+    out = audit.certifier.radius_formula.derive(
+        rows, x.detach().cpu(), replace(protocol, alpha=protocol.alpha - spent), provider.regularity
+    )
+    if smoothing is None:
+        return out
+    cap = sigma_choice_recompute([r["draws"]["sigma"] for r in rows], protocol, spent).radius
+    return replace(out, radius=np.minimum(np.asarray(out.radius, dtype=np.float64), cap))
+
+
+def candidates(c: Certificate, derived: Recomputed, i: int) -> list[tuple[str, int, float]]:
+    """The certificates a trial stands for: the claim and the formula's, where they certify
+    (the formula's only where the claim's ball of the same class does not contain it)."""
+    out = []
+    claimed = c.prediction != ABSTAIN and c.radius > 0
+    if claimed:
+        out.append(("claim", int(c.prediction), float(c.radius)))
+    pred, radius = int(derived.prediction[i]), float(derived.radius[i])
+    if pred != ABSTAIN and radius > 0 and not (claimed and pred == c.prediction
+                                                and radius <= c.radius):  # fmt: skip
+        out.append(("formula", pred, radius))
+    return out
+
+
+def underived(c: Certificate, derived: Recomputed, i: int) -> dict | None:
+    """The claim's first quantity that its formula does not derive (as S0), or None."""
+    bound, pred, radius = (
+        float(derived.bound[i]),
+        int(derived.prediction[i]),
+        float(derived.radius[i]),
+    )
+    if not c.p_lower <= bound * (1 + RELATIVE):
+        return {"input_id": c.input_id, "quantity": "bound", "claimed": c.p_lower, "derived": bound}
+    if c.prediction != ABSTAIN and c.prediction != pred:
+        return {"input_id": c.input_id, "quantity": "prediction", "claimed": c.prediction,
+                "derived": pred}  # fmt: skip
+    if not c.radius <= radius * (1 + RELATIVE):
+        return {
+            "input_id": c.input_id,
+            "quantity": "radius",
+            "claimed": c.radius,
+            "derived": radius,
+        }
+    return None
+
+
+def score(c: Certificate, probabilities: np.ndarray, v: float) -> float:
+    """The calibration score of a trial's estimation draws (:func:`pit_score`) at the top
+    class of its selection draws; soft draws of a one-hot model are counts divided by n."""
+    base = c.draws["base"]
+    n = int(base["n"])
+    top = int(np.argmax(base["selection"]))
+    k = base["estimation"][top]
+    if base.get("looks"):  # sequential: the first look, drawn whatever the counts
+        n, k = int(base["looks"][0]["n"]), base["looks"][0]["counts"][top]
+    k = int(k) if base["kind"] == "hard" else round(float(k) * n)
+    return pit_score(k, n, float(probabilities[top]), v)
+
+
+def uniform(rng: np.random.Generator) -> float:
+    """V of the randomized transform, uniform in (0, 1)."""
+    return min(max(float(rng.random()), 1e-15), 1 - 1e-15)
+
+
+def first_false(c: Certificate, derived: Recomputed, false) -> dict | None:
+    """The trial's first false certificate (its claim, then its formula's; asked in that
+    order until one is false: ``false(prediction, radius)`` -> example or None), as the
+    evidence's example, or None."""
+    for source, pred, radius in candidates(c, derived, 0):
+        found = false(pred, radius)
+        if found is not None:
+            return {"certificate": source, "prediction": pred, "radius": radius, **found}
+    return None
+
+
+@dataclass
+class Trial:
+    """One certified trial, ready to be recorded: its certificate, the formula's derivation
+    from its draws, its first false certificate (or None), the exact class probabilities
+    at its input and V of its calibration score."""
+
+    input_id: int
+    certificate: Certificate
+    derived: Recomputed
+    false: dict | None
+    probabilities: np.ndarray
+    v: float
+
+    def judge(self, out: Outcome) -> None:
+        """Record it: false certificates, underived claims, its calibration score."""
+        c = self.certificate
+        out.inputs.append(self.input_id)
+        out.trials += 1
+        out.certified += c.prediction != ABSTAIN and c.radius > 0
+        missing = underived(c, self.derived, 0)
+        if missing is not None:
+            out.underived.append(missing)
+        if self.false is not None:
+            out.failures += 1
+            out.example = out.example or self.false
+        out.scores.append(score(c, self.probabilities, self.v))
+
+
+def trial_quantile(rng: np.random.Generator, trial: int, n: int, alpha: float) -> float:
+    """The exact probability of side 1 at a trial input (at σ_ref): even trials uniform in
+    :data:`QUANTILES`; odd trials in the *margin* 1/2 ± Φ⁻¹(1 − α)/√n, where an estimate
+    of n samples decides between certifying and abstaining and between the two classes
+    (where a certifier that rescues abstentions or picks its class from the estimation
+    samples acts)."""
+    if trial % 2 == 0:
+        return float(rng.uniform(*QUANTILES))
+    width = min(float(ndtri(1 - alpha)) / math.sqrt(n), 0.5 - QUANTILES[0])
+    return float(rng.uniform(0.5 - width, 0.5 + width))
+
+
+def place_linear(model, x0: torch.Tensor, s: float, q: float, gen) -> dict:
+    """A random hyperplane at signed distance σ_ref·Φ⁻¹(q) from x0 (P(side 1) = q at σ_ref)."""
+    normal = torch.randn(model.w.numel(), generator=gen, dtype=torch.float64)
+    normal /= normal.norm()
+    distance = s * float(ndtri(q))
+    model.set_plane(normal, float(x0.flatten().double() @ normal) - distance)
+    return {"distance": distance}
+
+
+def place_ball(model, x0: torch.Tensor, s: float, q: float, gen) -> dict:
+    """A ball B(c, ρ), c = x0 + σ_ref·u (u a random unit vector), χ²_N(ρ²/σ_ref²; 1) = q."""
+    u = torch.randn(model.dim, generator=gen, dtype=torch.float64)
+    radius = s * math.sqrt(stats.ncx2.ppf(q, model.dim, 1.0))
+    model.set_ball(x0.flatten().double() + s * u / u.norm(), radius)
+    return {"ball_radius": radius}
+
+
+def linear_false(model, pair: tuple[int, int], x0: torch.Tensor, where: dict):
+    """``false(prediction, radius)`` of a trial on the placed ``linear-N`` ``model``
+    between the classes ``pair``: the smoothed boundary is the plane, whatever σ."""
+    signed = float(model.signed_distance(x0.cpu().numpy())[0])
+    truth = pair[int(signed > 0)]
+
+    def false(pred, radius):
+        if pred != truth or radius > abs(signed):
+            return {**where, "true_class": truth, "distance_to_boundary": abs(signed)}
+        return None
+
+    return false
+
+
+def flip_example(flip: dict | None, where: dict) -> dict | None:
+    return None if flip is None else {**where, **{k: v for k, v in flip.items() if k != "point"}}
