@@ -295,25 +295,51 @@ class ResultStore(LeaseRecords):
     ) -> None:
         """Commit ``cert`` and the certifier's ``state`` records in one transaction."""
         with self.db:
-            key = {"run_id": run_id, "method": method, "setting": setting}
-            self.db.executemany(
-                STATE_INSERT,
-                [key | {"seq": r.seq, "record": json.dumps(r.record, sort_keys=True),
-                        "data": r.data} for r in state],
-            )  # fmt: skip
+            self._insert(run_id, method, setting, shard, label, cert, state)
+
+    def add_shard(
+        self,
+        run_id: str,
+        method: str,
+        setting: str,
+        shard: int,
+        stored: Sequence[tuple[int, Certificate, Sequence[StateRecord]]],
+    ) -> None:
+        """Commit a shard's certificates, each ``(label, certificate, state records)`` in
+        order, and mark the shard finished, in one transaction: a shard is stored whole or
+        not at all."""
+        with self.db:
+            for label, cert, state in stored:
+                self._insert(run_id, method, setting, shard, label, cert, state)
             self.db.execute(
-                CERTIFICATE_INSERT,
-                key | {
-                    "input_id": cert.input_id, "shard": shard, "label": label,
-                    "prediction": cert.prediction, "predict": cert.predict,
-                    "radius": cert.radius, "p_lower": cert.p_lower, "sigma": cert.sigma,
-                    "alpha": cert.alpha, "counts_selection": json.dumps(cert.counts_selection),
-                    "counts_estimation": json.dumps(cert.counts_estimation),
-                    "seconds": cert.seconds,
-                    "evidence": json.dumps(cert.evidence, default=_jsonable),
-                    "draws": None if cert.draws is None else json.dumps(cert.draws),
-                },
+                SHARD_INSERT,
+                {"run_id": run_id, "method": method, "setting": setting, "shard": shard,
+                 "finished": _now()},
             )  # fmt: skip
+
+    def _insert(
+        self, run_id: str, method: str, setting: str, shard: int, label: int,
+        cert: Certificate, state: Sequence[StateRecord],
+    ) -> None:  # fmt: skip
+        key = {"run_id": run_id, "method": method, "setting": setting}
+        self.db.executemany(
+            STATE_INSERT,
+            [key | {"seq": r.seq, "record": json.dumps(r.record, sort_keys=True),
+                    "data": r.data} for r in state],
+        )  # fmt: skip
+        self.db.execute(
+            CERTIFICATE_INSERT,
+            key | {
+                "input_id": cert.input_id, "shard": shard, "label": label,
+                "prediction": cert.prediction, "predict": cert.predict,
+                "radius": cert.radius, "p_lower": cert.p_lower, "sigma": cert.sigma,
+                "alpha": cert.alpha, "counts_selection": json.dumps(cert.counts_selection),
+                "counts_estimation": json.dumps(cert.counts_estimation),
+                "seconds": cert.seconds,
+                "evidence": json.dumps(cert.evidence, default=_jsonable),
+                "draws": None if cert.draws is None else json.dumps(cert.draws),
+            },
+        )  # fmt: skip
 
     def state_records(self, run_id: str, method: str, setting: str) -> list[StateRecord]:
         """The committed state records of (run, method, setting), in order of ``seq``."""
