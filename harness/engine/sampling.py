@@ -31,6 +31,7 @@ import torch
 
 from harness.engine.accumulators import HardCounts, SoftStats, SoftSums
 from harness.engine.noise_schemes import BlockNoise, BlockPool, Job, PhiloxNoise
+from harness.engine.precision import PrecisionModel
 from harness.foundation.errors import ModelOutputError
 from harness.foundation.protocol import NOISE_SCHEMES, SIGMA_MAX
 
@@ -87,8 +88,13 @@ class SamplingEngine:
         may round a row differently for another number of rows, so each sample's logits
         are then bit-identical whatever batch it shares, where at that shape a row's
         logits depend on the row alone (a run measures it: :func:`harness.engine.
-        arithmetic.rows_independent`); for per-input σ searches (:meth:`padded`).
+        arithmetic.rows_independent`); for per-input σ searches (:meth:`padded`). A padded
+        engine tells a :class:`~harness.engine.precision.PrecisionModel` its batch size,
+        the shape it compiles or captures in CUDA graphs (:mod:`harness.engine.forward`).
     """
+
+    serves_model = True
+    """Whether the engine's forward passes go through ``model`` (its batch shape served)."""
 
     def __init__(
         self,
@@ -121,6 +127,8 @@ class SamplingEngine:
         self._threads = threads
         self._blocks = BlockPool(self.device, threads) if self.noise == "block-v1" else None
         self._buffer: torch.Tensor | None = None
+        if pad_batches and self.serves_model and isinstance(model, PrecisionModel):
+            model.serve(batch_size)
 
     def padded(self) -> SamplingEngine:
         """The same engine (model, seed, noise, batch size) with ``pad_batches`` on."""

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from harness.foundation.protocol import FORWARD_OPTIONS
 from harness.reports.leaderboard.reproduce import run_command, spec_filename
 from harness.store.storedrun import StoredRun
 
-ARITHMETIC_KEYS = ("precision", "channels_last", "noise", "cudnn")
+ARITHMETIC_KEYS = ("precision", "channels_last", "noise", "cudnn", *FORWARD_OPTIONS)
 """Protocol keys recorded since the engine offers precisions and noise schemes (``cudnn``
-only when it is not the default ``heuristic``)."""
-COMPARED_KEYS = ("n0", "n", "alpha", "precision", "channels_last", "noise", "cudnn", "sampling",
-                 "n_max")  # fmt: skip
+only when it is not the default ``heuristic``, the forward options only when on)."""
+COMPARED_KEYS = ("n0", "n", "alpha", "precision", "channels_last", "noise", "cudnn",
+                 *FORWARD_OPTIONS, "sampling", "n_max")  # fmt: skip
 """Protocol keys whose difference makes two runs' rows not directly comparable."""
 
 
@@ -19,7 +20,8 @@ def protocol_differences(protocols: list[dict[str, Any]]) -> dict[str, list[str]
     """The keys of :data:`COMPARED_KEYS` on which the runs of one table differ, with the
     values (a missing precision reads fp32, a missing noise block-v1)."""
     legacy = {"precision": "fp32", "channels_last": False, "noise": "block-v1",
-              "cudnn": "heuristic", "sampling": "fixed", "n_max": None}  # fmt: skip
+              "cudnn": "heuristic", "sampling": "fixed", "n_max": None,
+              **dict.fromkeys(FORWARD_OPTIONS, False)}  # fmt: skip
     out = {}
     for key in COMPARED_KEYS:
         values = [str(p.get(key, legacy.get(key))).lower() for p in protocols]
