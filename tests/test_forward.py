@@ -105,7 +105,9 @@ def test_what_cannot_be_folded_is_refused_with_the_reason_and_the_fix():
     protocol = CertificationProtocol(n0=1, n=1, fold_batchnorm=True)
     with pytest.raises(IdrsError, match="1 of the base model's 1 BatchNorm layers do not"):
         prepare_model(_Shared().eval(), protocol)
-    with pytest.raises(IdrsError, match="torch.fx cannot trace the base model.*fold_batchnorm = false"):
+    with pytest.raises(
+        IdrsError, match=r"torch.fx cannot trace the base model.*fold_batchnorm = false"
+    ):
         prepare_model(_Branching().eval(), protocol)
     plain = nn.Sequential(nn.Flatten(), nn.Linear(4, 2))  # no BatchNorm: the model itself
     assert prepare_model(plain, protocol).model is plain

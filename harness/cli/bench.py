@@ -156,18 +156,13 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--noise", default="auto", metavar="auto|philox-v1|block-v1", help="the noise scheme"
     )
-    parser.add_argument(
-        "--fold-batchnorm", action="store_true",
-        help="fold eval-mode BatchNorm into the convolution before it (another arithmetic)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--compile", action="store_true",
-        help="torch.compile the model at the engine's batch shape (another arithmetic)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--cuda-graphs", action="store_true",
-        help="replay the forward pass at the engine's batch shape from CUDA graphs (CUDA only)",
-    )  # fmt: skip
+    for flag, what in (("--fold-batchnorm", "fold eval-mode BatchNorm into the convolution "
+                        "before it (another arithmetic)"),
+                       ("--compile", "torch.compile the model at the engine's batch shape "
+                        "(another arithmetic)"),
+                       ("--cuda-graphs", "replay the forward pass at the engine's batch shape "
+                        "from CUDA graphs (CUDA only)")):  # fmt: skip
+        parser.add_argument(flag, action="store_true", help=what)
     parser.add_argument(
         "--limit", default=None, choices=LIMIT_SCOPES, metavar="setting|precision|all",
         help="settings the raw limit is taken over (default: precision on cuda, setting on cpu)",
@@ -214,8 +209,7 @@ def bench_command(args: argparse.Namespace) -> int:
             raise IdrsError("--device cuda, but no CUDA device is available; use --device cpu")
     gpu = device.type == "cuda"
     if args.cuda_graphs and not gpu:
-        raise IdrsError("--cuda-graphs needs --device cuda: CUDA graphs exist only on CUDA "
-                        "devices (a run on a CPU ignores cuda_graphs = true, and says so)")  # fmt: skip
+        raise IdrsError("--cuda-graphs needs --device cuda: CUDA graphs exist only on CUDA")
     n = args.n or (100_000 if gpu else 50_000)
     inputs = args.inputs or (8 if gpu else 4)
     seconds = args.seconds or (2.0 if gpu else 5.0)
