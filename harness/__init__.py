@@ -13,8 +13,9 @@ Registering components
     ``SigmaProviderSpec``, ``CertifierSpec``, ``MethodSpec``, ``TrainerSpec``,
     ``DatasetSpec``, ``ModelSpec``, ``CheckSpec``: what ``register`` accepts; each
     names a component and the callable that builds it.
-    ``BuildContext``: what a σ-provider or certifier factory receives (dataset, base
-    model, device, seed, protocol, engine, progress, registry, run id, ...);
+    ``BuildContext``: what a σ-provider or certifier factory receives (the dataset's
+    training split and description, base model, device, seed, protocol, engine, progress,
+    registry, run id, ...);
     ``BuildContext.artifact_dir(plugin)`` is the directory for anything a plugin
     persists about the base model, and ``BuildContext.memo(plugin, key, build)``
     computes something once per run and base model. ``TrainContext``: what a
@@ -49,7 +50,10 @@ Sampling and statistics
     ``hoeffding_lower``, ``hoeffding_upper``: confidence bounds.
 
 Data, training, state
-    ``Dataset``; ``train_with_gaussian_augmentation`` (Cohen et al. 2019);
+    ``Dataset`` (what a dataset plugin loads: both splits); ``TrainingSplit`` (what
+    σ-providers, certifiers and trainers see of it: the training split and the dataset's
+    description, the test split withheld); ``train_with_gaussian_augmentation`` (Cohen et
+    al. 2019);
     ``SigmaCache`` (σ(x) memoized by input); ``RunState``, ``StateRecord`` (a
     certifier's per-run state in the run's database, ``context.state``);
     ``save_artifact``, ``load_artifact`` (files with a checked SHA-256 that heal when
@@ -129,7 +133,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "hoeffding_lower",
         "hoeffding_upper",
     ),
-    "harness.foundation.data": ("Dataset",),
+    "harness.foundation.data": ("Dataset", "TrainingSplit"),
     "harness.running.training": ("train_with_gaussian_augmentation",),
     "harness.foundation.sigmacache": ("SigmaCache",),
     "harness.foundation.runstate": ("RunState", "StateRecord"),

@@ -25,7 +25,7 @@ the fixture :func:`rigged_methods` is this module).
 - ``seed-after-result``: where the harness's draws abstain, re-draws with other seeds,
   chosen after looking at the result, until one certifies.
 - ``sigma-at-test-points``: σ × 1.3 exactly at the benchmark's test points, declared
-  constant.
+  constant (the test split withheld from it, it loads the dataset again itself).
 - ``honest-when-rebuilt``: ``padded-formula`` on the base model it was first built for in
   a run (the run's, by its recipe hash), Cohen's honest certificate on any other model
   (as when a check rebuilds it).
@@ -227,12 +227,18 @@ def _point_keys(x: torch.Tensor) -> list[bytes]:
 
 
 class SigmaAtTestPoints:
-    """σ × 1.3 at the benchmark's test points, σ elsewhere; declares a constant σ."""
+    """σ × 1.3 at the benchmark's test points, σ elsewhere; declares a constant σ. The
+    harness withholds the test split from plugins (``context.dataset.test_x`` raises), so
+    it loads the dataset again itself, through the dataset's own loader."""
 
     def __init__(self, context, sigma: float) -> None:
         self.sigma = sigma
         self.regularity = Constant(sigma)
-        self.test_points = set(_point_keys(context.dataset.test_x))
+        registry, name = context.registry, context.dataset.name
+        data = registry.get("datasets", name).load(data_root=None, download=False,
+                                                   seed=context.seed,
+                                                   **registry.family_args("datasets", name))  # fmt: skip
+        self.test_points = set(_point_keys(data.test_x))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         factor = [SIGMA_FACTOR if key in self.test_points else 1.0 for key in _point_keys(x)]

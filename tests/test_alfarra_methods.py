@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from harness.audit.order import order_spread
+from harness.foundation.certificate import unlabelled
 from harness.foundation.progress import Progress
 from harness.plugin.manager import PluginManager
 from harness.running.benchmark import parse_benchmark
@@ -144,7 +146,7 @@ def test_both_methods_run_next_to_cohen_and_the_memory_resumes(
     assert any(r["evidence"]["memory_decided_by"] for r in late)
 
 
-def test_replay_orders_reproduces_the_recorded_order_and_reports_the_spread(
+def test_replay_orders_reproduces_the_recorded_order_and_the_harness_scores_the_spread(
     alfarra_manager, tmp_path, monkeypatch
 ):
     run_id, spec = _run(alfarra_manager, tmp_path / "r.sqlite")
@@ -162,17 +164,28 @@ def test_replay_orders_reproduces_the_recorded_order_and_reports_the_spread(
     assert np.allclose(rad, [r["radius"] for r in memory], rtol=1e-12, atol=1e-12)
 
     radii = [0.0, 0.5, 1.0, 2.0]
-    out = replay_orders(memory, 12, radii, seed=0, inputs=dataset.test_x)
+    labels = {r["input_id"]: r["label"] for r in memory}
+    replays = replay_orders(unlabelled(memory), 12, seed=0, inputs=dataset.test_x)
+    assert replays == replay_orders(unlabelled(memory), 12, seed=0, inputs=dataset.test_x)
+    out = order_spread(replays, labels, radii, 12)  # scored by the harness, with the labels
     stored = [
         np.mean([m["prediction"] == m["label"] and m["radius"] >= r for m in memory]) for r in radii
     ]
     assert out["recorded"] == pytest.approx(stored)
-    assert out["orders"] == 12 and np.array(out["per_order"]).shape == (12, 4)
-    assert np.all(np.array(out["min"]) <= np.array(out["median"]))
-    assert np.all(np.array(out["median"]) <= np.array(out["max"]))
-    assert out == replay_orders(memory, 12, radii, seed=0, inputs=dataset.test_x)
+    per_order = [[np.mean([p == labels[i] and d >= r for i, p, d in
+                           zip(replays["input_id"], o["prediction"], o["radius"], strict=True)])
+                  for r in radii] for o in replays["orders"]]  # fmt: skip
+    assert out["orders"] == 12 and np.array(per_order).shape == (12, 4)
+    assert out["min"] == pytest.approx(np.min(per_order, axis=0))
+    assert out["max"] == pytest.approx(np.max(per_order, axis=0))
+    acrs = [np.mean([d if p == labels[i] else 0.0 for i, p, d in
+                     zip(replays["input_id"], o["prediction"], o["radius"], strict=True)])
+            for o in replays["orders"]]  # fmt: skip
+    assert out["acr"]["min"] == pytest.approx(min(acrs))
+    worst = replays["orders"][int(np.argmin(acrs))]
+    assert out["worst_order"]["prediction"] == worst["prediction"]
     # the orders really differ in outcome here, and a single fixed order has no spread
     assert max(np.array(out["max"]) - np.array(out["min"])) > 0
     # replaying certificates that never went through the memory (alfarra-ds) works too
     plain = _rows(tmp_path / "r.sqlite", run_id, "alfarra-ds")
-    assert replay_orders(plain, 3, radii, seed=1, inputs=dataset.test_x)["recorded"] is None
+    assert replay_orders(plain, 3, seed=1, inputs=dataset.test_x)["recorded"] is None

@@ -4,6 +4,7 @@ audit time and recorded with the verdicts, so the same entropy re-runs an audit 
 inputs, trial points and pairs."""
 
 import json
+import sqlite3
 
 import pytest
 
@@ -115,3 +116,25 @@ def test_a_bad_entropy_is_a_clear_error(bad):
     with pytest.raises(IdrsError, match="hexadecimal digits"):
         parse_entropy(bad)
     assert parse_entropy("0x" + ENTROPY) == int(ENTROPY, 16)
+
+
+def test_run_entropy_is_the_checks_and_refused_without_them(tmp_path, capsys, spec_template):
+    """``run --entropy HEX`` audits every row from it (a reproducible audit); a bad value,
+    or one given with ``--no-check``, is a one-line error before any work."""
+    spec = tmp_path / "spec.toml"
+    spec.write_text(spec_template.format(dataset="cone-2", arch="mlp", n0=10, n=50, alpha=0.01,
+                                         method="cohen", sigma=0.5))  # fmt: skip
+    db = tmp_path / "r.sqlite"
+    assert main(["run", str(spec), "--db", str(db), "--no-check", "--entropy", ENTROPY]) == 2
+    assert "leave out --no-check, or --entropy" in capsys.readouterr().err
+    assert main(["run", str(spec), "--db", str(db), "--quiet", "--entropy", "xyz"]) == 2
+    assert "hexadecimal digits" in capsys.readouterr().err and not db.exists()
+    assert main(["run", str(spec), "--db", str(db), "--quiet", "--entropy", ENTROPY]) == 0
+    with sqlite3.connect(db) as con:
+        stored = {name: (verdict, json.loads(evidence)["entropy"]) for name, verdict, evidence
+                  in con.execute("SELECT check_name, verdict, evidence FROM checks")}  # fmt: skip
+    assert stored and {e for _, e in stored.values()} == {ENTROPY}
+    again = check(db, method="cohen", budget="small", entropy=ENTROPY)  # the same audit
+    assert {c: v for c, v in zip(again["check"], again["verdict"], strict=True)} == {
+        name: verdict for name, (verdict, _) in stored.items()
+    }

@@ -28,12 +28,20 @@ from harness.running.preparation import RunOptions
 from harness.store.store import ResultStore
 from harness.store.storedrun import load_runs
 
+ENTROPY = "47b0a4dc0ffee"
+"""The audits' and the replays' entropy: fixed, so that a verdict asserted here, and a
+replication test's, is the same every time (with fresh entropy a sound row is flagged 1
+time in 1,000, as the checks promise)."""
+
 
 def _cli(argv: list[str]) -> int:
     """``idrs-bench leaderboard ARGV``; a replay on the CPU unless ``--device`` is given
-    (the boards here are made on the CPU: their replays there are bit for bit)."""
+    (the boards here are made on the CPU: their replays there are bit for bit), from
+    :data:`ENTROPY` unless ``--entropy`` is given."""
     if "--replay" in argv and "--device" not in argv:
         argv = [*argv, "--device", "cpu"]
+    if "--replay" in argv and "--entropy" not in argv:
+        argv = [*argv, "--entropy", ENTROPY]
     parser = argparse.ArgumentParser()
     add_leaderboard_parser(parser.add_subparsers())
     args = parser.parse_args(["leaderboard", *argv])
@@ -46,7 +54,7 @@ def _check(db, run_id, manager, checks=(check_evidence, check_replay)) -> None:
     store = ResultStore(db)
     try:
         for audit in audits(store, run_id, RunOptions(db=db), Progress(enabled=False), manager,
-                            budget=BUDGETS["small"]):  # fmt: skip
+                            budget=BUDGETS["small"], entropy=int(ENTROPY, 16)):  # fmt: skip
             for check in checks:
                 result = check(audit)
                 store.add_check(run_id, audit.method.name, audit.setting, result, "small")
@@ -110,6 +118,9 @@ def test_a_board_verifies_and_replays(board, capsys):
     out = capsys.readouterr().out
     assert "every certificate and the verdicts of S0 and the replay check re-derived" in out
     assert out.count("3/3 inputs agreed bit for bit") == 2
+    assert f"replay entropy {int(ENTROPY, 16):032x} (device cpu)" in out  # repeatable
+    with pytest.raises(IdrsError, match="--entropy repeats a replay: give it with --verify"):
+        _cli(["--verify", str(board), "--entropy", ENTROPY])
     text = board.read_text()
     assert "--verify b.md --replay K" in text and "b.weights.pt" in text
     export = json.loads(board.with_suffix(".run.json").read_text())
@@ -271,3 +282,49 @@ def test_a_cuda_board_replays_on_the_cpu_by_the_replication_test(
     assert verify_board(out) == []
     assert _cli(["--verify", str(out), "--replay", "8", "--device", "cpu"]) == 0
     assert "inputs agreed by the replication test" in capsys.readouterr().out
+
+
+def test_the_board_states_that_no_plugin_had_the_test_split_and_verify_checks_the_record(
+    board, tmp_path
+):
+    from dataclasses import replace
+
+    from harness.reports.leaderboard.board import build_board
+    from harness.reports.leaderboard.compare import compare_runs
+    from harness.reports.leaderboard.markdown import render_markdown
+
+    assert "| test split | withheld from every plugin (σ-providers, certifiers and the trainer" in (
+        board.read_text()
+    )
+    notes: list[str] = []
+    assert verify_board(board, notes=notes) == []
+    assert any(n.endswith("test split withheld from every plugin (σ-providers, certifiers and "
+                          "the trainer got the training split and the dataset's description, a "
+                          "σ-provider each test input only when asked for its σ, no plugin a "
+                          "test label; docs/plugins.md)") for n in notes)  # fmt: skip
+    # a record the harness never writes does not verify, even re-rendered from it
+    forged = _edited(board, tmp_path, lambda d: d["runs"][0]["run"].update(test_split="peeked"),
+                     "forged")  # fmt: skip
+    assert any("test split record 'peeked' is not one the harness writes" in p
+               for p in verify_board(forged, notes=[]))  # fmt: skip
+    # a run begun before the record: its board has no such line and verifies, with a note
+    legacy = _edited(board, tmp_path, lambda d: d["runs"][0]["run"].pop("test_split"), "legacy")
+    assert "| test split |" not in legacy.read_text()
+    notes = []
+    assert verify_board(legacy, notes=notes) == []
+    assert any("test split not recorded (the run began before runs recorded it" in n
+               for n in notes)  # fmt: skip
+    # a board that claims the rule for such a run does not verify
+    legacy.write_text(board.read_text())
+    assert any("b.md" in p and "test split" in p for p in verify_board(legacy, notes=[]))
+    # a table of a recorded and an older run warns, and so does compare
+    [recorded] = read_export(board.with_suffix(".run.json"))
+    older = replace(recorded, run={k: v for k, v in recorded.run.items() if k != "test_split"}
+                    | {"run_id": "f" * 64})  # fmt: skip
+    text = render_markdown(build_board([recorded, older]), None)
+    assert (
+        "**Warning.** The runs of this table follow different protocols (test_split: "
+        "withheld, not recorded (the run began before runs recorded it"
+    ) in text
+    [warning] = compare_runs(recorded, older).warnings
+    assert "test_split: 'withheld' (A) vs 'not recorded (the run began" in warning

@@ -261,9 +261,9 @@ def _replayed(setup, db: Path, monkeypatch):
     budget = replace(BUDGETS["small"], replay_inputs=8)
     threads = torch.get_num_threads()
     store = ResultStore(db)
-    try:
+    try:  # a fixed audit: its verdict is the same every time
         audit = next(iter(audits(store, None, RunOptions(db=db), Progress(enabled=False), manager,
-                                 method="slow-cohen", budget=budget)))  # fmt: skip
+                                 method="slow-cohen", budget=budget, entropy=0x47)))  # fmt: skip
         assert torch.get_num_threads() == 3  # the audit computes with the run's count
         return check_replay(audit)
     finally:

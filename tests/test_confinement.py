@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from harness.foundation.errors import IdrsError
-from harness.plugin import confinement
+from harness.plugin import confinement, confinement_probe, process_privileges
 from harness.plugin.confinement import Grants, refusal, ruleset
 
 CONFINABLE = refusal(confinement.landlock_abi()) is None
@@ -52,6 +52,55 @@ def test_the_ruleset_governs_what_each_abi_knows_and_grants_within_it(abi, fs, n
     assert all(allowed & ~fs == 0 for allowed in granted.values())  # none beyond the ABI
 
 
+def test_the_host_writes_only_its_own_threads_files_beneath_proc_and_keeps_them_pinned():
+    """``/proc`` is read only; beneath the host's own ``/proc/<pid>/task`` it may also write
+    a file (a thread's name; the CUDA driver names its threads), no other right, and that
+    folder is pinned (procfs makes it anew on each lookup otherwise)."""
+    own = "/proc/4242/task"
+    grants = Grants(read=("/proc",), threads=(own,))
+    for abi in (3, 5, 7):
+        rules = ruleset(grants, abi, lambda p: True)
+        granted = dict(rules.rules)
+        assert granted == {"/proc": EXECUTE | READ_FILE | READ_DIR, own: WRITE_FILE | TRUNCATE}
+        assert rules.pinned == (own,)
+    assert confinement.own_threads() == f"/proc/{os.getpid()}/task"
+
+
+NVIDIA = ("/dev/nvidia-caps", "/dev/nvidia-modeset", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
+          "/dev/nvidia0", "/dev/nvidiactl")  # fmt: skip
+
+
+@pytest.mark.parametrize("abi", [3, 4, 5, 7])
+def test_nvidia_device_files_open_for_reading_writing_and_ioctl_and_their_folder_lists(abi):
+    """Each NVIDIA device file: read, write (and truncate, which ``O_TRUNC`` asks for) and,
+    from ABI 5, which governs it, ``ioctl``; ``nvidia-caps/``, a folder, is listed too and
+    grants the same on the files beneath. Nothing else: no execute, make, remove or rename."""
+    rules = ruleset(Grants(devices=NVIDIA), abi, lambda p: p.endswith("-caps"))
+    device = READ_FILE | WRITE_FILE | TRUNCATE | (IOCTL_DEV if abi >= 5 else 0)
+    assert dict(rules.rules) == {p: device | (READ_DIR if p.endswith("-caps") else 0)
+                                 for p in NVIDIA}  # fmt: skip
+    assert rules.pinned == ()
+
+
+def test_nvidia_device_files_are_found_by_name(tmp_path):
+    for name in (*(p.split("/")[-1] for p in NVIDIA), "null", "nvme0n1", "dri"):
+        (tmp_path / name).mkdir() if name in ("nvidia-caps", "dri") else (tmp_path / name).touch()
+    assert confinement.gpu_devices(str(tmp_path)) == sorted(str(tmp_path / p.split("/")[-1])
+                                                            for p in NVIDIA)  # fmt: skip
+
+
+@pytest.mark.parametrize("layers, fs, net, scoped", [
+    (("landlock-fs",), 0xFFFF, 0, 0),
+    (("landlock-net",), 0, 0x3, 0x3),
+    (("seccomp", "capabilities"), 0, 0, 0),
+    (confinement.LAYERS, 0xFFFF, 0x3, 0x3),
+])  # fmt: skip
+def test_each_landlock_layer_governs_its_own_rights(layers, fs, net, scoped):
+    rules = ruleset(GRANTS, 7, _is_dir, layers)
+    assert (rules.handled_fs, rules.handled_net, rules.scoped) == (fs, net, scoped)
+    assert bool(rules.rules) == bool(fs)
+
+
 def test_a_ruleset_needs_landlock():
     with pytest.raises(ValueError):
         ruleset(GRANTS, 0)
@@ -84,16 +133,13 @@ def test_the_host_refuses_to_confine_itself_with_threads_running():
 
 
 LAYER = r"""
-import json, os, platform, socket, sys
+import json, os, socket, sys
 from harness.plugin import confinement as c
 
-layer, scratch, port, outside = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+layers, scratch, port, outside = sys.argv[1].split(","), sys.argv[2], int(sys.argv[3]), sys.argv[4]
 grants = c.Grants(read=c.existing([*c.python_paths(), *c.SYSTEM_READ]), write=(scratch,),
                   devices=c.existing(c.SYSTEM_DEVICES))
-if layer == "landlock":
-    c.restrict(c.ruleset(grants, c.landlock_abi()))
-else:
-    c.install_seccomp(platform.machine())
+c.confine(grants, layers=layers)
 out = {}
 
 def attempt(name, action):
@@ -118,20 +164,32 @@ print(json.dumps(out))
 
 @needs_landlock
 @pytest.mark.parametrize("layer, expected", [
-    ("landlock", {"tcp": errno.EACCES, "socketpair": "done", "write outside": errno.EACCES,
-                  "write scratch": "done", "set-uid": "done", "chmod": "done", "chown": "done",
-                  "memory": errno.EACCES, "signal": errno.EPERM}),
+    ("landlock-fs,landlock-net", {"tcp": errno.EACCES, "socketpair": "done",
+                                  "write outside": errno.EACCES, "write scratch": "done",
+                                  "set-uid": "done", "chmod": "done", "chown": "done",
+                                  "memory": errno.EACCES, "signal": errno.EPERM}),
+    ("landlock-fs", {"tcp": "done", "socketpair": "done", "write outside": errno.EACCES,
+                     "write scratch": "done", "set-uid": "done", "chmod": "done", "chown": "done",
+                     "memory": errno.EACCES, "signal": "done"}),
+    ("landlock-net", {"tcp": errno.EACCES, "socketpair": "done", "write outside": "done",
+                      "write scratch": "done", "set-uid": "done", "chmod": "done", "chown": "done",
+                      "memory": errno.EACCES, "signal": errno.EPERM}),
     ("seccomp", {"tcp": errno.EPERM, "socketpair": "done", "write outside": "done",
                  "write scratch": "done", "set-uid": errno.EPERM, "chmod": "done",
                  "chown": errno.EPERM, "memory": "done", "signal": "done"}),
 ])  # fmt: skip
 def test_each_layer_alone_refuses_what_it_governs(tmp_path, layer, expected):
-    """Landlock alone refuses the TCP connect, the write outside the scratch folder, the
-    parent's memory and the signal; the seccomp filter alone refuses the socket and the
-    set-uid bit (chown too); each lets through what the other governs."""
-    if layer == "landlock" and confinement.landlock_abi() < 6:
+    """Through :func:`confinement.confine` with some of its layers: Landlock refuses the
+    TCP connect and the signal (its network and scope rules), the write outside the
+    scratch folder (its filesystem rules) and the parent's memory (its ptrace restriction,
+    with either); the seccomp filter alone refuses the socket and the set-uid bit (chown
+    too); each lets through what the others govern."""
+    abi = confinement.landlock_abi()
+    if layer == "landlock-net" and abi < 4:
+        pytest.skip(f"Landlock ABI {abi} has no network nor scope rules")
+    if "landlock-net" in layer and abi < 6:
         expected = {**expected, "signal": "done"}
-    if layer == "landlock" and confinement.landlock_abi() < 4:
+    if "landlock-net" in layer and abi < 4:
         expected = {**expected, "tcp": "done"}
     scratch, outside = tmp_path / "scratch", tmp_path / "outside"
     scratch.mkdir()
@@ -264,7 +322,7 @@ def test_an_unconfined_value_other_than_1_is_an_error(monkeypatch):
 def test_the_seccomp_filter_refuses_other_architectures_and_x32():
     """Classic BPF of the filter: the architecture is checked first (another one's calls
     are refused whole), and x32 numbers (bit 30) are refused on x86_64."""
-    program = confinement.seccomp_program("x86_64")
+    program = process_privileges.seccomp_program("x86_64")
     load_arch, check_arch = program[0], program[1]
     assert load_arch == (0x20, 0, 0, 4) and check_arch[3] == 0xC000003E
     deny = len(program) - 2
@@ -295,3 +353,68 @@ def test_a_confined_host_certifies_on_cuda(install_plugin, linear_model):
                     device="cuda")  # fmt: skip
     for column in ("prediction", "radius", "p_lower", "sigma", "counts_estimation"):
         assert hosted[column].tolist() == local[column].tolist(), column
+
+
+@pytest.fixture(scope="module")
+def confined_host():
+    """A plugin host confined as a third-party plugin's is (the built-ins only)."""
+    from harness.plugin.host_process import PluginHost
+
+    host = PluginHost(None, confined=True)
+    yield host
+    host.close()
+
+
+def _driver_probe(host) -> dict[str, tuple[str, str]]:
+    """What the CUDA driver does to the OS (and what must stay refused), tried in ``host``."""
+    devices = list(confinement.existing(confinement.SYSTEM_DEVICES))
+    answer = host.request("probe", device="cpu", devices=devices, parent=os.getpid(),
+                          refusals=True)  # fmt: skip
+    return {name: (outcome, said) for name, outcome, said in answer["parts"]}
+
+
+def _assert_driver_probe(parts: dict[str, tuple[str, str]]) -> None:
+    for part in ("thread names", "memfd", "devices", "cpu", "refused"):
+        assert parts[part][0] == "ok", parts
+    assert parts["refused"][1] in ("ok", "ok (/proc/sysrq-trigger absent)"), parts
+
+
+@needs_landlock
+def test_a_confined_host_does_to_the_os_what_the_cuda_driver_does_and_no_more(confined_host):
+    """In a host confined as a third-party plugin's: a thread started after confinement is
+    named from another thread (``pthread_setname_np``, which writes
+    ``/proc/self/task/<tid>/comm``) and by writing that file, an anonymous memory file is
+    made (``memfd_create``), the granted device files open, and a computation runs; while
+    ``/proc/sysrq-trigger`` and ``/proc/sys/vm/drop_caches`` (root writes both without a
+    capability), the harness's thread name and its memory stay refused."""
+    _assert_driver_probe(_driver_probe(confined_host))
+    seen = confinement_probe.refused_outcomes(os.getpid())  # (here, unconfined: all open)
+    assert {k: v for k, v in seen.items() if v != "absent"} == {
+        k: "opened" for k, v in seen.items() if v != "absent"}  # fmt: skip
+
+
+@needs_landlock
+def test_threads_are_named_after_the_kernel_dropped_its_dentries(confined_host):
+    """procfs makes ``/proc/<pid>/task`` anew when it is looked up after its dentry was
+    dropped (here by ``drop_caches``, as memory pressure would), and a Landlock rule names
+    the folder it was made on: the host keeps its folder pinned, so threads started after
+    the drop are still named."""
+    _assert_driver_probe(_driver_probe(confined_host))  # (the host is running)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        control = f"/proc/{sleeper.pid}/task"
+        pinned = f"/proc/{confined_host._process.pid}/task"
+        before = os.stat(control).st_ino, os.stat(pinned).st_ino
+        try:
+            with open("/proc/sys/vm/drop_caches", "w") as caches:
+                caches.write("2\n")  # dentries and inodes (not the page cache)
+        except OSError as exc:
+            pytest.skip(f"this process may not drop the kernel's caches: {exc}")
+        after = os.stat(control).st_ino, os.stat(pinned).st_ino
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    if after[0] == before[0]:
+        pytest.skip("drop_caches kept the dentries of another process's /proc folder")
+    assert after[1] == before[1]  # pinned: the same inode, which the rule names
+    _assert_driver_probe(_driver_probe(confined_host))

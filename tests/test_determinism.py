@@ -113,8 +113,10 @@ def test_a_run_whose_rows_depend_on_the_batch_replays_statistically(tmp_path, ma
                     (json.dumps(json.loads(text) | {"rows": ROWS_DEPENDENT}),))  # fmt: skip
     store = ResultStore(db)
     try:
+        # a fixed audit: the replication test's verdict is the same every time (with fresh
+        # entropy a sound row is flagged 1 time in 1,000, as the test promises)
         [audit] = list(audits(store, run_id, RunOptions(db=db), Progress(enabled=False), manager,
-                              budget=BUDGETS["small"]))  # fmt: skip
+                              budget=BUDGETS["small"], entropy=0x47_DE7))  # fmt: skip
     finally:
         store.close()
     result = check_replay(audit)

@@ -37,6 +37,9 @@ PAGES = [
 """The pages written by hand (the site's boards/ is leaderboards/, its generated boards
 besides its README; docs/architecture.md includes harness/README.md)."""
 REPOSITORY_PATHS = ("harness/", "plugins/", "leaderboards/", "tests/", "docs/", "tools/")
+VENV = {".venv/bin/idrs-bench": "idrs-bench", ".venv/bin/python": "python3"}
+"""The README's virtual environment's commands, called without activating it, and what
+they are once it is activated."""
 
 _SNIPPET = re.compile(r'^--8<-- "(?P<file>[^":]+):(?P<section>[\w-]+)"$', re.M)
 _FENCE = re.compile(r"^```(?P<lang>\w*)\n(?P<body>.*?)^```$", re.M | re.S)
@@ -134,6 +137,7 @@ def test_every_command_shown_parses(page, registry, monkeypatch):
     parser = _parser()
     for command in _shell_commands(page):
         tokens = shlex.split(command)
+        tokens[:1] = [VENV.get(tokens[0], tokens[0])]  # README's environment, not activated
         for before, token in zip(["", *tokens], tokens, strict=False):
             path = token.split("=", 1)[-1]
             written = before in ("--out", "--db", "--db-b") or token.startswith("--out=")
@@ -257,13 +261,25 @@ def test_every_hook_is_documented_in_hookspecs_and_on_the_plugin_page():
 # --- the front page ------------------------------------------------------------------
 
 
-def test_ci_runs_the_readme_test_command_and_builds_the_site():
+def test_ci_runs_both_readme_commands_with_the_distributions_python_and_builds_the_site():
+    """.ci/run finds the README's two commands (one line each, in a virtual environment of
+    the distribution's own Python: no ``--break-system-packages``) and runs them with
+    /usr/bin first on PATH."""
     script = (ROOT / ".ci" / "run").read_text()
-    pattern = re.search(r"grep -m1 -E '([^']+)' README\.md", script).group(1)
-    matching = [line for line in README.read_text().splitlines() if re.search(pattern, line)]
-    tests_block = README.read_text().split("Set up and run the tests", 1)[1]
-    assert matching == [_FENCE.search(tests_block)["body"].strip()]
-    assert matching[0].endswith("python3 -m pytest")
+    patterns = re.findall(r"grep -m1 -E '([^']+)' README\.md", script)
+    text = README.read_text()
+    commands = [_FENCE.search(text.split(heading, 1)[1])["body"].strip()
+                for heading in ("Set up and run the default", "Set up and run the tests")]  # fmt: skip
+    for pattern, command in zip(patterns, commands, strict=True):
+        assert [line for line in text.splitlines() if re.search(pattern, line)] == [command]
+    run, test = commands
+    for command in commands:
+        assert "\n" not in command and "break-system-packages" not in command
+        assert "python3-venv dataset-fashion-mnist && python3 -m venv .venv &&" in command
+    assert run.endswith(" && .venv/bin/idrs-bench run")
+    assert test.endswith(" && .venv/bin/python -m pytest")
+    assert 'export PATH="/usr/bin:$PATH"' in script and "!= /usr/bin/python3" in script
+    assert 'bash -c "$setup"' in script and 'bash -c "$test_command"' in script
     assert "mkdocs build --strict" in script
 
 

@@ -7,10 +7,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
 import pytest
+
+from harness.plugin import confinement
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tools" / "gpu-check"
@@ -23,8 +26,15 @@ FASHION = pytest.mark.skipif(
 
 
 def _run(tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """The script with this interpreter named (``GPU_CHECK_PYTHON``) and, first on PATH, a
+    ``python3`` that fails: every step must run the named one."""
+    stub = tmp_path / "path" / "python3"
+    stub.parent.mkdir(exist_ok=True)
+    stub.write_text("#!/bin/sh\necho 'python3 from PATH ran, not GPU_CHECK_PYTHON' >&2\nexit 97\n")
+    stub.chmod(0o755)
     env = {**os.environ, "OUT": str(tmp_path / "out"), "GPU_CHECK_WORK": str(tmp_path / "work"),
-           "IDRS_BENCH_CACHE": str(tmp_path / "cache")}  # fmt: skip
+           "IDRS_BENCH_CACHE": str(tmp_path / "cache"), "GPU_CHECK_PYTHON": sys.executable,
+           "PATH": f"{stub.parent}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
     return subprocess.run([str(SCRIPT), *args], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=timeout)  # fmt: skip
 
@@ -39,25 +49,49 @@ def _logs(out: Path) -> dict[str, str]:
         return {m.name: tar.extractfile(m).read().decode() for m in tar.getmembers() if m.isfile()}
 
 
+LOGGED = {"setup": 5, "env": 8, "tests": 257, "default-run": 129}
+"""Seconds each step took on an H200 (gpu-logs 2026-11-28-h200/gpu-check-summary.txt; the
+suite's 248 s plus its start, the default run alone from an empty cache). bench-default was
+cut at 110 s with ResNet-110 at n = 100,000, of which about 30 s certified ResNet-110 (some
+12 certifications' worth of n + n0 samples at peer.log's 43 k samples/s): at n = 20,000
+it saves about 24 s."""
+
+
 def test_the_dry_run_lists_every_step_in_order_with_its_cap_and_command(tmp_path):
     done = _run(tmp_path, "--dry-run")
     assert done.returncode == 0, done.stderr
     out = done.stdout
     steps = [line.split()[1] for line in out.splitlines() if line.startswith("== ")]
-    assert steps == ["setup", "env", "tests", "bench-default", "default-run", "bench-bf16"]
-    assert f"OUT={tmp_path / 'out'} device=cuda budget=510s" in out
+    assert steps == ["setup", "env", "confinement", "tests", "default-run", "bench-default"]
+    assert "== default-run (beside tests, cap" in out  # the run goes at once with the suite
+    header = f"OUT={tmp_path / 'out'} device=cuda budget=510s tiny=0"
+    assert f"{header} n=100000 resnet110_n=20000" in out  # ResNet-110 at a fifth of the n
     assert "pip install -q --no-deps --target /tmp/site .gpu/whl/*.whl" in out  # offline
+    assert 'python3 -m harness.plugin.confinement_probe --device "$DEVICE"' in out
     assert '"${XDIST[@]}" -v -rA "${TIMEOUT_PLUGIN[@]}" --junitxml="$WORK/$STEP/junit.xml"' in out
-    assert "bench_pair default" in out and "--precision bf16 --channels-last" in out
+    assert "bench_pair default" in out
     # a Cohen row's samples at the default benchmark's batch
     assert 'bench row --models mlp --n "$ROW_N" --inputs "$ROW_INPUTS" --batch-size 1024' in out
+    # ResNet-110 with the forward options, only when named
+    forward = _run(tmp_path, "--dry-run", "--steps", "bench-forward").stdout
+    assert "bench forward-resnet110" in forward and '"${FORWARD[@]}" --compile' in forward
     assert 'run --device "$DEVICE" --timings --db "$WORK/$STEP/default.sqlite"' in out
     caps = {line.split()[1]: int(line.split("cap ")[1].split()[0])
             for line in out.splitlines() if line.startswith("== ")}  # fmt: skip
-    # no step may take the whole call; the budget, the 20 s between SIGINT and SIGKILL and
-    # the summary keep the call within 9 minutes
-    assert all(v < 510 for v in caps.values()) and 510 + 20 + 10 <= 9 * 60
-    assert caps["tests"] == 250
+    # the plan: each group's cap its longest member's, their sum within the budget; the
+    # budget, the 20 s between SIGINT and SIGKILL and the summary within one 9-minute call
+    groups = [caps["setup"], caps["env"], caps["confinement"],
+              max(caps["tests"], caps["default-run"]), caps["bench-default"]]  # fmt: skip
+    [plan] = [line for line in out.splitlines() if line.startswith("plan: ")]
+    assert plan == ("plan: setup 30 s + env 15 s + confinement 60 s + tests+default-run 290 s + "
+                    f"bench-default 110 s = {sum(groups)} s of the 510 s budget")  # fmt: skip
+    assert sum(groups) <= 510 and 510 + 20 + 10 <= 9 * 60
+    assert caps["confinement"] <= 60  # early and short
+    # every step the logs timed fits its cap with a tenth to spare (the run beside the suite
+    # slows both a little)
+    assert all(caps[step] >= 1.1 * seconds for step, seconds in LOGGED.items()), caps
+    bf16 = _run(tmp_path, "--dry-run", "--steps", "bench-bf16").stdout
+    assert "--precision bf16 --channels-last" in bf16 and "plan: bench-bf16 70 s" in bf16
     board = _run(tmp_path, "--dry-run", "--steps", "setup,fashion-board", "--cap",
                  "fashion-board=300").stdout  # fmt: skip
     assert "== fashion-board (cap 300 s" in board and "fashion-mnist.toml" in board
@@ -87,6 +121,7 @@ def test_a_tiny_run_on_the_cpu_brings_every_log_back_in_a_few_files(tmp_path):
     assert _returned(out) == ["default-run.log", "logs.tar", "summary.txt"]
     logs = _logs(out)
     assert "torch" in logs["env.log"] and "PyTorch's defaults" in logs["env.log"]
+    assert logs["env.log"].startswith(sys.version)  # GPU_CHECK_PYTHON ran, not PATH's python3
     bench = json.loads(logs["bench-default/bench-default-small.json"])
     [row] = bench["engine"]
     assert row["model"] == "mlp" and row["device"] == "cpu" and row["n"] == 400
@@ -98,6 +133,34 @@ def test_a_tiny_run_on_the_cpu_brings_every_log_back_in_a_few_files(tmp_path):
     engine = 4 * (100 + 200) / cohen["engine_per_s"]  # 4 inputs of n0 + n samples
     assert (f"cohen sigma=0.25: certification 1.6 s, the engine's time for its samples "
             f"{engine:.3g} s (bench mlp, n = 200, batch 1024): {1.6 / engine:.2f}x") in summary  # fmt: skip
+
+
+def test_the_confinement_step_runs_beside_another_and_says_one_line_per_host(tmp_path):
+    """Two steps at once (``env+confinement``): a summary line and a log each. The
+    confinement probe on the CPU: every host (unconfined, each layer alone, all) names its
+    threads, makes a memory file and computes; CUDA is unavailable here, which fails
+    nothing with ``--device cpu``; the host confined by all layers refuses what it must."""
+    done = _run(tmp_path, "--device", "cpu", "--tiny", "--steps", "env+confinement", "--budget",
+                "280", "--cap", "env=120", "--cap", "confinement=270")  # (a shared CPU: slow)  # fmt: skip
+    out = tmp_path / "out"
+    summary = (out / "summary.txt").read_text()
+    assert done.returncode == 0, summary + done.stdout
+    assert summary.startswith("env: ok") and "\nconfinement (beside env): ok" in summary
+    assert _returned(out) == ["logs.tar", "summary.txt"]
+    logs = _logs(out)
+    assert "PyTorch's defaults" in logs["env.log"]
+    lines = {line.split()[0]: line for line in logs["confinement.log"].splitlines()[1:]}
+    assert sorted(lines) == sorted(["unconfined", *confinement.LAYERS, "all"])
+    abi = confinement.landlock_abi()
+    for variant, line in lines.items():
+        if line.split()[1] == "skip":  # a kernel without what the layer needs
+            assert variant.startswith("landlock") or variant == "all"
+            assert abi < (4 if variant == "landlock-net" else confinement.MINIMUM_ABI)
+            continue
+        assert line.split()[1] == "ok", line
+        for part in ("thread names: ok", "memfd: ok", "cpu: ok", "cuInit: "):
+            assert part in line, line
+        assert ("refused: ok" in line) == (variant == "all"), line
 
 
 @FASHION

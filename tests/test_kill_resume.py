@@ -44,6 +44,10 @@ settings = [{ sigma = 0.5, steps = 8, beta = 0.05 }]
 """
 
 INPUTS = 8  # test_count above
+ENTROPY = "47ab"
+"""The checks' entropy (``run --entropy``), the same for the reference and the killed run:
+their verdicts are compared, and with fresh entropy each would flag a sound row 1 time in
+1,000, as the checks promise."""
 
 CERTIFICATES = (
     "SELECT method, setting, input_id, shard, label, prediction, predict, radius, p_lower, sigma,"
@@ -65,7 +69,8 @@ def _query(db: Path, sql: str) -> list[tuple]:
 
 
 def _command(spec: Path, db: Path) -> list[str]:
-    return [sys.executable, "-m", "harness.cli.main", "run", str(spec), "--db", str(db)]
+    return [sys.executable, "-m", "harness.cli.main", "run", str(spec), "--db", str(db),
+            "--entropy", ENTROPY]  # fmt: skip
 
 
 def _env(cache: Path) -> dict[str, str]:
@@ -134,4 +139,6 @@ def test_sigkill_at_random_points_then_resume_equals_an_uninterrupted_run(tmp_pa
     assert _query(killed_db, STATE) == state, context
     assert len(_query(reference_db, CHECKS)) >= 2
     assert _query(killed_db, CHECKS) == _query(reference_db, CHECKS), context
+    recorded = _query(killed_db, "SELECT DISTINCT json_extract(evidence, '$.entropy') FROM checks")
+    assert recorded == [(f"{int(ENTROPY, 16):032x}",)]
     assert len(_query(killed_db, "SELECT 1 FROM runs WHERE finished IS NOT NULL")) == 1

@@ -27,7 +27,7 @@ import os
 
 from harness import Constant, MethodSpec, SigmaProviderSpec, hookimpl
 
-IDRS_BENCH_CONTRACT = 3
+IDRS_BENCH_CONTRACT = 4
 IMPORTED_IN = f"imported in process {os.getpid()}"
 
 
@@ -114,12 +114,12 @@ def test_a_truncated_stream_is_an_error_and_an_empty_one_its_end():
 def test_a_plugin_of_another_contract_is_refused_with_one_message(
     install_plugin, declaration, said
 ):
-    install_plugin("idrs_test_old", HALF.replace("IDRS_BENCH_CONTRACT = 3", declaration))
+    install_plugin("idrs_test_old", HALF.replace("IDRS_BENCH_CONTRACT = 4", declaration))
     manager = PluginManager()
     [failure] = [f for f in manager.failures if f.plugin == "idrs_test_old"]
     assert said in failure.error
     assert f"implements plugin contract {CONTRACT}" in failure.error
-    assert "Porting a plugin to contract 3" in failure.error
+    assert "Porting a plugin to contract 4" in failure.error
     assert "cohen-half" not in manager.registry.names("methods")
     assert "cohen" in manager.registry.names("methods")  # the rest keeps working
 
@@ -373,3 +373,73 @@ def _alive(pid: int) -> bool:
             return stat.read().split(") ")[-1][0] != "Z"
     except FileNotFoundError:
         return False
+
+
+BROKEN_DEVICE = """
+import torch
+from harness import Constant, MethodSpec, SigmaProviderSpec, hookimpl
+
+IDRS_BENCH_CONTRACT = 3
+FAILED = []
+
+
+class Plain:
+    def __init__(self, sigma):
+        self.sigma, self.regularity = sigma, Constant(sigma)
+
+    def __call__(self, x):
+        return torch.full((len(x),), self.sigma)
+
+
+def to(self, *args, **kwargs):  # as torch's CUDA initialization failing in a confined host
+    FAILED.append(1)
+    raise RuntimeError(f"Unexpected error from cudaGetDeviceCount(): Error 304 (time {len(FAILED)})")
+
+
+torch.nn.Module.to = to  # (in its own host only)
+
+
+@hookimpl
+def idrs_register_sigma_providers(register):
+    register(SigmaProviderSpec("plain", lambda context, params: Plain(params["sigma"])))
+
+
+@hookimpl
+def idrs_register_methods(register):
+    register(MethodSpec("first", "plain", "cohen", {"sigma": 0.25}))
+    register(MethodSpec("second", "plain", "cohen", {"sigma": 0.5}))
+"""
+
+
+def test_a_failed_build_in_a_host_fails_each_row_with_the_plugins_own_error(
+    install_plugin, tmp_path
+):
+    """A host whose build context fails (as when CUDA cannot initialize there) never keeps
+    the base model it was sent: the next row's build sends it again and fails with the
+    plugin's own error, naming the distribution, not with a KeyError about a model the host
+    never had."""
+    import sqlite3
+
+    from harness.running.benchmark import parse_benchmark
+    from harness.running.preparation import RunOptions
+    from harness.running.runner import run_benchmark
+
+    install_plugin("idrs_test_broken_device", BROKEN_DEVICE, distribution="idrs-test-broken")
+    raw = {"name": "broken", "seed": 0, "dataset": {"name": "ball-2", "test_count": 4},
+           "model": {"architecture": "ball-N", "trainer": "none"},
+           "certification": {"n0": 32, "n": 200, "batch_size": 1024},
+           "methods": [{"name": "first", "settings": [{}]}, {"name": "second", "settings": [{}]},
+                       {"name": "cohen", "settings": [{"sigma": 0.25}]}]}  # fmt: skip
+    db = tmp_path / "runs.sqlite"
+    run_benchmark(parse_benchmark(raw), RunOptions(db=db), Progress(enabled=False),
+                  PluginManager())  # fmt: skip
+    with sqlite3.connect(db) as con:
+        failures = dict(con.execute("SELECT method, error FROM failures").fetchall())
+        certified = {m for (m,) in con.execute("SELECT DISTINCT method FROM certificates")}
+    assert sorted(failures) == ["first", "second"] and certified == {"cohen"}  # the rest goes on
+    for method, error in failures.items():
+        first_line = error.splitlines()[0]
+        assert first_line.startswith("IdrsError: RuntimeError: Unexpected error from "
+                                     "cudaGetDeviceCount(): Error 304"), (method, error)  # fmt: skip
+        assert "(in the plugin host of idrs-test-broken: " in first_line
+        assert "KeyError" not in error

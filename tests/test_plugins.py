@@ -153,7 +153,8 @@ def test_without_the_builtin_entry_points_the_failure_says_how_to_install(monkey
     _fake_entry_points(monkeypatch, [], builtins=False)
     manager = PluginManager()
     [failure] = manager.failures
-    assert failure.plugin == "idrs-bench" and "pip install -e ." in failure.error
+    assert failure.plugin == "idrs-bench" and "README.md's first command" in failure.error
+    assert "python3 -m venv .venv && .venv/bin/python -m pip install -e ." in failure.error
     assert manager.registry.names("methods") == []
 
 

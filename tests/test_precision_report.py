@@ -76,8 +76,9 @@ def test_report_counts_what_differs_between_the_two_runs(tmp_path, monkeypatch):
     from harness.running.benchmark import load_benchmark
     from harness.running.preparation import prepare
 
-    context = prepare(load_benchmark(spec), options, Progress(enabled=False)).context
-    x = context.dataset.test_x.to(context.device)
+    prepared = prepare(load_benchmark(spec), options, Progress(enabled=False))
+    context = prepared.context
+    x = prepared.dataset.test_x.to(context.device)
     bf16 = PrecisionModel(context.model, "bf16", False)
     with torch.no_grad():
         differ = int((context.model(x).argmax(1) != bf16(x).argmax(1)).sum())

@@ -3,6 +3,8 @@ as the local executor row for row for every built-in method, a worker SIGKILLed 
 a shard, and the driver SIGKILLed and resumed."""
 
 import os
+import re
+import shlex
 import signal
 import sqlite3
 import subprocess
@@ -248,7 +250,9 @@ def test_driver_killed_then_resumed_with_a_worker_killed_mid_shard_equals_an_uni
 
 def test_without_ray_the_error_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)
-    with pytest.raises(IdrsError, match=r'pip install "idrs-bench\[ray\]"'):
+    # pip of the interpreter running idrs-bench, not whichever comes first on PATH
+    install = f'{shlex.quote(sys.executable)} -m pip install "idrs-bench[ray]"'
+    with pytest.raises(IdrsError, match=re.escape(install)):
         import_ray()
 
 

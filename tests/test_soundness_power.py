@@ -25,6 +25,7 @@ from harness.audit.coverage import check_coverage
 from harness.audit.detection_power import SOUND_METHODS, flags_per_check
 from harness.audit.session import audits
 from harness.engine.sampling import SamplingEngine
+from harness.foundation.errors import ContractError
 from harness.foundation.progress import Progress
 from harness.foundation.verdict import Verdict
 from harness.mathematics.calibration import calibration_pvalues, detectable_rate, pit_score
@@ -38,6 +39,10 @@ from plugins.lipschitz.normalization import NormalizedModel
 
 TINY = Budget("tiny", coverage_trials=80, coverage_n=100, pairs=2, ascent_steps=2,
               audited_inputs=8, attack_steps=3, attack_samples=16, orders=2)  # fmt: skip
+ENTROPY = 0x5EED
+"""The audits' entropy: fixed, so that the verdicts of a statistical check do not vary from
+run to run of the suite (its false-alarm and power figures are measured by
+tests.rigged_methods, each audit with fresh entropy)."""
 
 
 def _naive_plugin():
@@ -70,10 +75,8 @@ def test_s1_flags_cohen_at_an_input_dependent_sigma_in_the_runs_dimension(tmp_pa
     quiet = Progress(enabled=False)
     run_id = run_benchmark(parse_benchmark(raw), RunOptions(db=db), quiet, manager)
     verdicts = {}
-    # a fixed audit: the verdicts of a statistical check do not vary from run to run of
-    # the suite (its false-alarm and power figures are measured by tests.rigged_methods)
     for audit in audits(ResultStore(db), run_id, RunOptions(db=db), quiet, manager, budget=TINY,
-                        entropy=0x5EED):  # fmt: skip
+                        entropy=ENTROPY):  # fmt: skip
         result = check_coverage(audit)
         assert result.evidence["dimension"] == 784
         verdicts[audit.method.name] = (result.verdict, result.summary)
@@ -92,9 +95,10 @@ def test_every_rigged_method_is_caught_on_ball2_and_no_sound_method_flagged(
                     audited_inputs=8, attack_steps=4, attack_samples=32, orders=2)  # fmt: skip
     common = {"name": "ball-2", "test_count": 30}
     caught = flags_per_check({m: {} for m in rigged_methods.METHODS}, [0], budget, manager,
-                             tmp_path, **common)  # fmt: skip
+                             tmp_path, entropy=ENTROPY, **common)  # fmt: skip
     caught |= flags_per_check({"cohen": {"sigma": 0.25}}, [0], budget, manager, tmp_path,
-                              around=rigged_methods.engine_patched, label="engine-patch", **common)  # fmt: skip
+                              around=rigged_methods.engine_patched, label="engine-patch",
+                              entropy=ENTROPY, **common)  # fmt: skip
     missed = [m for m, row in caught.items() if row["any"] != 1]
     assert missed == [], caught
     assert set(caught) == {*rigged_methods.METHODS, "engine-patch"}
@@ -102,7 +106,7 @@ def test_every_rigged_method_is_caught_on_ball2_and_no_sound_method_flagged(
     for method in ("padded-formula", "honest-when-rebuilt", "engine-patch"):
         assert caught[method]["evidence"] == 0 and caught[method]["coverage"] == 1, caught
     sound = {m: s for m, s in SOUND_METHODS.items() if m != "lipschitz-sigma-net"}
-    alarms = flags_per_check(sound, [100], budget, manager, tmp_path, **common)
+    alarms = flags_per_check(sound, [100], budget, manager, tmp_path, entropy=ENTROPY, **common)
     assert all(row["any"] == 0 for row in alarms.values()), alarms
 
 
@@ -178,7 +182,7 @@ def test_s1_and_s4_run_on_cuda(tmp_path, manager):
     options = RunOptions(db=db, device="cuda")
     quiet = Progress(enabled=False)
     run_id = run_benchmark(parse_benchmark(raw), options, quiet, manager)
-    results = run_checks(db, run_id, options, quiet, manager, budget=TINY)
+    results = run_checks(db, run_id, options, quiet, manager, budget=TINY, entropy=ENTROPY)
     for key, checks in results.items():
         mine = {r.check: r for r in checks if r.check in ("coverage", "counterexamples")}
         assert {c: r.verdict for c, r in mine.items()} == {
@@ -239,11 +243,19 @@ def _probe_plugin(seen: list):
         def __call__(self, x):
             return torch.full((len(x),), 0.25, dtype=torch.float64, device=x.device)
 
+    def withheld(dataset) -> bool:
+        try:
+            _ = dataset.test_y
+        except ContractError as exc:
+            return "test_y is withheld from plugins" in str(exc)
+        return False
+
     def build(context, params):
         seen.append({"recipe_hash": context.recipe_hash, "dataset": context.dataset.name,
                      "shape": context.dataset.input_shape, "classes": context.dataset.num_classes,
-                     "test_points": len(context.dataset.test_x), "seed": context.seed,
-                     "n": context.protocol.n, "artifacts": context.artifact_dir("probe")})  # fmt: skip
+                     "train_points": len(context.dataset.train_x), "seed": context.seed,
+                     "withheld": withheld(context.dataset), "n": context.protocol.n,
+                     "artifacts": context.artifact_dir("probe")})  # fmt: skip
         return Probe()
 
     @hookimpl
@@ -275,7 +287,8 @@ def test_s1_rebuilds_the_method_in_a_context_like_the_runs(tmp_path, manager):
     run_id = run_benchmark(parse_benchmark(raw), RunOptions(db=db), quiet, manager)
     budget = Budget("probe", coverage_trials=16, coverage_n=100, pairs=2, ascent_steps=2,
                     audited_inputs=4, attack_steps=2, attack_samples=16, orders=2)  # fmt: skip
-    [audit] = audits(ResultStore(db), run_id, RunOptions(db=db), quiet, manager, budget=budget)
+    [audit] = audits(ResultStore(db), run_id, RunOptions(db=db), quiet, manager, budget=budget,
+                     entropy=ENTROPY)  # fmt: skip
     result = check_coverage(audit)
     assert result.verdict == Verdict.SOUND, result.summary
     run, rebuilt = seen[0], seen[2:]  # the run's build, the audit's, then S1's
@@ -283,8 +296,9 @@ def test_s1_rebuilds_the_method_in_a_context_like_the_runs(tmp_path, manager):
     for ctx in rebuilt:
         assert ctx["recipe_hash"] is not None and ctx["recipe_hash"] != run["recipe_hash"]
         assert len(ctx["recipe_hash"]) == len(run["recipe_hash"]) == 64
-        same = ("dataset", "shape", "classes", "test_points", "seed")
+        same = ("dataset", "shape", "classes", "train_points", "seed", "withheld")
         assert {k: ctx[k] for k in same} == {k: run[k] for k in same}
+        assert ctx["withheld"]  # the rebuilt method, as the run's, never sees the test split
         assert ctx["n"] == 100  # min(run's n, budget.coverage_n)
         assert ctx["artifacts"] is not None and not ctx["artifacts"].exists()  # removed after S1
         assert ctx["artifacts"].parents[2] != run["artifacts"].parents[2]  # not the cache
@@ -313,7 +327,7 @@ def test_s1_calibration_catches_a_plugin_that_patches_the_engine(tmp_path, manag
         with around:
             run_id = run_benchmark(parse_benchmark(raw), RunOptions(db=db), quiet, manager)
             [audit] = audits(ResultStore(db), run_id, RunOptions(db=db), quiet, manager,
-                             budget=budget)  # fmt: skip
+                             budget=budget, entropy=ENTROPY)  # fmt: skip
             result = check_coverage(audit)
         calibration = result.evidence["calibration"]
         if patched:
@@ -338,11 +352,13 @@ def test_every_rigged_method_is_caught_on_fashion_mnist_at_the_default_budget(
     budget = BUDGETS["small"]
     common = {"name": "fashion-mnist"}
     caught = flags_per_check({m: {} for m in rigged_methods.METHODS}, [0], budget, manager,
-                             tmp_path, **common)  # fmt: skip
+                             tmp_path, entropy=ENTROPY, **common)  # fmt: skip
     caught |= flags_per_check({"cohen": {"sigma": 0.25}}, [0], budget, manager, tmp_path,
-                              around=rigged_methods.engine_patched, label="engine-patch", **common)  # fmt: skip
+                              around=rigged_methods.engine_patched, label="engine-patch",
+                              entropy=ENTROPY, **common)  # fmt: skip
     assert [m for m, row in caught.items() if row["any"] != 1] == [], caught
-    alarms = flags_per_check(SOUND_METHODS, [100], budget, manager, tmp_path, **common)
+    alarms = flags_per_check(SOUND_METHODS, [100], budget, manager, tmp_path, entropy=ENTROPY,
+                             **common)  # fmt: skip
     assert all(row["any"] == 0 for row in alarms.values()), alarms
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from harness.plugin.components import DatasetSpec, ModelSpec, TrainerSpec
 from harness.plugin.hookspecs import hookimpl
 
-IDRS_BENCH_CONTRACT = 3
+IDRS_BENCH_CONTRACT = 4
 """The plugin contract this plugin is written against (docs/plugins.md)."""
 
 

@@ -19,7 +19,7 @@ from harness.engine.batchsize import auto_batch_size
 from harness.engine.exact import ExactSampling
 from harness.engine.precision import prepare_model
 from harness.engine.sampling import SamplingEngine
-from harness.foundation.data import Dataset
+from harness.foundation.data import TrainingSplit
 from harness.foundation.errors import IdrsError
 from harness.foundation.protocol import CertificationProtocol
 from harness.plugin.components import BuildContext, Certifier, MethodSpec, RunMemo, SigmaProvider
@@ -178,7 +178,7 @@ class Audit:
                               self.seed(purpose), noise=engine.noise)  # fmt: skip
 
     def rebuild(
-        self, dataset: Dataset, model: torch.nn.Module, protocol: CertificationProtocol,
+        self, dataset: TrainingSplit, model: torch.nn.Module, protocol: CertificationProtocol,
         artifact_root: Path | None = None, memos: RunMemo | None = None,
     ):  # fmt: skip
         """The same method and setting on another dataset and base model (for S1).

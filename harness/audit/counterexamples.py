@@ -45,7 +45,7 @@ from harness.audit.ball_attacks import (
     sigma_in_ball,
 )
 from harness.certification.certify import checked_sigma, sigma_smoothing
-from harness.foundation.certificate import ABSTAIN
+from harness.foundation.certificate import ABSTAIN, unlabelled
 from harness.foundation.verdict import P_THRESHOLD, CheckResult, Verdict
 from harness.mathematics.stats import (
     false_certificates_pvalue,
@@ -127,7 +127,7 @@ def check_counterexamples(audit: Audit) -> CheckResult:
     elif isinstance(model, BallClassifier):
         flips = []
         memory = audit.certifier.order_dependent
-        ball_sigma = audit.certifier.ball_sigmas(certs) if memory else None
+        ball_sigma = audit.certifier.ball_sigmas(unlabelled(certs)) if memory else None
         flip_at = _smoothed_flip(audit, gen, len(certs))
         for c, x in zip(certs, audit.inputs, strict=True):
             if c["prediction"] != ABSTAIN and c["radius"] > 0:

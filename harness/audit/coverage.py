@@ -2,8 +2,9 @@
 
 The method (its σ-provider and certifier) is rebuilt on an analytic base model in a
 context made like a run's (:meth:`~harness.audit.audit.Audit.rebuild`): the
-benchmark's dataset (its name, input shape, number of classes K and inputs, labelled by
-the analytic model, so that a kNN σ or a fitted σ-network behaves as on the benchmark),
+benchmark's training split and description (its name, input shape, number of classes K
+and training inputs, labelled by the analytic model, so that a kNN σ or a fitted
+σ-network behaves as on the benchmark; the test split withheld, as in the run),
 a recipe hash (the analytic model's content hash; its artifacts go to a temporary
 folder), the run's seed and protocol at n = min(run's n, ``budget.coverage_n``) in
 fp32. Its trial inputs are the run's own certified inputs (with their input ids), chosen
@@ -90,7 +91,7 @@ from harness.certification.certify import (
     sigma_smoothing,
 )
 from harness.foundation.certificate import ABSTAIN, Certificate
-from harness.foundation.data import Dataset
+from harness.foundation.data import TrainingSplit
 from harness.foundation.protocol import CertificationProtocol
 from harness.foundation.verdict import P_THRESHOLD, CheckResult, Verdict
 from harness.mathematics.calibration import (
@@ -139,16 +140,14 @@ class _Outcome:
                 "example": self.example, "inputs": self.inputs, "classes": self.classes}  # fmt: skip
 
 
-def _labelled(audit: Audit, model: torch.nn.Module) -> Dataset:
-    """The benchmark's dataset (name, inputs, shapes, K, files) labelled by ``model``."""
+def _labelled(audit: Audit, model: torch.nn.Module) -> TrainingSplit:
+    """The benchmark's training split and description (name, inputs, shapes, K, files), the
+    inputs labelled by ``model``: what the rebuilt method sees (the test split withheld,
+    as in the run)."""
     data, device = audit.context.dataset, audit.context.device
-
-    def labels(x: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            parts = [model(chunk.to(device)).argmax(1).cpu() for chunk in x.split(8192)]
-        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
-
-    return replace(data, train_y=labels(data.train_x), test_y=labels(data.test_x))
+    with torch.no_grad():
+        parts = [model(chunk.to(device)).argmax(1).cpu() for chunk in data.train_x.split(8192)]
+    return replace(data, train_y=torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long))
 
 
 def _secret(audit: Audit, context, purpose: str):

@@ -103,13 +103,14 @@ def flags_per_check(
     manager: PluginManager, workdir: Path, name: str = "ball-2", test_count: int | None = None,
     n: int = N, around: Callable[[], contextlib.AbstractContextManager] | None = None,
     label: str | None = None, epochs: int = 10, data_root: str | None = None,
-    progress: Progress | None = None, sampling: str = "fixed",
+    progress: Progress | None = None, sampling: str = "fixed", entropy: int | None = None,
 ) -> dict[str, dict[str, int]]:  # fmt: skip
     """For each method, how many seeds each check flagged (and ``any``: any check).
 
     ``around`` (e.g. a plugin that patches the engine) is entered for each seed's run and
     checks; ``label`` names the row when one method is run (default: its name);
-    ``progress`` reports the seeds done."""
+    ``progress`` reports the seeds done. Every row is audited with fresh entropy, as
+    ``idrs-bench check`` audits it, unless ``entropy`` fixes it (a test's verdicts)."""
     counts: dict[str, dict[str, int]] = {}
     quiet = Progress(enabled=False)
     what = f"{name}: {label or ', '.join(methods)}"
@@ -121,7 +122,7 @@ def flags_per_check(
             with around() if around else contextlib.nullcontext():
                 run_id = run_benchmark(spec, options, quiet, manager)
                 results = run_checks(db, run_id, options, quiet, manager, budget=budget,
-                                     attack=False)  # fmt: skip
+                                     entropy=entropy, attack=False)  # fmt: skip
             for (method, _), checks in results.items():
                 row = counts.setdefault(label or method, {"any": 0})
                 for r in checks:

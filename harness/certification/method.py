@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from harness.engine.draws import SigmaSmoothing
+from harness.foundation.data import PORTING
 from harness.foundation.errors import IdrsError
 from harness.foundation.runstate import RunState, StateRecord
 from harness.plugin.components import (
@@ -18,12 +19,9 @@ from harness.plugin.components import (
     MethodSpec,
     OrderDependentCertifier,
     SigmaProvider,
+    missing_members,
 )
 from harness.plugin.registry import Registry
-
-_SIGMA_ATTRIBUTES = ("regularity",)
-_CERTIFIER_ATTRIBUTES = ("smoothing", "order_dependent", "radius_formula", "certify")
-_MEMORY_ATTRIBUTES = ("ball_sigmas", "order_spread")
 
 
 def build_method(
@@ -36,20 +34,22 @@ def build_method(
     if context.method != method_name:  # what the components are built for (a plugin host reads it)
         context = replace(context, method=method_name)
     provider = registry.get("sigma_providers", method.sigma_provider).build(context, merged)
-    _require(provider, SigmaProvider, _SIGMA_ATTRIBUTES, f"σ-provider {method.sigma_provider!r}")
+    _require(provider, SigmaProvider, f"σ-provider {method.sigma_provider!r}")
     smoothing = getattr(provider, "smoothing", None)
     if isinstance(smoothing, SigmaSmoothing) and isinstance(smoothing.model, torch.nn.Module):
         smoothing.model.to(context.device)  # the harness draws it where the run draws
     certifier = registry.get("certifiers", method.certifier).build(context, merged, provider)
-    _require(certifier, Certifier, _CERTIFIER_ATTRIBUTES, f"certifier {method.certifier!r}")
+    _require(certifier, Certifier, f"certifier {method.certifier!r}")
     if certifier.smoothing not in ("hard", "soft"):
         raise IdrsError(
             f"certifier {method.certifier!r} declares smoothing = {certifier.smoothing!r}; "
             "use 'hard' or 'soft'"
         )
     if certifier.order_dependent:
-        _require(certifier, OrderDependentCertifier, _MEMORY_ATTRIBUTES,
-                 f"order-dependent certifier {method.certifier!r}")  # fmt: skip
+        _require(certifier, OrderDependentCertifier,
+                 f"order-dependent certifier {method.certifier!r}",
+                 "; contract 4 replaced order_spread (which saw the labels) by order_replays: "
+                 f"{PORTING}" if hasattr(certifier, "order_spread") else "")  # fmt: skip
     return provider, certifier
 
 
@@ -95,11 +95,12 @@ def check_sampling(
         raise IdrsError(why)
 
 
-def _require(obj: Any, protocol: type, attributes: tuple[str, ...], what: str) -> None:
-    if isinstance(obj, protocol):
-        return
-    missing = [a for a in attributes if not hasattr(obj, a)]
-    raise IdrsError(
-        f"{what} lacks the declared attribute(s) {', '.join(missing) or '?'} of "
-        f"harness.plugin.components.{protocol.__name__}; see docs/plugins.md"
-    )
+def _require(obj: Any, protocol: type, what: str, hint: str = "") -> None:
+    """Refuse ``obj`` naming each member of ``protocol`` it lacks
+    (:func:`~harness.plugin.components.missing_members`: the same on every Python)."""
+    missing = missing_members(obj, protocol)
+    if missing:
+        raise IdrsError(
+            f"{what} lacks the declared member(s) {', '.join(missing)} of "
+            f"harness.plugin.components.{protocol.__name__}{hint or '; see docs/plugins.md'}"
+        )

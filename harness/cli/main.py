@@ -159,6 +159,11 @@ def _parser() -> argparse.ArgumentParser:
         help="print the wall time of every stage at the end, and what each row's checks cost "
              "(seconds, σ queries, samples drawn) beside its certification",
     )  # fmt: skip
+    run.add_argument(
+        "--entropy", metavar="HEX",
+        help="audit every row from this entropy (hex) instead of fresh entropy: a reproducible "
+        "audit (as the tests make), which a plugin that knows it can foresee",
+    )  # fmt: skip
     add_unconfined_option(run)
     run.set_defaults(handler=_run)
 
@@ -276,6 +281,8 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.executor != "ray" and (args.address is not None or args.workers is not None):
         raise IdrsError("--address and --workers apply to --executor ray only; add it")
+    if args.no_check and args.entropy is not None:
+        raise IdrsError("--entropy is the checks' entropy; leave out --no-check, or --entropy")
     spec = load_benchmark(args.spec or DEFAULT_BENCHMARK, args.set)
     # every name and parameter, before torch and before third-party plugins are imported
     manager = PluginManager()  # this command's: passed to the run and to the checks
@@ -291,10 +298,12 @@ def _run_checked(
     args: argparse.Namespace, spec, manager: PluginManager, requested: int | None
 ) -> int:
     """``run`` once its benchmark and options are checked."""
+    from harness.audit.audit import parse_entropy
     from harness.foundation.progress import Progress
     from harness.running.preparation import RunOptions
     from harness.running.runner import run_benchmark
 
+    entropy = parse_entropy(args.entropy)
     if args.device is not None and args.device.startswith("cuda"):
         import torch
 
@@ -329,7 +338,7 @@ def _run_checked(
         with exclusive(args.db, run_id, "the soundness checks", progress.note) as ours:
             if ours:
                 run_checks(args.db, run_id, options, progress, manager, budget="small",
-                           workers=None)  # fmt: skip
+                           entropy=entropy, workers=None)  # fmt: skip
     rows = print_results(args.db, run_id, as_json=False, compact=True)
     if not args.no_check:
         from harness.audit.audit import BUDGETS

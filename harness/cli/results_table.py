@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -196,14 +197,28 @@ def print_next_steps(db: Path, run_id: str, name: str, rows: list[dict[str, Any]
     short = run_id[:12]
     db_arg = "" if db == DEFAULT_DB else f" --db {shlex.quote(str(db))}"
     board = shlex.quote(f"leaderboards/{name}.md")
+    program = typed_program()
     lines = [
         f"results: {db}, run {short}: {verdicts or 'no rows'}",
-        f"next: idrs-bench results {short}{db_arg}   (every metric and check)",
-        f"      idrs-bench leaderboard {short}{db_arg} --out {board}",
+        f"next: {program} results {short}{db_arg}   (every metric and check)",
+        f"      {program} leaderboard {short}{db_arg} --out {board}",
     ]
     console = terminal(RUN_WIDTH)
     for line in lines:
         console.print(escape(line), highlight=False, soft_wrap=True)
+
+
+def typed_program() -> str:
+    """How to type this command again: ``idrs-bench`` when that name on PATH is the
+    script this process runs, else the script's path as it was started (e.g.
+    ``.venv/bin/idrs-bench`` from a virtual environment that is not activated)."""
+    started = Path(sys.argv[0])
+    if started.name != "idrs-bench":  # python -m harness.cli.main, the API, tests
+        return "idrs-bench"
+    on_path = shutil.which("idrs-bench")
+    if on_path is not None and Path(on_path).resolve() == started.resolve():
+        return "idrs-bench"
+    return shlex.quote(sys.argv[0])
 
 
 RUN_WIDTH = 100

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,3 +39,10 @@ class Certificate:
     @property
     def abstained(self) -> bool:
         return self.prediction == ABSTAIN
+
+
+def unlabelled(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Stored certificate rows without their test labels: how they reach plugin code (a
+    radius formula, a memory's balls and replays). The harness alone scores with the labels
+    (docs/plugins.md, "What a plugin sees of the dataset")."""
+    return [{k: v for k, v in row.items() if k != "label"} for row in rows]

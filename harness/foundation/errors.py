@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import shlex
+import sys
 
 _TERMINAL_CODES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -10,6 +12,14 @@ _TERMINAL_CODES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 def plain(text: str) -> str:
     """``text`` without terminal escape codes (a library's bold or colour)."""
     return _TERMINAL_CODES.sub("", text)
+
+
+def pip_command(arguments: str) -> str:
+    """``pip ARGUMENTS`` as an error message tells the user to type it: run by the
+    interpreter running idrs-bench (``sys.executable -m pip``), so that it changes the
+    environment idrs-bench runs in, a virtual environment activated or not (README.md,
+    "Two commands"), never whichever ``pip`` comes first on PATH."""
+    return f"{shlex.quote(sys.executable)} -m pip {arguments}"
 
 
 class IdrsError(Exception):

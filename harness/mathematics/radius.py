@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.foundation.certificate import ABSTAIN
+from harness.foundation.certificate import ABSTAIN, unlabelled
 from harness.foundation.errors import IdrsError
 from harness.foundation.protocol import CertificationProtocol
 from harness.foundation.regularity import Constant, Regularity, SemiElastic
@@ -78,9 +78,10 @@ class RadiusFormula:
         protocol: CertificationProtocol,
         regularity: Regularity,
     ) -> Recomputed:
-        """Re-derive ``rows`` (stored certificates; ``inputs`` in the same order)."""
+        """Re-derive ``rows`` (stored certificates; ``inputs`` in the same order); the
+        formula sees them without their labels."""
         extra = {} if self.inner is None else {"inner": self.inner}
-        return self.recompute(rows, inputs, protocol, regularity, **extra)
+        return self.recompute(unlabelled(rows), inputs, protocol, regularity, **extra)
 
     def impure_parts(self) -> list[str]:
         """Names of the functions of this formula (and its inner ones) that are not pure."""

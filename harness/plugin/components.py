@@ -10,18 +10,20 @@ each; a context carries it, so a factory can resolve other components by name.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
+from harness.foundation.data import Dataset, TrainingSplit
+
 if TYPE_CHECKING:
     import torch
 
     from harness.engine.draws import Claim, Evidence
     from harness.engine.sampling import SamplingEngine
-    from harness.foundation.data import Dataset
     from harness.foundation.progress import Progress
     from harness.foundation.protocol import CertificationProtocol
     from harness.foundation.regularity import Regularity
@@ -96,17 +98,58 @@ class OrderDependentCertifier(Certifier, Protocol):
 
     - ``ball_sigmas(rows)``: the σ that is constant inside each certified ball, by input id
       (S1 and S4 judge each ball against the smoothed classifier at that σ).
-    - ``order_spread(certificates, inputs, orders, radii, seed)``: the certificates
-      replayed over ``orders`` random input orders (Súkeník et al. 2022, App. C.2), as
-      :func:`plugins.alfarra.order.replay_orders` returns them.
+    - ``order_replays(certificates, inputs, orders, seed)``: the certificates (without
+      their labels) replayed over ``orders`` random input orders (Súkeník et al. 2022,
+      App. C.2): ``{"input_id": [...], "orders": [{"prediction": [...], "radius": [...]},
+      ...], "recorded": {...} or None}`` (the run's own order), as
+      :func:`plugins.alfarra.order.replay_orders` returns them; the harness scores each
+      order with the labels (:func:`harness.audit.order.order_spread`).
     """
 
     def ball_sigmas(self, rows: Sequence[Mapping[str, Any]]) -> dict[int, float]: ...
 
-    def order_spread(
+    def order_replays(
         self, certificates: Sequence[Mapping[str, Any]], inputs: Mapping[int, torch.Tensor],
-        orders: int, radii: Sequence[float], seed: int,
+        orders: int, seed: int,
     ) -> dict[str, Any]: ...  # fmt: skip
+
+
+def declared_members(protocol: type) -> tuple[str, ...]:
+    """The members a protocol of the contract declares, in order: what the class bodies of
+    ``protocol`` and the protocols it extends annotate (attributes) or define (methods,
+    properties, and special methods such as ``__call__``), not what ``typing`` and ``abc``
+    add to every protocol class (its private names and the special methods it sets)."""
+    names: dict[str, None] = {}
+    for cls in reversed(protocol.__mro__):
+        if cls in (object, Protocol) or cls.__module__ == "typing":
+            continue
+        for name in inspect.get_annotations(cls):
+            names[name] = None
+        for name, value in vars(cls).items():
+            special = name.startswith("__") and name.endswith("__")
+            written = inspect.isfunction(value) and value.__qualname__.startswith(
+                f"{cls.__qualname__}.")  # fmt: skip
+            if (special and written) or not name.startswith("_"):
+                names[name] = None
+    return tuple(names)
+
+
+def missing_members(obj: Any, protocol: type) -> list[str]:
+    """The members of :func:`declared_members` that ``obj`` lacks, by ordinary attribute
+    lookup (``hasattr``: instance attributes, class attributes, properties, ``__getattr__``),
+    a special method in its class or a base, where Python looks it up (``obj(x)`` calls
+    ``type(obj).__call__``). A component is accepted when this is empty, however it provides
+    its members and on every Python (``isinstance`` on a runtime-checkable protocol looks
+    members up statically since Python 3.12, missing those a ``__getattr__`` serves)."""
+    missing = []
+    for name in declared_members(protocol):
+        if name.startswith("__") and name.endswith("__"):
+            found = any(name in vars(cls) for cls in type(obj).__mro__)
+        else:
+            found = hasattr(obj, name)
+        if not found:
+            missing.append(name)
+    return missing
 
 
 @dataclass
@@ -124,12 +167,17 @@ class BuildContext:
     ``artifact_root`` where :meth:`artifact_dir` keeps files (None: the cache root; the
     soundness checks give a rebuilt method a temporary one).
 
+    ``dataset`` is the benchmark's :class:`~harness.foundation.data.TrainingSplit`: the
+    training split and the dataset's description, never the test split (a
+    :class:`~harness.foundation.data.Dataset` given here is reduced to it, so every context
+    the harness makes, the checks' included, withholds the test split).
+
     The runner gives each method and setting a copy (``dataclasses.replace``); the
     copies share ``memos``, the run's :class:`RunMemo` behind :meth:`memo`. A context
     on another base model (the checks' analytic models) gets a memo of its own.
     """
 
-    dataset: Dataset
+    dataset: TrainingSplit
     model: torch.nn.Module
     device: torch.device
     seed: int
@@ -144,6 +192,10 @@ class BuildContext:
     state: RunState | None = None
     artifact_root: Path | None = None
     memos: RunMemo = field(default_factory=lambda: RunMemo(), repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.dataset, Dataset):
+            self.dataset = self.dataset.training_split()
 
     @property
     def model_hash(self) -> str | None:
@@ -251,11 +303,13 @@ class CertifierSpec:
 class TrainerSpec:
     """``train(model, dataset, params, context)`` trains ``model`` in place.
 
-    ``defaults`` lists every parameter the trainer accepts with its default value.
+    ``dataset`` is a :class:`~harness.foundation.data.TrainingSplit` (the training split
+    and the dataset's description; the test split is withheld). ``defaults`` lists every
+    parameter the trainer accepts with its default value.
     """
 
     name: str
-    train: Callable[[torch.nn.Module, Dataset, Mapping[str, Any], TrainContext], None]
+    train: Callable[[torch.nn.Module, TrainingSplit, Mapping[str, Any], TrainContext], None]
     defaults: Mapping[str, Any] = field(default_factory=dict)
     description: str = ""
 

@@ -9,17 +9,19 @@ thread started earlier would stay outside), in three steps (docs/threat-model.md
    filesystem reads and executes only beneath :attr:`Grants.read` (the Python installation
    and every ``sys.path`` entry, the harness's packages, system libraries, the files the
    harness sends), writes only beneath :attr:`Grants.write` (a scratch directory the
-   harness creates and deletes, the plugin's own artifact directories) and the device
-   files of :attr:`Grants.devices`; no TCP bind or connect (ABI 4); signals and abstract
-   UNIX sockets scoped to the host's own domain (ABI 6); a Landlock-confined process cannot
-   ptrace, nor read or write the memory of (``/proc/<pid>/mem``), a process outside its
-   domain, the harness included. Rights a running kernel's ABI lacks are left out of the
-   ruleset (:func:`ruleset`); below :data:`MINIMUM_ABI` (no ``truncate(2)`` rule) the
-   harness refuses to start a third-party plugin confined (:func:`refusal`).
-2. **No capabilities**: the bounding, ambient, effective, permitted and inheritable sets
-   emptied (a root host keeps uid 0 but not ``CAP_DAC_READ_SEARCH``'s
-   ``open_by_handle_at(2)``, which bypasses path rules, nor any other privilege), after
-   ``PR_SET_NO_NEW_PRIVS`` (no set-uid or file capabilities through ``execve``).
+   harness creates and deletes, the plugin's own artifact directories), the device
+   files of :attr:`Grants.devices` and its own threads' files (:attr:`Grants.threads`:
+   the CUDA driver names its threads); no TCP bind or connect (ABI 4); signals and
+   abstract UNIX sockets scoped to the host's own domain (ABI 6); a Landlock-confined
+   process cannot ptrace, nor read or write the memory of (``/proc/<pid>/mem``), a process
+   outside its domain, the harness included. Rights a running kernel's ABI lacks are left
+   out of the ruleset (:func:`ruleset`); below :data:`MINIMUM_ABI` (no ``truncate(2)``
+   rule) the harness refuses to start a third-party plugin confined (:func:`refusal`).
+2. **No capabilities** (:mod:`harness.plugin.process_privileges`, as step 3): the
+   bounding, ambient, effective, permitted and inheritable sets emptied (a root host keeps
+   uid 0 but not ``CAP_DAC_READ_SEARCH``'s ``open_by_handle_at(2)``, which bypasses path
+   rules, nor any other privilege), after ``PR_SET_NO_NEW_PRIVS`` (no set-uid or file
+   capabilities through ``execve``).
 3. **seccomp**: ``socket(2)`` and ``io_uring_setup(2)`` fail with EPERM (Landlock has no
    rule for UDP nor for connecting to a named UNIX socket, e.g. a system bus through which
    root starts services, or a Ray node's; io_uring can open sockets without the system
@@ -27,26 +29,35 @@ thread started earlier would stay outside), in three steps (docs/threat-model.md
    set-gid bit (Landlock does not govern a file's metadata). ``socketpair(2)``
    stays (multiprocessing's pipes).
 
+The steps are the layers of :data:`LAYERS` (step 1 two of them); a host takes all of
+them, and only the diagnostic ``python -m harness.plugin.confinement_probe`` starts hosts
+with one alone, to say which layer a device driver's initialization needs something from.
+
 The system calls are made with :mod:`ctypes` (``landlock_create_ruleset`` 444,
 ``landlock_add_rule`` 445, ``landlock_restrict_self`` 446, the same on every
-architecture; ``prctl``, ``capset``): no dependency, and the ABI is small, versioned and
-stable. The Python bindings on PyPI are thin wrappers of the same calls, young (the
-``landlock`` package was at 1.0.0.dev5 in 2025) and not packaged by distributions.
+architecture): no dependency, and the ABI is small, versioned and stable. The Python
+bindings on PyPI are thin wrappers of the same calls, young (the ``landlock`` package was
+at 1.0.0.dev5 in 2025) and not packaged by distributions.
 """
 
 from __future__ import annotations
 
 import ctypes
-import errno
 import os
 import platform
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from harness.foundation.errors import IdrsError
+from harness.plugin.process_privileges import (
+    SECCOMP_MACHINES,
+    drop_capabilities,
+    install_seccomp,
+    no_new_privileges,
+)
 
 MINIMUM_ABI = 3
 """The lowest Landlock ABI a third-party plugin host is confined with: ABI 3 (Linux 6.2)
@@ -79,6 +90,20 @@ FILE_RIGHTS = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL
 """The rights a rule on a file (not a directory) may grant."""
 READ = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR
 DEVICE = FS_READ_FILE | FS_WRITE_FILE | FS_TRUNCATE | FS_IOCTL_DEV | FS_READ_DIR
+"""On a device file: open it for reading and writing, and its ``ioctl(2)`` commands (how a
+driver is spoken to; ABI 5); on a folder of device files (``/dev/nvidia-caps/``): list it,
+and the same on every device file beneath."""
+THREAD_NAMES = FS_WRITE_FILE | FS_TRUNCATE
+"""Beneath the host's own ``/proc/<pid>/task``: write a file there (reading is the
+``/proc`` rule's). ``pthread_setname_np(3)`` on another thread opens
+``/proc/self/task/<tid>/comm`` for reading and writing, and ``open(..., "w")`` truncates
+too (a procfs file has no length to cut); nothing can be made, removed or linked in
+procfs, so no other right applies there."""
+LAYERS = ("landlock-fs", "landlock-net", "capabilities", "seccomp")
+"""The confinement's layers: Landlock's filesystem rules (step 1's files, devices and
+threads, with its ptrace restriction); Landlock's TCP rules and its scoping of signals and
+abstract UNIX sockets (step 1's rest); the emptied capability sets (step 2); the seccomp
+filter (step 3)."""
 
 
 class _RulesetAttr(ctypes.Structure):
@@ -193,12 +218,14 @@ def description(abi: int) -> str:
 @dataclass(frozen=True)
 class Grants:
     """What a confined host may reach: ``read`` (read and execute beneath each path),
-    ``write`` (everything beneath), ``devices`` (read, write and ioctl on each device
-    file). A path that does not exist is left out."""
+    ``write`` (everything beneath), ``devices`` (:data:`DEVICE` on each device file or
+    folder of them), ``threads`` (:data:`THREAD_NAMES` beneath each: :func:`confine` sets
+    it to the process's own ``/proc/<pid>/task``). A path that does not exist is left out."""
 
     read: tuple[str, ...] = ()
     write: tuple[str, ...] = ()
     devices: tuple[str, ...] = ()
+    threads: tuple[str, ...] = ()
 
     def to_message(self) -> dict[str, list[str]]:
         return {"read": list(self.read), "write": list(self.write), "devices": list(self.devices)}
@@ -219,31 +246,54 @@ class Ruleset:
     scoped: int
     rules: tuple[tuple[str, int], ...] = field(default=())
     """(path, rights) per rule, each within what its kind of file may be granted."""
+    pinned: tuple[str, ...] = ()
+    """The rules' paths that :func:`restrict` keeps open for the process's lifetime."""
 
 
-def ruleset(grants: Grants, abi: int, is_dir: Callable[[str], bool] = os.path.isdir) -> Ruleset:
+def ruleset(grants: Grants, abi: int, is_dir: Callable[[str], bool] = os.path.isdir,
+            layers: Iterable[str] = LAYERS) -> Ruleset:  # fmt: skip
     """The ruleset of ``grants`` on a kernel of Landlock ``abi`` (≥ 1): every filesystem
-    right the ABI knows is governed, TCP (ABI ≥ 4) with no port allowed, signals and
-    abstract sockets (ABI ≥ 6) scoped; each rule keeps the rights the ABI governs, and on a
-    file only those a file may be granted."""
+    right the ABI knows is governed (layer ``landlock-fs``), TCP (ABI ≥ 4) with no port
+    allowed and signals and abstract sockets (ABI ≥ 6) scoped (layer ``landlock-net``);
+    each rule keeps the rights the ABI governs, and on a file only those a file may be
+    granted. The rules of :attr:`Grants.threads` are pinned: procfs makes a process's
+    folders as they are looked up, and a rule holds the folder it was made on, so the
+    folder must stay (:func:`restrict`)."""
     if abi < 1:
         raise ValueError("a Landlock ruleset needs ABI >= 1")
-    handled_fs = FS_BY_ABI[max(a for a in FS_BY_ABI if a <= abi)]
-    handled_net = NET_BIND_TCP | NET_CONNECT_TCP if abi >= 4 else 0
-    scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0
+    layers = set(layers)
+    handled_fs = FS_BY_ABI[max(a for a in FS_BY_ABI if a <= abi)] if "landlock-fs" in layers else 0
+    net = "landlock-net" in layers
+    handled_net = NET_BIND_TCP | NET_CONNECT_TCP if abi >= 4 and net else 0
+    scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 and net else 0
     rules: dict[str, int] = {}
     for paths, rights in ((grants.read, READ), (grants.write, handled_fs),
-                          (grants.devices, DEVICE)):  # fmt: skip
-        for path in paths:
+                          (grants.devices, DEVICE), (grants.threads, THREAD_NAMES)):  # fmt: skip
+        for path in paths if handled_fs else ():
             allowed = rights & handled_fs
             if not is_dir(path):
                 allowed &= FILE_RIGHTS
             rules[path] = rules.get(path, 0) | allowed
-    return Ruleset(abi, handled_fs, handled_net, scoped, tuple(rules.items()))
+    pinned = tuple(p for p in grants.threads if p in rules)
+    return Ruleset(abi, handled_fs, handled_net, scoped, tuple(rules.items()), pinned)
+
+
+_PINNED: dict[str, int] = {}
+"""The folders of :attr:`Ruleset.pinned`, each held by an ``O_PATH`` descriptor for the
+process's lifetime."""
 
 
 def restrict(rules: Ruleset) -> None:
-    """Apply ``rules`` to this thread (and its future threads and children), for good."""
+    """Apply ``rules`` to this thread (and its future threads and children), for good.
+
+    A Landlock rule holds the inode of the folder it was made on. A procfs folder such as
+    ``/proc/<pid>/task`` is made when it is looked up and dropped with its dentry (memory
+    pressure, ``drop_caches``): looked up again, it is another inode, which no rule names.
+    The folders of :attr:`Ruleset.pinned` keep their ``O_PATH`` descriptor open, so their
+    dentry, and the inode the rule holds, stay for the process's lifetime."""
+    if not (rules.handled_fs or rules.handled_net or rules.scoped):
+        raise IdrsError(f"Landlock ABI {rules.abi} governs nothing of the layers asked for "
+                        "(TCP rules need ABI 4, scoping ABI 6)")  # fmt: skip
     attr = _RulesetAttr(rules.handled_fs, rules.handled_net, rules.scoped)
     fd = _syscall(_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)),
                   ctypes.c_uint32(0))  # fmt: skip
@@ -257,115 +307,17 @@ def restrict(rules: Ruleset) -> None:
                 beneath = _PathBeneathAttr(allowed, parent)
                 _syscall(_ADD_RULE, ctypes.c_int(fd), ctypes.c_int(_RULE_PATH_BENEATH),
                          ctypes.byref(beneath), ctypes.c_uint32(0))  # fmt: skip
-            finally:
+            except BaseException:
                 os.close(parent)
-        _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+                raise
+            if path in rules.pinned:
+                _PINNED[path] = parent
+            else:
+                os.close(parent)
+        no_new_privileges()
         _syscall(_RESTRICT_SELF, ctypes.c_int(fd), ctypes.c_uint32(0))
     finally:
         os.close(fd)
-
-
-# --- capabilities and seccomp ----------------------------------------------------------------
-
-_PR_CAPBSET_DROP, _PR_SET_SECCOMP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT = 24, 22, 38, 47
-_PR_CAP_AMBIENT_CLEAR_ALL, _SECCOMP_MODE_FILTER = 4, 2
-_CAPABILITY_VERSION_3 = 0x20080522
-
-
-def _prctl(option: int, arg: int = 0, pointer=None) -> None:
-    third = ctypes.c_ulong(0) if pointer is None else pointer
-    if _libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg), third, ctypes.c_ulong(0),
-                   ctypes.c_ulong(0)) != 0:  # fmt: skip
-        code = ctypes.get_errno()
-        raise OSError(code, os.strerror(code))
-
-
-def drop_capabilities() -> None:
-    """Empty this thread's capability sets (bounding first: it needs ``CAP_SETPCAP``)."""
-    last = int(Path("/proc/sys/kernel/cap_last_cap").read_text()) if Path(
-        "/proc/sys/kernel/cap_last_cap").exists() else 63  # fmt: skip
-    for cap in range(last + 1):
-        try:
-            _prctl(_PR_CAPBSET_DROP, cap)
-        except OSError as exc:
-            if exc.errno == errno.EINVAL:  # beyond this kernel's capabilities
-                break
-            if exc.errno != errno.EPERM:  # EPERM: not privileged, so nothing to drop
-                raise
-    _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL)
-    header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)
-    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable (two words each)
-    if _libc.capset(header, data) != 0:
-        code = ctypes.get_errno()
-        raise OSError(code, os.strerror(code))
-
-
-@dataclass(frozen=True)
-class _Arch:
-    audit: int
-    socket: int
-    chown: tuple[int, ...]
-    chmod_mode_arg1: tuple[int, ...]  # chmod(path, mode), fchmod(fd, mode)
-    chmod_mode_arg2: tuple[int, ...]  # fchmodat(dirfd, path, mode[, flags])
-    x32: bool = False
-
-
-_ARCHES = {
-    "x86_64": _Arch(0xC000003E, 41, (92, 93, 94, 260), (90, 91), (268, 452), x32=True),
-    "aarch64": _Arch(0xC00000B7, 198, (54, 55), (52,), (53, 452)),
-}
-_IO_URING_SETUP = 425  # the same on every architecture
-_SETUID_BITS = 0o6000
-
-
-class _SockFilter(ctypes.Structure):
-    _fields_ = (("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
-                ("k", ctypes.c_uint32))  # fmt: skip
-
-
-class _SockFprog(ctypes.Structure):
-    _fields_ = (("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter)))
-
-
-def seccomp_program(machine: str) -> list[tuple[int, int, int, int]]:
-    """The classic-BPF filter of step 3 for ``machine`` (``platform.machine()``): a list
-    of (code, jt, jf, k); another architecture's system calls are refused whole."""
-    arch = _ARCHES[machine]
-    load, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
-    allow, deny = 0x7FFF0000, 0x00050000 | errno.EPERM
-    program: list[tuple] = [(load, 0, 0, 4), (jeq, 0, "deny", arch.audit), (load, 0, 0, 0)]
-    if arch.x32:  # x32 system calls (numbers with bit 30 set) are refused
-        program.append((jge, "deny", 0, 0x40000000))
-    for number in (arch.socket, _IO_URING_SETUP, *arch.chown):
-        program.append((jeq, "deny", 0, number))
-    for number in arch.chmod_mode_arg1:
-        program.append((jeq, "mode1", 0, number))
-    for number in arch.chmod_mode_arg2:
-        program.append((jeq, "mode2", 0, number))
-    program.append((ret, 0, 0, allow))
-    labels = {"mode1": len(program)}  # the low word of argument 1 (seccomp_data.args[1])
-    program += [(load, 0, 0, 16 + 8), (jset, "deny", "allow", _SETUID_BITS)]
-    labels["mode2"] = len(program)
-    program += [(load, 0, 0, 16 + 16), (jset, "deny", "allow", _SETUID_BITS)]
-    labels["deny"] = len(program)
-    program.append((ret, 0, 0, deny))
-    labels["allow"] = len(program)  # (jumps go forward only)
-    program.append((ret, 0, 0, allow))
-
-    def offset(target, at: int) -> int:
-        return target if isinstance(target, int) else labels[target] - at - 1
-
-    return [(code, offset(jt, at), offset(jf, at), k)
-            for at, (code, jt, jf, k) in enumerate(program)]  # fmt: skip
-
-
-def install_seccomp(machine: str) -> None:
-    """Install :func:`seccomp_program` on this thread (after ``PR_SET_NO_NEW_PRIVS``)."""
-    instructions = seccomp_program(machine)
-    array = (_SockFilter * len(instructions))(*(_SockFilter(*i) for i in instructions))
-    program = _SockFprog(len(instructions), array)
-    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
-    _prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(program))
 
 
 # --- this process ----------------------------------------------------------------------------
@@ -397,9 +349,12 @@ and torch read (never the whole of it: the host may run as root)."""
 SYSTEM_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 
 
-def gpu_devices() -> list[str]:
-    """NVIDIA's device files (CUDA opens them), when present."""
-    return sorted(str(p) for p in Path("/dev").glob("nvidia*"))
+def gpu_devices(root: str = "/dev") -> list[str]:
+    """NVIDIA's device files beneath ``root``, when present: ``nvidiactl`` (the driver's
+    control), ``nvidia<N>`` (each GPU), ``nvidia-uvm`` (unified memory, which CUDA opens at
+    ``cuInit``), ``nvidia-uvm-tools`` (its profiling events), ``nvidia-modeset`` and the
+    folder ``nvidia-caps/`` (MIG's capabilities, which the driver lists and reads)."""
+    return sorted(str(p) for p in Path(root).glob("nvidia*"))
 
 
 def thread_count() -> int:
@@ -407,25 +362,45 @@ def thread_count() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def confine(grants: Grants, abi: int | None = None) -> Ruleset:
-    """Confine this process for good (steps 1–3 of the module docstring) and return the
-    Landlock ruleset applied. Refused (:class:`IdrsError`) while it has other threads, which
-    would stay unconfined, and on a kernel below :data:`MINIMUM_ABI`."""
+def own_threads() -> str:
+    """This process's ``/proc/<pid>/task``: its threads' folders (``<tid>/comm``, a
+    thread's name, which ``pthread_setname_np(3)`` writes, as the CUDA driver does for the
+    threads it starts in ``cuInit``). Beneath it, besides ``comm``, are the other per-thread
+    files of this process alone, each checked by the kernel as for any process writing its
+    own (docs/threat-model.md lists them)."""
+    return f"/proc/{os.getpid()}/task"
+
+
+def confine(grants: Grants, abi: int | None = None, layers: Iterable[str] = LAYERS) -> Ruleset:
+    """Confine this process for good (steps 1–3 of the module docstring; ``layers``: of
+    :data:`LAYERS`, all but for the diagnostic probe) and return the Landlock ruleset
+    applied. Its own threads' files are granted (:func:`own_threads`, pinned). Refused
+    (:class:`IdrsError`) while it has other threads, which would stay unconfined, and on a
+    kernel below :data:`MINIMUM_ABI`."""
+    layers = tuple(layers)
+    unknown = [layer for layer in layers if layer not in LAYERS]
+    if unknown:
+        raise IdrsError(f"unknown confinement layer(s) {unknown}; choose from {', '.join(LAYERS)}")
     abi = landlock_abi() if abi is None else abi
+    landlock = any(layer.startswith("landlock") for layer in layers)
     reason = refusal(abi)
-    if reason is not None:
+    if reason is not None and landlock:
         raise IdrsError(reason)
     if thread_count() != 1:
         raise IdrsError(f"the plugin host has {thread_count()} threads before it is confined; "
                         "a thread started before confinement would stay unconfined")  # fmt: skip
-    rules = ruleset(grants, abi)
+    grants = replace(grants, threads=(own_threads(),))
+    rules = ruleset(grants, abi, layers=layers) if landlock else Ruleset(0, 0, 0, 0)
     machine = platform.machine()
-    if machine not in _ARCHES:
+    if machine not in SECCOMP_MACHINES and "seccomp" in layers:
         raise IdrsError(f"the plugin host's seccomp filter knows x86_64 and aarch64, not "
                         f"{machine}; run with --unconfined on this machine")  # fmt: skip
-    drop_capabilities()
-    restrict(rules)
-    install_seccomp(machine)
+    if "capabilities" in layers:
+        drop_capabilities()
+    if landlock:
+        restrict(rules)
+    if "seccomp" in layers:
+        install_seccomp(machine)
     return rules
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import pluggy
 
+from harness.foundation.data import PORTING as _PORTING
 from harness.plugin.components import (
     CertifierSpec,
     CheckSpec,
@@ -24,14 +25,21 @@ from harness.plugin.components import (
     TrainerSpec,
 )
 
-CONTRACT = 3
+CONTRACT = 4
 """The version of the plugin contract these hooks and :mod:`harness.plugin.components`
 define. 1: certifiers drew their own samples; 2: the harness draws every sample and a
 certifier only claims; 3: plugins declare the version they were written against and
-third-party plugins run in a plugin host, a process of their own."""
+third-party plugins run in a plugin host, a process of their own; 4: the test split is
+withheld from plugin code (a :class:`~harness.foundation.data.TrainingSplit` in place of
+the dataset) and an order-dependent certifier replays orders without labels
+(``order_replays``), the harness scoring them."""
+ACCEPTED = (3, CONTRACT)
+"""The contracts a plugin may declare. Contract 4 only takes away (the test split, the
+labels of a memory's replays), so a contract-3 plugin that never read them runs unchanged;
+one that did gets the error naming the rule and :data:`PORTING` where it reads them."""
 CONTRACT_ATTRIBUTE = "IDRS_BENCH_CONTRACT"
-"""The module attribute in which a plugin declares it: ``IDRS_BENCH_CONTRACT = 3``."""
-PORTING = "docs/plugins.md, 'Porting a plugin to contract 3'"
+"""The module attribute in which a plugin declares it: ``IDRS_BENCH_CONTRACT = 4``."""
+PORTING = _PORTING
 """Where a plugin's author reads how to port it."""
 
 hookspec = pluggy.HookspecMarker("idrs_bench")

@@ -9,7 +9,9 @@ harness's pid; ``distribution``, the one whose plugins this host loads (besides 
 built-ins; null: the built-ins only); ``prefix``, the folder it is installed in when
 ``idrs-bench plugins install`` put it there (:mod:`harness.plugin.private_install`);
 ``grants``, what the confined host may reach besides its Python
-(:class:`harness.plugin.confinement.Grants`), or null when the user ran it unconfined.
+(:class:`harness.plugin.confinement.Grants`), or null when the user ran it unconfined;
+``layers``, the confinement's layers (absent: all of them; fewer only for the diagnostic
+:mod:`harness.plugin.confinement_probe`).
 
 Before it imports numpy, torch or any plugin, and before it starts a thread, the host
 confines itself (:func:`harness.plugin.confinement.confine`): a plugin's code, from its
@@ -93,7 +95,7 @@ def confine(start: dict[str, Any]) -> int:
     grants = confinement.Grants(confinement.existing(read), confinement.existing(given.write),
                                 confinement.existing([*confinement.SYSTEM_DEVICES,
                                                       *given.devices]))  # fmt: skip
-    return confinement.confine(grants).abi
+    return confinement.confine(grants, layers=start.get("layers", confinement.LAYERS)).abi
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,7 +10,8 @@ artifact folders that a confined host writes (:mod:`harness.plugin.confinement`)
 with it. The build context travels as data: the dataset's arrays (large ones once), the
 base model's description and state (:mod:`harness.plugin.model_description`; sent again
 when the model changes in place, as the checks' analytic models do between trials), the
-protocol and the engine's settings, and where its plugins keep artifacts. An answer that
+protocol and the engine's settings, and where its plugins keep artifacts; of the dataset
+only its training split and description (the test split stays here). An answer that
 says a request failed becomes the harness's error of the same kind (:func:`plugin_error`).
 """
 
@@ -61,13 +62,16 @@ class PluginHost:
     reading its Python, its distribution's files, what this process sends it (a folder of
     its own) and the data roots its datasets are asked to load from (:meth:`grant_read`),
     and to writing its scratch directory (its ``$TMPDIR``, ``$HOME`` and caches, deleted
-    with it) and its plugins' artifact folders under the cache root it started with."""
+    with it) and its plugins' artifact folders under the cache root it started with.
+    ``layers``: the confinement's layers (:data:`~harness.plugin.confinement.LAYERS`, all
+    of them; fewer only for :mod:`harness.plugin.confinement_probe`)."""
 
     def __init__(self, distribution: str | None = None, plugins: Sequence[str] = (),
                  prefix: Path | None = None, confined: bool = False,
-                 builtins: Sequence[str] = ()) -> None:  # fmt: skip
+                 builtins: Sequence[str] = (),
+                 layers: Sequence[str] = confinement.LAYERS) -> None:  # fmt: skip
         self.distribution, self.plugins, self.prefix = distribution, tuple(plugins), prefix
-        self.confined = confined
+        self.confined, self.layers = confined, tuple(layers)
         self.builtins = tuple(b for b in builtins if b not in self.plugins)
         """The built-in plugins, whose artifact folders the host reads (a built-in
         σ-provider built there by name finds what the harness's own copy fitted)."""
@@ -123,6 +127,8 @@ class PluginHost:
                 write=tuple(str(p) for p in [scratch, *own]),
                 devices=tuple(confinement.gpu_devices()),
             ).to_message()
+            if self.layers != confinement.LAYERS:
+                start["layers"] = list(self.layers)
         root = Path(__file__).resolve().parents[2]  # the folder holding this harness
         if root == Path.cwd().resolve():  # found through the working directory, which -P
             # keeps off the host's path (else the host would read all of it)
@@ -148,6 +154,12 @@ class PluginHost:
         self._readable.append(path)
         if self.confined:
             self.stop()
+
+    @property
+    def name(self) -> str:
+        """The host as errors name it: by the distribution whose plugins it loads."""
+        of = "the built-in plugins" if self.distribution is None else self.distribution
+        return f"the plugin host of {of}"
 
     def stop(self) -> None:
         """End the host process (the next request starts another: built components are
@@ -190,10 +202,10 @@ class PluginHost:
                 process.kill()
                 process.wait()
                 tail = " | ".join(list(self._tail)[-5:]) or "no output"
-                raise IdrsError(f"the plugin host (python -m harness.plugin.host) failed "
+                raise IdrsError(f"{self.name} (python -m harness.plugin.host) failed "
                                 f"({type(exc).__name__}, exit {process.returncode}): {tail}") from None  # fmt: skip
         if not isinstance(answer, dict) or not answer.get("ok"):
-            raise plugin_error(answer)
+            raise plugin_error(answer, self.name)
         return answer
 
     def close(self) -> None:
@@ -210,7 +222,13 @@ class PluginHost:
                 return known[1]
             self._count += 1
             token = f"c{self._count}"
-            self.request("context", context=self._described(context, token))
+            described = self._described(context, token)
+            try:
+                self.request("context", context=described)
+            except IdrsError:  # the host may not have kept the model this request described:
+                if set(described["model"]) != {"key"}:  # describe it again next time, so the
+                    self._models.pop(context.model, None)  # next build fails as this one did
+                raise
             self._contexts[id(context)] = (weakref.ref(context, self._forgotten(token)), token)
             return token
 
@@ -305,16 +323,18 @@ class PluginHost:
                 sent = self._arrays[key] = (gone, value._version, {"file": str(path)})
             return sent[2]
 
+        # a TrainingSplit: the test split is never sent (docs/plugins.md)
         return {"name": dataset.name, "train_x": array(dataset.train_x),
-                "train_y": array(dataset.train_y), "test_x": array(dataset.test_x),
-                "test_y": array(dataset.test_y), "num_classes": int(dataset.num_classes),
-                "class_names": list(dataset.class_names), "files": dict(dataset.files)}  # fmt: skip
+                "train_y": array(dataset.train_y), "num_classes": int(dataset.num_classes),
+                "input_shape": list(dataset.input_shape), "class_names": list(dataset.class_names),
+                "files": dict(dataset.files)}  # fmt: skip
 
 
-def plugin_error(answer: Any) -> IdrsError:
-    """The error a plugin raised in the host, as the harness's error of the same kind."""
+def plugin_error(answer: Any, host: str = "the plugin host") -> IdrsError:
+    """The error a plugin raised in ``host`` (:attr:`PluginHost.name`), as the harness's
+    error of the same kind; one that is not the harness's says where it was raised."""
     if not isinstance(answer, dict):
-        return IdrsError(f"the plugin host answered {type(answer).__name__}, not an answer")
+        return IdrsError(f"{host} answered {type(answer).__name__}, not an answer")
     kind = {name: getattr(errors, name) for name in ("ParameterError", "ContractError",
             "DatasetMissingError", "ModelOutputError", "UnknownNameError", "SpecError")}  # fmt: skip
     cls = kind.get(str(answer.get("error_type")), IdrsError)
@@ -323,7 +343,7 @@ def plugin_error(answer: Any) -> IdrsError:
         cls = IdrsError
     if answer.get("error_type") == "error":
         tail = str(answer.get("traceback", "")).strip().splitlines()[-3:]
-        message += " (in the plugin host: " + " | ".join(t.strip() for t in tail) + ")"
+        message += f" (in {host}: " + " | ".join(t.strip() for t in tail) + ")"
     return cls(message)
 
 

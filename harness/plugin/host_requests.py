@@ -4,13 +4,14 @@ A plugin host (:mod:`harness.plugin.host`, confined before it gets here) serves 
 σ-providers, certifiers, radius formulas, trainers, method checks and datasets of its
 plugins, answering the harness's typed requests (:mod:`harness.plugin.messages`, framed
 by :mod:`harness.plugin.wire`): describe the plugins; build a σ-provider or certifier in a
-build context the harness describes (dataset, base model rebuilt from its description and
-state, device, seed, protocol, run, method, setting, run state); σ of a batch of points
-(with each row's gradient when asked); a claim per input from the harness's evidence; a
-re-derivation by a formula; a trained model's state. Every answer is a claim the harness
-audits. The host sees what it is asked about, no more: the samples of a certificate when
-the certifier is asked for its claim, a point when its σ is asked, never the audit's
-entropy or the harness's own engines.
+build context the harness describes (the dataset's training split and description, base
+model rebuilt from its description and state, device, seed, protocol, run, method,
+setting, run state); σ of a batch of points (with each row's gradient when asked); a claim
+per input from the harness's evidence; a re-derivation by a formula; a trained model's
+state. Every answer is a claim the harness audits. The host sees what it is asked about,
+no more: the samples of a certificate when the certifier is asked for its claim, a point
+when its σ is asked; never the rest of the test split, a test label, the audit's entropy
+or the harness's own engines.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from harness.engine.determinism import enable_deterministic_kernels
 from harness.engine.exact import ExactSampling
 from harness.engine.precision import prepare_model
 from harness.engine.sampling import SamplingEngine
-from harness.foundation.data import Dataset
-from harness.foundation.errors import IdrsError
+from harness.foundation.data import PORTING, TrainingSplit
+from harness.foundation.errors import ContractError, IdrsError
 from harness.foundation.progress import Progress
 from harness.foundation.protocol import FORWARD_OPTIONS
 from harness.foundation.runstate import RunState
@@ -140,6 +141,14 @@ class Host:
         return {"plugins": plugins, "components": components, "failures": failures,
                 "builtin": sorted(self.manager.builtin_plugins()), "abi": self.abi}  # fmt: skip
 
+    def op_probe(self, request: dict[str, Any]) -> dict[str, Any]:
+        """What a device driver does to the OS while it initializes, tried here
+        (:func:`harness.plugin.confinement_probe.probe`)."""
+        from harness.plugin.confinement_probe import probe
+
+        return {"parts": probe(str(request["device"]), [str(d) for d in request["devices"]],
+                               int(request["parent"]), bool(request["refusals"]))}  # fmt: skip
+
     def op_check_params(self, request: dict[str, Any]) -> None:
         check = self.registry.get("methods", request["method"]).check
         if check is not None:
@@ -224,7 +233,7 @@ class Host:
             self.models[key] = model.to(device)
         return self.models[key]
 
-    def _dataset(self, described: dict[str, Any]) -> Dataset:
+    def _dataset(self, described: dict[str, Any]) -> TrainingSplit:
         def array(value: Any) -> Any:
             if isinstance(value, dict) and "file" in value:
                 path = value["file"]
@@ -233,10 +242,11 @@ class Host:
                 return self.arrays[path]
             return _Missing() if value is None else value
 
-        return Dataset(described["name"], array(described["train_x"]),
-                       array(described["train_y"]), array(described["test_x"]),
-                       array(described["test_y"]), int(described["num_classes"]),
-                       tuple(described.get("class_names", ())), dict(described.get("files", {})))  # fmt: skip
+        return TrainingSplit(described["name"], array(described["train_x"]),
+                             array(described["train_y"]), int(described["num_classes"]),
+                             tuple(int(d) for d in described["input_shape"]),
+                             tuple(described.get("class_names", ())),
+                             dict(described.get("files", {})))  # fmt: skip
 
     def op_build_sigma_provider(self, request: dict[str, Any]) -> dict[str, Any]:
         context = self.contexts[request["context"]]
@@ -302,11 +312,14 @@ class Host:
         sigmas = self.objects[request["handle"]].ball_sigmas(request["rows"])
         return {"ids": [int(k) for k in sigmas], "sigmas": [float(v) for v in sigmas.values()]}
 
-    def op_order_spread(self, request: dict[str, Any]) -> dict[str, Any]:
+    def op_order_replays(self, request: dict[str, Any]) -> dict[str, Any]:
         inputs = dict(zip(request["ids"], request["x"], strict=True))
-        return {"spread": self.objects[request["handle"]].order_spread(
-            request["certificates"], inputs, int(request["orders"]), request["radii"],
-            int(request["seed"]))}  # fmt: skip
+        certifier = self.objects[request["handle"]]
+        if not hasattr(certifier, "order_replays"):
+            raise ContractError("this order-dependent certifier has no order_replays: contract 4 "
+                                f"replaced order_spread (which saw the labels) by it; {PORTING}")  # fmt: skip
+        return {"replays": certifier.order_replays(request["certificates"], inputs,
+                                                   int(request["orders"]), int(request["seed"]))}  # fmt: skip
 
     def op_recompute(self, request: dict[str, Any]) -> dict[str, Any]:
         formula = formula_from_record(request["formula"], trusted_packages())

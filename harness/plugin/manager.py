@@ -20,9 +20,10 @@ file is checked before that against what they registered last time
 (:meth:`PluginManager.checking_registry`, :mod:`harness.plugin.manifest`).
 
 Every plugin declares the version of the plugin contract it was written against, as
-``IDRS_BENCH_CONTRACT = 3`` in its module (:data:`~harness.plugin.hookspecs.CONTRACT`);
-an entry point that declares another version or none is refused when it is loaded, with
-one message naming the plugin, both versions and the porting section of docs/plugins.md.
+``IDRS_BENCH_CONTRACT = 4`` in its module (:data:`~harness.plugin.hookspecs.CONTRACT`;
+contract 3 is accepted too: :data:`~harness.plugin.hookspecs.ACCEPTED`); an entry point
+that declares another version or none is refused when it is loaded, with one message
+naming the plugin, the versions and the porting section of docs/plugins.md.
 What a plugin that was refused or failed would provide is kept with its failure
 (:class:`~harness.plugin.registry.PluginFailure`): the names its refused module's hooks
 register, what its failed registration staged, else what the plugin manifest last
@@ -30,8 +31,7 @@ recorded; a spec naming one of them is told which plugin provides it and why it 
 missing.
 
 Tests and scripts register plugins of their own in this process with
-:meth:`PluginManager.register` (code the caller already runs here: nothing to isolate
-it from).
+:meth:`PluginManager.register` (code the caller already runs here: nothing to isolate).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from harness.plugin.entry_points import (
     plugin_entry_points,
     top_module,
 )
-from harness.plugin.hookspecs import CONTRACT, CONTRACT_ATTRIBUTE, PORTING
+from harness.plugin.hookspecs import ACCEPTED, CONTRACT, CONTRACT_ATTRIBUTE, PORTING
 from harness.plugin.registry import COMPONENT_KINDS, PluginFailure, Registry
 
 ISOLATE_ENV = "IDRS_BENCH_ISOLATE"
@@ -185,12 +185,12 @@ class PluginManager:
     ) -> None:  # fmt: skip
         """Register a plugin object (usually a module with ``@hookimpl`` functions) in this
         process; ``distribution``: the installed package that declares it, when known. One
-        that declares another contract version is refused."""
+        that declares a contract version this harness does not accept is refused."""
         self._add(plugin, name, version, distribution)
         self._local.add(name)
 
     def _add(self, plugin: Any, name: str, version: str, distribution: str | None) -> None:
-        if getattr(plugin, CONTRACT_ATTRIBUTE, CONTRACT) != CONTRACT:
+        if getattr(plugin, CONTRACT_ATTRIBUTE, CONTRACT) not in ACCEPTED:
             check_contract(plugin, name)
         self.pm.register(plugin, name=name)
         self._versions[name] = version
@@ -316,8 +316,9 @@ class PluginManager:
                 PluginFailure(
                     DISTRIBUTION,
                     f"no {ENTRY_POINT_GROUP!r} entry points of the {DISTRIBUTION!r} distribution "
-                    "were found, so no built-in plugin is loaded; install the package "
-                    "(pip install -e . in the repository)",
+                    "were found, so no built-in plugin is loaded; install the package as "
+                    "README.md's first command does (in the repository: python3 -m venv .venv "
+                    "&& .venv/bin/python -m pip install -e .)",
                 )
             )
 
@@ -400,15 +401,16 @@ def isolate_builtins() -> bool:
 
 
 def check_contract(plugin: Any, name: str) -> None:
-    """Raise a :class:`ContractError` unless ``plugin`` declares this harness's contract."""
+    """Raise a :class:`ContractError` unless ``plugin`` declares a contract in ``ACCEPTED``."""
     declared = getattr(plugin, CONTRACT_ATTRIBUTE, None)
-    if declared == CONTRACT:
+    if declared in ACCEPTED:
         return
     written = (f"declares {CONTRACT_ATTRIBUTE} = {declared!r}" if declared is not None else
                f"declares no {CONTRACT_ATTRIBUTE}, so it was written against contract 1 or 2 "
                "(before plugins declared one)")  # fmt: skip
     raise ContractError(f"plugin {name!r} {written}; this idrs-bench implements plugin contract "
-                        f"{CONTRACT}: see {PORTING}")  # fmt: skip
+                        f"{CONTRACT} (and runs plugins of contract {ACCEPTED[0]}): see "
+                        f"{PORTING}")  # fmt: skip
 
 
 def _names(registrations: list[tuple[str, Any]]) -> dict[str, tuple[str, ...]]:

@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harness.foundation.errors import IdrsError
+from harness.foundation.errors import IdrsError, pip_command
 from harness.plugin import confinement
 from harness.plugin.entry_points import (
     ENTRY_POINT_GROUP,
@@ -137,12 +137,14 @@ def _checked(target: Path) -> tuple[str, str]:
         pass
     else:
         raise IdrsError(f"{name} is installed in idrs-bench's environment already (pip); "
-                        f"`pip uninstall {name}` first, so that only one copy provides its plugins")  # fmt: skip
+                        f"`{pip_command('uninstall ' + name)}` first, so that only one copy "
+                        "provides its plugins")  # fmt: skip
     missing = unmet_requirements(dist.requires or [])
     if missing:
         raise IdrsError(f"{name} {version} requires {', '.join(missing)}, not installed in "
                         "idrs-bench's environment; a plugin installed privately uses the "
-                        "environment's packages: install them there first (pip install ...)")  # fmt: skip
+                        "environment's packages: install them there first "
+                        f"({pip_command('install ...')})")  # fmt: skip
     return name, version
 
 

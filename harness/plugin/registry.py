@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from harness.foundation.errors import DuplicateNameError, UnknownNameError
+from harness.foundation.errors import DuplicateNameError, UnknownNameError, pip_command
 from harness.plugin.components import (
     CertifierSpec,
     CheckSpec,
@@ -233,7 +233,7 @@ class Registry:
                 version = f" {origin['version']}" if origin.get("version") else ""
                 missing.append(f"{what} comes from plugin {origin['plugin']!r} of the package "
                                f"{origin['distribution']!r}{version}, which is not installed "
-                               f"here (pip install {origin['distribution']})")  # fmt: skip
+                               f"here ({pip_command('install ' + origin['distribution'])})")  # fmt: skip
             else:
                 missing.append(f"{what} comes from plugin {origin['plugin']!r} (registered "
                                "without a package), which is not installed here")  # fmt: skip

@@ -14,7 +14,7 @@ the checks read (harness/README.md, "Plugin host"):
 - :class:`RemoteCertifier`: ``smoothing``, ``order_dependent``, ``radius_formula``
   (resolved here when it is a function of idrs-bench, else a :class:`RemoteFormula`),
   ``certify(evidence)`` (the harness's draws go out, claims come back, checked), and a
-  memory's ``ball_sigmas``/``order_spread`` and staged run state;
+  memory's ``ball_sigmas``/``order_replays`` and staged run state;
 - trainers (the model's state goes out, the trained state comes back), datasets, and a
   method's parameter check.
 
@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from harness.engine.draws import Evidence, SigmaSmoothing
+from harness.foundation.certificate import unlabelled
 from harness.foundation.errors import ContractError, IdrsError
 from harness.mathematics.radius import RadiusFormula, Recomputed, formula_from_record
 from harness.plugin import messages, model_description
@@ -151,11 +152,11 @@ class RemoteCertifier:
         answer = self._bound.request("ball_sigmas", rows=list(rows))
         return {int(i): float(s) for i, s in zip(answer["ids"], answer["sigmas"], strict=True)}
 
-    def order_spread(self, certificates, inputs, orders: int, radii, seed: int) -> dict[str, Any]:
+    def order_replays(self, certificates, inputs, orders: int, seed: int) -> dict[str, Any]:
         ids = list(inputs)
         stacked = torch.stack([inputs[i] for i in ids]) if ids else torch.zeros(0)
-        return self._bound.request("order_spread", certificates=list(certificates), ids=ids,
-                                   x=stacked, orders=orders, radii=list(radii), seed=seed)["spread"]  # fmt: skip
+        return self._bound.request("order_replays", certificates=unlabelled(certificates),
+                                   ids=ids, x=stacked, orders=orders, seed=seed)["replays"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,7 @@ class RemoteFormula(RadiusFormula):
 
     def derive(self, rows, inputs, protocol, regularity) -> Recomputed:
         answer = self.host.request(
-            "recompute", formula=dict(self.recorded), rows=list(rows),
+            "recompute", formula=dict(self.recorded), rows=unlabelled(rows),
             inputs=None if inputs is None else torch.as_tensor(inputs).detach().cpu(),
             protocol=messages.protocol_message(protocol),
             regularity=messages.regularity_message(regularity),

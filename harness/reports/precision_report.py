@@ -139,7 +139,7 @@ def precision_report(spec_path: str, overrides: list[str], precision: str, optio
         store.close()
     rows = compare_certificates(certs["fp32"], certs[precision])
     prepared = prepare(specs["fp32"], options, progress)
-    context, spec = prepared.context, prepared.benchmark
+    context, spec, test_x = prepared.context, prepared.benchmark, prepared.dataset.test_x
     model = context.model
     lower = prepare_model(model, specs[precision].protocol)
     if isinstance(lower, PrecisionModel):  # compiled at the run's batch shape, as certified
@@ -153,7 +153,7 @@ def precision_report(spec_path: str, overrides: list[str], precision: str, optio
     for c in certs["fp32"]:
         grouped[f"{c['method']} {c['setting']}"].append(c)
     for key, group in grouped.items():
-        x = context.dataset.test_x[torch.tensor([c["input_id"] for c in group])]
+        x = test_x[torch.tensor([c["input_id"] for c in group])]
         samples, differ, counts = noisy_decisions(joint, x, group, spec.protocol.n)
         hard = all(c["counts_estimation"] is not None for c in group)
         # the same samples as the fp32 certificates: their stored counts come out again
@@ -162,7 +162,6 @@ def precision_report(spec_path: str, overrides: list[str], precision: str, optio
         )
         rows[key].update(samples=samples, decisions=differ, counts_reproduced=same)
     with torch.no_grad():
-        test_x = context.dataset.test_x
         clean = sum(int((context.engine.model(b.to(context.device)).argmax(1)
                          != lower(b.to(context.device)).argmax(1)).sum())
                     for b in test_x.split(4096))  # fmt: skip

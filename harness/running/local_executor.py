@@ -165,7 +165,7 @@ def _certify_group(
     are certified; the shard whose lease another process took over meanwhile (None)."""
     run_id, context, key = prepared.run_id, prepared.context, work.key
     method, provider, certifier, state = built
-    labels = context.dataset.test_y
+    test_x, labels = prepared.dataset.test_x, prepared.dataset.test_y
     todos = {shard: work.todo(shard) for shard in shards}
     where = {i: shard for shard, todo in todos.items() for i in todo}
     ready: dict[int, list] = {shard: [] for shard in shards}
@@ -182,7 +182,7 @@ def _certify_group(
     for shard in [s for s in shards if not todos[s]]:  # every input stored before
         if stored(shard) is not None:
             return shard
-    made = certify_shards(context, method, provider, certifier,
+    made = certify_shards(context, test_x, method, provider, certifier,
                           [work.shards[s] for s in shards if todos[s]],
                           [todos[s] for s in shards if todos[s]])  # fmt: skip
     for cert in made:

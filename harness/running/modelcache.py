@@ -133,7 +133,8 @@ def _cached_or_trained(
     else:
         trainer = registry.get("trainers", config.trainer)
         context = TrainContext(device=device, seed=config.seed, progress=progress)
-        trainer.train(model, dataset, recipe["trainer_params"], context)
+        # the trainer gets the training split and the description, never the test split
+        trainer.train(model, dataset.training_split(), recipe["trainer_params"], context)
         save_artifact(path, {k: v.cpu() for k, v in model.state_dict().items()})
         path.with_suffix(".json").write_text(json.dumps(recipe, indent=2, sort_keys=True))
         progress.log(f"base model {digest[:12]} trained and cached at {path}")

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from harness.foundation.errors import IdrsError
+from harness.foundation.errors import IdrsError, pip_command
 from harness.foundation.runstate import RunState, StateRecord
 from harness.running.benchmark import Benchmark
 from harness.running.preparation import RunOptions
@@ -22,9 +22,9 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError:
+        install = pip_command('install "idrs-bench[ray]"')
         raise IdrsError(
-            'the Ray executor needs Ray: pip install "idrs-bench[ray]" (or use the default '
-            "--executor local)"
+            f"the Ray executor needs Ray: {install} (or use the default --executor local)"
         ) from None
     return ray
 
@@ -70,6 +70,7 @@ class CertifyWorker:
         enable_deterministic_kernels(device)  # this process computes the run's quantities
         state = ray.get(weights[0]) if weights is not None else None
         model = _worker_model(setup, dataset, self.registry, state, device)
+        self.test_x = dataset.test_x  # the harness's: the context withholds the test split
         self.context = build_context(
             setup.benchmark, dataset, model, setup.recipe_hash, device, setup.batch_size,
             Progress(enabled=False), self.registry, setup.run_id,
@@ -110,7 +111,8 @@ class CertifyWorker:
 
         try:
             method, provider, certifier, state = self._method(name, params, key, records)
-            for cert in certify_shard(self.context, method, provider, certifier, ids, todo):
+            shard = certify_shard(self.context, self.test_x, method, provider, certifier, ids, todo)
+            for cert in shard:
                 yield cert, state.take()
         except Exception as exc:
             yield ShardFailure(failure_message(exc))

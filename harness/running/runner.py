@@ -24,6 +24,7 @@ from harness.engine.arithmetic import (
     run_threads,
 )
 from harness.engine.determinism import deterministic_kernels
+from harness.foundation.data import WITHHELD
 from harness.foundation.errors import IdrsError
 from harness.foundation.progress import Progress
 from harness.foundation.version import __version__
@@ -95,10 +96,17 @@ def run_benchmark(
         if not store.begin_run(
             run_id, benchmark.name, benchmark.to_dict(), library_versions(), git_commit(),
             context.device.type, benchmark.seed, prepared.recipe_hash,
-            weights_digest=prepared.weights_digest,
+            weights_digest=prepared.weights_digest, test_split=WITHHELD,
         ):  # fmt: skip
-            _check_weights(store.run(run_id), prepared)
+            stored = store.run(run_id)
+            _check_weights(stored, prepared)
             progress.log(f"resuming run {run_id[:12]}")
+            if stored.get("test_split") is None:
+                progress.note(
+                    f"run {run_id[:12]} began before runs recorded that no plugin had the "
+                    "test split, so it stays without that record (its board states none); "
+                    "with another --db it begins again, recorded"
+                )
         test_ids = prepared.dataset.test_subset(
             benchmark.dataset.test_every, benchmark.dataset.test_count
         ).tolist()

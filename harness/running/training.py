@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from harness.foundation.data import Dataset
+from harness.foundation.data import TrainingSplit
 from harness.foundation.errors import ParameterError
 from harness.plugin.components import TrainContext
 
@@ -21,7 +21,7 @@ SigmaForBatch = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 def train_with_gaussian_augmentation(
     model: torch.nn.Module,
-    dataset: Dataset,
+    dataset: TrainingSplit,
     sigma_for_batch: SigmaForBatch,
     context: TrainContext,
     epochs: int,

@@ -82,29 +82,32 @@ def failure_message(exc: BaseException) -> str:
 
 def certify_shard(
     context: BuildContext,
+    test_x: torch.Tensor,
     method: MethodSpec,
     provider: SigmaProvider,
     certifier: Certifier,
     ids: list[int],
     todo: list[int],
 ) -> Iterator[Certificate]:
-    """Certificates of the inputs ``todo`` of the shard ``ids``, as each is produced
-    (:func:`certify_shards` of one shard)."""
-    yield from certify_shards(context, method, provider, certifier, [ids], [todo])
+    """Certificates of the inputs ``todo`` of the shard ``ids`` (indices of the test
+    inputs ``test_x``, which the harness holds: the context withholds them), as each is
+    produced (:func:`certify_shards` of one shard)."""
+    yield from certify_shards(context, test_x, method, provider, certifier, [ids], [todo])
 
 
 def certify_shards(
     context: BuildContext,
+    test_x: torch.Tensor,
     method: MethodSpec,
     provider: SigmaProvider,
     certifier: Certifier,
     shards: list[list[int]],
     todos: list[list[int]],
 ) -> Iterator[Certificate]:
-    """Certificates of the inputs ``todos[k]`` of each shard ``shards[k]``, as each is
-    produced, in order (:func:`harness.certification.certify.certify_drawn`: the harness
-    draws, the certifier claims); the inputs of every shard are drawn together, in the same
-    engine calls.
+    """Certificates of the inputs ``todos[k]`` of each shard ``shards[k]`` (indices of
+    ``test_x``), as each is produced, in order (:func:`harness.certification.certify.
+    certify_drawn`: the harness draws, the certifier claims); the inputs of every shard are
+    drawn together, in the same engine calls.
 
     σ is computed shard by shard on the whole shard, as in an uninterrupted run: a σ whose
     last bits depend on the batch is then the same when a shard is resumed, retried or
@@ -117,7 +120,7 @@ def certify_shards(
         if not todo:
             continue
         start = time.perf_counter()
-        x = context.dataset.test_x[shard].to(context.device)
+        x = test_x[shard].to(context.device)
         sigma, sigma_draws = sigma_of(context, provider, x, shard, method.sigma_provider)
         keep = np.array([shard.index(i) for i in todo])
         xs.append(x[keep])

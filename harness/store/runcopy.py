@@ -4,8 +4,9 @@ A re-audit (:mod:`harness.audit.reaudit`) re-runs a run's checks through the sam
 as ``idrs-bench check``, which reads a results database. A board's runs come from its
 run export (:mod:`harness.reports.leaderboard.source`), so :func:`copy_run` writes a
 :class:`~harness.store.storedrun.StoredRun` into a fresh store: what an audit reads (the
-``runs`` row with its data files, arithmetic, components and plugin hosts, every certificate with its
-evidence, the files a replay needs) and nothing it would write (checks, attacks).
+``runs`` row with its data files, arithmetic, components, plugin hosts and test-split
+record, every certificate with its evidence, the files a replay needs) and nothing it
+would write (checks, attacks).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ def copy_run(store: ResultStore, run: StoredRun) -> None:
     if not store.begin_run(
         run.run_id, row["name"], row["config"], row.get("versions") or {}, row.get("git_commit"),
         row["device"], row["seed"], row["recipe_hash"], weights_digest=row.get("weights_digest"),
+        test_split=row.get("test_split"),
     ):  # fmt: skip
         return
     inputs = run.expected_inputs or max(run.counts().values(), default=0)

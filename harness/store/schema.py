@@ -136,6 +136,7 @@ ADDED_COLUMNS = (
     ("runs", "arithmetic", "TEXT"),
     ("runs", "components", "TEXT"),  # which plugin and package provides each component
     ("runs", "plugin_hosts", "TEXT"),  # how third-party plugins were confined
+    ("runs", "test_split", "TEXT"),  # "withheld": no plugin had the test split (data.WITHHELD)
     ("certificates", "draws", "TEXT"),  # before the harness drew the evidence itself
     ("checks", "cost", "TEXT"),  # what each check cost (harness.audit.cost)
 )

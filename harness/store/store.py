@@ -25,7 +25,8 @@ their SHA-256; ``runs.arithmetic`` is the fingerprint of the arithmetic it certi
 with (:mod:`harness.engine.arithmetic`), ``runs.components`` which plugin, package and
 version provided each component the run names (:meth:`ResultStore.record_components`),
 ``runs.plugin_hosts`` how its third-party plugins were confined
-(:meth:`ResultStore.record_plugin_hosts`).
+(:meth:`ResultStore.record_plugin_hosts`), ``runs.test_split`` ``withheld`` (NULL: a run
+begun before it was recorded).
 
 A database written by an earlier release gets the columns added since, and its
 renamed columns their new names, on opening (``runs.model_hash`` became ``recipe_hash``:
@@ -129,28 +130,23 @@ class ResultStore(LeaseRecords):
         self.db.close()
 
     def begin_run(
-        self,
-        run_id: str,
-        name: str,
-        config: dict[str, Any],
-        versions: dict[str, str],
-        git_commit: str | None,
-        device: str,
-        seed: int,
-        recipe_hash: str,
-        weights_digest: str | None = None,
-    ) -> bool:
+        self, run_id: str, name: str, config: dict[str, Any], versions: dict[str, str],
+        git_commit: str | None, device: str, seed: int, recipe_hash: str,
+        weights_digest: str | None = None, test_split: str | None = None,
+    ) -> bool:  # fmt: skip
         """Record a run unless it exists; True when it is new.
 
         ``recipe_hash`` is the base model's recipe hash (its cache key), ``weights_digest``
-        the SHA-256 of its weights (:func:`harness.running.weights.weights_digest`).
+        the SHA-256 of its weights (:func:`harness.running.weights.weights_digest`),
+        ``test_split`` :data:`harness.foundation.data.WITHHELD` (an existing run keeps its own).
         """
         with self.db:
             cursor = self.db.execute(
                 "INSERT OR IGNORE INTO runs (run_id, name, created, config, versions, git_commit,"
-                " device, seed, recipe_hash, weights_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " device, seed, recipe_hash, weights_digest, test_split)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (run_id, name, _now(), json.dumps(config, sort_keys=True), json.dumps(versions),
-                 git_commit, device, seed, recipe_hash, weights_digest),
+                 git_commit, device, seed, recipe_hash, weights_digest, test_split),
             )  # fmt: skip
         return cursor.rowcount == 1
 

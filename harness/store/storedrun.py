@@ -53,9 +53,9 @@ RUN_FIELDS = (
 )  # fmt: skip
 """The fields of the ``runs`` row a :class:`StoredRun` keeps (plus ``weights_digest`` and
 ``class_names``, the dataset's class names, ``arithmetic``, :mod:`harness.engine.arithmetic`,
-``components``, :meth:`~harness.store.store.ResultStore.record_components`, and
-``plugin_hosts``, :meth:`~harness.store.store.ResultStore.record_plugin_hosts`, where
-recorded)."""
+``components``, :meth:`~harness.store.store.ResultStore.record_components`,
+``plugin_hosts``, :meth:`~harness.store.store.ResultStore.record_plugin_hosts`, and
+``test_split``, :data:`harness.foundation.data.WITHHELD`, where recorded)."""
 
 
 @dataclass(frozen=True)
@@ -317,7 +317,7 @@ class StoredRun:
 
     run: dict[str, Any]
     """The ``runs`` row: :data:`RUN_FIELDS`, plus ``weights_digest``, ``class_names``,
-    ``arithmetic``, ``components`` and ``plugin_hosts`` when recorded."""
+    ``arithmetic``, ``components``, ``plugin_hosts`` and ``test_split`` when recorded."""
     certificates: list[StoredCertificate] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
     """Dicts with method, setting, error (the traceback) and at (the time)."""
@@ -416,7 +416,7 @@ def read_run(store: ResultStore, run_id: str | None = None) -> StoredRun:
     extra = {"weights_digest": run["weights_digest"]} if run.get("weights_digest") else {}
     if run.get("class_names"):
         extra["class_names"] = json.loads(run["class_names"])
-    for key in ("arithmetic", "components", "plugin_hosts"):
+    for key in ("arithmetic", "components", "plugin_hosts", "test_split"):
         if run.get(key):
             extra[key] = run[key]
     return StoredRun(

@@ -32,7 +32,7 @@ from harness import (
     hookimpl,
 )
 
-IDRS_BENCH_CONTRACT = 3
+IDRS_BENCH_CONTRACT = 4
 """The plugin contract this plugin is written against (docs/plugins.md)."""
 
 OPTIMIZER_DEFAULTS = {"sigma": 0.25, "steps": 100, "samples": 1, "beta": 1e-4, "sigma_min": 1e-3}

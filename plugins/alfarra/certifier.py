@@ -57,11 +57,11 @@ class MemoryCertifier:
         return out
 
     @staticmethod
-    def order_spread(certificates, inputs, orders: int, radii, seed: int) -> dict:
-        """Certified accuracy over ``orders`` random input orders (:func:`replay_orders`)."""
+    def order_replays(certificates, inputs, orders: int, seed: int) -> dict:
+        """The certificates over ``orders`` random input orders (:func:`replay_orders`)."""
         from plugins.alfarra.order import replay_orders
 
-        return replay_orders(certificates, orders, radii, seed, inputs=inputs)
+        return replay_orders(certificates, orders, seed, inputs=inputs)
 
     def __init__(self, inner: Certifier, memory: Memory, state: RunState | None = None) -> None:
         self.inner = inner

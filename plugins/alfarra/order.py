@@ -3,7 +3,9 @@
 Alg. 3 of Alfarra et al. (2022) gives answers that depend on the order in which inputs
 arrive. :func:`replay_orders` re-runs the memory over random orders of the *same*
 stored certificates (no resampling: the inner certificates before the memory are
-taken from the evidence) and reports the spread of certified accuracy.
+taken from the evidence); the harness scores each order with the test labels, which the
+plugin never sees, and reports the spread of certified accuracy
+(:mod:`harness.audit.order`).
 """
 
 from __future__ import annotations
@@ -53,39 +55,26 @@ def replay(
     return out_pred, out_rad
 
 
-def certified_accuracy(
-    predictions: np.ndarray, radii: np.ndarray, labels: np.ndarray, at: Sequence[float]
-) -> np.ndarray:
-    """Share of inputs with prediction = label and radius >= r, for each r in ``at``."""
-    correct = predictions == labels
-    return np.array([np.mean(correct & (radii >= r)) for r in at])
-
-
 def replay_orders(
     certificates: Iterable[Mapping[str, Any]],
     orders: int,
-    radii: Sequence[float],
     seed: int,
     *,
     inputs: torch.Tensor | Mapping[int, torch.Tensor],
 ) -> dict[str, Any]:
-    """Certified accuracy of the memory over ``orders`` random input orders.
+    """The memory's certificates over ``orders`` random input orders (no labels: the
+    harness scores them, :func:`harness.audit.order.order_spread`).
 
-    :param certificates: stored rows of ONE method and setting, as
-        ``ResultStore.certificates`` yields them (``input_id``, ``label``,
-        ``prediction``, ``radius``, ``evidence``); the memory's raw inputs are read
-        from the evidence (:func:`raw_certificate`).
+    :param certificates: stored rows of ONE method and setting, as the memory-order check
+        passes them (``input_id``, ``prediction``, ``radius``, ``evidence``; no label); the
+        memory's raw inputs are read from the evidence (:func:`raw_certificate`).
     :param orders: P, the number of uniformly random permutations replayed.
-    :param radii: the radii r at which certified accuracy is reported.
     :param seed: seed of the permutations (numpy ``default_rng``).
-    :param inputs: the inputs by input id, e.g. ``dataset.test_x`` (the test inputs
-        of the run) or a mapping id -> tensor.
-    :returns: ``{"inputs", "orders", "radii", "min", "median", "max", "recorded",
-        "per_order", "acr", "worst_order"}``: min/median/max over the P orders of the
-        certified accuracy at each radius, the accuracy in the order the run used (by
-        ``memory_position``; ``None`` when the rows have none), the P × len(radii)
-        accuracies, min/median/max of the ACR, and the certificates (input ids,
-        predictions, radii) of the order with the lowest ACR.
+    :param inputs: the inputs by input id (a mapping id -> tensor, or a tensor indexed by id).
+    :returns: ``{"input_id", "orders", "recorded"}``: the input ids; per order, the final
+        ``prediction`` and ``radius`` of every input (in the order of ``input_id``); and
+        the same in the order the run used (by ``memory_position``; None when the rows
+        have none).
     """
     rows = list(certificates)
     if orders < 1:
@@ -96,35 +85,17 @@ def replay_orders(
     raw = [raw_certificate(r) for r in rows]
     predictions = np.array([p for p, _ in raw], dtype=np.int64)
     base_radii = np.array([r for _, r in raw], dtype=np.float64)
-    labels = np.array([int(r["label"]) for r in rows], dtype=np.int64)
     x = torch.stack([torch.as_tensor(inputs[i]) for i in ids])
     distances = pairwise_distances(x)
     rng = np.random.default_rng(seed)
-    accuracies, acrs, worst = [], [], None
-    for _ in range(orders):
-        pred, rad = replay(distances, predictions, base_radii, rng.permutation(len(rows)))
-        accuracies.append(certified_accuracy(pred, rad, labels, radii))
-        acrs.append(float(np.mean(np.where(pred == labels, rad, 0.0))))
-        if worst is None or acrs[-1] < worst[0]:
-            worst = (acrs[-1], pred, rad)
-    per_order = np.stack(accuracies)
-    recorded = None
+
+    def replayed(order: np.ndarray) -> dict[str, list]:
+        pred, rad = replay(distances, predictions, base_radii, order)
+        return {"prediction": pred.tolist(), "radius": rad.tolist()}
+
+    out = [replayed(rng.permutation(len(rows))) for _ in range(orders)]
     positions = [(r.get("evidence") or {}).get("memory_position") for r in rows]
+    recorded = None
     if all(p is not None for p in positions):
-        order = np.argsort(np.asarray(positions))
-        recorded = certified_accuracy(
-            *replay(distances, predictions, base_radii, order), labels, radii
-        ).tolist()
-    return {
-        "inputs": len(rows),
-        "orders": orders,
-        "radii": [float(r) for r in radii],
-        "min": per_order.min(axis=0).tolist(),
-        "median": np.median(per_order, axis=0).tolist(),
-        "max": per_order.max(axis=0).tolist(),
-        "recorded": recorded,
-        "per_order": per_order.tolist(),
-        "acr": {"min": min(acrs), "median": float(np.median(acrs)), "max": max(acrs)},
-        "worst_order": {"input_id": ids, "prediction": worst[1].tolist(),
-                        "radius": worst[2].tolist()},
-    }  # fmt: skip
+        recorded = replayed(np.argsort(np.asarray(positions)))
+    return {"input_id": ids, "orders": out, "recorded": recorded}

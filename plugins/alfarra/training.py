@@ -24,9 +24,9 @@ from typing import Any
 import torch
 
 from harness import (
-    Dataset,
     ParameterError,
     TrainContext,
+    TrainingSplit,
     check_sigma,
     train_with_gaussian_augmentation,
 )
@@ -89,7 +89,7 @@ def warmup_epochs(epochs: int, share: float) -> int:
 
 
 def train_alfarra_ds(
-    model: torch.nn.Module, dataset: Dataset, params: Mapping[str, Any], context: TrainContext
+    model: torch.nn.Module, dataset: TrainingSplit, params: Mapping[str, Any], context: TrainContext
 ) -> DataDependentSigmas:
     """Alg. 2 with Cohen's Gaussian augmentation as TrainFunction; returns the final σ_i."""
     check_trainer_params(params)

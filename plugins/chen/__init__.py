@@ -16,7 +16,7 @@ from typing import Any
 from harness import BuildContext, MethodSpec, SigmaProviderSpec, TrainerSpec, hookimpl
 from plugins.chen.config import SEARCH_DEFAULTS, TRAINER_DEFAULTS, SearchConfig
 
-IDRS_BENCH_CONTRACT = 3
+IDRS_BENCH_CONTRACT = 4
 """The plugin contract this plugin is written against (docs/plugins.md)."""
 
 

@@ -21,10 +21,10 @@ from typing import Any
 import torch
 
 from harness import (
-    Dataset,
     ParameterError,
     SamplingEngine,
     TrainContext,
+    TrainingSplit,
     train_with_gaussian_augmentation,
 )
 from plugins.chen.config import TRAINER_DEFAULTS, SearchConfig
@@ -37,7 +37,7 @@ class PerExampleSigma:
     def __init__(
         self,
         model: torch.nn.Module,
-        dataset: Dataset,
+        dataset: TrainingSplit,
         config: SearchConfig,
         engine: SamplingEngine,
         seed: int,
@@ -73,7 +73,7 @@ class PerExampleSigma:
 
 
 def train_chen_instance(
-    model: torch.nn.Module, dataset: Dataset, params: Mapping[str, Any], context: TrainContext
+    model: torch.nn.Module, dataset: TrainingSplit, params: Mapping[str, Any], context: TrainContext
 ) -> None:
     """Trainer ``chen-instance``: Gaussian augmentation with σ(x) from Alg. 2, refreshed every E epochs."""
     p = {**TRAINER_DEFAULTS, **params}

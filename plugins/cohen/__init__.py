@@ -21,7 +21,7 @@ from harness import (
     hookimpl,
 )
 
-IDRS_BENCH_CONTRACT = 3
+IDRS_BENCH_CONTRACT = 4
 """The plugin contract this plugin is written against (docs/plugins.md)."""
 
 TRAINER_DEFAULTS = {"sigma": 0.25, "epochs": 10, "batch_size": 128, "lr": 1e-3}

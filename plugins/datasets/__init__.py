@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from harness import DatasetSpec, hookimpl
 
-IDRS_BENCH_CONTRACT = 3
+IDRS_BENCH_CONTRACT = 4
 """The plugin contract this plugin is written against (docs/plugins.md)."""
 
 FASHION_MNIST_CLASSES = (

@@ -39,9 +39,9 @@ from scipy.special import ndtri
 
 from harness import (
     BuildContext,
-    Dataset,
     IdrsError,
     TrainContext,
+    TrainingSplit,
     load_artifact,
     noise_seed,
     save_artifact,
@@ -129,8 +129,8 @@ def fit_estimator(context: BuildContext, params: Mapping[str, Any]) -> tuple[tor
                                  noise, advance=advance)  # fmt: skip
     labelled = time.perf_counter()
     network = build_estimator(context, params)
-    train = Dataset(f"{dataset.name}-sigma-levels", x, torch.from_numpy(labels), x[:0],
-                    torch.zeros(0, dtype=torch.long), len(levels))  # fmt: skip
+    train = TrainingSplit(f"{dataset.name}-sigma-levels", x, torch.from_numpy(labels), len(levels),
+                          dataset.input_shape)  # fmt: skip
     sigma_v = float(params["estimator_sigma"])
     fit = TrainContext(context.device, noise_seed(context.seed, STREAM_FIT, 0, 0), context.progress)
     train_with_gaussian_augmentation(

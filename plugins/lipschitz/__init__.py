@@ -26,7 +26,7 @@ from harness import (
     hookimpl,
 )
 
-IDRS_BENCH_CONTRACT = 3
+IDRS_BENCH_CONTRACT = 4
 """The plugin contract this plugin is written against (docs/plugins.md)."""
 
 METHOD_DEFAULTS: dict[str, Any] = {

@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from harness import Dataset, Progress, load_artifact, noise_seed, save_artifact
+from harness import Progress, TrainingSplit, load_artifact, noise_seed, save_artifact
 from plugins.lipschitz.constant import lipschitz_constant
 from plugins.lipschitz.network import (
     CertifiedSigma,
@@ -62,7 +62,7 @@ FIT_KEYS = (
 
 def fit_lipschitz_sigma(
     model: torch.nn.Module,
-    dataset: Dataset,
+    dataset: TrainingSplit,
     params: Mapping[str, Any],
     device: torch.device,
     seed: int,

@@ -12,7 +12,7 @@ from typing import Any
 
 from harness import ModelSpec, ParameterError, hookimpl
 
-IDRS_BENCH_CONTRACT = 3
+IDRS_BENCH_CONTRACT = 4
 """The plugin contract this plugin is written against (docs/plugins.md)."""
 
 

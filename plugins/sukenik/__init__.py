@@ -24,7 +24,7 @@ from harness import (
     hookimpl,
 )
 
-IDRS_BENCH_CONTRACT = 3
+IDRS_BENCH_CONTRACT = 4
 """The plugin contract this plugin is written against (docs/plugins.md)."""
 
 METHOD_DEFAULTS = {"sigma": 0.25, "rate": 0.01, "k": 20, "m": "min", "max_ratio": 0.0}

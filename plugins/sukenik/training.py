@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 
-from harness import Dataset, TrainContext, train_with_gaussian_augmentation
+from harness import TrainContext, TrainingSplit, train_with_gaussian_augmentation
 from plugins.sukenik.knn_sigma import knn_mean_distance, propose_m
 
 
-def training_mean_distances(dataset: Dataset, k: int) -> torch.Tensor:
+def training_mean_distances(dataset: TrainingSplit, k: int) -> torch.Tensor:
     """Mean distance of every training example to its k nearest *other* training examples."""
     train = dataset.train_x
     return torch.cat([
@@ -21,7 +21,7 @@ def training_mean_distances(dataset: Dataset, k: int) -> torch.Tensor:
     ])  # fmt: skip
 
 
-def _m(dataset: Dataset, params: Mapping[str, Any]) -> float:
+def _m(dataset: TrainingSplit, params: Mapping[str, Any]) -> float:
     m = params["m"]
     return (
         float(m) if isinstance(m, int | float) else propose_m(dataset.train_x, int(params["k"]), m)
@@ -29,7 +29,7 @@ def _m(dataset: Dataset, params: Mapping[str, Any]) -> float:
 
 
 def train_input_dependent(
-    model, dataset: Dataset, params: Mapping[str, Any], context: TrainContext
+    model, dataset: TrainingSplit, params: Mapping[str, Any], context: TrainContext
 ) -> None:
     """Gaussian augmentation with σ(x_i) = σ_b exp(trr (d̄_k(x_i) − m)) per training example.
 
@@ -48,14 +48,14 @@ def train_input_dependent(
     )  # fmt: skip
 
 
-def increased_level(dataset: Dataset, params: Mapping[str, Any]) -> float:
+def increased_level(dataset: TrainingSplit, params: Mapping[str, Any]) -> float:
     """C = median over the training set of exp(r (d̄_k(x_i) − m)) (App. E.6.3)."""
     d = training_mean_distances(dataset, int(params["k"]))
     return float(torch.exp(float(params["rate"]) * (d - _m(dataset, params))).median())
 
 
 def train_constant_increased(
-    model, dataset: Dataset, params: Mapping[str, Any], context: TrainContext
+    model, dataset: TrainingSplit, params: Mapping[str, Any], context: TrainContext
 ) -> None:
     """Constant Gaussian augmentation at C·σ_b, C from :func:`increased_level`."""
     level = increased_level(dataset, params) * float(params["sigma"])

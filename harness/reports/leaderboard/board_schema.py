@@ -41,6 +41,7 @@ _PROTOCOL = {
         "weights_digest": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
         "arithmetic": {"type": "object"},
         "plugin_hosts": {"type": "object"},
+        "test_split": {"enum": ["withheld"]},
         "seed": {"type": "integer"},
         "device": {"type": "string"},
         "versions": {"type": "object", "additionalProperties": {"type": "string"}},

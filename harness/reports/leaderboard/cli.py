@@ -51,6 +51,11 @@ def add_leaderboard_parser(sub: argparse._SubParsersAction) -> argparse.Argument
         "beside the board (bit for bit on the run's arithmetic, else a replication test)",
     )  # fmt: skip
     parser.add_argument(
+        "--entropy", metavar="HEX",
+        help="with --replay: the entropy (hex) a replay printed, to repeat it (the same inputs "
+        "and fresh noise; default: fresh entropy)",
+    )  # fmt: skip
+    parser.add_argument(
         "--reaudit", action="store_true",
         help="with --verify: re-run every check of every row from its recorded entropy on the "
         "board's files and the plugins installed here (as long as the run's checks took) and "
@@ -75,6 +80,8 @@ def add_leaderboard_parser(sub: argparse._SubParsersAction) -> argparse.Argument
 
 
 def leaderboard_command(args: argparse.Namespace) -> int:
+    if args.entropy is not None and args.replay is None:
+        raise IdrsError("--entropy repeats a replay: give it with --verify BOARD.md --replay K")
     if args.verify is not None:
         return _verify(args)
     if args.replay is not None or args.reaudit:
@@ -97,12 +104,17 @@ def leaderboard_command(args: argparse.Namespace) -> int:
         sys.stdout.write(render_markdown(build_board(runs), None))
         return 0
     from harness.reports.leaderboard.render import write_board
+    from harness.reports.leaderboard.stated_protocol import statement_of_test_split
 
     missing: list[str] = []
     for path in write_board(runs, args.out, plots=not args.no_plots, problems=missing):
         print(f"wrote {path}")
     for line in missing:
         print(f"warning: {line}", file=sys.stderr)
+    for run in runs:  # its board states nothing about the test split
+        if not run.imported and not run.run.get("test_split"):
+            print(f"note: run {run.run_id[:12]}: test split {statement_of_test_split(None)}",
+                  file=sys.stderr)  # fmt: skip
     return 0
 
 
@@ -173,11 +185,13 @@ def _verify(args: argparse.Namespace) -> int:
         )
     if args.replay is None:
         return 0
+    from harness.audit.audit import parse_entropy
     from harness.reports.leaderboard.recheck import replay_board
 
     lines, disagreements = replay_board(
-        board_runs(args.verify, args.db), args.replay, args.data_root, args.device
-    )
+        board_runs(args.verify, args.db), args.replay, args.data_root, args.device,
+        parse_entropy(args.entropy),
+    )  # fmt: skip
     for line in lines:
         print(line)
     if disagreements:

@@ -28,14 +28,14 @@ from harness.foundation.errors import IdrsError
 from harness.mathematics.accuracy import benchmark_radii, row_metrics
 from harness.reports.leaderboard.metrics import metric_catalog, sampled_in_rounds
 from harness.reports.leaderboard.source import resolve_runs
-from harness.reports.leaderboard.stated_protocol import run_protocol
+from harness.reports.leaderboard.stated_protocol import NOT_RECORDED, run_protocol
 from harness.store.store import DEFAULT_DB
 from harness.store.storedrun import StoredRun
 
 PROTOCOL_FIELDS = (
     "dataset", "test_every", "test_count", "n0", "n", "alpha", "recipe_hash", "seed",
     "model_seed", "architecture", "architecture_params", "trainer", "trainer_params",
-    "sampling", "n_max",
+    "sampling", "n_max", "test_split",
 )  # fmt: skip
 
 
@@ -58,7 +58,8 @@ class Comparison:
 
 def protocol_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     """One line per protocol field whose value differs between protocols ``a`` and ``b``."""
-    fixed = {"sampling": "fixed"}  # a fixed-n run's protocol does not name its sampling
+    # a fixed-n run's protocol does not name its sampling, nor an older run its test split
+    fixed = {"sampling": "fixed", "test_split": NOT_RECORDED}
     a, b = fixed | a, fixed | b
     return [
         f"{key}: {a.get(key)!r} (A) vs {b.get(key)!r} (B)"

@@ -1,6 +1,7 @@
 """A run's protocol on a board, in markdown: the protocol table (dataset, test subset,
 certification protocol and arithmetic, base model, hashes, how its third-party plugins
-ran, seeds, versions, commit, dates, how to reproduce it) and the warning a table gets when its runs follow different
+ran, what its plugins had of the test split, seeds, versions, commit, dates, how to
+reproduce it) and the warning a table gets when its runs follow different
 protocols (:mod:`harness.reports.leaderboard.stated_protocol` states them)."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from harness.reports.leaderboard.stated_protocol import (
     plugin_hosts_statement,
     protocol_differences,
     run_protocol,
+    statement_of_test_split,
 )
 
 
@@ -97,6 +99,8 @@ def protocol_table(p: dict[str, Any]) -> list[str]:
         *([("arithmetic", _fingerprint(p["arithmetic"]))] if p.get("arithmetic") else []),
         *([("plugins", md_text(plugin_hosts_statement(p["plugin_hosts"])))]
           if p.get("plugin_hosts") else []),
+        *([("test split", md_text(statement_of_test_split(p["test_split"])))]
+          if p.get("test_split") else []),
         ("seeds", f"certification {p['seed']}, model {p['model_seed']}"),
         ("device", md_text(p["device"])),
         ("versions", md_text(versions)),

@@ -349,7 +349,7 @@ class _Methods:
 
     def __init__(self, run: StoredRun, source, device: str) -> None:
         self.run, self.source, self.device = run, source, device
-        self.context = None
+        self.context = self.test_x = None  # test_x: the run's (the context withholds them)
         self.manager = None  # the plugins, once a method is built
         self.error: str | None = None
         self.built: dict[tuple[str, str], Any] = {}
@@ -383,6 +383,7 @@ class _Methods:
         context = build_context(spec, dataset, model.to(self.device).eval(),
                                 self.run.run["recipe_hash"], self.device, batch, Progress(False),
                                 registry, self.run.run_id)  # fmt: skip
+        self.test_x = dataset.test_x
         return spec, registry, context
 
     def _method(self, row: StoredRow):
@@ -412,7 +413,7 @@ class _Methods:
         try:
             with computing_with(threads), deterministic_kernels(self.device), self._cache():
                 context, provider, _ = self._method(row)
-                x = context.dataset.test_x[ids].to(context.device)
+                x = self.test_x[ids].to(context.device)
                 order = np.random.default_rng(len(ids)).permutation(len(ids))
                 batch = np.zeros(len(ids))
                 batch[order] = sigma_of(context, provider, x[order], [ids[i] for i in order],

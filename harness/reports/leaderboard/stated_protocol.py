@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from harness.foundation.data import WITHHELD
 from harness.foundation.protocol import FORWARD_OPTIONS
 from harness.reports.leaderboard.reproduce import run_command, spec_filename
 from harness.store.storedrun import StoredRun
@@ -12,8 +13,12 @@ ARITHMETIC_KEYS = ("precision", "channels_last", "noise", "cudnn", *FORWARD_OPTI
 """Protocol keys recorded since the engine offers precisions and noise schemes (``cudnn``
 only when it is not the default ``heuristic``, the forward options only when on)."""
 COMPARED_KEYS = ("n0", "n", "alpha", "precision", "channels_last", "noise", "cudnn",
-                 *FORWARD_OPTIONS, "sampling", "n_max")  # fmt: skip
+                 *FORWARD_OPTIONS, "sampling", "n_max", "test_split")  # fmt: skip
 """Protocol keys whose difference makes two runs' rows not directly comparable."""
+NOT_RECORDED = ("not recorded (the run began before runs recorded it, so its plugins may "
+                "have read it)")  # fmt: skip
+"""A run's ``test_split`` when it records none (a run begun before the harness withheld the
+test split from plugins)."""
 
 
 def protocol_differences(protocols: list[dict[str, Any]]) -> dict[str, list[str]]:
@@ -21,7 +26,7 @@ def protocol_differences(protocols: list[dict[str, Any]]) -> dict[str, list[str]
     values (a missing precision reads fp32, a missing noise block-v1)."""
     legacy = {"precision": "fp32", "channels_last": False, "noise": "block-v1",
               "cudnn": "heuristic", "sampling": "fixed", "n_max": None,
-              **dict.fromkeys(FORWARD_OPTIONS, False)}  # fmt: skip
+              **dict.fromkeys(FORWARD_OPTIONS, False), "test_split": NOT_RECORDED}  # fmt: skip
     out = {}
     for key in COMPARED_KEYS:
         values = [str(p.get(key, legacy.get(key))).lower() for p in protocols]
@@ -77,7 +82,18 @@ def run_protocol(run: StoredRun, stem: str | None) -> dict[str, Any]:
         out["arithmetic"] = row["arithmetic"]
     if row.get("plugin_hosts"):  # runs from before plugin hosts were confined have none
         out["plugin_hosts"] = row["plugin_hosts"]
+    if row.get("test_split"):  # runs begun before the test split was withheld have none,
+        out["test_split"] = row["test_split"]  # and their boards stay as they were rendered
     return out
+
+
+def statement_of_test_split(record: str | None) -> str:
+    """What a run's plugins had of the test split (its ``test_split`` record), in a line."""
+    if record == WITHHELD:
+        return ("withheld from every plugin (σ-providers, certifiers and the trainer got the "
+                "training split and the dataset's description, a σ-provider each test input "
+                "only when asked for its σ, no plugin a test label; docs/plugins.md)")  # fmt: skip
+    return NOT_RECORDED if record is None else f"unknown record {record!r}"
 
 
 def plugin_hosts_statement(record: dict[str, Any]) -> str:

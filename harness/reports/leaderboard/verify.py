@@ -1,5 +1,9 @@
 """``idrs-bench leaderboard --verify NAME.md``: re-derive a committed board and re-render it.
 
+Each run's record of what its plugins had of the test split is checked
+(:func:`check_test_split_records`: ``withheld``, or none for a run begun before it was recorded)
+and stated in a note.
+
 Every certificate and the verdicts that are functions of their recorded evidence (S0's
 and the replay check's) are re-derived from the run export
 (:mod:`harness.reports.leaderboard.recheck`); with ``--reaudit`` every check is re-run
@@ -124,9 +128,9 @@ def verify_board(
     folder = board_path.parent
     runs = board_runs(board_path, db)
     board = build_board(runs)
-    problems = []
+    problems = check_test_split_records(runs, notes)
     if rederivable(board_path, db):
-        problems = recheck_runs(runs, data_root, notes, rederived)
+        problems += recheck_runs(runs, data_root, notes, rederived)
     for name, expected in render_texts(board, stem).items():
         if db is None and name == f"{stem}.run.json":
             continue  # the source itself
@@ -155,6 +159,28 @@ def verify_board(
         path = folder / name
         if not path.is_file() or path.read_bytes()[:8] != PNG_SIGNATURE:
             problems.append(f"{path}: missing or not a PNG file")
+    return problems
+
+
+def check_test_split_records(runs: list[StoredRun], notes: list[str] | None = None) -> list[str]:
+    """The problems of the runs' test-split records (one the harness does not write); a
+    line per run appended to ``notes`` says what its plugins had of the test split: that
+    the run records it withheld, or that it records nothing (it began before runs recorded
+    it, so its plugins may have read the test split). The board's header states the same,
+    and its re-rendering compares them."""
+    from harness.foundation.data import WITHHELD
+    from harness.reports.leaderboard.stated_protocol import statement_of_test_split
+
+    problems = []
+    for run in runs:
+        if run.imported:
+            continue
+        record = run.run.get("test_split")
+        if record not in (None, WITHHELD):
+            problems.append(f"run {run.run_id[:12]}: test split record {record!r} is not one the "
+                            f"harness writes ({WITHHELD!r}, or none)")  # fmt: skip
+        elif notes is not None:
+            notes.append(f"run {run.run_id[:12]}: test split {statement_of_test_split(record)}")
     return problems
 
 
