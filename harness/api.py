@@ -110,11 +110,13 @@ def run(
     the run id, the weights digest, the per-row summary (a DataFrame, one row per method
     and setting, with each row's ``verdict``, the ``checks_applied`` and their ``flags``,
     as ``idrs-bench results`` shows them), the ``verdicts`` (a dict (method, setting) ->
-    verdict) and the certificates (a DataFrame with the store's columns). Processes that
-    run the same benchmark on the same database share the work, as ``idrs-bench run``
-    does.
+    verdict), the certificates (a DataFrame with the store's columns) and the ``failures``
+    (one dict per row that failed: method, setting, error; calling ``run`` again retries
+    them). Processes that run the same benchmark on the same database share the work, as
+    ``idrs-bench run`` does. The plugin hosts it starts end when it returns.
     """
     from harness.foundation.progress import Progress
+    from harness.plugin.manager import PluginManager
     from harness.running.benchmark import load_benchmark, parse_benchmark, set_value
     from harness.running.preparation import RunOptions
     from harness.running.runner import run_benchmark
@@ -134,14 +136,15 @@ def run(
         cache_dir=None if cache_dir is None else Path(cache_dir),
     )  # fmt: skip
     reporter = Progress(enabled=progress)
-    run_id = run_benchmark(loaded, options, reporter)
-    if check:
-        from harness.audit.auditor import run_checks
-        from harness.store.leases import exclusive
+    with PluginManager() as manager:  # (the run's and the checks': its hosts end here)
+        run_id = run_benchmark(loaded, options, reporter, manager)
+        if check:
+            from harness.audit.auditor import run_checks
+            from harness.store.leases import exclusive
 
-        with exclusive(db, run_id, "the soundness checks", reporter.note) as ours:
-            if ours:
-                run_checks(Path(db), run_id, options, reporter, budget="small")
+            with exclusive(db, run_id, "the soundness checks", reporter.note) as ours:
+                if ours:
+                    run_checks(Path(db), run_id, options, reporter, manager, budget="small")
     store = ResultStore(db)
     try:
         stored = read_run(store, run_id)
@@ -162,6 +165,7 @@ def run(
         "summary": summary,
         "verdicts": verdicts,
         "certificates": pd.DataFrame(certificates),
+        "failures": [{k: f[k] for k in ("method", "setting", "error")} for f in stored.failures],
     }
 
 

@@ -57,7 +57,7 @@ def _model_cache(tmp_path_factory):
 def _plugin_hosts():
     """On a kernel that cannot confine plugin hosts (no Landlock ABI >= 3), the suite runs
     them unconfined (the tests of the confinement itself skip there)."""
-    from harness.plugin import confinement
+    from harness.plugin.hosting import confinement
 
     mp = pytest.MonkeyPatch()
     if confinement.refusal(confinement.landlock_abi()) is not None:
@@ -66,10 +66,25 @@ def _plugin_hosts():
     mp.undo()
 
 
+@pytest.fixture(autouse=True)
+def _plugin_hosts_end_with_their_test():
+    """A plugin host that a test started ends with the test, with every process it started
+    (a host's manager that the test left to the garbage collector would keep it longer:
+    harness/README.md, "Plugin host"); hosts running before the test are left running."""
+    from harness.plugin.hosting.host_process import running_hosts
+
+    before = {id(host) for host in running_hosts()}
+    yield
+    for host in running_hosts():
+        if id(host) not in before:
+            host.stop()
+
+
 @pytest.fixture
-def manager() -> PluginManager:
+def manager():
     """A fresh plugin manager with the built-ins and no third-party plugins."""
-    return PluginManager(third_party=False)
+    with PluginManager(third_party=False) as made:
+        yield made
 
 
 class LinearModel(torch.nn.Module):

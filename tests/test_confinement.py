@@ -1,4 +1,4 @@
-"""The plugin host's confinement (harness/plugin/confinement.py, docs/threat-model.md): the
+"""The plugin host's confinement (harness/plugin/hosting/confinement.py, docs/threat-model.md): the
 Landlock ruleset of each ABI, each layer on this kernel, and the refusal on a kernel
 without Landlock, with ``--unconfined`` as the recorded way out."""
 
@@ -15,8 +15,8 @@ import sys
 import pytest
 
 from harness.foundation.errors import IdrsError
-from harness.plugin import confinement, confinement_probe, process_privileges
-from harness.plugin.confinement import Grants, refusal, ruleset
+from harness.plugin.hosting import confinement, confinement_probe, process_privileges
+from harness.plugin.hosting.confinement import Grants, refusal, ruleset
 
 CONFINABLE = refusal(confinement.landlock_abi()) is None
 needs_landlock = pytest.mark.skipif(not CONFINABLE, reason="this kernel has no Landlock ABI >= 3")
@@ -125,7 +125,7 @@ def test_a_kernel_that_cannot_confine_is_refused_naming_the_feature_and_the_opt_
 
 def test_the_host_refuses_to_confine_itself_with_threads_running():
     """A thread started before confinement would stay outside it: refused."""
-    code = ("import threading, time; from harness.plugin import confinement\n"
+    code = ("import threading, time; from harness.plugin.hosting import confinement\n"
             "threading.Thread(target=time.sleep, args=(5,), daemon=True).start()\n"
             "confinement.confine(confinement.Grants(), abi=7)\n")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -134,7 +134,7 @@ def test_the_host_refuses_to_confine_itself_with_threads_running():
 
 LAYER = r"""
 import json, os, socket, sys
-from harness.plugin import confinement as c
+from harness.plugin.hosting import confinement as c
 
 layers, scratch, port, outside = sys.argv[1].split(","), sys.argv[2], int(sys.argv[3]), sys.argv[4]
 grants = c.Grants(read=c.existing([*c.python_paths(), *c.SYSTEM_READ]), write=(scratch,),
@@ -269,7 +269,7 @@ def test_without_landlock_plugins_are_refused_and_an_unconfined_run_says_so(
     assert confinement.UNCONFINED_ENV not in os.environ  # (only for the command's duration)
     [run] = load_runs(db)
     assert run.run["plugin_hosts"] == {"third_party": ["idrs-test-half 0.1"],
-                                       "confinement": "unconfined"}  # fmt: skip
+                                       "confinement": "unconfined", "plugin_timeout": 1800}  # fmt: skip
     capsys.readouterr()
     assert main(["leaderboard", "--db", str(db)]) == 0
     header = next(line for line in capsys.readouterr().out.splitlines() if "| plugins |" in line)
@@ -298,7 +298,7 @@ def test_a_confined_run_records_its_plugin_hosts_and_a_resume_unconfined_is_adde
     manager = PluginManager()
     run_id = run_benchmark(load_benchmark(spec, []), RunOptions(db=db), Progress(False), manager)
     confined = manager.hosting()
-    assert confined == {"third_party": ["idrs-test-half 0.1"],
+    assert confined == {"third_party": ["idrs-test-half 0.1"], "plugin_timeout": 1800,
                         "confinement": confinement.description(confinement.landlock_abi())}  # fmt: skip
     with confinement.opted_out(True):
         tiny = Budget("tiny", coverage_trials=4, coverage_n=50, pairs=1, ascent_steps=1,
@@ -307,10 +307,12 @@ def test_a_confined_run_records_its_plugin_hosts_and_a_resume_unconfined_is_adde
                    attack=False)  # fmt: skip
     with sqlite3.connect(db) as con:
         [(recorded,)] = con.execute("SELECT plugin_hosts FROM runs").fetchall()
-    unconfined = {"third_party": ["idrs-test-half 0.1"], "confinement": "unconfined"}
+    unconfined = {"third_party": ["idrs-test-half 0.1"], "confinement": "unconfined",
+                  "plugin_timeout": 1800}  # fmt: skip
     assert json.loads(recorded) == {"varied": [confined, unconfined]}
     assert plugin_hosts_statement(json.loads(recorded)).startswith("UNCONFINED")
     assert "confined by the kernel (Landlock ABI" in plugin_hosts_statement(confined)
+    assert plugin_hosts_statement(confined).endswith("; a request to a host limited to 1800 s")
 
 
 def test_an_unconfined_value_other_than_1_is_an_error(monkeypatch):
@@ -358,7 +360,7 @@ def test_a_confined_host_certifies_on_cuda(install_plugin, linear_model):
 @pytest.fixture(scope="module")
 def confined_host():
     """A plugin host confined as a third-party plugin's is (the built-ins only)."""
-    from harness.plugin.host_process import PluginHost
+    from harness.plugin.hosting.host_process import PluginHost
 
     host = PluginHost(None, confined=True)
     yield host
@@ -403,7 +405,7 @@ def test_threads_are_named_after_the_kernel_dropped_its_dentries(confined_host):
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
         control = f"/proc/{sleeper.pid}/task"
-        pinned = f"/proc/{confined_host._process.pid}/task"
+        pinned = f"/proc/{confined_host.process.host_pid}/task"
         before = os.stat(control).st_ino, os.stat(pinned).st_ino
         try:
             with open("/proc/sys/vm/drop_caches", "w") as caches:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.plugin import confinement
+from harness.plugin.hosting import confinement
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tools" / "gpu-check"
@@ -67,7 +67,7 @@ def test_the_dry_run_lists_every_step_in_order_with_its_cap_and_command(tmp_path
     header = f"OUT={tmp_path / 'out'} device=cuda budget=510s tiny=0"
     assert f"{header} n=100000 resnet110_n=20000" in out  # ResNet-110 at a fifth of the n
     assert "pip install -q --no-deps --target /tmp/site .gpu/whl/*.whl" in out  # offline
-    assert 'python3 -m harness.plugin.confinement_probe --device "$DEVICE"' in out
+    assert 'python3 -m harness.plugin.hosting.confinement_probe --device "$DEVICE"' in out
     assert '"${XDIST[@]}" -v -rA "${TIMEOUT_PLUGIN[@]}" --junitxml="$WORK/$STEP/junit.xml"' in out
     assert "bench_pair default" in out
     # a Cohen row's samples at the default benchmark's batch

@@ -20,7 +20,7 @@ LAYERS = [
     "foundation",  # errors, progress, files, the protocol, the vocabulary of a run
     "mathematics",  # radii, worst case, statistics, certified accuracy
     "engine",  # noise, sampling, precision, batch size, the harness's draws
-    "plugin",  # hookspecs, components and contracts, registry, manager
+    "plugin",  # hookspecs, components and contracts, registry, loader; hosting/; manager
     "certification",  # σ then the certifier's claims, checked against the contract
     "store",  # every SQL statement, the typed read side
     "running",  # benchmark files, models, runner, executors, replay
@@ -148,6 +148,35 @@ def import_cycles(root: Path = ROOT) -> list[list[str]]:
 
 def test_imports_only_go_down():
     assert upward_imports() == []
+
+
+PLUGIN_PARTS = [
+    {"hookspecs", "components", "registry", "entry_points", "loader"},  # what a plugin meets
+    {"hosting"},  # the machinery that runs third-party code apart
+    {"manager"},  # the built-ins here, third-party plugins in hosts
+]
+"""The plugin layer's parts, lowest first (harness/README.md, "Layout")."""
+
+
+def test_the_plugin_layer_reads_apart():
+    """The contract a plugin author reads imports nothing of the machinery that runs plugins
+    apart (``plugin/hosting/``), which imports nothing of the manager above both."""
+
+    def part(module: str) -> int:
+        name = module.split(".")[2]
+        return next(i for i, names in enumerate(PLUGIN_PARTS) if name in names)
+
+    files = sorted((ROOT / "harness").rglob("*.py"))
+    known = {module_name(p) for p in files}
+    offenders = []
+    for path in sorted((ROOT / "harness" / "plugin").rglob("*.py")):
+        name = module_name(path)
+        if name == "harness.plugin":
+            continue
+        for line, target in imports(path.read_text(), name, path.name == "__init__.py", known):
+            if target.startswith("harness.plugin.") and part(target) > part(name):
+                offenders.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+    assert offenders == []
 
 
 def test_no_modules_import_each_other():

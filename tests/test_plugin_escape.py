@@ -41,7 +41,7 @@ from harness.audit.auditor import run_checks
 from harness.cli.main import main
 from harness.foundation.progress import Progress
 from harness.foundation.verdict import Verdict, overall
-from harness.plugin import confinement
+from harness.plugin.hosting import confinement
 from harness.plugin.manager import PluginManager
 from harness.running.benchmark import parse_benchmark
 from harness.running.preparation import RunOptions

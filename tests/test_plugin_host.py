@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
-import struct
+import signal
 import subprocess
 import sys
 import time
@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from harness.foundation.errors import ContractError
+from harness.foundation.errors import ContractError, IdrsError
 from harness.foundation.progress import Progress
-from harness.plugin import wire
 from harness.plugin.hookspecs import CONTRACT
+from harness.plugin.hosting import wire
 from harness.plugin.manager import PluginManager
 
 HALF = '''
@@ -85,7 +85,7 @@ def test_the_wire_refuses_what_is_not_plain_data(value):
 
 def _frame(header: dict, payload: bytes = b"") -> io.BytesIO:
     text = json.dumps(header).encode()
-    return io.BytesIO(struct.pack("<QQ", len(text), len(payload)) + text + payload)
+    return io.BytesIO(wire.HEAD.pack(wire.MAGIC, len(text), len(payload)) + text + payload)
 
 
 @pytest.mark.parametrize("header, payload", [
@@ -150,7 +150,8 @@ def test_a_third_party_plugin_runs_in_the_plugin_host_and_certifies_as_in_proces
     assert "idrs_test_half" not in sys.modules  # never imported by this process
     [host] = manager._hosts.values()
     said = manager.registry.get("sigma_providers", "half").description
-    assert said == f"imported in process {host._process.pid}" and host._process.pid != os.getpid()
+    pid = host.process.host_pid
+    assert said == f"imported in process {pid}" and pid not in (os.getpid(), host.process.pid)
 
     from harness.api import certify
 
@@ -174,14 +175,33 @@ def test_the_plugins_command_says_where_each_plugin_runs(install_plugin):
 
 
 def test_a_plugin_host_that_dies_is_an_error_naming_it(install_plugin):
+    """The error names the host's distribution, how it ended and the request it was
+    answering."""
     install_plugin("idrs_test_half", HALF.replace(
         "return torch.full((len(x),), self.sigma, device=x.device)", "os._exit(3)"))  # fmt: skip
-    manager = PluginManager()
-    spec = manager.registry.get("sigma_providers", "half")
-    context = _context(manager)
-    provider = spec.build(context, {"sigma": 0.5})
-    with pytest.raises(Exception, match=r"plugin host .*failed"):
-        provider(torch.zeros(2, 2))
+    with PluginManager() as manager:
+        spec = manager.registry.get("sigma_providers", "half")
+        provider = spec.build(_context(manager), {"sigma": 0.5})
+        with pytest.raises(IdrsError, match=r"the plugin host of idrs-idrs-test-half .* exited "
+                           r"with status 3 while answering the request 'sigma'"):  # fmt: skip
+            provider(torch.zeros(2, 2))
+
+
+def test_a_plugin_that_kills_its_host_when_imported_is_a_failure_and_the_rest_works(
+    install_plugin,
+):
+    """A distribution whose host dies while it imports its plugins (here: at once) is a
+    plugin failure saying how the host ended; the other plugins keep working."""
+    install_plugin("idrs_test_half", HALF)
+    install_plugin("idrs_test_exits", "import os\nIDRS_BENCH_CONTRACT = 3\nos._exit(5)\n",
+                   distribution="idrs-test-exits")  # fmt: skip
+    with PluginManager() as manager:
+        [failure] = manager.failures
+        assert failure.plugin == "idrs_test_exits" and failure.distribution == "idrs-test-exits"
+        assert "the plugin host of idrs-test-exits" in failure.error
+        assert "exited with status 5 while answering the request 'describe'" in failure.error
+        assert {"cohen-half", "cohen"} <= set(manager.registry.names("methods"))
+        assert list(manager._hosts) == ["idrs-idrs-test-half"]
 
 
 def test_a_component_of_a_host_that_stopped_says_so_and_the_host_serves_again(install_plugin):
@@ -194,8 +214,8 @@ def test_a_component_of_a_host_that_stopped_says_so_and_the_host_serves_again(in
     context = _context(manager)
     provider = spec.build(context, {"sigma": 0.5})
     [host] = manager._hosts.values()
-    host._process.kill()
-    host._process.wait()
+    os.kill(host.process.host_pid, signal.SIGKILL)
+    host.process.process.wait()  # (its keeper ends with it)
     with pytest.raises(Exception, match=r"built in a plugin host that has since stopped"):
         provider(torch.zeros(2, 2))
     assert torch.equal(
@@ -208,7 +228,7 @@ def _context(manager):
     from harness.foundation.data import Dataset
     from harness.foundation.protocol import CertificationProtocol
     from harness.plugin.components import BuildContext
-    from harness.plugin.model_description import build_model
+    from harness.plugin.hosting.model_description import build_model
 
     model = build_model(manager.registry, "linear-N", (2,), 2, {})
     data = Dataset("t", torch.zeros(4, 2), torch.zeros(4, dtype=torch.long), torch.zeros(2, 2),
@@ -226,7 +246,7 @@ def test_builtin_methods_served_by_a_plugin_host_certify_and_audit_as_in_process
     the same certificates bit for bit, and the same verdicts from the same audit entropy."""
     from harness.audit.audit import Budget
     from harness.audit.auditor import run_checks
-    from harness.plugin.hosted_components import CertifierFactory
+    from harness.plugin.hosting.hosted_components import CertifierFactory
     from harness.running.benchmark import parse_benchmark
     from harness.running.preparation import RunOptions
     from harness.running.runner import run_benchmark
@@ -331,14 +351,14 @@ def test_sequential_draws_cross_the_boundary_and_certify_as_in_process(tmp_path,
 
 BLOCKING_HARNESS = """
 import threading, time
-from harness.plugin.host_process import PluginHost
-from harness.plugin.confinement import hosts_confined
+from harness.plugin.hosting.host_process import PluginHost
+from harness.plugin.hosting.confinement import hosts_confined
 
 host = PluginHost("idrs-test-blocking", ["idrs_test_blocking"], confined=hosts_confined(True))
 threading.Thread(target=lambda: host.request("describe"), daemon=True).start()
-while host._process is None:
+while host.process is None or host.process.host_pid is None:
     time.sleep(0.01)
-print(host._process.pid, flush=True)
+print(host.process.host_pid, host.process.pid, flush=True)
 time.sleep(600)
 """
 
@@ -354,15 +374,16 @@ def test_a_plugin_host_ends_with_the_harness_even_while_a_plugin_blocks(install_
     harness = subprocess.Popen([sys.executable, "-c", BLOCKING_HARNESS], stdout=subprocess.PIPE,
                                text=True, env={**os.environ})  # fmt: skip
     try:
-        pid = int(harness.stdout.readline())
+        pids = [int(p) for p in harness.stdout.readline().split()]  # the host, its keeper
         time.sleep(1.0)  # the host is importing the blocking plugin
-        os.kill(pid, 0)  # alive
+        for pid in pids:
+            os.kill(pid, 0)  # alive
         harness.kill()
         harness.wait()
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and _alive(pid):
+        while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
             time.sleep(0.1)
-        assert not _alive(pid), "the plugin host outlived the harness's process"
+        assert not any(_alive(pid) for pid in pids), "the plugin host outlived the harness"
     finally:
         harness.kill()
 

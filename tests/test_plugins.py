@@ -11,6 +11,7 @@ from harness.cli.main import main
 from harness.foundation.errors import DuplicateNameError, UnknownNameError
 from harness.plugin.components import MethodSpec
 from harness.plugin.entry_points import is_builtin
+from harness.plugin.loader import PluginLoader
 from harness.plugin.manager import PluginManager
 
 
@@ -89,7 +90,7 @@ def _fake_entry_points(monkeypatch, eps, builtins=True):
     """Entry points of the group: the installed built-ins (unless not ``builtins``) + ``eps``.
 
     Fake ones exist in this process only, so the tests that use them load them as a plugin
-    host loads plugins, in its own process (``PluginManager(isolated=False)``); how a host's
+    host loads plugins, in its own process (``PluginLoader()``); how a host's
     failures reach the harness is tested in tests/test_plugin_host.py."""
     installed = list(importlib.metadata.entry_points(group="idrs_bench")) if builtins else []
     monkeypatch.setattr(
@@ -105,7 +106,7 @@ def test_broken_entry_point_is_reported_and_the_rest_works(monkeypatch, capsys):
         [_FakeEntryPoint("broken", ImportError("no module named 'nonexistent'")),
          _FakeEntryPoint("good", _method_plugin("good-method"))],
     )  # fmt: skip
-    manager = PluginManager(isolated=False)
+    manager = PluginLoader()
     assert [(f.plugin, f.error) for f in manager.failures] == [
         ("broken", "ImportError: no module named 'nonexistent'")
     ]
@@ -122,11 +123,11 @@ def test_environment_variable_restricts_external_plugins(monkeypatch):
         ],
     )
     monkeypatch.setenv("IDRS_BENCH_PLUGINS", "two")
-    assert "one" not in PluginManager(isolated=False).registry.names("methods")
-    assert "two" in PluginManager(isolated=False).registry.names("methods")
+    assert "one" not in PluginLoader().registry.names("methods")
+    assert "two" in PluginLoader().registry.names("methods")
     monkeypatch.setenv("IDRS_BENCH_PLUGINS", "")
-    assert "one" not in PluginManager(isolated=False).registry.names("methods")
-    assert "cohen" in PluginManager(isolated=False).registry.names("methods")  # built-ins always
+    assert "one" not in PluginLoader().registry.names("methods")
+    assert "cohen" in PluginLoader().registry.names("methods")  # built-ins always
     monkeypatch.delenv("IDRS_BENCH_PLUGINS")
     assert "two" not in PluginManager(third_party=False).registry.names("methods")
 
@@ -142,7 +143,7 @@ def test_a_plugin_name_declared_twice_fails_naming_both(monkeypatch):
     impostor = _FakeEntryPoint("cohen", _method_plugin("impostor"))
     installed = list(importlib.metadata.entry_points(group="idrs_bench"))
     monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [impostor, *installed])
-    manager = PluginManager(isolated=False)
+    manager = PluginLoader()
     [failure] = manager.failures
     assert failure.plugin == "cohen" and "DuplicateNameError" in failure.error
     assert "'plugins.cohen'" in failure.error and "'fake.cohen'" in failure.error

@@ -1,5 +1,5 @@
 """``idrs-bench plugins install``: a plugin built confined, without network, into a private
-prefix that only its confined plugin host imports (harness/plugin/private_install.py)."""
+prefix that only its confined plugin host imports (harness/plugin/hosting/private_install.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import zipfile
 import pytest
 
 from harness.foundation.errors import IdrsError
-from harness.plugin import confinement
+from harness.plugin.hosting import confinement
+from harness.plugin.hosting.private_install import install, prefix_root, uninstall
 from harness.plugin.manager import PluginManager
-from harness.plugin.private_install import install, prefix_root, uninstall
 
 pytestmark = pytest.mark.skipif(
     confinement.refusal(confinement.landlock_abi()) is not None,
@@ -137,7 +137,7 @@ def test_a_private_plugin_is_checked_from_the_manifest_without_a_host(tmp_path, 
     """Its entry in the plugin manifest is keyed by the files its RECORD lists, so a
     benchmark file naming its method is checked without starting its host."""
     from harness.plugin.entry_points import installed_prefixes, plugin_entry_points
-    from harness.plugin.manifest import plugin_key
+    from harness.plugin.hosting.manifest import plugin_key
 
     install(_wheel(tmp_path), quiet=True)
     [entry] = [ep for ep in plugin_entry_points(installed_prefixes().values())

@@ -145,7 +145,7 @@ def _context(manager: PluginManager, method: str):
     from harness.engine.sampling import SamplingEngine
     from harness.foundation.protocol import CertificationProtocol
     from harness.plugin.components import BuildContext
-    from harness.plugin.model_description import build_model
+    from harness.plugin.hosting.model_description import build_model
 
     model = build_model(manager.registry, "ball-N", (2,), 2, {})
     protocol = CertificationProtocol(n0=10, n=100, batch_size=64)
@@ -213,7 +213,7 @@ def test_the_plugin_host_is_sent_the_training_split_and_description_only(install
     """What crosses to the host: no test array; what a hosted σ-provider sees of the dataset
     (its σ is 0.001 × (training points + dimension + 100 × classes)) is the harness's."""
     from harness.certification.method import build_method
-    from harness.plugin.host_process import PluginHost
+    from harness.plugin.hosting.host_process import PluginHost
 
     data = _dataset()
     sent = PluginHost()._dataset(data.training_split())

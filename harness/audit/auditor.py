@@ -14,7 +14,7 @@ from harness.engine.determinism import kernels_restored
 from harness.foundation.progress import Progress
 from harness.foundation.threads import available_cores
 from harness.foundation.verdict import CheckResult
-from harness.plugin.manager import PluginManager
+from harness.plugin.manager import PluginManager, managed
 from harness.running.preparation import RunOptions
 from harness.store.store import ResultStore
 
@@ -38,8 +38,18 @@ def run_checks(
     ``workers`` > 1 audits rows side by side in that many processes
     (:mod:`harness.audit.workers`: this one and ``workers`` − 1 started for it; None: as
     many as :func:`~harness.audit.workers.default_workers` says), when there is more than
-    one row and every plugin of ``manager`` can be loaded there."""
-    manager = manager or PluginManager()
+    one row and every plugin of ``manager`` can be loaded there. Without a ``manager``, the
+    one made here ends its plugin hosts on return."""
+    with managed(manager) as manager:
+        return _run_checks(db, run_id, options, progress, manager, method, budget, orders,
+                           entropy, attack, workers)  # fmt: skip
+
+
+def _run_checks(
+    db, run_id, options, progress, manager: PluginManager, method, budget, orders, entropy,
+    attack, workers,
+) -> dict[tuple[str, str], list[CheckResult]]:  # fmt: skip
+    """:func:`run_checks` with its plugin manager."""
     checks = [manager.registry.get("checks", n) for n in manager.registry.names("checks")]
     store = ResultStore(db)
     threads = torch.get_num_threads()

@@ -37,7 +37,7 @@ from harness.audit.auditor import run_checks
 from harness.foundation.errors import IdrsError
 from harness.foundation.progress import Progress
 from harness.foundation.verdict import CheckResult, overall
-from harness.plugin.manager import PluginManager
+from harness.plugin.manager import PluginManager, managed
 from harness.plugin.registry import Registry
 from harness.running.preparation import RunOptions
 from harness.store.runcopy import copy_run
@@ -107,11 +107,21 @@ def reaudit(
     the plugins' trained parts are read from the model cache as in a run (``options``;
     ``options.db`` is ignored). ``budgets`` names the budgets a record may name (default
     :data:`harness.audit.audit.BUDGETS`); ``workers``: processes auditing rows side by
-    side (:func:`~harness.audit.auditor.run_checks`)."""
+    side (:func:`~harness.audit.auditor.run_checks`). Without a ``manager``, the one made
+    here ends its plugin hosts on return."""
     if stored.imported:
         raise IdrsError(f"run {stored.run_id[:12]} is an imported log: it has no audit to re-run")
-    budgets = BUDGETS if budgets is None else budgets
-    manager = manager or PluginManager()
+    with managed(manager) as manager:
+        return _reaudit(stored, folder, options, progress, manager, method,
+                        BUDGETS if budgets is None else budgets, workers)  # fmt: skip
+
+
+def _reaudit(
+    stored: StoredRun, folder: Path, options: RunOptions, progress: Progress,
+    manager: PluginManager, method: str | None, budgets: Mapping[str, Budget],
+    workers: int | None,
+) -> list[RowReaudit]:  # fmt: skip
+    """:func:`reaudit` with its plugin manager."""
     registry = manager.registry
     rows = [r for r in stored.rows() if r.checks and method in (None, r.method)]
     if not rows:

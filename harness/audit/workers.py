@@ -242,7 +242,7 @@ def serve(lines, send: Callable[[dict[str, Any]], None]) -> None:
     checks = [manager.registry.get("checks", n) for n in manager.registry.names("checks")]
     progress = _Reporting(send)
     store = ResultStore(Path(job["db"]))
-    try:
+    try:  # (its plugin hosts end with it)
         session = AuditSession(store, job["run_id"], options, progress, manager,
                                Budget(**job["budget"]))  # fmt: skip
         attacked: dict[str, dict] = {}
@@ -258,6 +258,7 @@ def serve(lines, send: Callable[[dict[str, Any]], None]) -> None:
             send({"done": True})
     finally:
         store.close()
+        manager.close()
 
 
 def main() -> None:
@@ -275,7 +276,7 @@ def main() -> None:
     job_line = next(lines, "")
     if not job_line:
         return
-    from harness.plugin.host import exit_with_parent
+    from harness.plugin.hosting.host import exit_with_parent
 
     exit_with_parent(int(json.loads(job_line)["parent"]))
     serve(_prepended(job_line, lines), send)

@@ -4,8 +4,11 @@ Nothing heavy is imported before it is needed: ``--help``, ``plugins`` and every
 error in a benchmark file or its parameters answer without importing torch (the spec
 is parsed and checked against the registered plugins first). A subcommand defined
 in another module is one ``add_<name>_parser(subparsers)`` in :data:`SUBCOMMANDS`.
-SIGTERM is handled like Ctrl-C: the run stops, says how to resume, exits 143.
-Idle OpenMP threads are told to sleep before anything imports torch, and ``run`` and
+SIGTERM is handled like Ctrl-C: the run stops, its plugin hosts end with everything they
+started, it says how to resume and exits 143 (130 for Ctrl-C). Exit statuses: 0, done; 2, an
+error; 3 (:data:`ROWS_FAILED`), ``run`` finished but rows failed (each is named with its
+plugin, why, and the command that retries it); 1, ``--reaudit`` found a verdict that
+differs. Idle OpenMP threads are told to sleep before anything imports torch, and ``run`` and
 ``check`` compute with their share of the machine's cores
 (:mod:`harness.foundation.threads`).
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import signal
 import sqlite3
 import sys
@@ -31,16 +35,20 @@ from harness.cli.bench import add_bench_parser
 from harness.cli.plugins_table import add_plugins_parser, warn_plugin_failures
 from harness.cli.results_table import (
     RUN_WIDTH,
+    add_results_parser,
     attack_statement,
+    print_failed_rows,
     print_next_steps,
     print_results,
     print_timings,
     terminal,
+    typed_program,
 )
 from harness.foundation.errors import IdrsError, plain
 from harness.foundation.threads import requested_threads, set_passive_wait
 from harness.foundation.version import __version__
-from harness.plugin.confinement import add_unconfined_option, opted_out
+from harness.plugin.hosting.confinement import add_unconfined_option, opted_out
+from harness.plugin.hosting.limits import add_plugin_timeout_option, timeout_set
 from harness.reports.import_log import add_import_log_parser
 from harness.reports.leaderboard import add_compare_parser, add_leaderboard_parser
 from harness.store.integrity import check_database
@@ -59,6 +67,10 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], object]] = [
 """Registration functions of the subcommands defined in their own modules."""
 
 
+ROWS_FAILED = 3
+"""``run``'s exit status when it finished but some rows failed (docs/cli.md)."""
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the process is (handled like Ctrl-C)."""
 
@@ -71,13 +83,17 @@ def main(argv: list[str] | None = None) -> int:
     set_passive_wait()  # before torch is imported: the OpenMP runtime reads it when it starts
     parser = _parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # (what `run` says to retry)
     if not hasattr(args, "handler"):
         parser.print_help()
         return 2
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
     try:
-        with opted_out(getattr(args, "unconfined", False)):
+        with (
+            opted_out(getattr(args, "unconfined", False)),
+            timeout_set(getattr(args, "plugin_timeout", None)),
+        ):
             return args.handler(args)
     except IdrsError as exc:
         _error(str(exc))
@@ -165,23 +181,10 @@ def _parser() -> argparse.ArgumentParser:
         "audit (as the tests make), which a plugin that knows it can foresee",
     )  # fmt: skip
     add_unconfined_option(run)
+    add_plugin_timeout_option(run)
     run.set_defaults(handler=_run)
 
-    results = sub.add_parser("results", help="summary metrics of a run")
-    results.add_argument(
-        "run", nargs="?", metavar="RUN", help="run id or unique prefix (default: the latest)"
-    )
-    results.add_argument("--db", type=Path, default=DEFAULT_DB, metavar="PATH")
-    results.add_argument("--json", action="store_true", help="machine-readable output")
-    results.add_argument(
-        "--format", choices=("table", "cohen-log"), default="table", metavar="table|cohen-log",
-        help="cohen-log: Cohen et al.'s per-input certify log of one method and setting",
-    )  # fmt: skip
-    results.add_argument("--method", metavar="M", help="the method whose log to write (cohen-log)")
-    results.add_argument(
-        "--setting", metavar="S", help="the setting whose log to write (cohen-log)"
-    )
-    results.set_defaults(handler=_results)
+    add_results_parser(sub)  # (defined with its table)
 
     check = sub.add_parser("check", help="audit the certificates of a finished run")
     check.add_argument(
@@ -219,6 +222,7 @@ def _parser() -> argparse.ArgumentParser:
         "the run and fail on any verdict that differs from the stored one (nothing is stored)",
     )  # fmt: skip
     add_unconfined_option(check)
+    add_plugin_timeout_option(check)
     check.set_defaults(handler=_check)
 
     for add_parser in SUBCOMMANDS:
@@ -284,14 +288,15 @@ def _run(args: argparse.Namespace) -> int:
     if args.no_check and args.entropy is not None:
         raise IdrsError("--entropy is the checks' entropy; leave out --no-check, or --entropy")
     spec = load_benchmark(args.spec or DEFAULT_BENCHMARK, args.set)
-    # every name and parameter, before torch and before third-party plugins are imported
-    manager = PluginManager()  # this command's: passed to the run and to the checks
-    spec = validate(spec, manager.checking_registry())
-    check_data_root(args.data_root, spec.dataset.name)
-    check_database(args.db)
-    requested = requested_threads(args.threads)
-    with _working(requested, args.quiet):
-        return _run_checked(args, spec, manager, requested)
+    # every name and parameter, before torch and before third-party plugins are imported;
+    # this command's manager (the run's and the checks'), whose plugin hosts end with it
+    with PluginManager() as manager:
+        spec = validate(spec, manager.checking_registry())
+        check_data_root(args.data_root, spec.dataset.name)
+        check_database(args.db)
+        requested = requested_threads(args.threads)
+        with _working(requested, args.quiet):
+            return _run_checked(args, spec, manager, requested)
 
 
 def _run_checked(
@@ -348,7 +353,8 @@ def _run_checked(
     if args.timings:
         print_timings(progress.timings, args.db, run_id)
     print_next_steps(args.db, run_id, spec.name, rows)
-    return 0
+    failed = print_failed_rows(args.db, run_id, " ".join([typed_program(), shlex.join(args.argv)]))
+    return ROWS_FAILED if failed else 0
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -427,20 +433,6 @@ def _reaudit(args: argparse.Namespace, options, progress) -> int:
     print(f"run {stored.run_id[:12]}: {verified} of {len(rows)} row(s) re-audited with their "
           f"recorded verdicts{'' if not problems else f'; {len(problems)} problem(s)'}")  # fmt: skip
     return 1 if problems else 0
-
-
-def _results(args: argparse.Namespace) -> int:
-    if not args.db.is_file():
-        raise IdrsError(
-            f"results database {str(args.db)!r} not found; run a benchmark first or pass --db"
-        )
-    if args.format == "cohen-log":
-        from harness.reports.cohen_log import write_run_log
-
-        sys.stdout.write(write_run_log(args.db, args.run, args.method, args.setting))
-        return 0
-    print_results(args.db, args.run, as_json=args.json)
-    return 0
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """What ``idrs-bench results`` and the end of ``idrs-bench run`` print: the summary
 table of a run (compact at the run's end, full for ``results``), its verdicts, and the
-commands to go on with."""
+commands to go on with; the ``results`` command itself."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 import shutil
@@ -16,7 +17,43 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from harness.foundation.errors import IdrsError
 from harness.store.store import DEFAULT_DB
+
+
+def add_results_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """``idrs-bench results``: a run's summary table, or Cohen et al.'s certify log."""
+    results = sub.add_parser("results", help="summary metrics of a run")
+    results.add_argument(
+        "run", nargs="?", metavar="RUN", help="run id or unique prefix (default: the latest)"
+    )
+    results.add_argument("--db", type=Path, default=DEFAULT_DB, metavar="PATH")
+    results.add_argument("--json", action="store_true", help="machine-readable output")
+    results.add_argument(
+        "--format", choices=("table", "cohen-log"), default="table", metavar="table|cohen-log",
+        help="cohen-log: Cohen et al.'s per-input certify log of one method and setting",
+    )  # fmt: skip
+    results.add_argument("--method", metavar="M", help="the method whose log to write (cohen-log)")
+    results.add_argument(
+        "--setting", metavar="S", help="the setting whose log to write (cohen-log)"
+    )
+    results.set_defaults(handler=results_command)
+    return results
+
+
+def results_command(args: argparse.Namespace) -> int:
+    """``idrs-bench results``."""
+    if not args.db.is_file():
+        raise IdrsError(
+            f"results database {str(args.db)!r} not found; run a benchmark first or pass --db"
+        )
+    if args.format == "cohen-log":
+        from harness.reports.cohen_log import write_run_log
+
+        sys.stdout.write(write_run_log(args.db, args.run, args.method, args.setting))
+        return 0
+    print_results(args.db, args.run, as_json=args.json)
+    return 0
 
 
 def print_results(
@@ -101,12 +138,50 @@ def print_results(
             f"[yellow]run {run['run_id'][:12]} is {escape(note)}[/yellow]; "
             "`idrs-bench run` with the same spec and --db finishes it"
         )
-    for failure in failures:
+    for failure in [] if compact else failures:  # (`run` says more: print_failed_rows)
         console.print(
             f"[red]failed:[/red] {escape(failure['method'])} ({escape(failure['setting'])}): "
             f"{escape(failure['error'].splitlines()[0])}"
         )
     return rows
+
+
+def print_failed_rows(db: Path, run_id: str, retry: str) -> int:
+    """At the end of ``run``: each row that failed, with the plugins of its method, why, and
+    ``retry``, the command that certifies it again (the others are kept); how many failed."""
+    from harness.store.store import ResultStore
+    from harness.store.storedrun import read_run
+
+    store = ResultStore(db)
+    try:
+        stored = read_run(store, run_id)
+    finally:
+        store.close()
+    if not stored.failures:
+        return 0
+    components = stored.run.get("components") or {}
+    console = terminal(RUN_WIDTH)
+    console.print(f"[red]{len(stored.failures)} row(s) failed[/red] (every other row is above):")
+    for failure in stored.failures:
+        method = failure["method"]
+        console.print(
+            f"  [red]failed:[/red] {escape(method)} ({escape(failure['setting'])}), "
+            f"{escape(_plugins_of(method, components))}: "
+            f"{escape(failure['error'].splitlines()[0])}",
+            highlight=False, soft_wrap=True,
+        )  # fmt: skip
+    console.print(f"retry the failed row(s): {escape(retry)}   (finished rows are kept)",
+                  highlight=False, soft_wrap=True)  # fmt: skip
+    return len(stored.failures)
+
+
+def _plugins_of(method: str, components: dict[str, Any]) -> str:
+    """The plugin (and package) of ``method``, as the run recorded it (``runs.components``)."""
+    provenance = (components.get("methods") or {}).get(method)
+    if not provenance:
+        return "its plugin not recorded"
+    package = " ".join(p for p in (provenance.get("distribution"), provenance.get("version")) if p)
+    return f"plugin {provenance['plugin']}" + (f" of {package}" if package else "")
 
 
 def _headline_radius(config: dict[str, Any]) -> float:

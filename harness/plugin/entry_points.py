@@ -7,7 +7,7 @@ are declared so in this repository's). A distribution installed privately lives 
 ``<cache root>/plugin-packages/<name>/`` (:func:`prefix_root`), one folder per
 distribution, never on the harness's module path: its metadata is read from there
 (:func:`plugin_entry_points`) and only its confined plugin host imports its code
-(:mod:`harness.plugin.private_install`). ``$IDRS_BENCH_PLUGINS`` restricts which
+(:mod:`harness.plugin.hosting.private_install`). ``$IDRS_BENCH_PLUGINS`` restricts which
 third-party plugins load (:func:`allowed_external_plugins`).
 """
 

@@ -91,49 +91,50 @@ def certify_held_model(
             "cudnn": cudnn, "sampling": sampling, **(forward or {}),
             **({} if n_max is None else {"n_max": n_max})}  # fmt: skip
     protocol = certification_protocol(cert, RADII if radii is None else radii)
-    registry = PluginManager().registry
-    spec = registry.get("methods", method)
-    setting = {"sigma": sigma, **params} if "sigma" in spec.defaults else dict(params)
-    _check_keys(setting, spec.defaults, f"method {method!r}")
-    full = {**spec.defaults, **setting}
-    if spec.check is not None:
-        spec.check(full)
-    inputs = torch.as_tensor(inputs, dtype=torch.float32)
-    labels = torch.as_tensor(labels, dtype=torch.long)
-    if len(inputs) != len(labels):
-        raise IdrsError(f"{len(inputs)} inputs but {len(labels)} labels")
-    model = model.to(device).eval()
-    with torch.no_grad():
-        num_classes = int(model(inputs[:1].to(device)).shape[-1])
-    if train_inputs is None:
-        train_x: Any = _NoTrainingData(method)
-        train_y: Any = train_x
-    else:
-        train_x = torch.as_tensor(train_inputs, dtype=torch.float32)
-        train_y = torch.as_tensor(
-            train_labels if train_labels is not None else torch.zeros(len(train_x)),
-            dtype=torch.long,
-        )
-    dataset = Dataset("api", train_x, train_y, inputs, labels, num_classes)
-    certified = prepare_model(model, protocol)
-    if batch_size == "auto":
-        from harness.engine.batchsize import auto_batch_size
+    with PluginManager() as manager:  # (its plugin hosts end on return, also on an error)
+        registry = manager.registry
+        spec = registry.get("methods", method)
+        setting = {"sigma": sigma, **params} if "sigma" in spec.defaults else dict(params)
+        _check_keys(setting, spec.defaults, f"method {method!r}")
+        full = {**spec.defaults, **setting}
+        if spec.check is not None:
+            spec.check(full)
+        inputs = torch.as_tensor(inputs, dtype=torch.float32)
+        labels = torch.as_tensor(labels, dtype=torch.long)
+        if len(inputs) != len(labels):
+            raise IdrsError(f"{len(inputs)} inputs but {len(labels)} labels")
+        model = model.to(device).eval()
+        with torch.no_grad():
+            num_classes = int(model(inputs[:1].to(device)).shape[-1])
+        if train_inputs is None:
+            train_x: Any = _NoTrainingData(method)
+            train_y: Any = train_x
+        else:
+            train_x = torch.as_tensor(train_inputs, dtype=torch.float32)
+            train_y = torch.as_tensor(
+                train_labels if train_labels is not None else torch.zeros(len(train_x)),
+                dtype=torch.long,
+            )
+        dataset = Dataset("api", train_x, train_y, inputs, labels, num_classes)
+        certified = prepare_model(model, protocol)
+        if batch_size == "auto":
+            from harness.engine.batchsize import auto_batch_size
 
-        batch_size = auto_batch_size(certified, tuple(inputs.shape[1:]), device)
-    engine = SamplingEngine(certified, num_classes, device, batch_size, seed, pad_batches=True)
-    digest = weights_digest(model)
-    key = setting_key(setting)
-    context = BuildContext(
-        dataset=dataset, model=model, device=device, seed=seed, protocol=protocol,
-        engine=engine, progress=Progress(enabled=False), registry=registry, recipe_hash=digest,
-        run_id=f"api-{digest[:12]}", method=method, setting=key,
-    )  # fmt: skip
-    ids = list(range(len(inputs)))
-    with deterministic_kernels(device):
-        provider, certifier = build_method(registry, method, full, context)
-        check_sampling(context, method, provider, certifier)
-        made = certify_inputs(context, spec, provider, certifier, inputs.to(device), ids)
-        rows = [{"method": method, "setting": key, "label": int(labels[c.input_id]), **vars(c)}
-                for c in made]  # fmt: skip
-    attrs = {"weights_digest": digest, "batch_size": batch_size, "precision": protocol.precision}
-    return rows, attrs
+            batch_size = auto_batch_size(certified, tuple(inputs.shape[1:]), device)
+        engine = SamplingEngine(certified, num_classes, device, batch_size, seed, pad_batches=True)
+        digest = weights_digest(model)
+        key = setting_key(setting)
+        context = BuildContext(
+            dataset=dataset, model=model, device=device, seed=seed, protocol=protocol,
+            engine=engine, progress=Progress(enabled=False), registry=registry, recipe_hash=digest,
+            run_id=f"api-{digest[:12]}", method=method, setting=key,
+        )  # fmt: skip
+        ids = list(range(len(inputs)))
+        with deterministic_kernels(device):
+            provider, certifier = build_method(registry, method, full, context)
+            check_sampling(context, method, provider, certifier)
+            made = certify_inputs(context, spec, provider, certifier, inputs.to(device), ids)
+            rows = [{"method": method, "setting": key, "label": int(labels[c.input_id]), **vars(c)}
+                    for c in made]  # fmt: skip
+        return rows, {"weights_digest": digest, "batch_size": batch_size,
+                      "precision": protocol.precision}  # fmt: skip

@@ -28,7 +28,7 @@ from harness.foundation.data import WITHHELD
 from harness.foundation.errors import IdrsError
 from harness.foundation.progress import Progress
 from harness.foundation.version import __version__
-from harness.plugin.manager import PluginManager
+from harness.plugin.manager import PluginManager, managed
 from harness.plugin.registry import Registry
 from harness.running.benchmark import Benchmark
 from harness.running.local_executor import LocalExecutor
@@ -87,9 +87,17 @@ def run_benchmark(
     executor: Executor | None = None,
 ) -> str:
     """Run (or resume) ``benchmark`` with ``executor`` (default: in this process); returns the
-    run id."""
+    run id. Without a ``manager``, the one made here ends its plugin hosts on return."""
     check_database(options.db)  # a damaged database is refused before any work
-    prepared = prepare(benchmark, options, progress, manager)
+    with managed(manager) as manager:
+        return _run_prepared(prepare(benchmark, options, progress, manager), options, progress,
+                             executor)  # fmt: skip
+
+
+def _run_prepared(
+    prepared: Prepared, options: RunOptions, progress: Progress, executor: Executor | None
+) -> str:
+    """:func:`run_benchmark` once its benchmark is prepared."""
     run_id, context, benchmark = prepared.run_id, prepared.context, prepared.benchmark
     store = ResultStore(options.db, verify=False)
     try:

@@ -7,9 +7,10 @@ order their check replayed (Súkeník et al. 2022, App. C.2). Runs imported from
 logs (``idrs-bench import-log``) join the first table of their dataset (or open their own)
 as a group of their own, ``imported``: their radii are claims without evidence, never
 ranked as certified. A setting of an unfinished run is marked ``incomplete`` and
-never sound. Within each group the order is: certified accuracy at the headline radius
-(descending), then ACR (descending), then method, setting and run id (ascending), so
-that ties are broken deterministically.
+never sound; one whose certification failed (a plugin that raised, hung or crashed:
+the run's ``failures``) is marked ``failed``, never sound either. Within each group the
+order is: certified accuracy at the headline radius (descending), then ACR (descending),
+then method, setting and run id (ascending), so that ties are broken deterministically.
 
 The benchmark's radii are :func:`harness.mathematics.accuracy.benchmark_radii`; the headline radius
 is the spec's ``headline_radius`` if present, else the median of the radii (0.5 by
@@ -189,14 +190,18 @@ def empirical_metrics(attack: dict[str, Any] | None, radii: Sequence[float]) -> 
 
 
 def _rows(run: StoredRun, radii: Sequence[float]) -> list[Row]:
-    """One row per (method, setting); a setting not finished is marked and never ranked sound."""
+    """One row per (method, setting); a setting not finished, or failed, is marked and never
+    ranked sound."""
     out = []
+    failed = {(f["method"], f["setting"]) for f in run.failures}
     for stored in run.rows():
         verdict, order, certs = stored.verdict, stored.order, stored.certificates
         if order is not None:
             certs = at_order(certs, order["worst_order"])
         done = stored.status
-        if done is not None and not done.complete:
+        if (stored.method, stored.setting) in failed:
+            verdict = f"failed ({len(certs)} inputs certified before), {verdict}"
+        elif done is not None and not done.complete:
             verdict = f"incomplete ({done.inputs} of {done.expected or '?'} inputs), {verdict}"
         metrics = row_metrics(certs, radii, run.unknown_metrics)
         attack = None if stored.attack is None else stored.attack.result

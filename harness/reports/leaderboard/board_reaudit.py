@@ -26,7 +26,7 @@ from harness.audit.reaudit import RowReaudit, reaudit
 from harness.foundation.artifacts import cache_root_at, file_digest
 from harness.foundation.errors import IdrsError
 from harness.foundation.progress import Progress
-from harness.plugin.manager import PluginManager
+from harness.plugin.manager import PluginManager, managed
 from harness.reports.leaderboard.recheck import missing_weights_message, stage_trained_parts
 from harness.running.preparation import RunOptions
 from harness.running.runfiles import WEIGHTS
@@ -42,27 +42,27 @@ def reaudit_board(
     ``device``: ``auto`` (the run's device where this machine has one, else the CPU),
     ``cpu`` or ``cuda``; ``workers``: processes auditing rows side by side
     (:func:`harness.audit.auditor.run_checks`)."""
-    manager = manager or PluginManager()
     out: list[RowReaudit] = []
-    for run in runs:
-        if run.imported:
-            continue
-        with tempfile.TemporaryDirectory(prefix="idrs-reaudit-") as folder:
-            root = Path(folder) / "cache"
-            with cache_root_at(root):
-                try:
-                    stage_weights(run, root)
-                    stage_trained_parts(run, root)
-                except IdrsError as exc:
-                    out += [RowReaudit.of(run, row, error=str(exc))
-                            for row in run.rows() if row.checks]  # fmt: skip
-                    continue
-                manager.stop_hosts()  # (they start again with this cache root: a confined
-                # host writes its plugins' artifact folders under the cache root it starts with)
-                here = _device(run, device, progress)
-                options = RunOptions(db=Path(os.devnull), device=here, data_root=data_root)
-                out += reaudit(run, Path(folder), options, progress, manager, budgets=budgets,
-                               workers=workers)  # fmt: skip
+    with managed(manager) as manager:  # (one made here ends its hosts on return)
+        for run in runs:
+            if run.imported:
+                continue
+            with tempfile.TemporaryDirectory(prefix="idrs-reaudit-") as folder:
+                root = Path(folder) / "cache"
+                with cache_root_at(root):
+                    try:
+                        stage_weights(run, root)
+                        stage_trained_parts(run, root)
+                    except IdrsError as exc:
+                        out += [RowReaudit.of(run, row, error=str(exc))
+                                for row in run.rows() if row.checks]  # fmt: skip
+                        continue
+                    manager.stop_hosts()  # (they start again with this cache root: a confined
+                    # host writes its plugins' artifact folders under the cache root it starts with)
+                    here = _device(run, device, progress)
+                    options = RunOptions(db=Path(os.devnull), device=here, data_root=data_root)
+                    out += reaudit(run, Path(folder), options, progress, manager, budgets=budgets,
+                                   workers=workers)  # fmt: skip
     return out
 
 

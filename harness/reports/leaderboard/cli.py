@@ -3,6 +3,7 @@
     idrs-bench leaderboard [RUN ...] [--db PATH] [--out leaderboards/NAME.md] [--no-plots]
     idrs-bench leaderboard --verify leaderboards/NAME.md [--db PATH] [--data-root DIR]
                            [--replay K] [--reaudit] [--device auto|cpu|cuda] [--unconfined]
+                           [--plugin-timeout SECONDS]
 
 Without ``--out`` the markdown goes to stdout (no files are written). ``RUN`` is a run
 id or a unique prefix in ``--db`` (default: the latest run there), a run export
@@ -17,7 +18,8 @@ import sys
 from pathlib import Path
 
 from harness.foundation.errors import IdrsError
-from harness.plugin.confinement import add_unconfined_option
+from harness.plugin.hosting.confinement import add_unconfined_option
+from harness.plugin.hosting.limits import add_plugin_timeout_option
 from harness.reports.leaderboard.source import resolve_runs
 from harness.store.store import DEFAULT_DB
 from harness.store.storedrun import incomplete_note
@@ -75,6 +77,7 @@ def add_leaderboard_parser(sub: argparse._SubParsersAction) -> argparse.Argument
         help="render runs whose settings are not all finished (their rows are marked, never ranked sound)",
     )  # fmt: skip
     add_unconfined_option(parser)
+    add_plugin_timeout_option(parser)
     parser.set_defaults(handler=leaderboard_command, default_db=DEFAULT_DB)
     return parser
 

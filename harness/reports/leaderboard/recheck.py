@@ -99,28 +99,28 @@ def recheck_runs(
     from harness.running.benchmark import benchmark_from_dict
 
     problems: list[str] = []
-    manager = PluginManager()
-    registry = manager.registry
-    for run in runs:
-        if run.imported:
-            continue
-        protocol = benchmark_from_dict(run.config).protocol
-        inputs = _Inputs(run, data_root, registry)
-        for row in run.rows():
-            if row.checks and all(c.draws is None for c in row.certificates):
-                if notes is not None:
-                    notes.append(f"{_label(run, row)}: its certificates carry no draws (certified "
-                                 "before the harness drew the evidence): not re-derived")  # fmt: skip
+    with PluginManager() as manager:
+        for run in runs:
+            if run.imported:
                 continue
-            absent = registry.absent([("methods", row.method)], run.run.get("components"))
-            found: set[str] = set()
-            mine = _recheck_row(run, row, protocol, inputs, absent, found, manager.formula)
-            if absent and not mine and notes is not None:
-                notes.append(f"{_label(run, row)}: {absent}; its certificates re-derive (their "
-                             "formula is installed), --replay and --reaudit need it")  # fmt: skip
-            problems += mine
-            if rederived is not None:
-                rederived[run.run_id, row.method, row.setting] = None if mine else found
+            protocol = benchmark_from_dict(run.config).protocol
+            inputs = _Inputs(run, data_root, manager.registry)
+            for row in run.rows():
+                if row.checks and all(c.draws is None for c in row.certificates):
+                    if notes is not None:
+                        notes.append(f"{_label(run, row)}: its certificates carry no draws (certified "
+                                     "before the harness drew the evidence): not re-derived")  # fmt: skip
+                    continue
+                components = run.run.get("components")
+                absent = manager.registry.absent([("methods", row.method)], components)
+                found: set[str] = set()
+                mine = _recheck_row(run, row, protocol, inputs, absent, found, manager.formula)
+                if absent and not mine and notes is not None:
+                    notes.append(f"{_label(run, row)}: {absent}; its certificates re-derive (their "
+                                 "formula is installed), --replay and --reaudit need it")  # fmt: skip
+                problems += mine
+                if rederived is not None:
+                    rederived[run.run_id, row.method, row.setting] = None if mine else found
     return problems
 
 
@@ -348,14 +348,17 @@ class _Methods:
     the files shipped beside the board (a temporary cache root holds copies)."""
 
     def __init__(self, run: StoredRun, source, device: str) -> None:
+        from harness.plugin.manager import PluginManager
+
         self.run, self.source, self.device = run, source, device
         self.context = self.test_x = None  # test_x: the run's (the context withholds them)
-        self.manager = None  # the plugins, once a method is built
+        self.manager = PluginManager()  # (its plugin hosts start when a method is built)
         self.error: str | None = None
         self.built: dict[tuple[str, str], Any] = {}
         self.folder = tempfile.mkdtemp(prefix="idrs-replay-")
 
     def close(self) -> None:
+        self.manager.close()  # (its plugin hosts end)
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def _cache(self):
@@ -365,14 +368,12 @@ class _Methods:
 
     def _build_context(self):
         from harness.foundation.progress import Progress
-        from harness.plugin.manager import PluginManager
         from harness.running.benchmark import benchmark_from_dict
         from harness.running.checkpoint import load_checkpoint
         from harness.running.preparation import RunOptions, build_context, load_dataset
 
         stage_trained_parts(self.run, Path(self.folder))
         spec = benchmark_from_dict(self.run.config)
-        self.manager = PluginManager()
         registry = self.manager.registry
         dataset = load_dataset(spec, registry, RunOptions(db=Path(os.devnull),
                                                           data_root=self.source.data_root))  # fmt: skip
@@ -443,8 +444,6 @@ class _Methods:
             theirs = Declaration.from_record(theirs, self.manager.formula).record()
         except IdrsError as exc:
             return f"the export's declaration cannot be read here: {exc}"
-        if ours != theirs:
-            return (
-                f"the export records the declaration {theirs}, the installed method declares {ours}"
-            )
-        return None
+        if ours == theirs:
+            return None
+        return f"the export records the declaration {theirs}, the installed method declares {ours}"

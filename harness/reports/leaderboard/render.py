@@ -64,10 +64,11 @@ def class_names(table: Table) -> list[str]:
         return table.class_names
     from harness.plugin.manager import PluginManager
 
-    try:
-        return list(PluginManager().registry.get("datasets", table.dataset).class_names)
-    except IdrsError:  # a dataset no loaded plugin provides
-        return []
+    with PluginManager() as manager:
+        try:
+            return list(manager.registry.get("datasets", table.dataset).class_names)
+        except IdrsError:  # a dataset no loaded plugin provides
+            return []
 
 
 def ship_files(runs: list[StoredRun], folder: Path, stem: str) -> tuple[list[Path], list[str]]:

@@ -108,4 +108,7 @@ def plugin_hosts_statement(record: dict[str, Any]) -> str:
         return (f"UNCONFINED (--unconfined): {named} ran with the user's rights, able to reach "
                 "the harness's files and processes (docs/threat-model.md)")  # fmt: skip
     ways = sorted({h["confinement"] for h in processes if h.get("third_party")})
-    return f"{named}, each in a plugin host confined by the kernel ({'; '.join(ways)})"
+    limits = sorted({h["plugin_timeout"] for h in processes if h.get("plugin_timeout")})
+    limited = f"; a request to a host limited to {' or '.join(f'{s:g}' for s in limits)} s"
+    return (f"{named}, each in a plugin host confined by the kernel ({'; '.join(ways)})"
+            + (limited if limits else ""))  # fmt: skip

@@ -1,6 +1,6 @@
 """A confined plugin host's privileges: its capability sets emptied, its system calls filtered.
 
-Steps 2 and 3 of a plugin host's confinement (:mod:`harness.plugin.confinement`,
+Steps 2 and 3 of a plugin host's confinement (:mod:`harness.plugin.hosting.confinement`,
 docs/threat-model.md): :func:`drop_capabilities` empties the bounding, ambient, effective,
 permitted and inheritable sets (a root host keeps uid 0 but no privilege), and
 :func:`install_seccomp` installs a classic-BPF filter under which ``socket(2)``,

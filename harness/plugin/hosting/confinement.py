@@ -1,6 +1,6 @@
 """The plugin host's confinement: what third-party code may reach, enforced by the kernel.
 
-A plugin host (:mod:`harness.plugin.host`) confines itself before it imports anything but
+A plugin host (:mod:`harness.plugin.hosting.host`) confines itself before it imports anything but
 the standard library and ``harness``'s light modules, and before it starts a thread (the
 kernel confines the calling thread, and its later threads and children inherit it; a
 thread started earlier would stay outside), in three steps (docs/threat-model.md):
@@ -17,7 +17,7 @@ thread started earlier would stay outside), in three steps (docs/threat-model.md
    outside its domain, the harness included. Rights a running kernel's ABI lacks are left
    out of the ruleset (:func:`ruleset`); below :data:`MINIMUM_ABI` (no ``truncate(2)``
    rule) the harness refuses to start a third-party plugin confined (:func:`refusal`).
-2. **No capabilities** (:mod:`harness.plugin.process_privileges`, as step 3): the
+2. **No capabilities** (:mod:`harness.plugin.hosting.process_privileges`, as step 3): the
    bounding, ambient, effective, permitted and inheritable sets emptied (a root host keeps
    uid 0 but not ``CAP_DAC_READ_SEARCH``'s ``open_by_handle_at(2)``, which bypasses path
    rules, nor any other privilege), after ``PR_SET_NO_NEW_PRIVS`` (no set-uid or file
@@ -30,7 +30,7 @@ thread started earlier would stay outside), in three steps (docs/threat-model.md
    stays (multiprocessing's pipes).
 
 The steps are the layers of :data:`LAYERS` (step 1 two of them); a host takes all of
-them, and only the diagnostic ``python -m harness.plugin.confinement_probe`` starts hosts
+them, and only the diagnostic ``python -m harness.plugin.hosting.confinement_probe`` starts hosts
 with one alone, to say which layer a device driver's initialization needs something from.
 
 The system calls are made with :mod:`ctypes` (``landlock_create_ruleset`` 444,
@@ -52,7 +52,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from harness.foundation.errors import IdrsError
-from harness.plugin.process_privileges import (
+from harness.plugin.hosting.process_privileges import (
     SECCOMP_MACHINES,
     drop_capabilities,
     install_seccomp,

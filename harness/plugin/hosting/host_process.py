@@ -1,32 +1,34 @@
-"""A plugin host's process as the harness holds it: started, confined, told, asked.
+"""A plugin host as the harness holds it: started, confined, told, asked within a limit, ended.
 
-:class:`PluginHost` starts ``python -m harness.plugin.host`` (:mod:`harness.plugin.host`)
-for one third-party distribution (or the built-ins, with ``IDRS_BENCH_ISOLATE=all``),
-with a folder of its own: ``sent/``, where this process writes what the host reads
-(large dataset arrays, as ``.npy`` files: the host may not write there, so nothing it
-does can redirect the harness's writes), and ``scratch/``, the host's ``$TMPDIR``,
-``$HOME`` and caches (:func:`scratch_environment`), the only place besides its plugins'
-artifact folders that a confined host writes (:mod:`harness.plugin.confinement`), deleted
-with it. The build context travels as data: the dataset's arrays (large ones once), the
-base model's description and state (:mod:`harness.plugin.model_description`; sent again
-when the model changes in place, as the checks' analytic models do between trials), the
-protocol and the engine's settings, and where its plugins keep artifacts; of the dataset
+:class:`PluginHost` starts ``python -m harness.plugin.hosting.host``
+(:mod:`harness.plugin.hosting.host`; its process: :mod:`harness.plugin.hosting.running_host`)
+for one third-party distribution (or the built-ins, with ``IDRS_BENCH_ISOLATE=all``), with a
+folder of its own (:mod:`harness.plugin.hosting.host_folder`): ``sent/``, where this process
+writes what the host reads (large dataset arrays, as ``.npy`` files: the host may not write
+there, so nothing it does can redirect the harness's writes), and a scratch folder per host
+process, its ``$TMPDIR``, ``$HOME`` and caches, the only place besides its plugins' artifact
+folders that a confined host writes (:mod:`harness.plugin.hosting.confinement`), removed
+when it ends. The build context travels as data: the dataset's arrays (large ones once), the
+base model's description and state (:mod:`harness.plugin.hosting.model_description`; sent
+again when the model changes in place, as the checks' analytic models do between trials),
+the protocol and the engine's settings, and where its plugins keep artifacts; of the dataset
 only its training split and description (the test split stays here). An answer that
 says a request failed becomes the harness's error of the same kind (:func:`plugin_error`).
+
+Every request has a time limit (:func:`~harness.plugin.hosting.limits.plugin_timeout`): a
+host past it, a host that died (its keeper says how) and a host that wrote something other
+than an answer are ended with every process they started, and the request fails with an
+:class:`IdrsError` saying which host, which request and what happened; the next request
+starts another host (whose components are built anew: :class:`HostStopped`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import threading
+import time
 import weakref
-from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,34 +39,63 @@ import torch
 from harness.engine.exact import ExactSampling
 from harness.foundation import errors
 from harness.foundation.errors import ContractError, IdrsError
-from harness.foundation.threads import child_environment, stop_child
-from harness.plugin import confinement, messages, model_description, wire
+from harness.foundation.threads import child_environment
 from harness.plugin.components import BuildContext, RunMemo
+from harness.plugin.hosting import confinement, messages, model_description, wire
+from harness.plugin.hosting.exchange import HostEnded, PastDeadline
+from harness.plugin.hosting.host_folder import HostFolder, scratch_environment, sweep_abandoned
+from harness.plugin.hosting.limits import START_SECONDS, past_limit, plugin_timeout
+from harness.plugin.hosting.running_host import RunningHost
 
 INLINE_BYTES = 1 << 20
 """Arrays of a dataset up to this size travel in the message; larger ones as files."""
+_LIVE: weakref.WeakSet[PluginHost] = weakref.WeakSet()
+_SWEPT: list[bool] = []
 
 
 class HostStopped(IdrsError):
     """A request about what a plugin host built before it stopped (its handles are gone)."""
 
 
+def running_hosts() -> list[PluginHost]:
+    """The plugin hosts of this process whose host process is running."""
+    return [host for host in list(_LIVE) if host.running]
+
+
+class _Held:
+    """What a :class:`PluginHost` holds that outlives it until collected: its folder and
+    its running process (ended by :meth:`close`, also as the host's finalizer)."""
+
+    def __init__(self) -> None:
+        self.folder = HostFolder()
+        self.running: RunningHost | None = None
+
+    def stop(self) -> None:
+        running, self.running = self.running, None
+        if running is not None:
+            running.end()
+
+    def close(self) -> None:
+        self.stop()
+        self.folder.remove()
+
+
 class PluginHost:
-    """A ``python -m harness.plugin.host`` process, started on first use, and what it was
-    told so far (contexts, models, arrays). Its stderr (the plugins' output) is echoed to
-    this process's stderr; it ends when this object is closed or collected. Each request
+    """A ``python -m harness.plugin.hosting.host`` process, started on first use, and what it
+    was told so far (contexts, models, arrays). Its output (the plugins' prints) is echoed
+    to this process's stderr; it ends when this object is closed or collected. Each request
     carries this process's thread count, which the host then computes with (the two take
     turns: harness/README.md, "Threads"), so that σ rounds as the run's own.
 
     It loads the built-ins and the plugins ``plugins`` of ``distribution`` (None: the
     built-ins only), installed in ``prefix`` when ``idrs-bench plugins install`` put them
-    there. ``confined``: the host confines itself (:mod:`harness.plugin.confinement`) to
-    reading its Python, its distribution's files, what this process sends it (a folder of
+    there. ``confined``: the host confines itself (:mod:`harness.plugin.hosting.confinement`)
+    to reading its Python, its distribution's files, what this process sends it (a folder of
     its own) and the data roots its datasets are asked to load from (:meth:`grant_read`),
-    and to writing its scratch directory (its ``$TMPDIR``, ``$HOME`` and caches, deleted
+    and to writing its scratch directory (its ``$TMPDIR``, ``$HOME`` and caches, removed
     with it) and its plugins' artifact folders under the cache root it started with.
-    ``layers``: the confinement's layers (:data:`~harness.plugin.confinement.LAYERS`, all
-    of them; fewer only for :mod:`harness.plugin.confinement_probe`)."""
+    ``layers``: the confinement's layers (:data:`~harness.plugin.hosting.confinement.LAYERS`,
+    all of them; fewer only for :mod:`harness.plugin.hosting.confinement_probe`)."""
 
     def __init__(self, distribution: str | None = None, plugins: Sequence[str] = (),
                  prefix: Path | None = None, confined: bool = False,
@@ -75,12 +106,14 @@ class PluginHost:
         self.builtins = tuple(b for b in builtins if b not in self.plugins)
         """The built-in plugins, whose artifact folders the host reads (a built-in
         σ-provider built there by name finds what the harness's own copy fitted)."""
-        self._process: subprocess.Popen | None = None
         self._lock = threading.RLock()
-        self._tail: deque[str] = deque(maxlen=20)
-        self._folder = tempfile.TemporaryDirectory(prefix="idrs-plugin-host-")
-        self._sent = Path(self._folder.name) / "sent"  # what this process writes, the host reads
-        self._sent.mkdir()
+        if not _SWEPT:  # the folders of hosts whose harness was killed, once per process
+            _SWEPT.append(True)
+            sweep_abandoned()
+        self._held = _Held()
+        weakref.finalize(self, self._held.close)
+        _LIVE.add(self)
+        self._sent = self._held.folder.sent  # what this process writes, the host reads
         self._readable: list[Path] = []
         self._artifact_root: Path | None = None
         self.generation = 0
@@ -88,6 +121,8 @@ class PluginHost:
         """The Landlock ABI the host is confined with (0: unconfined or not started)."""
         self.requests = 0
         """Requests answered so far (one per σ batch, per certify chunk, ...)."""
+        self.ended: list[str] = []
+        """How each host process that failed a request ended, in words."""
         self._reset()
 
     def _reset(self) -> None:
@@ -99,24 +134,35 @@ class PluginHost:
         self._forget: list[str] = []
         self._count = 0
 
+    @property
+    def running(self) -> bool:
+        """Whether a host process is running now."""
+        running = self._held.running
+        return running is not None and running.alive()
+
+    @property
+    def process(self) -> RunningHost | None:
+        """The running host process (its keeper and the host), if one was started."""
+        return self._held.running
+
     def start(self) -> None:
         """Start the host process now (it imports its plugins meanwhile), unless running."""
         with self._lock:
-            if self._process is None or self._process.poll() is not None:
-                self._process = self._start()
+            if not self.running:
+                self._start()
 
-    def _start(self) -> subprocess.Popen:
-        scratch = Path(self._folder.name) / "scratch"
-        shutil.rmtree(scratch, ignore_errors=True)  # (a host started before has ended)
+    def _start(self) -> RunningHost:
+        self._held.stop()  # (one that has ended: its keeper's report is read)
+        self.generation += 1
+        scratch = self._held.folder.scratch(self.generation)
         environment = child_environment()
-        for name, folder in scratch_environment(scratch).items():
-            Path(folder).mkdir(parents=True, exist_ok=True)
-            environment[name] = folder
+        environment.update(scratch_environment(scratch))
         from harness.foundation.artifacts import cache_root
 
         self._artifact_root = cache_root().resolve()
-        start = {"parent": os.getpid(), "distribution": self.distribution,
-                 "prefix": None if self.prefix is None else str(self.prefix), "grants": None}  # fmt: skip
+        start = {"distribution": self.distribution, "grants": None,
+                 "prefix": None if self.prefix is None else str(self.prefix),
+                 "scratch": str(scratch), "folder": str(self._held.folder.path)}  # fmt: skip
         if self.confined:
             own, shared = ([self._artifact_root / "plugins" / p for p in names]
                            for names in (self.plugins, self.builtins))  # fmt: skip
@@ -129,21 +175,18 @@ class PluginHost:
             ).to_message()
             if self.layers != confinement.LAYERS:
                 start["layers"] = list(self.layers)
-        root = Path(__file__).resolve().parents[2]  # the folder holding this harness
+        root = Path(__file__).resolve().parents[3]  # the folder holding this harness
         if root == Path.cwd().resolve():  # found through the working directory, which -P
             # keeps off the host's path (else the host would read all of it)
             environment["PYTHONPATH"] = os.pathsep.join(
                 p for p in (str(root), environment.get("PYTHONPATH")) if p
             )
-        process = subprocess.Popen(
-            [sys.executable, "-P", "-m", "harness.plugin.host", json.dumps(start)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment,
+        self._held.running = RunningHost(
+            [sys.executable, "-P", "-m", "harness.plugin.hosting.host"], start, environment,
+            self.name,
         )  # fmt: skip
-        threading.Thread(target=self._echo, args=(process.stderr,), daemon=True).start()
-        weakref.finalize(self, stop_child, process)
-        self.generation += 1
         self._reset()
-        return process
+        return self._held.running
 
     def grant_read(self, path: str | Path) -> None:
         """Let the host read beneath ``path`` (a dataset's data root): a running confined
@@ -162,30 +205,27 @@ class PluginHost:
         return f"the plugin host of {of}"
 
     def stop(self) -> None:
-        """End the host process (the next request starts another: built components are
-        lost, and say so when used)."""
+        """End the host process, and every process it started (the next request starts
+        another: built components are lost, and say so when used); one that does not end
+        within the grace period is killed."""
         with self._lock:
-            if self._process is not None:
-                stop_child(self._process)
-                self._process = None
+            self._held.stop()
 
-    def _echo(self, stream) -> None:
-        for raw in iter(stream.readline, b""):
-            line = raw.decode(errors="replace")
-            self._tail.append(line.rstrip())
-            with contextlib.suppress(OSError, ValueError):  # a closed stderr: keep the tail
-                sys.stderr.write(line)
+    def close(self) -> None:
+        """End the host process and remove the host's folder."""
+        with self._lock:
+            self._held.close()
 
     def request(self, op: str, generation: int | None = None, **fields: Any) -> dict[str, Any]:
         """Send one request; its answer, or the plugin's error as an :class:`IdrsError`.
         ``generation``: the host's generation the request's handles and tokens belong to
-        (:class:`HostStopped` when the host has since been started again)."""
+        (:class:`HostStopped` when the host has since been started again). A request not
+        answered within the limit, or whose host ends or breaks the wire, ends the host and
+        raises an :class:`IdrsError` that says so (see the module docstring)."""
         with self._lock:
-            if self._process is None or self._process.poll() is not None:
-                self._process = self._start()
+            running = self._running()
             if generation is not None and generation != self.generation:
                 raise HostStopped("built in a plugin host that has since stopped")
-            process = self._process
             self.requests += 1
             message = {
                 "op": op,
@@ -195,28 +235,52 @@ class PluginHost:
                 "threads": torch.get_num_threads(),
             }  # (the run's count, as here)
             self._release, self._forget = [], []
+            limit = plugin_timeout()
+            frame = wire.encode(message)
+            starting = START_SECONDS if running.answered == 0 else 0.0  # (its imports)
             try:
-                wire.write_message(process.stdin, message)
-                answer = wire.read_message(process.stdout)
-            except (BrokenPipeError, OSError, EOFError, wire.WireError) as exc:
-                process.kill()
-                process.wait()
-                tail = " | ".join(list(self._tail)[-5:]) or "no output"
-                raise IdrsError(f"{self.name} (python -m harness.plugin.host) failed "
-                                f"({type(exc).__name__}, exit {process.returncode}): {tail}") from None  # fmt: skip
+                answer = running.ask(frame, time.monotonic() + limit + starting)
+            except PastDeadline:
+                self._failed(running)
+                raise IdrsError(past_limit(self.name, op, limit)) from None
+            except (HostEnded, wire.WireError) as exc:
+                doing = f"while answering the request {op!r}"
+                if isinstance(exc, wire.WireError):
+                    doing = f"after it wrote something other than an answer to {op!r} ({exc})"
+                words = self._failed(running, doing, isinstance(exc, HostEnded))
+                raise IdrsError(f"{self.name} (python -m harness.plugin.hosting.host) {words}; "
+                                f"its last output: {running.output.tail()}") from None  # fmt: skip
+            except BaseException:  # (Ctrl-C, SIGTERM: the host is mid-request)
+                self._failed(running)
+                raise
         if not isinstance(answer, dict) or not answer.get("ok"):
             raise plugin_error(answer, self.name)
         return answer
 
-    def close(self) -> None:
-        self.stop()
-        self._folder.cleanup()
+    def _running(self) -> RunningHost:
+        """The running host process, started when there is none (a host that ended between
+        two requests, e.g. killed by the kernel, is started again before anything is
+        described to it: it knows nothing of what the one before was told)."""
+        running = self._held.running
+        if running is None or not running.alive():
+            running = self._start()
+        return running
+
+    def _failed(self, running: RunningHost, doing: str = "", ended: bool = False) -> str:
+        """End the host of a request that failed, now (``ended``: it has ended); how it
+        ended, in words (``doing``: what it was doing)."""
+        running.kill(ended)
+        self._held.running = None
+        self._reset()  # (the next host is told everything again)
+        self.ended.append(running.ending(doing))
+        return self.ended[-1]
 
     # --- build contexts as data --------------------------------------------------------
 
     def context(self, context: BuildContext) -> str:
         """The token of ``context`` in the host, described to it the first time."""
         with self._lock:
+            self._running()
             known = self._contexts.get(id(context))
             if known is not None and known[0]() is context:
                 return known[1]
@@ -345,18 +409,3 @@ def plugin_error(answer: Any, host: str = "the plugin host") -> IdrsError:
         tail = str(answer.get("traceback", "")).strip().splitlines()[-3:]
         message += f" (in {host}: " + " | ".join(t.strip() for t in tail) + ")"
     return cls(message)
-
-
-def scratch_environment(scratch: Path) -> dict[str, str]:
-    """The variables that point a host's temporary files, home and caches (Python's, torch's,
-    Triton's, Matplotlib's, the harness's) into its scratch directory, and keep the user's
-    site-packages where Python found them for this process."""
-    import site
-
-    folders = {"TMPDIR": "tmp", "TEMP": "tmp", "TMP": "tmp", "HOME": "home",
-               "XDG_CACHE_HOME": "cache", "XDG_CONFIG_HOME": "config", "XDG_DATA_HOME": "data",
-               "TORCHINDUCTOR_CACHE_DIR": "cache/inductor", "TRITON_CACHE_DIR": "cache/triton",
-               "TORCH_HOME": "cache/torch", "MPLCONFIGDIR": "config/matplotlib",
-               "IDRS_BENCH_CACHE": "cache/idrs-bench"}  # fmt: skip
-    out = {name: str(scratch / sub) for name, sub in folders.items()}
-    return out | {"PYTHONUSERBASE": site.getuserbase()}

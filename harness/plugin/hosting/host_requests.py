@@ -1,17 +1,17 @@
 """What a plugin host answers: the harness's requests, served by the plugins it loaded.
 
-A plugin host (:mod:`harness.plugin.host`, confined before it gets here) serves the
+A plugin host (:mod:`harness.plugin.hosting.host`, confined before it gets here) serves the
 σ-providers, certifiers, radius formulas, trainers, method checks and datasets of its
-plugins, answering the harness's typed requests (:mod:`harness.plugin.messages`, framed
-by :mod:`harness.plugin.wire`): describe the plugins; build a σ-provider or certifier in a
-build context the harness describes (the dataset's training split and description, base
-model rebuilt from its description and state, device, seed, protocol, run, method,
-setting, run state); σ of a batch of points (with each row's gradient when asked); a claim
-per input from the harness's evidence; a re-derivation by a formula; a trained model's
-state. Every answer is a claim the harness audits. The host sees what it is asked about,
-no more: the samples of a certificate when the certifier is asked for its claim, a point
-when its σ is asked; never the rest of the test split, a test label, the audit's entropy
-or the harness's own engines.
+plugins, answering the harness's typed requests (:mod:`harness.plugin.hosting.messages`,
+framed by :mod:`harness.plugin.hosting.wire`): describe the plugins; build a σ-provider or
+certifier in a build context the harness describes (the dataset's training split and
+description, base model rebuilt from its description and state, device, seed, protocol,
+run, method, setting, run state); σ of a batch of points (with each row's gradient when
+asked); a claim per input from the harness's evidence; a re-derivation by a formula; a
+trained model's state. Every answer is a claim the harness audits. The host sees what it
+is asked about, no more: the samples of a certificate when the certifier is asked for its
+claim, a point when its σ is asked; never the rest of the test split, a test label, the
+audit's entropy or the harness's own engines.
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ from harness.mathematics.radius import (
     is_pure,
     trusted_packages,
 )
-from harness.plugin import messages, model_description
 from harness.plugin.components import BuildContext, RunMemo, TrainContext
-from harness.plugin.manager import PluginManager
+from harness.plugin.hosting import messages, model_description
+from harness.plugin.loader import PluginLoader
 
 
 class _Missing:
@@ -78,8 +78,8 @@ class Host:
     ``abi`` is the Landlock ABI it is confined with (0: unconfined)."""
 
     def __init__(self, distribution: str | None, abi: int = 0) -> None:
-        self.manager = PluginManager(third_party=distribution is not None, isolated=False,
-                                     distribution=distribution)  # fmt: skip
+        self.manager = PluginLoader(third_party=distribution is not None,
+                                    distribution=distribution)  # fmt: skip
         self.abi = abi
         self.registry = self.manager.registry
         self.objects: dict[int, Any] = {}
@@ -143,8 +143,8 @@ class Host:
 
     def op_probe(self, request: dict[str, Any]) -> dict[str, Any]:
         """What a device driver does to the OS while it initializes, tried here
-        (:func:`harness.plugin.confinement_probe.probe`)."""
-        from harness.plugin.confinement_probe import probe
+        (:func:`harness.plugin.hosting.confinement_probe.probe`)."""
+        from harness.plugin.hosting.confinement_probe import probe
 
         return {"parts": probe(str(request["device"]), [str(d) for d in request["devices"]],
                                int(request["parent"]), bool(request["refusals"]))}  # fmt: skip

@@ -1,7 +1,7 @@
 """Components of plugins that run in a plugin host, as the harness holds them.
 
 A third-party plugin (and, with ``IDRS_BENCH_ISOLATE=all``, a built-in one) is imported
-only by a plugin host (:mod:`harness.plugin.host`), a process of its own. The harness's
+only by a plugin host (:mod:`harness.plugin.hosting.host`), a process of its own. The harness's
 registry holds, for each of its components, a spec whose factory asks the host to build
 it, and the built objects here are proxies with the declared attributes the harness and
 the checks read (harness/README.md, "Plugin host"):
@@ -18,7 +18,7 @@ the checks read (harness/README.md, "Plugin host"):
 - trainers (the model's state goes out, the trained state comes back), datasets, and a
   method's parameter check.
 
-Each asks the host it was built in (:class:`harness.plugin.host_process.PluginHost`).
+Each asks the host it was built in (:class:`harness.plugin.hosting.host_process.PluginHost`).
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ from harness.engine.draws import Evidence, SigmaSmoothing
 from harness.foundation.certificate import unlabelled
 from harness.foundation.errors import ContractError, IdrsError
 from harness.mathematics.radius import RadiusFormula, Recomputed, formula_from_record
-from harness.plugin import messages, model_description
 from harness.plugin.components import BuildContext
+from harness.plugin.hosting import messages, model_description
 
 if TYPE_CHECKING:
-    from harness.plugin.host_process import PluginHost
+    from harness.plugin.hosting.host_process import PluginHost
 
 
 # --- proxies ------------------------------------------------------------------------------
@@ -58,7 +58,7 @@ class _Bound:
     builtin: bool = False
 
     def request(self, op: str, **fields: Any) -> dict[str, Any]:
-        from harness.plugin.host_process import HostStopped
+        from harness.plugin.hosting.host_process import HostStopped
 
         try:
             return self.host.request(op, self.generation, handle=self.handle, context=self.token,

@@ -1,9 +1,11 @@
 """The plugin host's wire format: data, never code, between the harness and a plugin host.
 
 A message is a JSON header plus the raw bytes of the arrays it carries, framed as
-``<header length><payload length><header><payload>`` (two unsigned 64-bit little-endian
-lengths). Values are JSON (``None``, booleans, numbers, strings, lists, dicts with string
-keys) or tagged dicts ``{"__wire__": tag, ...}`` for
+``<MAGIC><header length><payload length><header><payload>`` (:data:`MAGIC`, then two
+unsigned 64-bit little-endian lengths): bytes that do not begin a frame (a plugin writing
+to the descriptor the answers travel on) are a broken stream at once, never a wait for
+bytes that will not come. Values are JSON (``None``, booleans, numbers, strings, lists,
+dicts with string keys) or tagged dicts ``{"__wire__": tag, ...}`` for
 
 - ``ndarray`` and ``tensor``: a numpy array or a torch tensor (sent from the CPU), its
   dtype from :data:`DTYPES`, its shape and the index of its bytes in the payload;
@@ -26,7 +28,9 @@ TAG = "__wire__"
 DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
           "float16", "float32", "float64", "bfloat16")  # fmt: skip
 """Every dtype an array may have on the wire (``bfloat16``: torch tensors only)."""
-_LENGTHS = struct.Struct("<QQ")
+MAGIC = b"IDRW"
+HEAD = struct.Struct("<4sQQ")
+"""A frame's head: :data:`MAGIC`, the header's length and the payload's."""
 MAX_HEADER = 1 << 28
 """Largest header accepted (bytes): a longer one is a broken stream, not a message."""
 
@@ -54,7 +58,7 @@ def encode(value: Any) -> bytes:
     """One framed message holding ``value``."""
     payload = _Payload()
     header = json.dumps(_pack(value, payload), separators=(",", ":")).encode()
-    return _LENGTHS.pack(len(header), payload.size) + header + b"".join(payload.parts)
+    return HEAD.pack(MAGIC, len(header), payload.size) + header + b"".join(payload.parts)
 
 
 def write_message(stream: BinaryIO, value: Any) -> None:
@@ -64,13 +68,30 @@ def write_message(stream: BinaryIO, value: Any) -> None:
 
 def read_message(stream: BinaryIO) -> Any:
     """The next message's value; raises :class:`EOFError` when the stream has ended."""
-    head = _read_exactly(stream, _LENGTHS.size, at_start=True)
-    header_length, payload_length = _LENGTHS.unpack(head)
+    header_length, payload_length = lengths(_read_exactly(stream, HEAD.size, at_start=True))
+    header = _read_exactly(stream, header_length)
+    return decode(header, memoryview(bytearray(_read_exactly(stream, payload_length))))
+
+
+def lengths(head: bytes) -> tuple[int, int]:
+    """The header's and the payload's lengths a frame's head gives (:data:`HEAD`); a
+    :class:`WireError` when the bytes are not a frame's head."""
+    magic, header_length, payload_length = HEAD.unpack(head)
+    if magic != MAGIC:
+        raise WireError(f"bytes that begin no message ({bytes(head[:16])!r}): something other "
+                        "than the plugin host wrote to the channel of its answers")  # fmt: skip
     if header_length > MAX_HEADER:
         raise WireError(f"a message header of {header_length} bytes: the stream is broken")
-    header = json.loads(_read_exactly(stream, header_length))
-    payload = bytearray(_read_exactly(stream, payload_length))
-    return _unpack(header, memoryview(payload))
+    return header_length, payload_length
+
+
+def decode(header: bytes | memoryview, payload: memoryview) -> Any:
+    """The value of a frame's ``header`` (JSON) and ``payload`` (its arrays' bytes)."""
+    try:
+        value = json.loads(bytes(header))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise WireError(f"a message header that is not JSON ({exc}): a broken stream") from None
+    return _unpack(value, payload)
 
 
 def _read_exactly(stream: BinaryIO, count: int, at_start: bool = False) -> bytes:

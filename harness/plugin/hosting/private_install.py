@@ -4,7 +4,7 @@ A package's build backend (an sdist's ``setup.py``, or any PEP 517 backend) runs
 of the plugin's author when it is built, before the harness could confine anything, and
 ``pip install`` writes wherever the environment lets it. :func:`install` instead builds
 the wheel of a source folder or sdist, or takes a wheel, and installs it in a process
-confined as a plugin host is (:mod:`harness.plugin.confinement`; no network: the build
+confined as a plugin host is (:mod:`harness.plugin.hosting.confinement`; no network: the build
 uses this environment's build backend, ``pip wheel --no-build-isolation --no-index``,
 and refuses a package whose backend is not installed here), writing only a staging
 folder of the harness's. The installed files then move to the **private prefix**
@@ -31,13 +31,13 @@ import tempfile
 from pathlib import Path
 
 from harness.foundation.errors import IdrsError, pip_command
-from harness.plugin import confinement
 from harness.plugin.entry_points import (
     ENTRY_POINT_GROUP,
     installed_prefixes,
     normalized,
     prefix_root,
 )
+from harness.plugin.hosting import confinement
 
 
 def install(source: Path, quiet: bool = False) -> tuple[str, str, Path]:
@@ -69,7 +69,7 @@ def install(source: Path, quiet: bool = False) -> tuple[str, str, Path]:
             copied.parent.mkdir()
             shutil.copyfile(source, copied)
         job = {"source": str(copied), "staging": str(staging), "wheel": source.suffix == ".whl"}
-        done = subprocess.run([sys.executable, "-m", "harness.plugin.private_install",
+        done = subprocess.run([sys.executable, "-m", "harness.plugin.hosting.private_install",
                                json.dumps(job)], capture_output=True, text=True,
                               env=_environment(staging), cwd=staging)  # fmt: skip
         if done.returncode != 0:
@@ -198,7 +198,7 @@ def unmet_requirements(requirements: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The confined build: ``python -m harness.plugin.private_install JOB``, confined to
+    """The confined build: ``python -m harness.plugin.hosting.private_install JOB``, confined to
     read its Python and the source and to write the staging folder; pip builds the wheel
     (unless given one) and installs it into ``<staging>/target``."""
     job = json.loads((sys.argv[1:] if argv is None else argv)[0])

@@ -2,7 +2,7 @@
 
 :func:`hosted_registry` adds, for each component a plugin host describes, a spec of the
 usual type whose callable asks the host: a σ-provider's or certifier's ``build``
-(returning the proxies of :mod:`harness.plugin.remote`), a trainer's ``train``, a
+(returning the proxies of :mod:`harness.plugin.hosting.remote`), a trainer's ``train``, a
 dataset's ``load``, a method's ``check``. Two kinds stay out of the harness's process:
 
 - a third-party **model architecture**: the harness evaluates the base model wherever
@@ -22,7 +22,6 @@ import torch
 
 from harness.foundation.data import Dataset
 from harness.foundation.errors import ContractError, DuplicateNameError, IdrsError
-from harness.plugin import model_description
 from harness.plugin.components import (
     BuildContext,
     CertifierSpec,
@@ -33,9 +32,10 @@ from harness.plugin.components import (
     TrainContext,
     TrainerSpec,
 )
-from harness.plugin.host_process import HostStopped, PluginHost
+from harness.plugin.hosting import model_description
+from harness.plugin.hosting.host_process import HostStopped, PluginHost
+from harness.plugin.hosting.remote import RemoteCertifier, RemoteSigmaProvider, _Bound
 from harness.plugin.registry import COMPONENT_KINDS, PluginFailure, Registry
-from harness.plugin.remote import RemoteCertifier, RemoteSigmaProvider, _Bound
 
 SERVED = ("sigma_providers", "certifiers", "trainers", "methods", "datasets")
 """What a plugin host serves of a third-party plugin (models are refused, checks not run)."""
@@ -238,8 +238,8 @@ def failures_from_host(
 ) -> list[PluginFailure]:
     """The plugins a host failed to load or register (but those of ``local``, this
     process's own), each with what the plugin manifest last recorded it provides when the
-    host could not say (:meth:`harness.plugin.host_requests.Host.op_describe`)."""
-    from harness.plugin import manifest as plugin_manifest
+    host could not say (:meth:`harness.plugin.hosting.host_requests.Host.op_describe`)."""
+    from harness.plugin.hosting import manifest as plugin_manifest
 
     out = []
     for record in described.get("failures", ()):

@@ -1,29 +1,33 @@
-"""The plugin host: ``python -m harness.plugin.host START``, the process where plugins run.
+"""The plugin host: ``python -m harness.plugin.hosting.host START``, the process where plugins run.
 
 The harness never imports a third-party plugin where it draws samples, runs checks or
 decides verdicts (harness/README.md, "Plugin host"). Each third-party distribution gets a
-host of its own (:class:`harness.plugin.host_process.PluginHost` starts it), so that one plugin
-cannot reach another's code, and the host answers the harness's requests
-(:mod:`harness.plugin.host_requests`). ``START`` is a JSON object: ``parent``, the
-harness's pid; ``distribution``, the one whose plugins this host loads (besides the
-built-ins; null: the built-ins only); ``prefix``, the folder it is installed in when
-``idrs-bench plugins install`` put it there (:mod:`harness.plugin.private_install`);
-``grants``, what the confined host may reach besides its Python
-(:class:`harness.plugin.confinement.Grants`), or null when the user ran it unconfined;
-``layers``, the confinement's layers (absent: all of them; fewer only for the diagnostic
-:mod:`harness.plugin.confinement_probe`).
+host of its own (:class:`harness.plugin.hosting.host_process.PluginHost` starts it), so
+that one plugin cannot reach another's code, and the host answers the harness's requests
+(:mod:`harness.plugin.hosting.host_requests`). ``START`` is a JSON object:
+``distribution``, the one whose plugins this host loads (besides the built-ins; null: the
+built-ins only); ``prefix``, the folder it is installed in when ``idrs-bench plugins
+install`` put it there (:mod:`harness.plugin.hosting.private_install`); ``grants``, what the
+confined host may reach besides its Python (:class:`harness.plugin.hosting.confinement.Grants`),
+or null when the user ran it unconfined; ``layers``, the confinement's layers (absent: all
+of them; fewer only for the diagnostic :mod:`harness.plugin.hosting.confinement_probe`);
+``status_fd``, ``scratch`` and ``folder``, for its keeper.
 
-Before it imports numpy, torch or any plugin, and before it starts a thread, the host
-confines itself (:func:`harness.plugin.confinement.confine`): a plugin's code, from its
-import on, reads only its Python, its own files and what the harness sends, writes only
-its scratch directory and artifact folders, opens no socket and cannot signal or
-ptrace the harness (docs/threat-model.md).
+First the process forks (:func:`harness.plugin.hosting.keeper.split`): the parent stays as
+the host's keeper, which ends every process the plugins start when the host ends, when the
+harness asks, or when the harness ends. Then, before it imports numpy, torch or any plugin,
+and before it starts a thread, the host confines itself
+(:func:`harness.plugin.hosting.confinement.confine`): a plugin's code, from its import on,
+reads only its Python, its own files and what the harness sends, writes only its scratch
+directory and artifact folders, opens no socket and cannot signal or ptrace the harness or
+the keeper (docs/threat-model.md).
 
-Protocol: one request per message on stdin, one answer per message on the original
-stdout (plugins' prints go to stderr); ``{"ok": false, "error": ...}`` when a request
-fails (every request, when the host could not confine itself or load its plugins). The
-process ends when its stdin closes, or when the harness's process (the pid it is started
-with) has ended while a plugin's code blocks: it never outlives the harness.
+Protocol: one request per message on stdin, one answer per message on a copy of the
+original stdout (a plugin's prints, to fd 1 or 2, go to stderr);
+``{"ok": false, "error": ...}`` when a request fails (every request, when the host could
+not confine itself or load its plugins). The process exits when its stdin closes (at once:
+a plugin's threads do not hold it), or when its keeper has ended while a plugin's code
+blocks: it never outlives the harness.
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from harness.foundation.errors import IdrsError
-from harness.plugin import confinement
+from harness.plugin.hosting import confinement
+from harness.plugin.hosting.keeper import split
 
 
 def answer_error(exc: BaseException) -> dict[str, Any]:
@@ -54,7 +59,7 @@ PARENT_POLL_SECONDS = 1.0
 
 
 def exit_with_parent(parent: int, poll: float = PARENT_POLL_SECONDS) -> threading.Thread:
-    """End this process once the harness's process ``parent`` has ended (this one is then
+    """End this process once its parent ``parent`` (the keeper) has ended (this one is then
     reparented), also while a plugin's code blocks and stdin's end is never read."""
 
     def watch() -> None:
@@ -103,6 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     process ends (see the module docstring)."""
     argv = sys.argv[1:] if argv is None else argv
     start = json.loads(argv[0]) if argv else {}
+    parent = split(start)  # the keeper stays behind in the parent; this is the host
     channel = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a plugin's print goes to stderr
     sys.stdout = sys.stderr
@@ -111,15 +117,15 @@ def main(argv: list[str] | None = None) -> None:
         abi = confine(start)  # first: before any thread, numpy, torch or plugin
     except Exception as exc:
         error = answer_error(exc)
-    exit_with_parent(int(start.get("parent", os.getppid())))
-    from harness.plugin import wire
+    exit_with_parent(parent)
+    from harness.plugin.hosting import wire
 
     host = None
     if error is None:
         if start.get("prefix"):
             sys.path.insert(0, start["prefix"])  # (not a site folder: no .pth file runs)
         try:
-            from harness.plugin.host_requests import Host
+            from harness.plugin.hosting.host_requests import Host
 
             host = Host(start.get("distribution"), abi)
         except Exception as exc:  # every request is then answered with why the host is broken
@@ -128,8 +134,9 @@ def main(argv: list[str] | None = None) -> None:
     while True:
         try:
             request = wire.read_message(requests)
-        except EOFError:
-            return
+        except EOFError:  # the harness's end of it: no plugin thread holds the process
+            sys.stderr.flush()
+            os._exit(0)
         if host is None:
             wire.write_message(channel, error)
             continue

@@ -1,8 +1,8 @@
 """Does a device driver initialize in a confined plugin host? One host per confinement layer.
 
-``python -m harness.plugin.confinement_probe [--device cuda|cpu]`` starts plugin hosts
-(:class:`~harness.plugin.host_process.PluginHost`, the built-ins only): one unconfined, one
-confined by each layer of :data:`~harness.plugin.confinement.LAYERS` alone, and one by all
+``python -m harness.plugin.hosting.confinement_probe [--device cuda|cpu]`` starts plugin hosts
+(:class:`~harness.plugin.hosting.host_process.PluginHost`, the built-ins only): one unconfined, one
+confined by each layer of :data:`~harness.plugin.hosting.confinement.LAYERS` alone, and one by all
 of them, as a third-party plugin's host is. It asks each (request ``probe``,
 :func:`probe`) to do what the CUDA driver does to the OS while it initializes, then to
 initialize CUDA and compute:
@@ -45,7 +45,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from harness.foundation.errors import IdrsError
-from harness.plugin import confinement
+from harness.plugin.hosting import confinement
 
 VARIANTS: dict[str, tuple[str, ...] | None] = {
     "unconfined": None,
@@ -247,7 +247,7 @@ def _skipped(layers: tuple[str, ...] | None, abi: int) -> str | None:
 
 
 def _variant(variant: str, device: str, devices: list[str], abi: int) -> tuple[str, bool]:
-    from harness.plugin.host_process import PluginHost
+    from harness.plugin.hosting.host_process import PluginHost
 
     layers = VARIANTS[variant]
     why = _skipped(layers, abi)
@@ -284,7 +284,7 @@ def run(device: str, out=sys.stdout) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.plugin.confinement_probe",
+    parser = argparse.ArgumentParser(prog="python -m harness.plugin.hosting.confinement_probe",
                                      description=__doc__.split("\n\n")[0])  # fmt: skip
     parser.add_argument("--device", choices=("cuda", "cpu"), default=None,
                         help="cuda: every part must work (default when CUDA is available)")  # fmt: skip

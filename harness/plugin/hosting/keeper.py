@@ -1,0 +1,242 @@
+"""The keeper of a plugin host: the process that ends whatever the host's plugins started.
+
+``python -m harness.plugin.hosting.host`` forks before anything else (:func:`split`); the
+parent stays behind as the keeper, the child becomes the plugin host. The keeper
+
+- is the **child subreaper** of everything beneath it (``PR_SET_CHILD_SUBREAPER``, Linux
+  ≥ 3.4): a process whose parent ends is re-parented to it, so a plugin's process that
+  called ``setsid(2)`` and forked again (a daemon) is still its descendant; it reaps them;
+- imports nothing more and is not confined; the host's Landlock domain scopes signals
+  (ABI 6), so a plugin cannot signal it (nor the harness);
+- waits for one of three things: the host ends (an exit, a signal, the kernel's
+  out-of-memory killer), the harness asks it to end the host (``SIGTERM``: a request ran
+  past its limit, a host that will not exit), or the harness ends (its parent changes:
+  even after ``SIGKILL``);
+- then kills every process left beneath it with ``SIGKILL``, round after round (each
+  round's orphans are re-parented to it) until it has no child left, removes the host's
+  scratch folder (the whole host folder when the harness has ended), writes one line to the
+  harness saying how the host ended (:func:`report`, :func:`ending`), and exits.
+
+The host leaves the harness's session (no terminal's ``SIGINT`` or ``SIGHUP`` reach it: the
+harness decides) and raises its ``oom_score_adj`` to 1000, which needs no privilege and
+which its children inherit, so that under memory pressure the kernel kills a plugin host
+before the harness (the keeper keeps the harness's score and holds almost no memory).
+
+Why a keeper, not a cgroup or a PID namespace (harness/README.md, "Plugin host"): a
+cgroup of one's own needs a delegated cgroup v2 subtree (systemd's, or root), and a PID
+namespace needs ``CAP_SYS_ADMIN`` or an unprivileged user namespace, which distributions
+restrict (Ubuntu 24.04's AppArmor). A subreaper needs no privilege and works on every
+Linux the harness supports. Its one gap: a descendant that a plugin hands to a process
+outside the host (a system service started over a socket) is not beneath it; the host's
+seccomp filter refuses sockets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from typing import Any
+
+_PR_SET_CHILD_SUBREAPER = 36
+WATCH_SECONDS = 0.25
+"""How often the keeper looks at its parent (the harness) while it waits."""
+KILL_SECONDS = 10.0
+"""How long the keeper waits for the processes it killed to be reaped."""
+OOM_SCORE_ADJ = 1000
+"""The host's ``oom_score_adj``: the kernel's first choice under memory pressure."""
+_WAITED = (signal.SIGCHLD, signal.SIGTERM)
+
+
+def split(start: dict[str, Any]) -> int:
+    """Fork this process as the module docstring says. In the child, the plugin host,
+    return the keeper's pid (the host's parent); the keeper never returns. ``start``: the
+    host's start message (``status_fd``: the pipe to the harness; ``scratch``,
+    ``folder``: what the keeper removes)."""
+    status = start.get("status_fd")
+    if sys.platform != "linux" or status is None:  # (no keeper: e.g. a diagnostic host)
+        return os.getppid()
+    signal.pthread_sigmask(signal.SIG_BLOCK, _WAITED)  # before fork: none is missed
+    _prctl_subreaper()
+    parent = os.getppid()
+    child = os.fork()
+    if child == 0:
+        os.close(int(status))
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _WAITED)
+        os.setsid()  # (no terminal's signals: the harness decides)
+        with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as adj:
+            adj.write(str(OOM_SCORE_ADJ))
+        return os.getppid()
+    keep(child, parent, int(status), start.get("scratch"), start.get("folder"))
+    os._exit(0)  # (keep exits; never reached)
+
+
+def _prctl_subreaper() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(code)}")
+
+
+def keep(host: int, parent: int, status: int, scratch: str | None, folder: str | None) -> None:
+    """The keeper's life (see the module docstring); exits the process."""
+    for name in ("SIGINT", "SIGHUP", "SIGQUIT"):  # (the harness's, not the keeper's)
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)  # the harness's pipes are the host's: its answers' end is seen at once
+    os.dup2(null, 1)
+    _write(status, {"host": host})
+    oom_before = oom_kills()
+    by, ended = "host", None
+    while ended is None:
+        ended = _reap(host)
+        if ended is not None:
+            break
+        if os.getppid() != parent:
+            by = "harness ended"
+            break
+        got = signal.sigtimedwait(_WAITED, WATCH_SECONDS)
+        if got is not None and got.si_signo == signal.SIGTERM:
+            by = "harness"
+            break
+    if ended is None:
+        _kill(host)  # (a host already dying keeps the status it dies with)
+    left, host_status = end_all(host)
+    ended = ended if ended is not None else host_status
+    if scratch:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if by == "harness ended" and folder:
+        shutil.rmtree(folder, ignore_errors=True)
+    record: dict[str, Any] = {"by": by, "left": left, "oom_kills": oom_kills() - oom_before}
+    if ended is not None:
+        record |= report(ended)
+    _write(status, record)
+    os._exit(0)
+
+
+def _reap(host: int) -> int | None:
+    """Reap every child that has ended; the host's wait status if it is one of them."""
+    found = None
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return found
+        if pid == 0:
+            return found
+        if pid == host:
+            found = status
+
+
+def end_all(host: int, seconds: float = KILL_SECONDS) -> tuple[int, int | None]:
+    """Kill every process beneath this one with ``SIGKILL`` and reap it, round after round,
+    until none is left (or ``seconds`` have passed); the processes ended besides ``host``,
+    and the host's wait status when it was reaped here."""
+    killed: set[int] = set()
+    host_status = None
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for pid in children():
+            _kill(pid)
+            if pid != host:
+                killed.add(pid)
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break  # none left
+        if pid == 0:
+            time.sleep(0.01)
+        elif pid == host:
+            host_status = status
+    return len(killed), host_status
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def children(pid: int | None = None) -> list[int]:
+    """The processes whose parent is ``pid`` (default this one): procfs's ``children`` list
+    of its threads, else a scan of every process's ``stat``."""
+    pid = os.getpid() if pid is None else pid
+    found: set[int] = set()
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as listed:
+                found |= {int(p) for p in listed.read().split()}
+        return sorted(found)
+    except OSError:  # (a kernel without CONFIG_PROC_CHILDREN)
+        pass
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    if int(stat.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.add(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+    return sorted(found)
+
+
+def oom_kills() -> int:
+    """The kernel's count of processes its out-of-memory killer has killed (``oom_kill`` in
+    ``/proc/vmstat``, Linux ≥ 4.13); 0 where it is not kept."""
+    try:
+        with open("/proc/vmstat") as vmstat:
+            for line in vmstat:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def report(wait_status: int) -> dict[str, Any]:
+    """A wait status as the keeper reports it: ``exit`` (the code) or ``signal`` (its number)."""
+    if os.WIFSIGNALED(wait_status):
+        return {"signal": os.WTERMSIG(wait_status)}
+    return {"exit": os.waitstatus_to_exitcode(wait_status)}
+
+
+def ending(record: dict[str, Any], doing: str = "") -> str:
+    """How a host ended, in words, from its keeper's record (:func:`keep`); ``doing``: what
+    it was doing then (e.g. ``while answering the request 'sigma'``)."""
+    by, left = record.get("by"), int(record.get("left") or 0)
+    cause = ""
+    if by != "host" and record.get("signal") in (None, signal.SIGKILL):
+        head = "was ended by the harness"
+    elif "signal" in record:
+        number = int(record["signal"])
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = f"signal {number}"
+        head = f"was killed by {name} (signal {number})"
+        if number == signal.SIGKILL and record.get("oom_kills"):  # (by the kernel)
+            cause = (": the kernel's out-of-memory killer ran meanwhile, so the plugin most "
+                     "likely needed more memory than the machine had")  # fmt: skip
+        elif number == signal.SIGKILL:
+            cause = ", from outside the harness (another process, or the out-of-memory killer)"
+        elif number in (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE,
+                        signal.SIGABRT):  # fmt: skip
+            cause = ": a crash in native code (a C extension or a driver)"
+    elif "exit" in record:
+        head = f"exited with status {record['exit']}"
+        cause = " (a plugin ended the process)" if record["exit"] == 0 else ""
+    else:
+        head = "ended"
+    words = head + (f" {doing}" if doing else "") + cause
+    if left:
+        words += f"; the {left} process(es) it had started were ended with it"
+    return words
+
+
+def _write(fd: int, record: dict[str, Any]) -> None:
+    with contextlib.suppress(OSError):  # (the harness has gone: nobody reads)
+        os.write(fd, json.dumps(record).encode() + b"\n")
