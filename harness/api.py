@@ -47,6 +47,9 @@ def certify(
     sampling: str = "fixed",
     n_max: int | None = None,
     radii: Sequence[float] | None = None,
+    fold_batchnorm: bool = False,
+    compile: bool = False,
+    cuda_graphs: bool = False,
     **params: Any,
 ) -> pd.DataFrame:
     """Certify ``inputs`` [N, *shape] (labels [N]) with a registered method, by default
@@ -67,14 +70,20 @@ def certify(
     (default ``n``), until each input's place on the radius grid ``radii`` (default
     0, 0.25, …, 1) is decided, as ``[certification] sampling`` does
     (:mod:`harness.mathematics.sequential`; hard-smoothing methods with a radius formula
-    of idrs-bench, others are refused with the reason). Input k gets the noise of test
-    point k of a benchmark with the same seed, so it gets that run's certificate.
+    of idrs-bench, others are refused with the reason). ``fold_batchnorm`` (eval-mode
+    BatchNorm folded into the convolution before it), ``compile`` (``torch.compile``) and
+    ``cuda_graphs`` (CUDA graphs; nothing on a CPU) speed up the forward pass at the
+    engine's batch shape, as the same keys of ``[certification]`` do
+    (:mod:`harness.engine.forward`; folding and compiling round differently, so they are
+    part of the arithmetic). Input k gets the noise of test point k of a benchmark with the
+    same seed and arithmetic, so it gets that run's certificate.
     """
     from harness.running.held_model import certify_held_model
 
     rows, attrs = certify_held_model(
         model, inputs, labels, method, sigma, params, n0, n, alpha, device, seed, batch_size,
         train_inputs, train_labels, precision, channels_last, cudnn, sampling, n_max, radii,
+        {"fold_batchnorm": fold_batchnorm, "compile": compile, "cuda_graphs": cuda_graphs},
     )  # fmt: skip
     frame = pd.DataFrame(rows, columns=list(CERTIFICATE_COLUMNS))
     frame.attrs.update(attrs)

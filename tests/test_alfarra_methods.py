@@ -111,21 +111,24 @@ def test_both_methods_run_next_to_cohen_and_the_memory_resumes(
     assert {KEPT, INSIDE, SHRUNK} <= set(actions)
     assert sorted(r["evidence"]["memory_position"] for r in memory) == list(range(64))
 
-    # the same run killed after 30 committed certificates of the memory method ...
+    # the same run killed after 4 committed shards (32 certificates) of the memory method ...
     calls = {"n": 0}
-    original = ResultStore.add_certificate
+    original = ResultStore.add_shard
 
     def crashing(self, run_id, method, *args, **kwargs):
         if method == MEMORY:
             calls["n"] += 1
-            if calls["n"] == 31:
+            if calls["n"] == 5:
                 raise KeyboardInterrupt
         return original(self, run_id, method, *args, **kwargs)
 
-    monkeypatch.setattr(ResultStore, "add_certificate", crashing)
+    monkeypatch.setattr(ResultStore, "add_shard", crashing)
     with pytest.raises(KeyboardInterrupt):
         _run(alfarra_manager, tmp_path / "killed.sqlite")
-    monkeypatch.setattr(ResultStore, "add_certificate", original)
+    monkeypatch.setattr(ResultStore, "add_shard", original)
+    with sqlite3.connect(tmp_path / "killed.sqlite") as con:
+        assert con.execute("SELECT COUNT(*) FROM certificates WHERE method = ?",
+                           (MEMORY,)).fetchone()[0] == 32  # fmt: skip
     # ... and resumed: only the missing inputs are certified, the memory goes on
     run_id2, _ = _run(alfarra_manager, tmp_path / "killed.sqlite")
     assert run_id2 == run_id
@@ -139,7 +142,7 @@ def test_both_methods_run_next_to_cohen_and_the_memory_resumes(
         ).fetchone()[0]
     assert stored == 64
     # the test can fail: inputs certified after the crash were changed by earlier ones
-    late = [r for r in memory if r["evidence"]["memory_position"] >= 30]
+    late = [r for r in memory if r["evidence"]["memory_position"] >= 32]
     assert any(r["evidence"]["memory_decided_by"] for r in late)
 
 

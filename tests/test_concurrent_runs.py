@@ -97,7 +97,8 @@ trainer_params = { sigma = 0.5, epochs = 1 }
 n0 = 20
 n = 500
 alpha = 0.01
-batch_size = 512
+batch_size = 256  # under a shard's 16 × n0 = 320 selection rows: one shard per engine call
+                  # (harness.running.work.shards_per_call), so processes share a setting's shards
 
 [[methods]]
 name = "slow-cohen"
@@ -311,16 +312,18 @@ def test_one_process_runs_the_checks_the_others_wait_or_take_over(setup, tmp_pat
 def test_a_process_killed_mid_shard_leaves_its_shard_to_the_other(setup, tmp_path):
     db = tmp_path / "shared.sqlite"
     a_log, b_log = tmp_path / "a.err", tmp_path / "b.err"
-    # A stores its first chunk of claims (8 of a shard's 16), then waits for a gate that
-    # never opens: it is killed in the middle of that shard
+    # A claims its first chunk (8 of a shard's 16), then waits for a gate that never opens:
+    # it is killed in the middle of that shard
     a = _start(setup, db, a_log, 0.25, "--no-check", gate=tmp_path / "never", after=1)
 
     def a_mid_shard() -> int | None:
-        """A Cohen shard A holds, of which some inputs are stored but not all."""
+        """The Cohen shard A holds, which it never finishes: none of its inputs is stored
+        (a shard is stored whole, once all its inputs are certified)."""
         for method, shard in _leases_of(db, a):
-            stored = _query(db, "SELECT COUNT(*) FROM certificates WHERE method = ? AND shard = ?",
-                            (method, shard))[0][0]  # fmt: skip
-            if method == "slow-cohen" and 0 < stored < 16:
+            if method == "slow-cohen":
+                stored = _query(db, "SELECT COUNT(*) FROM certificates WHERE method = ? "
+                                "AND shard = ?", (method, shard))[0][0]  # fmt: skip
+                assert stored == 0, stored
                 return shard
         return None
 

@@ -70,6 +70,11 @@ def test_the_dry_run_lists_every_step_in_order_with_its_cap_and_command(tmp_path
     assert 'python3 -m harness.plugin.hosting.confinement_probe --device "$DEVICE"' in out
     assert '"${XDIST[@]}" -v -rA "${TIMEOUT_PLUGIN[@]}" --junitxml="$WORK/$STEP/junit.xml"' in out
     assert "bench_pair default" in out
+    # a Cohen row's samples at the default benchmark's batch
+    assert 'bench row --models mlp --n "$ROW_N" --inputs "$ROW_INPUTS" --batch-size 1024' in out
+    # ResNet-110 with the forward options, only when named
+    forward = _run(tmp_path, "--dry-run", "--steps", "bench-forward").stdout
+    assert "bench forward-resnet110" in forward and '"${FORWARD[@]}" --compile' in forward
     assert 'run --device "$DEVICE" --timings --db "$WORK/$STEP/default.sqlite"' in out
     caps = {line.split()[1]: int(line.split("cap ")[1].split()[0])
             for line in out.splitlines() if line.startswith("== ")}  # fmt: skip
@@ -98,13 +103,22 @@ def test_the_dry_run_lists_every_step_in_order_with_its_cap_and_command(tmp_path
 
 
 def test_a_tiny_run_on_the_cpu_brings_every_log_back_in_a_few_files(tmp_path):
-    done = _run(tmp_path, "--device", "cpu", "--tiny", "--steps", "env,bench-default",
-                "--budget", "240")  # fmt: skip
+    """The bench's JSON and ratios come back; a Cohen row of the default run (here the log
+    of a run cut while running, as the progress lines read) is held to the engine's time
+    for its samples at the row's n and batch."""
     out = tmp_path / "out"
+    out.mkdir()
+    (out / "default-run.log").write_text(
+        "cohen sigma=0.25: started, 4 inputs\n"
+        "cohen sigma=0.25: finished, 4/4 inputs, 2.50 inputs/s, elapsed 2 s, ETA 0 s\n"
+    )
+    done = _run(tmp_path, "--device", "cpu", "--tiny", "--steps", "env,bench-default",
+                "--budget", "300")  # fmt: skip
     summary = (out / "summary.txt").read_text()
     assert done.returncode == 0, summary + done.stdout
     assert summary.startswith("env: ok") and "\nbench-default: ok" in summary
-    assert _returned(out) == ["logs.tar", "summary.txt"]  # caches and databases elsewhere
+    # caches and databases elsewhere
+    assert _returned(out) == ["default-run.log", "logs.tar", "summary.txt"]
     logs = _logs(out)
     assert "torch" in logs["env.log"] and "PyTorch's defaults" in logs["env.log"]
     assert logs["env.log"].startswith(sys.version)  # GPU_CHECK_PYTHON ran, not PATH's python3
@@ -114,6 +128,11 @@ def test_a_tiny_run_on_the_cpu_brings_every_log_back_in_a_few_files(tmp_path):
     assert row["precision"] == "fp32"  # auto, on a CPU
     assert f"engine/limit {row['engine_vs_limit']:.2f}" in summary
     assert "reference in PyTorch's default" in summary and "api sequential" in summary
+    [cohen] = json.loads(logs["bench-default/bench-row.json"])["engine"]
+    assert cohen["model"] == "mlp" and cohen["n"] == 200 and cohen["batch_size"] == 1024
+    engine = 4 * (100 + 200) / cohen["engine_per_s"]  # 4 inputs of n0 + n samples
+    assert (f"cohen sigma=0.25: certification 1.6 s, the engine's time for its samples "
+            f"{engine:.3g} s (bench mlp, n = 200, batch 1024): {1.6 / engine:.2f}x") in summary  # fmt: skip
 
 
 def test_the_confinement_step_runs_beside_another_and_says_one_line_per_host(tmp_path):

@@ -7,6 +7,7 @@ from scipy import optimize, stats
 from harness.foundation.errors import ParameterError
 from harness.mathematics.stats import (
     binomial_pvalue,
+    binomial_pvalues,
     clopper_pearson_lower,
     clopper_pearson_lower_array,
     clopper_pearson_upper,
@@ -57,6 +58,16 @@ def test_binomial_pvalue_matches_exact_two_sided_sum():
         exact = pmf[pmf <= pmf[k] * (1 + 1e-7)].sum()
         assert binomial_pvalue(k, n) == pytest.approx(min(exact, 1.0), rel=1e-9)
     assert binomial_pvalue(0, 0) == 1.0
+
+
+def test_vectorized_binomial_pvalues_are_scipys_binomtest():
+    rng = np.random.default_rng(0)
+    n = np.concatenate([np.arange(1, 40), rng.integers(40, 200_000, 60)])
+    k = np.array([rng.integers(0, m + 1) for m in n])
+    k[:39] = n[:39] // 2  # the middle (p = 1), and its neighbours below
+    expected = [stats.binomtest(int(a), int(b), 0.5).pvalue for a, b in zip(k, n, strict=True)]
+    assert np.allclose(binomial_pvalues(k, n), expected, rtol=1e-9, atol=1e-300)
+    assert binomial_pvalues(np.array([0, 3]), np.array([0, 3])).tolist() == [1.0, 0.25]
 
 
 def test_hoeffding_bound_is_never_tighter_than_clopper_pearson_for_bernoulli():

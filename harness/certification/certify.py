@@ -45,7 +45,7 @@ from harness.foundation.errors import ContractError, IdrsError
 from harness.foundation.protocol import SIGMA_MAX, CertificationProtocol
 from harness.foundation.regularity import Regularity
 from harness.mathematics.radius import RadiusFormula, grid_thresholds
-from harness.mathematics.stats import binomial_pvalue
+from harness.mathematics.stats import binomial_pvalues
 
 if TYPE_CHECKING:
     from harness.plugin.components import BuildContext, Certifier, MethodSpec, SigmaProvider
@@ -88,12 +88,13 @@ class HardSmoothingCertifier:
         radii = np.zeros(len(evidence))
         if certified.any():
             radii[certified] = self.radius(p_lower[certified], evidence.sigma[certified])
+        predicts = predictions_from_counts(estimation, evidence.alpha)
         return [
             Claim(
                 prediction=int(top[i]) if certified[i] else ABSTAIN,
                 radius=float(radii[i]) if certified[i] else 0.0,
                 p_lower=float(p_lower[i]),
-                predict=predict_from_counts(estimation[i], evidence.alpha),
+                predict=int(predicts[i]),
             )
             for i in rows
         ]
@@ -101,9 +102,19 @@ class HardSmoothingCertifier:
 
 def predict_from_counts(counts: np.ndarray, alpha: float) -> int:
     """PREDICT: the top class if the binomial test of n_A vs n_B rejects p = 1/2 at alpha."""
-    order = np.argsort(counts)[::-1]
-    n_a, n_b = int(counts[order[0]]), int(counts[order[1]]) if len(counts) > 1 else 0
-    return int(order[0]) if binomial_pvalue(n_a, n_a + n_b) <= alpha else ABSTAIN
+    return int(predictions_from_counts(np.asarray(counts)[None], alpha)[0])
+
+
+def predictions_from_counts(counts: np.ndarray, alpha: float) -> np.ndarray:
+    """:func:`predict_from_counts` of every row of ``counts`` [B, C], in one pass."""
+    counts = np.asarray(counts)
+    if counts.shape[0] == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.argsort(counts, axis=1)[:, ::-1]
+    rows = np.arange(len(counts))
+    n_a = counts[rows, order[:, 0]].astype(np.int64)
+    n_b = counts[rows, order[:, 1]].astype(np.int64) if counts.shape[1] > 1 else 0 * n_a
+    return np.where(binomial_pvalues(n_a, n_a + n_b) <= alpha, order[:, 0], ABSTAIN)
 
 
 def checked_sigma(sigma: torch.Tensor, count: int, provider: str, where: str = "") -> torch.Tensor:
@@ -222,13 +233,16 @@ def certifier_label(context: BuildContext, method: MethodSpec) -> str:
 def certify_drawn(
     engine: SamplingEngine, protocol: CertificationProtocol, certifier: Certifier,
     x: torch.Tensor, input_ids: Sequence[int], sigma: np.ndarray,
-    sigma_draws: Draws | None = None, sigma_seconds: float = 0.0, label: str = "the certifier",
-    regularity: Regularity | None = None,
+    sigma_draws: Draws | None = None, sigma_seconds: float | np.ndarray = 0.0,
+    label: str = "the certifier", regularity: Regularity | None = None,
 ) -> Iterator[Certificate]:  # fmt: skip
     """Certificates for inputs whose σ is known: the harness draws the base model's
-    samples at σ with ``engine`` under ``protocol``, the certifier claims in chunks of
-    :data:`CLAIM_CHUNK` inputs as their estimation finishes, and each certificate is
-    yielded as soon as it is claimed. ``label`` names the certifier in contract errors.
+    samples at σ with ``engine`` under ``protocol``, every input in the same engine calls
+    (a batch mixes inputs: :meth:`~harness.engine.sampling.SamplingEngine.run`), the
+    certifier claims in chunks of :data:`CLAIM_CHUNK` inputs as their estimation finishes,
+    and each certificate is yielded as soon as it is claimed. ``sigma_seconds``: the time
+    σ took per input (one value, or one per input); ``label`` names the certifier in
+    contract errors.
     Under sequential sampling the estimation samples are drawn in rounds
     (:func:`harness.certification.rounds.draw_in_rounds`), to the grid place of the
     certifier's declared formula with the σ-provider's declared ``regularity``."""
@@ -245,7 +259,7 @@ def certify_drawn(
             x, sigma, ids, protocol.n0, STREAM_SELECTION)]) if ids else np.zeros((0, 0))  # fmt: skip
     else:
         selection = engine.counts(x, sigma, ids, protocol.n0, STREAM_SELECTION)
-    seconds = np.full(len(ids), (time.perf_counter() - start) / max(len(ids), 1) + sigma_seconds)
+    seconds = np.full(len(ids), (time.perf_counter() - start) / max(len(ids), 1)) + sigma_seconds
     # an order-dependent certifier stages state per claim: one input per call keeps each
     # certificate and its state in one transaction (harness.foundation.runstate)
     chunk_size = 1 if certifier.order_dependent else CLAIM_CHUNK

@@ -2,8 +2,10 @@
 (Cohen et al.'s ``Smooth.certify``, :func:`harness.cli.throughput.reference_certify`) on
 the same weights and inputs, in the same backend setting and in PyTorch's default
 arithmetic (what their code runs: :func:`harness.cli.throughput.torch_default_setting`), in
-seconds per input; in a precision other than fp32, how many argmax decisions on noisy
-inputs differ from fp32 (the price of the speed, on up to 10,000 samples per input). With
+seconds per input; in a precision other than fp32, or with a forward option that is on
+(``--fold-batchnorm``, ``--compile``, ``--cuda-graphs``), how many argmax decisions on
+noisy inputs differ from the plain fp32 model's (the price of the speed, on up to 10,000
+samples per input, at the engine's batch shape). With
 sequential sampling, ``api.certify(..., sampling="sequential", n_max=n)`` is timed too, and
 each of the three says how many inputs it certifies at each radius of the default grid
 (equal counts: the same certified accuracy on the grid). What is timed is
@@ -63,6 +65,7 @@ def bench_api(
         timed_reference,
         torch_default_setting,
     )
+    from harness.engine.precision import PrecisionModel
     from harness.engine.sampling import SamplingEngine
     from harness.mathematics.accuracy import RADII
     from harness.reports.precision_report import JointDecisions
@@ -76,11 +79,13 @@ def bench_api(
     y = torch.zeros(inputs, dtype=torch.long)
     sync = synchronizer(device)
 
+    forward = {o: True for o in own.forward}
+
     def certify(count: int, n: int, how: str = "fixed"):  # api.certify(model, x, y, ...)
         return certify_held_model(model, x[:count], y[:count], "cohen", sigma, {}, protocol.n0,
                                   n, protocol.alpha, device, 0, protocol.batch_size, None, None,
                                   own.precision, own.channels_last, own.cudnn, how,
-                                  None if how == "fixed" else n, RADII)  # fmt: skip
+                                  None if how == "fixed" else n, RADII, forward)  # fmt: skip
 
     certify(1, protocol.n0)  # warm-up (kernels, the batch probe)
     sync()
@@ -114,11 +119,14 @@ def bench_api(
                  "sequential_on_grid": _on_grid(rounds, RADII),
                  "sequential_samples": sum(r["draws"]["base"]["n"] for r in rounds) / inputs}  # fmt: skip
     checked = differ = None
-    if own.precision != "fp32":  # argmax decisions on noisy inputs that differ from fp32
-        fp32 = model_in_setting(model, protocol, Setting("fp32", own.channels_last, own.cudnn))
+    plain = Setting("fp32", own.channels_last, own.cudnn)
+    if own != plain:  # argmax decisions on noisy inputs that differ from plain fp32
+        fp32 = model_in_setting(model, protocol, plain)
         batch = int(attrs["batch_size"])
+        if isinstance(certified, PrecisionModel):  # at the engine's shape, as certified
+            certified.serve(batch)
         joint = SamplingEngine(JointDecisions(fp32, certified, classes), classes**2,
-                               device, batch, seed=0)  # fmt: skip
+                               device, batch, seed=0, pad_batches=True)  # fmt: skip
         m = min(protocol.n, 10_000)
         counts = joint.counts(xd, [sigma] * inputs, list(range(inputs)), m, stream=1)
         counts = counts.reshape(inputs, classes, classes)

@@ -1,15 +1,18 @@
 """``idrs-bench bench``: how close certification runs to the hardware's limit.
 
 For each model (random weights, random inputs: no dataset needed), in one process, on one
-device, in one backend setting (``--precision``, ``--channels-last``, ``--cudnn``) and at
-the engine's batch size B (``auto`` by default, :mod:`harness.engine.batchsize`), rates in
-noisy samples per second:
+device, in one backend setting (``--precision``, ``--channels-last``, ``--cudnn``, and the
+forward options ``--fold-batchnorm``, ``--compile``, ``--cuda-graphs``:
+:mod:`harness.engine.forward`) and at the engine's batch size B (``auto`` by default,
+:mod:`harness.engine.batchsize`), rates in noisy samples per second:
 
 - **raw**: forward pass + argmax of a batch of B inputs already in memory;
 - **limit**: the best raw rate over batch sizes (:func:`~harness.cli.throughput.batch_sweep`)
   and over the backend settings of ``--limit``: ``setting`` (the engine's own), ``precision``
   (also channels-last and the cuDNN mode at its precision; the CUDA default) or ``all``
-  (also fp32, tf32 and bf16): the hardware's limit, which the engine cannot beat;
+  (also fp32, tf32 and bf16): the hardware's limit, which the engine cannot beat (the
+  sweep's forward passes run eagerly: with ``--compile`` or ``--cuda-graphs`` the raw rate
+  at B and the engine may exceed it, by what the option gains);
 - **ideal**: per batch one ``randn`` call, x + σ·ε, forward, argmax;
 - **engine**: Cohen et al.'s CERTIFY through :class:`~harness.engine.sampling.SamplingEngine`
   as a run makes it (padded batches, deterministic kernels on CUDA; n0 = 100 selection and
@@ -153,6 +156,13 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--noise", default="auto", metavar="auto|philox-v1|block-v1", help="the noise scheme"
     )
+    for flag, what in (("--fold-batchnorm", "fold eval-mode BatchNorm into the convolution "
+                        "before it (another arithmetic)"),
+                       ("--compile", "torch.compile the model at the engine's batch shape "
+                        "(another arithmetic)"),
+                       ("--cuda-graphs", "replay the forward pass at the engine's batch shape "
+                        "from CUDA graphs (CUDA only)")):  # fmt: skip
+        parser.add_argument(flag, action="store_true", help=what)
     parser.add_argument(
         "--limit", default=None, choices=LIMIT_SCOPES, metavar="setting|precision|all",
         help="settings the raw limit is taken over (default: precision on cuda, setting on cpu)",
@@ -198,6 +208,8 @@ def bench_command(args: argparse.Namespace) -> int:
         if not torch.cuda.is_available():
             raise IdrsError("--device cuda, but no CUDA device is available; use --device cpu")
     gpu = device.type == "cuda"
+    if args.cuda_graphs and not gpu:
+        raise IdrsError("--cuda-graphs needs --device cuda: CUDA graphs exist only on CUDA")
     n = args.n or (100_000 if gpu else 50_000)
     inputs = args.inputs or (8 if gpu else 4)
     seconds = args.seconds or (2.0 if gpu else 5.0)
@@ -206,6 +218,7 @@ def bench_command(args: argparse.Namespace) -> int:
         n0=N0, n=n, alpha=0.001, batch_size=batch,
         precision=resolve_precision(args.precision, device),
         channels_last=args.channels_last, noise=args.noise, cudnn=args.cudnn,
+        fold_batchnorm=args.fold_batchnorm, compile=args.compile, cuda_graphs=args.cuda_graphs,
     )  # fmt: skip
     scope = args.limit or ("precision" if gpu else "setting")
     models = {name: _build(registry, name) for name in names}  # unregistered: fail before work
@@ -279,6 +292,7 @@ def bench_model(
     from harness.engine.batchsize import MAX_BATCH, MAX_CPU_BATCH, auto_batch_size
     from harness.engine.determinism import deterministic_kernels
     from harness.engine.noise import noise_kernel
+    from harness.engine.precision import PrecisionModel
     from harness.engine.sampling import SamplingEngine, default_noise
 
     model, shape = built
@@ -288,6 +302,8 @@ def bench_model(
     batch = protocol.batch_size
     if batch == "auto":
         batch = auto_batch_size(certified, shape, device)
+    if isinstance(certified, PrecisionModel):  # compiled / captured at the engine's batch
+        certified.serve(batch)
     noise = default_noise(device) if protocol.noise == "auto" else protocol.noise
     x = torch.rand((inputs, *shape), generator=torch.Generator().manual_seed(1)).to(device)
     sync = synchronizer(device)

@@ -26,30 +26,41 @@ from harness.engine.batchsize import CUDA_MIN_GAIN
 
 @dataclass(frozen=True)
 class Setting:
-    """A backend setting of the certified classifier (:mod:`harness.engine.precision`)."""
+    """A backend setting of the certified classifier (:mod:`harness.engine.precision`): its
+    precision, layout, cuDNN mode and the forward options that are on
+    (:data:`~harness.foundation.protocol.FORWARD_OPTIONS`)."""
 
     precision: str
     channels_last: bool
     cudnn: str
+    forward: tuple[str, ...] = ()
 
     def __str__(self) -> str:
+        from harness.foundation.protocol import FORWARD_NAMES
+
         cl = "+channels-last" if self.channels_last else ""
-        return f"{self.precision}{cl} cudnn-{self.cudnn}"
+        options = "".join(f"+{FORWARD_NAMES[o]}" for o in self.forward)
+        return f"{self.precision}{cl}{options} cudnn-{self.cudnn}"
 
 
 def setting_of(protocol: Any) -> Setting:
-    """The protocol's backend setting (precision, channels-last, cuDNN mode)."""
-    return Setting(protocol.precision, protocol.channels_last, protocol.cudnn)
+    """The protocol's backend setting (precision, channels-last, cuDNN mode, forward options)."""
+    from harness.foundation.protocol import FORWARD_OPTIONS
+
+    forward = tuple(o for o in FORWARD_OPTIONS if getattr(protocol, o, False))
+    return Setting(protocol.precision, protocol.channels_last, protocol.cudnn, forward)
 
 
 def model_in_setting(model: torch.nn.Module, protocol: Any, setting: Setting) -> torch.nn.Module:
     """``model`` as the engine queries it in ``setting`` (:func:`~harness.engine.precision.
     prepare_model`)."""
     from harness.engine.precision import prepare_model
+    from harness.foundation.protocol import FORWARD_OPTIONS
 
+    options = {o: o in setting.forward for o in FORWARD_OPTIONS}
     return prepare_model(model, replace(protocol, precision=setting.precision,
                                         channels_last=setting.channels_last,
-                                        cudnn=setting.cudnn))  # fmt: skip
+                                        cudnn=setting.cudnn, **options))  # fmt: skip
 
 
 def torch_default_setting(device: torch.device, cudnn: str) -> Setting:
@@ -59,7 +70,7 @@ def torch_default_setting(device: torch.device, cudnn: str) -> Setting:
     Cohen et al.'s, runs."""
     from harness.engine.precision import default_precision
 
-    return Setting(default_precision(device), False, cudnn)
+    return Setting(default_precision(device), False, cudnn)  # (no forward option)
 
 
 def limit_settings(

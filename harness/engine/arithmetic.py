@@ -5,7 +5,8 @@ contract") *and* of the floating-point arithmetic that computed the base model's
 logits: the device and its kernels (torch version, CPU instruction set, GPU model), the
 number of threads, the precision backend, cuDNN's algorithm choice and its version, the
 noise scheme and what draws it on CUDA (the fused Triton kernel or torch ops, which
-round differently), and the batch shape (the
+round differently), the forward options (folded BatchNorms, compiled kernels, CUDA
+graphs: :mod:`harness.engine.forward`), and the batch shape (the
 engine pads every forward pass to ``batch_size`` rows, :class:`~harness.engine.sampling.
 SamplingEngine`, because a BLAS may round a row differently for another number of rows,
 never for other rows' contents or positions). :func:`fingerprint` records these with
@@ -43,11 +44,15 @@ from typing import Any
 
 import torch
 
+from harness.foundation.protocol import FORWARD_OPTIONS
+
 KEYS = (
     "device_type", "device_name", "torch", "cuda", "threads", "cpu_capability", "precision",
     "channels_last", "noise", "batch_size", "executor", "cudnn", "noise_kernel",
+    *FORWARD_OPTIONS,
 )  # fmt: skip
-"""What a fingerprint holds; two runs replay each other bit for bit only if all agree."""
+"""What a fingerprint holds; two runs replay each other bit for bit only if all agree (the
+forward options only when on, so earlier records still match)."""
 
 
 def cpu_name() -> str:
@@ -78,6 +83,10 @@ def fingerprint(
     cuda = device.type == "cuda"
     noise = getattr(protocol, "noise", None)
     cudnn = f"{getattr(protocol, 'cudnn', 'heuristic')} {torch.backends.cudnn.version()}"
+    # folded BatchNorms and compiled kernels round otherwise; CUDA graphs replay the eager
+    # kernels, recorded all the same (on CUDA only: on a CPU the option does nothing)
+    forward = {option: True for option in FORWARD_OPTIONS
+               if getattr(protocol, option, False) and (cuda or option != "cuda_graphs")}  # fmt: skip
     return {
         "device_type": device.type,
         "device_name": torch.cuda.get_device_name(device) if cuda else cpu_name(),
@@ -94,6 +103,7 @@ def fingerprint(
         # these keys existed still match
         "cudnn": cudnn if cuda else None,
         "noise_kernel": noise_kernel(device) if cuda and noise == "philox-v1" else None,
+        **forward,
     }
 
 

@@ -75,6 +75,19 @@ class Draws:
                      self.estimation[index], sq, self.levels, self.alpha, self.rule, looks,
                      stops)  # fmt: skip
 
+    @staticmethod
+    def joined(parts: list[Draws]) -> Draws:
+        """The draws of ``parts`` (of one kind and protocol) one after another."""
+        first = parts[0]
+
+        def stacked(name: str) -> np.ndarray | None:
+            arrays = [getattr(p, name) for p in parts]
+            return None if arrays[0] is None else np.concatenate(arrays)
+
+        return Draws(first.kind, first.n0, first.n, stacked("sigma"), stacked("selection"),
+                     stacked("estimation"), stacked("estimation_sq"), first.levels, first.alpha,
+                     first.rule, stacked("looks"), stacked("stops"))  # fmt: skip
+
     def samples(self) -> np.ndarray:
         """Estimation samples behind each input's evidence [B]."""
         if self.stops is None:

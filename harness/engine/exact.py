@@ -69,6 +69,8 @@ class ExactSampling(SamplingEngine):
     (for code that calls it directly); ``one_hot``: its softmax is the indicator of its
     class (soft smoothing is served only then)."""
 
+    serves_model = False  # no forward passes: a model the audit moves is never compiled or captured
+
     def __init__(
         self, model: torch.nn.Module, probabilities: ClassProbabilities, num_classes: int,
         device: torch.device, batch_size: int = 1024, seed: int = 0, noise: str = "auto",

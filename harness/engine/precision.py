@@ -23,6 +23,9 @@ network, and for the closed forms of the analytic models).
   formed in fp32 and rounded to the dtype; the argmax is taken of the logits in it.
 - ``channels_last``: 4-d inputs and the model's conv weights in channels-last memory
   format (faster convolutions on tensor cores; the same arithmetic up to summation order).
+- ``fold_batchnorm``, ``compile``, ``cuda_graphs``: the same classifier's forward pass
+  made faster (:mod:`harness.engine.folding`, :mod:`harness.engine.forward`); folding and
+  compiling round differently, so each is part of the arithmetic like the precision.
 - ``cudnn``: ``heuristic`` (cuDNN's heuristics choose each convolution's algorithm, the
   same choice in every process on the same arithmetic) or ``benchmark`` (algorithms timed
   on first use of each shape: often faster, but another process may time another
@@ -42,7 +45,10 @@ from typing import Any
 
 import torch
 
-from harness.foundation.protocol import CUDNN_MODES, PRECISIONS
+from harness.engine.folding import batchnorms, fold_batchnorm
+from harness.engine.forward import CPU_GRAPHS, FixedShapeForward, warn_once
+from harness.foundation.errors import IdrsError
+from harness.foundation.protocol import CUDNN_MODES, FORWARD_OPTIONS, PRECISIONS
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "tf32-conv": torch.float32,
           "bf16": torch.bfloat16, "fp16": torch.float16}  # fmt: skip
@@ -78,15 +84,18 @@ def backend_settings(matmul_tf32: bool, conv_tf32: bool, cudnn_benchmark: bool):
 
 class PrecisionModel(torch.nn.Module):
     """``model`` evaluated in ``precision`` (and channels-last memory format if asked),
-    with cuDNN in ``cudnn`` mode.
+    with cuDNN in ``cudnn`` mode, its BatchNorms folded (``fold_batchnorm``), compiled
+    and/or replayed from CUDA graphs at the batch sizes it serves (``compile``,
+    ``cuda_graphs``: :class:`~harness.engine.forward.FixedShapeForward`).
 
-    :param model: the base classifier (logits), in fp32; it is not modified (a cast copy
-        is kept for bf16, fp16 and channels-last).
+    :param model: the base classifier (logits), in fp32; it is not modified (a cast or
+        folded copy is kept for bf16, fp16, channels-last and folding).
     """
 
     def __init__(
         self, model: torch.nn.Module, precision: str, channels_last: bool,
-        cudnn: str = "heuristic",
+        cudnn: str = "heuristic", fold_batchnorm: bool = False, compile: bool = False,
+        cuda_graphs: bool = False,
     ) -> None:  # fmt: skip
         super().__init__()
         if precision not in PRECISIONS:
@@ -94,15 +103,32 @@ class PrecisionModel(torch.nn.Module):
         if cudnn not in CUDNN_MODES:
             raise ValueError(f"unknown cudnn mode {cudnn!r}; choose one of {CUDNN_MODES}")
         self.precision, self.channels_last, self.cudnn = precision, channels_last, cudnn
+        self.options = {"fold_batchnorm": fold_batchnorm, "compile": compile,
+                        "cuda_graphs": cuda_graphs}  # fmt: skip
         self.dtype = DTYPES[precision]
+        copied = False
+        if fold_batchnorm and batchnorms(model):  # (a model without any stays itself)
+            model, _ = _folded(model)
+            copied = True
         if self.dtype != torch.float32 or channels_last:
-            model = copy.deepcopy(model).to(self.dtype)
+            model = (model if copied else copy.deepcopy(model)).to(self.dtype)
             if channels_last:
                 model = model.to(memory_format=torch.channels_last)
         self.model = model
+        self.fixed = (
+            FixedShapeForward(model, compile, cuda_graphs) if compile or cuda_graphs else None
+        )
 
     def extra_repr(self) -> str:  # part of the auto batch size's cache key
-        return f"precision={self.precision}, channels_last={self.channels_last}, cudnn={self.cudnn}"
+        on = "".join(f", {k}=True" for k, v in self.options.items() if v)
+        return (f"precision={self.precision}, channels_last={self.channels_last}, "
+                f"cudnn={self.cudnn}{on}")  # fmt: skip
+
+    def serve(self, batch_size: int) -> None:
+        """An engine's batch size: calls with that many rows run compiled or from CUDA
+        graphs where the options say so (:mod:`harness.engine.forward`)."""
+        if self.fixed is not None:
+            self.fixed.serve(batch_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(self.dtype)
@@ -110,19 +136,40 @@ class PrecisionModel(torch.nn.Module):
             x = x.contiguous(memory_format=torch.channels_last)
         matmul, conv = TF32.get(self.precision, (False, False))
         with backend_settings(matmul, conv, self.cudnn == "benchmark"):
+            if self.fixed is not None and self.fixed.serves(x):
+                return self.fixed(x)
             return self.model(x)
+
+
+def _folded(model: torch.nn.Module) -> tuple[torch.nn.Module, int]:
+    """:func:`~harness.engine.folding.fold_batchnorm` of ``model``, which must fold every
+    BatchNorm it holds (one left would be computed unfolded, unnoticed)."""
+    folded, count = fold_batchnorm(model)
+    left = batchnorms(folded)
+    if left:
+        raise IdrsError(
+            f"fold_batchnorm: {left} of the base model's {left + count} BatchNorm layers do not "
+            "directly follow a convolution whose output only they read (or keep no running "
+            "statistics), so they cannot be folded; certify it with fold_batchnorm = false"
+        )
+    return folded, count
 
 
 def prepare_model(model: torch.nn.Module, protocol: Any) -> torch.nn.Module:
     """The base classifier as the ``protocol`` certifies it (its ``precision``, ``auto``
-    resolved for the model's device, ``channels_last`` and ``cudnn`` mode); ``model`` itself
-    for plain fp32 on a CPU. Use it for every query of the base model whose answers must
-    match the certificates."""
+    resolved for the model's device, ``channels_last``, ``cudnn`` mode and forward options
+    :data:`~harness.foundation.protocol.FORWARD_OPTIONS`); ``model`` itself for plain fp32
+    on a CPU. Use it for every query of the base model whose answers must match the
+    certificates."""
     channels_last = bool(getattr(protocol, "channels_last", False))
     cudnn = getattr(protocol, "cudnn", "heuristic")
     on_cpu = all(t.device.type == "cpu" for t in (*model.parameters(), *model.buffers()))
     precision = resolve_precision(getattr(protocol, "precision", "fp32"),
                                   "cpu" if on_cpu else "cuda")  # fmt: skip
-    if precision == "fp32" and not channels_last and on_cpu:
+    options = {o: bool(getattr(protocol, o, False)) for o in FORWARD_OPTIONS}
+    if options["cuda_graphs"] and on_cpu:
+        warn_once("cpu-graphs", CPU_GRAPHS)
+        options["cuda_graphs"] = False
+    if precision == "fp32" and not channels_last and on_cpu and not any(options.values()):
         return model  # no TF32 to switch off and no cuDNN on a CPU
-    return PrecisionModel(model, precision, channels_last, cudnn).eval()
+    return PrecisionModel(model, precision, channels_last, cudnn, **options).eval()

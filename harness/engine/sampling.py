@@ -31,6 +31,7 @@ import torch
 
 from harness.engine.accumulators import HardCounts, SoftStats, SoftSums
 from harness.engine.noise_schemes import BlockNoise, BlockPool, Job, PhiloxNoise
+from harness.engine.precision import PrecisionModel
 from harness.foundation.errors import ModelOutputError
 from harness.foundation.protocol import NOISE_SCHEMES, SIGMA_MAX
 
@@ -87,8 +88,13 @@ class SamplingEngine:
         may round a row differently for another number of rows, so each sample's logits
         are then bit-identical whatever batch it shares, where at that shape a row's
         logits depend on the row alone (a run measures it: :func:`harness.engine.
-        arithmetic.rows_independent`); for per-input σ searches (:meth:`padded`).
+        arithmetic.rows_independent`); for per-input σ searches (:meth:`padded`). A padded
+        engine tells a :class:`~harness.engine.precision.PrecisionModel` its batch size,
+        the shape it compiles or captures in CUDA graphs (:mod:`harness.engine.forward`).
     """
+
+    serves_model = True
+    """Whether the engine's forward passes go through ``model`` (its batch shape served)."""
 
     def __init__(
         self,
@@ -121,6 +127,8 @@ class SamplingEngine:
         self._threads = threads
         self._blocks = BlockPool(self.device, threads) if self.noise == "block-v1" else None
         self._buffer: torch.Tensor | None = None
+        if pad_batches and self.serves_model and isinstance(model, PrecisionModel):
+            model.serve(batch_size)
 
     def padded(self) -> SamplingEngine:
         """The same engine (model, seed, noise, batch size) with ``pad_batches`` on."""
@@ -290,20 +298,21 @@ class SamplingEngine:
         self, window: list[list[tuple[int, int, int]]], philox: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
         """For every row of a window's batches: its job index and (philox) its sample
-        index, as device tensors made in one transfer; and each batch's first row."""
+        index, as device tensors expanded on the device from the window's segments (one
+        small transfer: the host's work is per segment, not per row); and each batch's
+        first row."""
         segments = [seg for batch in window for seg in batch]
-        index = np.array([s[0] for s in segments], dtype=np.int64)
-        start = np.array([s[1] for s in segments], dtype=np.int64)
-        take = np.array([s[2] for s in segments], dtype=np.int64)
         offsets = [0]
         for batch in window:
             offsets.append(offsets[-1] + sum(t for _, _, t in batch))
-        rows = self._to_device(np.repeat(index, take))
+        rows_total = offsets[-1]
+        index, start, take = self._to_device(np.array(segments, dtype=np.int64).T.copy())
+        rows = torch.repeat_interleave(index, take, output_size=rows_total)
         samples = None
-        if philox:
-            first_row = np.cumsum(take) - take
-            local = np.arange(offsets[-1], dtype=np.int64) - np.repeat(first_row - start, take)
-            samples = self._to_device(local)
+        if philox:  # sample index = start of the segment + position in it
+            first_row = torch.cumsum(take, 0) - take
+            shift = torch.repeat_interleave(first_row - start, take, output_size=rows_total)
+            samples = torch.arange(rows_total, device=self.device) - shift
         return rows, samples, offsets
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:

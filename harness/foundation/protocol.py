@@ -31,6 +31,11 @@ SAMPLINGS = ("fixed", "sequential")
 on the radius grid is decided (:mod:`harness.mathematics.sequential`)."""
 SEQUENTIAL_FIELDS = ("sampling", "n_max", "grid")
 """Protocol fields a fixed-sampling run does not record (its run id stays as it was)."""
+FORWARD_OPTIONS = ("fold_batchnorm", "compile", "cuda_graphs")
+"""How the base model's forward pass is computed (:mod:`harness.engine.forward`): each off
+by default, and recorded with a run (its id, its arithmetic, its board) only when on."""
+FORWARD_NAMES = {"fold_batchnorm": "bn-folded", "compile": "compiled", "cuda_graphs": "graphs"}
+"""How the name of an arithmetic (``fp32+bn-folded``) shows each forward option."""
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,11 @@ class CertificationProtocol:
     algorithms on CUDA: ``"heuristic"`` (its deterministic heuristics: a replay on the
     same arithmetic repeats the counts bit for bit) or ``"benchmark"`` (timed on first
     use, often faster, but a replay may time another algorithm: such a run replays only
-    statistically, :mod:`harness.engine.arithmetic`). ``sampling = "sequential"`` draws
+    statistically, :mod:`harness.engine.arithmetic`). ``fold_batchnorm``, ``compile`` and
+    ``cuda_graphs`` make the same classifier's forward pass faster
+    (:mod:`harness.engine.forward`): eval-mode BatchNorm folded into the convolution before
+    it, ``torch.compile`` and CUDA graphs at the engine's batch shape; each is part of the
+    arithmetic (folding and compiling round differently). ``sampling = "sequential"`` draws
     the estimation samples in rounds, at most ``n_max`` (default ``n``), until each
     input's place on the radius ``grid`` (the benchmark's ``radii``) is decided
     (:mod:`harness.mathematics.sequential`).
@@ -65,9 +74,17 @@ class CertificationProtocol:
     sampling: str = "fixed"
     n_max: int | None = None
     grid: tuple[float, ...] | None = None
+    fold_batchnorm: bool = False
+    compile: bool = False
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         check_alpha(self.alpha)
+        for option in FORWARD_OPTIONS:
+            if not isinstance(getattr(self, option), bool):
+                raise ParameterError(
+                    f"{option} must be true or false, got {getattr(self, option)!r}"
+                )
         if not isinstance(self.n, int) or self.n < 1:
             raise ParameterError(f"n must be an integer >= 1, got {self.n!r}")
         if not isinstance(self.n0, int) or self.n0 < 1:

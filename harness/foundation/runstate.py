@@ -5,8 +5,8 @@ memory of Alfarra et al. 2022, Alg. 3) finds in :attr:`harness.plugin.components
 the :class:`RunState` of its (run, method, setting): :meth:`RunState.records` are the
 records committed so far (restore from them when built), and :meth:`RunState.stage`
 queues new ones while a certificate is being produced. The runner writes the queued
-records in the same transaction as the next certificate it stores
-(:meth:`harness.store.store.ResultStore.add_certificate`), so state and certificates are
+records in the same transaction as that certificate (with the rest of its shard,
+:meth:`harness.store.store.ResultStore.add_shard`), so state and certificates are
 always consistent, and a run's database carries its state (no file elsewhere).
 Outside a run (e.g. a soundness check replaying inputs) ``context.state`` is None
 and the certifier keeps its state in memory only.

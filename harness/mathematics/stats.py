@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 from scipy import stats
-from scipy.special import betaincinv  # the Beta quantile (scipy.stats's, without its overhead)
+from scipy.special import bdtr, betaincinv  # the binomial cdf and Beta quantile (ufuncs)
 
 from harness.foundation.protocol import check_alpha
 
@@ -50,9 +50,17 @@ def _counts(k, n) -> tuple[np.ndarray, np.ndarray]:
 
 def binomial_pvalue(k: int, n: int) -> float:
     """Two-sided exact binomial test of p = 1/2 (PREDICT in Cohen et al. 2019)."""
-    if n == 0:
-        return 1.0
-    return float(stats.binomtest(k, n, 0.5, alternative="two-sided").pvalue)
+    return float(binomial_pvalues(np.asarray(k), np.asarray(n)))
+
+
+def binomial_pvalues(k: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Vectorized :func:`binomial_pvalue`: the probability under Binomial(n, 1/2) of the
+    outcomes at most as likely as k. The pmf is symmetric and unimodal, so they are the two
+    tails beyond min(k, n − k) and max(k, n − k): p = min(1, 2·F(min(k, n − k))), F the
+    binomial cdf (1 when n = 0)."""
+    k, n = np.asarray(k, dtype=np.int64), np.asarray(n, dtype=np.int64)
+    tail = np.minimum(k, n - k)
+    return np.where(n == 0, 1.0, np.minimum(1.0, 2.0 * bdtr(tail, n, 0.5)))
 
 
 def hoeffding_lower(mean: np.ndarray, n: int, alpha: float, low: float = 0.0, high: float = 1.0):

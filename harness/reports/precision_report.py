@@ -1,11 +1,13 @@
-"""What a lower precision changes: one benchmark certified in fp32 and in another precision.
+"""What a lower precision (or a faster forward pass) changes: one benchmark certified in
+plain fp32 and in another arithmetic.
 
     python3 -m harness.reports.precision_report SPEC.toml [--set KEY=VALUE ...] [--precision bf16]
-        [--db PATH] [--device cpu|cuda] [--json]
+        [--fold-batchnorm] [--compile] [--db PATH] [--device cpu|cuda] [--json]
 
 Runs (or resumes) the benchmark twice in the same database, identical but for
-``[certification] precision`` (same seed, so the same noise for the same input and σ),
-and counts, per method and setting:
+``[certification] precision`` and the forward options (``fold_batchnorm``, ``compile``:
+:mod:`harness.engine.forward`; the first run in plain fp32 without them), with the same
+seed, so the same noise for the same input and σ, and counts, per method and setting:
 
 - **decisions**: argmax decisions of the base classifier that differ, over the very
   noisy samples x + σ(x)·ε of the fp32 run's estimation counts (n per certificate, at
@@ -32,6 +34,7 @@ import argparse
 import json
 import sys
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +42,12 @@ import numpy as np
 import torch
 
 from harness.certification.certify import STREAM_ESTIMATION
-from harness.engine.precision import prepare_model
+from harness.engine.precision import PrecisionModel, prepare_model
 from harness.engine.sampling import SamplingEngine
 from harness.foundation.certificate import ABSTAIN
+from harness.foundation.errors import IdrsError
 from harness.foundation.progress import Progress
+from harness.foundation.protocol import FORWARD_NAMES, FORWARD_OPTIONS
 from harness.running.benchmark import load_benchmark
 from harness.running.preparation import RunOptions, prepare
 from harness.running.runner import run_benchmark
@@ -109,10 +114,23 @@ def noisy_decisions(engine: SamplingEngine, x: torch.Tensor, certs: list[dict], 
 
 
 def precision_report(spec_path: str, overrides: list[str], precision: str, options: RunOptions,
-                     progress: Progress) -> dict[str, Any]:  # fmt: skip
-    """Run ``spec_path`` in fp32 and in ``precision``; the counts of the module docstring."""
-    specs = {p: load_benchmark(spec_path, [*overrides, f'certification.precision="{p}"'])
-             for p in ("fp32", precision)}  # fmt: skip
+                     progress: Progress, forward: Sequence[str] = ()) -> dict[str, Any]:  # fmt: skip
+    """Run ``spec_path`` in plain fp32 and in ``precision`` with the ``forward`` options on
+    (:data:`~harness.foundation.protocol.FORWARD_OPTIONS`); the counts of the module
+    docstring. The report names the second arithmetic ``precision`` (e.g. ``bf16``, or
+    ``fp32+bn-folded``)."""
+    label = precision + "".join(f"+{FORWARD_NAMES[o]}" for o in forward)
+    if label == "fp32":
+        raise IdrsError("compare fp32 with another precision or with a forward option on "
+                        "(--precision bf16, --fold-batchnorm, --compile)")  # fmt: skip
+
+    def arithmetic(p: str, on: Sequence[str]) -> list[str]:
+        return [*overrides, f'certification.precision="{p}"',
+                *(f"certification.{o}={str(o in on).lower()}" for o in FORWARD_OPTIONS)]  # fmt: skip
+
+    specs = {"fp32": load_benchmark(spec_path, arithmetic("fp32", ())),
+             label: load_benchmark(spec_path, arithmetic(precision, forward))}  # fmt: skip
+    precision = label
     run_ids = {p: run_benchmark(s, options, progress) for p, s in specs.items()}
     store = ResultStore(options.db)
     try:
@@ -124,6 +142,8 @@ def precision_report(spec_path: str, overrides: list[str], precision: str, optio
     context, spec, test_x = prepared.context, prepared.benchmark, prepared.dataset.test_x
     model = context.model
     lower = prepare_model(model, specs[precision].protocol)
+    if isinstance(lower, PrecisionModel):  # compiled at the run's batch shape, as certified
+        lower.serve(context.engine.batch_size)
     classes = context.dataset.num_classes
     # padded as the run's engine is: each row's logits are then those the run computed
     joint = SamplingEngine(JointDecisions(context.engine.model, lower, classes), classes**2,
@@ -189,15 +209,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a spec value (VALUE is TOML), as for idrs-bench run")  # fmt: skip
     parser.add_argument(
-        "--precision", default="bf16", choices=("tf32", "tf32-conv", "bf16", "fp16")
+        "--precision", default="bf16", choices=("fp32", "tf32", "tf32-conv", "bf16", "fp16")
     )
+    parser.add_argument("--fold-batchnorm", action="store_true",
+                        help="the second run folds BatchNorm into the convolutions")  # fmt: skip
+    parser.add_argument("--compile", action="store_true",
+                        help="the second run computes with torch.compile")  # fmt: skip
     parser.add_argument("--db", default="idrs-bench.sqlite", help="results database")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None)
     parser.add_argument("--json", action="store_true", help="print the counts as JSON")
     args = parser.parse_args(argv)
     options = RunOptions(db=Path(args.db), device=args.device)
+    forward = [o for o, on in (("fold_batchnorm", args.fold_batchnorm),
+                               ("compile", args.compile)) if on]  # fmt: skip
     report = precision_report(args.spec, args.set, args.precision, options,
-                              Progress(enabled=not args.json))  # fmt: skip
+                              Progress(enabled=not args.json), forward)  # fmt: skip
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
 

@@ -25,6 +25,9 @@ Example (the built-in default benchmark is ``harness/benchmarks/quick.toml``)::
     channels_last = false  # image models in channels-last memory format
     noise = "auto"         # "philox-v1" (CUDA default) or "block-v1" (CPU default)
     cudnn = "heuristic"    # or "benchmark": cuDNN times its algorithms (replays statistically)
+    fold_batchnorm = false # eval-mode BatchNorm folded into the convolution before it
+    compile = false        # torch.compile at the engine's batch shape
+    cuda_graphs = false    # CUDA graphs at the engine's batch shape (CUDA only)
 
     [[methods]]
     name = "cohen"
@@ -42,6 +45,7 @@ from typing import Any
 from harness.foundation.errors import DatasetMissingError, ParameterError, SpecError
 from harness.foundation.identity import setting_key
 from harness.foundation.protocol import (
+    FORWARD_OPTIONS,
     LEGACY_NOISE,
     LEGACY_PRECISION,
     SEQUENTIAL_FIELDS,
@@ -107,6 +111,9 @@ class Benchmark:
             del out["model"]["checkpoint"], out["model"]["format"]
         if self.protocol.cudnn == "heuristic":  # the default keeps every earlier run's id
             del out["protocol"]["cudnn"]
+        for option in FORWARD_OPTIONS:  # off (the default): every earlier run's id
+            if not getattr(self.protocol, option):
+                del out["protocol"][option]
         return out
 
 
@@ -225,7 +232,7 @@ def parse_benchmark(raw: dict[str, Any], default_name: str = "benchmark") -> Ben
             )
     cert = raw.get("certification", {})
     allowed_cert = {"n0", "n", "alpha", "batch_size", "precision", "channels_last", "noise",
-                    "cudnn", "sampling", "n_max"}  # fmt: skip
+                    "cudnn", "sampling", "n_max", *FORWARD_OPTIONS}  # fmt: skip
     if set(cert) - allowed_cert:
         raise SpecError(
             f"{where}: unknown key(s) {sorted(set(cert) - allowed_cert)} in [certification]; "

@@ -64,10 +64,13 @@ def certify_held_model(
     sampling: str = "fixed",
     n_max: int | None = None,
     radii: Sequence[float] | None = None,
+    forward: dict[str, bool] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """One row per input (method, setting, label and the certificate's fields) and the
     run's attributes (weights digest, resolved batch size and precision); the arguments
-    are :func:`harness.api.certify`'s (``params``: the method's other parameters)."""
+    are :func:`harness.api.certify`'s (``params``: the method's other parameters;
+    ``forward``: the forward options of :data:`~harness.foundation.protocol.FORWARD_OPTIONS`
+    that are given)."""
     from harness.certification.certify import certify_inputs
     from harness.certification.method import build_method, check_sampling
     from harness.engine.determinism import deterministic_kernels
@@ -85,7 +88,7 @@ def certify_held_model(
     device = resolve_device(device or "auto")
     cert = {"n0": n0, "n": n, "alpha": alpha, "batch_size": batch_size,
             "precision": resolve_precision(precision, device), "channels_last": channels_last,
-            "cudnn": cudnn, "sampling": sampling,
+            "cudnn": cudnn, "sampling": sampling, **(forward or {}),
             **({} if n_max is None else {"n_max": n_max})}  # fmt: skip
     protocol = certification_protocol(cert, RADII if radii is None else radii)
     with PluginManager() as manager:  # (its plugin hosts end on return, also on an error)

@@ -324,7 +324,7 @@ class RayExecutor:
     def _shard_done(self, store, run_id, setting: _Setting, shard: int) -> None:
         w = setting.work
         if not setting.failed:
-            store.finish_shard(run_id, w.method, w.key, shard)
+            store.add_shard(run_id, w.method, w.key, shard, [])
             w.finished.add(shard)
         self.stats.shards += 1
         setting.busy = False

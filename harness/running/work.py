@@ -7,20 +7,20 @@ import time
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+import torch
 
 from harness.certification.certify import certifier_label, certify_drawn, sigma_of
+from harness.engine.draws import Draws
 from harness.foundation.certificate import Certificate
 from harness.foundation.errors import IdrsError
 from harness.foundation.identity import setting_key
+from harness.foundation.protocol import CertificationProtocol
 from harness.plugin.components import BuildContext, Certifier, MethodSpec, SigmaProvider
 from harness.running.benchmark import Benchmark
 from harness.store.store import ResultStore
-
-if TYPE_CHECKING:
-    import torch
 
 
 @dataclass
@@ -91,20 +91,67 @@ def certify_shard(
 ) -> Iterator[Certificate]:
     """Certificates of the inputs ``todo`` of the shard ``ids`` (indices of the test
     inputs ``test_x``, which the harness holds: the context withholds them), as each is
-    produced (:func:`harness.certification.certify.certify_drawn`: the harness draws, the
-    certifier claims).
+    produced (:func:`certify_shards` of one shard)."""
+    yield from certify_shards(context, test_x, method, provider, certifier, [ids], [todo])
 
-    σ is computed on the whole shard, as in an uninterrupted run: a σ whose last bits
-    depend on the batch is then the same when a shard is resumed or retried.
+
+def certify_shards(
+    context: BuildContext,
+    test_x: torch.Tensor,
+    method: MethodSpec,
+    provider: SigmaProvider,
+    certifier: Certifier,
+    shards: list[list[int]],
+    todos: list[list[int]],
+) -> Iterator[Certificate]:
+    """Certificates of the inputs ``todos[k]`` of each shard ``shards[k]`` (indices of
+    ``test_x``), as each is produced, in order (:func:`harness.certification.certify.
+    certify_drawn`: the harness draws, the certifier claims); the inputs of every shard are
+    drawn together, in the same engine calls.
+
+    σ is computed shard by shard on the whole shard, as in an uninterrupted run: a σ whose
+    last bits depend on the batch is then the same when a shard is resumed, retried or
+    drawn beside others. The samples of an input are keyed by its id (harness/README.md,
+    "Noise contract") and each row's logits depend on the row alone at the engine's
+    padded shape (measured when the run begins), so its counts are those it gets alone.
     """
-    if not todo:
+    xs, ids, sigmas, drawn, seconds = [], [], [], [], []
+    for shard, todo in zip(shards, todos, strict=True):
+        if not todo:
+            continue
+        start = time.perf_counter()
+        x = test_x[shard].to(context.device)
+        sigma, sigma_draws = sigma_of(context, provider, x, shard, method.sigma_provider)
+        keep = np.array([shard.index(i) for i in todo])
+        xs.append(x[keep])
+        ids += todo
+        sigmas.append(sigma[keep])
+        drawn.append(None if sigma_draws is None else sigma_draws.rows(keep))
+        # σ(x) is part of a certificate's cost
+        seconds.append(np.full(len(todo), (time.perf_counter() - start) / len(shard)))
+    if not ids:
         return
-    start = time.perf_counter()
-    x = test_x[ids].to(context.device)
-    sigma, sigma_draws = sigma_of(context, provider, x, ids, method.sigma_provider)
-    keep = np.array([ids.index(i) for i in todo])
-    seconds = (time.perf_counter() - start) / len(ids)  # σ(x) is part of a certificate's cost
-    drawn = None if sigma_draws is None else sigma_draws.rows(keep)
-    yield from certify_drawn(context.engine, context.protocol, certifier, x[keep], todo,
-                             sigma[keep], drawn, seconds, certifier_label(context, method),
-                             provider.regularity)  # fmt: skip
+    joined = None if drawn[0] is None else Draws.joined(drawn)
+    yield from certify_drawn(context.engine, context.protocol, certifier, torch.cat(xs), ids,
+                             np.concatenate(sigmas), joined, np.concatenate(seconds),
+                             certifier_label(context, method), provider.regularity)  # fmt: skip
+
+
+MAX_INPUTS_PER_CALL = 4096
+"""The most inputs :func:`shards_per_call` draws together (those in flight when a run is
+killed)."""
+
+
+def shards_per_call(protocol: CertificationProtocol, batch_size: int, shard_size: int) -> int:
+    """How many shards are drawn together: enough that the smallest engine call (each
+    input's n0 selection samples, or under sequential sampling the smallest round of the
+    rule, :mod:`harness.mathematics.sequential`) of their inputs fills a batch,
+    ⌈batch / (shard_size · m)⌉, at most :data:`MAX_INPUTS_PER_CALL` inputs."""
+    smallest = protocol.n0
+    if protocol.sampling == "sequential":
+        from harness.certification.rounds import sequential_rule
+
+        looks = sequential_rule(protocol).looks
+        smallest = min(smallest, int(np.diff(looks, prepend=0).min()))
+    wanted = -(-int(batch_size) // (shard_size * max(smallest, 1)))
+    return max(1, min(wanted, MAX_INPUTS_PER_CALL // shard_size))

@@ -1,13 +1,14 @@
 """Results in SQLite: runs, one row per certified input, finished shards, plugin state.
 
-Every certificate is committed as soon as it exists (INSERT OR IGNORE on its primary
-key), and a shard is marked finished once all its inputs are stored, so a killed run
-loses at most the inputs in flight and a rerun neither duplicates nor repeats work.
+A shard's certificates are committed together, with the mark that the shard is
+finished, once all its inputs are certified (:meth:`ResultStore.add_shard`; INSERT OR
+IGNORE on each certificate's primary key), so a killed run loses at most the shards in
+flight and a rerun neither duplicates nor repeats work.
 
 Per-run state of a certifier (e.g. the memory of Alfarra et al.'s memory certifier)
 lives in the ``state`` table, keyed by (run, method, setting, seq): the records a
 certifier staged while producing a certificate are written in the same transaction
-as that certificate (:meth:`ResultStore.add_certificate`), so the state never holds
+as that certificate (:meth:`ResultStore.add_shard`), so the state never holds
 an input whose certificate was lost, nor the reverse. See :mod:`harness.foundation.runstate`.
 
 Several processes may certify one run in one database at once (``idrs-bench run``
@@ -280,36 +281,42 @@ class ResultStore(LeaseRecords):
             self.db.execute("UPDATE runs SET finished = ? WHERE run_id = ?", (_now(), run_id))
 
     def add_certificate(
-        self,
-        run_id: str,
-        method: str,
-        setting: str,
-        shard: int,
-        label: int,
-        cert: Certificate,
+        self, run_id: str, method: str, setting: str, shard: int, label: int, cert: Certificate,
         state: Sequence[StateRecord] = (),
-    ) -> None:
+    ) -> None:  # fmt: skip
         """Commit ``cert`` and the certifier's ``state`` records in one transaction."""
+        self.add_shard(run_id, method, setting, shard, [(label, cert, state)], finished=False)
+
+    def add_shard(
+        self, run_id: str, method: str, setting: str, shard: int,
+        stored: Sequence[tuple[int, Certificate, Sequence[StateRecord]]], finished: bool = True,
+    ) -> None:  # fmt: skip
+        """Commit certificates of ``shard``, each ``(label, certificate, state records)`` in
+        order, and (``finished``) the mark that the shard is finished, in one transaction: a
+        shard is stored whole or not at all."""
+        key = {"run_id": run_id, "method": method, "setting": setting}
         with self.db:
-            key = {"run_id": run_id, "method": method, "setting": setting}
-            self.db.executemany(
-                STATE_INSERT,
-                [key | {"seq": r.seq, "record": json.dumps(r.record, sort_keys=True),
-                        "data": r.data} for r in state],
-            )  # fmt: skip
-            self.db.execute(
-                CERTIFICATE_INSERT,
-                key | {
-                    "input_id": cert.input_id, "shard": shard, "label": label,
-                    "prediction": cert.prediction, "predict": cert.predict,
-                    "radius": cert.radius, "p_lower": cert.p_lower, "sigma": cert.sigma,
-                    "alpha": cert.alpha, "counts_selection": json.dumps(cert.counts_selection),
-                    "counts_estimation": json.dumps(cert.counts_estimation),
-                    "seconds": cert.seconds,
-                    "evidence": json.dumps(cert.evidence, default=_jsonable),
-                    "draws": None if cert.draws is None else json.dumps(cert.draws),
-                },
-            )  # fmt: skip
+            for label, cert, state in stored:
+                self.db.executemany(
+                    STATE_INSERT,
+                    [key | {"seq": r.seq, "record": json.dumps(r.record, sort_keys=True),
+                            "data": r.data} for r in state],
+                )  # fmt: skip
+                self.db.execute(
+                    CERTIFICATE_INSERT,
+                    key | {
+                        "input_id": cert.input_id, "shard": shard, "label": label,
+                        "prediction": cert.prediction, "predict": cert.predict,
+                        "radius": cert.radius, "p_lower": cert.p_lower, "sigma": cert.sigma,
+                        "alpha": cert.alpha, "counts_selection": json.dumps(cert.counts_selection),
+                        "counts_estimation": json.dumps(cert.counts_estimation),
+                        "seconds": cert.seconds,
+                        "evidence": json.dumps(cert.evidence, default=_jsonable),
+                        "draws": None if cert.draws is None else json.dumps(cert.draws),
+                    },
+                )  # fmt: skip
+            if finished:
+                self.db.execute(SHARD_INSERT, key | {"shard": shard, "finished": _now()})
 
     def state_records(self, run_id: str, method: str, setting: str) -> list[StateRecord]:
         """The committed state records of (run, method, setting), in order of ``seq``."""
@@ -319,14 +326,6 @@ class ResultStore(LeaseRecords):
             (run_id, method, setting),
         )
         return [StateRecord(seq, json.loads(record), bytes(data)) for seq, record, data in rows]
-
-    def finish_shard(self, run_id: str, method: str, setting: str, shard: int) -> None:
-        with self.db:
-            self.db.execute(
-                SHARD_INSERT,
-                {"run_id": run_id, "method": method, "setting": setting, "shard": shard,
-                 "finished": _now()},
-            )  # fmt: skip
 
     def finished_shards(self, run_id: str, method: str, setting: str) -> set[int]:
         rows = self.db.execute(

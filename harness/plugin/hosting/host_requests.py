@@ -30,6 +30,7 @@ from harness.engine.sampling import SamplingEngine
 from harness.foundation.data import PORTING, TrainingSplit
 from harness.foundation.errors import ContractError, IdrsError
 from harness.foundation.progress import Progress
+from harness.foundation.protocol import FORWARD_OPTIONS
 from harness.foundation.runstate import RunState
 from harness.mathematics.radius import (
     formula_from_record,
@@ -184,6 +185,7 @@ class Host:
         protocol = messages.protocol_from(described["protocol"])
         engine = described["engine"]
         key = (described["model"]["key"], protocol.precision, protocol.channels_last,
+               *(getattr(protocol, o) for o in FORWARD_OPTIONS),
                *(engine.get(k) for k in ("num_classes", "batch_size", "seed", "noise",
                                          "pad_batches", "exact")))  # fmt: skip
         if key not in self.engines:  # shared by the contexts of one engine, as in the harness

@@ -24,8 +24,9 @@ def _params(params: dict[str, Any]) -> str:
 
 
 def _arithmetic(p: dict[str, Any]) -> str:
-    """``, precision bf16, channels-last, noise philox-v1`` (runs that record them); on CUDA
-    what the precision computes (``tf32-conv``: PyTorch's default arithmetic)."""
+    """``, precision bf16, channels-last, noise philox-v1`` (runs that record them; the
+    forward options when on); on CUDA what the precision computes (``tf32-conv``:
+    PyTorch's default arithmetic)."""
     out = ""
     if "precision" in p:
         out += f", precision {md_text(p['precision'])}"
@@ -37,6 +38,12 @@ def _arithmetic(p: dict[str, Any]) -> str:
         out += f", noise {md_text(p['noise'])}"
     if p.get("cudnn", "heuristic") != "heuristic":
         out += f", cuDNN {md_text(p['cudnn'])} mode"
+    if p.get("fold_batchnorm"):
+        out += ", BatchNorm folded into the convolutions"
+    if p.get("compile"):
+        out += ", compiled (torch.compile)"
+    if p.get("cuda_graphs"):
+        out += ", CUDA graphs"
     return out
 
 

@@ -5,14 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from harness.foundation.data import WITHHELD
+from harness.foundation.protocol import FORWARD_OPTIONS
 from harness.reports.leaderboard.reproduce import run_command, spec_filename
 from harness.store.storedrun import StoredRun
 
-ARITHMETIC_KEYS = ("precision", "channels_last", "noise", "cudnn")
+ARITHMETIC_KEYS = ("precision", "channels_last", "noise", "cudnn", *FORWARD_OPTIONS)
 """Protocol keys recorded since the engine offers precisions and noise schemes (``cudnn``
-only when it is not the default ``heuristic``)."""
-COMPARED_KEYS = ("n0", "n", "alpha", "precision", "channels_last", "noise", "cudnn", "sampling",
-                 "n_max", "test_split")  # fmt: skip
+only when it is not the default ``heuristic``, the forward options only when on)."""
+COMPARED_KEYS = ("n0", "n", "alpha", "precision", "channels_last", "noise", "cudnn",
+                 *FORWARD_OPTIONS, "sampling", "n_max", "test_split")  # fmt: skip
 """Protocol keys whose difference makes two runs' rows not directly comparable."""
 NOT_RECORDED = ("not recorded (the run began before runs recorded it, so its plugins may "
                 "have read it)")  # fmt: skip
@@ -25,7 +26,7 @@ def protocol_differences(protocols: list[dict[str, Any]]) -> dict[str, list[str]
     values (a missing precision reads fp32, a missing noise block-v1)."""
     legacy = {"precision": "fp32", "channels_last": False, "noise": "block-v1",
               "cudnn": "heuristic", "sampling": "fixed", "n_max": None,
-              "test_split": NOT_RECORDED}  # fmt: skip
+              **dict.fromkeys(FORWARD_OPTIONS, False), "test_split": NOT_RECORDED}  # fmt: skip
     out = {}
     for key in COMPARED_KEYS:
         values = [str(p.get(key, legacy.get(key))).lower() for p in protocols]
