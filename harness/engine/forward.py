@@ -88,11 +88,15 @@ def _compiled_call(net, x: torch.Tensor) -> torch.Tensor:
         return net(x)
     except Exception as exc:
         if type(exc).__module__.startswith(("torch._dynamo", "torch._inductor")):
+            root = exc
+            while root.__cause__ is not None:  # the compiler's own error, not dynamo's wrapper
+                root = root.__cause__
+            said = next((line for line in str(root).splitlines() if line.strip()), "")
             raise IdrsError(
                 f"compile = true: torch.compile could not compile the base model "
-                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); on a "
-                "CPU it needs a C++ compiler, on CUDA Triton; certify with compile = false"
-            ) from None
+                f"({type(root).__name__}: {said}); on a CPU it needs a C++ compiler, on "
+                "CUDA Triton; certify with compile = false"
+            ) from exc
         raise
 
 
