@@ -4,7 +4,10 @@ run only when on, stated on its board, and what each computes."""
 
 import json
 import sqlite3
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +17,7 @@ from torch import nn
 from harness.engine import forward
 from harness.engine.arithmetic import differences, fingerprint
 from harness.engine.folding import batchnorms, fold_batchnorm
-from harness.engine.precision import PrecisionModel, prepare_model
+from harness.engine.precision import prepare_model
 from harness.engine.sampling import SamplingEngine
 from harness.foundation.errors import IdrsError, ParameterError
 from harness.foundation.progress import Progress
@@ -23,6 +26,8 @@ from harness.running.benchmark import parse_benchmark
 from harness.running.preparation import RunOptions, run_identity
 from harness.running.runner import run_benchmark
 from plugins.models.normalized import build_cifar_resnet
+
+ROOT = Path(__file__).resolve().parents[1]
 
 TINY = {
     "name": "tiny-forward",
@@ -146,25 +151,40 @@ def test_cuda_graphs_on_a_cpu_do_nothing_and_say_so(monkeypatch):
         prepare_model(model, protocol)  # once per process
 
 
+COMPILED_ONLY_AT_THE_ENGINES_BATCH = """
+import torch
+from torch import nn
+from harness.engine.precision import PrecisionModel, prepare_model
+from harness.engine.sampling import SamplingEngine
+from harness.foundation.protocol import CertificationProtocol
+
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(6, 24), nn.ReLU(), nn.Linear(24, 3)).eval()
+model = prepare_model(net, CertificationProtocol(n0=1, n=1, compile=True))
+assert isinstance(model, PrecisionModel) and model.model is net
+calls, compiled_net = [], model.fixed.compiled
+model.fixed.compiled = lambda x: calls.append(len(x)) or compiled_net(x)
+x = torch.randn(32, 6)
+with torch.no_grad():
+    eager = model(x)
+    SamplingEngine(model, 3, torch.device("cpu"), 32, pad_batches=True)  # serves 32 rows
+    compiled = model(x)
+    model(x[:16])
+assert calls == [32], calls  # only the engine's batch
+assert torch.allclose(compiled, eager, atol=1e-6), (compiled - eager).abs().max()
+model(x)  # with gradients: eager
+assert calls == [32] and not model.fixed.serves(x)
+"""
+
+
 def test_compile_runs_the_engines_batch_compiled_and_every_other_call_eagerly():
     """A padded engine's batch runs compiled (without gradients); other shapes and calls
-    that record gradients run the model itself; compiled and eager agree to rounding."""
-    torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(6, 24), nn.ReLU(), nn.Linear(24, 3)).eval()
-    model = prepare_model(net, CertificationProtocol(n0=1, n=1, compile=True))
-    assert isinstance(model, PrecisionModel) and model.model is net
-    calls, compiled_net = [], model.fixed.compiled
-    model.fixed.compiled = lambda x: calls.append(len(x)) or compiled_net(x)
-    x = torch.randn(32, 6)
-    with torch.no_grad():
-        eager = model(x)
-        SamplingEngine(model, 3, torch.device("cpu"), 32, pad_batches=True)  # serves 32 rows
-        compiled = model(x)
-        model(x[:16])
-    assert calls == [32]  # only the engine's batch
-    assert torch.allclose(compiled, eager, atol=1e-6)
-    model(x)  # with gradients: eager
-    assert calls == [32] and not model.fixed.serves(x)
+    that record gradients run the model itself; compiled and eager agree to rounding. In a
+    fresh interpreter, as a run compiles: in the suite's xdist workers Inductor's import of
+    setuptools has failed (its distutils shim found the standard library's distutils)."""
+    done = subprocess.run([sys.executable, "-c", COMPILED_ONLY_AT_THE_ENGINES_BATCH],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def test_a_run_with_folding_records_it_and_its_board_says_so(tmp_path, manager, monkeypatch):
