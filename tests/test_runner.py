@@ -56,7 +56,9 @@ def _rows(db: Path) -> list[tuple]:
 
 def test_interrupted_run_resumes_without_loss_or_duplicates(tmp_path, stored_certificates):
     spec = tmp_path / "tiny.toml"
-    spec.write_text(TINY.format(n=40000))  # long enough to be killed mid-way under load
+    # long enough to be killed mid-way under load: each shard alone in its engine calls
+    # (batch 400 = one shard's 8 × n0 = 50 selection samples) and stored on its own
+    spec.write_text(TINY.format(n=150000).replace("batch_size = 512", "batch_size = 400"))
     command = [sys.executable, "-m", "harness.cli.main", "run", str(spec), "--quiet", "--no-check"]
     # the uninterrupted reference (it also trains and caches the shared base model)
     subprocess.run(
