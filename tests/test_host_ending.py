@@ -21,7 +21,6 @@ from harness.foundation.errors import IdrsError
 from harness.plugin.hosting import exchange, keeper, limits, wire
 from harness.plugin.hosting.host_folder import HostFolder, sweep_abandoned
 from harness.plugin.hosting.host_output import ECHO_BYTES, LINE_CHARS, TAIL_LINES, HostOutput
-from tests.live_processes import live_processes
 
 # A process that plays the harness: it starts a "host" through the keeper's fork, which
 # starts a plain child and a daemon (setsid, then fork again), then does what argv[1] says.
@@ -60,6 +59,24 @@ KEPT = textwrap.dedent("""
 """)
 
 
+def _survivors(mark: str) -> list[str]:
+    """The command lines of live processes that name ``mark``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                text = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{entry}/stat") as stat:
+                zombie = stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            continue
+        if mark in text and not zombie:
+            found.append(f"{entry}: {text}")
+    return found
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as stat:  # a zombie has ended
@@ -95,7 +112,7 @@ def test_the_keeper_ends_every_process_the_host_started_as_it_ends(tmp_path, the
     assert final["by"] == ("harness" if then == "term" else "host") and final["left"] >= 2
     assert keeper.ending(final).startswith(said)
     assert "process(es) it had started were ended with it" in keeper.ending(final)
-    assert live_processes(mark) == []
+    assert _survivors(mark) == []
     assert not (tmp_path / "scratch").exists() and tmp_path.exists()  # (the harness's folder)
 
 
@@ -109,9 +126,9 @@ def test_the_keeper_ends_the_host_and_its_folder_when_the_harness_ends(tmp_path)
                          capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
     host = next(json.loads(line)["host"] for line in out.stdout.splitlines() if '"host"' in line)
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and (live_processes(mark) or folder.exists() or _alive(host)):
+    while time.monotonic() < deadline and (_survivors(mark) or folder.exists() or _alive(host)):
         time.sleep(0.1)
-    assert live_processes(mark) == [] and not folder.exists() and not _alive(host)
+    assert _survivors(mark) == [] and not folder.exists() and not _alive(host)
 
 
 @pytest.mark.parametrize("record, words", [
