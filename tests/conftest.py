@@ -115,6 +115,30 @@ def _stored_certificates(db: Path) -> int:
         return 0
 
 
+def _live_processes(text: str) -> list[str]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                line = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{entry}/stat") as stat:
+                zombie = stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            continue
+        if text in line and not zombie:
+            found.append(f"{entry}: {line[:120]}")
+    return found
+
+
+@pytest.fixture(scope="session")
+def live_processes():
+    """``live_processes(text)``: ``"pid: command line"`` of every live process (not a
+    zombie, not this one) whose command line holds ``text``: what a plugin left running."""
+    return _live_processes
+
+
 @pytest.fixture(scope="session")
 def stored_certificates():
     """``stored_certificates(db)``: rows in a results database's certificates table (0

@@ -59,24 +59,6 @@ KEPT = textwrap.dedent("""
 """)
 
 
-def _survivors(mark: str) -> list[str]:
-    """The command lines of live processes that name ``mark``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                text = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
-            with open(f"/proc/{entry}/stat") as stat:
-                zombie = stat.read().rsplit(")", 1)[1].split()[0] == "Z"
-        except OSError:
-            continue
-        if mark in text and not zombie:
-            found.append(f"{entry}: {text}")
-    return found
-
-
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as stat:  # a zombie has ended
@@ -94,7 +76,9 @@ def _mark() -> str:
     ("crash", "was killed by SIGSEGV (signal 11): a crash in native code"),
     ("term", "was ended by the harness"),
 ])  # fmt: skip
-def test_the_keeper_ends_every_process_the_host_started_as_it_ends(tmp_path, then, said):
+def test_the_keeper_ends_every_process_the_host_started_as_it_ends(
+    tmp_path, then, said, live_processes
+):
     """A host that exits, crashes or is ended by the harness: the keeper kills its plain
     child and its daemon (which left the session and forked again), removes its scratch
     folder and says how the host ended. The host's ``oom_score_adj`` is 1000, the keeper's
@@ -112,11 +96,11 @@ def test_the_keeper_ends_every_process_the_host_started_as_it_ends(tmp_path, the
     assert final["by"] == ("harness" if then == "term" else "host") and final["left"] >= 2
     assert keeper.ending(final).startswith(said)
     assert "process(es) it had started were ended with it" in keeper.ending(final)
-    assert _survivors(mark) == []
+    assert live_processes(mark) == []
     assert not (tmp_path / "scratch").exists() and tmp_path.exists()  # (the harness's folder)
 
 
-def test_the_keeper_ends_the_host_and_its_folder_when_the_harness_ends(tmp_path):
+def test_the_keeper_ends_the_host_and_its_folder_when_the_harness_ends(tmp_path, live_processes):
     """The harness gone (here it exits at once, as after SIGKILL): the keeper sees its
     parent change, kills the host and everything it started and removes the host's folder."""
     mark = _mark()
@@ -126,9 +110,9 @@ def test_the_keeper_ends_the_host_and_its_folder_when_the_harness_ends(tmp_path)
                          capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
     host = next(json.loads(line)["host"] for line in out.stdout.splitlines() if '"host"' in line)
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and (_survivors(mark) or folder.exists() or _alive(host)):
+    while time.monotonic() < deadline and (live_processes(mark) or folder.exists() or _alive(host)):
         time.sleep(0.1)
-    assert _survivors(mark) == [] and not folder.exists() and not _alive(host)
+    assert live_processes(mark) == [] and not folder.exists() and not _alive(host)
 
 
 @pytest.mark.parametrize("record, words", [

@@ -138,24 +138,6 @@ settings = [{ sigma = 0.25 }]
 """
 
 
-def _processes(text: str) -> list[str]:
-    """Live processes (not zombies) whose command line holds ``text``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                line = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
-            with open(f"/proc/{entry}/stat") as stat:
-                zombie = stat.read().rsplit(")", 1)[1].split()[0] == "Z"
-        except OSError:
-            continue
-        if text in line and not zombie and int(entry) != os.getpid():
-            found.append(f"{entry}: {line[:120]}")
-    return found
-
-
 def _host_folders(temporary: Path) -> list[Path]:
     return list(temporary.glob("idrs-plugin-host-*"))
 
@@ -176,8 +158,9 @@ def misbehaving(install_plugin, tmp_path, monkeypatch):
     return mark, temporary, spec
 
 
-def test_each_misbehaving_plugin_costs_its_own_row_and_leaves_nothing(misbehaving, tmp_path,
-                                                                        capsys):  # fmt: skip
+def test_each_misbehaving_plugin_costs_its_own_row_and_leaves_nothing(
+    misbehaving, tmp_path, live_processes, capsys
+):
     """One run: the built-in row certifies and ends sound; the rows whose plugin hung,
     crashed, exited or broke the wire failed, each naming the distribution and what
     happened, and the run says so (exit 3, the command that retries them); the rows whose
@@ -215,7 +198,7 @@ def test_each_misbehaving_plugin_costs_its_own_row_and_leaves_nothing(misbehavin
     # the hang's limit, a grace period and a host started again after each failure (its
     # imports: seconds on an idle machine, far more on a loaded one)
     assert took < 300, took
-    assert _processes(mark) == [] and _processes(DISTRIBUTION) == []
+    assert live_processes(mark) == [] and live_processes(DISTRIBUTION) == []
     assert _host_folders(temporary) == []  # every host folder, scratch and files in it
     quiet = Progress(enabled=False)
     tiny = Budget("tiny", coverage_trials=8, coverage_n=100, pairs=1, ascent_steps=1,
@@ -246,7 +229,9 @@ def test_each_misbehaving_plugin_costs_its_own_row_and_leaves_nothing(misbehavin
 
 
 @pytest.mark.parametrize("how", ["SIGINT", "SIGTERM", "SIGKILL"])
-def test_a_harness_stopped_while_a_plugin_hangs_leaves_nothing_behind(misbehaving, tmp_path, how):
+def test_a_harness_stopped_while_a_plugin_hangs_leaves_nothing_behind(
+    misbehaving, tmp_path, how, live_processes
+):
     """``idrs-bench run`` stopped while a plugin's σ hangs, its daemon running: by Ctrl-C
     (SIGINT to its process group) and SIGTERM it ends its host at once and exits 130 or
     143; by SIGKILL its hosts' keepers end them; either way no process of the plugin and no
@@ -266,10 +251,10 @@ def test_a_harness_stopped_while_a_plugin_hangs_leaves_nothing_behind(misbehavin
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 240
-        while len(_processes(mark)) < 2 and time.monotonic() < deadline:  # the daemon runs
+        while len(live_processes(mark)) < 2 and time.monotonic() < deadline:  # the daemon runs
             assert harness.poll() is None, harness.communicate()
             time.sleep(0.2)
-        assert len(_processes(mark)) >= 2 and len(_host_folders(temporary)) == 1
+        assert len(live_processes(mark)) >= 2 and len(_host_folders(temporary)) == 1
         stopped = time.monotonic()
         if how == "SIGINT":
             os.killpg(harness.pid, signal.SIGINT)  # (as Ctrl-C: the harness's group)
@@ -278,11 +263,11 @@ def test_a_harness_stopped_while_a_plugin_hangs_leaves_nothing_behind(misbehavin
         code = harness.wait(timeout=60)
         assert code == {"SIGINT": 130, "SIGTERM": 143, "SIGKILL": -9}[how]
         deadline = time.monotonic() + 30
-        while (_processes(mark) or _processes(DISTRIBUTION) or _host_folders(temporary)) and (
-            time.monotonic() < deadline
-        ):
+        while (
+            live_processes(mark) or live_processes(DISTRIBUTION) or _host_folders(temporary)
+        ) and (time.monotonic() < deadline):
             time.sleep(0.1)
-        assert _processes(mark) == [] and _processes(DISTRIBUTION) == []
+        assert live_processes(mark) == [] and live_processes(DISTRIBUTION) == []
         assert _host_folders(temporary) == []
         assert time.monotonic() - stopped < 30
     finally:
