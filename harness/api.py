@@ -144,7 +144,9 @@ def run(
 
             with exclusive(db, run_id, "the soundness checks", reporter.note) as ours:
                 if ours:
-                    run_checks(Path(db), run_id, options, reporter, manager, budget="small")
+                    run_checks(
+                        Path(db), run_id, options, reporter, manager, budget="small", resume=True
+                    )
     store = ResultStore(db)
     try:
         stored = read_run(store, run_id)

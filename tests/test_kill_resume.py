@@ -142,3 +142,67 @@ def test_sigkill_at_random_points_then_resume_equals_an_uninterrupted_run(tmp_pa
     recorded = _query(killed_db, "SELECT DISTINCT json_extract(evidence, '$.entropy') FROM checks")
     assert recorded == [(f"{int(ENTROPY, 16):032x}",)]
     assert len(_query(killed_db, "SELECT 1 FROM runs WHERE finished IS NOT NULL")) == 1
+
+
+RESUMED_SPEC = """
+name = "resume-checks"
+seed = 3
+
+[dataset]
+name = "cone-2"
+test_count = 6
+
+[model]
+architecture = "mlp"
+trainer = "gaussian-augmentation"
+architecture_params = { width = 16 }
+trainer_params = { sigma = 0.5, epochs = 1 }
+
+[certification]
+n0 = 20
+n = 300
+alpha = 0.01
+batch_size = 512
+
+[[methods]]
+name = "cohen"
+settings = [{ sigma = 0.25 }, { sigma = 0.5 }]
+"""
+
+
+def test_a_resumed_run_audits_only_the_rows_whose_audit_was_cut_short(tmp_path):
+    """Rows audited whole before an interruption keep their stored audit (the same
+    entropy); a row with some of its checks stored is audited again from the start, every
+    check from one new entropy; `idrs-bench check` still audits every row anew."""
+    from harness import api
+    from harness.audit.auditor import run_checks
+    from harness.foundation.progress import Progress
+    from harness.running.preparation import RunOptions
+
+    spec, db = tmp_path / "resume.toml", tmp_path / "resume.sqlite"
+    spec.write_text(RESUMED_SPEC)
+    run_id = api.run(spec, db=db)["run_id"]
+    entropies = (
+        "SELECT setting, json_extract(evidence, '$.entropy'), COUNT(*) FROM checks GROUP BY 1, 2"
+    )
+    before = dict((s, (e, n)) for s, e, n in _query(db, entropies))
+    assert set(before) == {"sigma=0.25", "sigma=0.5"}
+    checks = before["sigma=0.5"][1]
+    assert checks >= 2
+    with sqlite3.connect(db) as con:  # the audit of sigma=0.5 cut short after its first check
+        con.execute("DELETE FROM checks WHERE setting = 'sigma=0.5' AND rowid NOT IN "
+                    "(SELECT MIN(rowid) FROM checks WHERE setting = 'sigma=0.5')")  # fmt: skip
+        con.execute("DELETE FROM attacks WHERE setting = 'sigma=0.5'")
+
+    api.run(spec, db=db)
+    after = dict((s, (e, n)) for s, e, n in _query(db, entropies))
+    assert after["sigma=0.25"] == before["sigma=0.25"]  # not audited again
+    assert after["sigma=0.5"][1] == checks  # every check stored, from one entropy
+    assert after["sigma=0.5"][0] != before["sigma=0.5"][0]
+    assert _query(db, "SELECT setting FROM attacks ORDER BY setting") == [
+        ("sigma=0.25",), ("sigma=0.5",)]  # fmt: skip
+
+    results = run_checks(db, run_id, RunOptions(db=db), Progress(enabled=False))  # not resumed
+    assert set(results) == {("cohen", "sigma=0.25"), ("cohen", "sigma=0.5")}
+    again = dict((s, (e, n)) for s, e, n in _query(db, entropies))
+    assert again["sigma=0.25"][0] != before["sigma=0.25"][0]

@@ -17,15 +17,19 @@ from harness.foundation.verdict import CheckResult
 from harness.plugin.manager import PluginManager, managed
 from harness.running.preparation import RunOptions
 from harness.store.store import ResultStore
+from harness.store.storedrun import StoredRun
 
 
 def run_checks(
     db, run_id: str | None, options: RunOptions, progress: Progress,
     manager: PluginManager | None = None, method: str | None = None, budget: str | Budget = "small",
     orders: int | None = None, entropy: int | Mapping[tuple[str, str], int] | None = None,
-    attack: bool = True, workers: int | None = 1,
+    attack: bool = True, workers: int | None = 1, resume: bool = False,
 ) -> dict[tuple[str, str], list[CheckResult]]:  # fmt: skip
     """Run every registered check on every (method, setting); store and return the results.
+
+    With ``resume`` (a run continued after an interruption), a row whose audit is stored
+    whole (:func:`audited`) is not audited again; its stored results are returned.
 
     Each row's audit-time entropy is recorded in each of its checks' evidence
     (``entropy``, hex), from which the audit can be re-run (``entropy``: one for every
@@ -42,12 +46,12 @@ def run_checks(
     one made here ends its plugin hosts on return."""
     with managed(manager) as manager:
         return _run_checks(db, run_id, options, progress, manager, method, budget, orders,
-                           entropy, attack, workers)  # fmt: skip
+                           entropy, attack, workers, resume)  # fmt: skip
 
 
 def _run_checks(
     db, run_id, options, progress, manager: PluginManager, method, budget, orders, entropy,
-    attack, workers,
+    attack, workers, resume,
 ) -> dict[tuple[str, str], list[CheckResult]]:  # fmt: skip
     """:func:`run_checks` with its plugin manager."""
     checks = [manager.registry.get("checks", n) for n in manager.registry.names("checks")]
@@ -58,12 +62,17 @@ def _run_checks(
             session = AuditSession(store, run_id, options, progress, manager, budget, orders)
             store.record_plugin_hosts(session.stored.run_id, manager.hosting())  # (the checks')
             rows = session.rows(method, entropy)
+            kept = _kept(session, rows, checks, attack, entropy) if resume else {}
+            if kept:
+                progress.note(f"{len(kept)} of {len(rows)} rows were audited before; auditing "
+                              f"the other {len(rows) - len(kept)}")  # fmt: skip
+            rows = [row for row in rows if row[:2] not in kept]
             if workers is None:
                 workers = default_workers(available_cores(), session.threads)
             if workers > 1 and len(rows) > 1 and manager.portable:
-                return audit_side_by_side(session, rows, store, checks, progress, manager, attack,
-                                          workers)  # fmt: skip
-            out: dict[tuple[str, str], list[CheckResult]] = {}
+                return kept | audit_side_by_side(session, rows, store, checks, progress, manager,
+                                                 attack, workers)  # fmt: skip
+            out: dict[tuple[str, str], list[CheckResult]] = kept
             attacked: dict[str, dict] = {}
             for method_name, setting, chosen in rows:
                 audit = session.audit(method_name, setting, chosen)
@@ -74,3 +83,35 @@ def _run_checks(
     finally:
         store.close()
         torch.set_num_threads(threads)
+
+
+def _kept(
+    session: AuditSession, rows: list, checks: list, attack: bool, entropy
+) -> dict[tuple[str, str], list[CheckResult]]:
+    """The stored results of those of ``rows`` audited whole (:func:`audited`)."""
+    names = [check.name for check in checks]
+    stored = {(c.method, c.setting, c.check): c for c in session.stored.checks}
+    done = audited(session.stored, names, session.budget.name, attack, entropy)
+    return {(m, s): [stored[m, s, name].result() for name in names]
+            for m, s, _ in rows if (m, s) in done}  # fmt: skip
+
+
+def audited(
+    stored: StoredRun, names: list[str], budget: str, attack: bool,
+    entropy: int | Mapping[tuple[str, str], int] | None = None,
+) -> set[tuple[str, str]]:  # fmt: skip
+    """The (method, setting) rows of ``stored`` whose audit is stored whole: every check of
+    ``names`` at ``budget`` (from ``entropy`` when one is given for every row) and, with
+    ``attack`` at a budget that attacks, the empirical attack. A row cut short (some checks
+    stored) is not: its audit is redone from the start, so that one entropy made all of it."""
+    from harness.audit.empirical import STRENGTHS
+
+    wanted = None if entropy is None or isinstance(entropy, Mapping) else f"{entropy:032x}"
+    checked: dict[tuple[str, str], set[str]] = {}
+    for c in stored.checks:
+        if c.budget == budget and (wanted is None or (c.evidence or {}).get("entropy") == wanted):
+            checked.setdefault((c.method, c.setting), set()).add(c.check)
+    attacked = {(a.method, a.setting) for a in stored.attacks if a.budget == budget}
+    needs_attack = attack and STRENGTHS.get(budget) is not None
+    return {key for key, done in checked.items()
+            if done >= set(names) and (not needs_attack or key in attacked)}  # fmt: skip

@@ -41,7 +41,7 @@ from harness.foundation.errors import IdrsError
 from harness.foundation.identity import setting_key
 from harness.foundation.progress import Progress
 from harness.foundation.threads import child_environment, stop_child
-from harness.foundation.verdict import CheckResult, Verdict
+from harness.foundation.verdict import CheckResult
 from harness.store.storedrun import read_run
 
 WORKERS_ENV_VAR = "IDRS_BENCH_AUDIT_WORKERS"
@@ -99,7 +99,7 @@ def audit_side_by_side(
     stored = {
         (c.method, c.setting, c.check): c for c in read_run(store, session.stored.run_id).checks
     }
-    return {(m, s): [_result(stored[m, s, name]) for name in names] for m, s, _ in rows}
+    return {(m, s): [stored[m, s, name].result() for name in names] for m, s, _ in rows}
 
 
 def _groups(session, rows: list[Row]) -> list[list[Row]]:
@@ -207,12 +207,6 @@ def _event(process: subprocess.Popen, progress: Progress) -> dict[str, Any] | No
             progress.warn(str(event["warning"]))
             continue
         return event
-
-
-def _result(stored) -> CheckResult:
-    """A stored check as the :class:`CheckResult` that made it."""
-    return CheckResult(stored.check, Verdict(stored.verdict), stored.summary,
-                       dict(stored.evidence or {}), list(stored.flags))  # fmt: skip
 
 
 class _Reporting(Progress):

@@ -343,7 +343,7 @@ def _run_checked(
         with exclusive(args.db, run_id, "the soundness checks", progress.note) as ours:
             if ours:
                 run_checks(args.db, run_id, options, progress, manager, budget="small",
-                           entropy=entropy, workers=None)  # fmt: skip
+                           entropy=entropy, workers=None, resume=True)  # fmt: skip
     rows = print_results(args.db, run_id, as_json=False, compact=True)
     if not args.no_check:
         from harness.audit.audit import BUDGETS
