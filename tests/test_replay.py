@@ -6,8 +6,10 @@ replication test elsewhere, whose statistics are checked against SciPy and by si
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,6 +24,7 @@ from harness import (
     hookimpl,
 )
 from harness.audit.audit import BUDGETS
+from harness.audit.auditor import run_checks
 from harness.audit.evidence import check_evidence
 from harness.audit.replay import check_replay, judge
 from harness.audit.session import audits
@@ -180,6 +183,32 @@ def test_replay_is_sound_on_the_runs_arithmetic_and_reruns_from_its_record(
                              manager, budget=replace(BUDGETS["small"], replay_inputs=4),
                              entropy=a["cohen", "default"].entropy)))  # fmt: skip
     assert check_replay(again).evidence["inputs"] == first.evidence["inputs"]
+
+
+def _children_running(text: str) -> list[int]:
+    """Live children of this process whose command line holds ``text``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError, ValueError):
+            continue
+        if int(stat[1]) == os.getpid() and stat[0] != "Z" and text in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def test_an_audit_stops_its_replay_process_when_it_returns(tmp_path, manager, replay_run):
+    """Each run_checks starts one replay process and stops it before it returns: audits
+    one after another (a detection-power measurement audits hundreds) never stack them."""
+    db, run_id = replay_run(tmp_path, manager, ["cohen"])
+    for _ in range(3):
+        results = run_checks(db, run_id, RunOptions(db=db), Progress(enabled=False), manager,
+                             budget=BUDGETS["small"], entropy=ENTROPY, attack=False)  # fmt: skip
+        [replay] = [r for rs in results.values() for r in rs if r.check == "replay"]
+        assert replay.evidence["mode"] == "exact"  # the process answered
+        assert _children_running("harness.running.redraw") == []
 
 
 def test_an_engine_patched_at_import_is_caught_only_by_the_replay(

@@ -57,6 +57,7 @@ def _run_checks(
     checks = [manager.registry.get("checks", n) for n in manager.registry.names("checks")]
     store = ResultStore(db)
     threads = torch.get_num_threads()
+    session = None
     try:
         with kernels_restored():  # the session computes with deterministic kernels on CUDA
             session = AuditSession(store, run_id, options, progress, manager, budget, orders)
@@ -81,6 +82,8 @@ def _run_checks(
                     run_attack(store, audit, progress, attacked)
             return out
     finally:
+        if session is not None:
+            session.close()
         store.close()
         torch.set_num_threads(threads)
 

@@ -66,6 +66,16 @@ STREAMS = {"base": ("selection", 0, "estimation", 1), "sigma": ("selection", 4, 
 SIGMA_TOLERANCE = 1e-6
 """Relative difference allowed between the stored σ and σ recomputed on another arithmetic
 (seen: 1 ulp for a closed form, 3·10⁻⁹ for a σ found by gradient ascent, Alfarra et al.)."""
+REPLAYER = ("harness.running.redraw", "process")
+"""The run memo's key of the replay process (:class:`~harness.running.redraw.Replayer`),
+started once per audit session and stopped when it ends (:func:`stop_replayer`)."""
+
+
+def stop_replayer(context) -> None:
+    """Stop the replay process of ``context``'s run, if one was started."""
+    replayer = context.memos.pop(*REPLAYER)
+    if replayer is not None:
+        replayer.close()
 
 
 def check_replay(audit: Audit) -> CheckResult:
@@ -104,7 +114,7 @@ def check_replay(audit: Audit) -> CheckResult:
         f"{audit.method.name} {audit.setting}" if smoothed else None, fresh_seed,
         look_sizes([rows[k]["draws"]["base"] for k in chosen]),
     )  # fmt: skip
-    replayer = audit.context.memo("harness.running.redraw", "process", Replayer)
+    replayer = audit.context.memo(*REPLAYER, Replayer)
     answer = replayer.request(request) if m else {"mode": "exact", "base": {}, "arithmetic": {},
                                                   "differences": []}  # fmt: skip
     evidence |= {"mode": answer["mode"], "arithmetic": answer["arithmetic"],
@@ -133,7 +143,7 @@ def warm(audit: Audit) -> None:
         header = audit.source.header(str(audit.context.device))
     except IdrsError:
         return
-    audit.context.memo("harness.running.redraw", "process", Replayer).warm(header)
+    audit.context.memo(*REPLAYER, Replayer).warm(header)
 
 
 def judge(

@@ -98,6 +98,12 @@ class AuditSession:
                     out.append((*key, chosen))
         return out
 
+    def close(self) -> None:
+        """Stop what the audits started for the run (the replay process)."""
+        from harness.audit.replay import stop_replayer
+
+        stop_replayer(self.prepared.context)
+
     def audit(self, method: str, setting: str, entropy: int | None = None) -> Audit:
         """The :class:`Audit` of one row (fresh audit-time entropy unless ``entropy``)."""
         run, prepared = self.stored.run, self.prepared

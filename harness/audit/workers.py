@@ -236,6 +236,7 @@ def serve(lines, send: Callable[[dict[str, Any]], None]) -> None:
     checks = [manager.registry.get("checks", n) for n in manager.registry.names("checks")]
     progress = _Reporting(send)
     store = ResultStore(Path(job["db"]))
+    session = None
     try:  # (its plugin hosts end with it)
         session = AuditSession(store, job["run_id"], options, progress, manager,
                                Budget(**job["budget"]))  # fmt: skip
@@ -251,6 +252,8 @@ def serve(lines, send: Callable[[dict[str, Any]], None]) -> None:
                     send({"attacked": True})
             send({"done": True})
     finally:
+        if session is not None:
+            session.close()
         store.close()
         manager.close()
 

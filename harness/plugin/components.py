@@ -267,6 +267,10 @@ class RunMemo:
             values[entry] = build()
         return values[entry]
 
+    def pop(self, plugin: str, key: Hashable) -> Any:
+        """Remove the value of (``plugin``, ``key``) and return it (None if none was built)."""
+        return self._values.pop((False, plugin, key), None)
+
 
 @dataclass
 class TrainContext:
