@@ -166,14 +166,26 @@ batch_size = 512
 
 [[methods]]
 name = "cohen"
-settings = [{ sigma = 0.25 }, { sigma = 0.5 }]
+settings = [{ sigma = 0.25 }, { sigma = 0.5 }, { sigma = 0.75 }, { sigma = 1.0 }]
 """
+ENTROPIES = (
+    "SELECT setting, json_extract(evidence, '$.entropy'), COUNT(*) FROM checks GROUP BY 1, 2"
+)
+
+
+def _entropies(db: Path) -> dict[str, tuple[str, int]]:
+    """Per setting: (its checks' entropy, how many checks); one entropy per setting asserted."""
+    rows = _query(db, ENTROPIES)
+    assert len({s for s, _, _ in rows}) == len(rows), rows
+    return {s: (e, n) for s, e, n in rows}
 
 
 def test_a_resumed_run_audits_only_the_rows_whose_audit_was_cut_short(tmp_path):
     """Rows audited whole before an interruption keep their stored audit (the same
-    entropy); a row with some of its checks stored is audited again from the start, every
-    check from one new entropy; `idrs-bench check` still audits every row anew."""
+    entropy); a row cut short is audited again from the start, every check from one new
+    entropy: some of its checks missing (sigma=0.5), an earlier audit's checks partly
+    replaced by a later one's (sigma=0.75), or its attack left from an earlier audit
+    (sigma=1.0). `idrs-bench check` still audits every row anew."""
     from harness import api
     from harness.audit.auditor import run_checks
     from harness.foundation.progress import Progress
@@ -182,27 +194,28 @@ def test_a_resumed_run_audits_only_the_rows_whose_audit_was_cut_short(tmp_path):
     spec, db = tmp_path / "resume.toml", tmp_path / "resume.sqlite"
     spec.write_text(RESUMED_SPEC)
     run_id = api.run(spec, db=db)["run_id"]
-    entropies = (
-        "SELECT setting, json_extract(evidence, '$.entropy'), COUNT(*) FROM checks GROUP BY 1, 2"
-    )
-    before = dict((s, (e, n)) for s, e, n in _query(db, entropies))
-    assert set(before) == {"sigma=0.25", "sigma=0.5"}
+    before = _entropies(db)
     checks = before["sigma=0.5"][1]
-    assert checks >= 2
-    with sqlite3.connect(db) as con:  # the audit of sigma=0.5 cut short after its first check
+    assert len(before) == 4 and checks >= 2
+    stale = "0" * 32
+    with sqlite3.connect(db) as con:
         con.execute("DELETE FROM checks WHERE setting = 'sigma=0.5' AND rowid NOT IN "
                     "(SELECT MIN(rowid) FROM checks WHERE setting = 'sigma=0.5')")  # fmt: skip
-        con.execute("DELETE FROM attacks WHERE setting = 'sigma=0.5'")
+        con.execute("UPDATE checks SET evidence = json_set(evidence, '$.entropy', ?) WHERE rowid ="
+                    " (SELECT MIN(rowid) FROM checks WHERE setting = 'sigma=0.75')", (stale,))  # fmt: skip
+        con.execute("UPDATE attacks SET result = json_set(result, '$.entropy', ?)"
+                    " WHERE setting = 'sigma=1.0'", (stale,))  # fmt: skip
 
     api.run(spec, db=db)
-    after = dict((s, (e, n)) for s, e, n in _query(db, entropies))
+    after = _entropies(db)
     assert after["sigma=0.25"] == before["sigma=0.25"]  # not audited again
-    assert after["sigma=0.5"][1] == checks  # every check stored, from one entropy
-    assert after["sigma=0.5"][0] != before["sigma=0.5"][0]
-    assert _query(db, "SELECT setting FROM attacks ORDER BY setting") == [
-        ("sigma=0.25",), ("sigma=0.5",)]  # fmt: skip
+    for setting in ("sigma=0.5", "sigma=0.75", "sigma=1.0"):  # every check, from one entropy
+        assert after[setting][1] == checks and after[setting][0] not in (before[setting][0],
+                                                                         stale), setting  # fmt: skip
+    attacks = "SELECT setting, json_extract(result, '$.entropy') FROM attacks"
+    assert dict(_query(db, attacks)) == {s: e for s, (e, _) in after.items()}
 
-    results = run_checks(db, run_id, RunOptions(db=db), Progress(enabled=False))  # not resumed
-    assert set(results) == {("cohen", "sigma=0.25"), ("cohen", "sigma=0.5")}
-    again = dict((s, (e, n)) for s, e, n in _query(db, entropies))
-    assert again["sigma=0.25"][0] != before["sigma=0.25"][0]
+    # not resumed: a whole row audited anew (here from a given entropy, that row only)
+    run_checks(db, run_id, RunOptions(db=db), Progress(enabled=False), entropy={
+        ("cohen", "sigma=0.25"): 0x5EED}, attack=False)  # fmt: skip
+    assert _entropies(db)["sigma=0.25"][0] == f"{0x5EED:032x}"

@@ -104,17 +104,32 @@ def audited(
     entropy: int | Mapping[tuple[str, str], int] | None = None,
 ) -> set[tuple[str, str]]:  # fmt: skip
     """The (method, setting) rows of ``stored`` whose audit is stored whole: every check of
-    ``names`` at ``budget`` (from ``entropy`` when one is given for every row) and, with
-    ``attack`` at a budget that attacks, the empirical attack. A row cut short (some checks
-    stored) is not: its audit is redone from the start, so that one entropy made all of it."""
+    ``names`` at ``budget``, all from one entropy (``entropy`` when one is given for every
+    row) and, with ``attack`` at a budget that attacks, the empirical attack of the same
+    audit. A row cut short is not (some checks stored, or an earlier audit's checks or
+    attack partly replaced by a later one's): its audit is redone from the start, so that
+    one entropy made all of it."""
     from harness.audit.empirical import STRENGTHS
 
     wanted = None if entropy is None or isinstance(entropy, Mapping) else f"{entropy:032x}"
-    checked: dict[tuple[str, str], set[str]] = {}
+    checked: dict[tuple[str, str], dict[str, str | None]] = {}
     for c in stored.checks:
-        if c.budget == budget and (wanted is None or (c.evidence or {}).get("entropy") == wanted):
-            checked.setdefault((c.method, c.setting), set()).add(c.check)
-    attacked = {(a.method, a.setting) for a in stored.attacks if a.budget == budget}
-    needs_attack = attack and STRENGTHS.get(budget) is not None
-    return {key for key, done in checked.items()
-            if done >= set(names) and (not needs_attack or key in attacked)}  # fmt: skip
+        if c.budget == budget and c.check in names:
+            checked.setdefault((c.method, c.setting), {})[c.check] = (c.evidence or {}).get(
+                "entropy"
+            )
+    whole = {key: next(iter(done.values())) for key, done in checked.items()
+             if len(done) == len(set(names)) and len(set(done.values())) == 1
+             and (wanted is None or wanted in done.values())}  # fmt: skip
+    if not (attack and STRENGTHS.get(budget) is not None):
+        return set(whole)
+    # an attack is made with its row's entropy, or with that of a row sharing its smoothed
+    # classifier: one of an earlier audit (no whole row has its entropy now) is stale
+    attacked = {(a.method, a.setting): a.result.get("entropy") for a in stored.attacks
+                if a.budget == budget}  # fmt: skip
+    current = set(whole.values())
+    return {
+        key
+        for key in whole
+        if key in attacked and (attacked[key] is None or attacked[key] in current)
+    }
