@@ -112,15 +112,15 @@ def audited(
     from harness.audit.empirical import STRENGTHS
 
     wanted = None if entropy is None or isinstance(entropy, Mapping) else f"{entropy:032x}"
-    checked: dict[tuple[str, str], dict[str, str | None]] = {}
+    made: dict[tuple[str, str], dict[str, str | None]] = {}  # row -> check -> its entropy
     for c in stored.checks:
         if c.budget == budget and c.check in names:
-            checked.setdefault((c.method, c.setting), {})[c.check] = (c.evidence or {}).get(
-                "entropy"
-            )
-    whole = {key: next(iter(done.values())) for key, done in checked.items()
-             if len(done) == len(set(names)) and len(set(done.values())) == 1
-             and (wanted is None or wanted in done.values())}  # fmt: skip
+            made.setdefault((c.method, c.setting), {})[c.check] = (c.evidence or {}).get("entropy")
+    whole: dict[tuple[str, str], str | None] = {}  # row -> the one entropy of all its checks
+    for key, entropies in made.items():
+        one = set(entropies.values())
+        if len(entropies) == len(set(names)) and len(one) == 1 and wanted in one | {None}:
+            whole[key] = one.pop()
     if not (attack and STRENGTHS.get(budget) is not None):
         return set(whole)
     # an attack is made with its row's entropy, or with that of a row sharing its smoothed
@@ -128,8 +128,4 @@ def audited(
     attacked = {(a.method, a.setting): a.result.get("entropy") for a in stored.attacks
                 if a.budget == budget}  # fmt: skip
     current = set(whole.values())
-    return {
-        key
-        for key in whole
-        if key in attacked and (attacked[key] is None or attacked[key] in current)
-    }
+    return {key for key in whole if key in attacked and attacked[key] in current | {None}}
