@@ -109,6 +109,10 @@ def sigma_forward(x, w1, b1, w2, b2, sigma_min: float) -> torch.Tensor:
     return torch.relu(h).double() + sigma_min
 
 
+FIXED_ROWS = 64
+"""Inputs per forward pass of the certified σ-network (:meth:`CertifiedSigma.__call__`)."""
+
+
 class CertifiedSigma:
     """Frozen σ_θ with its certified regularity ``Lipschitz(lip, σ_min)`` (a σ-provider).
 
@@ -151,11 +155,24 @@ class CertifiedSigma:
         return self
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """σ_θ(x) for a batch [B, ...] -> [B] (float64, >= σ_min exactly)."""
+        """σ_θ(x) for a batch [B, ...] -> [B] (float64, >= σ_min exactly), bit for bit
+        whatever batch x is in: the network sees chunks of exactly :data:`FIXED_ROWS` rows
+        (zeros padding the last), so every input goes through products of one shape (a
+        product's rows depend on how many rows it has, not on their position: one input
+        alone, a matrix-vector product, rounds otherwise than in a batch)."""
+        rows = x.to(self.w1.device).flatten(1)
+        parts = []
         with torch.no_grad():
-            return sigma_forward(
-                x.to(self.w1.device), self.w1, self.b1, self.w2, self.b2, self.sigma_min
-            ).to(x.device)
+            for start in range(0, len(rows), FIXED_ROWS):
+                chunk = rows[start : start + FIXED_ROWS]
+                real = len(chunk)
+                if real < FIXED_ROWS:
+                    chunk = torch.cat([chunk, chunk.new_zeros((FIXED_ROWS - real, chunk.shape[1]))])
+                parts.append(sigma_forward(chunk, self.w1, self.b1, self.w2, self.b2,
+                                           self.sigma_min)[:real])  # fmt: skip
+        if not parts:
+            return torch.zeros(0, dtype=torch.float64, device=x.device)
+        return torch.cat(parts).to(x.device)
 
 
 def certify_sigma_network(network: SigmaNetwork) -> CertifiedSigma:
