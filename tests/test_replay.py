@@ -203,12 +203,13 @@ def test_an_audit_stops_its_replay_process_when_it_returns(tmp_path, manager, re
     """Each run_checks starts one replay process and stops it before it returns: audits
     one after another (a detection-power measurement audits hundreds) never stack them."""
     db, run_id = replay_run(tmp_path, manager, ["cohen"])
+    before = set(_children_running("harness.running.redraw"))  # (other tests' audits)
     for _ in range(3):
         results = run_checks(db, run_id, RunOptions(db=db), Progress(enabled=False), manager,
                              budget=BUDGETS["small"], entropy=ENTROPY, attack=False)  # fmt: skip
         [replay] = [r for rs in results.values() for r in rs if r.check == "replay"]
         assert replay.evidence["mode"] == "exact"  # the process answered
-        assert _children_running("harness.running.redraw") == []
+        assert set(_children_running("harness.running.redraw")) <= before
 
 
 def test_an_engine_patched_at_import_is_caught_only_by_the_replay(
