@@ -281,7 +281,7 @@ def test_ci_runs_both_readme_commands_with_the_distributions_python_and_builds_t
     assert 'export PATH="/usr/bin:$PATH"' in script and "!= /usr/bin/python3" in script
     assert 'bash -c "$setup"' in script and 'bash -c "$test_command"' in script
     assert "mkdocs build --strict" in script
-    assert 'for ((k = 2; k <= SUITE_RUNS; k++))' in script and 'bash -c "$suite"' in script
+    assert "for ((k = 2; k <= SUITE_RUNS; k++))" in script and 'bash -c "$suite"' in script
 
 
 def _cells(line: str) -> list[str]:
