@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import torch
 
 from harness.audit.audit import Budget
-from harness.audit.session import AuditSession, audit_row, run_attack
+from harness.audit.session import AuditSession, audit_row, run_attack, stored_result
 from harness.audit.workers import audit_side_by_side, default_workers
 from harness.engine.determinism import kernels_restored
 from harness.foundation.progress import Progress
@@ -95,7 +95,7 @@ def _kept(
     names = [check.name for check in checks]
     stored = {(c.method, c.setting, c.check): c for c in session.stored.checks}
     done = audited(session.stored, names, session.budget.name, attack, entropy)
-    return {(m, s): [stored[m, s, name].result() for name in names]
+    return {(m, s): [stored_result(stored[m, s, name]) for name in names]
             for m, s, _ in rows if (m, s) in done}  # fmt: skip
 
 

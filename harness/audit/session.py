@@ -26,7 +26,7 @@ from harness.running.benchmark import benchmark_from_dict
 from harness.running.preparation import RunOptions, prepare
 from harness.running.redraw import ReplaySource
 from harness.store.store import ResultStore
-from harness.store.storedrun import StoredRun, read_run
+from harness.store.storedrun import StoredCheck, StoredRun, read_run
 
 
 class AuditSession:
@@ -182,6 +182,12 @@ def audit_row(
             if done is not None:
                 done(check.name)
     return results
+
+
+def stored_result(stored: StoredCheck) -> CheckResult:
+    """A stored check as the :class:`CheckResult` that made it."""
+    return CheckResult(stored.check, Verdict(stored.verdict), stored.summary,
+                       dict(stored.evidence or {}), list(stored.flags))  # fmt: skip
 
 
 def _checked_run(check, audit: Audit, progress: Progress) -> CheckResult:

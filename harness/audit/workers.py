@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.audit.audit import Budget, fresh_entropy
-from harness.audit.session import AuditSession, audit_row, run_attack
+from harness.audit.session import AuditSession, audit_row, run_attack, stored_result
 from harness.foundation.errors import IdrsError
 from harness.foundation.identity import setting_key
 from harness.foundation.progress import Progress
@@ -99,7 +99,7 @@ def audit_side_by_side(
     stored = {
         (c.method, c.setting, c.check): c for c in read_run(store, session.stored.run_id).checks
     }
-    return {(m, s): [stored[m, s, name].result() for name in names] for m, s, _ in rows}
+    return {(m, s): [stored_result(stored[m, s, name]) for name in names] for m, s, _ in rows}
 
 
 def _groups(session, rows: list[Row]) -> list[list[Row]]:

@@ -129,11 +129,6 @@ class StoredCheck:
     def applied(self) -> bool:
         return self.verdict != NOT_APPLICABLE
 
-    def result(self) -> CheckResult:
-        """The :class:`~harness.foundation.verdict.CheckResult` that was stored."""
-        return CheckResult(self.check, Verdict(self.verdict), self.summary,
-                           dict(self.evidence or {}), list(self.flags))  # fmt: skip
-
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> StoredCheck:
         """From a row of the ``checks`` table (``check_name``, JSON text) or an export."""
