@@ -115,7 +115,7 @@ def _stored_certificates(db: Path) -> int:
         return 0
 
 
-def _live_processes(text: str) -> list[str]:
+def _live_processes(text: str, parent: int | None = None) -> list[str]:
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
@@ -124,18 +124,19 @@ def _live_processes(text: str) -> list[str]:
             with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
                 line = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
             with open(f"/proc/{entry}/stat") as stat:
-                zombie = stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+                state, ppid = stat.read().rsplit(")", 1)[1].split()[:2]
         except OSError:
             continue
-        if text in line and not zombie:
+        if text in line and state != "Z" and parent in (None, int(ppid)):
             found.append(f"{entry}: {line[:120]}")
     return found
 
 
 @pytest.fixture(scope="session")
 def live_processes():
-    """``live_processes(text)``: ``"pid: command line"`` of every live process (not a
-    zombie, not this one) whose command line holds ``text``: what a plugin left running."""
+    """``live_processes(text, parent=None)``: ``"pid: command line"`` of every live process
+    (not a zombie, not this one; a child of ``parent`` when given) whose command line holds
+    ``text``: what a plugin or an audit left running."""
     return _live_processes
 
 

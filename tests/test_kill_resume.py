@@ -144,30 +144,14 @@ def test_sigkill_at_random_points_then_resume_equals_an_uninterrupted_run(tmp_pa
     assert len(_query(killed_db, "SELECT 1 FROM runs WHERE finished IS NOT NULL")) == 1
 
 
-RESUMED_SPEC = """
-name = "resume-checks"
-seed = 3
-
-[dataset]
-name = "cone-2"
-test_count = 6
-
-[model]
-architecture = "mlp"
-trainer = "gaussian-augmentation"
-architecture_params = { width = 16 }
-trainer_params = { sigma = 0.5, epochs = 1 }
-
-[certification]
-n0 = 20
-n = 300
-alpha = 0.01
-batch_size = 512
-
-[[methods]]
+RESUMED_SPEC = (
+    SPEC.split("[[methods]]")[0]
+    + """[[methods]]
 name = "cohen"
 settings = [{ sigma = 0.25 }, { sigma = 0.5 }, { sigma = 0.75 }, { sigma = 1.0 }]
 """
+)
+"""The run of SPEC with cohen alone, at four σ: one row audited whole, three cut short."""
 ENTROPIES = (
     "SELECT setting, json_extract(evidence, '$.entropy'), COUNT(*) FROM checks GROUP BY 1, 2"
 )

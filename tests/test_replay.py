@@ -9,7 +9,6 @@ import json
 import os
 import sqlite3
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -185,31 +184,23 @@ def test_replay_is_sound_on_the_runs_arithmetic_and_reruns_from_its_record(
     assert check_replay(again).evidence["inputs"] == first.evidence["inputs"]
 
 
-def _children_running(text: str) -> list[int]:
-    """Live children of this process whose command line holds ``text``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except (OSError, IndexError, ValueError):
-            continue
-        if int(stat[1]) == os.getpid() and stat[0] != "Z" and text in cmdline:
-            found.append(int(entry.name))
-    return found
-
-
-def test_an_audit_stops_its_replay_process_when_it_returns(tmp_path, manager, replay_run):
+def test_an_audit_stops_its_replay_process_when_it_returns(
+    tmp_path, manager, replay_run, live_processes
+):
     """Each run_checks starts one replay process and stops it before it returns: audits
     one after another (a detection-power measurement audits hundreds) never stack them."""
     db, run_id = replay_run(tmp_path, manager, ["cohen"])
-    before = set(_children_running("harness.running.redraw"))  # (other tests' audits)
+
+    def replayers() -> set[str]:  # this process's replay processes
+        return set(live_processes("harness.running.redraw", parent=os.getpid()))
+
+    before = replayers()  # (other tests' audits)
     for _ in range(3):
         results = run_checks(db, run_id, RunOptions(db=db), Progress(enabled=False), manager,
                              budget=BUDGETS["small"], entropy=ENTROPY, attack=False)  # fmt: skip
         [replay] = [r for rs in results.values() for r in rs if r.check == "replay"]
         assert replay.evidence["mode"] == "exact"  # the process answered
-        assert set(_children_running("harness.running.redraw")) <= before
+        assert replayers() <= before
 
 
 def test_an_engine_patched_at_import_is_caught_only_by_the_replay(
