@@ -334,6 +334,39 @@ def test_the_seccomp_filter_refuses_other_architectures_and_x32():
     assert all(0 <= jt < 256 and 0 <= jf < 256 for _, jt, jf, _ in program)
 
 
+SOCKETS = r"""
+import json, socket, sys
+from harness.plugin.hosting import confinement as c
+
+c.gpu_devices = lambda: ["/dev/null"]  # a GPU's device file, as far as the filter's choice goes
+c.confine(c.Grants(devices=tuple(sys.argv[1:])), layers=("seccomp",))
+out = {}
+for family, kind in (("AF_UNIX", "SOCK_SEQPACKET"), ("AF_UNIX", "SOCK_STREAM"),
+                     ("AF_UNIX", "SOCK_DGRAM"), ("AF_INET", "SOCK_DGRAM"), ("AF_INET", "SOCK_STREAM"),
+                     ("AF_INET", "SOCK_SEQPACKET")):
+    flags = socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK
+    try:
+        socket.socket(getattr(socket, family), getattr(socket, kind) | flags).close()
+        out[f"{family} {kind}"] = "done"
+    except OSError as exc:
+        out[f"{family} {kind}"] = exc.errno
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("granted", [(), ("/dev/null",)])
+def test_the_seccomp_filter_lets_the_cuda_drivers_socket_through_only_with_a_gpu(granted):
+    """``cuInit`` makes ``socket(AF_UNIX, SOCK_SEQPACKET)`` (refused, it fails with error
+    304): a host granted a GPU's device files may make that socket (whatever its flags),
+    no other; a host without a GPU none."""
+    done = subprocess.run([sys.executable, "-c", SOCKETS, *granted], capture_output=True,
+                          text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    outcomes = json.loads(done.stdout)
+    assert outcomes.pop("AF_UNIX SOCK_SEQPACKET") == ("done" if granted else errno.EPERM)
+    assert set(outcomes.values()) == {errno.EPERM}, outcomes
+
+
 @needs_landlock
 @pytest.mark.gpu
 def test_a_confined_host_certifies_on_cuda(install_plugin, linear_model):

@@ -284,11 +284,16 @@ def test_cuda_graphs_replay_the_eager_counts_bit_for_bit_on_cuda():
         other = counts(**options)
         assert other.sum() == eager.sum() and np.abs(other - eager).sum() <= 20
 
-    class Syncing(nn.Module):
-        def forward(self, x):
-            return x.flatten(1)[:, :4] * float(x.sum().item() > 0)
+    class Syncing(nn.Module):  # (a parameter on the GPU: a model without any counts as on the CPU)
+        def __init__(self):
+            super().__init__()
+            self.scale = nn.Parameter(torch.ones(()))
 
-    model = prepare_model(Syncing(), CertificationProtocol(n0=1, n=1, cuda_graphs=True))
+        def forward(self, x):
+            return x.flatten(1)[:, :4] * self.scale * float(x.sum().item() > 0)
+
+    syncing = Syncing().to(device)
+    model = prepare_model(syncing, CertificationProtocol(n0=1, n=1, cuda_graphs=True))
     SamplingEngine(model, 4, device, 32, pad_batches=True)
     with torch.no_grad(), pytest.raises(IdrsError, match="cannot be captured in a CUDA graph"):
         model(torch.rand(32, 1, 8, 8, device=device))

@@ -27,7 +27,9 @@ thread started earlier would stay outside), in three steps (docs/threat-model.md
    root starts services, or a Ray node's; io_uring can open sockets without the system
    call), and so do ``chown``-family calls and ``chmod``-family calls that set the set-uid or
    set-gid bit (Landlock does not govern a file's metadata). ``socketpair(2)``
-   stays (multiprocessing's pipes).
+   stays (multiprocessing's pipes), and so does, in a host granted a GPU's device files,
+   the CUDA driver's ``socket(AF_UNIX, SOCK_SEQPACKET)``, without which ``cuInit`` fails
+   (:data:`~harness.plugin.hosting.process_privileges.CUDA_SOCKET`).
 
 The steps are the layers of :data:`LAYERS` (step 1 two of them); a host takes all of
 them, and only the diagnostic ``python -m harness.plugin.hosting.confinement_probe`` starts hosts
@@ -399,8 +401,8 @@ def confine(grants: Grants, abi: int | None = None, layers: Iterable[str] = LAYE
         drop_capabilities()
     if landlock:
         restrict(rules)
-    if "seccomp" in layers:
-        install_seccomp(machine)
+    if "seccomp" in layers:  # the CUDA driver's socket where a GPU's device files are granted
+        install_seccomp(machine, unix_seqpacket=bool(set(grants.devices) & set(gpu_devices())))
     return rules
 
 

@@ -3,9 +3,10 @@
 Steps 2 and 3 of a plugin host's confinement (:mod:`harness.plugin.hosting.confinement`,
 docs/threat-model.md): :func:`drop_capabilities` empties the bounding, ambient, effective,
 permitted and inheritable sets (a root host keeps uid 0 but no privilege), and
-:func:`install_seccomp` installs a classic-BPF filter under which ``socket(2)``,
-``io_uring_setup(2)``, the ``chown`` family and ``chmod`` calls that set the set-uid or
-set-gid bit fail with EPERM (:func:`seccomp_program`). Made with :mod:`ctypes` (``prctl``,
+:func:`install_seccomp` installs a classic-BPF filter under which ``socket(2)`` (but the
+CUDA driver's, in a host granted a GPU: :data:`CUDA_SOCKET`), ``io_uring_setup(2)``, the
+``chown`` family and ``chmod`` calls that set the set-uid or set-gid bit fail with EPERM
+(:func:`seccomp_program`). Made with :mod:`ctypes` (``prctl``,
 ``capset``).
 """
 
@@ -76,6 +77,12 @@ _ARCHES = {
 SECCOMP_MACHINES = tuple(_ARCHES)
 """The architectures (``platform.machine()``) the filter knows."""
 _IO_URING_SETUP = 425  # the same on every architecture
+_AF_UNIX, _SOCK_SEQPACKET, _SOCK_TYPE_MASK = 1, 5, 0xF  # (SOCK_CLOEXEC, SOCK_NONBLOCK above)
+CUDA_SOCKET = "socket(AF_UNIX, SOCK_SEQPACKET)"
+"""The socket the CUDA driver makes in ``cuInit`` (traced on an H200, driver 580, CUDA 13):
+one to look for an MPS server (``connect`` to ``/tmp/nvidia-mps/control``) and one bound
+to an abstract address (``@cuda-uvmfd-<namespace>-<pid>``, which Landlock's scoping keeps
+within the host); refused, ``cuInit`` fails with ``CUDA_ERROR_OPERATING_SYSTEM`` (304)."""
 _SETUID_BITS = 0o6000
 
 
@@ -88,16 +95,19 @@ class _SockFprog(ctypes.Structure):
     _fields_ = (("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter)))
 
 
-def seccomp_program(machine: str) -> list[tuple[int, int, int, int]]:
+def seccomp_program(machine: str, unix_seqpacket: bool = False) -> list[tuple[int, int, int, int]]:
     """The classic-BPF filter of step 3 for ``machine`` (``platform.machine()``): a list
-    of (code, jt, jf, k); another architecture's system calls are refused whole."""
+    of (code, jt, jf, k); another architecture's system calls are refused whole. With
+    ``unix_seqpacket``, ``socket(AF_UNIX, SOCK_SEQPACKET[|flags], ...)`` is allowed, the
+    one socket the CUDA driver makes in ``cuInit`` (:data:`CUDA_SOCKET`)."""
     arch = _ARCHES[machine]
-    load, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    load, jeq, jge, jset, ret, and_ = 0x20, 0x15, 0x35, 0x45, 0x06, 0x54
     allow, deny = 0x7FFF0000, 0x00050000 | errno.EPERM
     program: list[tuple] = [(load, 0, 0, 4), (jeq, 0, "deny", arch.audit), (load, 0, 0, 0)]
     if arch.x32:  # x32 system calls (numbers with bit 30 set) are refused
         program.append((jge, "deny", 0, 0x40000000))
-    for number in (arch.socket, _IO_URING_SETUP, *arch.chown):
+    program.append((jeq, "socket" if unix_seqpacket else "deny", 0, arch.socket))
+    for number in (_IO_URING_SETUP, *arch.chown):
         program.append((jeq, "deny", 0, number))
     for number in arch.chmod_mode_arg1:
         program.append((jeq, "mode1", 0, number))
@@ -108,6 +118,15 @@ def seccomp_program(machine: str) -> list[tuple[int, int, int, int]]:
     program += [(load, 0, 0, 16 + 8), (jset, "deny", "allow", _SETUID_BITS)]
     labels["mode2"] = len(program)
     program += [(load, 0, 0, 16 + 16), (jset, "deny", "allow", _SETUID_BITS)]
+    if unix_seqpacket:  # the family (argument 0), then the type without its flags (argument 1)
+        labels["socket"] = len(program)
+        program += [
+            (load, 0, 0, 16),
+            (jeq, 0, "deny", _AF_UNIX),
+            (load, 0, 0, 16 + 8),
+            (and_, 0, 0, _SOCK_TYPE_MASK),
+            (jeq, "allow", "deny", _SOCK_SEQPACKET),
+        ]
     labels["deny"] = len(program)
     program.append((ret, 0, 0, deny))
     labels["allow"] = len(program)  # (jumps go forward only)
@@ -120,9 +139,9 @@ def seccomp_program(machine: str) -> list[tuple[int, int, int, int]]:
             for at, (code, jt, jf, k) in enumerate(program)]  # fmt: skip
 
 
-def install_seccomp(machine: str) -> None:
+def install_seccomp(machine: str, unix_seqpacket: bool = False) -> None:
     """Install :func:`seccomp_program` on this thread (after ``PR_SET_NO_NEW_PRIVS``)."""
-    instructions = seccomp_program(machine)
+    instructions = seccomp_program(machine, unix_seqpacket)
     array = (_SockFilter * len(instructions))(*(_SockFilter(*i) for i in instructions))
     program = _SockFprog(len(instructions), array)
     no_new_privileges()
