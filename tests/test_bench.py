@@ -12,6 +12,7 @@ from harness.cli import bench
 from harness.cli.main import main
 from harness.cli.throughput import reference_certify
 from harness.foundation.errors import IdrsError
+from harness.plugin.manager import PluginManager
 
 KEYS = {"model", "device", "batch_size", "raw_per_s", "best_raw_per_s", "limit_per_s",
         "ideal_per_s", "engine_per_s", "reference_per_s", "engine_vs_ideal", "engine_vs_raw",
@@ -155,5 +156,8 @@ def test_unknown_and_unregistered_bench_models_are_clear_errors(monkeypatch, cap
         capsys.readouterr().err
     )
     monkeypatch.setitem(bench.BENCH_MODELS, "resnet-x", ("no-such-arch", {}, (3, 32, 32)))
-    with pytest.raises(IdrsError, match="needs the registered architecture 'no-such-arch'"):
-        bench._build(bench._registry(), "resnet-x")
+    with (
+        PluginManager() as manager,
+        pytest.raises(IdrsError, match="needs the registered architecture 'no-such-arch'"),
+    ):
+        bench._build(manager.registry, "resnet-x")

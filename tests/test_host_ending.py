@@ -228,6 +228,12 @@ def test_the_request_limit_comes_from_the_option_or_the_environment(monkeypatch)
     with limits.timeout_set("2.5"):
         assert limits.plugin_timeout() == 2.5 and os.environ[limits.TIMEOUT_ENV] == "2.5"
     assert limits.TIMEOUT_ENV not in os.environ
+    monkeypatch.setenv(limits.TIMEOUT_ENV, "7")
+    with limits.timeout_set(None):  # no option: the environment's limit stands
+        assert limits.plugin_timeout() == 7
+    with limits.timeout_set("3"):
+        assert limits.plugin_timeout() == 3
+    assert os.environ[limits.TIMEOUT_ENV] == "7"  # restored to what it was
     monkeypatch.setenv(limits.TIMEOUT_ENV, "soon")
     with pytest.raises(IdrsError, match="IDRS_BENCH_PLUGIN_TIMEOUT='soon' is not a number"):
         limits.plugin_timeout()

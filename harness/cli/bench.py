@@ -185,11 +185,17 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def bench_command(args: argparse.Namespace) -> int:
+    from harness.plugin.manager import PluginManager
+
+    with PluginManager() as manager:  # (a hosted model's host ends with the bench)
+        return _bench(args, manager.registry)
+
+
+def _bench(args: argparse.Namespace, registry) -> int:
     from harness.engine.precision import resolve_precision
     from harness.engine.sampling import resolve_device
     from harness.foundation.protocol import CertificationProtocol
 
-    registry = _registry()
     if args.models is None:
         names = [m for m in BENCH_MODELS if BENCH_MODELS[m][0] in registry.names("models")]
         for m in BENCH_MODELS:
@@ -243,12 +249,6 @@ def bench_command(args: argparse.Namespace) -> int:
 
             print_api(api)
     return 0
-
-
-def _registry():
-    from harness.plugin.manager import PluginManager
-
-    return PluginManager().registry
 
 
 def _build(registry, name: str):

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from harness.foundation.environment import variable_set
 from harness.foundation.errors import plain
 from harness.foundation.progress import Progress
 
@@ -37,15 +38,8 @@ def cache_root() -> Path:
 def cache_root_at(folder: str | Path) -> Iterator[None]:
     """Make ``folder`` the cache root while the block runs (a board's files staged in a
     temporary cache for a re-check), then restore the previous one."""
-    before = os.environ.get(CACHE_ENV_VAR)
-    os.environ[CACHE_ENV_VAR] = str(folder)
-    try:
+    with variable_set(CACHE_ENV_VAR, str(folder)):
         yield
-    finally:
-        if before is None:
-            del os.environ[CACHE_ENV_VAR]
-        else:
-            os.environ[CACHE_ENV_VAR] = before
 
 
 def default_cache_dir() -> Path:

@@ -53,6 +53,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from harness.foundation.environment import variable_set
 from harness.foundation.errors import IdrsError
 from harness.plugin.hosting.process_privileges import (
     SECCOMP_MACHINES,
@@ -195,16 +196,8 @@ def add_unconfined_option(parser) -> None:
 def opted_out(unconfined: bool) -> Iterator[None]:
     """With ``unconfined`` (``--unconfined``), :data:`UNCONFINED_ENV` is set while the block
     runs (its subprocesses inherit it), then restored."""
-    before = os.environ.get(UNCONFINED_ENV)
-    if unconfined:
-        os.environ[UNCONFINED_ENV] = "1"
-    try:
+    with variable_set(UNCONFINED_ENV, "1" if unconfined else None):
         yield
-    finally:
-        if before is None:
-            os.environ.pop(UNCONFINED_ENV, None)
-        else:
-            os.environ[UNCONFINED_ENV] = before
 
 
 def description(abi: int) -> str:

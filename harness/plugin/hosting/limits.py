@@ -30,6 +30,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from harness.foundation.environment import variable_set
 from harness.foundation.errors import IdrsError
 
 TIMEOUT_ENV = "IDRS_BENCH_PLUGIN_TIMEOUT"
@@ -78,16 +79,9 @@ def add_plugin_timeout_option(parser) -> None:
 def timeout_set(value: str | None) -> Iterator[None]:
     """With ``value`` (``--plugin-timeout``), :data:`TIMEOUT_ENV` is set while the block runs
     (its subprocesses inherit it: audit workers), then restored."""
-    before = os.environ.get(TIMEOUT_ENV)
-    if value is not None:
-        os.environ[TIMEOUT_ENV] = f"{seconds(value, f'{OPTION} {value}'):g}"
-    try:
+    limit = None if value is None else f"{seconds(value, f'{OPTION} {value}'):g}"
+    with variable_set(TIMEOUT_ENV, limit):
         yield
-    finally:
-        if before is None:
-            os.environ.pop(TIMEOUT_ENV, None)
-        else:
-            os.environ[TIMEOUT_ENV] = before
 
 
 def past_limit(host: str, op: str, limit: float) -> str:
