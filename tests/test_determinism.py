@@ -18,7 +18,7 @@ from harness.audit.audit import BUDGETS
 from harness.audit.replay import check_replay
 from harness.audit.session import audits
 from harness.engine.arithmetic import ROWS_DEPENDENT, differences, rows_independent
-from harness.engine.determinism import CUBLAS_WORKSPACE, deterministic_kernels
+from harness.engine.determinism import CUBLAS_WORKSPACE, deterministic_kernels, kernels_restored
 from harness.engine.sampling import SamplingEngine
 from harness.foundation.progress import Progress
 from harness.foundation.verdict import Verdict
@@ -173,3 +173,22 @@ def test_on_cuda_sums_are_deterministic_and_counts_exact_under_the_deterministic
     assert np.all(np.abs(alone.sums - first[4].sums) <= 3000 * 2.0**-52)
     examples = x[:3].to(cuda)
     assert rows_independent(engine.model, examples, 512)
+
+
+def test_the_kernel_settings_are_restored_and_left_alone_when_unchanged(monkeypatch):
+    """After a block that set the deterministic mode, it is as before; after one that did
+    not, it is not set again (setting it imports torch's compiler configuration)."""
+    before = (torch.are_deterministic_algorithms_enabled(),
+              torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.utils.deterministic.fill_uninitialized_memory)  # fmt: skip
+    with kernels_restored():
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.utils.deterministic.fill_uninitialized_memory = not before[2]
+    assert (torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+            torch.utils.deterministic.fill_uninitialized_memory) == before  # fmt: skip
+    calls = []
+    monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda *a, **k: calls.append(a))
+    with kernels_restored():
+        pass
+    assert calls == []

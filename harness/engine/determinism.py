@@ -58,7 +58,8 @@ def enable_deterministic_kernels(device: torch.device | str) -> None:
 @contextmanager
 def kernels_restored() -> Iterator[None]:
     """The settings :func:`enable_deterministic_kernels` changes, restored after the block
-    as they were before it."""
+    as they were before it (only when changed: setting the mode imports torch's compiler
+    configuration, over a second on a CPU, where the block never changes it)."""
     fill = torch.utils.deterministic
     saved = (torch.are_deterministic_algorithms_enabled(),
              torch.is_deterministic_algorithms_warn_only_enabled(),
@@ -66,7 +67,10 @@ def kernels_restored() -> Iterator[None]:
     try:
         yield
     finally:
-        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        mode = (torch.are_deterministic_algorithms_enabled(),
+                torch.is_deterministic_algorithms_warn_only_enabled())  # fmt: skip
+        if mode != saved[:2]:
+            torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
         fill.fill_uninitialized_memory = saved[2]
 
 
