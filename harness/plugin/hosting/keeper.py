@@ -28,7 +28,8 @@ namespace needs ``CAP_SYS_ADMIN`` or an unprivileged user namespace, which distr
 restrict (Ubuntu 24.04's AppArmor). A subreaper needs no privilege and works on every
 Linux the harness supports. Its one gap: a descendant that a plugin hands to a process
 outside the host (a system service started over a socket) is not beneath it; the host's
-seccomp filter refuses sockets.
+seccomp filter refuses sockets (all but the CUDA driver's ``AF_UNIX`` ``SOCK_SEQPACKET``
+one in a host granted a GPU, docs/threat-model.md).
 """
 
 from __future__ import annotations
