@@ -331,7 +331,14 @@ def test_the_seccomp_filter_refuses_other_architectures_and_x32():
     assert program[deny] == (0x06, 0, 0, 0x00050000 | errno.EPERM)
     assert 2 + check_arch[2] == deny  # the mismatch jumps to the refusal
     assert (0x35, deny - 4, 0, 0x40000000) == program[3]
-    assert all(0 <= jt < 256 and 0 <= jf < 256 for _, jt, jf, _ in program)
+    for machine in process_privileges.SECCOMP_MACHINES:  # every jump lands inside, forward
+        for cuda in (False, True):
+            program = process_privileges.seccomp_program(machine, unix_seqpacket=cuda)
+            assert all(at + 1 + max(jt, jf) < len(program) for at, (code, jt, jf, _)
+                       in enumerate(program) if code & 0x07 == 0x05), (machine, cuda)  # fmt: skip
+            assert (
+                program[-1] == (0x06, 0, 0, 0x7FFF0000) and program[-2][3] & 0xFFFF == errno.EPERM
+            )
 
 
 SOCKETS = r"""
