@@ -6,8 +6,7 @@ permitted and inheritable sets (a root host keeps uid 0 but no privilege), and
 :func:`install_seccomp` installs a classic-BPF filter under which ``socket(2)`` (but the
 CUDA driver's, in a host granted a GPU: :data:`CUDA_SOCKET`), ``io_uring_setup(2)``, the
 ``chown`` family and ``chmod`` calls that set the set-uid or set-gid bit fail with EPERM
-(:func:`seccomp_program`). Made with :mod:`ctypes` (``prctl``,
-``capset``).
+(:func:`seccomp_program`). Made with :mod:`ctypes` (``prctl``, ``capset``).
 """
 
 from __future__ import annotations
@@ -77,10 +76,10 @@ _ARCHES = {
 SECCOMP_MACHINES = tuple(_ARCHES)
 """The architectures (``platform.machine()``) the filter knows."""
 _IO_URING_SETUP = 425  # the same on every architecture
-_AF_UNIX, _SOCK_SEQPACKET, _SOCK_TYPE_MASK = 1, 5, 0xF  # (SOCK_CLOEXEC, SOCK_NONBLOCK above)
+_AF_UNIX, _SOCK_SEQPACKET, _SOCK_TYPE_MASK = 1, 5, 0xF  # (the flags are higher bits)
 CUDA_SOCKET = "socket(AF_UNIX, SOCK_SEQPACKET)"
-"""The socket the CUDA driver makes in ``cuInit`` (traced on an H200, driver 580, CUDA 13):
-one to look for an MPS server (``connect`` to ``/tmp/nvidia-mps/control``) and one bound
+"""The kind of socket the CUDA driver makes twice in ``cuInit`` (traced on an H200, driver
+580, CUDA 13): one to look for an MPS server (``connect`` to ``/tmp/nvidia-mps/control``) and one bound
 to an abstract address (``@cuda-uvmfd-<namespace>-<pid>``, which Landlock's scoping keeps
 within the host); refused, ``cuInit`` fails with ``CUDA_ERROR_OPERATING_SYSTEM`` (304)."""
 _SETUID_BITS = 0o6000
@@ -99,7 +98,7 @@ def seccomp_program(machine: str, unix_seqpacket: bool = False) -> list[tuple[in
     """The classic-BPF filter of step 3 for ``machine`` (``platform.machine()``): a list
     of (code, jt, jf, k); another architecture's system calls are refused whole. With
     ``unix_seqpacket``, ``socket(AF_UNIX, SOCK_SEQPACKET[|flags], ...)`` is allowed, the
-    one socket the CUDA driver makes in ``cuInit`` (:data:`CUDA_SOCKET`)."""
+    socket the CUDA driver makes in ``cuInit`` (:data:`CUDA_SOCKET`)."""
     arch = _ARCHES[machine]
     load, jeq, jge, jset, ret, and_ = 0x20, 0x15, 0x35, 0x45, 0x06, 0x54
     allow, deny = 0x7FFF0000, 0x00050000 | errno.EPERM
