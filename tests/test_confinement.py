@@ -345,8 +345,10 @@ SOCKETS = r"""
 import json, socket, sys
 from harness.plugin.hosting import confinement as c
 
-c.gpu_devices = lambda: ["/dev/null"]  # a GPU's device file, as far as the filter's choice goes
-c.confine(c.Grants(devices=tuple(sys.argv[1:])), layers=("seccomp",))
+# a file named as NVIDIA's device files: a GPU granted, as far as the filter's choice goes
+layers, devices = sys.argv[1].split(","), tuple(sys.argv[2:])
+c.confine(c.Grants(read=c.existing([*c.python_paths(), *c.SYSTEM_READ]), devices=devices),
+          layers=layers)
 out = {}
 for family, kind in (("AF_UNIX", "SOCK_SEQPACKET"), ("AF_UNIX", "SOCK_STREAM"),
                      ("AF_UNIX", "SOCK_DGRAM"), ("AF_INET", "SOCK_DGRAM"), ("AF_INET", "SOCK_STREAM"),
@@ -361,16 +363,26 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.parametrize("granted", [(), ("/dev/null",)])
-def test_the_seccomp_filter_lets_the_cuda_drivers_socket_through_only_with_a_gpu(granted):
+@pytest.mark.parametrize("gpu", [False, True])
+@pytest.mark.parametrize("layers", ["seccomp", ",".join(confinement.LAYERS)])
+def test_the_seccomp_filter_lets_the_cuda_drivers_socket_through_only_with_a_gpu(
+    tmp_path, gpu, layers
+):
     """``cuInit`` makes ``socket(AF_UNIX, SOCK_SEQPACKET)`` (refused, it fails with error
     304): a host granted a GPU's device files may make that socket (whatever its flags),
-    no other; a host without a GPU none."""
-    done = subprocess.run([sys.executable, "-c", SOCKETS, *granted], capture_output=True,
-                          text=True)  # fmt: skip
+    no other; a host without a GPU none. With every layer too: the choice does not need
+    to list ``/dev``, which Landlock closes first."""
+    if layers != "seccomp" and confinement.landlock_abi() < confinement.MINIMUM_ABI:
+        pytest.skip("no Landlock on this kernel")
+    device = tmp_path / "nvidia0"
+    device.write_bytes(b"")
+    granted = [str(device)] if gpu else []
+    done = subprocess.run([sys.executable, "-c", SOCKETS, layers, *granted],
+                          capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 0, done.stderr
     outcomes = json.loads(done.stdout)
-    assert outcomes.pop("AF_UNIX SOCK_SEQPACKET") == ("done" if granted else errno.EPERM)
+    assert outcomes.pop("AF_UNIX SOCK_SEQPACKET") == ("done" if gpu else errno.EPERM)
+    assert confinement.grants_gpu(confinement.Grants(devices=tuple(granted))) is gpu
     assert set(outcomes.values()) == {errno.EPERM}, outcomes
 
 
