@@ -99,7 +99,7 @@ def test_the_dry_run_lists_every_step_in_order_with_its_cap_and_command(tmp_path
     # slows both a little)
     assert all(caps[step] >= 1.1 * seconds for step, seconds in LOGGED.items()), caps
     bf16 = _run(tmp_path, "--dry-run", "--steps", "bench-bf16").stdout
-    assert "--precision bf16 --channels-last" in bf16 and "plan: bench-bf16 70 s" in bf16
+    assert "--precision bf16 --channels-last" in bf16 and "plan: bench-bf16 130 s" in bf16
     board = _run(tmp_path, "--dry-run", "--steps", "setup,fashion-board", "--cap",
                  "fashion-board=300").stdout  # fmt: skip
     assert "== fashion-board (cap 300 s" in board and "fashion-mnist.toml" in board
