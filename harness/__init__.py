@@ -45,7 +45,8 @@ Sampling and statistics
     ``SamplingEngine``: noisy forward passes of the base model, counted or averaged
     (``SoftStats``), with reproducible noise (``noise_seed``; ``STREAM_SELECTION`` and
     ``STREAM_ESTIMATION`` are CERTIFY's streams). ``prepare_model``: the base model in
-    the protocol's certified arithmetic. ``CertificationProtocol``, ``check_sigma``,
+    the protocol's certified arithmetic. ``padded_chunks``: a batch in chunks of one
+    shape, so that a σ computed through them is the same bit for bit in any batch. ``CertificationProtocol``, ``check_sigma``,
     ``check_alpha``. ``clopper_pearson_lower``, ``clopper_pearson_upper``,
     ``hoeffding_lower``, ``hoeffding_upper``: confidence bounds.
 
@@ -126,6 +127,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "harness.engine.accumulators": ("SoftStats",),
     "harness.engine.noise": ("noise_seed",),
     "harness.engine.precision": ("prepare_model",),
+    "harness.engine.arithmetic": ("padded_chunks",),
     "harness.foundation.protocol": ("CertificationProtocol", "check_alpha", "check_sigma"),
     "harness.mathematics.stats": (
         "clopper_pearson_lower",

@@ -204,3 +204,19 @@ def computing_with(threads: int | None) -> Iterator[None]:
     finally:
         if torch.get_num_threads() != before:
             torch.set_num_threads(before)
+
+
+def padded_chunks(
+    x: torch.Tensor, rows: int, pad: bool = True
+) -> Iterator[tuple[torch.Tensor, int]]:
+    """``x`` in chunks of ``rows`` rows, the last padded with zero rows (``pad``), each with
+    how many of its rows are ``x``'s: a computation that passes every chunk through its
+    products gives each row of ``x`` the same bits in any batch (a product's rows depend on
+    how many rows it has, not on the other rows nor their position: the module docstring),
+    as the engine's padded passes do for the base model."""
+    for start in range(0, len(x), rows):
+        chunk = x[start : start + rows]
+        real = len(chunk)
+        if pad and real < rows:
+            chunk = torch.cat([chunk, chunk.new_zeros((rows - real, *chunk.shape[1:]))])
+        yield chunk, real

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import torch
 
-from harness import ModelOutputError, SigmaCache, Unregularized, noise_seed
+from harness import ModelOutputError, SigmaCache, Unregularized, noise_seed, padded_chunks
 from plugins.alfarra import check_optimizer_params
 
 STREAM_OPTIMIZE = 100
@@ -105,15 +105,12 @@ def optimize_sigma(
     if steps == 0 or len(x) == 0:
         return sigma.clamp_min(sigma_min)
     chunk = max(1, max_batch // samples)
-    chunks = []  # (inputs, σ, keys), padded to ``chunk`` inputs
-    for start in range(0, len(x), chunk):
-        part = slice(start, start + chunk)
-        xs, ss = x[part], sigma[part]
-        pad = chunk - len(xs) if fixed_shape else 0
-        if pad:
-            xs = torch.cat([xs, xs.new_zeros((pad, *xs.shape[1:]))])
-            ss = torch.cat([ss, ss.new_ones(pad)])
-        chunks.append((xs, ss, keys[part]))
+    chunks = []  # (inputs, σ, keys), padded to ``chunk`` inputs (σ of the padding: 1)
+    starts = range(0, len(x), chunk)
+    for start, (xs, real) in zip(starts, padded_chunks(x, chunk, fixed_shape), strict=True):
+        ss = sigma[start : start + real]
+        ss = torch.cat([ss, ss.new_ones(len(xs) - real)])
+        chunks.append((xs, ss, keys[start : start + real]))
     return _ascend(model, chunks, torch.Generator(device=device), seed, stream, steps, samples,
                    beta, sigma_min, first_step)  # fmt: skip
 

@@ -26,7 +26,7 @@ import math
 
 import torch
 
-from harness import Lipschitz, ParameterError
+from harness import Lipschitz, ParameterError, padded_chunks
 
 SVD_SAFETY = 1e-9
 """Relative inflation of the product of computed singular values (rounding of the SVD)."""
@@ -161,15 +161,9 @@ class CertifiedSigma:
         product's rows depend on how many rows it has, not on their position: one input
         alone, a matrix-vector product, rounds otherwise than in a batch)."""
         rows = x.to(self.w1.device).flatten(1)
-        parts = []
         with torch.no_grad():
-            for start in range(0, len(rows), FIXED_ROWS):
-                chunk = rows[start : start + FIXED_ROWS]
-                real = len(chunk)
-                if real < FIXED_ROWS:
-                    chunk = torch.cat([chunk, chunk.new_zeros((FIXED_ROWS - real, chunk.shape[1]))])
-                parts.append(sigma_forward(chunk, self.w1, self.b1, self.w2, self.b2,
-                                           self.sigma_min)[:real])  # fmt: skip
+            parts = [sigma_forward(chunk, self.w1, self.b1, self.w2, self.b2, self.sigma_min)[:real]
+                     for chunk, real in padded_chunks(rows, FIXED_ROWS)]  # fmt: skip
         if not parts:
             return torch.zeros(0, dtype=torch.float64, device=x.device)
         return torch.cat(parts).to(x.device)

@@ -344,12 +344,16 @@ and torch read (never the whole of it: the host may run as root)."""
 SYSTEM_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 
 
+GPU_DEVICE_PREFIX = "nvidia"
+"""How NVIDIA's device files are named (:func:`gpu_devices`, :func:`grants_gpu`)."""
+
+
 def gpu_devices(root: str = "/dev") -> list[str]:
     """NVIDIA's device files beneath ``root``, when present: ``nvidiactl`` (the driver's
     control), ``nvidia<N>`` (each GPU), ``nvidia-uvm`` (unified memory, which CUDA opens at
     ``cuInit``), ``nvidia-uvm-tools`` (its profiling events), ``nvidia-modeset`` and the
     folder ``nvidia-caps/`` (MIG's capabilities, which the driver lists and reads)."""
-    return sorted(str(p) for p in Path(root).glob("nvidia*"))
+    return sorted(str(p) for p in Path(root).glob(f"{GPU_DEVICE_PREFIX}*"))
 
 
 def thread_count() -> int:
@@ -403,7 +407,7 @@ def grants_gpu(grants: Grants) -> bool:
     """Whether ``grants`` give a GPU's device files (NVIDIA's, named as :func:`gpu_devices`
     finds them): decided from the names the harness granted, since a confined host can no
     longer list ``/dev``."""
-    return any(os.path.basename(path).startswith("nvidia") for path in grants.devices)
+    return any(os.path.basename(path).startswith(GPU_DEVICE_PREFIX) for path in grants.devices)
 
 
 def existing(paths: Iterable[str]) -> tuple[str, ...]:
