@@ -43,10 +43,14 @@ Radii and worst-case probabilities
 
 Sampling and statistics
     ``SamplingEngine``: noisy forward passes of the base model, counted or averaged
-    (``SoftStats``), with reproducible noise (``noise_seed``; ``STREAM_SELECTION`` and
-    ``STREAM_ESTIMATION`` are CERTIFY's streams). ``prepare_model``: the base model in
-    the protocol's certified arithmetic. ``padded_chunks``: a batch in chunks of one
-    shape, so that a σ computed through them is the same bit for bit in any batch. ``CertificationProtocol``, ``check_sigma``,
+    (``SoftStats``), with reproducible noise (``noise_seed``; ``noise_seeds``: of many
+    inputs at once; ``STREAM_SELECTION`` and ``STREAM_ESTIMATION`` are CERTIFY's
+    streams). ``prepare_model``: the base model in the protocol's certified arithmetic.
+    ``padded_chunks``: a batch in chunks of one shape, so that a σ computed through them
+    is the same bit for bit in any batch.
+    ``outputs_for_inputs``: the base model at points drawn for several inputs, naming the
+    input each stands for (a σ that reads the model asked this way lets check S1 ask it
+    of many exact classifiers in one call). ``CertificationProtocol``, ``check_sigma``,
     ``check_alpha``. ``clopper_pearson_lower``, ``clopper_pearson_upper``,
     ``hoeffding_lower``, ``hoeffding_upper``: confidence bounds.
 
@@ -125,9 +129,10 @@ _MODULES: dict[str, tuple[str, ...]] = {
     ),
     "harness.engine.sampling": ("STREAM_ESTIMATION", "STREAM_SELECTION", "SamplingEngine"),
     "harness.engine.accumulators": ("SoftStats",),
-    "harness.engine.noise": ("noise_seed",),
+    "harness.engine.noise": ("noise_seed", "noise_seeds"),
     "harness.engine.precision": ("prepare_model",),
     "harness.engine.arithmetic": ("padded_chunks",),
+    "harness.engine.outputs": ("outputs_for_inputs",),
     "harness.foundation.protocol": ("CertificationProtocol", "check_alpha", "check_sigma"),
     "harness.mathematics.stats": (
         "clopper_pearson_lower",

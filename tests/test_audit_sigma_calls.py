@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness import hookimpl
+from harness import hookimpl, outputs_for_inputs
 from harness.audit import coverage_rounds
 from harness.audit.audit import Budget, parse_entropy
 from harness.audit.ball_attacks import ball_flip
@@ -65,6 +65,16 @@ class ModelSigma:
         return 0.2 + 0.1 * first
 
 
+class RoutedModelSigma(ModelSigma):
+    """:class:`ModelSigma` asking the model through ``harness.outputs_for_inputs``, each point
+    named by its input: S1 asks it of all its trials at once, each on its own classifier."""
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            outputs = outputs_for_inputs(self.model, x.float(), x, torch.arange(len(x)))
+        return 0.2 + 0.1 * torch.softmax(outputs.double(), dim=1)[:, 0]
+
+
 class SwappedClaims(CohenCertifier):
     """Claims the other class of two, at Cohen's radius: its claims flip at the ball's
     centre, and its formula certifies another class (S1's second flip search)."""
@@ -79,6 +89,8 @@ def idrs_register_sigma_providers(register) -> None:
     register(SigmaProviderSpec("closed-form-sigma", lambda context, params: ClosedFormSigma()))
     register(SigmaProviderSpec("model-sigma",
                                lambda context, params: ModelSigma(context.engine.model)))  # fmt: skip
+    register(SigmaProviderSpec("routed-model-sigma",
+                               lambda context, params: RoutedModelSigma(context.engine.model)))  # fmt: skip
 
 
 @hookimpl
@@ -90,12 +102,19 @@ def idrs_register_certifiers(register) -> None:
 def idrs_register_methods(register) -> None:
     register(MethodSpec("closed-form", "closed-form-sigma", "sukenik", {"sigma": 0.25}))
     register(MethodSpec("model-sigma", "model-sigma", "sukenik", {"sigma": 0.25}))
+    register(MethodSpec("routed-model-sigma", "routed-model-sigma", "sukenik", {"sigma": 0.25}))
     register(MethodSpec("swapped", "closed-form-sigma", "swapped-claims", {"sigma": 0.25}))
 
 
+ASCENT = {"sigma": 0.25, "steps": 5, "samples": 4, "beta": 0.05}
+"""Alfarra et al.'s ascent, short and with a step that moves σ by each classifier's counts."""
 METHODS = [{"name": "cohen", "settings": [{"sigma": 0.25}]},
            {"name": "closed-form", "settings": [{}]},
            {"name": "model-sigma", "settings": [{}]},
+           {"name": "routed-model-sigma", "settings": [{}]},
+           {"name": "alfarra-ds", "settings": [ASCENT]},
+           {"name": "alfarra-ds-memory", "settings": [ASCENT]},
+           {"name": "chen-fgss", "settings": [{}]},
            {"name": "swapped", "settings": [{}]}]  # fmt: skip
 
 
@@ -146,30 +165,40 @@ def _calls(audit, run) -> tuple[int, object]:
     return audit.queries.calls - before, result
 
 
-@pytest.mark.parametrize("method", ["cohen", "closed-form", "swapped", "model-sigma"])
+@pytest.mark.parametrize(
+    "method",
+    ["cohen", "closed-form", "swapped", "model-sigma", "routed-model-sigma", "alfarra-ds",
+     "alfarra-ds-memory", "chen-fgss"],
+)  # fmt: skip
 def test_s1_asks_a_rounds_sigma_at_once_with_the_evidence_of_one_trial_at_a_time(
     ball_run, method, monkeypatch
 ):  # fmt: skip
     """S1 with σ asked per round equals S1 trial by trial (the same trial inputs, classes,
     placements, rays and draws: the same evidence), in 2 queries per round for a σ that
-    does not read the exact model; the swapped claims flip at every ball trial, whose
-    formula's rays are then not drawn one at a time (the later trials placed again); a σ
-    that reads the model is asked trial by trial (after one query that finds it does)."""
+    does not read the exact model (the swapped claims flip at every ball trial, and the
+    formula's rays are asked in the same query); a σ that reads the model through
+    ``outputs_for_inputs`` is asked per round too, each trial on its own classifier (after
+    a query that finds σ reads the model); one that calls the model is asked trial by
+    trial (after two queries per round that find it does)."""
     audit = _audit(ball_run, method)
     together_calls, together = _calls(audit, check_coverage)
-    monkeypatch.setattr(coverage_rounds, "_placement_free", lambda rnd: False)
+    monkeypatch.setattr(coverage_rounds, "_batched", lambda rnd: False)
     alone_calls, alone = _calls(_audit(ball_run, method), check_coverage)
     assert together.evidence == alone.evidence
     assert together.verdict == alone.verdict
     assert alone_calls >= TINY.coverage_trials  # at least one query per trial
     ball = together.evidence["ball-12"]
     if method == "model-sigma":
-        assert together_calls == alone_calls + 2  # one query per round finds σ reads the model
+        assert together_calls == alone_calls + 4  # withheld, then per input: σ reads the model
+    elif method in ("routed-model-sigma", "alfarra-ds", "chen-fgss"):  # withheld, inputs, rays
+        assert together_calls == 1 + 1 + 1 + 1 + 1, together_calls
+    elif method == "alfarra-ds-memory":  # σ constant in a memory's balls: no rays asked
+        assert together_calls == 2 + 2, together_calls
     elif method == "swapped":
         assert ball["failures"] > 1  # claims of the wrong class
-        assert together_calls <= 2 + 1 + ball["trials"]  # per round: inputs; rays, again per flip
+        assert together_calls <= 3, together_calls
     else:
-        assert together_calls <= 4, together_calls
+        assert together_calls <= 3, together_calls
 
 
 def test_s1_asks_sigma_first_at_the_trial_inputs_its_entropy_draws(ball_run):
@@ -249,7 +278,7 @@ def _one_ball_extremes(sigma, x0, radius, randoms, starts, steps):
         lo, hi = min(lo, s), max(hi, s)
     for sign, start in zip((1.0, -1.0), starts, strict=True):
         x1 = flat + start
-        for _ in range(steps + 1):
+        for _ in range(steps):  # the start and steps - 1 moves (the last move unused)
             x1 = x1.detach().requires_grad_(True)
             s = sigma(x1.view_as(x0)[None])[0].double()
             lo, hi = min(lo, float(s.detach())), max(hi, float(s.detach()))
@@ -265,12 +294,12 @@ def test_s3_asks_its_random_points_at_once_and_ascends_both_ways_in_lockstep():
     recording = Recording(ClosedFormSigma())
     steps = 4
     lo, hi = sigma_extremes(recording, x0, radius, steps, torch.Generator().manual_seed(7), 1024)
-    assert len(recording.calls) == 1 + steps + 1  # inputs and random points; steps; ends
+    assert len(recording.calls) == steps  # inputs, random points, starts; each later point
     small = Recording(ClosedFormSigma())  # calls of at most 16 points, the same search
     assert np.array_equal(
         sigma_extremes(small, x0, radius, steps, torch.Generator().manual_seed(7), 16), (lo, hi)
     )
-    assert max(len(c) for c in small.calls) <= 16 and len(small.calls) == 5 + steps + 1
+    assert max(len(c) for c in small.calls) <= 16 and len(small.calls) == 5 + steps - 1
     # the same draws, one ball at a time (S3 searches inside the rounded-in radius)
     from harness.audit.justification import _inside
 
@@ -294,7 +323,7 @@ def test_s3_asks_a_sigma_without_gradient_once():
     x0 = torch.rand(4, 6, generator=torch.Generator().manual_seed(1))
     lo, hi = sigma_extremes(recording, x0, torch.full((4,), 0.5), 10,
                             torch.Generator().manual_seed(0), 1024)  # fmt: skip
-    assert len(recording.calls) == 1 and len(recording.calls[0]) == 4 * 13
+    assert len(recording.calls) == 1 and len(recording.calls[0]) == 4 * (1 + 12 + 2)
     assert np.all(lo == 0.3) and np.all(hi == 0.3)
 
 
@@ -321,18 +350,20 @@ def test_s4_exact_flips_ask_sigma_at_every_ball_at_once_as_one_ball_at_a_time(ba
 
 def test_every_check_asks_sigma_in_few_calls(ball_run):
     """Per check, σ calls of a differentiable σ that does not read the model: S1 two per
-    family; S2 one per ascent step; S3 two plus one per step; S4 its exact flips two,
-    its attack one per step and one to confirm; the replay check its batch and each input
-    alone (by design)."""
+    family; S2 and S3 one per point of their ascents (the first with the random points);
+    S4 its exact flips two, its attack one per point of its path (the last confirmed); the
+    replay check its batch and each input alone (by design)."""
     manager = ball_run[2]
     audit = _audit(ball_run, "closed-form")
     checks = {
         name: manager.registry.get("checks", name) for name in manager.registry.names("checks")
     }
     bounds = {"coverage": 4, "sigma-regularity": TINY.ascent_steps,
-              "worst-case-justification": TINY.ascent_steps + 2,
-              "counterexamples": 2 + TINY.attack_steps + 1,
+              "worst-case-justification": TINY.ascent_steps,
+              "counterexamples": 2 + TINY.attack_steps,
               "replay": 1 + TINY.replay_inputs, "evidence": 0, "memory-order": 0}  # fmt: skip
     for name, check in checks.items():
         calls, _ = _calls(audit, check.run)
         assert calls <= bounds[name], (name, calls)
+        if name in ("sigma-regularity", "worst-case-justification", "counterexamples"):
+            assert calls == bounds[name], (name, calls)  # the searches ran

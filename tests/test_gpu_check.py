@@ -25,15 +25,16 @@ FASHION = pytest.mark.skipif(
 )
 
 
-def _run(tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """The script with this interpreter named (``GPU_CHECK_PYTHON``) and, first on PATH, a
-    ``python3`` that fails: every step must run the named one."""
+def _run(tmp_path: Path, *args: str, timeout: float = 300,
+         python: str = sys.executable) -> subprocess.CompletedProcess:  # fmt: skip
+    """The script with ``python`` named (``GPU_CHECK_PYTHON``; by default this interpreter)
+    and, first on PATH, a ``python3`` that fails: every step must run the named one."""
     stub = tmp_path / "path" / "python3"
     stub.parent.mkdir(exist_ok=True)
     stub.write_text("#!/bin/sh\necho 'python3 from PATH ran, not GPU_CHECK_PYTHON' >&2\nexit 97\n")
     stub.chmod(0o755)
     env = {**os.environ, "OUT": str(tmp_path / "out"), "GPU_CHECK_WORK": str(tmp_path / "work"),
-           "IDRS_BENCH_CACHE": str(tmp_path / "cache"), "GPU_CHECK_PYTHON": sys.executable,
+           "IDRS_BENCH_CACHE": str(tmp_path / "cache"), "GPU_CHECK_PYTHON": python,
            "PATH": f"{stub.parent}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
     return subprocess.run([str(SCRIPT), *args], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=timeout)  # fmt: skip
@@ -113,12 +114,16 @@ def test_the_dry_run_lists_every_step_in_order_with_its_cap_and_command(tmp_path
 def test_a_tiny_run_on_the_cpu_brings_every_log_back_in_a_few_files(tmp_path):
     """The bench's JSON and ratios come back; a Cohen row of the default run (here the log
     of a run cut while running, as the progress lines read) is held to the engine's time
-    for its samples at the row's n and batch."""
+    for its samples at the row's n and batch; the run with the batch chosen for the device
+    shows its rows' seconds beside them."""
     out = tmp_path / "out"
     out.mkdir()
     (out / "default-run.log").write_text(
         "cohen sigma=0.25: started, 4 inputs\n"
         "cohen sigma=0.25: finished, 4/4 inputs, 2.50 inputs/s, elapsed 2 s, ETA 0 s\n"
+    )
+    (out / "default-run-auto-batch.log").write_text(
+        "cohen sigma=0.25: finished, 4/4 inputs, 8.00 inputs/s, elapsed 0 s, ETA 0 s\n"
     )
     done = _run(tmp_path, "--device", "cpu", "--tiny", "--steps", "env,bench-default",
                 "--budget", "300")  # fmt: skip
@@ -126,7 +131,8 @@ def test_a_tiny_run_on_the_cpu_brings_every_log_back_in_a_few_files(tmp_path):
     assert done.returncode == 0, summary + done.stdout
     assert summary.startswith("env: ok") and "\nbench-default: ok" in summary
     # caches and databases elsewhere
-    assert _returned(out) == ["default-run.log", "logs.tar", "summary.txt"]
+    returned = ["default-run-auto-batch.log", "default-run.log", "logs.tar", "summary.txt"]
+    assert _returned(out) == returned
     logs = _logs(out)
     assert "torch" in logs["env.log"] and "PyTorch's defaults" in logs["env.log"]
     assert logs["env.log"].startswith(sys.version)  # GPU_CHECK_PYTHON ran, not PATH's python3
@@ -139,8 +145,9 @@ def test_a_tiny_run_on_the_cpu_brings_every_log_back_in_a_few_files(tmp_path):
     [cohen] = json.loads(logs["bench-default/bench-row.json"])["engine"]
     assert cohen["model"] == "mlp" and cohen["n"] == 200 and cohen["batch_size"] == 1024
     engine = 4 * (100 + 200) / cohen["engine_per_s"]  # 4 inputs of n0 + n samples
-    assert (f"cohen sigma=0.25: certification 1.6 s, the engine's time for its samples "
-            f"{engine:.3g} s (bench mlp, n = 200, batch 1024): {1.6 / engine:.2f}x") in summary  # fmt: skip
+    assert (f"default-run cohen sigma=0.25: certification 1.6 s, the engine's time for its "
+            f"samples {engine:.3g} s (bench mlp, n = 200, batch 1024): {1.6 / engine:.2f}x") in summary  # fmt: skip
+    assert "default-run-auto-batch cohen sigma=0.25: certified 4 inputs in 0.5 s" in summary
 
 
 def test_the_confinement_step_runs_beside_another_and_says_one_line_per_host(tmp_path):
@@ -190,12 +197,21 @@ def test_the_fashion_board_step_brings_back_its_database_and_board(tmp_path):
     assert "checks cohen sigma=0.25" in log and "wrote " in log  # checks, --timings, the board
 
 
-@FASHION
 def test_a_step_cut_at_its_cap_keeps_its_log_and_the_rest_goes_on(tmp_path):
-    """The default run (the quick benchmark, checks included: far longer than 10 s) is cut;
-    what it wrote is in its log, with a line that says so, and the next step runs."""
+    """A default run that outlasts its cap (an interpreter whose ``run`` prints its first
+    line and then waits, however fast the machine) is cut; what it wrote is in its log, with
+    a line that says so, and the next step runs."""
+    python = tmp_path / "slow-run-python"
+    python.write_text(
+        "#!/bin/sh\n"
+        'case " $* " in *" harness.cli.main run "*)\n'
+        "  echo 'cohen sigma=0.25: started, 4 inputs'; exec sleep 600 ;;\n"
+        "esac\n"
+        f'exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
     done = _run(tmp_path, "--device", "cpu", "--tiny", "--steps", "default-run,env", "--cap",
-                "default-run=10", "--budget", "120")  # fmt: skip
+                "default-run=10", "--budget", "120", python=str(python))  # fmt: skip
     out = tmp_path / "out"
     summary = (out / "summary.txt").read_text()
     assert done.returncode == 1, summary
@@ -203,7 +219,7 @@ def test_a_step_cut_at_its_cap_keeps_its_log_and_the_rest_goes_on(tmp_path):
     assert len(_returned(out)) <= RETURNED and "default-run.log" not in _returned(out)
     lines = _logs(out)["default-run.log"].rstrip().splitlines()
     assert lines[-1].startswith("gpu-check: step default-run cut at its cap of 10s")
-    assert len(lines) > 1  # what the run wrote before the cut
+    assert lines[0] == "cohen sigma=0.25: started, 4 inputs"  # what the run wrote before the cut
 
 
 def test_steps_past_the_budget_are_skipped_and_unknown_steps_refused(tmp_path):

@@ -162,6 +162,36 @@ def test_a_request_to_a_host_that_reads_nothing_ends_at_its_deadline():
                 os.close(fd)
 
 
+def test_ctrl_c_delivered_to_another_thread_ends_a_wait_for_a_host_at_once():
+    """Ctrl-C's SIGINT delivered by the kernel to a thread other than the main one (as it may
+    be to an OpenMP worker or the leases thread): Python runs the handler in the main thread
+    only when it next runs, so the wait for a host's answer, in slices, raises
+    KeyboardInterrupt within a slice, not at the request's deadline (the plugin timeout)."""
+    import threading
+
+    requests_read, requests = os.pipe()
+    answers, answers_write = os.pipe()
+
+    def interrupt_this_thread():
+        time.sleep(0.3)
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+
+    helper = threading.Thread(target=interrupt_this_thread)
+    # Ctrl-C's default handler (this process, a pytest-xdist worker, may ignore SIGINT)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        start = time.monotonic()
+        helper.start()
+        with pytest.raises(KeyboardInterrupt):
+            exchange.exchange(requests, answers, b"request", time.monotonic() + 60)
+        assert time.monotonic() - start < 3
+    finally:
+        helper.join()
+        signal.signal(signal.SIGINT, previous)
+        for fd in (requests_read, requests, answers, answers_write):
+            os.close(fd)
+
+
 def test_an_answer_arrives_whole_through_the_pipe():
     read, write = os.pipe()
     frame = wire.encode({"ok": True, "sigma": list(range(50_000))})  # (more than a pipe holds)

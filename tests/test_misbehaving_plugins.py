@@ -243,12 +243,20 @@ def test_a_harness_stopped_while_a_plugin_hangs_leaves_nothing_behind(
     plugin.write_text(plugin.read_text().replace(
         '"hang": lambda: time.sleep(3600),',
         '"hang": lambda: time.sleep(3600), "daemon-hang": lambda: (_daemon(), time.sleep(3600)),'))  # fmt: skip
-    env = {**os.environ, "TMPDIR": str(temporary), "IDRS_BENCH_PLUGIN_TIMEOUT": "600"}
-    harness = subprocess.Popen(
-        [sys.executable, "-m", "harness.cli.main", "run", str(spec), "--db",
-         str(tmp_path / "runs.sqlite"), "--quiet", "--no-check"],
-        env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
+    # (PYTHONFAULTHANDLER: SIGABRT then prints every thread's stack)
+    env = {**os.environ, "TMPDIR": str(temporary), "IDRS_BENCH_PLUGIN_TIMEOUT": "600",
+           "PYTHONFAULTHANDLER": "1"}  # fmt: skip
+    # started with Ctrl-C's default, as from a terminal: an ignored signal is inherited, and
+    # this test process (a pytest-xdist worker) has been seen to ignore SIGINT
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        harness = subprocess.Popen(
+            [sys.executable, "-m", "harness.cli.main", "run", str(spec), "--db",
+             str(tmp_path / "runs.sqlite"), "--quiet", "--no-check"],
+            env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         deadline = time.monotonic() + 240
         while len(live_processes(mark)) < 2 and time.monotonic() < deadline:  # the daemon runs
@@ -260,7 +268,13 @@ def test_a_harness_stopped_while_a_plugin_hangs_leaves_nothing_behind(
             os.killpg(harness.pid, signal.SIGINT)  # (as Ctrl-C: the harness's group)
         else:
             os.kill(harness.pid, getattr(signal, how))
-        code = harness.wait(timeout=60)
+        try:
+            code = harness.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # say where it waits, for the report
+            harness.send_signal(signal.SIGABRT)
+            _, err = harness.communicate(timeout=30)
+            pytest.fail(f"the harness did not exit within 60 s of {how}; its threads then:\n"
+                        f"{err.decode(errors='replace')[-6000:]}")  # fmt: skip
         assert code == {"SIGINT": 130, "SIGTERM": 143, "SIGKILL": -9}[how]
         deadline = time.monotonic() + 30
         while (

@@ -21,7 +21,7 @@ from harness.reports.leaderboard.source import (
     read_export,
     upgrade_run_row,
 )
-from harness.reports.leaderboard.verify import rederivable, verify_board
+from harness.reports.leaderboard.verify import board_source, verify_board
 from harness.store.store import ResultStore
 from harness.store.storedrun import load_runs
 
@@ -129,7 +129,7 @@ def test_an_old_format_export_is_read_and_verifies(tmp_path):
     runs = read_export(export)
     assert [run.run for run in runs] == current
     assert all("model_hash" not in run.run and run.run["recipe_hash"] for run in runs)
-    assert rederivable(board)
+    assert board_source(board).rederivable
     assert verify_board(board, notes=[]) == []
     # re-published, it is the committed export of the current format again
     texts = render_texts(build_board(runs), "hidden-cost")
@@ -147,7 +147,8 @@ def test_a_committed_export_is_current_and_re_exports_unchanged(tmp_path):
     shutil.copyfile(export, old)
     _downgrade(old, "idrs-bench/run-export/1")
     runs = read_export(old)
-    assert not rederivable(tmp_path / "quick.md")  # format 1: re-rendered only
+    shutil.copyfile(LEADERBOARDS / "quick.md", tmp_path / "quick.md")
+    assert not board_source(tmp_path / "quick.md").rederivable  # format 1: re-rendered only
     assert export_runs(runs, "quick") == text
 
 

@@ -196,7 +196,7 @@ def test_the_budget_statement_names_what_the_checks_examine():
                     audited_inputs=13, attack_steps=17, attack_samples=19, orders=23,
                     replay_inputs=29)  # fmt: skip
     text = budget.statement()
-    for number in ("123", "456", "7 pairs", "11 ascent", "13 random certificates", "17 attack",
+    for number in ("123", "456", "7 pairs", "ascents of 11", "13 random certificates", "paths of 17",
                    "19 samples", "23 input orders", "re-draws 29 random inputs"):  # fmt: skip
         assert number in text, number
     for claim in ("entropy", "calibration", "10⁻³ per statistical check", "Fashion-MNIST"):

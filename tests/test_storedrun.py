@@ -16,6 +16,7 @@ from harness.store.storedrun import (
     IMPORTED,
     NOT_CHECKED,
     Completeness,
+    StoredCertificate,
     StoredCheck,
     incomplete_note,
     load_runs,
@@ -236,3 +237,29 @@ def test_missing_database_and_run_are_named(tmp_path):
         load_runs(_db(tmp_path), ["zz"])
     with pytest.raises(IdrsError, match="named twice"):
         load_runs(_db(tmp_path / "t"), [RUN[:4], RUN[:6]])
+
+
+def test_a_certificates_dict_is_a_deep_copy_equal_to_dataclasses_asdict():
+    """``as_dict`` (a pickle round trip) gives what :func:`dataclasses.asdict` gives, with its
+    own nested values (a reader that edits them leaves the certificate as it was), keeps a
+    NumPy scalar a NumPy scalar, and copies what pickle refuses as ``asdict`` does."""
+    import dataclasses
+
+    import numpy as np
+
+    draws = {"estimation": {"looks": [{"n": 100, "counts": [3, 97]}], "sigma": -0.0},
+             "selection": (1, 2)}  # fmt: skip
+    cert = StoredCertificate("m", "s", 3, 1, 1, 1, 0.5, 0.25, 0.1, evidence={"p": float("nan")},
+                             draws=draws)  # fmt: skip
+    copied = cert.as_dict()
+    expected = dataclasses.asdict(cert)
+    assert json.dumps(copied, sort_keys=True) == json.dumps(expected, sort_keys=True)
+    assert copied["draws"]["selection"] == (1, 2)
+    copied["draws"]["estimation"]["looks"][0]["counts"][0] = 99
+    assert cert.draws["estimation"]["looks"][0]["counts"] == [3, 97]
+    odd = StoredCertificate("m", "s", 3, 1, 1, 1, 0.5, 0.25, 0.1, evidence={"p": np.float32(0.5)})
+    assert type(odd.as_dict()["evidence"]["p"]) is np.float32
+    unpicklable = StoredCertificate(
+        "m", "s", 3, 1, 1, 1, 0.5, 0.25, 0.1, evidence={"f": len, "g": lambda: 0}
+    )
+    assert unpicklable.as_dict()["evidence"]["f"] is len  # copied by asdict

@@ -23,13 +23,12 @@ whose boundary is the hard one. Without ``one_hot`` (K = 2 only) the logits are
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import torch
-from scipy import stats
 
 from harness.foundation.data import Dataset
 from harness.foundation.errors import ParameterError
@@ -43,6 +42,13 @@ class PlacementWithheld(Exception):
     what was computed depends on where the plane or ball lies."""
 
 
+def point_keys(x: torch.Tensor) -> list[bytes]:
+    """Each point's float32 bytes: its key in a map by point (a placement per input, σ
+    already asked)."""
+    rows = torch.as_tensor(x).detach().to("cpu", torch.float32).reshape(len(x), -1)
+    return [row.numpy().tobytes() for row in rows]
+
+
 class _Analytic(torch.nn.Module):
     """A two-sided analytic classifier answering ``classes[side]`` of ``num_classes``.
 
@@ -50,7 +56,8 @@ class _Analytic(torch.nn.Module):
     (:meth:`withheld`): then evaluating the model, its smoothed classifier, or reading its
     placement raises :class:`PlacementWithheld`, so a computation that completes did not
     depend on the placement (check S1 asks σ of many trials at once this way, each trial
-    on its own placement)."""
+    on its own placement); or held per input (:meth:`per_input`): then each point is
+    answered with the placement of the input it stands for."""
 
     family = ""
     PLACEMENT: tuple[str, ...] = ()
@@ -67,6 +74,7 @@ class _Analytic(torch.nn.Module):
         self.num_classes = num_classes
         self.classes = (negative, positive)
         self._withheld = False
+        self._routes = None  # per_input's placements, by input
 
     @contextmanager
     def withheld(self) -> Iterator[None]:
@@ -80,6 +88,82 @@ class _Analytic(torch.nn.Module):
     def _placed(self) -> None:
         if self.__dict__.get("_withheld"):
             raise PlacementWithheld(f"the {self.family} model's placement is withheld")
+        if self.__dict__.get("_routes") is not None:
+            raise PlacementWithheld(
+                f"the {self.family} model has a placement per input: evaluate it with "
+                "harness.outputs_for_inputs, naming the input each point stands for"
+            )
+
+    def placement(self) -> tuple[torch.Tensor, float]:
+        """The current placement: (normal, offset) of the plane, (center, radius) of the ball."""
+        vector, scalar = type(self).PLACEMENT
+        return getattr(self, vector).detach().clone(), float(getattr(self, scalar))
+
+    def set_placement(self, placement: tuple[torch.Tensor, float]) -> None:
+        """Restore a :meth:`placement`."""
+        vector, scalar = type(self).PLACEMENT
+        getattr(self, vector).copy_(placement[0])
+        setattr(self, scalar, placement[1])
+
+    @contextmanager
+    def per_input(
+        self, inputs: torch.Tensor, placements: Sequence[tuple[torch.Tensor, float]]
+    ) -> Iterator[None]:  # fmt: skip
+        """Inside, input ``inputs[i]`` (by its float32 bytes) has its own classifier, this
+        model at ``placements[i]``: :meth:`outputs_for` evaluates each point with the
+        placement of the input it stands for and :meth:`class_probabilities` each input
+        with its own, while anything that reads one placement (a plain call) raises
+        :class:`PlacementWithheld`. Check S1 asks σ of many trials at once this way, each
+        trial on its own classifier."""
+        if len(inputs) != len(placements):
+            raise ValueError(f"{len(inputs)} inputs but {len(placements)} placements")
+        device = getattr(self, type(self).PLACEMENT[0]).device
+        vectors = torch.stack([v.flatten() for v, _ in placements]).to(device) if placements \
+            else torch.zeros((0, self.dim), device=device)  # fmt: skip
+        scalars = torch.tensor([s for _, s in placements], dtype=torch.float64, device=device)
+        routes = {key: i for i, key in enumerate(point_keys(inputs))}
+        saved, self._routes = self.__dict__.get("_routes"), (routes, vectors, scalars)
+        try:
+            yield
+        finally:
+            self._routes = saved
+
+    def _routed(self, inputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The placement index of each input (:meth:`per_input`) with the stacked vectors
+        and scalars; :class:`PlacementWithheld` for an input without one."""
+        routes, vectors, scalars = self._routes
+        try:
+            index = [routes[key] for key in point_keys(inputs)]
+        except KeyError:
+            raise PlacementWithheld(
+                f"a point was evaluated for an input that has no {self.family} placement"
+            ) from None
+        return torch.tensor(index, dtype=torch.long, device=vectors.device), vectors, scalars
+
+    def outputs_for(
+        self, points: torch.Tensor, inputs: torch.Tensor, owner: torch.Tensor
+    ) -> torch.Tensor:  # fmt: skip
+        """The logits at ``points`` [P, *shape], point r drawn for input
+        ``inputs[owner[r]]`` (−1: for no input, e.g. padding; answered at the first
+        placement): inside :meth:`per_input` each with that input's classifier, else all
+        with the one placement (a plain call)."""
+        if self.__dict__.get("_routes") is None:
+            return self(points)
+        owner = torch.as_tensor(owner, dtype=torch.long).cpu()
+        used = torch.unique(owner[owner >= 0])
+        index, vectors, scalars = self._routed(inputs[used.to(inputs.device)])
+        lookup = torch.zeros(len(inputs), dtype=torch.long, device=index.device)
+        lookup[used.to(index.device)] = index
+        row = lookup[owner.clamp_min(0).to(index.device)]  # padding: the first placement
+        flat = points.flatten(1)
+        margin = self._margin_rows(flat, vectors[row].to(flat.dtype), scalars[row].to(flat.dtype))
+        return self._logits(margin)
+
+    def _margin_rows(self, flat, vectors, scalars) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _probability_rows(self, flat: np.ndarray, sigma, vectors, scalars) -> np.ndarray:
+        raise NotImplementedError
 
     def __getattr__(self, name: str) -> Any:  # buffers and the placement's numbers
         if name in type(self).PLACEMENT:
@@ -99,8 +183,16 @@ class _Analytic(torch.nn.Module):
         return logits
 
     def class_probabilities(self, x: np.ndarray, sigma: np.ndarray) -> np.ndarray:
-        """P(f(x + σε) = c) for every class c [B, K]: the smoothed classifier, exactly."""
-        side = self.smoothed_probability(x, sigma)
+        """P(f(x + σε) = c) for every class c [B, K]: the smoothed classifier, exactly
+        (inside :meth:`per_input`, each input's own)."""
+        if self.__dict__.get("_routes") is None:
+            side = self.smoothed_probability(x, sigma)
+        else:
+            flat = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
+            index, vectors, scalars = self._routed(torch.from_numpy(flat))
+            side = self._probability_rows(flat, np.asarray(sigma, dtype=np.float64),
+                                          vectors[index].double().cpu().numpy(),
+                                          scalars[index].cpu().numpy())  # fmt: skip
         out = np.zeros((len(side), self.num_classes))
         out[:, self.classes[1]], out[:, self.classes[0]] = side, 1.0 - side
         return out
@@ -180,7 +272,18 @@ class LinearClassifier(_Analytic):
 
     def smoothed_probability(self, x: np.ndarray, sigma: np.ndarray) -> np.ndarray:
         """P(f(x + σε) = side 1) = Φ((w·x − b)/σ)."""
+        from scipy import stats
+
         return stats.norm.cdf(self.signed_distance(x) / np.asarray(sigma))
+
+    def _margin_rows(self, flat, vectors, scalars) -> torch.Tensor:
+        return (flat * vectors).sum(dim=1) - scalars
+
+    def _probability_rows(self, flat, sigma, vectors, scalars) -> np.ndarray:
+        from scipy import stats
+
+        signed = (np.sum(flat * vectors, axis=1) - scalars) / np.linalg.norm(vectors, axis=1)
+        return stats.norm.cdf(signed / sigma)
 
     def _parameters_for_hash(self) -> dict[str, np.ndarray]:
         return {"w": self.w.double().cpu().numpy(), "offset": np.array([self.offset])}
@@ -224,10 +327,21 @@ class BallClassifier(_Analytic):
 
     def smoothed_probability(self, x: np.ndarray, sigma: np.ndarray) -> np.ndarray:
         """P(f(x + σε) = inside) = χ²_N(ρ²/σ²; nc = ‖x − c‖²/σ²) (noncentral χ² CDF)."""
+        from scipy import stats
+
         sigma = np.asarray(sigma, dtype=np.float64)
         flat = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
         dist2 = np.sum((flat - self.center.double().cpu().numpy()) ** 2, axis=1)
         return stats.ncx2.cdf(self.radius**2 / sigma**2, self.dim, dist2 / sigma**2)
+
+    def _margin_rows(self, flat, vectors, scalars) -> torch.Tensor:
+        return scalars - (flat - vectors).norm(dim=1)
+
+    def _probability_rows(self, flat, sigma, vectors, scalars) -> np.ndarray:
+        from scipy import stats
+
+        dist2 = np.sum((flat - vectors) ** 2, axis=1)
+        return stats.ncx2.cdf(scalars**2 / sigma**2, self.dim, dist2 / sigma**2)
 
     def _parameters_for_hash(self) -> dict[str, np.ndarray]:
         return {"center": self.center.double().cpu().numpy(), "radius": np.array([self.radius])}

@@ -70,9 +70,9 @@ class Budget:
     coverage_trials: int  # S1: certified trial points, split between the two exact classifiers
     coverage_n: int  # S1: largest n per trial certificate (S1 certifies at min(run's n, this))
     pairs: int  # S2: random pairs per evaluated input
-    ascent_steps: int  # S2/S3: projected gradient steps
+    ascent_steps: int  # S2/S3: points each projected ascent evaluates (its start, then steps)
     audited_inputs: int  # S2/S3/S4c: how many of the run's certificates are audited (at random)
-    attack_steps: int  # S4c: PGD steps on the smoothed classifier
+    attack_steps: int  # S4c: points each PGD path evaluates (its start, steps; the last confirmed)
     attack_samples: int  # S4c: noise samples per attack step / confirmation samples / 16
     orders: int  # S4d: input orders replayed for memory certifiers
     replay_inputs: int = 16  # replay: inputs per row re-certified from the run's keys
@@ -88,8 +88,8 @@ class Budget:
             "for false certificates against Binomial(trials, α) and for calibration of the "
             "drawn counts against Binomial(n, p_exact); "
             f"S2, S3 and S4's attack audit {self.audited_inputs} random certificates per row "
-            f"({self.pairs} pairs, {self.ascent_steps} ascent steps, {self.attack_steps} "
-            f"attack steps of {self.attack_samples} samples); S5 replays {self.orders} "
+            f"({self.pairs} pairs, ascents of {self.ascent_steps} points, PGD paths of "
+            f"{self.attack_steps} points of {self.attack_samples} samples); S5 replays {self.orders} "
             f"input orders; the replay check re-draws {self.replay_inputs} random inputs per "
             "row in a process without third-party plugins (bit for bit on the run's "
             "arithmetic, else a replication test). A sound row is flagged with probability "

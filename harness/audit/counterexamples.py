@@ -17,7 +17,9 @@ a point in both balls would have to be classified as both, so one certificate is
 smoothed prediction (with the method's σ at that point) differs from the certified one.
 (c) An ℓ2 PGD attack on the smoothed classifier inside each certified ball among
 ``budget.audited_inputs`` certificates drawn at random from the audit's entropy (as is
-the attack's noise), σ(x1) recomputed by the method at x1, every candidate confirmed by
+the attack's noise), along a path of ``budget.attack_steps`` points (the certified
+input, then one per step; σ asked at each), σ(x1) recomputed by the method at the
+path's end x1, every candidate confirmed by
 a fresh Monte Carlo estimate (noise seeded from the audit's entropy) whose
 Clopper–Pearson upper bound on the certified class is below another class's lower
 bound. The confirmations err jointly with probability <= :data:`CONFIRMATION_ERROR`,
@@ -36,7 +38,7 @@ import numpy as np
 import torch
 
 from harness.audit import sigma_smoothing as smoothed
-from harness.audit.analytic import BallClassifier
+from harness.audit.analytic import BallClassifier, point_keys
 from harness.audit.audit import Audit
 from harness.audit.ball_attacks import (
     confirm_other_class,
@@ -306,7 +308,7 @@ def attack_certificates(audit: Audit) -> tuple[list[dict], int, list[int]]:
     def sigma_at(x1: torch.Tensor) -> torch.Tensor:
         if smoothing is not None:  # the certificate's own σ, meant to be constant in its ball
             return torch.tensor([certs[k]["sigma"] for k in chosen], device=device)
-        keys = _point_keys(x1)
+        keys = point_keys(x1)
         new = [i for i, key in enumerate(keys) if key not in known]
         if differentiable[0] or len(new) == len(keys):  # (a gradient is asked again)
             return _sigma_of(x1, keys)
@@ -322,15 +324,11 @@ def attack_certificates(audit: Audit) -> tuple[list[dict], int, list[int]]:
         differentiable[0] = sigma.requires_grad
         return sigma if sigma.requires_grad else sigma.detach()
 
-    x1 = pgd_on_smoothed(engine.model, x0, target, radius, sigma_at, budget.attack_steps,
+    # a path of attack_steps points (as S2's and S3's ascents): σ asked at each, the last confirmed
+    x1 = pgd_on_smoothed(engine.model, x0, target, radius, sigma_at, budget.attack_steps - 1,
                          budget.attack_samples, gen)  # fmt: skip
     engine = audit.fresh_engine(f"{NAME}/confirm")
     return _confirm(audit, engine, x0, x1, chosen, target, known), len(chosen), audited
-
-
-def _point_keys(x: torch.Tensor) -> list[bytes]:
-    """Each point's float32 bytes: a point's key in a map of σ already asked."""
-    return [row.numpy().tobytes() for row in x.detach().to("cpu", torch.float32)]
 
 
 def _confirm(audit, engine, x0, x1, chosen, target, known: dict[bytes, float]) -> list[dict]:
@@ -348,7 +346,7 @@ def _confirm(audit, engine, x0, x1, chosen, target, known: dict[bytes, float]) -
     ids = [certs[k]["input_id"] for k in chosen]
     smoothing = sigma_smoothing(audit.sigma_provider)
     if smoothing is None:
-        keys = _point_keys(x1)
+        keys = point_keys(x1)
         new = [i for i, key in enumerate(keys) if key not in known]
         if new:
             with torch.no_grad():

@@ -37,10 +37,13 @@ certifying and abstaining and between the two classes (:func:`trial_quantile`).
   σ-estimator, and a point counts only if it flips at every level plausible there
   (:func:`harness.audit.sigma_smoothing.ball_flip`).
 
-**σ queries.** A round asks σ at all its trial inputs at once, then at all the flip
-rays of its certificates, while the exact model's placement is withheld; a σ that reads
-the model (a σ of each trial's classifier) is asked trial by trial
-(:mod:`harness.audit.coverage_rounds`); both ways draw the same placements, rays and
+**σ queries.** A round draws every trial's placement as it begins, and each trial's
+flip rays from a generator of its own. It asks σ at all its trial inputs at once, then
+at all the flip rays of its certificates, while the exact model's placement is withheld,
+or, for a σ that reads the model (a σ of each trial's classifier) through
+:func:`harness.outputs_for_inputs`, with each point answered by its own trial's
+classifier; a σ that reads the model otherwise is asked trial by trial
+(:mod:`harness.audit.coverage_rounds`); every way draws the same placements, rays and
 noise from the audit's entropy. The trials' placement and judging:
 :mod:`harness.audit.coverage_trials`.
 

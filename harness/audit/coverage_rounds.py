@@ -3,14 +3,19 @@ classifier per round, certifying each trial input at σ asked for the whole roun
 or trial by trial.
 
 A round's trial inputs are distinct; its exact model is placed anew for each trial
-(:mod:`harness.audit.coverage_trials`). σ is asked at all the round's trial inputs at
-once (with ∇σ on the ball), then at all the flip rays of their certificates, in calls of
-the run's batch size (:mod:`harness.audit.sigma_calls`), while the model's placement is
-withheld (:meth:`harness.audit.analytic.BallClassifier.withheld`): a σ that completes did
-not read the model (:func:`_together`). A σ that reads it is a σ of each trial's
-classifier and is asked trial by trial (:func:`_one_by_one`), as are a memory's (a fresh
-method per trial), a σ-smoothing's (drawn by the harness per trial) and a σ-provider's
-in a plugin host (which holds the model as last sent). Both ways draw the same
+(:mod:`harness.audit.coverage_trials`), every placement drawn as the round begins, and
+each trial's flip rays from a generator of its own, so no trial's draws depend on what
+another's certificate was. σ is asked at all the round's trial inputs at once (with ∇σ
+on the ball), then at all the flip rays of their certificates, in calls of the run's
+batch size (:mod:`harness.audit.sigma_calls`) (:func:`_together`): first with the
+model's placement withheld (:meth:`harness.audit.analytic.LinearClassifier.withheld`:
+a σ that completes did not read the model), else with each trial input's own
+placement (:meth:`~harness.audit.analytic.LinearClassifier.per_input`: a σ that reads
+the model through :func:`harness.outputs_for_inputs` reads its trial's classifier). A
+σ that reads the model otherwise is a σ of each trial's classifier and is asked trial by
+trial (:func:`_one_by_one`), as are a σ-smoothing's (drawn by the harness per trial) and
+a σ-provider's in a plugin host (which holds the model as last sent). A memory is built
+afresh for each trial (each trial is another classifier). Both ways draw the same
 placements, rays and noise from the audit's entropy.
 """
 
@@ -18,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -76,8 +80,9 @@ class _Round:
     """One round of trials on one exact model: distinct trial inputs (``chosen``, indices of
     the audit's inputs), the pair of classes, the method rebuilt on the model (labelled by
     the round's first placement), the harness's engine for the trials' draws, each trial's
-    quantile q and uniform V (drawn in the order q, V of trial 0, q, V of trial 1, …), and
-    the round's generator of placements and flip rays."""
+    quantile q and uniform V (drawn in the order q, V of trial 0, q, V of trial 1, …) and
+    placement (drawn from the round's generator in trial order: the example's fields and
+    the model's :meth:`~harness.audit.analytic.LinearClassifier.placement`)."""
 
     audit: Audit
     family: str
@@ -85,7 +90,6 @@ class _Round:
     chosen: list[int]
     pair: tuple[int, int]
     model: torch.nn.Module
-    place: Callable
     dataset: TrainingSplit
     provider: object
     certifier: object
@@ -93,8 +97,12 @@ class _Round:
     draw: object
     quantiles: list[float]
     uniforms: list[float]
-    gen: torch.Generator
+    placements: list[tuple[dict, tuple[torch.Tensor, float]]]
     searches: int  # the family's trials (a σ-smoothing's flip searches share their error)
+
+    def rays(self, j: int) -> torch.Generator:
+        """Trial ``j``'s generator of flip rays."""
+        return self.audit.generator(f"{self.purpose}/rays/{j}")
 
 
 def _rounds(audit: Audit, family: str, points, trials: int, protocol, root: Path):
@@ -116,13 +124,17 @@ def _rounds(audit: Audit, family: str, points, trials: int, protocol, root: Path
         dataset = _labelled(audit, model)  # by the round's first placement
         provider, certifier, context = audit.rebuild(dataset, model, protocol, root)
         draw = audit.fresh_engine(purpose, context.engine)  # the round's inputs are distinct
-        quantiles, uniforms = [], []
+        quantiles, uniforms, placements = [], [], []
         for j in range(len(chosen)):
             quantiles.append(trial_quantile(rng, j, protocol.estimation_cap, protocol.alpha))
             uniforms.append(uniform(rng))
+        for j, k in enumerate(chosen):
+            # σ_ref: the run's σ at x0, the scale at which x0 sits at P(side 1) = q
+            placed = place(model, points[k], stored_sigma[k], quantiles[j], gen)
+            placements.append((placed, model.placement()))
         left -= len(chosen)
-        yield _Round(audit, family, purpose, chosen, pair, model, place, dataset, provider,
-                     certifier, context, draw, quantiles, uniforms, gen, trials)  # fmt: skip
+        yield _Round(audit, family, purpose, chosen, pair, model, dataset, provider, certifier,
+                     context, draw, quantiles, uniforms, placements, trials)  # fmt: skip
 
 
 def run_trials(
@@ -131,40 +143,47 @@ def run_trials(
     """``trials`` certified trial inputs on fresh placements of the family's exact model,
     in rounds of distinct inputs (one rebuild of the method per round, per trial for a
     memory). A round asks σ of all its trials at once (:func:`_together`) unless σ reads
-    the exact model (each trial is then another base classifier) or the method is a
-    memory or a σ-smoothing: then trial by trial (:func:`_one_by_one`); both draw the same
-    placements, points and noise from the audit's entropy."""
+    the exact model other than through :func:`harness.outputs_for_inputs` (each trial is
+    then another base classifier), is a σ-smoothing's or is served by a plugin host: then
+    trial by trial (:func:`_one_by_one`); both draw the same placements, points and noise
+    from the audit's entropy."""
     out = Outcome()
     for rnd in _rounds(audit, family, points, trials, protocol, root):
         out.classes.append(list(rnd.pair))
-        start = rnd.gen.get_state()
-        judged = _together(rnd, points, ids, protocol) if _placement_free(rnd) else None
+        judged = _together(rnd, points, ids, protocol, root) if _batched(rnd) else None
         if judged is None:  # σ read the model: a σ of another classifier per trial
-            rnd.gen.set_state(start)
             judged = _one_by_one(rnd, points, ids, protocol, root)
         for trial in judged:
             trial.judge(out)
     return out
 
 
-def _placement_free(rnd: _Round) -> bool:
+def _batched(rnd: _Round) -> bool:
     """Whether σ of the round's trials may be asked at once: not for a σ-smoothing (the
-    harness draws its σ per trial), a memory (a fresh method per trial) or a σ-provider
-    in a plugin host (which may hold the model as it was last sent)."""
-    return (sigma_smoothing(rnd.provider) is None and not rnd.certifier.order_dependent
+    harness draws its σ per trial) or a σ-provider in a plugin host (which may hold the
+    model as it was last sent)."""
+    return (sigma_smoothing(rnd.provider) is None
             and not isinstance(getattr(rnd.provider, "uncounted", rnd.provider),
                                RemoteSigmaProvider))  # fmt: skip
 
 
 def _trial_input(rnd: _Round, points, ids, j: int):
-    """Trial ``j``'s input [1, *shape] on the device, its id, and its placement (drawn)."""
+    """Trial ``j``'s input [1, *shape] on the device, its id, and the example's fields, with
+    the model placed for it."""
     k = rnd.chosen[j]
-    stored = float(rnd.audit.certificates[k]["sigma"])
-    # σ_ref: the run's σ at x0, the scale at which x0 sits at P(side 1) = q
-    placed = rnd.place(rnd.model, points[k], stored, rnd.quantiles[j], rnd.gen)
+    placed, placement = rnd.placements[j]
+    rnd.model.set_placement(placement)
     where = {"model": f"{rnd.family}-{points[0].numel()}", "input_id": ids[k],
              "exact_p_side_1": rnd.quantiles[j], **placed}  # fmt: skip
     return points[k : k + 1].to(rnd.audit.context.device), ids[k], where
+
+
+def _method_for(rnd: _Round, j: int, method, protocol, root: Path):
+    """The (σ-provider, certifier, context) that certifies trial ``j``: the round's, or
+    for a memory (which lives for one classifier) one built afresh for every trial."""
+    if not rnd.certifier.order_dependent or not j:
+        return method
+    return rnd.audit.rebuild(rnd.dataset, rnd.model, protocol, root, method[2].memos)
 
 
 def _certified(rnd: _Round, provider, certifier, context, x0, input_id: int, sigma, drawn,
@@ -180,17 +199,17 @@ def _certified(rnd: _Round, provider, certifier, context, x0, input_id: int, sig
 
 
 def _one_by_one(rnd: _Round, points, ids, protocol, root: Path) -> list[Trial]:
-    """The round's trials one at a time, each judged before the next is placed: σ at the
-    trial input (with ∇σ on the ball), then at the flip rays of each certificate."""
-    audit, model, gen = rnd.audit, rnd.model, rnd.gen
+    """The round's trials one at a time, each judged before the next: σ at the trial input
+    (with ∇σ on the ball), then at the flip rays of each certificate."""
+    audit, model = rnd.audit, rnd.model
     name = audit.method.sigma_provider
-    provider, certifier, context = rnd.provider, rnd.certifier, rnd.context
+    method = (rnd.provider, rnd.certifier, rnd.context)
     out = []
     for j in range(len(rnd.chosen)):
         x0, input_id, where = _trial_input(rnd, points, ids, j)
-        if certifier.order_dependent and j:  # a memory lives for one classifier
-            provider, certifier, context = audit.rebuild(rnd.dataset, model, protocol, root,
-                                                         context.memos)  # fmt: skip
+        method = _method_for(rnd, j, method, protocol, root)
+        provider, certifier, context = method
+        gen = rnd.rays(j)
         gradient = None
         if sigma_smoothing(provider) is None and rnd.family == "ball":  # σ, ∇σ in one call
             sigma, [gradient] = sigma_and_gradients(provider, x0, 1)
@@ -206,7 +225,7 @@ def _one_by_one(rnd: _Round, points, ids, protocol, root: Path) -> list[Trial]:
             smoothing, level = sigma_smoothing(provider), int(np.argmax(drawn.selection[0]))
 
             def false(pred, radius, x0=x0, where=where, context=context, smoothing=smoothing,
-                      level=level, search=f"{rnd.purpose}/{j}"):  # fmt: skip
+                      level=level, gen=gen, search=f"{rnd.purpose}/{j}"):  # fmt: skip
                 return flip_example(smoothed.ball_flip(audit, context, smoothing, model, x0[0],
                                                         radius, pred, level, gen, search,
                                                         rnd.searches), where)  # fmt: skip
@@ -215,7 +234,7 @@ def _one_by_one(rnd: _Round, points, ids, protocol, root: Path) -> list[Trial]:
             ball_sigma = certifier.ball_sigmas([vars(c)]) if certifier.order_dependent else None
 
             def false(pred, radius, x0=x0, gradient=gradient, ball_sigma=ball_sigma,
-                      input_id=input_id, provider=provider, where=where,
+                      input_id=input_id, provider=provider, where=where, gen=gen,
                       known=float(sigma[0])):  # fmt: skip
                 constant = ball_sigma is not None  # memory: σ constant in the ball
                 flip = ball_flip(sigma_in_ball(provider, ball_sigma, input_id), model, x0[0],
@@ -228,68 +247,76 @@ def _one_by_one(rnd: _Round, points, ids, protocol, root: Path) -> list[Trial]:
     return out
 
 
-def _together(rnd: _Round, points, ids, protocol) -> list[Trial] | None:
-    """The round's trials with σ asked at once (calls of the run's batch,
-    :mod:`harness.audit.sigma_calls`) while the exact model's placement is withheld
-    (:meth:`~harness.audit.analytic.BallClassifier.withheld`), so that σ is known not to
-    depend on it: at every trial input (with ∇σ on the ball), then at the flip rays of
-    every certificate. None when σ reads the model.
+def _asked(rnd: _Round, routed: bool, points: torch.Tensor, trial: list[int]):
+    """Where σ is asked at ``points``: with the model's placement withheld, or (``routed``)
+    with each point's classifier that of its trial (``trial``, indices of the round's)."""
+    if not routed:
+        return rnd.model.withheld()
+    return rnd.model.per_input(points, [rnd.placements[j][1] for j in trial])
 
-    The placements and rays are drawn as :func:`_one_by_one` draws them: a trial's rays
-    for its formula's certificate are drawn only when its claim has no flip, so when the
-    claim's rays find one, the trials after it are placed again from where the generator
-    stood after the claim's rays (one more query for their rays; none for a sound
-    method, whose formula certifies what it claims)."""
-    audit, model, provider = rnd.audit, rnd.model, rnd.provider
-    batch = calls_of(audit)
+
+def _together(rnd: _Round, points, ids, protocol, root: Path) -> list[Trial] | None:
+    """The round's trials with σ asked at once (calls of the run's batch,
+    :mod:`harness.audit.sigma_calls`): at every trial input (with ∇σ on the ball), then
+    at the flip rays of every certificate; with the exact model's placement withheld
+    (:meth:`~harness.audit.analytic.LinearClassifier.withheld`: σ does not depend on it),
+    else with each point's classifier its trial's
+    (:meth:`~harness.audit.analytic.LinearClassifier.per_input`). None when σ reads the
+    model either way."""
+    audit, provider = rnd.audit, rnd.provider
+    batch, trials = calls_of(audit), list(range(len(rnd.chosen)))
     x0 = points[torch.tensor(rnd.chosen)].to(audit.context.device)
-    try:
-        with model.withheld():
-            if rnd.family == "ball":
-                sigma, gradients = sigma_and_gradients(provider, x0, batch)
-            else:
-                with torch.no_grad():
-                    sigma, gradients = sigma_in_calls(provider, x0, batch), [None] * len(x0)
-    except PlacementWithheld:
+    for routed in (False, True):
+        try:
+            with _asked(rnd, routed, x0, trials):
+                if rnd.family == "ball":
+                    sigma, gradients = sigma_and_gradients(provider, x0, batch)
+                else:
+                    with torch.no_grad():
+                        sigma, gradients = sigma_in_calls(provider, x0, batch), [None] * len(x0)
+            break
+        except PlacementWithheld:
+            continue
+    else:
         return None
     sigma = checked_sigma(sigma.detach(), len(x0), audit.method.sigma_provider)
     sigma = sigma.double().cpu().numpy()
-    out: list[Trial] = []
-    while len(out) < len(rnd.chosen):
-        placed = [_placed_trial(rnd, points, ids, j, sigma[j : j + 1], gradients[j], protocol)
-                  for j in range(len(out), len(rnd.chosen))]  # fmt: skip
-        rays = [ray for _, search in placed if search is not None for ray in search.rays]
-        if rays:  # σ at every ray's points but the center (known) in one query
-            try:
-                with model.withheld(), torch.no_grad():
-                    asked = torch.cat([ray.points[1:] for ray in rays]).to(x0.device)
-                    values = sigma_in_calls(provider, asked, batch).double().cpu().numpy()
-            except PlacementWithheld:
-                return None
-            parts = np.split(values, np.cumsum([len(ray.points) - 1 for ray in rays])[:-1])
-            for ray, part in zip(rays, parts, strict=True):
-                ray.sigma = part
-        for trial, search in placed:
-            out.append(trial)
-            if search is not None:
-                trial.false, resume = search.first_false()
-                if resume is not None:  # rays drawn that one at a time are not: place again
-                    rnd.gen.set_state(resume)
-                    break
+    method, out, searches = (rnd.provider, rnd.certifier, rnd.context), [], []
+    for j in trials:
+        placed = _trial_input(rnd, points, ids, j)
+        method = _method_for(rnd, j, method, protocol, root)
+        trial, search = _placed_trial(rnd, method, placed, j, sigma[j : j + 1], gradients[j],
+                                      protocol)  # fmt: skip
+        out.append(trial)
+        searches.append(search)
+    rays = [(j, ray) for j, search in enumerate(searches) if search is not None
+            for ray in search.rays if ray.sigma is None]  # fmt: skip
+    if rays:  # σ at every ray's points but the center (known) in one query
+        asked = torch.cat([ray.points[1:] for _, ray in rays]).to(x0.device)
+        owners = [j for j, ray in rays for _ in range(len(ray.points) - 1)]
+        try:
+            with _asked(rnd, routed, asked, owners), torch.no_grad():
+                values = sigma_in_calls(provider, asked, batch).double().cpu().numpy()
+        except PlacementWithheld:
+            return None
+        parts = np.split(values, np.cumsum([len(ray.points) - 1 for _, ray in rays])[:-1])
+        for (_, ray), part in zip(rays, parts, strict=True):
+            ray.sigma = part
+    for trial, search in zip(out, searches, strict=True):
+        if search is not None:
+            trial.false = search.first_false()
     return out
 
 
 @dataclass
 class _Rays:
     """A certificate's flip search on the ball: its source, prediction and radius, the
-    points (center first), σ at the others (once asked) and the generator's state after
-    its rays were drawn."""
+    points (center first) and σ at the others (once asked; a memory's: its ball's σ)."""
 
     source: str
     prediction: int
     radius: float
     points: torch.Tensor
-    after: torch.Tensor
     sigma: np.ndarray | None = None
 
 
@@ -304,33 +331,38 @@ class _BallSearch:
     where: dict
     rays: list[_Rays]
 
-    def first_false(self) -> tuple[dict | None, torch.Tensor | None]:
-        """The first certificate with a flip (as :func:`first_false`), and the generator's
-        state to resume from when rays after it were drawn (else None)."""
+    def first_false(self) -> dict | None:
+        """The first certificate with a flip, as :func:`first_false`."""
         for ray in self.rays:
             sigma = np.concatenate([[self.center_sigma], ray.sigma])
             flip = flip_among(self.model, self.center, ray.points, sigma, ray.prediction)
             if flip is not None:
-                example = {"certificate": ray.source, "prediction": ray.prediction,
-                           "radius": ray.radius, **flip_example(flip, self.where)}  # fmt: skip
-                later = not torch.equal(ray.after, self.rays[-1].after)
-                return example, ray.after if later else None
-        return None, None
+                return {"certificate": ray.source, "prediction": ray.prediction,
+                        "radius": ray.radius, **flip_example(flip, self.where)}  # fmt: skip
+        return None
 
 
-def _placed_trial(rnd: _Round, points, ids, j: int, sigma: np.ndarray, gradient, protocol):
-    """Trial ``j`` placed and certified at its σ: (the trial, None) for a linear trial,
-    judged; (the trial, its flip searches, the rays of each certificate drawn) on the
-    ball."""
-    x0, input_id, where = _trial_input(rnd, points, ids, j)
-    c, derived, probabilities = _certified(rnd, rnd.provider, rnd.certifier, rnd.context, x0,
-                                           input_id, sigma, None, protocol)  # fmt: skip
+def _placed_trial(rnd: _Round, method, placed, j: int, sigma: np.ndarray, gradient, protocol):
+    """Trial ``j`` (``placed``: :func:`_trial_input`) certified at its σ by ``method``:
+    (the trial, None) for a linear trial, judged; (the trial, its flip searches: the rays
+    of each certificate drawn from the trial's generator) on the ball. A memory keeps σ
+    constant in its ball (its rays' σ)."""
+    x0, input_id, where = placed
+    provider, certifier, context = method
+    c, derived, probabilities = _certified(rnd, provider, certifier, context, x0, input_id,
+                                           sigma, None, protocol)  # fmt: skip
     trial = Trial(input_id, c, derived, None, probabilities, rnd.uniforms[j])
     if rnd.family == "linear":
         trial.false = first_false(c, derived, linear_false(rnd.model, rnd.pair, x0, where))
         return trial, None
-    rays = []
+    memory = certifier.ball_sigmas([vars(c)]) if certifier.order_dependent else None
+    constant = memory is not None  # σ constant in the ball: no rays along ∇σ
+    gen, rays = rnd.rays(j), []
     for source, pred, radius in candidates(c, derived, 0):
-        found = search_points(rnd.model, x0[0], radius, gradient, rnd.gen)
-        rays.append(_Rays(source, pred, radius, found, rnd.gen.get_state()))
-    return trial, _BallSearch(copy.deepcopy(rnd.model), x0[0], float(sigma[0]), where, rays)
+        found = search_points(rnd.model, x0[0], radius, None if constant else gradient, gen)
+        ray = _Rays(source, pred, radius, found)
+        if constant:
+            ray.sigma = np.full(len(found) - 1, memory[input_id])
+        rays.append(ray)
+    center_sigma = memory[input_id] if constant else float(sigma[0])
+    return trial, _BallSearch(copy.deepcopy(rnd.model), x0[0], center_sigma, where, rays)

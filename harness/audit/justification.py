@@ -44,7 +44,7 @@ import torch
 
 from harness.audit import sigma_smoothing as smoothed
 from harness.audit.audit import Audit
-from harness.audit.sigma_calls import calls_of, sigma_in_calls, sigma_with_differentiability
+from harness.audit.sigma_calls import calls_of, sigma_in_calls, sigma_with_graph
 from harness.certification.certify import checked_sigma, sigma_smoothing
 from harness.foundation.certificate import ABSTAIN
 from harness.foundation.regularity import Constant, Lipschitz, SemiElastic
@@ -66,8 +66,9 @@ def sigma_extremes(
     the start's 10⁻³ offset did).
 
     σ is asked in few calls of at most ``batch`` points
-    (:mod:`harness.audit.sigma_calls`): the inputs and all random points at once, then
-    the two ascents of every ball in lock-step, one query per step and one at their ends."""
+    (:mod:`harness.audit.sigma_calls`): the inputs, all random points and the ascents'
+    starts at once (with the gradient the first step takes), then the two ascents of every
+    ball in lock-step, one query per later point: ``steps`` queries in all."""
     flat = x0.flatten(1)
     count, dim = flat.shape
     radius = _inside(flat, radius)
@@ -77,48 +78,59 @@ def sigma_extremes(
             d = torch.randn(flat.shape, generator=gen, dtype=flat.dtype).to(flat.device)
             d *= (fraction * radius / d.norm(dim=1))[:, None]
             points.append((flat + d).view_as(x0))
-    values, differentiable = sigma_with_differentiability(provider, torch.cat(points), batch)
-    values = values.view(len(points), count)
+    starts = []  # of the ascent of log σ, then of − log σ
+    for _ in range(2):
+        # a start off x0 (where σ's gradient may vanish), inside the ball however small R is
+        start = 1e-3 * torch.randn(flat.shape, generator=gen).to(flat.device) / math.sqrt(dim)
+        start *= (radius / 2 / start.norm(dim=1).clamp_min(1e-12)).clamp(max=1.0)[:, None]
+        starts.append(flat + start)
+    points += [start.view_as(x0) for start in starts]
+    leaf, sigma, differentiable = sigma_with_graph(provider, torch.cat(points), batch)
+    values = sigma.detach().double().view(len(points), count)
     lo, hi = values.min(dim=0).values, values.max(dim=0).values
     if differentiable:
-        starts = []  # of the ascent of log σ, then of − log σ
-        for _ in range(2):
-            # a start off x0 (where σ's gradient may vanish), inside the ball however small R is
-            start = 1e-3 * torch.randn(flat.shape, generator=gen).to(flat.device) / math.sqrt(dim)
-            start *= (radius / 2 / start.norm(dim=1).clamp_min(1e-12)).clamp(max=1.0)[:, None]
-            starts.append(flat + start)
+        (grad,) = torch.autograd.grad(torch.log(sigma[-2 * count :].double()).sum(), leaf,
+                                      allow_unused=True)  # fmt: skip
+        if grad is None:  # σ carries a gradient, but not in x (e.g. of a network's weights)
+            return lo.cpu().numpy(), hi.cpu().numpy()
         sign = torch.tensor([1.0, -1.0], device=flat.device).repeat_interleave(count)[:, None]
         found = _ascend_log_sigma(provider, flat.repeat(2, 1), torch.cat(starts),
-                                  radius.repeat(2), sign, steps, x0.shape[1:], batch)  # fmt: skip
-        found = found.view(-1, 2, count)
-        lo = torch.minimum(lo, found.amin(dim=(0, 1)))
-        hi = torch.maximum(hi, found.amax(dim=(0, 1)))
+                                  grad[-2 * count :].flatten(1), radius.repeat(2), sign, steps,
+                                  x0.shape[1:], batch)  # fmt: skip
+        if len(found):
+            found = found.view(-1, 2, count)
+            lo = torch.minimum(lo, found.amin(dim=(0, 1)))
+            hi = torch.maximum(hi, found.amax(dim=(0, 1)))
     return lo.cpu().numpy(), hi.cpu().numpy()
 
 
-def _ascend_log_sigma(provider, flat, x1, radius, sign, steps: int, shape, batch: int):
-    """σ at every point of the projected ascents of ``sign``·log σ from ``x1`` (steps of
+def _ascend_log_sigma(provider, flat, x1, grad, radius, sign, steps: int, shape, batch: int):
+    """σ at the points after ``x1`` of the projected ascents of ``sign``·log σ (steps of
     R/4 along the normalized gradient, projected on the ball of ``radius`` around
-    ``flat``), all rows in lock-step: [steps + 1, rows] (float64; fewer steps when σ
-    stops carrying a gradient)."""
+    ``flat``), all rows in lock-step, the first along ``grad`` (∇ log σ at ``x1``, whose σ
+    is known): a search of ``steps`` points, the start and ``steps − 1`` steps, as S2's
+    ascent (:mod:`harness.audit.sigma_regularity`): [steps − 1, rows] (float64; fewer
+    when σ stops carrying a gradient)."""
     seen = []
-    for _ in range(steps):
-        x1 = x1.detach().requires_grad_(True)
-        with torch.enable_grad():
-            s = sigma_in_calls(provider, x1.view(-1, *shape), batch).double()
-            if not s.requires_grad:
-                break
-            (grad,) = torch.autograd.grad(torch.log(s).sum(), x1)
-        with torch.no_grad():
+    for step in range(steps - 1):
+        if step:
+            x1 = x1.detach().requires_grad_(True)
+            with torch.enable_grad():
+                s = sigma_in_calls(provider, x1.view(-1, *shape), batch).double()
+                if not s.requires_grad:
+                    break
+                (grad,) = torch.autograd.grad(torch.log(s).sum(), x1)
             seen.append(s.detach())
+        with torch.no_grad():
             g = grad / grad.norm(dim=1, keepdim=True).clamp_min(1e-12)
-            moved = x1 + sign * (radius / 4)[:, None] * g
+            moved = x1.detach() + sign * (radius / 4)[:, None] * g
             delta = moved - flat
             delta *= (radius / delta.norm(dim=1).clamp_min(1e-12)).clamp(max=1.0)[:, None]
             x1 = flat + delta
-    with torch.no_grad():
-        seen.append(sigma_in_calls(provider, x1.detach().view(-1, *shape), batch).double())
-    return torch.stack(seen)
+        if step == steps - 2:  # the end of the search
+            with torch.no_grad():
+                seen.append(sigma_in_calls(provider, x1.view(-1, *shape), batch).double())
+    return torch.stack(seen) if seen else flat.new_zeros((0, len(flat)), dtype=torch.float64)
 
 
 def _inside(flat: torch.Tensor, radius: torch.Tensor) -> torch.Tensor:

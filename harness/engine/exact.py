@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from harness.engine.accumulators import SoftStats
-from harness.engine.noise import mix64
+from harness.engine.noise import mix64, splitmix64_array
 from harness.engine.sampling import TALLY, SamplingEngine
 from harness.foundation.errors import ModelOutputError
 from harness.foundation.protocol import SIGMA_MAX
@@ -40,25 +40,13 @@ from harness.foundation.protocol import SIGMA_MAX
 ClassProbabilities = Callable[[np.ndarray, np.ndarray], np.ndarray]
 """``probabilities(x [B, ...], σ [B]) -> [B, K]``: P(f(x_i + σ_i ε) = c), float64."""
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-
-
-def _splitmix64(z: np.ndarray) -> np.ndarray:
-    """:func:`harness.engine.noise._splitmix64`, vectorized over uint64 arrays (wrapping)."""
-    z = z + _GOLDEN
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
-
 
 def keyed_uniforms(seed: int, stream: int, input_id: int, start: int, num: int) -> np.ndarray:
     """Uniforms in [0, 1) of samples ``start`` … ``start + num − 1`` of one input's stream:
     the splitmix64 chain of (seed, stream, input id, j), its top 53 bits."""
     prefix = np.uint64(mix64(seed, stream, input_id))
     index = np.arange(start, start + num, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        h = _splitmix64(prefix ^ index)
+    h = splitmix64_array(prefix ^ index)
     return (h >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 

@@ -20,7 +20,9 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
+from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from harness.engine.philox import philox4x32
@@ -29,10 +31,14 @@ _LOW32 = 0xFFFFFFFF
 _MASK64 = (1 << 64) - 1
 
 
+_GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+"""splitmix64's increment and multipliers (Steele, Lea & Flood 2014; Vigna's splitmix64.c)."""
+
+
 def _splitmix64(z: int) -> int:
-    z = (z + 0x9E3779B97F4A7C15) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    z = (z + _GOLDEN) & _MASK64
+    z = ((z ^ (z >> 30)) * _MIX1) & _MASK64
+    z = ((z ^ (z >> 27)) * _MIX2) & _MASK64
     return z ^ (z >> 31)
 
 
@@ -47,6 +53,24 @@ def mix64(*parts: int) -> int:
 def noise_seed(seed: int, stream: int, input_id: int, block: int) -> int:
     """The generator seed of one noise block: a 63-bit hash of its four coordinates."""
     return mix64(seed, stream, input_id, block) >> 1
+
+
+def splitmix64_array(z: np.ndarray) -> np.ndarray:
+    """:func:`_splitmix64` of every element of a uint64 array (wrapping arithmetic)."""
+    with np.errstate(over="ignore"):
+        z = z + np.uint64(_GOLDEN)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(_MIX1)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(_MIX2)
+    return z ^ (z >> np.uint64(31))
+
+
+def noise_seeds(seed: int, stream: int, input_ids: Sequence[int], block: int) -> list[int]:
+    """:func:`noise_seed` of each of ``input_ids`` in one block, computed together (the
+    same integers: the chain's input-id and block links vectorized over the ids)."""
+    prefix = np.uint64(mix64(seed, stream))
+    ids = np.array([i & _MASK64 for i in input_ids], dtype=np.uint64)
+    z = splitmix64_array(splitmix64_array(prefix ^ ids) ^ np.uint64(block & _MASK64))
+    return (z >> np.uint64(1)).tolist()
 
 
 def noise_key(seed: int, stream: int, input_id: int) -> tuple[int, int]:

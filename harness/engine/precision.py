@@ -131,14 +131,31 @@ class PrecisionModel(torch.nn.Module):
             self.fixed.serve(batch_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.to(self.dtype)
-        if self.channels_last and x.dim() == 4:
-            x = x.contiguous(memory_format=torch.channels_last)
-        matmul, conv = TF32.get(self.precision, (False, False))
-        with backend_settings(matmul, conv, self.cudnn == "benchmark"):
+        x = self._cast(x)
+        with self._backend():
             if self.fixed is not None and self.fixed.serves(x):
                 return self.fixed(x)
             return self.model(x)
+
+    def outputs_for(
+        self, points: torch.Tensor, inputs: torch.Tensor, owner: torch.Tensor
+    ) -> torch.Tensor:  # fmt: skip
+        """:func:`~harness.engine.outputs.outputs_for_inputs` of the model, in this arithmetic
+        (a model without a classifier per input: this model's forward pass)."""
+        if getattr(self.model, "outputs_for", None) is None:
+            return self(points)
+        with self._backend():
+            return self.model.outputs_for(self._cast(points), inputs, owner)
+
+    def _cast(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(self.dtype)
+        if self.channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x
+
+    def _backend(self):
+        matmul, conv = TF32.get(self.precision, (False, False))
+        return backend_settings(matmul, conv, self.cudnn == "benchmark")
 
 
 def _folded(model: torch.nn.Module) -> tuple[torch.nn.Module, int]:

@@ -49,6 +49,7 @@ looks (:func:`look_problems`).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -97,10 +98,13 @@ def mixture_lower(k, n, alpha, prior: tuple[float, float] = PRIOR) -> np.ndarray
     return np.asarray(ends, dtype=np.float64)[where.ravel()].reshape(k.shape)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _mixture_end(k: int, n: int, gain: float, level: float) -> float:
     """:func:`mixture_lower` of one count, in Python floats (a round of a few inputs asks
     for a handful of bounds, where array calls would cost more than the arithmetic; each
-    distinct (count, n) of a call is solved once)."""
+    distinct (count, n) of a call is solved once). Remembered: the inputs of a run meet
+    the same (count, n) at the same looks (a confident input has k = n at every look), so
+    re-deriving a board's certificates asks each pair many times."""
     if k == 0:
         return 0.0
     phat, rest, lo, hi = k / n, n - k, 0.0, 1.0

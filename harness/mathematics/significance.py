@@ -22,8 +22,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from scipy import stats
-
 from harness.mathematics.stats import clopper_pearson_lower, clopper_pearson_upper
 
 CONFIDENCE = 0.95
@@ -51,6 +49,8 @@ def mcnemar_exact(first_only: int, second_only: int) -> float:
     """Two-sided exact McNemar p-value from the discordant counts (1 when there are none)."""
     if first_only < 0 or second_only < 0:
         raise ValueError(f"discordant counts must be >= 0, got {first_only}, {second_only}")
+    from scipy import stats
+
     total = first_only + second_only
     if total == 0:
         return 1.0

@@ -6,7 +6,6 @@ Every bound holds with probability at least 1 − alpha over the sampling noise.
 from __future__ import annotations
 
 import numpy as np
-from scipy import stats
 from scipy.special import bdtr, betaincinv  # the binomial cdf and Beta quantile (ufuncs)
 
 from harness.foundation.protocol import check_alpha
@@ -101,6 +100,7 @@ def replication_z(
     z = Φ⁻¹(U) is exactly N(0, 1) (Brockwell 2007, "Universal residuals"). Computed in
     log space from whichever tail is smaller, so extreme counts give large finite z.
     """
+    from scipy import stats
     from scipy.special import ndtri_exp
 
     k = np.asarray(stored, dtype=np.int64)
@@ -141,6 +141,8 @@ def replication_test(z: np.ndarray, threshold: float) -> dict[str, object]:
     counts set near their expectation). The two p-values go through Holm's procedure at
     family-wise level ``threshold`` (:func:`holm_rejections`).
     """
+    from scipy import stats
+
     z = np.asarray(z, dtype=np.float64)
     m = len(z)
     if m == 0:
@@ -168,4 +170,6 @@ def false_certificates_pvalue(false: int, trials: int, alpha: float) -> float:
     certified inputs would flag sound methods near a boundary, where certificates are
     issued mostly on α-events.
     """
+    from scipy import stats
+
     return float(stats.binom.sf(false - 1, trials, alpha)) if trials and false else 1.0

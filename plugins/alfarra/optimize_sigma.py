@@ -13,12 +13,12 @@ passes no gradient, exactly as ``torch.clamp``. Decisions where the paper is sil
 
 - σ is floored at ``sigma_min`` > 0 after every step (the ascent can step below 0);
 - the δ of one input at step k is drawn from a ``torch.Generator`` seeded with
-  ``noise_seed(seed, stream, key, first_step + k)``, so a batch of inputs gives each
-  input exactly the σ it gets alone. The σ-provider uses the stream
-  :data:`STREAM_OPTIMIZE` and as key a 64-bit hash of the input's float32 bytes
-  (:func:`content_keys`): σ(x) is then a function of x and the run seed only, as a
-  smoothed classifier g(x) needs, whatever the input's id or its batch. The trainer
-  uses :data:`STREAM_TRAIN` keyed by the training example's index.
+  ``noise_seed(seed, stream, key, first_step + k)`` (``noise_seeds``: all inputs of a step
+  at once), so a batch of inputs gives each input exactly the σ it gets alone. The
+  σ-provider uses the stream :data:`STREAM_OPTIMIZE` and as key a 64-bit hash of the
+  input's float32 bytes (:func:`content_keys`): σ(x) is then a function of x and the run
+  seed only, as a smoothed classifier g(x) needs, whatever the input's id or its batch.
+  The trainer uses :data:`STREAM_TRAIN` keyed by the training example's index.
 """
 
 from __future__ import annotations
@@ -28,7 +28,14 @@ from collections.abc import Sequence
 
 import torch
 
-from harness import ModelOutputError, SigmaCache, Unregularized, noise_seed, padded_chunks
+from harness import (
+    ModelOutputError,
+    SigmaCache,
+    Unregularized,
+    noise_seeds,
+    outputs_for_inputs,
+    padded_chunks,
+)
 from plugins.alfarra import check_optimizer_params
 
 STREAM_OPTIMIZE = 100
@@ -53,16 +60,22 @@ def content_keys(x: torch.Tensor) -> list[int]:
 
 
 def soft_radius(
-    model: torch.nn.Module, x: torch.Tensor, sigma: torch.Tensor, delta: torch.Tensor
-) -> torch.Tensor:
+    model: torch.nn.Module, x: torch.Tensor, sigma: torch.Tensor, delta: torch.Tensor,
+    real: int | None = None,
+) -> torch.Tensor:  # fmt: skip
     """R(σ) = σ/2 (Φ⁻¹(E_A) − Φ⁻¹(E_B)) on the given noise, per input, differentiable in σ.
 
     ``x`` [B, *shape], ``sigma`` [B], ``delta`` [B, M, *shape]; returns [B] (float64).
+    The rows of ``x`` from ``real`` on are padding. The model is asked through
+    :func:`harness.outputs_for_inputs`, each noisy sample named by its input.
     """
     batch, samples = delta.shape[:2]
     view = (batch, 1) + (1,) * (x.dim() - 1)
     noisy = x.unsqueeze(1) + sigma.to(x.dtype).view(view) * delta
-    logits = model(noisy.flatten(0, 1))
+    owner = torch.arange(batch, device=x.device)
+    if real is not None:
+        owner[real:] = -1
+    logits = outputs_for_inputs(model, noisy.flatten(0, 1), x, owner.repeat_interleave(samples))
     probs = torch.softmax(logits, dim=1).view(batch, samples, -1).double().mean(dim=1)
     top = probs.topk(2, dim=1).values.clamp(CLAMP_LOW, CLAMP_HIGH)
     gap = torch.special.ndtri(top[:, 0]) - torch.special.ndtri(top[:, 1])
@@ -124,16 +137,18 @@ def _ascend(model, chunks, generator, seed, stream, steps, samples, beta, sigma_
     finite = torch.ones((), dtype=torch.bool, device=chunks[0][0].device)
     deltas = [torch.zeros((len(x), samples, *x.shape[1:]), device=x.device, dtype=x.dtype)
               for x, _, _ in chunks]  # fmt: skip
+    rows = [delta.unbind(0) for delta in deltas]  # each input's noise, a view made once
     sigmas = [sigma for _, sigma, _ in chunks]
     with torch.enable_grad():
         for k in range(steps):
             for c, ((x, _, keys), delta) in enumerate(zip(chunks, deltas, strict=True)):
                 real = len(keys)
-                for i, key in enumerate(keys):
-                    generator.manual_seed(noise_seed(seed, stream, key, first + k))
-                    delta[i].normal_(generator=generator)
+                seeds = noise_seeds(seed, stream, keys, first + k)
+                for row, block_seed in zip(rows[c][:real], seeds, strict=True):
+                    generator.manual_seed(block_seed)
+                    row.normal_(generator=generator)
                 s = sigmas[c].detach().requires_grad_(True)
-                (grad,) = torch.autograd.grad(soft_radius(model, x, s, delta)[:real].sum(), s)
+                (grad,) = torch.autograd.grad(soft_radius(model, x, s, delta, real)[:real].sum(), s)
                 grad = grad[:real]
                 finite &= torch.isfinite(grad).all()
                 sigma = s.detach().clone()

@@ -4,7 +4,8 @@ The request's frame (:mod:`harness.plugin.hosting.wire`) is written to the host'
 the pipe takes it (non-blocking: a host that stopped reading cannot hold the harness in
 ``write(2)``, which a pipe of 64 KiB would for any σ batch), and the answer read from the
 pipe of its answers as it arrives, into one buffer of the frame's size; both wait in
-``poll(2)`` until the deadline. The answers' pipe has no writer left once the host and every
+``poll(2)`` until the deadline, in slices (:data:`SLICE_MS`) so that a signal reaches the
+harness at once. The answers' pipe has no writer left once the host and every
 process it started have ended (its keeper kills them all), so a host's end is seen at once,
 whatever killed it: :class:`HostEnded`. A deadline that passes first is :class:`PastDeadline`;
 bytes that are not a frame are the wire's :class:`~harness.plugin.hosting.wire.WireError`.
@@ -20,6 +21,11 @@ from typing import Any
 from harness.plugin.hosting import wire
 
 CHUNK = 1 << 20
+SLICE_MS = 250
+"""The longest single wait in ``poll(2)``: the kernel may deliver Ctrl-C's ``SIGINT`` (or a
+``SIGTERM``) to any thread of the harness (an OpenMP worker, the leases thread), and Python
+runs its handler in the main thread only when that thread next runs, so a wait that ends
+only at the request's deadline would hold Ctrl-C for up to the plugin timeout."""
 
 
 class HostEnded(Exception):
@@ -43,7 +49,7 @@ def exchange(requests: int, answers: int, frame: bytes, deadline: float) -> Any:
         left = deadline - time.monotonic()
         if left <= 0:
             raise PastDeadline()
-        for fd, _ in poller.poll(max(1, int(left * 1000) + 1)):
+        for fd, _ in poller.poll(min(SLICE_MS, max(1, int(left * 1000) + 1))):
             if fd == requests:
                 try:
                     sent += os.write(requests, view[sent : sent + CHUNK])

@@ -128,20 +128,16 @@ def _verify(args: argparse.Namespace) -> int:
         raise IdrsError(
             "--verify takes only the board (and optionally --db, --replay K, --reaudit)"
         )
-    from harness.reports.leaderboard.verify import (
-        board_runs,
-        rederivable,
-        row_verifications,
-        verify_board,
-    )
+    from harness.reports.leaderboard.verify import board_source, row_verifications, verify_board
 
     notes: list[str] = []
     rederived: dict = {}
-    problems = verify_board(args.verify, args.db, args.data_root, notes, rederived)
-    runs = board_runs(args.verify, args.db)
+    source = board_source(args.verify, args.db)
+    problems = verify_board(args.verify, args.db, args.data_root, notes, rederived, source)
+    runs = source.runs
     reaudited = None
     if args.reaudit:
-        if not rederivable(args.verify, args.db):
+        if not source.rederivable:
             raise IdrsError("--reaudit needs the checks' evidence (their recorded entropy), which "
                             "a format-1 run export lacks; publish the board again")  # fmt: skip
         reaudited = _reaudit(args, runs)
@@ -161,7 +157,7 @@ def _verify(args: argparse.Namespace) -> int:
             "renders it again)"
         )
         return 1
-    if rederivable(args.verify, args.db):
+    if source.rederivable:
         skipped = sum(  # rows certified before the harness drew the evidence
             (run.run_id, row.method, row.setting) not in rederived
             for run in runs if not run.imported for row in run.rows() if row.checks
@@ -192,7 +188,7 @@ def _verify(args: argparse.Namespace) -> int:
     from harness.reports.leaderboard.recheck import replay_board
 
     lines, disagreements = replay_board(
-        board_runs(args.verify, args.db), args.replay, args.data_root, args.device,
+        runs, args.replay, args.data_root, args.device,
         parse_entropy(args.entropy),
     )  # fmt: skip
     for line in lines:

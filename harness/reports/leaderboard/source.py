@@ -103,6 +103,12 @@ def export_runs(runs: list[StoredRun], stem: str = "board") -> str:
 
 def read_export(path: str | Path) -> list[StoredRun]:
     """The runs of a run export written by :func:`export_runs`."""
+    return read_export_and_format(path)[1]
+
+
+def read_export_and_format(path: str | Path) -> tuple[str, list[StoredRun]]:
+    """The format a run export declares (one of :data:`FORMATS`) and its runs, from one
+    reading of the file."""
     path = Path(path)
     if not path.is_file():
         raise IdrsError(f"run export {str(path)!r} not found")
@@ -129,7 +135,7 @@ def read_export(path: str | Path) -> list[StoredRun]:
         out.append(StoredRun(upgrade_run_row(item["run"]), certificates, item["failures"], checks,
                              data_files=item.get("data_files"), files=files,
                              attacks=attacks))  # fmt: skip
-    return out
+    return data["format"], out
 
 
 def upgrade_run_row(run: dict) -> dict:

@@ -37,7 +37,11 @@ from typing import TYPE_CHECKING
 from harness.foundation.errors import IdrsError
 from harness.reports.leaderboard.board import build_board
 from harness.reports.leaderboard.render import board_stem, plot_names, render_texts
-from harness.reports.leaderboard.source import read_export
+from harness.reports.leaderboard.source import (
+    EVIDENCE_FORMATS,
+    read_export,
+    read_export_and_format,
+)
 from harness.store.storedrun import StoredRun, combined_verdict, load_runs
 
 if TYPE_CHECKING:
@@ -93,43 +97,49 @@ def _run_ids(folder: Path, stem: str) -> list[str]:
     raise IdrsError(f"neither {export} nor {metrics} exists: which runs does the board show?")
 
 
-def board_runs(board_path: Path, db: Path | None = None) -> list[StoredRun]:
-    """The runs a board renders from: its ``NAME.run.json``, or those runs in ``db``."""
+@dataclass(frozen=True)
+class BoardSource:
+    """The runs a board renders from, and whether their certificates carry the evidence
+    that ``--verify`` re-derives them from (a results database, or a run export of format 2
+    or later; a format-1 export is only re-rendered)."""
+
+    runs: list[StoredRun]
+    rederivable: bool
+
+
+def board_source(board_path: Path, db: Path | None = None) -> BoardSource:
+    """The board's :class:`BoardSource`: its ``NAME.run.json`` (read once), or those runs in
+    ``db``."""
     stem = board_stem(board_path)
     folder = board_path.parent
     if not board_path.is_file():
         raise IdrsError(f"board {str(board_path)!r} not found")
     if db is None:
-        return read_export(folder / f"{stem}.run.json")
-    return load_runs(db, _run_ids(folder, stem))
-
-
-def rederivable(board_path: Path, db: Path | None = None) -> bool:
-    """Whether ``--verify`` re-derives the board's certificates (a results database, or a
-    run export of format 2 or later), rather than only re-rendering it (a format-1 export)."""
-    from harness.reports.leaderboard.source import EVIDENCE_FORMATS, export_format
-
-    export = board_path.parent / f"{board_stem(board_path)}.run.json"
-    return db is not None or export_format(export) in EVIDENCE_FORMATS
+        export_format, runs = read_export_and_format(folder / f"{stem}.run.json")
+        return BoardSource(runs, export_format in EVIDENCE_FORMATS)
+    return BoardSource(load_runs(db, _run_ids(folder, stem)), True)
 
 
 def verify_board(
     board_path: Path, db: Path | None = None, data_root: str | None = None,
     notes: list[str] | None = None, rederived: Rederived | None = None,
+    source: BoardSource | None = None,
 ) -> list[str]:  # fmt: skip
     """The problems of a committed board (empty: verified): every certificate and the
     verdicts re-derived from its evidence (:func:`harness.reports.leaderboard.recheck.recheck_runs`;
     not for a format-1 export, which has none; rows that could not be re-derived for lack
     of evidence are appended to ``notes``; ``rederived`` receives which checks' verdicts
-    were re-derived), and the differences between each file and its re-rendering."""
+    were re-derived), and the differences between each file and its re-rendering.
+    ``source`` is :func:`board_source` of the board, when the caller has read it."""
     from harness.reports.leaderboard.recheck import recheck_runs
 
     stem = board_stem(board_path)
     folder = board_path.parent
-    runs = board_runs(board_path, db)
+    source = board_source(board_path, db) if source is None else source
+    runs = source.runs
     board = build_board(runs)
     problems = check_test_split_records(runs, notes)
-    if rederivable(board_path, db):
+    if source.rederivable:
         problems += recheck_runs(runs, data_root, notes, rederived)
     for name, expected in render_texts(board, stem).items():
         if db is None and name == f"{stem}.run.json":
