@@ -297,10 +297,12 @@ def test_a_sigma_that_depends_on_the_batch_or_on_state_is_violated(tmp_path, man
 
 
 @pytest.mark.parametrize("mode, relative, flagged", [
-    ("exact", 1e-15, True), ("fresh", 1e-3, True), ("exact", 0.0, False), ("fresh", 1e-9, False)])  # fmt: skip
-def test_sigma_on_another_arithmetic_is_held_to_a_tolerance(mode, relative, flagged):
-    """On the run's arithmetic σ is reproduced bit for bit; on another CPU a σ may round
-    its last bits otherwise (exp), so there it is held to SIGMA_TOLERANCE."""
+    ("exact", 1e-15, False), ("exact", 1e-3, True), ("fresh", 1e-3, True), ("exact", 0.0, False),
+    ("fresh", 1e-9, False)])  # fmt: skip
+def test_sigma_is_held_to_a_tolerance_on_every_arithmetic(mode, relative, flagged):
+    """σ recomputed may round its last bits otherwise, on another CPU (exp) and on the
+    run's own (a BLAS that rounds a row of a gradient by its position in the batch), so
+    it is held to SIGMA_TOLERANCE against the stored σ on every arithmetic."""
     from harness.audit.replay import SIGMA_TOLERANCE
 
     stored = 0.12213990144007479
@@ -310,16 +312,16 @@ def test_sigma_on_another_arithmetic_is_held_to_a_tolerance(mode, relative, flag
     _, summary, detail = judge(evidence, {7: {"sigma": stored, "draws": {}}})
     sigma_flagged = "mismatch" in detail and detail["mismatch"]["quantity"] == "sigma"
     assert sigma_flagged == flagged, summary
-    if flagged and mode == "fresh":
+    if flagged:
         assert f"within {SIGMA_TOLERANCE:g} (relative)" in summary
 
 
 @pytest.mark.parametrize("mode, relative, flagged", [
-    ("exact", 1e-15, True), ("fresh", 1e-3, True), ("fresh", 1e-9, False)])  # fmt: skip
+    ("exact", 1e-15, False), ("exact", 1e-3, True), ("fresh", 1e-3, True),
+    ("fresh", 1e-9, False)])  # fmt: skip
 def test_sigma_alone_and_in_a_batch_are_held_to_the_same_rule(mode, relative, flagged):
-    """Where a row's logits may depend on the batch (another arithmetic, or rows measured
-    dependent), σ alone and σ in a batch may differ in their last bits too: held to the
-    tolerance there, bit for bit on the run's own arithmetic."""
+    """σ alone and σ in a batch may differ in their last bits on any arithmetic (the
+    ascent's input gradient on an AVX-512 CPU): held to the tolerance everywhere."""
     stored = 0.12213990144007479
     evidence = {"inputs": [7], "mode": mode, "replayed": {}, "fresh": {}, "u": [[0.5], [0.5]],
                 "sigma": {"alone": [stored * (1 + relative)], "batch": [stored], "order": [0]}}  # fmt: skip

@@ -19,9 +19,8 @@ the run recorded, and the base model's recipe hash with the run's (a base model 
 recipe differs would otherwise be trained again before the audit refuses it). On the
 run's arithmetic (:mod:`harness.engine.arithmetic`) a re-audit is the recorded audit
 again; elsewhere a statistical check draws with another rounding, and a sound row's
-verdict may differ by chance (at most 10⁻³ per statistical check), while the replay
-check, comparing σ bit for bit on every arithmetic, flags a σ whose last bits depend on
-the CPU.
+verdict may differ by chance (at most 10⁻³ per statistical check); the replay check
+holds σ within a relative tolerance on every arithmetic (:mod:`harness.audit.replay`).
 """
 
 from __future__ import annotations

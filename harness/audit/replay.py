@@ -6,13 +6,16 @@ certificates of the row (16 at the ``small`` budget, 64 at ``full``), chosen wit
 audit's entropy (``audit.rng("replay")``, recorded), are re-examined:
 
 1. **σ.** σ(x) is recomputed for all m in a shuffled batch, then for each input alone
-   (a batch of one). On the run's arithmetic (the same fingerprint, on which a row's logits
-   were measured not to depend on the other rows of a batch) each must equal the stored σ
-   bit for bit; on another (a board re-audited on another CPU, whose ``exp`` may round the
-   last bit otherwise; a BLAS that rounds a row by its position in the batch) the three
-   must agree within a relative :data:`SIGMA_TOLERANCE`. A σ-provider whose answer depends
-   on the batch it is asked in, or on its state, is ``violated`` (naming the input and both
-   values). (A
+   (a batch of one); the three (and the stored σ) must agree within a relative
+   :data:`SIGMA_TOLERANCE` on every arithmetic, the run's own included. Bit for bit would
+   be a premise of the machine: a BLAS may round a row by its position in the batch in a
+   product the run's forward-only measurement (``arithmetic.rows_independent``) does not
+   see (MKL's AVX-512 kernels round the odd rows of the input gradient otherwise:
+   Alfarra et al.'s ascent alone and in a batch differ by 1.8·10⁻⁸ after 100 steps on an
+   AMD EPYC, and agree bit for bit under ``MKL_CBWR=AVX2``), and another CPU's ``exp``
+   may round a last bit otherwise. A σ-provider whose answer depends on the batch it is
+   asked in, or on its state, by more than that is ``violated`` (naming the input and
+   both values); within it, no certificate gains more than that relative radius. (A
    provider that memoizes σ by input, such as the built-in σ searches, answers the
    second query from its memo: the batch is then the recomputation, in another
    composition than the run's shard.)
@@ -64,8 +67,9 @@ NAME = "replay"
 STREAMS = {"base": ("selection", 0, "estimation", 1), "sigma": ("selection", 4, "estimation", 5)}
 """Per smoothing: the name and noise stream of its selection and estimation draws."""
 SIGMA_TOLERANCE = 1e-6
-"""Relative difference allowed between the stored σ and σ recomputed on another arithmetic
-(seen: 1 ulp for a closed form, 3·10⁻⁹ for a σ found by gradient ascent, Alfarra et al.)."""
+"""Relative difference allowed between the stored σ, σ recomputed alone and σ in a batch
+(seen: 1 ulp for a closed form on another CPU, 3·10⁻⁹ for a σ found by gradient ascent on
+another CPU, 1.8·10⁻⁸ for that ascent alone against in a batch on an AVX-512 CPU)."""
 REPLAYER = ("harness.running.redraw", "process")
 """The run memo's key of the replay process (:class:`~harness.running.redraw.Replayer`),
 started once per audit session and stopped when it ends (:func:`stop_replayer`)."""
@@ -157,11 +161,10 @@ def judge(
         return Verdict.VIOLATED, f"replayed input {missing[0]} has no certificate in the row", {}
     rows = [certificates[i] for i in ids]
     sigma = evidence["sigma"]
-    exact = evidence["mode"] == "exact"
-    allowed = "bit for bit" if exact else f"within {SIGMA_TOLERANCE:g} (relative)"
+    allowed = f"within {SIGMA_TOLERANCE:g} (relative)"
 
     def differ(u: float, v: float) -> bool:
-        return (u != v) if exact else not abs(u - v) <= SIGMA_TOLERANCE * abs(v)
+        return not abs(u - v) <= SIGMA_TOLERANCE * abs(v)
 
     for i, row, a, b in zip(ids, rows, sigma["alone"], sigma["batch"], strict=True):
         stored, a, b = float(row["sigma"]), float(a), float(b)

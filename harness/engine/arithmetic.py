@@ -9,7 +9,7 @@ round differently), the forward options (folded BatchNorms, compiled kernels, CU
 graphs: :mod:`harness.engine.forward`), and the batch shape (the
 engine pads every forward pass to ``batch_size`` rows, :class:`~harness.engine.sampling.
 SamplingEngine`, because a BLAS may round a row differently for another number of rows,
-never for other rows' contents or positions). :func:`fingerprint` records these with
+and may for another position: measured, :func:`rows_independent`). :func:`fingerprint` records these with
 the run (the ``runs.arithmetic`` column); the replay check (:mod:`harness.audit.
 replay`) demands bit-for-bit equal counts where the fingerprints agree and uses a
 statistical replication test with fresh noise where they differ (:func:`differences`).
@@ -31,7 +31,11 @@ could share only if, at that shape, a row's outputs depend on the row alone. Not
 BLAS promises it (seen: the CPU of a GPU machine, torch 2.11, rounded a row of the
 784-200-10 MLP otherwise at another position of the same 64-row batch), so a run measures
 it when it begins (:func:`rows_independent`, recorded as ``rows``): a run whose rows were
-``dependent`` matches no arithmetic either, and its replays are statistical.
+``dependent`` matches no arithmetic either, and its replays are statistical. The
+measurement is of the forward pass: a backward pass may still round a row by its position
+where the forward does not (MKL's AVX-512 kernels, the input gradient of a small MLP's
+odd rows: measured on an AMD EPYC), so a σ computed through gradients is the same in any
+batch up to rounding only, which is what the replay check holds σ to.
 """
 
 from __future__ import annotations
@@ -211,9 +215,10 @@ def padded_chunks(
 ) -> Iterator[tuple[torch.Tensor, int]]:
     """``x`` in chunks of ``rows`` rows, the last padded with zero rows (``pad``), each with
     how many of its rows are ``x``'s: a computation that passes every chunk through its
-    products gives each row of ``x`` the same bits in any batch (a product's rows depend on
-    how many rows it has, not on the other rows nor their position: the module docstring),
-    as the engine's padded passes do for the base model."""
+    products gives each row of ``x`` the same result in any batch up to a BLAS's rounding
+    of a row by its position (none in a forward pass where :func:`rows_independent` says
+    so; seen in a backward pass: the module docstring), as the engine's padded passes do
+    for the base model."""
     for start in range(0, len(x), rows):
         chunk = x[start : start + rows]
         real = len(chunk)
