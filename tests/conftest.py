@@ -175,7 +175,22 @@ def spec_template() -> str:
     return SPEC_TEMPLATE
 
 
+OPT_IN = ("perf", "reproduction")
+"""Markers whose tests run only when a ``-m`` expression names them (``pytest tests/perf
+-m perf``, ``pytest -m reproduction``): left out here rather than by ``-m`` in addopts, so
+that another ``-m`` (``-m "not slow"``, the fast loop) does not bring them back."""
+
+
 def pytest_collection_modifyitems(config, items):
+    expression = config.getoption("markexpr") or ""
+    named = [marker for marker in OPT_IN if marker in expression]
+    kept, left = [], []
+    for item in items:
+        opted = [m for m in OPT_IN if m in item.keywords]
+        (left if opted and not any(m in named for m in opted) else kept).append(item)
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = kept
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

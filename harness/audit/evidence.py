@@ -91,6 +91,24 @@ class Declaration:
                     "noise": float(smoothing.noise), "alpha": float(smoothing.alpha),
                     "levels": [float(v) for v in smoothing.levels]}}  # fmt: skip
 
+    @staticmethod
+    def same_meaning(ours: dict[str, Any], theirs: dict[str, Any]) -> bool:
+        """Whether two declaration records (:meth:`record`, each read back by
+        :meth:`from_record`) declare the same: a formula is its name, its ``recompute`` and
+        its ``inner`` formula; its ``threshold`` (where it reaches each grid radius, which
+        records hold since sequential sampling) is compared only where both name one: a
+        record made before thresholds were recorded means the same formula."""
+
+        def formula(mine: dict[str, Any] | None, other: dict[str, Any] | None):
+            if mine is None or other is None:
+                return mine, other
+            mine = {k: v for k, v in mine.items() if k != "threshold" or "threshold" in other}
+            inner = formula(mine.get("inner"), other.get("inner"))[0]
+            return {**mine, "inner": inner} if "inner" in mine else mine, other
+
+        ours = {**ours, "formula": formula(ours.get("formula"), theirs.get("formula"))[0]}
+        return ours == theirs
+
     @classmethod
     def from_record(
         cls, record: dict[str, Any], resolve: Callable[[dict], RadiusFormula] = formula_from_record

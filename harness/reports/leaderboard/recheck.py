@@ -428,7 +428,8 @@ class _Methods:
     def declaration_problem(self, row: StoredRow) -> str | None:
         """Whether the installed method declares what the export's S0 record says (the
         record read as S0's re-derivation reads it: a formula by a module name that has
-        moved since is the same formula, :func:`harness.mathematics.radius.formula_from_record`)."""
+        moved since is the same formula, :func:`harness.mathematics.radius.formula_from_record`;
+        a key recorded since, by its meaning: :meth:`Declaration.same_meaning`)."""
         from harness.audit.evidence import Declaration
 
         if (row.method, row.setting) not in self.built:
@@ -444,6 +445,6 @@ class _Methods:
             theirs = Declaration.from_record(theirs, self.manager.formula).record()
         except IdrsError as exc:
             return f"the export's declaration cannot be read here: {exc}"
-        if ours == theirs:
+        if Declaration.same_meaning(ours, theirs):
             return None
         return f"the export records the declaration {theirs}, the installed method declares {ours}"
