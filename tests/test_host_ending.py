@@ -151,7 +151,7 @@ def test_a_request_to_a_host_that_reads_nothing_ends_at_its_deadline():
         start = time.monotonic()
         with pytest.raises(exchange.PastDeadline):
             exchange.exchange(requests, answers, b"x" * (4 << 20), time.monotonic() + 0.5)
-        assert time.monotonic() - start < 5
+        assert time.monotonic() - start < 60  # (held in write(2), it would never return)
         os.close(answers_write)  # the host ended: its pipes close
         answers_write = -1
         with pytest.raises(exchange.HostEnded):
@@ -183,8 +183,8 @@ def test_ctrl_c_delivered_to_another_thread_ends_a_wait_for_a_host_at_once():
         start = time.monotonic()
         helper.start()
         with pytest.raises(KeyboardInterrupt):
-            exchange.exchange(requests, answers, b"request", time.monotonic() + 60)
-        assert time.monotonic() - start < 3
+            exchange.exchange(requests, answers, b"request", time.monotonic() + 600)
+        assert time.monotonic() - start < 60  # a tenth of the deadline: 240 slices
     finally:
         helper.join()
         signal.signal(signal.SIGINT, previous)
@@ -218,12 +218,11 @@ def test_a_flood_of_output_is_drained_with_bounded_memory_and_echo(capfd):
     output = HostOutput(read, echo=True, name="the test's host")
     lines = b"".join(b"line %d " % i + b"z" * 2000 + b"\n" for i in range(100))
     flood = b"y" * (8 << 20) + b"\n" + lines
-    start = time.monotonic()
     written = 0
     while written < len(flood):  # (blocks only if the reader stops reading)
         written += os.write(write, flood[written : written + (1 << 16)])
     os.close(write)
-    assert output.wait(30) and time.monotonic() - start < 30
+    assert output.wait(180)  # (a reader that stopped would hold the writer for good)
     assert output.read == len(flood)
     tail = output.tail(TAIL_LINES)
     assert tail.startswith("line 80 ") and tail.count("|") == TAIL_LINES - 1

@@ -19,6 +19,10 @@ import pytest
 
 from harness.plugin.hosting.host_process import running_hosts
 
+HANG = 180
+"""Seconds after which a wait for a process to end is a hang (a limit, never the figure
+tested: the processes end in seconds on an idle machine)."""
+
 MISBEHAVING = '''
 import ctypes, os, signal, subprocess, threading, time
 
@@ -196,8 +200,9 @@ def test_each_misbehaving_plugin_costs_its_own_row_and_leaves_nothing(
     assert {m for m, _ in counts} == {"cohen", *(f"misbehave-{a}" for a in ACTS if a not in FAILED)}
     assert all(n == 4 for n in counts.values())
     # the hang's limit, a grace period and a host started again after each failure (its
-    # imports: seconds on an idle machine, far more on a loaded one)
-    assert took < 300, took
+    # imports: seconds on an idle machine, far more on a loaded one), far below the hang's
+    # own 3,600 s: the limit ended it
+    assert took < 1200, took
     assert live_processes(mark) == [] and live_processes(DISTRIBUTION) == []
     assert _host_folders(temporary) == []  # every host folder, scratch and files in it
     quiet = Progress(enabled=False)
@@ -263,27 +268,28 @@ def test_a_harness_stopped_while_a_plugin_hangs_leaves_nothing_behind(
             assert harness.poll() is None, harness.communicate()
             time.sleep(0.2)
         assert len(live_processes(mark)) >= 2 and len(_host_folders(temporary)) == 1
-        stopped = time.monotonic()
         if how == "SIGINT":
             os.killpg(harness.pid, signal.SIGINT)  # (as Ctrl-C: the harness's group)
         else:
             os.kill(harness.pid, getattr(signal, how))
+        # the waits below end on the events themselves (the harness's exit, the last
+        # process gone); their limits only keep a hang from holding the suite, and are far
+        # above what a loaded machine needs (a few seconds idle)
         try:
-            code = harness.wait(timeout=60)
+            code = harness.wait(timeout=HANG)
         except subprocess.TimeoutExpired:  # say where it waits, for the report
             harness.send_signal(signal.SIGABRT)
             _, err = harness.communicate(timeout=30)
-            pytest.fail(f"the harness did not exit within 60 s of {how}; its threads then:\n"
+            pytest.fail(f"the harness did not exit within {HANG} s of {how}; its threads then:\n"
                         f"{err.decode(errors='replace')[-6000:]}")  # fmt: skip
         assert code == {"SIGINT": 130, "SIGTERM": 143, "SIGKILL": -9}[how]
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + HANG
         while (
             live_processes(mark) or live_processes(DISTRIBUTION) or _host_folders(temporary)
         ) and (time.monotonic() < deadline):
             time.sleep(0.1)
         assert live_processes(mark) == [] and live_processes(DISTRIBUTION) == []
         assert _host_folders(temporary) == []
-        assert time.monotonic() - stopped < 30
     finally:
         if harness.poll() is None:
             harness.kill()
