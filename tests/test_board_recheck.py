@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from harness.audit.audit import BUDGETS
-from harness.audit.evidence import check_evidence
+from harness.audit.evidence import Declaration, check_evidence
 from harness.audit.replay import check_replay
 from harness.audit.session import audits
 from harness.foundation.errors import IdrsError
@@ -328,3 +328,31 @@ def test_the_board_states_that_no_plugin_had_the_test_split_and_verify_checks_th
     ) in text
     [warning] = compare_runs(recorded, older).warnings
     assert "test_split: 'withheld' (A) vs 'not recorded (the run began" in warning
+
+
+def _formula(threshold: bool, inner: dict | None = None) -> dict:
+    record = {"name": "cohen", "recompute": "harness.mathematics.radius.cohen_recompute"}
+    if threshold:
+        record["threshold"] = "harness.mathematics.radius.cohen_threshold"
+    return {**record, "inner": inner} if inner is not None else record
+
+
+def _declaration(formula: dict) -> dict:
+    return {"formula": formula, "regularity": {"kind": "constant"}, "smoothing": "hard",
+            "sigma_smoothing": None}  # fmt: skip
+
+
+@pytest.mark.parametrize("ours, theirs, same", [
+    (_formula(True), _formula(False), True),  # recorded before thresholds were
+    (_formula(True), _formula(True), True),
+    (_formula(False), _formula(True), False),  # the installed method lost its threshold
+    ({**_formula(True), "recompute": "x.y"}, _formula(False), False),
+    ({**_formula(True), "name": "memory(cohen)", "inner": _formula(True)},
+     {**_formula(False), "name": "memory(cohen)", "inner": _formula(False)}, True),
+    ({**_formula(True), "inner": {**_formula(True), "recompute": "x.y"}},
+     {**_formula(False), "inner": _formula(False)}, False),
+])  # fmt: skip
+def test_declarations_are_compared_by_what_they_mean(ours, theirs, same):
+    assert Declaration.same_meaning(_declaration(ours), _declaration(theirs)) is same
+    changed = {**_declaration(theirs), "smoothing": "soft"}
+    assert not Declaration.same_meaning(_declaration(ours), changed)
