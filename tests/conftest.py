@@ -5,8 +5,10 @@ the writers of tiny dataset files (``tests/field_files.py``), the third-party pl
 written against the soundness contract (``tests/soundness_plugins.py``), the rigged
 methods of the detection-power measurement (``tests/rigged_methods.py``), the fixed
 run behind the golden leaderboard (``tests/golden_run.py``), the engine-patching
-plugin and small runs of the replay tests (``tests/replay_plugins.py``) and third-party
-plugins installed for one test (``tests/installed_plugins.py``).
+plugin and small runs of the replay tests (``tests/replay_plugins.py``), third-party
+plugins installed for one test and the README's example plugin they install
+(``tests/installed_plugins.py``) and the small benchmark file of the tests that run one
+(``tests/small_benchmark.py``).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ pytest_plugins = [
     "tests.rigged_methods",
     "tests.replay_plugins",
     "tests.installed_plugins",
+    "tests.small_benchmark",
 ]
 
 

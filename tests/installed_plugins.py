@@ -7,6 +7,10 @@ specifications: core metadata and the entry points file;
 :func:`harness.audit.detection_power.install_plugin_module`) into a folder put on
 ``sys.path`` and ``PYTHONPATH``, so that ``importlib.metadata`` finds it here and in the
 plugin host. Nothing is installed into the environment.
+
+``half_sigma_plugin()`` is the source of the README's example plugin (README.md, "A
+plugin in thirty lines": Cohen's certifier at half the σ) at the current contract, the
+plugin the tests of plugin hosts install.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from harness.audit.detection_power import install_plugin_module
+from harness.plugin.hookspecs import CONTRACT
 
 
 @pytest.fixture
@@ -41,3 +46,53 @@ def install_plugin(tmp_path, monkeypatch):
     yield install
     for module in [m for m in sys.modules if m.startswith(("idrs_test_", "idrs_half"))]:
         del sys.modules[module]
+
+
+HALF_SIGMA = '''
+"""Cohen's certifier at half the σ: the README's example plugin ("A plugin in thirty lines")."""
+import os
+
+from harness import Constant, MethodSpec, SigmaProviderSpec, hookimpl
+
+IDRS_BENCH_CONTRACT = {contract}
+DESCRIPTION = {description}
+
+
+class HalfSigma:
+    def __init__(self, sigma):
+        self.sigma = sigma / 2
+        self.regularity = Constant(self.sigma)
+
+    def __call__(self, x):
+        import torch
+
+        return torch.full((len(x),), self.sigma, device=x.device)
+
+
+@hookimpl
+def idrs_register_sigma_providers(register):
+    register(SigmaProviderSpec("{provider}", lambda context, params: HalfSigma(params["sigma"]),
+                               DESCRIPTION))
+
+
+@hookimpl
+def idrs_register_methods(register):
+    register(MethodSpec("{method}", sigma_provider="{provider}", certifier="cohen",
+                        defaults={{"sigma": 0.5}}))
+'''
+
+
+def _half_sigma_plugin(provider: str = "half", method: str = "cohen-half",
+                       says_where: bool = False) -> str:  # fmt: skip
+    description = 'f"imported in process {os.getpid()}"' if says_where else '""'
+    return HALF_SIGMA.format(contract=CONTRACT, description=description, provider=provider,
+                             method=method)  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def half_sigma_plugin():
+    """``half_sigma_plugin(provider="half", method="cohen-half", says_where=False) -> str``:
+    the README's example plugin module (its σ-provider and method named so; its σ-provider's
+    description ``imported in process <pid>`` when ``says_where``) at the current contract,
+    :data:`harness.plugin.hookspecs.CONTRACT`, to ``install_plugin``."""
+    return _half_sigma_plugin

@@ -19,41 +19,8 @@ from harness.store.store import ResultStore
 from plugins.alfarra.memory import INSIDE, KEPT, SHRUNK
 from plugins.alfarra.order import pairwise_distances, raw_certificate, replay, replay_orders
 
-# cone-2 (Súkeník et al. App. A.5 in 2-D) puts test points close enough for the memory to act
-SPEC = """
-name = "alfarra-tiny"
-seed = 4
-shard_size = 8
-
-[dataset]
-name = "cone-2"
-test_count = 64
-
-[model]
-architecture = "mlp"
-trainer = "gaussian-augmentation"
-architecture_params = { width = 16 }
-trainer_params = { sigma = 0.5, epochs = 1 }
-
-[certification]
-n0 = 32
-n = 256
-alpha = 0.01
-batch_size = 256
-
-[[methods]]
-name = "cohen"
-settings = [{ sigma = 4.0 }]
-
-[[methods]]
-name = "alfarra-ds"
-settings = [{ sigma = 4.0, steps = 5, beta = 0.01 }]
-
-[[methods]]
-name = "alfarra-ds-memory"
-settings = [{ sigma = 4.0, steps = 5, beta = 0.01 }]
-"""
 MEMORY = "alfarra-ds-memory"
+ALFARRA = {"sigma": 4.0, "steps": 5, "beta": 0.01}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -69,8 +36,17 @@ def alfarra_manager():
     return PluginManager(third_party=False)
 
 
-def _run(manager, db):
-    spec = parse_benchmark(tomllib.loads(SPEC))
+@pytest.fixture
+def alfarra_spec(small_benchmark) -> str:
+    """Cohen and both methods on cone-2 (Súkeník et al. App. A.5 in 2-D), whose test points
+    lie close enough for the memory to act."""
+    methods = {"cohen": [{"sigma": 4.0}], "alfarra-ds": [ALFARRA], MEMORY: [ALFARRA]}
+    return small_benchmark(methods, name="alfarra-tiny", seed=4, shard_size=8, test_count=64,
+                           n0=32, n=256, batch_size=256)  # fmt: skip
+
+
+def _run(manager, alfarra_spec, db):
+    spec = parse_benchmark(tomllib.loads(alfarra_spec))
     return run_benchmark(spec, RunOptions(db=db), Progress(enabled=False), manager), spec
 
 
@@ -94,9 +70,9 @@ def _exact(row):
 
 
 def test_both_methods_run_next_to_cohen_and_the_memory_resumes(
-    alfarra_manager, tmp_path, monkeypatch
+    alfarra_manager, alfarra_spec, tmp_path, monkeypatch
 ):
-    run_id, _ = _run(alfarra_manager, tmp_path / "ref.sqlite")
+    run_id, _ = _run(alfarra_manager, alfarra_spec, tmp_path / "ref.sqlite")
     rows = _rows(tmp_path / "ref.sqlite", run_id)
     by_method = {m: [r for r in rows if r["method"] == m] for m in ("cohen", "alfarra-ds", MEMORY)}
     assert all(len(v) == 64 for v in by_method.values())
@@ -124,13 +100,13 @@ def test_both_methods_run_next_to_cohen_and_the_memory_resumes(
 
     monkeypatch.setattr(ResultStore, "add_shard", crashing)
     with pytest.raises(KeyboardInterrupt):
-        _run(alfarra_manager, tmp_path / "killed.sqlite")
+        _run(alfarra_manager, alfarra_spec, tmp_path / "killed.sqlite")
     monkeypatch.setattr(ResultStore, "add_shard", original)
     with sqlite3.connect(tmp_path / "killed.sqlite") as con:
         assert con.execute("SELECT COUNT(*) FROM certificates WHERE method = ?",
                            (MEMORY,)).fetchone()[0] == 32  # fmt: skip
     # ... and resumed: only the missing inputs are certified, the memory goes on
-    run_id2, _ = _run(alfarra_manager, tmp_path / "killed.sqlite")
+    run_id2, _ = _run(alfarra_manager, alfarra_spec, tmp_path / "killed.sqlite")
     assert run_id2 == run_id
     resumed = _rows(tmp_path / "killed.sqlite", run_id, MEMORY)
     # bit for bit: σ(x) does not depend on the batch, the memory was committed with
@@ -147,9 +123,9 @@ def test_both_methods_run_next_to_cohen_and_the_memory_resumes(
 
 
 def test_replay_orders_reproduces_the_recorded_order_and_the_harness_scores_the_spread(
-    alfarra_manager, tmp_path, monkeypatch
+    alfarra_manager, alfarra_spec, tmp_path, monkeypatch
 ):
-    run_id, spec = _run(alfarra_manager, tmp_path / "r.sqlite")
+    run_id, spec = _run(alfarra_manager, alfarra_spec, tmp_path / "r.sqlite")
     memory = _rows(tmp_path / "r.sqlite", run_id, MEMORY)
     registry = alfarra_manager.registry
     dataset = registry.get("datasets", "cone-2").load(

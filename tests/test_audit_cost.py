@@ -64,6 +64,7 @@ def _untimed(evidence: dict) -> str:
                       default=str)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_rows_side_by_side_are_audited_as_in_one_process_and_their_costs_shown(
     ball_run, manager, capsys
 ):  # fmt: skip
@@ -92,6 +93,7 @@ def test_rows_side_by_side_are_audited_as_in_one_process_and_their_costs_shown(
     assert f"audit {cohen.audit_seconds:,.1f} s" in line
 
 
+@pytest.mark.slow
 def test_a_row_audited_in_a_worker_shows_its_checks_and_its_attack_as_stages(ball_run, manager):
     """``--timings``' stages of a row audited side by side: its checks and its attack, as for
     a row audited here (the attack runs where the row's checks ran)."""
@@ -124,6 +126,7 @@ def test_a_worker_that_fails_leaves_its_rows_to_this_process(ball_run, manager, 
     assert any("audit worker ended" in w for w in warnings)
 
 
+@pytest.mark.slow
 def test_no_check_asks_sigma_twice_at_a_point(ball_run, manager, monkeypatch):
     """Within one check, σ's value is asked at most once per point and provider (S1's
     rebuilt providers are others): asking again is only for σ's gradient there (a PGD

@@ -92,6 +92,7 @@ def test_fresh_audits_draw_fresh_entropy(ball_run, manager):
     assert len(entropy) == 4  # one per row and audit, shared by the row's checks
 
 
+@pytest.mark.slow
 def test_check_entropy_reruns_an_audit_from_the_command_line_and_the_api(
     ball_run, manager, capsys
 ):  # fmt: skip

@@ -6,8 +6,11 @@ shipped beside the board; an edited export (a radius, a count, a verdict) never 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -356,3 +359,39 @@ def test_declarations_are_compared_by_what_they_mean(ours, theirs, same):
     assert Declaration.same_meaning(_declaration(ours), _declaration(theirs)) is same
     changed = {**_declaration(theirs), "smoothing": "soft"}
     assert not Declaration.same_meaning(_declaration(ours), changed)
+
+
+@pytest.mark.parametrize("plugin, recipe", [("../../outside", "ab12"), ("/", "ab12"),
+                                            ("sukenik", "../../outside")])  # fmt: skip
+def test_a_forged_export_cannot_stage_a_trained_part_outside_the_cache(tmp_path, plugin, recipe):
+    """The plugin's name and the recipe hash an export records become path components when
+    a board's trained parts are staged: a forged one is refused, nothing written outside."""
+    from harness.reports.leaderboard.shipped_files import stage_trained_parts
+    from harness.running.runfiles import PLUGIN_ARTIFACT
+
+    part = tmp_path / "part.pt"
+    part.write_bytes(b"trained")
+    digest = hashlib.sha256(b"trained").hexdigest()
+    run = SimpleNamespace(run={"recipe_hash": recipe}, files=[
+        {"role": PLUGIN_ARTIFACT, "path": str(part), "sha256": digest, "name": "part.pt",
+         "meta": {"plugin": plugin}}])  # fmt: skip
+    root = tmp_path / "cache"
+    with pytest.raises(IdrsError):
+        stage_trained_parts(run, root)
+    written = {p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()}
+    assert written == {Path("part.pt")}
+
+
+def test_a_trained_part_is_staged_under_its_plugins_folder(tmp_path):
+    from harness.reports.leaderboard.shipped_files import stage_trained_parts
+    from harness.running.runfiles import PLUGIN_ARTIFACT
+
+    part = tmp_path / "part.pt"
+    part.write_bytes(b"trained")
+    digest = hashlib.sha256(b"trained").hexdigest()
+    run = SimpleNamespace(run={"recipe_hash": "ab12"}, files=[
+        {"role": PLUGIN_ARTIFACT, "path": str(part), "sha256": digest, "name": "x/part.pt",
+         "meta": {"plugin": "sukenik"}}])  # fmt: skip
+    stage_trained_parts(run, tmp_path / "cache")
+    staged = tmp_path / "cache" / "plugins" / "sukenik" / "ab12" / "part.pt"
+    assert staged.read_bytes() == b"trained"

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness.audit.detection_power import install_plugin_module
+
 ROOT = Path(__file__).resolve().parents[1]
 
 PLUGIN = '''
@@ -77,37 +79,23 @@ def idrs_register_methods(register):
     register(MethodSpec("slow-cohen", "slow-constant", "slow-cohen", {"sigma": 0.5}))
 '''
 
-SPEC = """
-name = "shared"
-seed = 5
-device = "cpu"  # the thread rule is the CPU's (a CUDA run records no thread count)
-shard_size = 16  # two chunks of claims (harness.certification.certify.CLAIM_CHUNK = 8) per shard
-
-[dataset]
-name = "cone-2"
-test_count = 32
-
-[model]
-architecture = "mlp"
-trainer = "gaussian-augmentation"
-architecture_params = { width = 16 }
-trainer_params = { sigma = 0.5, epochs = 1 }
-
-[certification]
-n0 = 20
-n = 500
-alpha = 0.01
-batch_size = 256  # under a shard's 16 × n0 = 320 selection rows: one shard per engine call
-                  # (harness.running.work.shards_per_call), so processes share a setting's shards
-
-[[methods]]
-name = "slow-cohen"
-settings = [{ sigma = 0.5 }]
-
-[[methods]]
-name = "alfarra-ds-memory"
-settings = [{ sigma = 0.5, steps = 8, beta = 0.05 }]
-"""
+METHODS = {"slow-cohen": [{"sigma": 0.5}],
+           "alfarra-ds-memory": [{"sigma": 0.5, "steps": 8, "beta": 0.05}]}  # fmt: skip
+BENCHMARK = {
+    "name": "shared",
+    "seed": 5,
+    # the thread rule is the CPU's (a CUDA run records no thread count)
+    "device": "cpu",
+    # two chunks of claims (harness.certification.certify.CLAIM_CHUNK = 8) per shard
+    "shard_size": 16,
+    "test_count": 32,
+    "n0": 20,
+    "n": 500,
+    # under a shard's 16 × n0 = 320 selection rows: one shard per engine call
+    # (harness.running.work.shards_per_call), so processes share a setting's shards
+    "batch_size": 256,
+}
+"""The run's values (``small_benchmark``'s: on cone-2, an MLP trained one epoch)."""
 
 CERTIFICATES = (
     "SELECT method, setting, input_id, shard, label, prediction, predict, radius, p_lower, sigma,"
@@ -127,22 +115,16 @@ def _query(db: Path, sql: str, args: tuple = ()) -> list[tuple]:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(tmp_path_factory, small_benchmark):
     """The spec, the environment of a process (the plugin installed as a distribution
     with an entry point, a short lease) and a reference database certified by one
     process alone."""
     root = tmp_path_factory.mktemp("concurrent")
     site = root / "site"
-    (site / "slow_work-0.1.dist-info").mkdir(parents=True)
-    (site / "slow_work.py").write_text(PLUGIN)
-    (site / "slow_work-0.1.dist-info" / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: slow-work\nVersion: 0.1\n"
-    )
-    (site / "slow_work-0.1.dist-info" / "entry_points.txt").write_text(
-        "[idrs_bench]\nslow-work = slow_work\n"
-    )
+    site.mkdir()
+    install_plugin_module(site, "slow_work", "slow-work", "slow-work", PLUGIN)
     spec = root / "shared.toml"
-    spec.write_text(SPEC)
+    spec.write_text(small_benchmark(METHODS, **BENCHMARK))
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), str(site), os.environ.get("PYTHONPATH", "")]),
@@ -198,6 +180,7 @@ def _same_as_reference(db: Path, reference: Path) -> None:
     assert len(_query(db, "SELECT 1 FROM runs WHERE finished IS NOT NULL")) == 1
 
 
+@pytest.mark.slow
 def test_two_processes_share_the_shards_and_equal_one_process(setup, tmp_path, monkeypatch):
     """The first process computes with 3 threads (asked for), the second with its share of
     the cores, which it gives up for the run's 3 (harness/foundation/threads.py): the run's
@@ -309,6 +292,7 @@ def test_one_process_runs_the_checks_the_others_wait_or_take_over(setup, tmp_pat
     assert out.strip().endswith("ours"), out
 
 
+@pytest.mark.slow
 def test_a_process_killed_mid_shard_leaves_its_shard_to_the_other(setup, tmp_path):
     db = tmp_path / "shared.sqlite"
     a_log, b_log = tmp_path / "a.err", tmp_path / "b.err"

@@ -5,12 +5,16 @@ without Landlock, with ``--unconfined`` as the recorded way out."""
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
+import re
 import socket
 import sqlite3
+import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -202,33 +206,6 @@ def test_each_layer_alone_refuses_what_it_governs(tmp_path, layer, expected):
     assert outside.exists() == (expected["write outside"] == "done")
 
 
-HALF = """
-from harness import Constant, MethodSpec, SigmaProviderSpec, hookimpl
-
-IDRS_BENCH_CONTRACT = 3
-
-
-class Half:
-    def __init__(self, sigma):
-        self.sigma = sigma / 2
-        self.regularity = Constant(self.sigma)
-
-    def __call__(self, x):
-        import torch
-
-        return torch.full((len(x),), self.sigma, device=x.device)
-
-
-@hookimpl
-def idrs_register_sigma_providers(register):
-    register(SigmaProviderSpec("half", lambda context, params: Half(params["sigma"])))
-
-
-@hookimpl
-def idrs_register_methods(register):
-    register(MethodSpec("cohen-half", "half", "cohen", {"sigma": 0.5}))
-"""
-
 SPEC = """name = "tiny"
 [dataset]
 name = "ball-2"
@@ -247,7 +224,7 @@ settings = [{ sigma = 0.5 }]
 
 
 def test_without_landlock_plugins_are_refused_and_an_unconfined_run_says_so(
-    install_plugin, tmp_path, monkeypatch, capsys
+    install_plugin, half_sigma_plugin, tmp_path, monkeypatch, capsys
 ):
     """On a kernel without Landlock (simulated), a run that loads a third-party plugin
     fails with one error naming the feature and the opt-out; with ``--unconfined`` it runs,
@@ -255,7 +232,7 @@ def test_without_landlock_plugins_are_refused_and_an_unconfined_run_says_so(
     from harness.cli.main import main
     from harness.store.storedrun import load_runs
 
-    install_plugin("idrs_test_half", HALF, distribution="idrs-test-half")
+    install_plugin("idrs_test_half", half_sigma_plugin(), distribution="idrs-test-half")
     monkeypatch.setattr(confinement, "landlock_abi", lambda: 0)
     monkeypatch.delenv(confinement.UNCONFINED_ENV, raising=False)
     spec, db = tmp_path / "tiny.toml", tmp_path / "runs.sqlite"
@@ -277,9 +254,10 @@ def test_without_landlock_plugins_are_refused_and_an_unconfined_run_says_so(
     assert "idrs-test-half 0.1 ran with the user's rights" in header
 
 
+@pytest.mark.slow
 @needs_landlock
 def test_a_confined_run_records_its_plugin_hosts_and_a_resume_unconfined_is_added(
-    install_plugin, tmp_path
+    install_plugin, half_sigma_plugin, tmp_path
 ):
     """The record of a run whose plugins ran confined, then of the same run's checks run
     unconfined: both kept, and the board states the weaker."""
@@ -292,7 +270,7 @@ def test_a_confined_run_records_its_plugin_hosts_and_a_resume_unconfined_is_adde
     from harness.running.preparation import RunOptions
     from harness.running.runner import run_benchmark
 
-    install_plugin("idrs_test_half", HALF, distribution="idrs-test-half")
+    install_plugin("idrs_test_half", half_sigma_plugin(), distribution="idrs-test-half")
     spec, db = tmp_path / "tiny.toml", tmp_path / "runs.sqlite"
     spec.write_text(SPEC)
     manager = PluginManager()
@@ -339,6 +317,138 @@ def test_the_seccomp_filter_refuses_other_architectures_and_x32():
             assert (
                 program[-1] == (0x06, 0, 0, 0x7FFF0000) and program[-2][3] & 0xFFFF == errno.EPERM
             )
+
+
+PID = 4242
+"""The host's pid in the programs the tests below evaluate."""
+AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}  # include/uapi/linux/audit.h
+NOT_GOVERNED = {
+    "read": (0, 63),
+    "sched_getaffinity": (204, 123),
+    "getpriority": (140, 141),
+    "sched_getscheduler": (145, 120),
+}  # (x86_64, aarch64): the kernel's tables
+"""System calls the filter leaves alone: reads of another process's scheduling, which
+``/proc/<pid>/stat`` shows anyway and glibc makes per thread by its id."""
+
+
+def _decide(program, machine: str, number: int, args=(), arch: int | None = None) -> str:
+    """Run the classic-BPF ``program`` on a ``struct seccomp_data`` (nr, arch, the
+    instruction pointer, six 64-bit arguments; little-endian): "allow" or "deny"."""
+    arguments = [*args, 0, 0, 0, 0, 0, 0][:6]
+    data = struct.pack("<iIQ6Q", number, AUDIT_ARCH[machine] if arch is None else arch, 0,
+                       *(a & (1 << 64) - 1 for a in arguments))  # fmt: skip
+    accumulator, at = 0, 0
+    while True:
+        code, jt, jf, k = program[at]
+        if code == 0x20:  # BPF_LD | BPF_W | BPF_ABS
+            accumulator, at = struct.unpack_from("<I", data, k)[0], at + 1
+        elif code == 0x54:  # BPF_ALU | BPF_AND | BPF_K
+            accumulator, at = accumulator & k, at + 1
+        elif code == 0x06:  # BPF_RET | BPF_K
+            answers = {0x7FFF0000: "allow", 0x00050000 | errno.EPERM: "deny",
+                       0x00050000 | errno.ENOSYS: "enosys"}  # fmt: skip
+            return answers[k]
+        else:  # BPF_JMP | BPF_JEQ, BPF_JGE, BPF_JSET (| BPF_K)
+            taken = {0x15: accumulator == k, 0x35: accumulator >= k, 0x45: accumulator & k}[code]
+            at += 1 + (jt if taken else jf)
+
+
+HIGH = 1 << 32
+"""A pid's high word (the kernel drops it: a ``pid_t`` is an int)."""
+DECISIONS = [
+    ("prlimit64", (0,), "allow"), ("prlimit64", (PID,), "allow"),
+    ("prlimit64", (PID | 7 * HIGH,), "allow"), ("prlimit64", (HIGH,), "allow"),
+    ("prlimit64", (1,), "deny"), ("prlimit64", (PID + 1,), "deny"),
+    ("prlimit64", ((PID + 1) | PID * HIGH,), "deny"), ("prlimit64", (-1,), "deny"),
+    ("setpriority", (0, 0), "allow"), ("setpriority", (0, PID), "allow"),
+    ("setpriority", (0, 1), "deny"), ("setpriority", (1, 0), "deny"),  # PRIO_PGRP
+    ("setpriority", (2, 0), "deny"), ("setpriority", (2, PID), "deny"),  # PRIO_USER
+    ("ioprio_set", (1, 0), "allow"), ("ioprio_set", (1, PID), "allow"),  # IOPRIO_WHO_PROCESS
+    ("ioprio_set", (1, 1), "deny"), ("ioprio_set", (2, 0), "deny"), ("ioprio_set", (3, 0), "deny"),
+    ("sched_setaffinity", (0,), "allow"), ("sched_setaffinity", (PID,), "allow"),
+    ("sched_setaffinity", (PID + 1,), "deny"),
+    *((name, (1,), "deny") for name in ("sched_setscheduler", "sched_setparam", "sched_setattr",
+                                        "migrate_pages", "move_pages", "process_vm_readv",
+                                        "process_vm_writev", "get_robust_list", "pidfd_open")),
+    ("pidfd_open", (PID,), "allow"), ("sched_setscheduler", (0, 5), "allow"),
+    ("perf_event_open", (0x1000, 0), "allow"), ("perf_event_open", (0x1000, PID), "allow"),
+    ("perf_event_open", (0x1000, -1), "deny"), ("perf_event_open", (0x1000, 1), "deny"),
+    ("kcmp", (PID, PID), "allow"), ("kcmp", (PID, 1), "deny"), ("kcmp", (1, PID), "deny"),
+    ("socketpair", (1, 1 | 0x80000), "allow"), ("socketpair", (1, 5), "allow"),  # AF_UNIX
+    ("socketpair", (1, 2), "deny"), ("socketpair", (1, 3), "deny"),  # SOCK_DGRAM, SOCK_RAW
+    ("socketpair", (2, 1), "deny"),  # AF_INET
+    ("sendto", (3, 0x1000, 1, 0, 0, 0), "allow"),
+    ("sendto", (3, 0x1000, 1, 0, 0x7FFF0000, 16), "deny"),
+    ("sendto", (3, 0x1000, 1, 0, HIGH, 16), "deny"),
+    ("fchmod", (3, 0o4755), "deny"), ("fchmod", (3, 0o755), "allow"),
+    ("fchmodat", (3, 0, 0o2755), "deny"), ("fchmodat", (3, 0, 0o755), "allow"),
+    ("fchmodat2", (3, 0, 0o6000, 0), "deny"), ("fchown", (3, 0, 0), "deny"),
+    ("io_uring_setup", (8, 0), "deny"), ("clone3", (0x1000, 88), "enosys"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("machine", process_privileges.SECCOMP_MACHINES)
+def test_the_seccomp_filter_decides_each_rule_on_both_architectures(machine):
+    """The program of each architecture, run on the calls it is built for: a pid argument
+    names the host (0, its pid, whatever the high word) or the call is refused; a process
+    group or a user is refused; System V IPC, message queues and keys are refused whatever
+    the arguments; a socket pair only connected (stream, seqpacket), ``sendto`` only
+    without an address; and what no rule names passes, another architecture's calls not."""
+    for cuda in (False, True):
+        program = process_privileges.seccomp_program(machine, unix_seqpacket=cuda, pid=PID)
+        number = functools.partial(process_privileges.system_call_number, machine=machine)
+        for name, args, expected in DECISIONS:
+            assert _decide(program, machine, number(name), args) == expected, (name, args)
+        refused = [c.name for c in process_privileges.SYSTEM_CALLS
+                   if isinstance(c.rule, process_privileges.Refused)]  # fmt: skip
+        assert {"shmget", "msgget", "semget", "mq_open", "add_key", "keyctl"} <= set(refused)
+        for name in refused:
+            if number(name) is not None:
+                assert _decide(program, machine, number(name), (0, 0, 0)) == "deny", name
+        for name, numbers in NOT_GOVERNED.items():
+            nr = numbers[process_privileges.SECCOMP_MACHINES.index(machine)]
+            assert _decide(program, machine, nr, (1, 2, 3)) == "allow", name
+        socket_ = number("socket")
+        assert _decide(program, machine, socket_, (1, 5 | 0x80000)) == ("allow" if cuda else "deny")
+        assert _decide(program, machine, socket_, (1, 1)) == "deny"
+        assert _decide(program, machine, 0, arch=0x40000003) == "deny"  # i386
+    if machine == "x86_64":
+        assert _decide(program, machine, 0x40000000) == "deny"  # x32's read
+
+
+HEADERS = {"x86_64": "/usr/include/x86_64-linux-gnu/asm/unistd_64.h",
+           "aarch64": "/usr/include/asm-generic/unistd.h"}  # fmt: skip
+
+
+@pytest.mark.parametrize("machine", process_privileges.SECCOMP_MACHINES)
+def test_the_filters_system_call_numbers_are_the_kernels(machine):
+    """Each number of the filter's table is the one the kernel's headers (Linux's UAPI,
+    as installed here) give it, where they name the call; a call the architecture lacks
+    (None) is absent from them."""
+    header = Path(HEADERS[machine])
+    if not header.exists():
+        pytest.skip(f"{header} is not installed")
+    defined = dict(re.findall(r"#define __NR_(\w+)\s+(\d+)", header.read_text()))
+    compared = 0
+    for call in process_privileges.SYSTEM_CALLS:
+        number = getattr(call, machine)
+        if number is None:
+            assert call.name not in defined, call.name
+        elif call.name in defined:
+            assert int(defined[call.name]) == number, call.name
+            compared += 1
+    present = [c for c in process_privileges.SYSTEM_CALLS if getattr(c, machine) is not None]
+    assert compared >= len(present) - 1  # (fchmodat2, Linux 6.6, may be newer than them)
+    for name, numbers in NOT_GOVERNED.items():
+        assert int(defined[name]) == numbers[process_privileges.SECCOMP_MACHINES.index(machine)]
+
+
+def test_the_threat_model_names_every_system_call_the_filter_governs():
+    """docs/threat-model.md lists each of the filter's system calls (its table)."""
+    text = (Path(__file__).parents[1] / "docs" / "threat-model.md").read_text()
+    missing = [c.name for c in process_privileges.SYSTEM_CALLS if f"`{c.name}`" not in text]
+    assert missing == []
 
 
 SOCKETS = r"""
@@ -388,7 +498,7 @@ def test_the_seccomp_filter_lets_the_cuda_drivers_socket_through_only_with_a_gpu
 
 @needs_landlock
 @pytest.mark.gpu
-def test_a_confined_host_certifies_on_cuda(install_plugin, linear_model):
+def test_a_confined_host_certifies_on_cuda(install_plugin, half_sigma_plugin, linear_model):
     """A third-party σ-provider certifies on the GPU from its confined host (NVIDIA's
     device files granted, CUDA's caches in the scratch folder): the same certificates as
     Cohen's certifier at half the σ in the harness's process."""
@@ -397,7 +507,7 @@ def test_a_confined_host_certifies_on_cuda(install_plugin, linear_model):
     from harness.api import certify
     from harness.plugin.manager import PluginManager
 
-    install_plugin("idrs_test_half", HALF, distribution="idrs-test-half")
+    install_plugin("idrs_test_half", half_sigma_plugin(), distribution="idrs-test-half")
     assert PluginManager().registry.get("methods", "cohen-half").sigma_provider == "half"
     model = linear_model(torch.tensor([1.0, 0.0]), 0.0)
     x, y = torch.tensor([[0.3, 0.1], [-0.8, 0.2], [0.05, 0.0]]), torch.tensor([1, 0, 1])

@@ -285,7 +285,7 @@ def test_ci_runs_both_readme_commands_with_the_distributions_python_and_builds_t
     [repeated] = re.findall(r"REPEATED=\(([^)]*)\)", script)
     files = repeated.split()
     assert len(files) >= 5 and all((ROOT / f).is_file() for f in files), files
-    assert 'for ((c = 0; c < $(nproc); c++))' in script and '"${REPEATED[@]}"' in script
+    assert "for ((c = 0; c < $(nproc); c++))" in script and '"${REPEATED[@]}"' in script
 
 
 def _cells(line: str) -> list[str]:

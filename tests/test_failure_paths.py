@@ -22,37 +22,21 @@ from harness.foundation.progress import Progress
 
 ROOT = Path(__file__).resolve().parents[1]
 
-SPEC = """
-name = "tiny"
-seed = 1
-shard_size = 4
 
-[dataset]
-name = "{dataset}"
-test_count = {count}
+@pytest.fixture
+def spec_file(tmp_path, small_benchmark):
+    """``spec_file(dataset="cone-4", count=8, epochs=1, n=200, sigma=0.5) -> Path``: the
+    benchmark file ``tmp_path / "spec.toml"``, Cohen's method at ``sigma`` on ``count``
+    inputs of ``dataset``."""
 
-[model]
-architecture = "mlp"
-trainer = "gaussian-augmentation"
-architecture_params = {{ width = 16 }}
-trainer_params = {{ sigma = 0.5, epochs = {epochs} }}
+    def write(dataset="cone-4", count=8, epochs=1, n=200, sigma=0.5) -> Path:
+        path = tmp_path / "spec.toml"
+        path.write_text(small_benchmark({"cohen": [{"sigma": sigma}]}, name="tiny", seed=1,
+                                        shard_size=4, dataset=dataset, test_count=count,
+                                        epochs=epochs, n=n, batch_size=256))  # fmt: skip
+        return path
 
-[certification]
-n0 = 20
-n = {n}
-alpha = 0.01
-batch_size = 256
-
-[[methods]]
-name = "cohen"
-settings = [{{ sigma = {sigma} }}]
-"""
-
-
-def _spec(tmp_path, dataset="cone-4", count=8, epochs=1, n=200, sigma=0.5) -> Path:
-    path = tmp_path / "spec.toml"
-    path.write_text(SPEC.format(dataset=dataset, count=count, epochs=epochs, n=n, sigma=sigma))
-    return path
+    return write
 
 
 def _imports_torch(argv: list[str], cwd: Path) -> tuple[bool, str]:
@@ -88,8 +72,8 @@ def _imports_torch(argv: list[str], cwd: Path) -> tuple[bool, str]:
         (["run", "{good}", "--data-root", "{dir}/no/such"], "--data-root"),
     ],
 )
-def test_help_plugins_and_spec_errors_do_not_import_torch(tmp_path, argv, message):
-    bad = _spec(tmp_path, sigma=0.0)
+def test_help_plugins_and_spec_errors_do_not_import_torch(tmp_path, spec_file, argv, message):
+    bad = spec_file(sigma=0.0)
     variants = {"spec": bad}
     for name, text in (
         ("method", bad.read_text().replace('name = "cohen"', 'name = "nope"')),
@@ -110,8 +94,8 @@ def test_help_plugins_and_spec_errors_do_not_import_torch(tmp_path, argv, messag
     assert not imported, output
 
 
-def test_data_root_that_does_not_exist_or_lacks_the_files(tmp_path, capsys):
-    spec = _spec(tmp_path, dataset="fashion-mnist")
+def test_data_root_that_does_not_exist_or_lacks_the_files(tmp_path, spec_file, capsys):
+    spec = spec_file(dataset="fashion-mnist")
     db = str(tmp_path / "r.sqlite")
     assert main(["run", str(spec), "--db", db, "--data-root", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err.strip()
@@ -123,12 +107,12 @@ def test_data_root_that_does_not_exist_or_lacks_the_files(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert str(empty) in err and "t10k-images-idx3-ubyte" in err and "/usr/share" not in err
     # a generated dataset reads no files: --data-root would be ignored, so it is refused
-    cone = _spec(tmp_path)
+    cone = spec_file()
     assert main(["run", str(cone), "--db", db, "--data-root", str(empty), "--quiet"]) == 2
     assert "reads no files" in capsys.readouterr().err
 
 
-def test_data_files_are_recorded_with_their_digests(tmp_path, capsys):
+def test_data_files_are_recorded_with_their_digests(tmp_path, spec_file, capsys):
     import hashlib
 
     from plugins.datasets.fashion_mnist import DEBIAN_LOCATION, FILES
@@ -140,7 +124,7 @@ def test_data_files_are_recorded_with_their_digests(tmp_path, capsys):
     for stem in FILES.values():
         source = next(DEBIAN_LOCATION.glob(stem + "*"))
         (root / source.name).symlink_to(source)
-    spec = _spec(tmp_path, dataset="fashion-mnist", count=2, epochs=0, n=20)
+    spec = spec_file(dataset="fashion-mnist", count=2, epochs=0, n=20)
     db = tmp_path / "r.sqlite"
     args = ["run", str(spec), "--db", str(db), "--data-root", str(root), "--quiet", "--no-check"]
     assert main(args) == 0
@@ -177,9 +161,9 @@ def test_a_damaged_cache_file_is_named_moved_aside_and_rebuilt(tmp_path):
     assert load_artifact(path, progress) is None and not path.exists()
 
 
-def test_a_truncated_cached_model_is_retrained_by_the_cli(tmp_path, monkeypatch, capsys):
+def test_a_truncated_cached_model_is_retrained_by_the_cli(tmp_path, spec_file, monkeypatch, capsys):
     monkeypatch.setenv("IDRS_BENCH_CACHE", str(tmp_path / "cache"))
-    spec = _spec(tmp_path)
+    spec = spec_file()
     db = tmp_path / "r.sqlite"
     args = ["run", str(spec), "--db", str(db), "--quiet", "--no-check"]
     assert main(args) == 0
@@ -230,10 +214,13 @@ def test_progress_heartbeat_reports_while_nothing_advances():
     assert len(beats) >= 3
 
 
-def test_sigterm_is_reported_like_sigint_and_the_run_resumes(tmp_path, stored_certificates):
+@pytest.mark.slow
+def test_sigterm_is_reported_like_sigint_and_the_run_resumes(
+    tmp_path, spec_file, stored_certificates
+):
     """On the CPU, where 48 inputs at n = 60,000 take seconds (a GPU certifies them all
     between two polls of the database, before the signal)."""
-    spec = _spec(tmp_path, count=48, n=60000)
+    spec = spec_file(count=48, n=60000)
     db = tmp_path / "r.sqlite"
     command = [sys.executable, "-m", "harness.cli.main", "run", str(spec), "--db", str(db), "--quiet",
                "--no-check", "--device", "cpu"]  # fmt: skip
@@ -252,8 +239,8 @@ def test_sigterm_is_reported_like_sigint_and_the_run_resumes(tmp_path, stored_ce
     assert done.returncode == 0 and stored_certificates(db) == 48
 
 
-def test_incomplete_runs_are_marked_and_not_ranked(tmp_path, capsys):
-    spec = _spec(tmp_path, count=8)
+def test_incomplete_runs_are_marked_and_not_ranked(tmp_path, spec_file, capsys):
+    spec = spec_file(count=8)
     db = tmp_path / "r.sqlite"
     assert main(["run", str(spec), "--db", str(db), "--quiet", "--no-check"]) == 0
     with sqlite3.connect(db) as con:  # as if killed: 5 of 8 inputs, run not finished

@@ -177,6 +177,7 @@ assert calls == [32] and not model.fixed.serves(x)
 """
 
 
+@pytest.mark.slow
 def test_compile_runs_the_engines_batch_compiled_and_every_other_call_eagerly():
     """A padded engine's batch runs compiled (without gradients); other shapes and calls
     that record gradients run the model itself; compiled and eager agree to rounding. In a

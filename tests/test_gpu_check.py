@@ -111,6 +111,7 @@ def test_the_dry_run_lists_every_step_in_order_with_its_cap_and_command(tmp_path
     assert "python3 -m pip download" in _run(tmp_path, "prepare", "--dry-run").stdout
 
 
+@pytest.mark.slow
 def test_a_tiny_run_on_the_cpu_brings_every_log_back_in_a_few_files(tmp_path):
     """The bench's JSON and ratios come back; a Cohen row of the default run (here the log
     of a run cut while running, as the progress lines read) is held to the engine's time
@@ -150,6 +151,7 @@ def test_a_tiny_run_on_the_cpu_brings_every_log_back_in_a_few_files(tmp_path):
     assert "default-run-auto-batch cohen sigma=0.25: certified 4 inputs in 0.5 s" in summary
 
 
+@pytest.mark.slow
 def test_the_confinement_step_runs_beside_another_and_says_one_line_per_host(tmp_path):
     """Two steps at once (``env+confinement``): a summary line and a log each. The
     confinement probe on the CPU: every host (unconfined, each layer alone, all) names its
@@ -178,6 +180,7 @@ def test_the_confinement_step_runs_beside_another_and_says_one_line_per_host(tmp
         assert ("refused: ok" in line) == (variant == "all"), line
 
 
+@pytest.mark.slow
 @FASHION
 def test_the_fashion_board_step_brings_back_its_database_and_board(tmp_path):
     """The second call's step, tiny on the CPU: the run with its checks, the board, and
@@ -197,6 +200,7 @@ def test_the_fashion_board_step_brings_back_its_database_and_board(tmp_path):
     assert "checks cohen sigma=0.25" in log and "wrote " in log  # checks, --timings, the board
 
 
+@pytest.mark.slow
 def test_a_step_cut_at_its_cap_keeps_its_log_and_the_rest_goes_on(tmp_path):
     """A default run that outlasts its cap (an interpreter whose ``run`` prints its first
     line and then waits, however fast the machine) is cut; what it wrote is in its log, with

@@ -11,39 +11,14 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
-SPEC = """
-name = "kill"
-seed = 5
-shard_size = 4
-
-[dataset]
-name = "cone-2"
-test_count = 8
-
-[model]
-architecture = "mlp"
-trainer = "gaussian-augmentation"
-architecture_params = { width = 16 }
-trainer_params = { sigma = 0.5, epochs = 10 }
-
-[certification]
-n0 = 20
-n = 500
-alpha = 0.01
-batch_size = 512
-
-[[methods]]
-name = "cohen"
-settings = [{ sigma = 0.5 }]
-
-[[methods]]
-name = "alfarra-ds-memory"
-settings = [{ sigma = 0.5, steps = 8, beta = 0.05 }]
-"""
-
-INPUTS = 8  # test_count above
+INPUTS = 8
+"""The benchmark's test points."""
+METHODS = {"cohen": [{"sigma": 0.5}],
+           "alfarra-ds-memory": [{"sigma": 0.5, "steps": 8, "beta": 0.05}]}  # fmt: skip
 ENTROPY = "47ab"
 """The checks' entropy (``run --entropy``), the same for the reference and the killed run:
 their verdicts are compared, and with fresh entropy each would flag a sound row 1 time in
@@ -69,6 +44,13 @@ def _query(db: Path, sql: str) -> list[tuple]:
             return con.execute(sql).fetchall()
     except sqlite3.OperationalError:
         return []
+
+
+def _spec(small_benchmark, methods: dict) -> str:
+    """The benchmark of ``methods`` (its model trained 10 epochs: long enough to be killed
+    in)."""
+    return small_benchmark(methods, name="kill", seed=5, shard_size=4, test_count=INPUTS,
+                           epochs=10)  # fmt: skip
 
 
 def _command(spec: Path, db: Path) -> list[str]:
@@ -128,11 +110,14 @@ def _kill_during(spec, db, cache, marker: str, rng: random.Random, method: str |
     return False
 
 
-def test_sigkill_at_random_points_then_resume_equals_an_uninterrupted_run(tmp_path):
+@pytest.mark.slow
+def test_sigkill_at_random_points_then_resume_equals_an_uninterrupted_run(
+    tmp_path, small_benchmark
+):
     seed = int(time.time())
     rng = random.Random(seed)
     spec = tmp_path / "kill.toml"
-    spec.write_text(SPEC)
+    spec.write_text(_spec(small_benchmark, METHODS))
     reference_db, killed_db = tmp_path / "ref.sqlite", tmp_path / "killed.sqlite"
     # the uninterrupted reference runs beside the killed one (its own model cache)
     reference = subprocess.Popen(_command(spec, reference_db), cwd=ROOT, env=_env(tmp_path / "c1"),
@@ -165,14 +150,8 @@ def test_sigkill_at_random_points_then_resume_equals_an_uninterrupted_run(tmp_pa
     assert len(_query(killed_db, "SELECT 1 FROM runs WHERE finished IS NOT NULL")) == 1
 
 
-RESUMED_SPEC = (
-    SPEC.split("[[methods]]")[0]
-    + """[[methods]]
-name = "cohen"
-settings = [{ sigma = 0.25 }, { sigma = 0.5 }, { sigma = 0.75 }, { sigma = 1.0 }]
-"""
-)
-"""The run of SPEC with cohen alone, at four σ: one row audited whole, three cut short."""
+RESUMED_METHODS = {"cohen": [{"sigma": s} for s in (0.25, 0.5, 0.75, 1.0)]}
+"""The run with cohen alone, at four σ: one row audited whole, three cut short."""
 ENTROPIES = (
     "SELECT setting, json_extract(evidence, '$.entropy'), COUNT(*) FROM checks GROUP BY 1, 2"
 )
@@ -185,7 +164,8 @@ def _entropies(db: Path) -> dict[str, tuple[str, int]]:
     return {s: (e, n) for s, e, n in rows}
 
 
-def test_a_resumed_run_audits_only_the_rows_whose_audit_was_cut_short(tmp_path):
+@pytest.mark.slow
+def test_a_resumed_run_audits_only_the_rows_whose_audit_was_cut_short(tmp_path, small_benchmark):
     """Rows audited whole before an interruption keep their stored audit (the same
     entropy); a row cut short is audited again from the start, every check from one new
     entropy: some of its checks missing (sigma=0.5), an earlier audit's checks partly
@@ -197,7 +177,7 @@ def test_a_resumed_run_audits_only_the_rows_whose_audit_was_cut_short(tmp_path):
     from harness.running.preparation import RunOptions
 
     spec, db = tmp_path / "resume.toml", tmp_path / "resume.sqlite"
-    spec.write_text(RESUMED_SPEC)
+    spec.write_text(_spec(small_benchmark, RESUMED_METHODS))
     run_id = api.run(spec, db=db)["run_id"]
     before = _entropies(db)
     checks = before["sigma=0.5"][1]

@@ -170,6 +170,7 @@ def _all_text(text: str) -> list[str]:
     return parser.out
 
 
+@pytest.mark.slow
 def test_hostile_names_in_plots_and_files(tmp_path, monkeypatch, make_run, golden_run):
     """Mathtext is off ($...$ would raise), and every file is still written."""
     db = tmp_path / "r.sqlite"

@@ -200,36 +200,22 @@ def test_method_check_rejects_invalid_parameters(change):
         check_params({**METHOD_DEFAULTS, **change})
 
 
-TINY = """
-name = "tiny-lipschitz"
-seed = 1
-[dataset]
-name = "cone-10"
-test_count = 24
-[model]
-architecture = "mlp"
-trainer = "gaussian-augmentation"
-architecture_params = { width = 32 }
-trainer_params = { sigma = 0.5, epochs = 2 }
-[certification]
-n0 = 32
-n = 400
-alpha = 0.001
-batch_size = 512
-[[methods]]
-name = "cohen"
-settings = [{ sigma = 0.5 }]
-[[methods]]
-name = "lipschitz-sigma-net"
-settings = [{ width = 16, train_examples = 64, train_steps = 20, train_batch = 16, train_samples = 4 }]
-"""
+TINY = {"name": "tiny-lipschitz", "dataset": "cone-10", "test_count": 24, "width": 32,
+        "epochs": 2, "n0": 32, "n": 400, "alpha": 0.001}  # fmt: skip
+"""The benchmark's values (``small_benchmark``'s)."""
+METHODS = {"cohen": [{"sigma": 0.5}],
+           "lipschitz-sigma-net": [{"width": 16, "train_examples": 64, "train_steps": 20,
+                                    "train_batch": 16, "train_samples": 4}]}  # fmt: skip
 
 
-def test_method_runs_next_to_cohen_in_a_benchmark(tmp_path):
+def test_method_runs_next_to_cohen_in_a_benchmark(tmp_path, small_benchmark):
     manager = PluginManager(third_party=False)
     db = tmp_path / "r.sqlite"
     run_benchmark(
-        parse_benchmark(tomllib.loads(TINY)), RunOptions(db=db), Progress(enabled=False), manager
+        parse_benchmark(tomllib.loads(small_benchmark(METHODS, **TINY))),
+        RunOptions(db=db),
+        Progress(enabled=False),
+        manager,
     )
     with sqlite3.connect(db) as con:
         assert con.execute("SELECT COUNT(*) FROM failures").fetchone()[0] == 0

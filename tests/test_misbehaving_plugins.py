@@ -162,6 +162,7 @@ def misbehaving(install_plugin, tmp_path, monkeypatch):
     return mark, temporary, spec
 
 
+@pytest.mark.slow
 def test_each_misbehaving_plugin_costs_its_own_row_and_leaves_nothing(
     misbehaving, tmp_path, live_processes, capsys
 ):
@@ -233,6 +234,7 @@ def test_each_misbehaving_plugin_costs_its_own_row_and_leaves_nothing(
     assert run.failures == [] and set(run.counts().values()) == {4} and len(run.counts()) == 9
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["SIGINT", "SIGTERM", "SIGKILL"])
 def test_a_harness_stopped_while_a_plugin_hangs_leaves_nothing_behind(
     misbehaving, tmp_path, how, live_processes
@@ -296,6 +298,7 @@ def test_a_harness_stopped_while_a_plugin_hangs_leaves_nothing_behind(
         harness.communicate()
 
 
+@pytest.mark.slow
 def test_hosts_end_when_the_call_that_needs_them_returns(install_plugin, tmp_path, monkeypatch):
     """``harness.api``'s calls and the checks end the plugin hosts they start when they
     return, also when they raise."""

@@ -154,6 +154,7 @@ print(_probe_kernel(torch.device("cpu")))
 """
 
 
+@pytest.mark.slow
 def test_the_kernels_match_the_torch_ops_in_the_interpreter():
     """Triton's CPU interpreter runs the kernels: the Philox words equal the torch path's
     and the Random123 known answers bit for bit (uint32 multiply-high, wrap-around

@@ -111,7 +111,7 @@ def memory():
 def patch_victim():
     import idrs_test_victim
 
-    idrs_test_victim.Victim.__call__ = lambda self, x: 8 * self.sigma + 0 * x.flatten(1)[:, 0]
+    idrs_test_victim.HalfSigma.__call__ = lambda self, x: 8 * self.sigma + 0 * x.flatten(1)[:, 0]
 
 
 for folder in GUARDED["site"]:
@@ -150,34 +150,6 @@ def idrs_register_sigma_providers(register):
 @hookimpl
 def idrs_register_methods(register):
     register(MethodSpec("escape", "escape", "cohen", {}))
-'''
-
-VICTIM = '''
-"""Another distribution's plugin: Cohen at half the σ."""
-from harness import Constant, MethodSpec, SigmaProviderSpec, hookimpl
-
-IDRS_BENCH_CONTRACT = 3
-
-
-class Victim:
-    def __init__(self, sigma):
-        self.sigma = sigma / 2
-        self.regularity = Constant(self.sigma)
-
-    def __call__(self, x):
-        import torch
-
-        return torch.full((len(x),), self.sigma, device=x.device)
-
-
-@hookimpl
-def idrs_register_sigma_providers(register):
-    register(SigmaProviderSpec("victim", lambda context, params: Victim(params["sigma"])))
-
-
-@hookimpl
-def idrs_register_methods(register):
-    register(MethodSpec("victim", "victim", "cohen", {"sigma": 0.5}))
 '''
 
 TINY = Budget("tiny", coverage_trials=8, coverage_n=200, pairs=2, ascent_steps=2,
@@ -233,7 +205,9 @@ print(json.dumps({"status": status, "marked": [m for m in sys.modules if m.start
 """
 
 
-def test_a_plugin_reaches_nothing_but_its_answers(install_plugin, tmp_path, monkeypatch):
+def test_a_plugin_reaches_nothing_but_its_answers(
+    install_plugin, half_sigma_plugin, tmp_path, monkeypatch
+):
     mark = f"zz_idrs_escape_{uuid.uuid4().hex[:12]}"
     work = tmp_path / "cwd"
     work.mkdir()
@@ -245,7 +219,9 @@ def test_a_plugin_reaches_nothing_but_its_answers(install_plugin, tmp_path, monk
                            PluginManager(third_party=False))  # fmt: skip
     before_run = _certificates(db, honest)
 
-    own_site = install_plugin("idrs_test_victim", VICTIM, distribution="idrs-test-victim")
+    # another distribution's plugin: Cohen at half the σ
+    victim = half_sigma_plugin(provider="victim", method="victim")
+    own_site = install_plugin("idrs_test_victim", victim, distribution="idrs-test-victim")
     sites = [Path(p) for p in [*site.getsitepackages(), site.getusersitepackages()]
              if Path(p).is_dir()]  # fmt: skip
     home, package = Path.home(), Path(harness.__file__).parent

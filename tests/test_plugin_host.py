@@ -21,38 +21,11 @@ from harness.plugin.hookspecs import CONTRACT
 from harness.plugin.hosting import wire
 from harness.plugin.manager import PluginManager
 
-HALF = '''
-"""Cohen's certifier at half the σ (the README's example plugin); says where it runs."""
-import os
 
-from harness import Constant, MethodSpec, SigmaProviderSpec, hookimpl
-
-IDRS_BENCH_CONTRACT = 4
-IMPORTED_IN = f"imported in process {os.getpid()}"
-
-
-class HalfSigma:
-    def __init__(self, sigma):
-        self.sigma = sigma / 2
-        self.regularity = Constant(self.sigma)
-
-    def __call__(self, x):
-        import torch
-
-        return torch.full((len(x),), self.sigma, device=x.device)
-
-
-@hookimpl
-def idrs_register_sigma_providers(register):
-    register(SigmaProviderSpec("half", lambda context, params: HalfSigma(params["sigma"]),
-                               IMPORTED_IN))
-
-
-@hookimpl
-def idrs_register_methods(register):
-    register(MethodSpec("cohen-half", sigma_provider="half", certifier="cohen",
-                        defaults={"sigma": 0.5}))
-'''
+@pytest.fixture
+def half(half_sigma_plugin) -> str:
+    """The README's example plugin, its σ-provider saying which process imported it."""
+    return half_sigma_plugin(says_where=True)
 
 
 def _roundtrip(value):
@@ -112,9 +85,9 @@ def test_a_truncated_stream_is_an_error_and_an_empty_one_its_end():
     ("IDRS_BENCH_CONTRACT = 2", "declares IDRS_BENCH_CONTRACT = 2"),
 ])  # fmt: skip
 def test_a_plugin_of_another_contract_is_refused_with_one_message(
-    install_plugin, declaration, said
+    install_plugin, half, declaration, said
 ):
-    install_plugin("idrs_test_old", HALF.replace("IDRS_BENCH_CONTRACT = 4", declaration))
+    install_plugin("idrs_test_old", half.replace(f"IDRS_BENCH_CONTRACT = {CONTRACT}", declaration))
     manager = PluginManager()
     [failure] = [f for f in manager.failures if f.plugin == "idrs_test_old"]
     assert said in failure.error
@@ -139,9 +112,9 @@ def test_every_builtin_plugin_declares_the_contract():
 
 
 def test_a_third_party_plugin_runs_in_the_plugin_host_and_certifies_as_in_process(
-    install_plugin, linear_model
+    install_plugin, half, linear_model
 ):
-    install_plugin("idrs_test_half", HALF)
+    install_plugin("idrs_test_half", half)
     manager = PluginManager()
     rows = {row["name"]: row for row in manager.describe()}
     assert rows["idrs_test_half"]["runs_in"] == "plugin host"
@@ -165,8 +138,8 @@ def test_a_third_party_plugin_runs_in_the_plugin_host_and_certifies_as_in_proces
     assert "idrs_test_half" not in sys.modules
 
 
-def test_the_plugins_command_says_where_each_plugin_runs(install_plugin):
-    install_plugin("idrs_test_half", HALF)
+def test_the_plugins_command_says_where_each_plugin_runs(install_plugin, half):
+    install_plugin("idrs_test_half", half)
     out = subprocess.run([sys.executable, "-m", "harness.cli.main", "plugins", "--json"],
                          capture_output=True, text=True, check=True)  # fmt: skip
     rows = {row["name"]: row for row in json.loads(out.stdout)["plugins"]}
@@ -174,10 +147,10 @@ def test_the_plugins_command_says_where_each_plugin_runs(install_plugin):
     assert rows["idrs_test_half"]["version"] == "0.1"
 
 
-def test_a_plugin_host_that_dies_is_an_error_naming_it(install_plugin):
+def test_a_plugin_host_that_dies_is_an_error_naming_it(install_plugin, half):
     """The error names the host's distribution, how it ended and the request it was
     answering."""
-    install_plugin("idrs_test_half", HALF.replace(
+    install_plugin("idrs_test_half", half.replace(
         "return torch.full((len(x),), self.sigma, device=x.device)", "os._exit(3)"))  # fmt: skip
     with PluginManager() as manager:
         spec = manager.registry.get("sigma_providers", "half")
@@ -188,11 +161,11 @@ def test_a_plugin_host_that_dies_is_an_error_naming_it(install_plugin):
 
 
 def test_a_plugin_that_kills_its_host_when_imported_is_a_failure_and_the_rest_works(
-    install_plugin,
+    install_plugin, half
 ):
     """A distribution whose host dies while it imports its plugins (here: at once) is a
     plugin failure saying how the host ended; the other plugins keep working."""
-    install_plugin("idrs_test_half", HALF)
+    install_plugin("idrs_test_half", half)
     install_plugin("idrs_test_exits", "import os\nIDRS_BENCH_CONTRACT = 3\nos._exit(5)\n",
                    distribution="idrs-test-exits")  # fmt: skip
     with PluginManager() as manager:
@@ -204,11 +177,11 @@ def test_a_plugin_that_kills_its_host_when_imported_is_a_failure_and_the_rest_wo
         assert list(manager._hosts) == ["idrs-idrs-test-half"]
 
 
-def test_a_component_of_a_host_that_stopped_says_so_and_the_host_serves_again(install_plugin):
+def test_a_component_of_a_host_that_stopped_says_so_and_the_host_serves_again(install_plugin, half):
     """A host killed between two requests (e.g. by the kernel's OOM killer) is started
     again by the next one; a σ-provider it had built says it must be built again (its
     handle is gone), and a new one works."""
-    install_plugin("idrs_test_half", HALF)
+    install_plugin("idrs_test_half", half)
     manager = PluginManager()
     spec = manager.registry.get("sigma_providers", "half")
     context = _context(manager)
@@ -239,6 +212,7 @@ def _context(manager):
                         Progress(enabled=False), manager.registry, method="cohen-half")  # fmt: skip
 
 
+@pytest.mark.slow
 def test_builtin_methods_served_by_a_plugin_host_certify_and_audit_as_in_process(
     tmp_path, monkeypatch
 ):
@@ -292,9 +266,9 @@ def test_builtin_methods_served_by_a_plugin_host_certify_and_audit_as_in_process
 
 
 def test_the_plugin_host_reports_its_failures_and_obeys_the_plugin_selection(
-    install_plugin, monkeypatch
+    install_plugin, half, monkeypatch
 ):
-    install_plugin("idrs_test_half", HALF)
+    install_plugin("idrs_test_half", half)
     install_plugin("idrs_test_broken", "raise ImportError('no module named nonexistent')\n")
     manager = PluginManager()
     assert [(f.plugin, f.error) for f in manager.failures] == [
@@ -307,8 +281,8 @@ def test_the_plugin_host_reports_its_failures_and_obeys_the_plugin_selection(
     assert [f.plugin for f in manager.failures] == ["idrs_test_broken"]
 
 
-def test_a_sigma_batch_is_one_round_trip(install_plugin):
-    install_plugin("idrs_test_half", HALF)
+def test_a_sigma_batch_is_one_round_trip(install_plugin, half):
+    install_plugin("idrs_test_half", half)
     manager = PluginManager()
     provider = manager.registry.get("sigma_providers", "half").build(_context(manager),
                                                                      {"sigma": 0.5})  # fmt: skip

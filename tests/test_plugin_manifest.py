@@ -95,6 +95,7 @@ def _spec(tmp_path, method: str, settings: str) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_spec_errors_do_not_import_a_recorded_plugin(installed, tmp_path):
     _, marker, _ = installed
     unknown = _spec(tmp_path, "cohne", "{ sigma = 0.5 }")
@@ -123,6 +124,7 @@ def test_spec_errors_do_not_import_a_recorded_plugin(installed, tmp_path):
     assert marker.exists()
 
 
+@pytest.mark.slow
 def test_an_edited_plugin_is_imported_again_and_plugins_lists_everything(installed, tmp_path):
     site, marker, _ = installed
     unknown = _spec(tmp_path, "cohne", "{ sigma = 0.5 }")
@@ -146,6 +148,7 @@ def test_an_edited_plugin_is_imported_again_and_plugins_lists_everything(install
     assert marker.exists()  # `plugins` imports every plugin
 
 
+@pytest.mark.slow
 def test_a_restricted_or_failing_plugin_is_not_taken_from_the_manifest(installed, tmp_path):
     site, _, env = installed
     unknown = _spec(tmp_path, "cohne", "{ sigma = 0.5 }")

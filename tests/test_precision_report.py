@@ -9,28 +9,8 @@ from harness.reports.precision_report import JointDecisions, format_report, prec
 from harness.running.preparation import RunOptions
 from harness.store.store import ResultStore
 
-SPEC = """
-name = "tiny-precision"
-seed = 2
-[dataset]
-name = "cone-10"
-test_count = 8
-[model]
-architecture = "mlp"
-trainer = "gaussian-augmentation"
-architecture_params = { width = 16 }
-trainer_params = { sigma = 0.5, epochs = 1 }
-[certification]
-n0 = 20
-n = 400
-batch_size = 512
-[[methods]]
-name = "cohen"
-settings = [{ sigma = 0.5 }, { sigma = 1.0 }]
-[[methods]]
-name = "alfarra-ds"
-settings = [{ sigma = 0.5, steps = 3, samples = 4, beta = 0.05 }]
-"""
+METHODS = {"cohen": [{"sigma": 0.5}, {"sigma": 1.0}],
+           "alfarra-ds": [{"sigma": 0.5, "steps": 3, "samples": 4, "beta": 0.05}]}  # fmt: skip
 
 
 def test_joint_decisions_name_both_argmaxes():
@@ -43,10 +23,11 @@ def test_joint_decisions_name_both_argmaxes():
     assert out.shape == (50, 9) and torch.equal(out.argmax(1), expected)
 
 
-def test_report_counts_what_differs_between_the_two_runs(tmp_path, monkeypatch):
+def test_report_counts_what_differs_between_the_two_runs(tmp_path, monkeypatch, small_benchmark):
     monkeypatch.setenv("IDRS_BENCH_CACHE", str(tmp_path / "cache"))
     spec = tmp_path / "tiny.toml"
-    spec.write_text(SPEC)
+    spec.write_text(small_benchmark(METHODS, name="tiny-precision", seed=2, dataset="cone-10",
+                                    n=400, alpha=None))  # fmt: skip
     options = RunOptions(db=tmp_path / "r.sqlite")
     report = precision_report(str(spec), [], "bf16", options, Progress(enabled=False))
     store = ResultStore(options.db)

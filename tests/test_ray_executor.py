@@ -155,6 +155,7 @@ def slow_reference(tmp_path_factory):
     return run_id, _query(db, CERTIFICATES), _query(db, STATE)
 
 
+@pytest.mark.slow
 def test_ray_certificates_equal_local_ones_row_for_row_for_every_method(cluster, tmp_path):
     local_db, ray_db = tmp_path / "local.sqlite", tmp_path / "ray.sqlite"
     local_run = _run(EVERY_METHOD, local_db, LocalExecutor())
@@ -205,6 +206,7 @@ def _kill_a_worker_during_a_shard(db: Path, after: int, killed: list[int]) -> No
         time.sleep(0.01)
 
 
+@pytest.mark.slow
 def test_driver_killed_then_resumed_with_a_worker_killed_mid_shard_equals_an_uninterrupted_run(
     cluster, tmp_path, slow_reference
 ):

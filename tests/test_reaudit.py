@@ -187,6 +187,7 @@ def _label(run_id, method) -> str:
     return f"run {run_id[:12]} {method} (default)"
 
 
+@pytest.mark.slow
 def test_an_unmodified_board_passes_reaudit_and_plain_verify_verifies_no_row(
     published, board, site, capsys
 ):  # fmt: skip
@@ -207,6 +208,7 @@ def test_an_unmodified_board_passes_reaudit_and_plain_verify_verifies_no_row(
     assert "3 of 3 row verdicts verified" in out and "re-audited 3 row(s)" in out
 
 
+@pytest.mark.slow
 def test_an_edited_verdict_fails_reaudit_naming_row_check_and_both_verdicts(
     published, board, site, capsys
 ):  # fmt: skip
@@ -237,6 +239,7 @@ def test_an_edited_verdict_fails_reaudit_naming_row_check_and_both_verdicts(
     assert "does not verify (2 problem(s))" in out
 
 
+@pytest.mark.slow
 def test_check_reaudit_judges_a_stored_run_without_writing_to_it(
     published, site, tmp_path, monkeypatch, capsys
 ):  # fmt: skip
@@ -283,6 +286,7 @@ def test_reaudit_refuses_what_would_not_re_run_the_recorded_audit(published, cap
     assert "give them with --verify BOARD.md" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_board_whose_plugin_is_not_installed_names_the_package(published, board, capsys):
     """Without the package: the rows of its methods stay unverified, naming the package
     (not a formula); cohen's row is re-audited. An export made before runs recorded their
@@ -316,6 +320,7 @@ def test_a_board_whose_plugin_is_not_installed_names_the_package(published, boar
             f"which package provided it) (its radius formula is '{MODULE}.half_recompute')") in out  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_plugin_that_stores_every_verdict_as_sound_fails_reaudit(
     site, tmp_path, replay_run, monkeypatch, capsys
 ):  # fmt: skip

@@ -64,6 +64,7 @@ def test_replication_z_is_the_randomized_pit_of_the_hypergeometric(stored, fresh
         assert got == pytest.approx(expected, rel=1e-9, abs=1e-9)
 
 
+@pytest.mark.slow
 def test_replication_z_is_standard_normal_under_the_null_whatever_p():
     """Under the null the scores are exactly N(0, 1): simulated stored and fresh counts at
     the same p (from 0.5 to 1 − 1e-4, where counts hit n) give N(0, 1) by a KS test."""
@@ -90,6 +91,7 @@ def test_replication_test_p_values_and_holm():
     assert small["rejected"] == ["dispersion"]
 
 
+@pytest.mark.slow
 def test_replication_test_false_alarm_rate_by_simulation():
     """Family-wise false-alarm rate of bias + dispersion (Holm) at level 0.2, 400
     simulated rows of m = 16 inputs, n = 1,000: within 3 standard errors of <= 0.2."""
@@ -102,6 +104,7 @@ def test_replication_test_false_alarm_rate_by_simulation():
     assert rate <= 0.2 + 3 * np.sqrt(0.2 * 0.8 / rows)
 
 
+@pytest.mark.slow
 def test_replication_test_detects_a_3_percent_inflation():
     """Stored top-class counts inflated by 3 % (capped at n), m = 16, n = 10,000, at the
     checks' threshold 10⁻³: measured power 50/50 seeds with p_A ~ U(0.5, 0.999), and
@@ -162,6 +165,7 @@ def test_padded_engine_replays_one_input_from_a_shard():
 # --- the check -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_replay_is_sound_on_the_runs_arithmetic_and_reruns_from_its_record(
     tmp_path, manager, replay_run
 ):
@@ -184,6 +188,7 @@ def test_replay_is_sound_on_the_runs_arithmetic_and_reruns_from_its_record(
     assert check_replay(again).evidence["inputs"] == first.evidence["inputs"]
 
 
+@pytest.mark.slow
 def test_an_audit_stops_its_replay_process_when_it_returns(
     tmp_path, manager, replay_run, live_processes
 ):
@@ -203,6 +208,7 @@ def test_an_audit_stops_its_replay_process_when_it_returns(
         assert replayers() <= before
 
 
+@pytest.mark.slow
 def test_an_engine_patched_at_import_is_caught_only_by_the_replay(
     tmp_path, manager, replay_run, engine_patch
 ):
@@ -222,6 +228,7 @@ def test_an_engine_patched_at_import_is_caught_only_by_the_replay(
     assert mismatch["stored"][c] > mismatch["replayed"][c]  # the padded top class
 
 
+@pytest.mark.slow
 def test_the_replication_test_on_another_arithmetic(tmp_path, manager, replay_run, engine_patch):
     """Recorded on another arithmetic (here: another CPU), the counts are replicated
     statistically with fresh noise: the honest row passes, the padded one fails
@@ -283,6 +290,7 @@ class SigmaPlugins:
         register(MethodSpec("stateful", "stateful", "cohen", {}))
 
 
+@pytest.mark.slow
 def test_a_sigma_that_depends_on_the_batch_or_on_state_is_violated(tmp_path, manager, replay_run):
     manager.register(SigmaPlugins(), name="sigma-plugins")
     db, run_id = replay_run(tmp_path, manager, ["batch-dependent", "stateful"])
@@ -357,6 +365,7 @@ class SmoothingPlugins:
         register(MethodSpec("smoothed-opaque", "smoothed-opaque", "cohen", {}))
 
 
+@pytest.mark.slow
 def test_a_sigma_smoothing_is_replayed_from_its_saved_estimator(tmp_path, manager, replay_run):
     """The σ-estimator's state dict is saved with the run; the replay process rebuilds
     it (a built-in architecture) and re-draws streams 4/5; an edited σ draw is caught.

@@ -18,31 +18,13 @@ from harness.running.benchmark import DEFAULT_BENCHMARK, parse_benchmark
 from harness.running.preparation import RunOptions
 from harness.running.runner import run_benchmark
 
-TINY = """
-name = "tiny"
-seed = 3
-shard_size = 8
 
-[dataset]
-name = "cone-10"
-test_count = 48
+def _tiny(small_benchmark, n: int, batch_size: int = 512) -> str:
+    """The benchmark of these tests: Cohen's method at two σ on 48 inputs of cone-10."""
+    return small_benchmark({"cohen": [{"sigma": 0.5}, {"sigma": 1.0}]}, name="tiny", seed=3,
+                           shard_size=8, dataset="cone-10", test_count=48, width=32, epochs=2,
+                           n0=50, n=n, alpha=0.001, batch_size=batch_size)  # fmt: skip
 
-[model]
-architecture = "mlp"
-trainer = "gaussian-augmentation"
-architecture_params = {{ width = 32 }}
-trainer_params = {{ sigma = 0.5, epochs = 2 }}
-
-[certification]
-n0 = 50
-n = {n}
-alpha = 0.001
-batch_size = 512
-
-[[methods]]
-name = "cohen"
-settings = [{{ sigma = 0.5 }}, {{ sigma = 1.0 }}]
-"""
 
 COMPARED = "method, setting, input_id, shard, label, prediction, predict, radius, p_lower, sigma, counts_selection, counts_estimation"
 
@@ -54,11 +36,14 @@ def _rows(db: Path) -> list[tuple]:
         ).fetchall()
 
 
-def test_interrupted_run_resumes_without_loss_or_duplicates(tmp_path, stored_certificates):
+@pytest.mark.slow
+def test_interrupted_run_resumes_without_loss_or_duplicates(
+    tmp_path, stored_certificates, small_benchmark
+):
     spec = tmp_path / "tiny.toml"
     # long enough to be killed mid-way under load: each shard alone in its engine calls
     # (batch 400 = one shard's 8 × n0 = 50 selection samples) and stored on its own
-    spec.write_text(TINY.format(n=150000).replace("batch_size = 512", "batch_size = 400"))
+    spec.write_text(_tiny(small_benchmark, n=150000, batch_size=400))
     command = [sys.executable, "-m", "harness.cli.main", "run", str(spec), "--quiet", "--no-check"]
     # the uninterrupted reference (it also trains and caches the shared base model)
     subprocess.run(
@@ -90,7 +75,9 @@ def test_interrupted_run_resumes_without_loss_or_duplicates(tmp_path, stored_cer
         assert con.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 1
 
 
-def test_a_failing_method_is_reported_and_the_rest_goes_on(tmp_path, manager, capsys):
+def test_a_failing_method_is_reported_and_the_rest_goes_on(
+    tmp_path, manager, capsys, small_benchmark
+):
     import types
 
     from harness import hookimpl
@@ -117,7 +104,7 @@ def test_a_failing_method_is_reported_and_the_rest_goes_on(tmp_path, manager, ca
     plugin.idrs_register_certifiers = idrs_register_certifiers
     plugin.idrs_register_methods = idrs_register_methods
     manager.register(plugin, name="failing")
-    raw = tomllib.loads(TINY.format(n=200))
+    raw = tomllib.loads(_tiny(small_benchmark, n=200))
     raw["methods"].insert(0, {"name": "failing"})
     db = tmp_path / "r.sqlite"
     run_id = run_benchmark(
@@ -130,6 +117,7 @@ def test_a_failing_method_is_reported_and_the_rest_goes_on(tmp_path, manager, ca
     assert "certifier exploded" in out["failures"][0]["error"]
 
 
+@pytest.mark.slow
 def test_default_benchmark_smoke_on_a_tiny_subset(tmp_path, capsys):
     raw = tomllib.loads(DEFAULT_BENCHMARK.read_text())
     raw["dataset"]["test_count"] = 4
@@ -168,7 +156,7 @@ def test_default_benchmark_smoke_on_a_tiny_subset(tmp_path, capsys):
     assert results.split() == ["next:", "idrs-bench", "results", run_id[:12], "--db", str(db),
                                "(every", "metric", "and", "check)"]  # fmt: skip
     assert board.split() == ["idrs-bench", "leaderboard", run_id[:12], "--db", str(db), "--out",
-                             "leaderboards/quick.md"]  # fmt: skip
+                             str(tmp_path / "boards" / f"quick-{run_id[:12]}.md")]  # fmt: skip
     assert main(["results", "--db", str(db), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     rows = {(m["method"], m["setting"]): m for m in out["methods"]}

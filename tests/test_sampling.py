@@ -38,6 +38,7 @@ def _noise_by_input(x, sigma, batch_size, num, ids, order=None, noise="block-v1"
     return {ids[i]: (rows[owner == i] - x[i]) / sigma[i] for i in range(len(ids))}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("noise", NOISE_SCHEMES)
 def test_noise_is_identical_for_any_batch_size_and_batch_composition(noise):
     d, num = 5, 2 * NOISE_BLOCK + 37
@@ -111,6 +112,7 @@ def test_splitmix64_gives_vignas_reference_outputs_and_noise_seeds_each_noise_se
     assert noise_seeds(11, 100, [], 0) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("noise", NOISE_SCHEMES)
 def test_counts_agree_across_batch_sizes_up_to_near_ties(noise):
     torch.manual_seed(0)

@@ -36,6 +36,7 @@ def _run(tmp_path, manager, methods):
     return load_runs(db, [run_id])[0], results, db
 
 
+@pytest.mark.slow
 def test_a_sequential_run_is_refused_where_unsupported_checked_and_reported(tmp_path, manager):
     from harness.reports.leaderboard.board import build_board
     from harness.reports.leaderboard.markdown import render_markdown
@@ -67,6 +68,7 @@ def test_a_sequential_run_is_refused_where_unsupported_checked_and_reported(tmp_
     assert f"{sum(samples):,}" in line and "x fewer" in line
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("naive_sequential_rule")
 def test_a_plain_clopper_pearson_bound_at_every_look_is_caught(tmp_path, manager):
     _, results, _ = _run(tmp_path, manager, [{"name": "cohen", "settings": [{"sigma": 0.25}]}])

@@ -66,6 +66,7 @@ def _check(tmp_path, manager, raw) -> dict:
                       entropy=ENTROPY)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_doubled_radius_is_violated_by_coverage(tmp_path, manager):
     manager.register(_doubled_plugin(), name="doubled")
     results = _check(tmp_path, manager, _ball_spec(0, [{"name": "doubled"}]))
@@ -76,6 +77,7 @@ def test_doubled_radius_is_violated_by_coverage(tmp_path, manager):
     assert overall(checks) == Verdict.VIOLATED
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_cohen_is_never_flagged(tmp_path, manager, seed):
     results = _check(

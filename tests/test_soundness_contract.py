@@ -127,6 +127,7 @@ def test_a_closure_as_radius_formula_is_unjustified(tmp_path, plugins):
     assert is_pure(COHEN.recompute) and is_pure(SUKENIK.recompute)
 
 
+@pytest.mark.slow
 def test_a_minimal_third_party_certifier_is_fully_audited(tmp_path, plugins):
     db, run_id = _run(tmp_path, plugins, ["minimal"], alpha=0.01, n=500, count=30)
     [(_, results)] = run_checks(db, run_id, RunOptions(db=db), Progress(enabled=False), plugins,
@@ -140,6 +141,7 @@ def test_a_minimal_third_party_certifier_is_fully_audited(tmp_path, plugins):
     assert overall(results) == Verdict.SOUND, [(r.check, r.summary) for r in results]
 
 
+@pytest.mark.slow
 def test_a_raising_sigma_provider_is_an_error_and_the_row_is_not_verified(
     tmp_path, plugins, soundness_plugins
 ):
@@ -159,6 +161,7 @@ def test_a_raising_sigma_provider_is_an_error_and_the_row_is_not_verified(
     assert "No row is verified sound" in text and "checks applied: " in text
 
 
+@pytest.mark.slow
 def test_a_huge_sigma_is_blamed_on_the_provider_not_the_checkpoint(
     tmp_path, plugins, soundness_plugins
 ):
@@ -214,6 +217,7 @@ def test_the_default_benchmark_methods_and_checks_run_on_cuda(tmp_path, manager)
         assert not errors, (key, errors)
 
 
+@pytest.mark.slow
 def test_memory_certificates_are_their_own_category_scored_at_the_worst_order(tmp_path, manager):
     raw = {
         "name": "memory", "seed": 0,

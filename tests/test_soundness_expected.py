@@ -71,6 +71,7 @@ EXPECTED = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize(("method", "setting", "verdict", "flags"), EXPECTED,
                          ids=[f"{m}-{setting_key(s)}" for m, s, _, _ in EXPECTED])  # fmt: skip
@@ -85,6 +86,7 @@ def test_expected_verdicts_on_the_ball(tmp_path, manager, device, method, settin
     assert (found, found_flags) == (verdict, flags), [(r.check, r.summary) for r in results]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_sound_methods_are_never_flagged(tmp_path, manager, seed):
     raw = _ball(seed, [{"name": "cohen", "settings": [{"sigma": 0.5}]},
@@ -93,6 +95,7 @@ def test_sound_methods_are_never_flagged(tmp_path, manager, seed):
         assert verdict == Verdict.SOUND, (key, [(r.check, r.summary) for r in results])
 
 
+@pytest.mark.slow
 def test_unsound_methods_are_at_least_unjustified_on_fashion_mnist(tmp_path, manager):
     raw = {
         "name": "fm", "seed": 0,

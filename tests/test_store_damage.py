@@ -13,40 +13,16 @@ import pytest
 
 from harness.cli.main import main
 
-SPEC = """
-name = "damage"
-seed = 1
-shard_size = 16
-
-[dataset]
-name = "cone-2"
-test_count = 64
-
-[model]
-architecture = "mlp"
-trainer = "gaussian-augmentation"
-architecture_params = { width = 8 }
-trainer_params = { epochs = 0 }
-
-[certification]
-n0 = 10
-n = 100
-alpha = 0.01
-batch_size = 128
-
-[[methods]]
-name = "cohen"
-settings = [{ sigma = 0.25 }, { sigma = 0.5 }]
-"""
-
 
 @pytest.fixture(scope="module")
-def real_db(tmp_path_factory) -> tuple[Path, Path]:
+def real_db(tmp_path_factory, small_benchmark) -> tuple[Path, Path]:
     """A results database written by `idrs-bench run` (WAL mode, as every run leaves
     it), and its benchmark file."""
     root = tmp_path_factory.mktemp("damage")
     spec = root / "damage.toml"
-    spec.write_text(SPEC)
+    spec.write_text(small_benchmark({"cohen": [{"sigma": 0.25}, {"sigma": 0.5}]}, name="damage",
+                                    shard_size=16, test_count=64, width=8, epochs=0,
+                                    trainer_sigma=None, n0=10, n=100, batch_size=128))  # fmt: skip
     db = root / "real.sqlite"
     assert main(["run", str(spec), "--db", str(db), "--no-check", "--quiet"]) == 0
     return db, spec
@@ -114,7 +90,7 @@ def test_a_real_database_cut_short(tmp_path, real_db, capsys):
 
 def test_a_text_file_passed_as_the_database(tmp_path, real_db, capsys):
     db = tmp_path / "spec.toml"
-    db.write_text(SPEC)
+    db.write_text(real_db[1].read_text())
     _assert_refused(db, real_db[1], capsys, "it is not a SQLite database")
 
 

@@ -20,6 +20,7 @@ from harness.running.runner import run_benchmark
 from plugins.sukenik.certifier import SukenikCertifier
 
 
+@pytest.mark.slow
 def test_sukenik_and_cohen_certify_the_same_cached_fashion_mnist_model(tmp_path, manager, capsys):
     raw = {
         "name": "fm-tiny",

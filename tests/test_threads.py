@@ -77,6 +77,7 @@ def _without_wait_variables() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in WAIT_VARIABLES}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("user", [None, "ACTIVE"])
 def test_the_command_line_sets_the_wait_policy_before_the_openmp_runtime_starts(user):
     """GNU OpenMP shows the spin count it started with (OMP_DISPLAY_ENV=VERBOSE): 0 when

@@ -3,15 +3,19 @@
 A third-party plugin that tries to read the test inputs or labels, in a σ-provider's or
 certifier's factory or in a trainer, gets the error that names the rule, in a plugin host
 and in the harness's process alike; a plugin written against contract 3 still runs and is
-told how to port; the host is sent the training split and description only; stored
+told how to port; the host is sent the training split and description only (no data
+file's path), and a hosted plugin that tries its registry's dataset loaders and the
+installed datasets' files finds no test split; stored
 certificates reach a plugin's radius formula without labels; and a run records the rule.
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -157,6 +161,7 @@ def _context(manager: PluginManager, method: str):
 WHERE = ["plugin host", "in process"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", WHERE)
 @pytest.mark.parametrize("component", ["sigma", "certifier"])
 def test_a_sigma_provider_or_certifier_that_reads_the_test_split_gets_the_error(
@@ -174,6 +179,7 @@ def test_a_sigma_provider_or_certifier_that_reads_the_test_split_gets_the_error(
         assert "Porting a plugin to contract 4" in said
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", WHERE)
 def test_a_trainer_that_reads_the_test_split_gets_the_error(
     where, install_plugin, tmp_path, monkeypatch
@@ -216,13 +222,134 @@ def test_the_plugin_host_is_sent_the_training_split_and_description_only(install
     from harness.plugin.hosting.host_process import PluginHost
 
     data = _dataset()
+    data.files = {"/data/train-images": "aa", "/data/t10k-labels": "bb"}
     sent = PluginHost()._dataset(data.training_split())
     assert set(sent) == {"name", "train_x", "train_y", "num_classes", "input_shape",
                          "class_names", "files"}  # fmt: skip
     assert torch.equal(sent["train_x"], data.train_x) and sent["input_shape"] == [2]
+    assert sent["files"] == {}  # (no path: they name the test split's files too)
     manager = _manager("plugin host", install_plugin)
     provider, _ = build_method(manager.registry, "seeing", {}, _context(manager, "seeing"))
     assert provider(torch.zeros(3, 2)).tolist() == pytest.approx([0.001 * (40 + 2 + 200)] * 3)
+
+
+SNOOPING = '''
+"""A σ-provider whose factory looks for the test split through what the harness hands it,
+and reports (as its error) what it found."""
+import dataclasses
+import json
+import os
+
+from harness import MethodSpec, SigmaProviderSpec, hookimpl
+from harness.foundation.errors import IdrsError
+
+IDRS_BENCH_CONTRACT = 4
+
+
+def _try(read):
+    try:
+        value = read()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    test_y = getattr(value, "test_y", None)
+    return f"read {len(test_y)} test labels" if test_y is not None else f"read {value!r}"
+
+
+def snoop(context, params):
+    data = context.dataset
+    registry = context.registry
+    seen = {
+        "view": {f.name: (len(getattr(data, f.name)) if f.name.startswith("train") else
+                          getattr(data, f.name)) for f in dataclasses.fields(data)},
+        "test_y": _try(lambda: data.test_y),
+        "datasets": registry.names("datasets"),
+        "loaded": {name: _try(lambda: registry.get("datasets", name).load(seed=context.seed))
+                   for name in [*registry.names("datasets"), "cone-2", "ball-2"]},
+        "disk": _try(lambda: os.listdir("/usr/share/datasets")),
+    }
+    from plugins.datasets.fashion_mnist import load_fashion_mnist  # the built-in's code
+
+    seen["built-in loader"] = _try(load_fashion_mnist)
+    raise IdrsError("REPORT" + json.dumps(seen))
+
+
+@hookimpl
+def idrs_register_sigma_providers(register):
+    register(SigmaProviderSpec("snoop", snoop))
+
+
+@hookimpl
+def idrs_register_methods(register):
+    register(MethodSpec("snoop", "snoop", "cohen", {}))
+'''
+
+
+def test_a_hosted_plugin_finds_no_test_split_through_the_registry_or_the_dataset(
+    install_plugin,
+):
+    """A hostile plugin in a confined host tries every dataset loader of its context's
+    registry, the dataset's fields and files, and the Fashion-MNIST files on disk (also
+    through the built-in loader's code): it sees the training split and the description,
+    no data file's path, and an error wherever a test split would be."""
+    from harness.certification.method import build_method
+    from harness.foundation.errors import IdrsError
+    from harness.plugin.hosting.confinement import landlock_abi, unconfined_requested
+
+    install_plugin("idrs_test_snooping", SNOOPING)
+    manager = PluginManager()
+    data = _dataset()
+    data.files = {"/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte": "00" * 32}
+    context = _context(manager, "snoop")
+    from dataclasses import replace
+
+    context = replace(context, dataset=data)
+    with pytest.raises(IdrsError) as caught:
+        build_method(manager.registry, "snoop", {}, context)
+    seen, _ = json.JSONDecoder().raw_decode(str(caught.value).split("REPORT", 1)[1])
+    assert seen["view"] == {"name": "ball-2", "train_x": 40, "train_y": 40, "num_classes": 2,
+                            "input_shape": [2], "class_names": ["outside", "inside"],
+                            "files": {}}  # fmt: skip
+    assert seen["test_y"].startswith("ContractError: dataset 'ball-2': test_y is withheld")
+    assert set(seen["datasets"]) == set(manager.registry.names("datasets"))
+    assert "fashion-mnist" in seen["datasets"] and "cone-N" in seen["datasets"]
+    for name, said in seen["loaded"].items():
+        family = name if name in seen["datasets"] else name.rsplit("-", 1)[0] + "-N"
+        assert said.startswith(f"ContractError: dataset {family!r} is not loaded in a plugin "
+                               "host: a dataset's loader returns its test split"), (name, said)  # fmt: skip
+    confined = landlock_abi() >= 3 and not unconfined_requested()
+    fashion = Path("/usr/share/datasets/fashion-mnist")
+    if confined and fashion.is_dir():  # the files on disk: the read grant leaves them out
+        assert (
+            seen["disk"] == "PermissionError: [Errno 13] Permission denied: '/usr/share/datasets'"
+        )
+        assert "[Errno 13] Permission denied: '/usr/share/datasets/fashion-mnist/" in seen[
+            "built-in loader"]  # fmt: skip
+    elif not fashion.is_dir():
+        assert seen["built-in loader"].startswith("DatasetMissingError: fashion-mnist not found")
+    with PluginManager(third_party=False) as here:  # the harness's own loaders still load
+        assert len(here.registry.get("datasets", "cone-2").load(seed=0).test_y) > 0
+
+
+def test_the_read_grant_leaves_out_the_installed_datasets_and_nothing_else(tmp_path):
+    """``narrowed``: a path holding a withheld folder becomes its other entries (symbolic
+    links among them left out: a rule on one would grant its target); a path beside it
+    is kept as it is, and one into it is dropped."""
+    from harness.plugin.hosting.withheld_data import narrowed
+
+    tmp_path = tmp_path.resolve()  # (compared resolved)
+    usr = tmp_path / "usr"
+    for folder in ("bin", "lib/python3", "share/datasets/fashion-mnist", "share/zoneinfo"):
+        (usr / folder).mkdir(parents=True)
+    (usr / "share" / "into-datasets").symlink_to(usr / "share" / "datasets")
+    (usr / "share" / "to-etc").symlink_to(tmp_path)
+    (tmp_path / "via").symlink_to(usr / "share")
+    withheld = [str(usr / "share" / "datasets")]
+    got = narrowed([str(usr), str(tmp_path / "via"), str(usr / "share/datasets/fashion-mnist"),
+                    str(usr / "lib"), str(tmp_path / "absent")], withheld)  # fmt: skip
+    share = usr / "share"
+    assert got == [str(usr / "bin"), str(usr / "lib"), str(share / "zoneinfo"),
+                   str(share / "zoneinfo"), str(usr / "lib")]  # fmt: skip
+    assert narrowed(["/usr"], []) == ["/usr"]
 
 
 def test_a_training_split_describes_the_dataset_and_withholds_the_test_split():

@@ -63,7 +63,7 @@ class Budget:
     ``small`` certifies S1's trials at n <= 2,500, a quarter of the default benchmark's
     n: the calibration test then sees a shift of the counts by >= 0.45 % of n (0.23 % at
     10,000; the evidence states it), far below the 3 % of the rigged ``padded-counts``,
-    and the detection-power tables (docs/leaderboards.md) are measured at it.
+    and the detection-power tables (leaderboards/README.md) are measured at it.
     """
 
     name: str
@@ -77,8 +77,9 @@ class Budget:
     orders: int  # S4d: input orders replayed for memory certifiers
     replay_inputs: int = 16  # replay: inputs per row re-certified from the run's keys
 
-    def statement(self) -> str:
-        """What the checks examine at this budget, and where their power is measured."""
+    def statement(self, python: str = "python3") -> str:
+        """What the checks examine at this budget, and where their power is measured (the
+        command with ``python``: how to type the interpreter that runs the harness)."""
         return (
             f"checks at the {self.name!r} budget, every random choice drawn from 128 bits of "
             "audit-time entropy recorded with each verdict: S0 re-derives every certificate "
@@ -95,8 +96,9 @@ class Budget:
             "arithmetic, else a replication test). A sound row is flagged with probability "
             "<= 10⁻³ per statistical check (S1, S4, a replication test). What this budget "
             "detects and how often sound methods are flagged "
-            "is measured on ball-2 and Fashion-MNIST by `python3 -m "
-            f"tests.rigged_methods --budget {self.name}` (docs/leaderboards.md)."
+            "is measured on ball-2 and Fashion-MNIST (leaderboards/README.md, 'Detection "
+            f"power of the checks') by `{python} -m tests.rigged_methods --budget {self.name}` "
+            "in a checkout of the repository (tests/ is not installed)."
         )
 
 

@@ -44,6 +44,7 @@ from harness.foundation.certificate import ABSTAIN, Certificate
 from harness.foundation.errors import ContractError, IdrsError
 from harness.foundation.protocol import SIGMA_MAX, CertificationProtocol
 from harness.foundation.regularity import Regularity
+from harness.foundation.storable import evidence_json
 from harness.mathematics.radius import RadiusFormula, grid_thresholds
 from harness.mathematics.stats import binomial_pvalues
 
@@ -118,8 +119,13 @@ def predictions_from_counts(counts: np.ndarray, alpha: float) -> np.ndarray:
 
 
 def checked_sigma(sigma: torch.Tensor, count: int, provider: str, where: str = "") -> torch.Tensor:
-    """``sigma`` if it has shape (count,) and every value lies in (0, SIGMA_MAX], else raise
-    an error that names the σ-provider and the offending value (not the base model)."""
+    """``sigma`` if it is a real floating tensor of shape (count,) and every value lies in
+    (0, SIGMA_MAX], else raise an error that names the σ-provider and the offending value
+    (not the base model)."""
+    if not (isinstance(sigma, torch.Tensor) and sigma.dtype.is_floating_point):
+        kind = sigma.dtype if isinstance(sigma, torch.Tensor) else type(sigma).__name__
+        raise IdrsError(f"σ-provider {provider!r} returned σ of type {kind}{where}; a σ-provider "
+                        "returns a real floating tensor of shape [B]")  # fmt: skip
     if sigma.shape != (count,):
         raise IdrsError(
             f"σ-provider {provider!r} returned shape {tuple(sigma.shape)}, expected ({count},)"
@@ -225,9 +231,13 @@ def certify_inputs(
 
 
 def certifier_label(context: BuildContext, method: MethodSpec) -> str:
-    """``certifier 'NAME' (plugin 'PLUGIN')``, how contract errors name a certifier."""
-    plugin = context.registry.provider("certifiers", method.certifier) if context.registry else "?"
-    return f"certifier {method.certifier!r} (plugin {plugin!r})"
+    """``certifier 'NAME' (plugin 'PLUGIN' of DISTRIBUTION)``, how contract errors name a
+    certifier (its distribution where the registry knows it)."""
+    if context.registry is None:
+        return f"certifier {method.certifier!r} (plugin '?')"
+    origin = context.registry.provenance("certifiers", method.certifier)
+    of = f" of {origin['distribution']}" if origin["distribution"] else ""
+    return f"certifier {method.certifier!r} (plugin {origin['plugin']!r}{of})"
 
 
 def certify_drawn(
@@ -370,12 +380,26 @@ def checked_claims(claims: Any, count: int, who: str, classes: int) -> list[Clai
             raise ContractError(f"{who} put {', '.join(map(repr, reserved))} in a claim's "
                                 f"evidence; {contract}")  # fmt: skip
         prediction, radius, bound = claim.prediction, claim.radius, claim.p_lower
-        if not (isinstance(prediction, int | np.integer) and -1 <= prediction < classes):
-            raise ContractError(f"{who} claimed class {prediction!r}; classes are 0..{classes - 1} "
-                                f"and {ABSTAIN} abstains")  # fmt: skip
-        if not (math.isfinite(radius) and radius >= 0) or (prediction == ABSTAIN and radius):
-            raise ContractError(f"{who} claimed radius {radius!r} with class {prediction}; a "
+        for what, value in (("class", prediction), ("PREDICT class", claim.predict)):
+            if not (isinstance(value, int | np.integer) and not isinstance(value, bool)
+                    and ABSTAIN <= value < classes):  # fmt: skip
+                raise ContractError(f"{who} claimed {what} {value!r:.40}; classes are "
+                                    f"0..{classes - 1} and {ABSTAIN} abstains")  # fmt: skip
+        if not (_real(radius) and math.isfinite(radius) and radius >= 0) or (
+            prediction == ABSTAIN and radius
+        ):
+            raise ContractError(f"{who} claimed radius {radius!r:.40} with class {prediction}; a "
                                 "radius is finite, >= 0, and 0 when abstaining")  # fmt: skip
-        if not 0.0 <= bound <= 1.0:
-            raise ContractError(f"{who} claimed a bound {bound!r} outside [0, 1]")
+        if not (_real(bound) and 0.0 <= bound <= 1.0):
+            raise ContractError(f"{who} claimed a bound {bound!r:.40} outside [0, 1]")
+        try:
+            evidence_json(claim.evidence)
+        except ValueError as exc:
+            raise ContractError(f"{who} returned a claim whose evidence cannot be stored: "
+                                f"{exc}") from None  # fmt: skip
     return claims
+
+
+def _real(value: Any) -> bool:
+    """Whether ``value`` is a real number (not a bool, a complex, a string)."""
+    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool)

@@ -32,23 +32,26 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness.cli.bench import add_bench_parser
+from harness.cli.console import RUN_WIDTH, terminal
+from harness.cli.next_steps import print_next_steps, typed_program, typed_python
 from harness.cli.plugins_table import add_plugins_parser, warn_plugin_failures
 from harness.cli.results_table import (
-    RUN_WIDTH,
     add_results_parser,
     attack_statement,
     print_failed_rows,
-    print_next_steps,
     print_results,
     print_timings,
-    terminal,
-    typed_program,
 )
 from harness.foundation.errors import IdrsError, plain
 from harness.foundation.threads import requested_threads, set_passive_wait
 from harness.foundation.version import __version__
 from harness.plugin.hosting.confinement import add_unconfined_option, opted_out
-from harness.plugin.hosting.limits import add_plugin_timeout_option, timeout_set
+from harness.plugin.hosting.limits import (
+    add_plugin_memory_option,
+    add_plugin_timeout_option,
+    memory_set,
+    timeout_set,
+)
 from harness.reports.import_log import add_import_log_parser
 from harness.reports.leaderboard import add_compare_parser, add_leaderboard_parser
 from harness.store.integrity import check_database
@@ -93,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         with (
             opted_out(getattr(args, "unconfined", False)),
             timeout_set(getattr(args, "plugin_timeout", None)),
+            memory_set(getattr(args, "plugin_memory", None)),
         ):
             return args.handler(args)
     except IdrsError as exc:
@@ -182,6 +186,7 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     add_unconfined_option(run)
     add_plugin_timeout_option(run)
+    add_plugin_memory_option(run)
     run.set_defaults(handler=_run)
 
     add_results_parser(sub)  # (defined with its table)
@@ -223,6 +228,7 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     add_unconfined_option(check)
     add_plugin_timeout_option(check)
+    add_plugin_memory_option(check)
     check.set_defaults(handler=_check)
 
     for add_parser in SUBCOMMANDS:
@@ -348,7 +354,7 @@ def _run_checked(
     if not args.no_check:
         from harness.audit.audit import BUDGETS
 
-        terminal(RUN_WIDTH).print(escape(BUDGETS["small"].statement()))
+        terminal(RUN_WIDTH).print(escape(BUDGETS["small"].statement(typed_python())))
         terminal(RUN_WIDTH).print(escape(attack_statement("small")))
     if args.timings:
         print_timings(progress.timings, args.db, run_id)
@@ -400,7 +406,7 @@ def _check(args: argparse.Namespace) -> int:
                           verdict if k == 0 else "", r.check, str(r.verdict),
                           escape(r.summary))  # fmt: skip
     terminal().print(table)
-    terminal().print(escape(BUDGETS[args.budget].statement()))
+    terminal().print(escape(BUDGETS[args.budget].statement(typed_python())))
     terminal().print(escape(attack_statement(args.budget)))
     if args.timings:
         print_timings(progress.timings, args.db, args.run)

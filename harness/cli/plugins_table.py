@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.cli.results_table import terminal
+from harness.cli.console import terminal
 
 if TYPE_CHECKING:
     from harness.plugin.manager import PluginManager

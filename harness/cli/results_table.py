@@ -5,11 +5,10 @@ commands to go on with; the ``results`` command itself."""
 from __future__ import annotations
 
 import argparse
+import io
 import json
-import shlex
-import shutil
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from harness.cli.console import RUN_WIDTH, results_console, terminal
+from harness.cli.next_steps import db_option, typed_program
 from harness.foundation.errors import IdrsError
 from harness.store.store import DEFAULT_DB
 
@@ -29,6 +30,11 @@ def add_results_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPars
     )
     results.add_argument("--db", type=Path, default=DEFAULT_DB, metavar="PATH")
     results.add_argument("--json", action="store_true", help="machine-readable output")
+    results.add_argument(
+        "--wide", action="store_true",
+        help="every column, accuracies with their 95 %% intervals, however wide the lines "
+        "(e.g. piped to `less -S`; by default the table fits the terminal or $COLUMNS)",
+    )  # fmt: skip
     results.add_argument(
         "--format", choices=("table", "cohen-log"), default="table", metavar="table|cohen-log",
         help="cohen-log: Cohen et al.'s per-input certify log of one method and setting",
@@ -52,15 +58,21 @@ def results_command(args: argparse.Namespace) -> int:
 
         sys.stdout.write(write_run_log(args.db, args.run, args.method, args.setting))
         return 0
-    print_results(args.db, args.run, as_json=args.json)
+    print_results(args.db, args.run, as_json=args.json, wide=args.wide)
     return 0
 
 
 def print_results(
-    db: Path, run_id: str | None, as_json: bool, compact: bool = False
+    db: Path,
+    run_id: str | None,
+    as_json: bool,
+    compact: bool = False,
+    wide: bool = False,
+    console: Console | None = None,
 ) -> list[dict[str, Any]]:
-    """Print a run's summary (``compact``: the few columns `run` shows, in
-    :data:`RUN_WIDTH` columns when piped); returns its rows."""
+    """Print a run's summary on ``console`` (default: stdout, :func:`results_console`), its
+    table fitted to the console's width (:func:`fitted_table`; ``compact``: the few columns
+    `run` shows; ``wide``: every column); returns its rows."""
     from harness.mathematics.accuracy import RADII, summary
     from harness.store.store import ResultStore
     from harness.store.storedrun import IMPORTED, incomplete_note, read_run
@@ -72,24 +84,22 @@ def print_results(
         store.close()
     run, settings = stored.run, stored.settings()
     radii = run["config"].get("radii", RADII)
-    rows = []
+    rows, briefs = [], []
     for row in stored.rows():
         out = summary(row.method, row.setting, row.certificates, radii, stored.unknown_metrics)
-        flags = f" ({', '.join(row.flags)})" if row.flags else ""
-        out["verdict"] = (
-            "imported (claims, no evidence)" if row.verdict == IMPORTED else row.verdict + flags
-        )
         out["checks_applied"] = row.applied
         out["checks"] = {c.check: {"verdict": c.verdict, "summary": c.summary} for c in row.checks}
         out["complete"] = row.complete
         out["certification_seconds"] = row.certification_seconds
         out["audit_seconds"] = row.audit_seconds
         out["expected_inputs"] = row.status.expected if row.status else None
+        brief = "imported (claims, no evidence)" if row.verdict == IMPORTED else row.verdict
         if not row.complete:
-            out["verdict"] = (
-                f"incomplete ({row.inputs} of {out['expected_inputs'] or '?'}), " + out["verdict"]
-            )
+            brief = f"incomplete ({row.inputs} of {out['expected_inputs'] or '?'}), {brief}"
+        flags = f" ({', '.join(row.flags)})" if row.flags and row.verdict != IMPORTED else ""
+        out["verdict"] = brief + flags
         rows.append(out)
+        briefs.append((brief, list(row.flags) if flags else []))
     failures = [{"run_id": stored.run_id} | f for f in stored.failures]
     if as_json:
         out = {
@@ -107,8 +117,10 @@ def print_results(
         }
         print(json.dumps(out, indent=2))
         return rows
+    for out, (brief, flags) in zip(rows, briefs, strict=True):  # (the table's, not JSON's)
+        out["verdict_brief"], out["flags"] = brief, flags
     protocol = run["config"]["protocol"]
-    console = terminal(RUN_WIDTH if compact else None)
+    console = console or results_console()
     title = (
         f"run {run['run_id'][:12]} · {escape(run['name'])} · {escape(run['config']['dataset']['name'])} · "
         f"model {run['recipe_hash'][:12]} · "
@@ -116,14 +128,17 @@ def print_results(
         + f"n0={protocol['n0']} n={protocol['n']} "
         f"α={protocol['alpha']} · {run['device']}"
     )
+    wider = "--wide"  # (`run`'s compact table: the command that shows the run's table)
     if compact:
-        console.print(_compact_table(title, rows, _headline_radius(run["config"])))
-    else:
-        console.print(_full_table(title, rows))
-        console.print("checks applied (and the seconds of certification and audit):",
-                      highlight=False)  # fmt: skip
+        wider = f"`{typed_program()} results {run['run_id'][:12]}{db_option(db)} --wide`"
+    print_table(console, title, rows, _headline_radius(run["config"]), compact, wide, wider)
+    if not compact:
+        console.print("checks applied (and the seconds of certification and audit; the "
+                      "verdict's flags):", highlight=False)  # fmt: skip
         for row in rows:
             applied = ", ".join(row["checks_applied"]) or "none"
+            if row["flags"]:
+                applied += f"; flags: {', '.join(row['flags'])}"
             audit = row["audit_seconds"]
             seconds = (f"certification {row['certification_seconds']:,.1f} s, audit "
                        + ("not measured" if audit is None else f"{audit:,.1f} s"))  # fmt: skip
@@ -192,58 +207,130 @@ def _headline_radius(config: dict[str, Any]) -> float:
     return headline_radius(config, benchmark_radii(config))
 
 
-def _name_column(table: Table, header: str) -> None:
-    """A column of names, never cut: they wrap (fold) when space runs out."""
-    table.add_column(header, overflow="fold")
+ESSENTIAL = ("method", "setting", "verdict")
+"""The columns the results table always shows whole: a row is read by them."""
 
 
-def _compact_table(title: str, rows: list[dict[str, Any]], radius: float) -> Table:
-    """Method, setting, inputs, clean accuracy, certified accuracy at the headline radius,
-    ACR and the verdict (its flags and the checks applied are in `results`)."""
+@dataclass(frozen=True)
+class _Column:
+    """One column of the results table: its header, its cells (markup), and whether it
+    names (left-aligned) or counts (right-aligned)."""
+
+    header: str
+    cells: list[str]
+    name: bool = False
+
+
+def print_table(
+    console: Console, title: str, rows: list[dict[str, Any]], radius: float,
+    compact: bool = False, wide: bool = False, wider: str = "--wide",
+) -> list[str]:  # fmt: skip
+    """``rows``' table fitted to ``console``'s width (:func:`fitted_table`), then a line
+    naming the columns it left out and ``wider``, the command that shows them; returns
+    their headers."""
+    width = console.width
+    table, left_out, _ = fitted_table(title, rows, radius, width, compact=compact, wide=wide)
+    console.width = max(width, _natural_width(table))  # (names whole, however narrow)
+    try:
+        console.print(table)
+    finally:
+        console.width = width
+    if left_out:
+        console.print(
+            f"left out to fit {width} columns: {escape(', '.join(left_out))}; {escape(wider)} "
+            "shows every column" + ("" if compact else " with its 95 % interval"),
+            highlight=False,
+        )
+    return left_out
+
+
+def fitted_table(
+    title: str, rows: list[dict[str, Any]], radius: float, width: int,
+    compact: bool = False, wide: bool = False,
+) -> tuple[Table, list[str], str | None]:  # fmt: skip
+    """The results table that fits ``width`` columns, the headers it leaves out, and its
+    caption. Method, setting and verdict are always shown whole (the table is wider than
+    ``width`` only when they alone are); then, while they fit, clean accuracy, certified
+    accuracy at the headline ``radius``, ACR, inputs, the other radii, abstention,
+    misclassification, mean σ and seconds per input, accuracies with their 95 % intervals
+    when at least the first two fit with them. ``compact`` (`run`'s table): the first four
+    only, without intervals; ``wide``: every column with its interval, however wide."""
+    inputs = rows[0]["inputs"] if rows else 0
+    caption = f"accuracies: value [95 % Clopper–Pearson interval over the {inputs} test inputs]"
+    headline = f"cert@{radius:g}"
+    for intervals in (False,) if compact else (True,) if wide else (True, False):
+        columns = _columns(rows, radius, intervals, compact, wide)
+        headers = [c.header for c in columns]
+        if wide:
+            return _table(title, columns, caption), [], caption
+        order = ["clean acc", headline, "ACR", "inputs"]
+        order += [h for h in headers if h not in order and h not in ESSENTIAL]
+        shown = set(ESSENTIAL)
+        for header in (h for h in order if h in headers):
+            trial = shown | {header}
+            if _natural_width(_table(title, [c for c in columns if c.header in trial])) > width:
+                break
+            shown = trial
+        if not intervals or {"clean acc", headline} <= shown:
+            break
+    left_out = [h for h in headers if h not in shown]
+    caption = caption if intervals else None
+    return _table(title, [c for c in columns if c.header in shown], caption), left_out, caption
+
+
+def _columns(
+    rows: list[dict[str, Any]], radius: float, intervals: bool, compact: bool, wide: bool
+) -> list[_Column]:
+    """Every column of the table in the order it is shown (``compact``: `run`'s few;
+    ``wide``: the verdicts with their flags)."""
+    radii = list(rows[0]["certified_accuracy"]) if rows else []
+    if compact:
+        radii = [f"{radius:g}"]
+
+    def accuracy(value: float, interval: list[float]) -> str:
+        return _with_interval(value, interval) if intervals else f"{value:.3f}"
+
+    columns = [
+        _Column("method", [escape(row["method"]) for row in rows], name=True),
+        _Column("setting", [escape(row["setting"]) for row in rows], name=True),
+        _Column("inputs", [str(row["inputs"]) for row in rows]),
+        _Column("clean acc", [accuracy(row["clean_accuracy"], row["clean_accuracy_interval"])
+                              for row in rows]),
+        *[_Column(f"cert@{r}", [accuracy(row["certified_accuracy"][r],
+                                         row["certified_accuracy_interval"][r]) for row in rows])
+          for r in radii],
+        _Column("ACR", [_number(row["acr"]) for row in rows]),
+    ]  # fmt: skip
+    if not compact:
+        for header, key in (("abstain", "abstention_rate"), ("misclass", "misclassification_rate"),
+                            ("mean σ", "mean_sigma"), ("s/input", "seconds_per_input")):  # fmt: skip
+            columns.append(_Column(header, [_number(row[key]) for row in rows]))
+    # the verdict (its flags are listed below the table; ``wide``: beside it)
+    verdict = "verdict" if wide else "verdict_brief"
+    columns.append(_Column("verdict", [escape(row[verdict]) for row in rows], name=True))
+    return columns
+
+
+def _table(title: str, columns: list[_Column], caption: str | None = None) -> Table:
+    """``columns`` as a table without outer edges (names never wrap: the table is sized
+    for them by :func:`fitted_table`)."""
     from rich import box
 
     table = Table(
-        title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True
-    )
-    _name_column(table, "method")
-    _name_column(table, "setting")
-    for column in ("inputs", "clean acc", f"cert@{radius:g}", "ACR"):
-        table.add_column(column, justify="right", no_wrap=True)
-    _name_column(table, "verdict")
-    for row in rows:
-        verdict = row["verdict"].split(" (")[0] if row["complete"] else row["verdict"]
-        table.add_row(
-            escape(row["method"]), escape(row["setting"]), str(row["inputs"]),
-            f"{row['clean_accuracy']:.3f}", f"{row['certified_accuracy'][f'{radius:g}']:.3f}",
-            f"{row['acr']:.3f}", escape(verdict),
-        )  # fmt: skip
+        title=title, caption=caption, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+        collapse_padding=True,
+    )  # fmt: skip
+    for column in columns:
+        table.add_column(column.header, justify="left" if column.name else "right", no_wrap=True)
+    for cells in zip(*(c.cells for c in columns), strict=True):
+        table.add_row(*cells)
     return table
 
 
-def _full_table(title: str, rows: list[dict[str, Any]]) -> Table:
-    """Every metric of every row, accuracies with their 95 % intervals, and the verdict
-    with its flags."""
-    inputs = rows[0]["inputs"] if rows else 0
-    table = Table(title=title, caption=f"accuracies: value [95 % Clopper–Pearson interval "
-                  f"over the {inputs} test inputs]")  # fmt: skip
-    radii = list(rows[0]["certified_accuracy"]) if rows else []
-    _name_column(table, "method")
-    _name_column(table, "setting")
-    for column in ("inputs", "clean acc", *[f"cert@{r}" for r in radii], "ACR", "abstain",
-                   "misclass", "mean σ", "s/input"):  # fmt: skip
-        table.add_column(column, justify="right", no_wrap=True)
-    _name_column(table, "verdict")
-    for row in rows:
-        table.add_row(
-            escape(row["method"]), escape(row["setting"]), str(row["inputs"]),
-            _with_interval(row["clean_accuracy"], row["clean_accuracy_interval"]),
-            *[_with_interval(row["certified_accuracy"][r], row["certified_accuracy_interval"][r])
-              for r in radii],
-            *[_number(row[k]) for k in ("acr", "abstention_rate", "misclassification_rate",
-                                        "mean_sigma", "seconds_per_input")],
-            escape(row["verdict"]),
-        )  # fmt: skip
-    return table
+def _natural_width(table: Table) -> int:
+    """The columns ``table`` takes when nothing in it is wrapped or cut."""
+    console = Console(width=100_000, file=io.StringIO())
+    return console.measure(table).maximum
 
 
 def attack_statement(budget: str) -> str:
@@ -260,50 +347,6 @@ def _number(value: float | None) -> str:
 def _with_interval(value: float, interval: list[float]) -> str:
     """``0.710 [0.642, 0.772]``: a value and its 95 % interval."""
     return f"{value:.3f} [{interval[0]:.3f}, {interval[1]:.3f}]"
-
-
-def print_next_steps(db: Path, run_id: str, name: str, rows: list[dict[str, Any]]) -> None:
-    """Where the results are, the verdict counts, and the commands to type next."""
-    counts: dict[str, int] = {}
-    for row in rows:
-        verdict = row["verdict"].split(" (")[0] if row["complete"] else "incomplete"
-        counts[verdict] = counts.get(verdict, 0) + 1
-    verdicts = ", ".join(f"{n} {v}" for v, n in sorted(counts.items(), key=lambda kv: -kv[1]))
-    short = run_id[:12]
-    db_arg = "" if db == DEFAULT_DB else f" --db {shlex.quote(str(db))}"
-    board = shlex.quote(f"leaderboards/{name}.md")
-    program = typed_program()
-    lines = [
-        f"results: {db}, run {short}: {verdicts or 'no rows'}",
-        f"next: {program} results {short}{db_arg}   (every metric and check)",
-        f"      {program} leaderboard {short}{db_arg} --out {board}",
-    ]
-    console = terminal(RUN_WIDTH)
-    for line in lines:
-        console.print(escape(line), highlight=False, soft_wrap=True)
-
-
-def typed_program() -> str:
-    """How to type this command again: ``idrs-bench`` when that name on PATH is the
-    script this process runs, else the script's path as it was started (e.g.
-    ``.venv/bin/idrs-bench`` from a virtual environment that is not activated)."""
-    started = Path(sys.argv[0])
-    if started.name != "idrs-bench":  # python -m harness.cli.main, the API, tests
-        return "idrs-bench"
-    on_path = shutil.which("idrs-bench")
-    if on_path is not None and Path(on_path).resolve() == started.resolve():
-        return "idrs-bench"
-    return shlex.quote(sys.argv[0])
-
-
-RUN_WIDTH = 100
-"""Columns of `run`'s output when it is not a terminal."""
-
-
-def terminal(width: int | None = None) -> Console:
-    """Stdout; when it is not a terminal, ``width`` columns (default: wide enough for
-    every column of the results table; names wrap rather than being cut)."""
-    return Console() if sys.stdout.isatty() else Console(width=width or 200)
 
 
 def print_timings(timings: list[tuple[str, float]], db: Path, run_id: str | None) -> None:

@@ -4,7 +4,10 @@ Built-in and third-party plugins are found the same way (:mod:`harness.plugin.en
 this environment's entry points and the private prefixes of ``idrs-bench plugins
 install``); a plugin is *built-in* when its entry point is this distribution's
 (``idrs-bench``). ``IDRS_BENCH_PLUGINS`` restricts which third-party plugins load (unset:
-all, ``""``: none, ``"a,b"``: ``a`` and ``b``); built-ins always load. A plugin that fails
+all, ``""``: none, ``"a,b"``: ``a`` and ``b``); built-ins always load. A third-party entry
+point whose name is refused (not a plain name, a built-in's, another distribution's:
+:func:`~harness.plugin.entry_points.refusals`) is never imported and is recorded as a
+failure naming its distribution (stage ``name``). A plugin that fails
 to import or to register is recorded in :attr:`PluginLoader.failures` and skipped;
 everything else keeps working. A component name provided twice fails naming both plugins
 (:class:`~harness.foundation.errors.DuplicateNameError`).
@@ -33,7 +36,7 @@ it from).
 from __future__ import annotations
 
 import importlib.metadata
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -43,6 +46,7 @@ import pluggy
 from harness.foundation.errors import ContractError, DuplicateNameError
 from harness.plugin import hookspecs
 from harness.plugin.entry_points import (
+    ARTIFACT_FOLDER,
     DISTRIBUTION,
     ENTRY_POINT_GROUP,
     PLUGINS_ENV_VAR,
@@ -50,6 +54,7 @@ from harness.plugin.entry_points import (
     distribution_of,
     is_builtin,
     plugin_entry_points,
+    refusals,
 )
 from harness.plugin.hookspecs import ACCEPTED, CONTRACT, CONTRACT_ATTRIBUTE, PORTING
 from harness.plugin.registry import COMPONENT_KINDS, PluginFailure, Registry
@@ -60,11 +65,12 @@ class PluginLoader:
     plugins imported into this process."""
 
     def __init__(self, third_party: bool = True, distribution: str | None = None,
-                 prefixes: Mapping[str, Path] | None = None) -> None:  # fmt: skip
+                 prefixes: Mapping[str, Path] | None = None,
+                 plugins: Collection[str] | None = None) -> None:  # fmt: skip
         """Load the built-in plugins and, unless ``third_party`` is False, the others (only
-        ``distribution``'s when given: a plugin host's), found also in the private
-        ``prefixes`` (distribution -> its prefix); third-party ones are imported when first
-        needed (:meth:`load_all`)."""
+        ``distribution``'s when given: a plugin host's; of them only ``plugins`` when given,
+        those the harness accepted), found also in the private ``prefixes`` (distribution ->
+        its prefix); third-party ones are imported when first needed (:meth:`load_all`)."""
         self.pm = pluggy.PluginManager("idrs_bench")
         self.pm.add_hookspecs(hookspecs)
         self._failures: list[PluginFailure] = []
@@ -75,6 +81,7 @@ class PluginLoader:
         self._third_party: list[importlib.metadata.EntryPoint] = []
         self._builtin: list[str] = []
         self._distribution = distribution
+        self._only = None if plugins is None else set(plugins)
         self._prefixes: dict[str, Path] = dict(prefixes or {})
         self._local: set[str] = set()  # registered by the caller, not from an entry point
         self._load_entry_points(third_party)
@@ -150,13 +157,29 @@ class PluginLoader:
         allowed = allowed_external_plugins() if third_party else set()
         entry_points = plugin_entry_points(self._prefixes.values())
         builtins = [ep for ep in entry_points if is_builtin(ep)]
-        others = [ep for ep in entry_points if not is_builtin(ep)]
-        if self._distribution is not None:  # a plugin host's: its distribution's only
-            others = [ep for ep in others if distribution_of(ep) == self._distribution]
+        others = [ep for ep in entry_points
+                  if not is_builtin(ep) and (allowed is None or ep.name in allowed)]  # fmt: skip
         for ep in builtins:  # built-ins first: they keep their names
             self._load(ep)
             self._builtin.append(ep.name)
-        self._third_party = [ep for ep in others if allowed is None or ep.name in allowed]
+        # the harness checks where each name's folder leads; a plugin host loads only what
+        # the harness accepted (``plugins``), its own distribution's
+        folder = None
+        if self._distribution is None and others:
+            from harness.foundation.artifacts import cache_root
+
+            folder = cache_root() / ARTIFACT_FOLDER
+        refused = refusals(builtins, others, folder)
+        ours = [ep for ep in others if (self._distribution is None
+                                        or distribution_of(ep) == self._distribution)
+                and (self._only is None or ep.name in self._only)]  # fmt: skip
+        for ep, error in refused:
+            if any(ep is o for o in ours):
+                dist = getattr(ep, "dist", None)
+                self._failures.append(PluginFailure(ep.name, _describe(error), "name",
+                                                    dist.name if dist else None,
+                                                    dist.version if dist else None))  # fmt: skip
+        self._third_party = [ep for ep in ours if not any(ep is r for r, _ in refused)]
         self._pending = list(self._third_party)
         if not builtins:
             self._failures.append(

@@ -19,13 +19,21 @@ top (``tests/test_layers.py``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from harness.foundation.errors import IdrsError
-from harness.plugin.entry_points import distribution_of, installed_prefixes, top_module
+from harness.plugin.entry_points import (
+    NAMING,
+    PluginNameError,
+    distribution_of,
+    installed_prefixes,
+    name_problem,
+    top_module,
+)
 from harness.plugin.hosting import confinement
 from harness.plugin.hosting.confinement import hosts_confined
 from harness.plugin.hosting.limits import plugin_timeout
@@ -119,22 +127,58 @@ class PluginManager(PluginLoader):
             hosts[name] = PluginHost(name, plugins, self._prefixes.get(name), confined,
                                      self._builtin)  # fmt: skip
         for host in hosts.values():
-            host.start()  # (they import their plugins side by side)
+            # (they import their plugins side by side; a host whose folders cannot be
+            # granted starts nothing, and its describe below fails the same way)
+            with contextlib.suppress(PluginNameError):
+                host.start()
         for key, host in list(hosts.items()):
             try:
-                self._hosted[key] = described = host.request("describe")
+                described = host.request("describe")
             except IdrsError as exc:  # (hung, died or broke the wire while importing)
                 if key is None:
                     raise
                 host.close()
                 del hosts[key]
-                self._host_failures += [PluginFailure(plugin, f"IdrsError: {exc}", "load", key)
+                kind, stage = (("PluginNameError", "name") if isinstance(exc, PluginNameError)
+                               else ("IdrsError", "load"))  # fmt: skip
+                self._host_failures += [PluginFailure(plugin, f"{kind}: {exc}", stage, key)
                                         for plugin in groups[key]]  # fmt: skip
                 continue
+            if key is not None:
+                described = self._screened(described, key, groups[key])
+            self._hosted[key] = described
             host.abi = int(described.get("abi", 0))
             self._host_failures += failures_from_host(described, dict(self.pm.list_name_plugin()))
         self._hosts = hosts
         self._registry = None
+
+    def _screened(
+        self, described: dict[str, Any], distribution: str, plugins: list[str]
+    ) -> dict[str, Any]:
+        """What the host of ``distribution`` described, less what the harness refuses: the
+        plugins and components of plugins it was not asked to load (only ``plugins`` and
+        the built-ins load there), and every plugin that names a method by a name that is
+        not a plain name (:func:`~harness.plugin.entry_points.name_problem`), refused whole
+        and reported with its distribution."""
+        accepted = {*plugins, *self._builtin}
+        components = [c for c in described.get("components", ()) if c.get("plugin") in accepted]
+        refused: dict[str, list[str]] = {}
+        for item in components:
+            method = item["plugin"] in plugins and item["kind"] == "methods"
+            if method and name_problem(item["name"]) is not None:
+                refused.setdefault(item["plugin"], []).append(item["name"])
+        versions = {p.get("name"): p.get("version") for p in described.get("plugins", ())}
+        for plugin, names in refused.items():
+            self._host_failures.append(PluginFailure(
+                plugin, f"PluginNameError: the plugin {plugin!r} of the distribution "
+                f"{distribution!r} is refused: its method {name_problem(names[0])}; rename "
+                f"the method ({NAMING})", "name", distribution, versions.get(plugin),
+                {"methods": tuple(names)},
+            ))  # fmt: skip
+        return {**described,
+                "components": [c for c in components if c["plugin"] not in refused],
+                "plugins": [p for p in described.get("plugins", ())
+                            if p.get("name") in accepted and p.get("name") not in refused]}  # fmt: skip
 
     def stop_hosts(self) -> None:
         """End the hosts' processes; each starts again when asked, with that moment's cache root."""

@@ -52,6 +52,7 @@ SpecT = TypeVar("SpecT")
 
 _STAGES = {
     "contract": "was refused when loaded",
+    "name": "was refused",
     "load": "failed to load",
     "register": "failed to register its components",
 }
@@ -61,8 +62,9 @@ _STAGES = {
 class PluginFailure:
     """An installed plugin that provides nothing here, and why.
 
-    ``stage``: ``contract`` (refused: it declares another plugin contract), ``load`` (its
-    import raised) or ``register`` (a register hook raised, or a name it registers is
+    ``stage``: ``contract`` (refused: it declares another plugin contract), ``name`` (refused for
+    a name: its own, before it was imported, is not a plain name or is another plugin's
+    (:func:`~harness.plugin.entry_points.refusals`), or a method's is not a plain name), ``load`` (its import raised) or ``register`` (a register hook raised, or a name it registers is
     taken). ``provides`` (kind -> names) is what it registers where that is known: the
     names its refused module's hooks register, what its failed registration staged, or
     what the plugin manifest last recorded for it; None when unknown.

@@ -48,6 +48,7 @@ from typing import Any
 from harness.foundation.certificate import Certificate
 from harness.foundation.errors import IdrsError
 from harness.foundation.runstate import StateRecord
+from harness.foundation.storable import jsonable, stored_evidence
 from harness.store.integrity import check_database
 from harness.store.lease_records import LeaseRecords
 from harness.store.schema import (
@@ -66,13 +67,6 @@ from harness.store.schema import (
 
 DEFAULT_DB = Path("idrs-bench.sqlite")
 """The results database of every command when no ``--db`` is given."""
-
-
-def _jsonable(value: Any) -> Any:
-    """numpy scalars and arrays, tensors and the like as plain JSON values."""
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    return str(value)
 
 
 def _now() -> str:
@@ -173,7 +167,7 @@ class ResultStore(LeaseRecords):
                         "predict": c.predict, "radius": c.radius, "p_lower": c.p_lower,
                         "sigma": c.sigma, "alpha": c.alpha, "counts_selection": "null",
                         "counts_estimation": "null", "seconds": c.seconds,
-                        "evidence": json.dumps(c.evidence, default=_jsonable), "draws": None}
+                        "evidence": json.dumps(c.evidence, default=jsonable), "draws": None}
                  for label, c in certificates],
             )  # fmt: skip
             self.db.execute(SHARD_INSERT, key | {"finished": now})
@@ -295,8 +289,9 @@ class ResultStore(LeaseRecords):
         order, and (``finished``) the mark that the shard is finished, in one transaction: a
         shard is stored whole or not at all."""
         key = {"run_id": run_id, "method": method, "setting": setting}
+        evidence = [stored_evidence(cert, label, state) for label, cert, state in stored]
         with self.db:
-            for label, cert, state in stored:
+            for (label, cert, state), text in zip(stored, evidence, strict=True):
                 self.db.executemany(
                     STATE_INSERT,
                     [key | {"seq": r.seq, "record": json.dumps(r.record, sort_keys=True),
@@ -311,7 +306,7 @@ class ResultStore(LeaseRecords):
                         "alpha": cert.alpha, "counts_selection": json.dumps(cert.counts_selection),
                         "counts_estimation": json.dumps(cert.counts_estimation),
                         "seconds": cert.seconds,
-                        "evidence": json.dumps(cert.evidence, default=_jsonable),
+                        "evidence": text,
                         "draws": None if cert.draws is None else json.dumps(cert.draws),
                     },
                 )  # fmt: skip
@@ -373,7 +368,7 @@ class ResultStore(LeaseRecords):
                 {"run_id": run_id, "method": method, "setting": setting,
                  "check_name": result.check, "verdict": str(result.verdict),
                  "summary": result.summary,
-                 "evidence": json.dumps(result.evidence, default=_jsonable, sort_keys=True),
+                 "evidence": json.dumps(result.evidence, default=jsonable, sort_keys=True),
                  "flags": json.dumps(result.flags), "budget": budget, "at": _now(),
                  "cost": None if cost is None else json.dumps(cost)},
             )  # fmt: skip
@@ -392,7 +387,7 @@ class ResultStore(LeaseRecords):
                 "INSERT OR REPLACE INTO attacks (run_id, method, setting, budget, result, at)"
                 " VALUES (?, ?, ?, ?, ?, ?)",
                 (run_id, method, setting, budget,
-                 json.dumps(result, default=_jsonable, sort_keys=True), _now()),
+                 json.dumps(result, default=jsonable, sort_keys=True), _now()),
             )  # fmt: skip
 
     def attacks(self, run_id: str) -> list[dict[str, Any]]:

@@ -26,10 +26,18 @@ thread started earlier would stay outside), in three steps (docs/threat-model.md
    rule for UDP nor for connecting to a named UNIX socket, e.g. a system bus through which
    root starts services, or a Ray node's; io_uring can open sockets without the system
    call), and so do ``chown``-family calls and ``chmod``-family calls that set the set-uid or
-   set-gid bit (Landlock does not govern a file's metadata). ``socketpair(2)``
-   stays (multiprocessing's pipes), and so does, in a host granted a GPU's device files,
-   the CUDA driver's ``socket(AF_UNIX, SOCK_SEQPACKET)``, without which ``cuInit`` fails
-   (:data:`~harness.plugin.hosting.process_privileges.CUDA_SOCKET`).
+   set-gid bit (Landlock does not govern a file's metadata). ``socketpair(2)`` stays for
+   connected pairs only (``AF_UNIX`` stream and seqpacket: multiprocessing's pipes), and
+   ``sendto(2)`` without an address; in a host granted a GPU's device files, the CUDA
+   driver's ``socket(AF_UNIX, SOCK_SEQPACKET)``, without which ``cuInit`` fails
+   (:data:`~harness.plugin.hosting.process_privileges.CUDA_SOCKET`). The calls that change
+   another process named by its pid, which Landlock's scoping does not cover
+   (``prlimit64``, ``setpriority``, ``sched_setaffinity``, ...), fail unless the pid is 0 or
+   the host's own, and System V IPC, POSIX message queues and keyrings, which outlive the
+   host, fail whole (:data:`~harness.plugin.hosting.process_privileges.SYSTEM_CALLS`).
+   libgomp's thread binding (``OMP_PROC_BIND``, ...) is taken out of the environment first:
+   it binds a new thread by its id, which the filter refuses
+   (:data:`~harness.plugin.hosting.process_privileges.THREAD_BINDING`).
 
 The steps are the layers of :data:`LAYERS` (step 1 two of them); a host takes all of
 them, and only the diagnostic ``python -m harness.plugin.hosting.confinement_probe`` starts hosts
@@ -60,6 +68,7 @@ from harness.plugin.hosting.process_privileges import (
     drop_capabilities,
     install_seccomp,
     no_new_privileges,
+    unbind_threads,
 )
 
 MINIMUM_ABI = 3
@@ -399,6 +408,7 @@ def confine(grants: Grants, abi: int | None = None, layers: Iterable[str] = LAYE
     if landlock:
         restrict(rules)
     if "seccomp" in layers:  # the CUDA driver's socket where a GPU's device files are granted
+        unbind_threads()  # (before libgomp loads: it would bind its threads by their ids)
         install_seccomp(machine, unix_seqpacket=grants_gpu(grants))
     return rules
 

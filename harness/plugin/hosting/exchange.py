@@ -8,7 +8,11 @@ pipe of its answers as it arrives, into one buffer of the frame's size; both wai
 harness at once. The answers' pipe has no writer left once the host and every
 process it started have ended (its keeper kills them all), so a host's end is seen at once,
 whatever killed it: :class:`HostEnded`. A deadline that passes first is :class:`PastDeadline`;
-bytes that are not a frame are the wire's :class:`~harness.plugin.hosting.wire.WireError`.
+bytes that are not a frame are the wire's :class:`~harness.plugin.hosting.wire.WireError`, and
+a frame whose head claims more than the request's
+:class:`~harness.plugin.hosting.wire.Limit` its :class:`~harness.plugin.hosting.wire.PastLimit`,
+raised from the head alone: the answer's buffer is allocated only once its size is known to
+lie within the limit.
 """
 
 from __future__ import annotations
@@ -36,12 +40,14 @@ class PastDeadline(Exception):
     """The deadline passed before the whole answer came."""
 
 
-def exchange(requests: int, answers: int, frame: bytes, deadline: float) -> Any:
+def exchange(requests: int, answers: int, frame: bytes, deadline: float,
+             limit: wire.Limit | None = None) -> Any:  # fmt: skip
     """Write ``frame`` to the pipe ``requests``, then read and return the one answer from the
-    pipe ``answers``, by ``deadline`` (``time.monotonic()``)."""
+    pipe ``answers``, by ``deadline`` (``time.monotonic()``), within ``limit`` (None: a header
+    up to :data:`~harness.plugin.hosting.wire.MAX_HEADER`)."""
     os.set_blocking(requests, False)
     view, sent = memoryview(frame), 0
-    answer = _Answer()
+    answer = _Answer(limit)
     poller = select.poll()
     poller.register(answers, select.POLLIN)
     poller.register(requests, select.POLLOUT)
@@ -64,9 +70,11 @@ def exchange(requests: int, answers: int, frame: bytes, deadline: float) -> Any:
 
 
 class _Answer:
-    """A frame read as it arrives: its head, then its header and payload into one buffer."""
+    """A frame read as it arrives: its head, then its header and payload into one buffer
+    (allocated once the head's lengths are within ``limit``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: wire.Limit | None = None) -> None:
+        self.limit = limit
         self.head = bytearray()
         self.frame: bytearray | None = None
         self.filled = 0
@@ -81,7 +89,7 @@ class _Answer:
             self.head += chunk
             if len(self.head) < wire.HEAD.size:
                 return False
-            self.header_length, payload = wire.lengths(bytes(self.head))
+            self.header_length, payload = wire.lengths(bytes(self.head), self.limit)
             self.frame = bytearray(self.header_length + payload)
             return not self.frame
         window = memoryview(self.frame)[self.filled : self.filled + CHUNK]

@@ -6,12 +6,14 @@ host of its own (:class:`harness.plugin.hosting.host_process.PluginHost` starts 
 that one plugin cannot reach another's code, and the host answers the harness's requests
 (:mod:`harness.plugin.hosting.host_requests`). ``START`` is a JSON object:
 ``distribution``, the one whose plugins this host loads (besides the built-ins; null: the
-built-ins only); ``prefix``, the folder it is installed in when ``idrs-bench plugins
+built-ins only); ``plugins``, the plugins of it the harness accepted (the only ones loaded;
+absent: all of them); ``prefix``, the folder it is installed in when ``idrs-bench plugins
 install`` put it there (:mod:`harness.plugin.hosting.private_install`); ``grants``, what the
 confined host may reach besides its Python (:class:`harness.plugin.hosting.confinement.Grants`),
 or null when the user ran it unconfined; ``layers``, the confinement's layers (absent: all
 of them; fewer only for the diagnostic :mod:`harness.plugin.hosting.confinement_probe`);
-``status_fd``, ``scratch`` and ``folder``, for its keeper.
+``status_fd``, ``scratch`` and ``folder``, for its keeper; ``memory``, the memory cgroup
+it joins before it confines itself (:mod:`harness.plugin.hosting.memory_cgroup`).
 
 First the process forks (:func:`harness.plugin.hosting.keeper.split`): the parent stays as
 the host's keeper, which ends every process the plugins start when the host ends, when the
@@ -43,8 +45,9 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from harness.foundation.errors import IdrsError
-from harness.plugin.hosting import confinement
+from harness.plugin.hosting import confinement, memory_cgroup
 from harness.plugin.hosting.keeper import split
+from harness.plugin.hosting.withheld_data import narrowed
 
 
 def answer_error(exc: BaseException) -> dict[str, Any]:
@@ -91,12 +94,14 @@ def distribution_paths(name: str | None, prefix: str | None) -> list[str]:
 
 def confine(start: dict[str, Any]) -> int:
     """Confine this process as ``start`` says; the Landlock ABI it is confined with (0:
-    unconfined, as the user asked)."""
+    unconfined, as the user asked). Its Python, the system's files and its distribution's
+    are granted less the installed datasets
+    (:func:`~harness.plugin.hosting.withheld_data.narrowed`)."""
     if start.get("grants") is None:
         return 0
     given = confinement.Grants.from_message(start["grants"])
-    read = [*given.read, *confinement.python_paths(), *confinement.SYSTEM_READ,
-            *distribution_paths(start.get("distribution"), start.get("prefix"))]  # fmt: skip
+    read = [*given.read, *narrowed([*confinement.python_paths(), *confinement.SYSTEM_READ,
+            *distribution_paths(start.get("distribution"), start.get("prefix"))])]  # fmt: skip
     grants = confinement.Grants(confinement.existing(read), confinement.existing(given.write),
                                 confinement.existing([*confinement.SYSTEM_DEVICES,
                                                       *given.devices]))  # fmt: skip
@@ -114,6 +119,9 @@ def main(argv: list[str] | None = None) -> None:
     sys.stdout = sys.stderr
     error = None
     try:
+        cgroup = memory_cgroup.MemoryCgroup.from_message(start.get("memory"))
+        if cgroup is not None:  # (confined, it could not: Landlock refuses writes to /sys)
+            memory_cgroup.join(cgroup)
         abi = confine(start)  # first: before any thread, numpy, torch or plugin
     except Exception as exc:
         error = answer_error(exc)
@@ -127,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             from harness.plugin.hosting.host_requests import Host
 
-            host = Host(start.get("distribution"), abi)
+            host = Host(start.get("distribution"), abi, start.get("plugins"))
         except Exception as exc:  # every request is then answered with why the host is broken
             error = answer_error(exc)
     requests = sys.stdin.buffer

@@ -12,8 +12,10 @@ when it ends. The build context travels as data: the dataset's arrays (large one
 base model's description and state (:mod:`harness.plugin.hosting.model_description`; sent
 again when the model changes in place, as the checks' analytic models do between trials),
 the protocol and the engine's settings, and where its plugins keep artifacts; of the dataset
-only its training split and description (the test split stays here). An answer that
-says a request failed becomes the harness's error of the same kind (:func:`plugin_error`).
+only its training split and description (the test split stays here, and so do the paths
+of the data files, which name the test split's: a host's ``dataset.files`` is empty). An
+answer that says a request failed becomes the harness's error of the same kind
+(:func:`plugin_error`).
 
 Every request has a time limit (:func:`~harness.plugin.hosting.limits.plugin_timeout`): a
 host past it, a host that died (its keeper says how) and a host that wrote something other
@@ -41,10 +43,17 @@ from harness.foundation import errors
 from harness.foundation.errors import ContractError, IdrsError
 from harness.foundation.threads import child_environment
 from harness.plugin.components import BuildContext, RunMemo
+from harness.plugin.entry_points import artifact_grants
 from harness.plugin.hosting import confinement, messages, model_description, wire
 from harness.plugin.hosting.exchange import HostEnded, PastDeadline
 from harness.plugin.hosting.host_folder import HostFolder, scratch_environment, sweep_abandoned
-from harness.plugin.hosting.limits import START_SECONDS, past_limit, plugin_timeout
+from harness.plugin.hosting.limits import (
+    START_SECONDS,
+    answer_limit,
+    past_limit,
+    past_size,
+    plugin_timeout,
+)
 from harness.plugin.hosting.running_host import RunningHost
 
 INLINE_BYTES = 1 << 20
@@ -103,9 +112,11 @@ class PluginHost:
                  layers: Sequence[str] = confinement.LAYERS) -> None:  # fmt: skip
         self.distribution, self.plugins, self.prefix = distribution, tuple(plugins), prefix
         self.confined, self.layers = confined, tuple(layers)
-        self.builtins = tuple(b for b in builtins if b not in self.plugins)
+        self.builtins = tuple(builtins)
         """The built-in plugins, whose artifact folders the host reads (a built-in
-        σ-provider built there by name finds what the harness's own copy fitted)."""
+        σ-provider built there by name finds what the harness's own copy fitted); a host
+        whose plugins are named like one of them is never started
+        (:func:`~harness.plugin.entry_points.artifact_grants`)."""
         self._lock = threading.RLock()
         if not _SWEPT:  # the folders of hosts whose harness was killed, once per process
             _SWEPT.append(True)
@@ -152,22 +163,25 @@ class PluginHost:
                 self._start()
 
     def _start(self) -> RunningHost:
+        """Start a host process; a :class:`~harness.plugin.entry_points.PluginNameError`
+        (nothing started) when a confined host's artifact folders cannot be granted."""
+        from harness.foundation.artifacts import cache_root
+
+        artifact_root = cache_root().resolve()
+        if self.confined:  # (checked first: a refused folder starts nothing)
+            own, shared = artifact_grants(artifact_root, self.plugins, self.builtins)
         self._held.stop()  # (one that has ended: its keeper's report is read)
         self.generation += 1
         scratch = self._held.folder.scratch(self.generation)
         environment = child_environment()
         environment.update(scratch_environment(scratch))
-        from harness.foundation.artifacts import cache_root
-
-        self._artifact_root = cache_root().resolve()
+        self._artifact_root = artifact_root
         start = {"distribution": self.distribution, "grants": None,
                  "prefix": None if self.prefix is None else str(self.prefix),
                  "scratch": str(scratch), "folder": str(self._held.folder.path)}  # fmt: skip
+        if self.distribution is not None:  # the host loads these of its distribution only
+            start["plugins"] = list(self.plugins)
         if self.confined:
-            own, shared = ([self._artifact_root / "plugins" / p for p in names]
-                           for names in (self.plugins, self.builtins))  # fmt: skip
-            for folder in [*own, *shared]:
-                folder.mkdir(parents=True, exist_ok=True)
             start["grants"] = confinement.Grants(
                 read=tuple(str(p) for p in [self._sent, *self._readable, *shared]),
                 write=tuple(str(p) for p in [scratch, *own]),
@@ -220,8 +234,10 @@ class PluginHost:
         """Send one request; its answer, or the plugin's error as an :class:`IdrsError`.
         ``generation``: the host's generation the request's handles and tokens belong to
         (:class:`HostStopped` when the host has since been started again). A request not
-        answered within the limit, or whose host ends or breaks the wire, ends the host and
-        raises an :class:`IdrsError` that says so (see the module docstring)."""
+        answered within the limit, whose answer claims more bytes than the request can need
+        (:func:`~harness.plugin.hosting.limits.answer_limit`, checked before anything is
+        allocated for it), or whose host ends or breaks the wire, ends the host and raises
+        an :class:`IdrsError` that says so (see the module docstring)."""
         with self._lock:
             running = self._running()
             if generation is not None and generation != self.generation:
@@ -236,13 +252,17 @@ class PluginHost:
             }  # (the run's count, as here)
             self._release, self._forget = [], []
             limit = plugin_timeout()
+            size = answer_limit(op, fields)
             frame = wire.encode(message)
             starting = START_SECONDS if running.answered == 0 else 0.0  # (its imports)
             try:
-                answer = running.ask(frame, time.monotonic() + limit + starting)
+                answer = running.ask(frame, time.monotonic() + limit + starting, size)
             except PastDeadline:
                 self._failed(running)
                 raise IdrsError(past_limit(self.name, op, limit)) from None
+            except wire.PastLimit as exc:
+                self._failed(running)
+                raise IdrsError(past_size(self.name, op, exc)) from None
             except (HostEnded, wire.WireError) as exc:
                 doing = f"while answering the request {op!r}"
                 if isinstance(exc, wire.WireError):
@@ -387,16 +407,18 @@ class PluginHost:
                 sent = self._arrays[key] = (gone, value._version, {"file": str(path)})
             return sent[2]
 
-        # a TrainingSplit: the test split is never sent (docs/plugins.md)
+        # a TrainingSplit: the test split is never sent (docs/plugins.md), nor where the data
+        # files are (they name the test split's files too): ``files`` is left empty
         return {"name": dataset.name, "train_x": array(dataset.train_x),
                 "train_y": array(dataset.train_y), "num_classes": int(dataset.num_classes),
                 "input_shape": list(dataset.input_shape), "class_names": list(dataset.class_names),
-                "files": dict(dataset.files)}  # fmt: skip
+                "files": {}}  # fmt: skip
 
 
 def plugin_error(answer: Any, host: str = "the plugin host") -> IdrsError:
     """The error a plugin raised in ``host`` (:attr:`PluginHost.name`), as the harness's
-    error of the same kind; one that is not the harness's says where it was raised."""
+    error of the same kind, saying where it was raised (one that is not the harness's, with
+    the last lines of its traceback)."""
     if not isinstance(answer, dict):
         return IdrsError(f"{host} answered {type(answer).__name__}, not an answer")
     kind = {name: getattr(errors, name) for name in ("ParameterError", "ContractError",
@@ -408,4 +430,6 @@ def plugin_error(answer: Any, host: str = "the plugin host") -> IdrsError:
     if answer.get("error_type") == "error":
         tail = str(answer.get("traceback", "")).strip().splitlines()[-3:]
         message += f" (in {host}: " + " | ".join(t.strip() for t in tail) + ")"
+    elif host not in message:  # (e.g. an answer the host could not send: a complex σ)
+        message += f" (in {host})"
     return cls(message)

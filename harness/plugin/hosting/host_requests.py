@@ -11,12 +11,15 @@ asked); a claim per input from the harness's evidence; a re-derivation by a form
 trained model's state. Every answer is a claim the harness audits. The host sees what it
 is asked about, no more: the samples of a certificate when the certifier is asked for its
 claim, a point when its σ is asked; never the rest of the test split, a test label, the
-audit's entropy or the harness's own engines.
+audit's entropy or the harness's own engines. The registry a build context gives its
+plugins here lists every dataset, but none loads (:func:`withholding_datasets`): a loader
+returns a test split, and the dataset a plugin sees is ``context.dataset``.
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +44,7 @@ from harness.mathematics.radius import (
 from harness.plugin.components import BuildContext, RunMemo, TrainContext
 from harness.plugin.hosting import messages, model_description
 from harness.plugin.loader import PluginLoader
+from harness.plugin.registry import COMPONENT_KINDS, Registry
 
 
 class _Missing:
@@ -77,11 +81,15 @@ class Host:
     plugins and those of ``distribution`` (None: the built-ins only), in this process;
     ``abi`` is the Landlock ABI it is confined with (0: unconfined)."""
 
-    def __init__(self, distribution: str | None, abi: int = 0) -> None:
+    def __init__(self, distribution: str | None, abi: int = 0,
+                 plugins: list[str] | None = None) -> None:  # fmt: skip
+        """``plugins``: those of ``distribution`` the harness accepted (None: all)."""
         self.manager = PluginLoader(third_party=distribution is not None,
-                                    distribution=distribution)  # fmt: skip
+                                    distribution=distribution, plugins=plugins)  # fmt: skip
         self.abi = abi
         self.registry = self.manager.registry
+        self.given = withholding_datasets(self.registry)
+        """What a build context's ``registry`` is here: the registry less its loaders."""
         self.objects: dict[int, Any] = {}
         self.contexts: dict[str, BuildContext] = {}
         self.models: dict[str, torch.nn.Module] = {}
@@ -206,7 +214,7 @@ class Host:
         self.contexts[described["token"]] = BuildContext(
             dataset=self._dataset(described["dataset"]), model=model, device=device,
             seed=int(described["seed"]), protocol=protocol, engine=sampling,
-            progress=Progress(enabled=not described.get("quiet", False)), registry=self.registry,
+            progress=Progress(enabled=not described.get("quiet", False)), registry=self.given,
             recipe_hash=described.get("recipe_hash"), run_id=described.get("run_id"),
             method=described.get("method"), setting=described.get("setting"), state=state,
             artifact_root=root,
@@ -328,6 +336,35 @@ class Host:
                                     messages.regularity_from(request["regularity"], "harness"))  # fmt: skip
         return {"recomputed": messages.recomputed_message(recomputed),
                 "pure": is_pure(formula.recompute)}  # fmt: skip
+
+
+def withholding_datasets(registry: Registry) -> Registry:
+    """``registry`` with every dataset's ``load`` refused: what a plugin's build context holds
+    in a plugin host. A loader returns the test split (a built-in reads Fashion-MNIST's
+    files, or draws a synthetic set from its seed), and a plugin sees the run's dataset as
+    ``context.dataset``, its training split; the names, descriptions and class names stay."""
+    out = Registry()
+    for kind in COMPONENT_KINDS:
+        for name in registry.names(kind):
+            spec = registry.get(kind, name)
+            if kind == "datasets":
+                spec = replace(spec, load=_refused_loader(name))
+            out.add(kind, spec, registry.provider(kind, name))
+    registry.copy_origins(out)
+    out.set_failures(registry.failures)
+    return out
+
+
+def _refused_loader(name: str):
+    def load(*_: Any, **__: Any) -> Any:
+        raise ContractError(
+            f"dataset {name!r} is not loaded in a plugin host: a dataset's loader returns its "
+            "test split, which is withheld from plugins. A σ-provider, certifier or trainer "
+            "sees the run's dataset as context.dataset (its training split and description); "
+            "docs/plugins.md, 'What a plugin sees of the dataset'"
+        )
+
+    return load
 
 
 def _artifact_root(root: str | None, granted: bool) -> Path | None:

@@ -14,9 +14,9 @@ dataset's ``load``, a method's ``check``. Two kinds stay out of the harness's pr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -41,6 +41,9 @@ SERVED = ("sigma_providers", "certifiers", "trainers", "methods", "datasets")
 """What a plugin host serves of a third-party plugin (models are refused, checks not run)."""
 BUILTINS_SERVED = ("sigma_providers", "certifiers", "trainers")
 """What it serves of a built-in plugin with ``IDRS_BENCH_ISOLATE=all``."""
+MAX_CLASSES = 1 << 20
+"""The most classes a hosted dataset may say it has (ImageNet-21k has some 21,800)."""
+T = TypeVar("T")
 
 
 class _Factory:
@@ -52,10 +55,13 @@ class _Factory:
         self.host, self.kind, self.name, self.plugin = host, kind, name, plugin
         self.builtin = builtin
 
-    def who(self) -> str:
+    def who(self, host: PluginHost | None = None) -> str:
+        """The component as errors name it: its name, its plugin and the plugin host it
+        runs in (``host``, else its own), which names its distribution."""
         singular = {"sigma_providers": "σ-provider", "certifiers": "certifier",
                     "trainers": "trainer", "datasets": "dataset", "methods": "method"}  # fmt: skip
-        return f"{singular[self.kind]} {self.name!r} (plugin {self.plugin!r}, in its plugin host)"
+        where = (host or self.host).name
+        return f"{singular[self.kind]} {self.name!r} (plugin {self.plugin!r}, in {where})"
 
     def _build(self, op: str, context: BuildContext, host: PluginHost | None = None,
                **fields: Any) -> tuple[_Bound, dict]:  # fmt: skip
@@ -70,15 +76,31 @@ class _Factory:
             except HostStopped:
                 if retry:
                     raise
-        bound = _Bound(host, int(answer["handle"]), generation, context, token, self.who(),
-                       self.builtin)  # fmt: skip
-        return bound, answer["declaration"]
+        handle, declaration = answer.get("handle"), answer.get("declaration")
+        if not (type(handle) is int and isinstance(declaration, dict)):
+            raise ContractError(f"{self.who(host)} answered its build without a handle and a "
+                                f"declaration: {answer!r:.200}")  # fmt: skip
+        bound = _Bound(host, handle, generation, context, token, self.who(host), self.builtin)
+        return bound, declaration
+
+
+def _declared(who: str, proxy: Callable[[], T]) -> T:
+    """``proxy()``, the proxy of a component built in a host from its declaration; one that
+    does not have the declaration's form is a :class:`ContractError` naming ``who``."""
+    try:
+        return proxy()
+    except IdrsError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
+        raise ContractError(f"{who} declared itself in a form the harness does not read "
+                            f"({type(exc).__name__}: {exc!s:.200})") from None  # fmt: skip
 
 
 class SigmaProviderFactory(_Factory):
     def __call__(self, context: BuildContext, params: Mapping[str, Any]) -> RemoteSigmaProvider:
         bound, declaration = self._build("build_sigma_provider", context, params=dict(params))
-        return RemoteSigmaProvider(bound, declaration, context.registry)
+        return _declared(bound.who, lambda: RemoteSigmaProvider(bound, declaration,
+                                                                context.registry))  # fmt: skip
 
 
 class CertifierFactory(_Factory):
@@ -112,7 +134,7 @@ class CertifierFactory(_Factory):
             provider = {"name": context.registry.get("methods", context.method).sigma_provider}
         bound, declaration = self._build("build_certifier", context, host=host,
                                          params=dict(params), provider=provider)  # fmt: skip
-        return RemoteCertifier(bound, declaration)
+        return _declared(bound.who, lambda: RemoteCertifier(bound, declaration))
 
 
 class Trainer(_Factory):
@@ -140,12 +162,19 @@ class DatasetLoader(_Factory):
             self.host.grant_read(data_root)
         answer = self.host.request("load_dataset", name=self.name, data_root=data_root,
                                    download=download, seed=seed, family=family)["dataset"]  # fmt: skip
+        if not isinstance(answer, dict):
+            raise ContractError(f"{self.who()} loaded a {type(answer).__name__}, not a dataset")
         tensors = [answer.get(k) for k in ("train_x", "train_y", "test_x", "test_y")]
         if not all(isinstance(t, torch.Tensor) for t in tensors):
             raise ContractError(f"{self.who()} loaded something other than tensors")
-        return Dataset(str(answer["name"]), *tensors, int(answer["num_classes"]),
-                       tuple(str(c) for c in answer.get("class_names", ())),
-                       {str(k): str(v) for k, v in dict(answer.get("files", {})).items()})  # fmt: skip
+        classes = answer.get("num_classes")
+        if not (type(classes) is int and 1 <= classes <= MAX_CLASSES):
+            raise ContractError(f"{self.who()} loaded a dataset of {classes!r:.40} classes; a "
+                                f"dataset has 1 to {MAX_CLASSES} classes")  # fmt: skip
+        return _declared(self.who(), lambda: Dataset(
+            str(answer["name"]), *tensors, classes,
+            tuple(str(c) for c in answer.get("class_names", ())),
+            {str(k): str(v) for k, v in dict(answer.get("files", {})).items()}))  # fmt: skip
 
 
 class ParameterCheck(_Factory):

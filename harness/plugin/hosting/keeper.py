@@ -8,19 +8,34 @@ parent stays behind as the keeper, the child becomes the plugin host. The keeper
   called ``setsid(2)`` and forked again (a daemon) is still its descendant; it reaps them;
 - imports nothing more and is not confined; the host's Landlock domain scopes signals
   (ABI 6), so a plugin cannot signal it (nor the harness);
-- waits for one of three things: the host ends (an exit, a signal, the kernel's
+- waits for one of four things: the host ends (an exit, a signal, the kernel's
   out-of-memory killer), the harness asks it to end the host (``SIGTERM``: a request ran
-  past its limit, a host that will not exit), or the harness ends (its parent changes:
-  even after ``SIGKILL``);
+  past its limit, a host that will not exit), the harness ends (its parent changes: even
+  after ``SIGKILL``), or a process beneath it has lowered its ``oom_score_adj`` or left the
+  host's memory cgroup (below);
 - then kills every process left beneath it with ``SIGKILL``, round after round (each
   round's orphans are re-parented to it) until it has no child left, removes the host's
-  scratch folder (the whole host folder when the harness has ended), writes one line to the
-  harness saying how the host ended (:func:`report`, :func:`ending`), and exits.
+  scratch folder (the whole host folder when the harness has ended) and its memory cgroup
+  (:mod:`harness.plugin.hosting.memory_cgroup`, of which it says the limit, the peak and
+  the out-of-memory killer's kills), writes one line to the harness saying how the host
+  ended (:func:`report`, :func:`ending`), and exits.
 
 The host leaves the harness's session (no terminal's ``SIGINT`` or ``SIGHUP`` reach it: the
-harness decides) and raises its ``oom_score_adj`` to 1000, which needs no privilege and
-which its children inherit, so that under memory pressure the kernel kills a plugin host
-before the harness (the keeper keeps the harness's score and holds almost no memory).
+harness decides), and its ``oom_score_adj`` is raised to 1000, by itself and by the keeper,
+which needs no privilege and which its children inherit, so that under memory pressure the
+kernel kills a plugin host before the harness (the keeper keeps the harness's score and
+holds almost no memory). Lowering it again needs ``CAP_SYS_RESOURCE`` below the process's
+``oom_score_adj_min``, which a write made with that capability sets (Linux's
+``__set_oom_adj``): where the host runs as root with it, the host's own write pins the
+minimum at 1000 before it drops its capabilities. Elsewhere (a user, or root without it,
+as in a container) the minimum stays the harness's and a confined host could lower its
+score through its own threads' ``/proc`` files, which the CUDA driver needs to write: the
+keeper looks at the score of every process beneath it as it waits, and a host one of whose
+processes lowered it is ended (:func:`breach`), its request failing to say so. So is one
+whose process left the host's memory cgroup: a confined host cannot write beneath
+``/sys``, but on cgroup v2 ``clone3(2)`` with ``CLONE_INTO_CGROUP`` starts a child in
+another cgroup given a descriptor of its folder (an ``O_PATH`` one, which Landlock does not
+check), and the kernel checks only the folder's file modes.
 
 Why a keeper, not a cgroup or a PID namespace (harness/README.md, "Plugin host"): a
 cgroup of one's own needs a delegated cgroup v2 subtree (systemd's, or root), and a PID
@@ -44,6 +59,8 @@ import sys
 import time
 from typing import Any
 
+from harness.plugin.hosting.memory_cgroup import MemoryCgroup, Unavailable, join
+
 _PR_SET_CHILD_SUBREAPER = 36
 WATCH_SECONDS = 0.25
 """How often the keeper looks at its parent (the harness) while it waits."""
@@ -58,7 +75,7 @@ def split(start: dict[str, Any]) -> int:
     """Fork this process as the module docstring says. In the child, the plugin host,
     return the keeper's pid (the host's parent); the keeper never returns. ``start``: the
     host's start message (``status_fd``: the pipe to the harness; ``scratch``,
-    ``folder``: what the keeper removes)."""
+    ``folder``, ``memory``: what the keeper removes)."""
     status = start.get("status_fd")
     if sys.platform != "linux" or status is None:  # (no keeper: e.g. a diagnostic host)
         return os.getppid()
@@ -73,7 +90,8 @@ def split(start: dict[str, Any]) -> int:
         with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as adj:
             adj.write(str(OOM_SCORE_ADJ))
         return os.getppid()
-    keep(child, parent, int(status), start.get("scratch"), start.get("folder"))
+    cgroup = MemoryCgroup.from_message(start.get("memory"))
+    keep(child, parent, int(status), start.get("scratch"), start.get("folder"), cgroup)
     os._exit(0)  # (keep exits; never reached)
 
 
@@ -84,7 +102,8 @@ def _prctl_subreaper() -> None:
         raise OSError(code, f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(code)}")
 
 
-def keep(host: int, parent: int, status: int, scratch: str | None, folder: str | None) -> None:
+def keep(host: int, parent: int, status: int, scratch: str | None, folder: str | None,
+         cgroup: MemoryCgroup | None = None) -> None:  # fmt: skip
     """The keeper's life (see the module docstring); exits the process."""
     for name in ("SIGINT", "SIGHUP", "SIGQUIT"):  # (the harness's, not the keeper's)
         signal.signal(getattr(signal, name), signal.SIG_IGN)
@@ -93,13 +112,26 @@ def keep(host: int, parent: int, status: int, scratch: str | None, folder: str |
     os.dup2(null, 1)
     _write(status, {"host": host})
     oom_before = oom_kills()
-    by, ended = "host", None
+    watched = _raise_score(host)  # (as the host does: whichever comes first)
+    inside = False
+    if cgroup is not None:  # (as the host does before it confines itself)
+        with contextlib.suppress(Unavailable):
+            join(cgroup, host)
+            inside = True
+    by, ended, broke = "host", None, None
     while ended is None:
         ended = _reap(host)
         if ended is not None:
             break
         if os.getppid() != parent:
             by = "harness ended"
+            break
+        if cgroup is not None and not inside:  # (from when the host has joined it)
+            with contextlib.suppress(OSError):
+                inside = cgroup.holding(host) is None
+        broke = breach(cgroup if inside else None, watched)
+        if broke is not None:
+            by = "keeper"
             break
         got = signal.sigtimedwait(_WAITED, WATCH_SECONDS)
         if got is not None and got.si_signo == signal.SIGTERM:
@@ -114,6 +146,12 @@ def keep(host: int, parent: int, status: int, scratch: str | None, folder: str |
     if by == "harness ended" and folder:
         shutil.rmtree(folder, ignore_errors=True)
     record: dict[str, Any] = {"by": by, "left": left, "oom_kills": oom_kills() - oom_before}
+    if cgroup is not None:
+        record["memory"] = {"limit": cgroup.limit, "peak": cgroup.peak(),
+                            "oom_kills": cgroup.oom_kills()}  # fmt: skip
+        cgroup.remove()
+    if broke is not None:
+        record["breach"] = broke
     if ended is not None:
         record |= report(ended)
     _write(status, record)
@@ -185,6 +223,54 @@ def children(pid: int | None = None) -> list[int]:
     return sorted(found)
 
 
+def _raise_score(pid: int) -> bool:
+    """Raise the ``oom_score_adj`` of ``pid`` to :data:`OOM_SCORE_ADJ`; whether it is."""
+    try:
+        with open(f"/proc/{pid}/oom_score_adj", "w") as adj:
+            adj.write(str(OOM_SCORE_ADJ))
+        return _score(pid) == OOM_SCORE_ADJ
+    except (OSError, ValueError):
+        return False
+
+
+_PF_EXITING = 0x4
+
+
+def _exiting(pid: int) -> bool:
+    """Whether ``pid`` is exiting or has exited (a zombie): its state and flags (``stat``)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return fields[0] in ("Z", "X") or bool(int(fields[6]) & _PF_EXITING)
+
+
+def _score(pid: int) -> int:
+    with open(f"/proc/{pid}/oom_score_adj") as adj:
+        return int(adj.read())
+
+
+def breach(cgroup: MemoryCgroup | None, scores: bool = True,
+           pid: int | None = None) -> dict[str, Any] | None:  # fmt: skip
+    """The first process beneath ``pid`` (default this one) that is out of the host's
+    ``cgroup`` (``{"pid": ..., "cgroup": where it is}``) or, with ``scores``, whose
+    ``oom_score_adj`` is below :data:`OOM_SCORE_ADJ` (``{"pid": ..., "oom_score_adj":
+    ...}``); None if none is. Every process beneath the keeper was born in the cgroup, with
+    a score of 1000 (:func:`split`)."""
+    waiting = children(pid)
+    while waiting:
+        below = waiting.pop()
+        with contextlib.suppress(OSError, ValueError, IndexError):  # (one that has just ended)
+            if _exiting(below):  # (cgroup v1 shows "/" for a process that is exiting)
+                continue
+            where = None if cgroup is None else cgroup.holding(below)
+            if where is not None:
+                return {"pid": below, "cgroup": where}
+            score = _score(below) if scores else OOM_SCORE_ADJ
+            if score < OOM_SCORE_ADJ:
+                return {"pid": below, "oom_score_adj": score}
+            waiting += children(below)
+    return None
+
+
 def oom_kills() -> int:
     """The kernel's count of processes its out-of-memory killer has killed (``oom_kill`` in
     ``/proc/vmstat``, Linux ≥ 4.13); 0 where it is not kept."""
@@ -209,8 +295,20 @@ def ending(record: dict[str, Any], doing: str = "") -> str:
     """How a host ended, in words, from its keeper's record (:func:`keep`); ``doing``: what
     it was doing then (e.g. ``while answering the request 'sigma'``)."""
     by, left = record.get("by"), int(record.get("left") or 0)
+    memory = record.get("memory") or {}
     cause = ""
-    if by != "host" and record.get("signal") in (None, signal.SIGKILL):
+    if by == "keeper":
+        broke = record.get("breach") or {}
+        did = (f"lowered its oom_score_adj from {OOM_SCORE_ADJ} to {broke.get('oom_score_adj')}"
+               if "oom_score_adj" in broke else
+               f"left the host's memory cgroup for {broke.get('cgroup')}")  # fmt: skip
+        head = "was ended by its keeper"
+        cause = (f": its process {broke.get('pid')} {did}, which a plugin may not (out of "
+                 'memory, a plugin host dies, never the harness: docs/threat-model.md, "Memory")')  # fmt: skip
+    elif by == "host" and memory.get("oom_kills") and record.get("signal") == signal.SIGKILL:
+        head = f"was killed by the out-of-memory killer at {_mib(memory.get('peak') or memory['limit'])}"
+        cause = f"; {_limit(memory['limit'])}"
+    elif by != "host" and record.get("signal") in (None, signal.SIGKILL):
         head = "was ended by the harness"
     elif "signal" in record:
         number = int(record["signal"])
@@ -233,9 +331,27 @@ def ending(record: dict[str, Any], doing: str = "") -> str:
     else:
         head = "ended"
     words = head + (f" {doing}" if doing else "") + cause
+    if memory.get("oom_kills") and "out-of-memory" not in head:
+        words += (f"; the out-of-memory killer killed {memory['oom_kills']} of its processes "
+                  f"at {_mib(memory.get('peak') or memory['limit'])}; "
+                  f"{_limit(memory['limit'])}")  # fmt: skip
     if left:
         words += f"; the {left} process(es) it had started were ended with it"
     return words
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):.0f} MiB"
+
+
+def _limit(limit: int) -> str:
+    """The memory limit of a host, and how to raise it."""
+    from harness.plugin.hosting.limits import out_of_memory  # (in the harness: the host needs none)
+
+    return (
+        f"limit {_mib(limit)} for the host and every process it started together; "
+        f"{out_of_memory(limit)}"
+    )
 
 
 def _write(fd: int, record: dict[str, Any]) -> None:

@@ -21,17 +21,51 @@ plugins first (seconds when the machine is idle, far more when it is loaded).
 closed) that has not ended by then is killed, with everything it started
 (:mod:`harness.plugin.hosting.keeper`): a plugin that ignores ``SIGTERM`` or keeps a thread
 running cannot hold the run.
+
+**The memory limit** (``--plugin-memory MiB`` on the same commands; :data:`MEMORY_ENV`)
+bounds the memory a plugin host and every process it starts use together, page cache and
+shared memory included (:mod:`harness.plugin.hosting.memory_cgroup`): past it the kernel's
+out-of-memory killer kills the host, never the harness, and the request fails naming the
+killer, the memory used and the limit, and how to raise it (:func:`out_of_memory`). Unset,
+a host may use :data:`MEMORY_SHARE` of the memory available when it starts (the kernel's
+``MemAvailable``, less where the harness's own cgroup allows less): the rest stays for the
+harness and what else the machine runs. A limit set where no memory cgroup can be made is
+an error; the default then leaves the host without a limit of its own (docs/threat-model.md,
+"Memory").
+
+**The answer's size** (:func:`answer_limit`): the harness reads each answer within a
+:class:`~harness.plugin.hosting.wire.Limit` derived from its request, before it allocates
+anything for it: a frame whose head claims a longer header (JSON) or payload (the arrays'
+bytes) ends the host with everything it started, and the request fails naming the
+distribution, the request and the limit (:func:`past_size`). An answer that carries no
+data (a handle, a declaration, an acknowledgement, an error and its traceback) has
+:data:`CONTROL_BYTES` of each; σ of ``k`` inputs ``k`` float64 values (and, with their
+gradients, 8 bytes per input element); the claims on ``k`` inputs
+:data:`~harness.foundation.storable.EVIDENCE_BYTES` of evidence and as much of staged state per
+claim, and a float64 copy of each input; a re-derivation five float64 arrays of its rows;
+a trainer's answer the state it was sent, at 8 bytes per element; a dataset or a
+σ-provider's declaration (its weights, a σ-smoothing's estimator), which nothing in the
+request bounds, half the memory the harness can still take (:func:`available_memory`). A
+header's decoded value takes at most some 50 bytes per header byte
+(:mod:`harness.plugin.hosting.wire`), so the answer to a σ batch or a chunk of claims costs
+the harness at most megabytes, whatever the plugin sends.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
+import re
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 from harness.foundation.environment import variable_set
 from harness.foundation.errors import IdrsError
+from harness.foundation.storable import EVIDENCE_BYTES
+
+if TYPE_CHECKING:  # (the wire imports numpy: the command line's start does not need it)
+    from harness.plugin.hosting.wire import Limit
 
 TIMEOUT_ENV = "IDRS_BENCH_PLUGIN_TIMEOUT"
 DEFAULT_TIMEOUT = 1800.0
@@ -41,6 +75,21 @@ START_SECONDS = 120.0
 GRACE_SECONDS = 5.0
 """Seconds a host asked to end has before it is killed."""
 OPTION = "--plugin-timeout"
+CONTROL_BYTES = 64 * 1024
+"""Header and payload of an answer that carries no data (and the least any answer gets: room
+for an error's message and traceback)."""
+CLAIM_BYTES = 1024
+"""Header bytes of one claim besides its evidence (its numbers and keys)."""
+ITEM_BYTES = 64
+"""Header bytes of one number of a list an answer carries (an id, a σ, a replayed radius)."""
+DESCRIBE_BYTES = 4 << 20
+"""Header of the answer that describes a host's plugins (their components, defaults and
+descriptions), of a dataset's and of a σ-provider's declaration."""
+MEMORY_ENV = "IDRS_BENCH_PLUGIN_MEMORY"
+MEMORY_OPTION = "--plugin-memory"
+MEMORY_SHARE = 0.75
+"""The share of the memory available when a host starts that it may use, unless told."""
+_UNITS = {"": 1 << 20, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
 def plugin_timeout() -> float:
@@ -92,3 +141,141 @@ def past_limit(host: str, op: str, limit: float) -> str:
             f"ended with every process it had started. If the plugin needs longer, raise the "
             f"limit: {OPTION} {raised:g} (or {TIMEOUT_ENV}={raised:g}), then `idrs-bench run` "
             "again retries the row")  # fmt: skip
+
+
+def plugin_memory() -> int | None:
+    """The memory limit of a plugin host in bytes, as :data:`MEMORY_ENV` says
+    (``--plugin-memory`` sets it for its command); None when it is unset (a host then may use
+    :data:`MEMORY_SHARE` of the memory available when it starts). A value that is not an
+    amount of memory is an error naming where it was given."""
+    text = os.environ.get(MEMORY_ENV, "").strip()
+    if not text:
+        return None
+    return memory(text, f"{MEMORY_ENV}={text!r}")
+
+
+def memory(text: str, where: str) -> int:
+    """``text`` as a positive amount of memory in bytes: MiB, or a number with a unit
+    ``K``, ``M``, ``G`` or ``T`` (powers of 1024; ``8G``, ``8GiB``); ``where``: what an
+    error names."""
+    found = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([kmgt]?)(?:i?b)?\s*", text, re.IGNORECASE)
+    amount = float(found.group(1)) * _UNITS[found.group(2).lower()] if found else 0.0
+    if not (math.isfinite(amount) and amount >= 1 << 20):
+        raise IdrsError(f"{where} is not an amount of memory of 1 MiB or more; give MiB or a "
+                        f"unit, e.g. {MEMORY_OPTION} 8G (8 GiB for each plugin host)")  # fmt: skip
+    return int(amount)
+
+
+def add_plugin_memory_option(parser) -> None:
+    """``--plugin-memory MiB`` on an ``argparse`` parser (its command sets
+    :data:`MEMORY_ENV` with :func:`memory_set`)."""
+    parser.add_argument(
+        MEMORY_OPTION, metavar="MiB", default=None,
+        help=f"memory a plugin host and its processes may use together (MiB, or with a unit: "
+        f"8G) before the kernel kills it and its row fails (default ${MEMORY_ENV}, else "
+        f"{MEMORY_SHARE:.0%}% of the memory available when the host starts)",
+    )  # fmt: skip
+
+
+@contextmanager
+def memory_set(value: str | None) -> Iterator[None]:
+    """With ``value`` (``--plugin-memory``), :data:`MEMORY_ENV` is set while the block runs
+    (its subprocesses inherit it), then restored."""
+    limit = None if value is None else str(memory(value, f"{MEMORY_OPTION} {value}") >> 20)
+    with variable_set(MEMORY_ENV, limit):
+        yield
+
+
+def host_memory(headroom: int | None) -> tuple[int | None, str]:
+    """The memory limit of a host starting now, in bytes, and how it was set: the one given
+    (:func:`plugin_memory`), else :data:`MEMORY_SHARE` of ``headroom`` (the memory available
+    now; None: unknown, and then no limit)."""
+    given = plugin_memory()
+    if given is not None:
+        return given, f"{MEMORY_OPTION} {given >> 20} (or {MEMORY_ENV})"
+    if headroom is None:
+        return None, "the kernel does not say how much memory is available"
+    return int(headroom * MEMORY_SHARE), (f"{MEMORY_SHARE:.0%} of the memory available when "
+                                          f"the host started; {MEMORY_OPTION} sets it")  # fmt: skip
+
+
+def out_of_memory(limit: int) -> str:
+    """How to give a host killed at its memory limit of ``limit`` bytes more."""
+    raised = max(2 * limit, 1 << 30) >> 20
+    return (f"if the plugin needs more, raise the limit: {MEMORY_OPTION} {raised} (or "
+            f"{MEMORY_ENV}={raised}), then `idrs-bench run` again retries the row")  # fmt: skip
+
+
+def answer_limit(op: str, fields: Mapping[str, Any]) -> Limit:
+    """The largest answer the harness reads to the request ``op`` with ``fields`` (the module
+    docstring says what each is derived from)."""
+    from harness.plugin.hosting.wire import Limit
+
+    if op == "sigma":
+        x = fields["x"]
+        k, gradient = len(x), bool(fields.get("gradient"))
+        what = f"σ of {k} inputs: {k} float64 values" + (
+            ", and their gradients at 8 bytes per input element" if gradient else "")  # fmt: skip
+        return Limit(CONTROL_BYTES, 8 * k + (8 * x.numel() if gradient else 0), what)
+    if op == "certify":
+        evidence = fields["evidence"]
+        k = len(evidence["input_ids"])
+        elements = evidence["x"][0].numel() if k else 0
+        return Limit(CONTROL_BYTES + k * (CLAIM_BYTES + 2 * EVIDENCE_BYTES),
+                     CONTROL_BYTES + k * (2 * EVIDENCE_BYTES + 8 * elements),
+                     f"the claims on {k} inputs: {EVIDENCE_BYTES} bytes of evidence and as much "
+                     "of staged state per claim, and a float64 copy of each input")  # fmt: skip
+    if op == "ball_sigmas":
+        k = len(fields["rows"])
+        return Limit(CONTROL_BYTES + 2 * ITEM_BYTES * k, CONTROL_BYTES,
+                     f"σ of {k} certified balls: an id and a number each")  # fmt: skip
+    if op == "order_replays":
+        cells = (int(fields["orders"]) + 2) * len(fields["ids"])
+        return Limit(CONTROL_BYTES + 2 * ITEM_BYTES * cells, CONTROL_BYTES + 16 * cells,
+                     f"{fields['orders']} replayed orders of {len(fields['ids'])} "
+                     "certificates: a class and a radius each")  # fmt: skip
+    if op == "recompute":
+        k = len(fields["rows"])
+        return Limit(CONTROL_BYTES, CONTROL_BYTES + 5 * 8 * k,
+                     f"the re-derivation of {k} certificates: five float64 arrays")  # fmt: skip
+    if op == "train":
+        state = fields["model"]["state"]
+        elements = sum(t.numel() for t in state.values())
+        return Limit(CONTROL_BYTES + sum(len(name) + ITEM_BYTES for name in state),
+                     CONTROL_BYTES + 8 * elements,
+                     f"the trained state of a model of {elements} parameters and buffers, 8 "
+                     "bytes each")  # fmt: skip
+    if op in ("load_dataset", "build_sigma_provider"):
+        what = "a dataset" if op == "load_dataset" else "a σ-provider's declaration"
+        return Limit(DESCRIBE_BYTES, max(CONTROL_BYTES, available_memory() // 2),
+                     f"{what}: half the memory the harness can still take")  # fmt: skip
+    if op == "describe":
+        return Limit(DESCRIBE_BYTES, CONTROL_BYTES, "the description of a host's plugins")
+    return Limit(CONTROL_BYTES, CONTROL_BYTES, f"an answer to {op!r}, which carries no data")
+
+
+def available_memory() -> int:
+    """Bytes this process can still take: the memory available to its cgroups
+    (:func:`~harness.plugin.hosting.memory_cgroup.headroom`) and its address space's room
+    (``RLIMIT_AS`` less ``VmSize``), the less of the two where known."""
+    import resource
+
+    from harness.plugin.hosting.memory_cgroup import headroom
+
+    room = [headroom()]
+    limit, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if limit != resource.RLIM_INFINITY:
+        with open("/proc/self/status") as status:
+            size = next((int(line.split()[1]) * 1024 for line in status
+                         if line.startswith("VmSize:")), 0)  # fmt: skip
+        room.append(limit - size)
+    known = [r for r in room if r is not None]
+    return max(0, min(known)) if known else 1 << 62
+
+
+def past_size(host: str, op: str, exc: Exception) -> str:
+    """What a request whose answer claimed more than its limit fails with (``host``: the
+    host as errors name it; ``exc``: the wire's :class:`~harness.plugin.hosting.wire.PastLimit`)."""
+    return (f"{host} answered the request {op!r} with {exc}; it was ended with every process "
+            "it had started (a plugin's answer is bounded by what it was asked: "
+            'docs/threat-model.md, "Answers")')  # fmt: skip

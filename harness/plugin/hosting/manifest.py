@@ -15,6 +15,10 @@ full registry has been built (:meth:`harness.plugin.manager.PluginManager.regist
 
 A plugin that fails keeps its last entry, made invalid (no key): what it provided then
 names it when a benchmark file asks for one of its components (:func:`recorded_names`).
+An entry that names a method by a name the harness refuses
+(:func:`~harness.plugin.entry_points.name_problem`) is not used: the full registry, which
+refuses the plugin and says why, is built instead. The entry points read here are those
+the plugin loader accepted (a refused name is never recorded).
 
 Only names and parameters are checked from the manifest. A method whose ``check``
 validates parameter values imports its plugin when the check runs; a name a stand-in
@@ -36,6 +40,7 @@ from typing import Any
 
 from harness.foundation.errors import DuplicateNameError
 from harness.foundation.version import __version__
+from harness.plugin.entry_points import name_problem
 from harness.plugin.registry import COMPONENT_KINDS, Registry
 
 FORMAT = 1
@@ -102,7 +107,11 @@ def read_entries(
         key = entry.get("key") if isinstance(entry, dict) else None
         if key is None or key != plugin_key(ep):  # a failed plugin's entry has no key
             return None
-        out[ep.name] = entry["components"]
+        components = entry.get("components")
+        methods = components.get("methods", {}) if isinstance(components, dict) else None
+        if not isinstance(methods, dict) or any(name_problem(m) is not None for m in methods):
+            return None  # (a plugin naming a method so is refused when loaded)
+        out[ep.name] = components
     return out
 
 

@@ -16,10 +16,11 @@ import numpy as np
 import torch
 
 from harness.engine.draws import Claim, Draws, Evidence
-from harness.foundation.errors import ContractError
+from harness.foundation.errors import ContractError, IdrsError
 from harness.foundation.protocol import CertificationProtocol
 from harness.foundation.regularity import Regularity, regularity_from_record, regularity_record
 from harness.foundation.runstate import StateRecord
+from harness.foundation.storable import in_int64
 from harness.mathematics.radius import Recomputed
 from harness.mathematics.sequential import SequentialRule
 
@@ -121,14 +122,39 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def sigma_from(sigma: Any, count: int, who: str) -> torch.Tensor:
+    """σ of ``count`` inputs as a σ-provider in a plugin host answered it: a real floating
+    tensor of shape ``[count]`` (else a :class:`ContractError`), finite and positive (else an
+    :class:`IdrsError`, as :func:`harness.certification.certify.checked_sigma`, which then
+    holds it to its range, says of an in-process one), each naming the σ-provider (``who``)."""
+    if not isinstance(sigma, torch.Tensor):
+        raise ContractError(f"{who} returned {type(sigma).__name__} for σ; a σ-provider "
+                            f"returns a real floating tensor of shape [B] ({count})")  # fmt: skip
+    if not sigma.dtype.is_floating_point:
+        raise ContractError(f"{who} returned σ of dtype {sigma.dtype}; a σ-provider returns a "
+                            "real floating tensor (float32 or float64)")  # fmt: skip
+    if sigma.shape != (count,):
+        raise ContractError(f"{who} returned σ of shape {tuple(sigma.shape)} for {count} "
+                            f"inputs; a σ-provider returns shape ({count},)")  # fmt: skip
+    bad = ~(torch.isfinite(sigma) & (sigma > 0))
+    if bool(bad.any()):
+        k = int(torch.nonzero(bad)[0, 0])
+        raise IdrsError(f"{who} returned σ = {float(sigma[k]):.6g} (entry {k}); σ must be "
+                        "positive and finite")  # fmt: skip
+    return sigma
+
+
 def records_message(records: Sequence[StateRecord]) -> list[dict[str, Any]]:
     return [{"seq": r.seq, "record": r.record, "data": r.data} for r in records]
 
 
 def records_from(message: Any, who: str) -> list[StateRecord]:
+    """The state records a certifier in a plugin host staged, typed (a position SQLite
+    stores: :func:`~harness.foundation.storable.in_int64`); anything else is a
+    :class:`ContractError` naming it (``who``)."""
     out = []
     for item in message or []:
-        if not (isinstance(item, dict) and _integer(item.get("seq"))
+        if not (isinstance(item, dict) and _integer(item.get("seq")) and in_int64(item["seq"])
                 and isinstance(item.get("record"), dict) and isinstance(item.get("data"), bytes)):  # fmt: skip
             raise ContractError(f"{who} staged a state record of the wrong types: {item!r:.200}")
         out.append(StateRecord(item["seq"], item["record"], item["data"]))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,11 +34,19 @@ from pathlib import Path
 from harness.foundation.errors import IdrsError, pip_command
 from harness.plugin.entry_points import (
     ENTRY_POINT_GROUP,
+    NAMING,
+    PluginNameError,
     installed_prefixes,
+    name_problem,
     normalized,
     prefix_root,
 )
 from harness.plugin.hosting import confinement
+from harness.plugin.hosting.withheld_data import narrowed
+
+DISTRIBUTION_NAME = re.compile(r"[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9._-]*[A-Za-z0-9]")
+"""A distribution's name as the core metadata specification allows it (PEP 508): its
+normalized form names the private prefix, one folder beneath ``plugin-packages``."""
 
 
 def install(source: Path, quiet: bool = False) -> tuple[str, str, Path]:
@@ -82,6 +91,8 @@ def install(source: Path, quiet: bool = False) -> tuple[str, str, Path]:
         name, version = _checked(target)
         prefix = prefix_root() / normalized(name)
         prefix.parent.mkdir(parents=True, exist_ok=True)
+        if prefix.is_symlink() or prefix.parent.resolve() / prefix.name != prefix.resolve():
+            raise IdrsError(f"{prefix} is a symbolic link; remove it")  # (never written through)
         old = prefix.with_name(f".{prefix.name}.old")
         shutil.rmtree(old, ignore_errors=True)
         if prefix.exists():
@@ -116,9 +127,11 @@ def _environment(staging: Path) -> dict[str, str]:
 
 
 def _checked(target: Path) -> tuple[str, str]:
-    """The one distribution pip installed in ``target``, checked: an idrs-bench plugin, no
-    symbolic link among its files, not installed in this environment already, and every
-    requirement met by this environment."""
+    """The one distribution pip installed in ``target``, checked: an idrs-bench plugin whose
+    name and entry points' names are plain names (they name folders:
+    :func:`~harness.plugin.entry_points.name_problem`), no symbolic link among its files,
+    not installed in this environment already, and every requirement met by this
+    environment."""
     links = [p for p in target.rglob("*") if p.is_symlink()]
     if links:
         raise IdrsError(f"the installed package holds symbolic links ({links[0].name}, ...); "
@@ -128,9 +141,20 @@ def _checked(target: Path) -> tuple[str, str]:
         raise IdrsError(f"the build installed {len(dists)} distributions; expected one")
     dist = dists[0]
     name, version = dist.metadata["Name"], dist.version
-    if not [ep for ep in dist.entry_points if ep.group == ENTRY_POINT_GROUP]:
+    if not isinstance(name, str) or not DISTRIBUTION_NAME.fullmatch(name):
+        raise IdrsError(f"the distribution's name {name!r} is not a valid distribution name "
+                        "(letters, digits, '.', '_' and '-', beginning and ending with a "
+                        "letter or digit: the packaging specifications' rule); refused: it "
+                        "names its private prefix")  # fmt: skip
+    entry_points = [ep for ep in dist.entry_points if ep.group == ENTRY_POINT_GROUP]
+    if not entry_points:
         raise IdrsError(f"{name} {version} declares no {ENTRY_POINT_GROUP!r} entry point: it is "
                         "not an idrs-bench plugin")  # fmt: skip
+    for ep in entry_points:
+        problem = name_problem(ep.name)
+        if problem is not None:
+            raise PluginNameError(f"{name} {version} declares the entry point {ep.name!r}, "
+                                  f"refused: {problem}; rename it ({NAMING})")  # fmt: skip
     try:
         importlib.metadata.distribution(name)
     except importlib.metadata.PackageNotFoundError:
@@ -203,8 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     (unless given one) and installs it into ``<staging>/target``."""
     job = json.loads((sys.argv[1:] if argv is None else argv)[0])
     staging, source = Path(job["staging"]), job["source"]
-    grants = confinement.Grants(
-        read=confinement.existing([*confinement.python_paths(), *confinement.SYSTEM_READ]),
+    grants = confinement.Grants(  # (less the public datasets: a build could copy a test split)
+        read=confinement.existing(narrowed([*confinement.python_paths(),
+                                            *confinement.SYSTEM_READ])),
         write=(str(staging),), devices=confinement.existing(confinement.SYSTEM_DEVICES),
     )  # fmt: skip
     confinement.confine(grants)

@@ -99,11 +99,7 @@ class RemoteSigmaProvider:
         gradient = x.requires_grad and torch.is_grad_enabled()
         answer = self._bound.request("sigma", x=x.detach(), device=str(x.device),
                                      gradient=gradient)  # fmt: skip
-        sigma = answer.get("sigma")
-        if not isinstance(sigma, torch.Tensor):
-            raise ContractError(f"{self._bound.who} returned {type(sigma).__name__} for σ; a "
-                                "σ-provider returns a tensor of shape [B]")  # fmt: skip
-        sigma = sigma.to(x.device)
+        sigma = messages.sigma_from(answer.get("sigma"), len(x), self._bound.who).to(x.device)
         rows = answer.get("gradient")
         if gradient and isinstance(rows, torch.Tensor) and rows.shape == x.shape:
             return _RowGradient.apply(x, sigma, rows.to(x.device, x.dtype))

@@ -14,6 +14,13 @@ keeper; the host is its child. Ending one (harness/README.md, "Plugin host"):
 
 Either way the keeper's record says how the host ended (:meth:`RunningHost.ending`), and
 the host's output is drained meanwhile (:mod:`harness.plugin.hosting.host_output`).
+
+Before it starts the process, it makes the host's memory cgroup
+(:mod:`harness.plugin.hosting.memory_cgroup`; its limit:
+:func:`~harness.plugin.hosting.limits.host_memory`), which the host joins before it
+confines itself and the keeper removes when the host has ended, saying whether the
+out-of-memory killer killed in it. A limit the user set that no cgroup can enforce is an
+error; the default limit, where none can be made, is left out, and said once.
 """
 
 from __future__ import annotations
@@ -23,16 +30,44 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from harness.plugin.hosting import keeper
+from harness.foundation.errors import IdrsError
+from harness.plugin.hosting import keeper, memory_cgroup, wire
 from harness.plugin.hosting.exchange import exchange
 from harness.plugin.hosting.host_output import HostOutput
-from harness.plugin.hosting.limits import GRACE_SECONDS
+from harness.plugin.hosting.limits import GRACE_SECONDS, host_memory, plugin_memory
 
 KEEPER_SECONDS = keeper.KILL_SECONDS + 5.0
 """How long a keeper told to end its host has to exit before it is killed."""
+_SAID: list[str] = []
+
+
+def host_memory_cgroup() -> tuple[memory_cgroup.MemoryCgroup | None, dict[str, Any]]:
+    """The memory cgroup of a host starting now (None where none is made) and what its
+    start message says of it (``memory``: the cgroup, its limit and how the limit was set;
+    or why it has none). A limit the user set that cannot be enforced is an
+    :class:`IdrsError`."""
+    limit, set_by = host_memory(memory_cgroup.headroom())
+    if limit is None:
+        return None, {"limit": None, "why": set_by}
+    try:
+        cgroup = memory_cgroup.make(limit)
+    except memory_cgroup.Unavailable as exc:
+        if plugin_memory() is not None:
+            raise IdrsError(f"the memory limit of plugin hosts ({set_by}) cannot be enforced "
+                            f"here: {exc}. Run where it can, or leave the limit unset: a host "
+                            "then has no limit of its own and stays the kernel's first choice "
+                            'under memory pressure (docs/threat-model.md, "Memory")') from None  # fmt: skip
+        if not _SAID:
+            _SAID.append(str(exc))
+            print(f"note: plugin hosts run without a memory limit of their own: {exc}; each "
+                  "stays the kernel's first choice under memory pressure (docs/threat-model.md, "
+                  '"Memory")', file=sys.stderr)  # fmt: skip
+        return None, {"limit": None, "why": str(exc)}
+    return cgroup, {**cgroup.to_message(), "set_by": set_by}
 
 
 class RunningHost:
@@ -41,15 +76,19 @@ class RunningHost:
 
     def __init__(self, argv: Sequence[str], start: Mapping[str, Any],
                  environment: Mapping[str, str], name: str, echo: bool = True) -> None:  # fmt: skip
+        self.memory, memory = host_memory_cgroup()
+        """The host's memory cgroup (None: it has none)."""
         read, write = os.pipe()
         try:
             self.process = subprocess.Popen(
-                [*argv, json.dumps({**start, "status_fd": write})],
+                [*argv, json.dumps({**start, "status_fd": write, "memory": memory})],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 env=dict(environment), pass_fds=(write,),
             )  # fmt: skip
         except BaseException:
             os.close(read)
+            if self.memory is not None:
+                self.memory.remove()
             raise
         finally:
             os.close(write)
@@ -67,11 +106,11 @@ class RunningHost:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def ask(self, frame: bytes, deadline: float) -> Any:
-        """Send a request's ``frame``; its answer by ``deadline``
+    def ask(self, frame: bytes, deadline: float, limit: wire.Limit | None = None) -> Any:
+        """Send a request's ``frame``; its answer by ``deadline``, within ``limit``
         (:func:`~harness.plugin.hosting.exchange.exchange`)."""
         answer = exchange(self.process.stdin.fileno(), self.process.stdout.fileno(), frame,
-                          deadline)  # fmt: skip
+                          deadline, limit)  # fmt: skip
         self.answered += 1
         return answer
 
@@ -125,6 +164,8 @@ class RunningHost:
         if self._status >= 0:
             os.close(self._status)
             self._status = -1
+        if self.memory is not None:  # (its keeper removed it, unless it was killed first)
+            self.memory.remove()
 
     def _read_status(self, block: bool) -> None:
         """Read the keeper's records: what has come (``block``: until its pipe's end)."""

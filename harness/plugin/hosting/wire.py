@@ -14,12 +14,21 @@ dicts with string keys) or tagged dicts ``{"__wire__": tag, ...}`` for
 Nothing is unpickled and nothing is evaluated: a plugin host is third-party code, and
 what it answers can only be numbers, strings and arrays of the listed dtypes, which the
 harness then audits as claims (harness/README.md, "Plugin host").
+
+Nor is anything allocated on a plugin host's word: the harness reads each answer against
+a :class:`Limit` derived from its request (:func:`harness.plugin.hosting.limits.answer_limit`),
+and a frame whose head claims a longer header or payload is :class:`PastLimit` before a
+byte of it is held. The header's decoded value is bounded by its bytes (each item takes at
+least two of them: at most some 50 bytes of Python objects per header byte, and no copy
+is made of it), its nesting by :data:`MAX_DEPTH`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import struct
+from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -32,12 +41,30 @@ MAGIC = b"IDRW"
 HEAD = struct.Struct("<4sQQ")
 """A frame's head: :data:`MAGIC`, the header's length and the payload's."""
 MAX_HEADER = 1 << 28
-"""Largest header accepted (bytes): a longer one is a broken stream, not a message."""
+"""Largest header of a message read without a :class:`Limit` (the harness's requests, as the
+host reads them): a longer one is a broken stream, not a message."""
+MAX_DEPTH = 64
+"""Deepest nesting of lists and dicts a message's value may have."""
 
 
 class WireError(ValueError):
     """A message that does not follow this format (a broken stream or a value that
     cannot be sent)."""
+
+
+class PastLimit(WireError):
+    """A frame whose head claims more bytes than its reader's :class:`Limit` (refused
+    before anything is allocated for it)."""
+
+
+@dataclass(frozen=True)
+class Limit:
+    """The largest frame a reader accepts: its JSON ``header`` and its ``payload``, in
+    bytes; ``what`` says what they were derived from (errors name it)."""
+
+    header: int
+    payload: int
+    what: str = ""
 
 
 class _Payload:
@@ -73,15 +100,23 @@ def read_message(stream: BinaryIO) -> Any:
     return decode(header, memoryview(bytearray(_read_exactly(stream, payload_length))))
 
 
-def lengths(head: bytes) -> tuple[int, int]:
+def lengths(head: bytes, limit: Limit | None = None) -> tuple[int, int]:
     """The header's and the payload's lengths a frame's head gives (:data:`HEAD`); a
-    :class:`WireError` when the bytes are not a frame's head."""
+    :class:`WireError` when the bytes are not a frame's head, a :class:`PastLimit` when
+    they claim more than ``limit`` (None: a header up to :data:`MAX_HEADER`)."""
     magic, header_length, payload_length = HEAD.unpack(head)
     if magic != MAGIC:
         raise WireError(f"bytes that begin no message ({bytes(head[:16])!r}): something other "
                         "than the plugin host wrote to the channel of its answers")  # fmt: skip
-    if header_length > MAX_HEADER:
-        raise WireError(f"a message header of {header_length} bytes: the stream is broken")
+    if limit is None:
+        if header_length > MAX_HEADER:
+            raise WireError(f"a message header of {header_length} bytes: the stream is broken")
+        return header_length, payload_length
+    for part, length, most in (("header", header_length, limit.header),
+                               ("payload", payload_length, limit.payload)):  # fmt: skip
+        if length > most:
+            raise PastLimit(f"a frame whose head claims a {part} of {length} bytes, past the "
+                            f"limit of {most} bytes ({limit.what or 'this request'})")  # fmt: skip
     return header_length, payload_length
 
 
@@ -89,9 +124,11 @@ def decode(header: bytes | memoryview, payload: memoryview) -> Any:
     """The value of a frame's ``header`` (JSON) and ``payload`` (its arrays' bytes)."""
     try:
         value = json.loads(bytes(header))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except RecursionError:
+        raise WireError(f"a message header nested deeper than {MAX_DEPTH}") from None
+    except (UnicodeDecodeError, ValueError) as exc:  # (JSONDecodeError; an int of 4,300 digits)
         raise WireError(f"a message header that is not JSON ({exc}): a broken stream") from None
-    return _unpack(value, payload)
+    return _unpack(value, payload, 0)
 
 
 def _read_exactly(stream: BinaryIO, count: int, at_start: bool = False) -> bytes:
@@ -143,14 +180,24 @@ def _pack_array(array: np.ndarray, tag: str, blobs: _Payload) -> dict[str, Any]:
     return {TAG: tag, "dtype": dtype, "shape": list(array.shape), **where}
 
 
-def _unpack(value: Any, payload: memoryview) -> Any:
+def _unpack(value: Any, payload: memoryview, depth: int) -> Any:
+    """``value`` with its tagged dicts replaced by what they stand for, in place (no copy
+    of a large header is made)."""
+    if isinstance(value, list | dict) and depth >= MAX_DEPTH:
+        raise WireError(f"a message header nested deeper than {MAX_DEPTH}")
     if isinstance(value, list):
-        return [_unpack(v, payload) for v in value]
+        for i, v in enumerate(value):
+            if isinstance(v, list | dict):
+                value[i] = _unpack(v, payload, depth + 1)
+        return value
     if not isinstance(value, dict):
         return value
     tag = value.get(TAG)
     if tag is None:
-        return {k: _unpack(v, payload) for k, v in value.items()}
+        for k, v in value.items():
+            if isinstance(v, list | dict):
+                value[k] = _unpack(v, payload, depth + 1)
+        return value
     start, nbytes = value.get("blob"), value.get("nbytes")
     if not (isinstance(start, int) and isinstance(nbytes, int) and start >= 0
             and nbytes >= 0 and start + nbytes <= len(payload)):  # fmt: skip
@@ -162,11 +209,12 @@ def _unpack(value: Any, payload: memoryview) -> Any:
         raise WireError(f"unknown wire tag {tag!r}")
     dtype, shape = value.get("dtype"), value.get("shape")
     if dtype not in DTYPES or not (
-        isinstance(shape, list) and all(isinstance(s, int) and s >= 0 for s in shape)
-    ):
-        raise WireError(f"an array of dtype {dtype!r} and shape {shape!r} cannot be received")
+        isinstance(shape, list) and len(shape) <= 32  # (the most dimensions numpy 1 allows)
+        and all(type(s) is int and s >= 0 for s in shape)
+    ):  # fmt: skip
+        raise WireError(f"an array of dtype {dtype!r} and shape {shape!r:.200} cannot be received")
     stored = "int16" if dtype == "bfloat16" else dtype
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)  # (exact: no shape wraps around to the payload's length)
     if count * np.dtype(stored).itemsize != nbytes:
         raise WireError(f"an array of shape {shape} and dtype {dtype} in {nbytes} bytes")
     array = np.frombuffer(data, dtype=stored, count=count).reshape(shape)
@@ -174,5 +222,8 @@ def _unpack(value: Any, payload: memoryview) -> Any:
         return array
     import torch
 
-    tensor = torch.from_numpy(array)
+    try:
+        tensor = torch.from_numpy(array)
+    except TypeError as exc:  # a dtype torch has no tensors of (uint32 in older releases)
+        raise WireError(f"a tensor of dtype {dtype} cannot be received ({exc})") from None
     return tensor.view(torch.bfloat16) if dtype == "bfloat16" else tensor

@@ -8,9 +8,9 @@ from each row's recorded entropy, against the plugins installed here) on what th
 ships: the run export's certificates, the base model's weights (staged in a temporary
 cache root as the model cache's ``<recipe hash>.pt``, checked against the SHA-256 the
 export records), the plugins' trained parts
-(:func:`~harness.reports.leaderboard.recheck.stage_trained_parts`), the σ-estimators, and
+(:func:`~harness.reports.leaderboard.shipped_files.stage_trained_parts`), the σ-estimators, and
 the dataset, whose files must have the SHA-256 the run recorded. It costs what the
-run's checks cost (measured in docs/leaderboards.md).
+run's checks cost (measured in leaderboards/README.md).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from harness.foundation.artifacts import cache_root_at, file_digest
 from harness.foundation.errors import IdrsError
 from harness.foundation.progress import Progress
 from harness.plugin.manager import PluginManager, managed
-from harness.reports.leaderboard.recheck import missing_weights_message, stage_trained_parts
+from harness.reports.leaderboard.shipped_files import missing_weights_message, stage_trained_parts
 from harness.running.preparation import RunOptions
 from harness.running.runfiles import WEIGHTS
 from harness.store.storedrun import StoredRun

@@ -1,11 +1,13 @@
 """``idrs-bench leaderboard``: render a board from stored runs, or verify a committed one.
 
-    idrs-bench leaderboard [RUN ...] [--db PATH] [--out leaderboards/NAME.md] [--no-plots]
+    idrs-bench leaderboard [RUN ...] [--db PATH] [--out NAME.md [--force]] [--no-plots]
     idrs-bench leaderboard --verify leaderboards/NAME.md [--db PATH] [--data-root DIR]
                            [--replay K] [--reaudit] [--device auto|cpu|cuda] [--unconfined]
-                           [--plugin-timeout SECONDS]
+                           [--plugin-timeout SECONDS] [--plugin-memory MiB]
 
-Without ``--out`` the markdown goes to stdout (no files are written). ``RUN`` is a run
+Without ``--out`` the markdown goes to stdout (no files are written). ``--out`` never
+overwrites a board (NAME.md, or its NAME.json, NAME.csv or NAME.run.json) without
+``--force``: a published board is re-rendered in place only on purpose. ``RUN`` is a run
 id or a unique prefix in ``--db`` (default: the latest run there), a run export
 ``*.run.json`` (all its runs), or another results database (its latest run), so that
 runs of several benchmarks make one board, one table per dataset and base model.
@@ -19,7 +21,7 @@ from pathlib import Path
 
 from harness.foundation.errors import IdrsError
 from harness.plugin.hosting.confinement import add_unconfined_option
-from harness.plugin.hosting.limits import add_plugin_timeout_option
+from harness.plugin.hosting.limits import add_plugin_memory_option, add_plugin_timeout_option
 from harness.reports.leaderboard.source import resolve_runs
 from harness.store.store import DEFAULT_DB
 from harness.store.storedrun import incomplete_note
@@ -42,6 +44,10 @@ def add_leaderboard_parser(sub: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument(
         "--out", type=Path, metavar="NAME.md", help="write NAME.md and its files (default: stdout)"
     )
+    parser.add_argument(
+        "--force", action="store_true",
+        help="with --out: overwrite the board already there (NAME.md and the files beside it)",
+    )  # fmt: skip
     parser.add_argument("--no-plots", action="store_true", help="do not draw the PNG plots")
     parser.add_argument(
         "--verify", type=Path, metavar="BOARD.md",
@@ -78,6 +84,7 @@ def add_leaderboard_parser(sub: argparse._SubParsersAction) -> argparse.Argument
     )  # fmt: skip
     add_unconfined_option(parser)
     add_plugin_timeout_option(parser)
+    add_plugin_memory_option(parser)
     parser.set_defaults(handler=leaderboard_command, default_db=DEFAULT_DB)
     return parser
 
@@ -91,6 +98,10 @@ def leaderboard_command(args: argparse.Namespace) -> int:
         raise IdrsError(
             "--replay and --reaudit re-check a published board: give them with --verify BOARD.md"
         )
+    if args.force and args.out is None:
+        raise IdrsError("--force overwrites the board --out names: give it with --out NAME.md")
+    if args.out is not None and not args.force:
+        refuse_overwrite(args.out)
     runs = resolve_runs(args.runs, args.db or args.default_db)
     if not args.allow_incomplete:
         for run in runs:
@@ -121,10 +132,26 @@ def leaderboard_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def refuse_overwrite(out: Path) -> None:
+    """An error when a board is already at ``out``: its NAME.md, NAME.json, NAME.csv or
+    NAME.run.json exists (its other files are named after these; ``--force`` overwrites)."""
+    from harness.reports.leaderboard.render import board_stem
+
+    stem = board_stem(out)
+    for name in (f"{stem}.md", f"{stem}.json", f"{stem}.csv", f"{stem}.run.json"):
+        existing = out.parent / name
+        if existing.exists():
+            what = "" if name == f"{stem}.md" else f", a file of the board {str(out)!r},"
+            raise IdrsError(
+                f"{str(existing)!r}{what} exists: pass --force to overwrite the board and the "
+                "files beside it, or --out another NAME.md"
+            )
+
+
 def _verify(args: argparse.Namespace) -> int:
     """``--verify BOARD.md [--reaudit] [--replay K]``: re-derive, re-render, re-audit and
     replay a board; one line per row says what was verified."""
-    if args.runs or args.out:
+    if args.runs or args.out or args.force:
         raise IdrsError(
             "--verify takes only the board (and optionally --db, --replay K, --reaudit)"
         )
@@ -153,8 +180,8 @@ def _verify(args: argparse.Namespace) -> int:
         print(
             f"{args.verify}: does not verify ({len(problems)} problem(s)): a certificate or "
             "verdict its evidence or its re-audit does not give, a plugin not installed, or a "
-            "file that differs from its re-rendering (`idrs-bench leaderboard RUN --out ...` "
-            "renders it again)"
+            "file that differs from its re-rendering (`idrs-bench leaderboard RUN --out ... "
+            "--force` renders it again)"
         )
         return 1
     if source.rederivable:

@@ -23,12 +23,19 @@ per row (radii attacked, which input broke at which radius, the attack's strengt
 exported beside the checks. Format 3 is format 2 with the ``runs`` row's ``model_hash``
 named ``recipe_hash`` (the base model's recipe hash, not a digest of its weights); an
 export of format 1 or 2 is read with the key renamed (:func:`upgrade_run_row`).
+
+An export is strict JSON (RFC 8259), which any reader parses: a number that is NaN or
+infinite (a statistic a check could not compute) is written as ``null``, never as the
+bare ``NaN`` Python's ``json`` would write. Exports written before that, which may hold
+one, are still read.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+from typing import Any
 
 from harness.foundation.errors import IdrsError
 from harness.store.schema import RENAMED_COLUMNS
@@ -97,8 +104,20 @@ def export_runs(runs: list[StoredRun], stem: str = "board") -> str:
             }
             | ({"attacks": [attack.as_dict() for attack in run.attacks]} if run.attacks else {})
         )
-    lines = [json.dumps(item, sort_keys=True, separators=(",", ":")) for item in items]
+    lines = [json.dumps(strict(item), sort_keys=True, separators=(",", ":"), allow_nan=False)
+             for item in items]  # fmt: skip
     return '{"format":"' + EXPORT_FORMAT + '","runs":[\n' + ",\n".join(lines) + "\n]}\n"
+
+
+def strict(value: Any) -> Any:
+    """``value`` with every NaN or infinite float as None: what strict JSON can hold."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: strict(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict(v) for v in value]
+    return value
 
 
 def read_export(path: str | Path) -> list[StoredRun]:
