@@ -228,16 +228,25 @@ def _point_keys(x: torch.Tensor) -> list[bytes]:
 
 class SigmaAtTestPoints:
     """σ × 1.3 at the benchmark's test points, σ elsewhere; declares a constant σ. The
-    harness withholds the test split from plugins (``context.dataset.test_x`` raises), so
-    it loads the dataset again itself, through the dataset's own loader."""
+    harness withholds the test split from plugins (``context.dataset.test_x`` raises, and
+    in a plugin host the registry's loaders and the installed datasets' files too), so it
+    makes the test split again itself: a ``ball-N`` benchmark's from the public generator
+    and the run's seed (which no confinement can withhold: docs/threat-model.md), any
+    other through the dataset's own loader (in the harness's process; in a plugin host
+    that is refused and the row fails)."""
 
     def __init__(self, context, sigma: float) -> None:
         self.sigma = sigma
         self.regularity = Constant(sigma)
         registry, name = context.registry, context.dataset.name
-        data = registry.get("datasets", name).load(data_root=None, download=False,
-                                                   seed=context.seed,
-                                                   **registry.family_args("datasets", name))  # fmt: skip
+        family = registry.family_args("datasets", name)
+        if name.startswith("ball-"):
+            from harness.audit.analytic import load_ball_dataset
+
+            data = load_ball_dataset(family["dim"], context.seed)
+        else:
+            data = registry.get("datasets", name).load(data_root=None, download=False,
+                                                       seed=context.seed, **family)  # fmt: skip
         self.test_points = set(_point_keys(data.test_x))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -86,10 +86,14 @@ def test_every_break_is_real_and_clear_breaks_are_found(ball_run):
         assert all(i in broken and broken[i] <= r for i in clear), r
     assert result["radii"] == list(RADII) and result["inputs"] == len(ids)
     assert len(broken) > 10  # the test has teeth
-    # empirical accuracy is an upper bound on the exact robust accuracy at every radius
+    # empirical accuracy is an upper bound on the exact robust accuracy of the inputs the
+    # smoothed classifier answers right, and at most their share (clean accuracy)
+    right = [i for i in ids if i % 3]  # (as if PREDICT erred on the others)
+    answered = np.array([i in right for i in ids])
     for r in RADII:
-        exact = float(np.mean(robust >= r if r > 0 else robust > 0))
-        assert empirical_successes(result, r) / len(ids) >= exact - 1e-12
+        exact = float(np.mean((robust >= r if r > 0 else robust > 0) & answered))
+        found = empirical_successes(result, r, right) / len(ids)
+        assert exact - 1e-12 <= found <= len(right) / len(ids)
 
 
 def _manager():
@@ -114,7 +118,9 @@ def test_the_attack_is_stored_exported_and_shown(ball_run, tmp_path):
     assert "| emp\\@0.5 |" in text and "an upper bound on robust accuracy" in text
     (table_row,) = board.tables[0].rows
     emp = table_row.metrics[empirical_key(0.5)]
-    assert emp == empirical_successes(row.attack.result, 0.5) / row.inputs
+    right = [int(c.input_id) for c in row.certificates if c.predict == c.label]
+    assert emp == empirical_successes(row.attack.result, 0.5, right) / row.inputs
+    assert emp <= table_row.metrics["clean_accuracy"]
     lo, hi = table_row.metrics["intervals"][empirical_key(0.5)]
     assert lo <= emp <= hi
     out = tmp_path / "board" / "b.md"
@@ -140,3 +146,24 @@ def test_a_run_without_attack_shows_no_empirical_columns(tmp_path, golden_run, m
     make_run(tmp_path / "r.sqlite", monkeypatch)
     text = render_markdown(build_board(load_runs(tmp_path / "r.sqlite")), "g")
     assert "emp\\@" not in text
+
+
+def test_a_row_certified_above_its_attack_names_the_inputs():
+    """Inputs certified at r that the attack broke within r, or that PREDICT answers
+    otherwise, are named per radius (a sound row showing them has certificates an attack
+    broke, or CERTIFY and PREDICT disagreeing); empirical accuracy never exceeds clean."""
+    from harness.reports.leaderboard.board import beyond_attack, empirical_metrics
+    from harness.store.storedrun import StoredCertificate
+
+    def cert(i, prediction, predict, radius):
+        return StoredCertificate("m", "s", i, 1, prediction, predict, radius, 0.25, 0.0)
+
+    certs = [cert(0, 1, 1, 0.8), cert(1, 1, 1, 0.3), cert(2, 1, 0, 0.6), cert(3, 0, 1, 0.0),
+             cert(4, -1, -1, 0.0)]  # fmt: skip
+    attack = {"radii": [0.0, 0.25, 0.5, 1.0], "inputs": 5, "broken": {"0": 0.5, "3": 0.25}}
+    right = [int(c.input_id) for c in certs if c.predict == c.label]  # 0, 1, 3
+    assert beyond_attack(certs, attack, right, [0.0, 0.25, 0.5, 0.75, 1.0]) == {
+        0.0: [2], 0.25: [2], 0.5: [0, 2]}  # fmt: skip
+    metrics = empirical_metrics(attack, [0.0, 0.25, 0.5, 1.0], right)
+    assert [metrics[empirical_key(r)] for r in (0.0, 0.25, 0.5, 1.0)] == [0.6, 0.4, 0.2, 0.2]
+    assert beyond_attack(certs, None, right, [0.5]) == {}

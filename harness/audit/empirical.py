@@ -1,7 +1,10 @@
 """Empirical robust accuracy: what a PGD attack on the smoothed classifier breaks.
 
 Beside what each row certifies, a board shows, at each of the benchmark's radii r, the
-fraction of test inputs an attack did not break. An input is broken at r when the
+fraction of test inputs that the smoothed classifier answers right (PREDICT, as clean
+accuracy counts them) and an attack did not break: an input misclassified or abstained on
+is robust at no radius (:func:`harness.mathematics.accuracy.empirical_successes`), so
+empirical accuracy is at most clean accuracy. An input is broken at r when the
 attack found a point x' with ‖x' − x‖ <= r at which the smoothed classifier — with the
 method's own σ(x') — is confirmed by fresh Monte Carlo not to answer the label: the
 upper confidence bound on the label's probability (Clopper–Pearson; Hoeffding on the

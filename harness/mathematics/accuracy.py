@@ -22,7 +22,7 @@ compare`` use; ``idrs-bench results --json`` nests certified accuracy by radius
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, Protocol
 
 from harness.foundation.certificate import ABSTAIN
@@ -53,12 +53,20 @@ def empirical_key(radius: float) -> str:
     return f"empirical_accuracy@{radius:g}"
 
 
-def empirical_successes(attack: dict[str, Any], radius: float) -> int | None:
-    """Inputs the empirical attack (:func:`harness.audit.empirical.attack_row`'s ``attack``
-    result) did not break at ``radius`` or below, or None when it did not run at ``radius``."""
+def empirical_successes(
+    attack: dict[str, Any], radius: float, correct: Collection[int]
+) -> int | None:
+    """Inputs robust to the empirical attack at ``radius`` (:func:`harness.audit.empirical.
+    attack_row`'s ``attack`` result), or None when it did not run at ``radius``: those of
+    ``correct`` (the input ids on which the smoothed classifier answers the label: PREDICT,
+    as clean accuracy counts it) that the attack did not break at ``radius`` or below. An
+    input the smoothed classifier misclassifies or abstains on is robust at no radius, so
+    empirical accuracy is at most clean accuracy at every radius."""
     if not any(abs(radius - r) <= 1e-12 for r in attack["radii"]):
         return None
-    return attack["inputs"] - sum(r <= radius + 1e-12 for r in attack["broken"].values())
+    broken = attack["broken"]
+    return sum(1 for i in correct
+               if str(int(i)) not in broken or broken[str(int(i))] > radius + 1e-12)  # fmt: skip
 
 
 def benchmark_radii(config: dict[str, Any]) -> list[float]:

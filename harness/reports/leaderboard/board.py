@@ -26,8 +26,9 @@ radii attacked.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -70,6 +71,9 @@ class Row:
     certified: dict[int, float | None] = field(default_factory=dict)  # input -> radius if correct
     paired: PairedComparison | None = None  # against the first row of its group
     attack: dict[str, Any] | None = None  # the empirical attack's result, where it ran
+    beyond_attack: dict[float, list[int]] = field(default_factory=dict)
+    """Per radius: the inputs certified at it that the attack counts robust at no radius that
+    high (broken within it, or not answered right by PREDICT): certified above empirical."""
 
     def certified_at(self, radius: float) -> dict[int, bool]:
         """Per input id: certified correctly with radius >= ``radius``."""
@@ -176,13 +180,16 @@ def compare_with_leader(rows: Sequence[Row], radius: float) -> None:
         row.paired = paired_comparison(leader, row.certified_at(radius), radius)
 
 
-def empirical_metrics(attack: dict[str, Any] | None, radii: Sequence[float]) -> dict[str, Any]:
+def empirical_metrics(
+    attack: dict[str, Any] | None, radii: Sequence[float], correct: Collection[int]
+) -> dict[str, Any]:
     """The empirical robust accuracy at each radius (None where the attack did not run)
-    and its 95 % intervals."""
+    and its 95 % intervals; ``correct``: the inputs PREDICT answers right (the others are
+    robust at no radius: :func:`~harness.mathematics.accuracy.empirical_successes`)."""
     values: dict[str, Any] = {}
     intervals: dict[str, tuple[float, float]] = {}
     for r in radii:
-        k = None if attack is None else empirical_successes(attack, r)
+        k = None if attack is None else empirical_successes(attack, r, correct)
         values[empirical_key(r)] = None if k is None else k / attack["inputs"]  # type: ignore[index]
         if k is not None:
             intervals[empirical_key(r)] = proportion_interval(k, attack["inputs"])  # type: ignore[index]
@@ -205,7 +212,8 @@ def _rows(run: StoredRun, radii: Sequence[float]) -> list[Row]:
             verdict = f"incomplete ({done.inputs} of {done.expected or '?'} inputs), {verdict}"
         metrics = row_metrics(certs, radii, run.unknown_metrics)
         attack = None if stored.attack is None else stored.attack.result
-        empirical = empirical_metrics(attack, radii)
+        correct = [int(c.input_id) for c in certs if c.predict == c.label]
+        empirical = empirical_metrics(attack, radii, correct)
         metrics["intervals"] |= empirical.pop("intervals")
         out.append(
             Row(
@@ -221,8 +229,32 @@ def _rows(run: StoredRun, radii: Sequence[float]) -> list[Row]:
                 class_counts=dict(sorted(Counter(int(c.label) for c in certs).items())),
                 certified={int(c.input_id): c.radius if c.correct else None for c in certs},
                 attack=attack,
+                beyond_attack=beyond_attack(certs, attack, correct, radii),
             )
         )
+    return out
+
+
+def beyond_attack(
+    certs: Sequence[StoredCertificate], attack: dict[str, Any] | None, correct: Collection[int],
+    radii: Sequence[float],
+) -> dict[float, list[int]]:  # fmt: skip
+    """Per radius r the attack ran at: the input ids certified correctly at r or more that it
+    does not count robust at r (broken within r, or PREDICT not the label), so that the row
+    is certified above its empirical accuracy there; radii without any are left out. On a
+    sound row each is a certificate an attack broke, or an input CERTIFY and PREDICT answer
+    differently."""
+    if attack is None:
+        return {}
+    right, broken = set(correct), attack["broken"]
+    out = {}
+    for r in radii:
+        if not any(abs(r - a) <= 1e-12 for a in attack["radii"]):
+            continue
+        found = sorted(int(c.input_id) for c in certs if c.correct and c.radius >= r and (
+            int(c.input_id) not in right or broken.get(str(int(c.input_id)), math.inf) <= r + 1e-12))  # fmt: skip
+        if found:
+            out[r] = found
     return out
 
 

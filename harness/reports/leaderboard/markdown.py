@@ -289,10 +289,11 @@ def _table_section(table: Table, stem: str | None, notes: _Footnotes) -> list[st
     attack = [m for m in catalog if m.table == "attack"]
     if attack and table.rows:
         out += ["### Attack: empirical robust accuracy", "",
-                "What a PGD attack on the smoothed classifier did not break within each radius: "
-                "an upper bound on robust accuracy, not a certificate (a row certified above it "
-                "has certificates an attack broke).", "",
-                *_detail_table(table, attack), ""]  # fmt: skip
+                "The inputs the smoothed classifier answers right (PREDICT, as clean accuracy "
+                "counts them) that a PGD attack on it did not break within each radius: an "
+                "upper bound on robust accuracy, not a certificate, and at most the clean "
+                "accuracy (an input misclassified or abstained on is robust at no radius).", "",
+                *_detail_table(table, attack), "", *_beyond_attack(table)]  # fmt: skip
     if table.rows:
         out += ["### Every row: abstention, class-wise accuracy, σ and time", "",
                 *_detail_table(table, [m for m in catalog if m.table == "details"]), ""]  # fmt: skip
@@ -380,6 +381,21 @@ def _how_to_check(stem: str | None) -> str:
         f"`{name}.weights.pt`, and the methods' trained parts), bit for bit on the run's "
         "arithmetic and by a statistical replication test elsewhere."
     )
+
+
+def _beyond_attack(table: Table) -> list[str]:
+    """A line per verified-sound row certified above its empirical accuracy at a radius
+    (:attr:`~harness.reports.leaderboard.board.Row.beyond_attack`), naming the inputs."""
+    lines = []
+    for row in table.sound_rows:
+        for radius, ids in row.beyond_attack.items():
+            shown = ", ".join(str(i) for i in ids[:8]) + (", …" if len(ids) > 8 else "")
+            lines.append(
+                f"- {md_text(row.method)} ({md_text(row.setting)}) is certified above its empirical "
+                f"accuracy at radius {radius:g}: input(s) {shown} certified at {radius:g} or more "
+                "were broken by the attack within it or answered otherwise by PREDICT"
+            )
+    return [*lines, ""] if lines else []
 
 
 def render_markdown(board: Board, stem: str | None) -> str:

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from harness.mathematics.accuracy import certified_key, empirical_key
 
 CERTIFIED = "fraction of inputs CERTIFY classifies correctly with radius >= {r}"
-EMPIRICAL = ("fraction of inputs a PGD attack on the smoothed classifier did not break within "
-             "radius {r} (each break confirmed by fresh Monte Carlo): an upper bound on robust "
-             "accuracy, not a certificate")  # fmt: skip
+EMPIRICAL = ("fraction of inputs the smoothed classifier answers right (PREDICT) that a PGD "
+             "attack on it did not break within radius {r} (each break confirmed by fresh Monte "
+             "Carlo): an upper bound on robust accuracy, not a certificate")  # fmt: skip
 """The meaning of ``cert@r`` and ``emp@r``, at a radius ``r``."""
 TABLES = ("main", "attack", "details")
 """The board's tables a metric can be shown in (module docstring)."""
