@@ -60,11 +60,11 @@ def _model_cache(tmp_path_factory):
 def _plugin_hosts():
     """On a kernel that cannot confine plugin hosts (no Landlock ABI >= 3), the suite runs
     them unconfined (the tests of the confinement itself skip there)."""
-    from harness.plugin.hosting import confinement
+    from harness.plugin.hosting.shared import landlock, policy
 
     mp = pytest.MonkeyPatch()
-    if confinement.refusal(confinement.landlock_abi()) is not None:
-        mp.setenv(confinement.UNCONFINED_ENV, "1")
+    if policy.refusal(landlock.landlock_abi()) is not None:
+        mp.setenv(policy.UNCONFINED_ENV, "1")
     yield
     mp.undo()
 
@@ -74,7 +74,7 @@ def _plugin_hosts_end_with_their_test():
     """A plugin host that a test started ends with the test, with every process it started
     (a host's manager that the test left to the garbage collector would keep it longer:
     harness/README.md, "Plugin host"); hosts running before the test are left running."""
-    from harness.plugin.hosting.host_process import running_hosts
+    from harness.plugin.hosting.in_harness.host_process import running_hosts
 
     before = {id(host) for host in running_hosts()}
     yield

@@ -79,7 +79,7 @@ def test_imported_log_on_a_board_beside_a_run(db_with_run_and_log, tmp_path, cap
     assert (
         "paper" not in board.split("### Imported from published logs")[0].split("### Verified")[1]
     )
-    assert "| imported |" in imported and "weights (SHA-256)" in board
+    assert "| imported |" in imported and "weights: parameters' digest" in board
     data = json.loads((tmp_path / "b.json").read_text())
     assert [r["section"] for r in data["rows"] if r["verdict"] == "imported"] == ["imported"]
 

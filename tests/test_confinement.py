@@ -1,4 +1,6 @@
-"""The plugin host's confinement (harness/plugin/hosting/confinement.py, docs/threat-model.md): the
+"""The plugin host's confinement (harness/plugin/hosting/shared/policy.py, what is granted;
+shared/landlock.py and in_host/confinement.py, how; docs/threat-model.md): the policy held to
+the threat model's tables, the
 Landlock ruleset of each ABI, each layer on this kernel, and the refusal on a kernel
 without Landlock, with ``--unconfined`` as the recorded way out."""
 
@@ -19,10 +21,13 @@ from pathlib import Path
 import pytest
 
 from harness.foundation.errors import IdrsError
-from harness.plugin.hosting import confinement, confinement_probe, process_privileges
-from harness.plugin.hosting.confinement import Grants, refusal, ruleset
+from harness.plugin.hosting.in_harness import confinement_options
+from harness.plugin.hosting.in_host import driver_probe
+from harness.plugin.hosting.shared import landlock, policy, process_privileges
+from harness.plugin.hosting.shared.landlock import Grants, ruleset
+from harness.plugin.hosting.shared.policy import refusal
 
-CONFINABLE = refusal(confinement.landlock_abi()) is None
+CONFINABLE = refusal(landlock.landlock_abi()) is None
 needs_landlock = pytest.mark.skipif(not CONFINABLE, reason="this kernel has no Landlock ABI >= 3")
 
 # include/uapi/linux/landlock.h: the access rights, bit by bit, and what each ABI added
@@ -67,7 +72,7 @@ def test_the_host_writes_only_its_own_threads_files_beneath_proc_and_keeps_them_
         granted = dict(rules.rules)
         assert granted == {"/proc": EXECUTE | READ_FILE | READ_DIR, own: WRITE_FILE | TRUNCATE}
         assert rules.pinned == (own,)
-    assert confinement.own_threads() == f"/proc/{os.getpid()}/task"
+    assert policy.own_threads() == f"/proc/{os.getpid()}/task"
 
 
 NVIDIA = ("/dev/nvidia-caps", "/dev/nvidia-modeset", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
@@ -89,7 +94,7 @@ def test_nvidia_device_files_open_for_reading_writing_and_ioctl_and_their_folder
 def test_nvidia_device_files_are_found_by_name(tmp_path):
     for name in (*(p.split("/")[-1] for p in NVIDIA), "null", "nvme0n1", "dri"):
         (tmp_path / name).mkdir() if name in ("nvidia-caps", "dri") else (tmp_path / name).touch()
-    assert confinement.gpu_devices(str(tmp_path)) == sorted(str(tmp_path / p.split("/")[-1])
+    assert policy.gpu_devices(str(tmp_path)) == sorted(str(tmp_path / p.split("/")[-1])
                                                             for p in NVIDIA)  # fmt: skip
 
 
@@ -97,7 +102,7 @@ def test_nvidia_device_files_are_found_by_name(tmp_path):
     (("landlock-fs",), 0xFFFF, 0, 0),
     (("landlock-net",), 0, 0x3, 0x3),
     (("seccomp", "capabilities"), 0, 0, 0),
-    (confinement.LAYERS, 0xFFFF, 0x3, 0x3),
+    (policy.LAYERS, 0xFFFF, 0x3, 0x3),
 ])  # fmt: skip
 def test_each_landlock_layer_governs_its_own_rights(layers, fs, net, scoped):
     rules = ruleset(GRANTS, 7, _is_dir, layers)
@@ -114,8 +119,8 @@ def test_no_landlock_system_call_reads_as_abi_0(monkeypatch):
     def enosys(*_):
         raise OSError(errno.ENOSYS, "Function not implemented")
 
-    monkeypatch.setattr(confinement, "_syscall", enosys)
-    assert confinement.landlock_abi() == 0
+    monkeypatch.setattr(landlock, "_syscall", enosys)
+    assert landlock.landlock_abi() == 0
 
 
 @pytest.mark.parametrize("abi", [0, 1, 2])
@@ -129,21 +134,22 @@ def test_a_kernel_that_cannot_confine_is_refused_naming_the_feature_and_the_opt_
 
 def test_the_host_refuses_to_confine_itself_with_threads_running():
     """A thread started before confinement would stay outside it: refused."""
-    code = ("import threading, time; from harness.plugin.hosting import confinement\n"
+    code = ("import threading, time\n"
+            "from harness.plugin.hosting.in_host.confinement import confine\n"
+            "from harness.plugin.hosting.shared.landlock import Grants\n"
             "threading.Thread(target=time.sleep, args=(5,), daemon=True).start()\n"
-            "confinement.confine(confinement.Grants(), abi=7)\n")  # fmt: skip
+            "confine(Grants(), abi=7)\n")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 1 and "threads before it is confined" in done.stderr
 
 
 LAYER = r"""
 import json, os, socket, sys
-from harness.plugin.hosting import confinement as c
+from harness.plugin.hosting.in_host.confinement import confine
+from harness.plugin.hosting.shared.policy import HostPaths, host_policy
 
 layers, scratch, port, outside = sys.argv[1].split(","), sys.argv[2], int(sys.argv[3]), sys.argv[4]
-grants = c.Grants(read=c.existing([*c.python_paths(), *c.SYSTEM_READ]), write=(scratch,),
-                  devices=c.existing(c.SYSTEM_DEVICES))
-c.confine(grants, layers=layers)
+confine(host_policy(HostPaths(scratch=scratch)).landlock(), layers=layers)
 out = {}
 
 def attempt(name, action):
@@ -183,12 +189,12 @@ print(json.dumps(out))
                  "chown": errno.EPERM, "memory": "done", "signal": "done"}),
 ])  # fmt: skip
 def test_each_layer_alone_refuses_what_it_governs(tmp_path, layer, expected):
-    """Through :func:`confinement.confine` with some of its layers: Landlock refuses the
-    TCP connect and the signal (its network and scope rules), the write outside the
-    scratch folder (its filesystem rules) and the parent's memory (its ptrace restriction,
+    """Through :func:`~harness.plugin.hosting.in_host.confinement.confine` with some of its
+    layers, to what the policy grants a host: Landlock refuses the TCP connect and the
+    signal (its network and scope rules), the write outside the scratch folder (its filesystem rules) and the parent's memory (its ptrace restriction,
     with either); the seccomp filter alone refuses the socket and the set-uid bit (chown
     too); each lets through what the others govern."""
-    abi = confinement.landlock_abi()
+    abi = landlock.landlock_abi()
     if layer == "landlock-net" and abi < 4:
         pytest.skip(f"Landlock ABI {abi} has no network nor scope rules")
     if "landlock-net" in layer and abi < 6:
@@ -233,8 +239,8 @@ def test_without_landlock_plugins_are_refused_and_an_unconfined_run_says_so(
     from harness.store.storedrun import load_runs
 
     install_plugin("idrs_test_half", half_sigma_plugin(), distribution="idrs-test-half")
-    monkeypatch.setattr(confinement, "landlock_abi", lambda: 0)
-    monkeypatch.delenv(confinement.UNCONFINED_ENV, raising=False)
+    monkeypatch.setattr(landlock, "landlock_abi", lambda: 0)
+    monkeypatch.delenv(policy.UNCONFINED_ENV, raising=False)
     spec, db = tmp_path / "tiny.toml", tmp_path / "runs.sqlite"
     spec.write_text(SPEC)
     argv = ["run", str(spec), "--db", str(db), "--quiet", "--no-check"]
@@ -243,7 +249,7 @@ def test_without_landlock_plugins_are_refused_and_an_unconfined_run_says_so(
     assert "error: third-party plugins run only in a plugin host confined by the kernel" in err
     assert "no Landlock" in err and "--unconfined" in err
     assert main([*argv, "--unconfined"]) == 0
-    assert confinement.UNCONFINED_ENV not in os.environ  # (only for the command's duration)
+    assert policy.UNCONFINED_ENV not in os.environ  # (only for the command's duration)
     [run] = load_runs(db)
     assert run.run["plugin_hosts"] == {"third_party": ["idrs-test-half 0.1"],
                                        "confinement": "unconfined", "plugin_timeout": 1800}  # fmt: skip
@@ -277,8 +283,8 @@ def test_a_confined_run_records_its_plugin_hosts_and_a_resume_unconfined_is_adde
     run_id = run_benchmark(load_benchmark(spec, []), RunOptions(db=db), Progress(False), manager)
     confined = manager.hosting()
     assert confined == {"third_party": ["idrs-test-half 0.1"], "plugin_timeout": 1800,
-                        "confinement": confinement.description(confinement.landlock_abi())}  # fmt: skip
-    with confinement.opted_out(True):
+                        "confinement": confinement_options.description(landlock.landlock_abi())}  # fmt: skip
+    with confinement_options.opted_out(True):
         tiny = Budget("tiny", coverage_trials=4, coverage_n=50, pairs=1, ascent_steps=1,
                       audited_inputs=1, attack_steps=1, attack_samples=4, orders=1)  # fmt: skip
         run_checks(db, run_id, RunOptions(db=db), Progress(False), PluginManager(), budget=tiny,
@@ -294,9 +300,9 @@ def test_a_confined_run_records_its_plugin_hosts_and_a_resume_unconfined_is_adde
 
 
 def test_an_unconfined_value_other_than_1_is_an_error(monkeypatch):
-    monkeypatch.setenv(confinement.UNCONFINED_ENV, "yes")
+    monkeypatch.setenv(policy.UNCONFINED_ENV, "yes")
     with pytest.raises(IdrsError, match="IDRS_BENCH_UNCONFINED='yes'; use 1"):
-        confinement.unconfined_requested()
+        confinement_options.unconfined_requested()
 
 
 def test_the_seccomp_filter_refuses_other_architectures_and_x32():
@@ -451,14 +457,105 @@ def test_the_threat_model_names_every_system_call_the_filter_governs():
     assert missing == []
 
 
+def threat_model_table(heading: str, text: str | None = None) -> list[list[str]]:
+    """The rows of the first table beneath the heading ``### heading`` of
+    docs/threat-model.md (``text``: the page), its header left out, each cell stripped."""
+    if text is None:
+        text = (Path(__file__).parents[1] / "docs" / "threat-model.md").read_text()
+    lines = text.split(f"\n### {heading}\n", 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| "))
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split(" | ")])
+    return rows[2:]
+
+
+def _plain(cell: str) -> str:
+    return cell.replace("`", "")
+
+
+EVERY_PATH = policy.HostPaths(sent="/sent", data_roots=("/data",), builtin_artifacts=("/b",),
+                              scratch="/scratch", artifacts=("/a",), gpu=("/dev/nvidia0",))  # fmt: skip
+"""A host's paths with every kind the harness grants (those that do not exist are left out
+of the grants' paths, not the grants)."""
+
+
+def test_the_policy_grants_what_the_threat_models_table_says_in_its_order():
+    """Each grant of :func:`~harness.plugin.hosting.shared.policy.host_policy` is a row of
+    docs/threat-model.md's table "What a host may reach, and why", in order, with the same
+    right; and each row is a grant."""
+    documented = [(_plain(row[0]), row[1]) for row in threat_model_table(
+        "What a host may reach, and why")]  # fmt: skip
+    granted = [(g.what, g.right) for g in policy.host_policy(EVERY_PATH).grants]
+    assert documented == granted
+    assert {right for _, right in granted} == {policy.READ, policy.WRITE, policy.DEVICE,
+                                               policy.THREAD_NAMES}  # fmt: skip
+
+
+def test_the_policy_refuses_the_system_calls_of_the_threat_models_table_by_its_rules():
+    """Every system call the policy's filter governs is named in docs/threat-model.md's
+    table "What the seccomp filter refuses, and why" and every one named there is governed,
+    its "refused" cell saying the policy's rule (:func:`~harness.plugin.hosting.shared.
+    policy.rule_words`; "always", exactly, for a call refused whole)."""
+    named = {}
+    for calls, rule, _why in threat_model_table("What the seccomp filter refuses, and why"):
+        named |= {name: rule for name in re.findall(r"`(\w+)`", calls)}
+    governed = policy.host_policy(EVERY_PATH).system_calls
+    assert sorted(named) == sorted(c.name for c in governed)
+    said = {c.name: named[c.name] for c in governed
+            if policy.rule_words(c.rule) not in named[c.name]
+            or (named[c.name] == "always") != isinstance(c.rule, process_privileges.Refused)}  # fmt: skip
+    assert said == {}
+
+
+def test_the_table_check_sees_a_grant_or_a_call_the_page_leaves_out():
+    """The check of the two tests above fails on a page whose table lacks a grant or a
+    call, or says another right or rule."""
+    page = (Path(__file__).parents[1] / "docs" / "threat-model.md").read_text()
+    altered = page.replace("| its scratch folder | write |", "| its scratch folder | read |")
+    altered = altered.replace(
+        "| `prlimit64` | unless on the host itself |", "| `prlimit64` | always |"
+    )
+    altered = altered.replace("`add_key`, `request_key`, `keyctl`", "`add_key`, `request_key`")
+    rows = threat_model_table("What a host may reach, and why", altered)
+    assert ["its scratch folder", "read"] in [row[:2] for row in rows]
+    calls = {name: row[1] for row in threat_model_table("What the seccomp filter refuses, and why",
+             altered) for name in re.findall(r"`(\w+)`", row[0])}  # fmt: skip
+    assert calls["prlimit64"] == "always" and "keyctl" not in calls
+
+
+def test_the_policy_of_a_host_and_of_a_plugins_build(tmp_path):
+    """A host's policy grants the paths the harness names it (those that exist) with their
+    rights, its own threads' folder, its Python and the system's files less
+    ``/usr/share/datasets``, and the CUDA driver's socket with a GPU's device files; a
+    plugin's build writes its build folder only, and has no GPU, no data root and no
+    artifact folder."""
+    gpu = tmp_path / "nvidia0"
+    gpu.touch()
+    paths = policy.HostPaths(sent=str(tmp_path), data_roots=(str(tmp_path / "gone"),),
+                             scratch="/tmp", gpu=(str(gpu),))  # fmt: skip
+    host = policy.host_policy(paths)
+    grants = host.landlock()
+    assert str(tmp_path) in grants.read and str(tmp_path / "gone") not in grants.read
+    assert grants.write == ("/tmp",) and str(gpu) in grants.devices and host.cuda_socket()
+    assert grants.threads == (policy.own_threads(),)
+    assert not any(p.startswith("/usr/share/datasets") for p in grants.read)
+    build = policy.install_build_policy("/tmp")
+    assert build.landlock().write == ("/tmp",) and not build.cuda_socket()
+    assert build.landlock().devices == policy.existing(policy.SYSTEM_DEVICES)
+    assert build.landlock().threads == (policy.own_threads(),) and build.memory is None
+
+
 SOCKETS = r"""
 import json, socket, sys
-from harness.plugin.hosting import confinement as c
+from harness.plugin.hosting.in_host.confinement import confine
+from harness.plugin.hosting.shared.policy import HostPaths, host_policy
 
 # a file named as NVIDIA's device files: a GPU granted, as far as the filter's choice goes
 layers, devices = sys.argv[1].split(","), tuple(sys.argv[2:])
-c.confine(c.Grants(read=c.existing([*c.python_paths(), *c.SYSTEM_READ]), devices=devices),
-          layers=layers)
+confine(host_policy(HostPaths(gpu=devices)).landlock(), layers=layers)
 out = {}
 for family, kind in (("AF_UNIX", "SOCK_SEQPACKET"), ("AF_UNIX", "SOCK_STREAM"),
                      ("AF_UNIX", "SOCK_DGRAM"), ("AF_INET", "SOCK_DGRAM"), ("AF_INET", "SOCK_STREAM"),
@@ -474,7 +571,7 @@ print(json.dumps(out))
 
 
 @pytest.mark.parametrize("gpu", [False, True])
-@pytest.mark.parametrize("layers", ["seccomp", ",".join(confinement.LAYERS)])
+@pytest.mark.parametrize("layers", ["seccomp", ",".join(policy.LAYERS)])
 def test_the_seccomp_filter_lets_the_cuda_drivers_socket_through_only_with_a_gpu(
     tmp_path, gpu, layers
 ):
@@ -482,7 +579,7 @@ def test_the_seccomp_filter_lets_the_cuda_drivers_socket_through_only_with_a_gpu
     304): a host granted a GPU's device files may make that socket (whatever its flags),
     no other; a host without a GPU none. With every layer too: the choice does not need
     to list ``/dev``, which Landlock closes first."""
-    if layers != "seccomp" and confinement.landlock_abi() < confinement.MINIMUM_ABI:
+    if layers != "seccomp" and landlock.landlock_abi() < policy.MINIMUM_ABI:
         pytest.skip("no Landlock on this kernel")
     device = tmp_path / "nvidia0"
     device.write_bytes(b"")
@@ -492,7 +589,7 @@ def test_the_seccomp_filter_lets_the_cuda_drivers_socket_through_only_with_a_gpu
     assert done.returncode == 0, done.stderr
     outcomes = json.loads(done.stdout)
     assert outcomes.pop("AF_UNIX SOCK_SEQPACKET") == ("done" if gpu else errno.EPERM)
-    assert confinement.grants_gpu(confinement.Grants(devices=tuple(granted))) is gpu
+    assert policy.grants_gpu(Grants(devices=tuple(granted))) is gpu
     assert set(outcomes.values()) == {errno.EPERM}, outcomes
 
 
@@ -522,7 +619,7 @@ def test_a_confined_host_certifies_on_cuda(install_plugin, half_sigma_plugin, li
 @pytest.fixture(scope="module")
 def confined_host():
     """A plugin host confined as a third-party plugin's is (the built-ins only)."""
-    from harness.plugin.hosting.host_process import PluginHost
+    from harness.plugin.hosting.in_harness.host_process import PluginHost
 
     host = PluginHost(None, confined=True)
     yield host
@@ -531,9 +628,8 @@ def confined_host():
 
 def _driver_probe(host) -> dict[str, tuple[str, str]]:
     """What the CUDA driver does to the OS (and what must stay refused), tried in ``host``."""
-    devices = list(confinement.existing(confinement.SYSTEM_DEVICES))
-    answer = host.request("probe", device="cpu", devices=devices, parent=os.getpid(),
-                          refusals=True)  # fmt: skip
+    devices = list(policy.existing(policy.SYSTEM_DEVICES))
+    answer = host.probe("cpu", devices, os.getpid(), refusals=True)
     return {name: (outcome, said) for name, outcome, said in answer["parts"]}
 
 
@@ -552,7 +648,7 @@ def test_a_confined_host_does_to_the_os_what_the_cuda_driver_does_and_no_more(co
     ``/proc/sysrq-trigger`` and ``/proc/sys/vm/drop_caches`` (root writes both without a
     capability), the harness's thread name and its memory stay refused."""
     _assert_driver_probe(_driver_probe(confined_host))
-    seen = confinement_probe.refused_outcomes(os.getpid())  # (here, unconfined: all open)
+    seen = driver_probe.refused_outcomes(os.getpid())  # (here, unconfined: all open)
     assert {k: v for k, v in seen.items() if v != "absent"} == {
         k: "opened" for k, v in seen.items() if v != "absent"}  # fmt: skip
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.plugin.hosting import confinement
+from harness.plugin.hosting.shared import landlock, policy
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tools" / "gpu-check"
@@ -75,7 +75,9 @@ def test_the_dry_run_lists_every_step_in_order_with_its_cap_and_command(tmp_path
     header = f"OUT={tmp_path / 'out'} device=cuda budget=510s tiny=0"
     assert f"{header} n=100000 resnet110_n=100000" in out  # ResNet-110 at the target's n
     assert "pip install -q --no-deps --target /tmp/site .gpu/whl/*.whl" in out  # offline
-    assert 'python3 -m harness.plugin.hosting.confinement_probe --device "$DEVICE"' in out
+    assert (
+        'python3 -m harness.plugin.hosting.in_harness.confinement_probe --device "$DEVICE"' in out
+    )
     assert '"${XDIST[@]}" -m gpu -v -rA' in out and '--junitxml="$WORK/$STEP/junit-gpu.xml"' in out
     assert "bench_pair default" in out
     # a Cohen row's samples at the default benchmark's batch
@@ -167,12 +169,12 @@ def test_the_confinement_step_runs_beside_another_and_says_one_line_per_host(tmp
     logs = _logs(out)
     assert "PyTorch's defaults" in logs["env.log"]
     lines = {line.split()[0]: line for line in logs["confinement.log"].splitlines()[1:]}
-    assert sorted(lines) == sorted(["unconfined", *confinement.LAYERS, "all"])
-    abi = confinement.landlock_abi()
+    assert sorted(lines) == sorted(["unconfined", *policy.LAYERS, "all"])
+    abi = landlock.landlock_abi()
     for variant, line in lines.items():
         if line.split()[1] == "skip":  # a kernel without what the layer needs
             assert variant.startswith("landlock") or variant == "all"
-            assert abi < (4 if variant == "landlock-net" else confinement.MINIMUM_ABI)
+            assert abi < (4 if variant == "landlock-net" else policy.MINIMUM_ABI)
             continue
         assert line.split()[1] == "ok", line
         for part in ("thread names: ok", "memfd: ok", "cpu: ok", "cuInit: "):

@@ -18,15 +18,22 @@ import uuid
 import pytest
 
 from harness.foundation.errors import IdrsError
-from harness.plugin.hosting import exchange, keeper, limits, wire
-from harness.plugin.hosting.host_folder import HostFolder, sweep_abandoned
-from harness.plugin.hosting.host_output import ECHO_BYTES, LINE_CHARS, TAIL_LINES, HostOutput
+from harness.plugin.hosting.in_harness import exchange, limits
+from harness.plugin.hosting.in_harness.host_ending import ending
+from harness.plugin.hosting.in_harness.host_folder import HostFolder, sweep_abandoned
+from harness.plugin.hosting.in_harness.host_output import (
+    ECHO_BYTES,
+    LINE_CHARS,
+    TAIL_LINES,
+    HostOutput,
+)
+from harness.plugin.hosting.shared import wire
 
 # A process that plays the harness: it starts a "host" through the keeper's fork, which
 # starts a plain child and a daemon (setsid, then fork again), then does what argv[1] says.
 KEPT = textwrap.dedent("""
     import json, os, subprocess, sys, time
-    from harness.plugin.hosting import keeper
+    from harness.plugin.hosting.in_host import keeper
 
     mark, then, folder = sys.argv[1], sys.argv[2], sys.argv[3]
     read, write = os.pipe()
@@ -94,8 +101,8 @@ def test_the_keeper_ends_every_process_the_host_started_as_it_ends(
     assert (tmp_path / "adj").read_text().strip() == "1000"  # (the kernel's first choice)
     assert scores["keeper"] == scores["own"]
     assert final["by"] == ("harness" if then == "term" else "host") and final["left"] >= 2
-    assert keeper.ending(final).startswith(said)
-    assert "process(es) it had started were ended with it" in keeper.ending(final)
+    assert ending(final).startswith(said)
+    assert "process(es) it had started were ended with it" in ending(final)
     assert live_processes(mark) == []
     assert not (tmp_path / "scratch").exists() and tmp_path.exists()  # (the harness's folder)
 
@@ -125,7 +132,7 @@ def test_the_keeper_ends_the_host_and_its_folder_when_the_harness_ends(tmp_path,
     ({"by": "harness", "signal": 9, "left": 1}, "was ended by the harness while answering"),
 ])  # fmt: skip
 def test_how_a_host_ended_in_words(record, words):
-    assert keeper.ending(record, "while answering 'sigma'").startswith(words)
+    assert ending(record, "while answering 'sigma'").startswith(words)
 
 
 def test_bytes_that_begin_no_frame_break_the_wire_at_once():
@@ -236,7 +243,7 @@ def test_the_folders_of_hosts_whose_harness_is_gone_are_swept(tmp_path):
     """A folder whose owner holds its lock stays; one whose owner ended (the lock is free)
     is removed by the next command once it is old enough; a young one stays."""
     alive = HostFolder(tmp_path)
-    code = ("import sys; from harness.plugin.hosting.host_folder import HostFolder; "
+    code = ("import sys; from harness.plugin.hosting.in_harness.host_folder import HostFolder; "
             "f = HostFolder(sys.argv[1]); (f.sent / 'x.npy').write_bytes(b'1'); print(f.path)")  # fmt: skip
     gone = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
                           text=True, check=True).stdout.strip()  # fmt: skip
@@ -286,5 +293,5 @@ def test_every_command_that_runs_plugins_takes_a_plugin_timeout(command, capsys)
 
 
 def test_a_signal_number_the_platform_does_not_name_is_still_said():
-    assert "signal 250" in keeper.ending({"by": "host", "signal": 250})
+    assert "signal 250" in ending({"by": "host", "signal": 250})
     assert signal.SIGKILL == 9  # (the records' numbers are the kernel's)

@@ -19,7 +19,8 @@ import textwrap
 import pytest
 
 from harness.foundation.errors import IdrsError
-from harness.plugin.hosting import confinement, keeper, limits, memory_cgroup, running_host
+from harness.plugin.hosting.in_harness import host_ending, limits, running_host
+from harness.plugin.hosting.shared import landlock, memory_cgroup, policy
 
 MiB = 1 << 20
 CAP_SYS_RESOURCE = 24
@@ -57,7 +58,10 @@ def cgroup_limit():
 # (writing only the test's folder) and does what argv[1] says, writing what it saw there.
 HOST = textwrap.dedent("""
     import json, os, sys, time
-    from harness.plugin.hosting import confinement, keeper, memory_cgroup
+    from harness.plugin.hosting.in_host import keeper
+    from harness.plugin.hosting.in_host.confinement import confine
+    from harness.plugin.hosting.shared import memory_cgroup
+    from harness.plugin.hosting.shared.policy import HostPaths, host_policy
 
     then, folder, memory = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     read, write = os.pipe()
@@ -72,9 +76,7 @@ HOST = textwrap.dedent("""
             with open(os.path.join(os.path.dirname(cgroup.path), "cgroup.procs"), "w") as out:
                 out.write(str(os.getpid()))  # (again, until its keeper ends it)
             time.sleep(0.1)
-        confinement.confine(confinement.Grants(
-            read=confinement.existing([*confinement.python_paths(), *confinement.SYSTEM_READ]),
-            write=(folder,)))
+        confine(host_policy(HostPaths(scratch=folder)).landlock())
         if then == "escape":
             parent = os.path.dirname(cgroup.path)
             for name, path, value in (
@@ -119,7 +121,7 @@ def _host(then: str, folder, cgroup: memory_cgroup.MemoryCgroup) -> tuple[dict, 
 
 
 needs_landlock = pytest.mark.skipif(
-    confinement.refusal(confinement.landlock_abi()) is not None,
+    policy.refusal(landlock.landlock_abi()) is not None,
     reason="the kernel cannot confine a plugin host (Landlock ABI < 3)",
 )
 
@@ -139,7 +141,7 @@ def test_a_host_that_fills_its_cgroup_is_killed_there_and_its_keeper_says_so(
     assert final["memory"]["oom_kills"] >= 1 and final["memory"]["limit"] == 64 * MiB
     assert 48 * MiB <= final["memory"]["peak"] <= 64 * MiB
     assert not os.path.exists(cgroup.path)  # (the keeper removed it)
-    said = keeper.ending(final, "while answering the request 'sigma'")
+    said = host_ending.ending(final, "while answering the request 'sigma'")
     assert said.startswith("was killed by the out-of-memory killer at ")
     assert " MiB while answering the request 'sigma'; limit 64 MiB for the host and" in said
     assert "raise the limit: --plugin-memory 1024 (or IDRS_BENCH_PLUGIN_MEMORY=1024)" in said
@@ -162,7 +164,7 @@ def test_a_confined_host_cannot_leave_its_cgroup_nor_keep_a_lower_oom_score(tmp_
     else:  # (root without CAP_SYS_RESOURCE, as in a container, or a user)
         assert seen["lower"] == "done" and seen["score"] == "0"
         assert final["by"] == "keeper" and final["breach"]["oom_score_adj"] == 0, final
-        said = keeper.ending(final)
+        said = host_ending.ending(final)
         assert said.startswith("was ended by its keeper: its process ")
         assert "lowered its oom_score_adj from 1000 to 0, which a plugin may not" in said
 
@@ -178,7 +180,7 @@ def test_a_host_process_that_leaves_its_cgroup_is_ended_by_its_keeper(tmp_path, 
     [final] = [json.loads(line) for line in out.stdout.splitlines() if '"by"' in line]
     assert final["by"] == "keeper" and final["signal"] == 9, final
     assert os.path.dirname(cgroup.path).endswith(final["breach"]["cgroup"])
-    assert "left the host's memory cgroup for " in keeper.ending(final)
+    assert "left the host's memory cgroup for " in host_ending.ending(final)
 
 
 def test_the_memory_limit_comes_from_the_option_or_the_environment(monkeypatch):
@@ -403,7 +405,7 @@ def test_a_plugin_that_fills_memory_fails_its_row_and_the_harness_survives(
         assert " MiB while answering the request 'sigma'" in said
         assert f"; limit {LIMIT_MIB} MiB for the host and every process it started" in said
         assert f"--plugin-memory {2 * LIMIT_MIB}" in said
-    if _pinned() and confinement.refusal(confinement.landlock_abi()) is None:  # (confined)
+    if _pinned() and policy.refusal(landlock.landlock_abi()) is None:  # (confined)
         assert "PermissionError" in failures["lower"], failures["lower"]
     else:
         assert "lowered its oom_score_adj from 1000 to 0" in failures["lower"], failures["lower"]

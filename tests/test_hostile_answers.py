@@ -20,7 +20,9 @@ import pytest
 import torch
 
 from harness.foundation.storable import EVIDENCE_BYTES, evidence_json
-from harness.plugin.hosting import limits, wire
+from harness.plugin.hosting.in_harness import limits
+from harness.plugin.hosting.shared import host_protocol as protocol
+from harness.plugin.hosting.shared import wire
 
 HOSTILE = '''
 import math, os
@@ -30,7 +32,7 @@ import numpy as np
 import torch
 
 from harness import CertifierSpec, Constant, MethodSpec, SigmaProviderSpec, StateRecord, hookimpl
-from harness.plugin.hosting import wire
+from harness.plugin.hosting.shared import wire
 
 IDRS_BENCH_CONTRACT = 4
 
@@ -188,21 +190,21 @@ def test_each_request_bounds_its_answer_by_what_it_asks():
     """σ of k inputs: k float64 values (and the gradients when asked); claims: a bound per
     claim; a trainer: its state; a control request: the generic bound."""
     x = torch.zeros(32, 3, 8, 8)
-    sigma = limits.answer_limit("sigma", {"x": x, "gradient": False})
+    sigma = limits.answer_limit(protocol.Sigma(1, "c1", x, "cpu", gradient=False))
     assert (sigma.header, sigma.payload) == (limits.CONTROL_BYTES, 8 * 32)
-    assert (
-        limits.answer_limit("sigma", {"x": x, "gradient": True}).payload == 8 * 32 + 8 * x.numel()
-    )
-    claims = limits.answer_limit("certify", {"evidence": {"input_ids": list(range(8)), "x": x[:8]}})
+    gradients = limits.answer_limit(protocol.Sigma(1, "c1", x, "cpu", gradient=True))
+    assert gradients.payload == 8 * 32 + 8 * x.numel()
+    evidence = {"input_ids": list(range(8)), "x": x[:8]}
+    claims = limits.answer_limit(protocol.Certify(1, "c1", evidence))
     per_claim = limits.CLAIM_BYTES + 2 * EVIDENCE_BYTES
     assert claims.header == limits.CONTROL_BYTES + 8 * per_claim < 1 << 20
     state = {"w": torch.zeros(100, 10), "b": torch.zeros(10)}
-    assert limits.answer_limit("train", {"model": {"state": state}}).payload == (
-        limits.CONTROL_BYTES + 8 * 1010
-    )
-    control = limits.answer_limit("context", {})
+    train = protocol.Train("t", {"state": state}, {}, {}, 0, "cpu")
+    assert limits.answer_limit(train).payload == limits.CONTROL_BYTES + 8 * 1010
+    control = limits.answer_limit(protocol.Context({}))
     assert (control.header, control.payload) == (limits.CONTROL_BYTES, limits.CONTROL_BYTES)
-    data = limits.answer_limit("load_dataset", {})
+    assert "'context'" in control.what
+    data = limits.answer_limit(protocol.LoadDataset("d"))
     assert 0 < data.payload <= max(limits.CONTROL_BYTES, limits.available_memory())
     assert "half the memory" in data.what
 
@@ -237,7 +239,8 @@ def test_a_header_within_its_limit_is_decoded_in_place_and_stays_small(item):
 
 MEMORY = textwrap.dedent("""
     import json, os, threading, time
-    from harness.plugin.hosting import exchange, wire
+    from harness.plugin.hosting.in_harness import exchange
+    from harness.plugin.hosting.shared import wire
 
     def high_water():
         with open("/proc/self/status") as status:

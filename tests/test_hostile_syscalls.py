@@ -1,5 +1,5 @@
 """What a hostile plugin tries beyond Landlock's reach, and what the seccomp filter of its
-host (harness/plugin/hosting/process_privileges.py, docs/threat-model.md) leaves it: acting
+host (harness/plugin/hosting/shared/process_privileges.py, docs/threat-model.md) leaves it: acting
 on another process by its pid (``prlimit64`` with a CPU limit of 1 s killed the harness),
 System V IPC, POSIX message queues and keys that outlive the host, and a datagram
 ``socketpair`` that reached a named UNIX socket. Each in a confined process, then from a
@@ -20,30 +20,32 @@ from pathlib import Path
 
 import pytest
 
-from harness.plugin.hosting import confinement
-from harness.plugin.hosting.process_privileges import system_call_number
+from harness.plugin.hosting.shared import landlock, policy
+from harness.plugin.hosting.shared.process_privileges import (
+    SECCOMP_MACHINES,
+    system_call_number,
+)
 
 needs_landlock = pytest.mark.skipif(
-    confinement.refusal(confinement.landlock_abi()) is not None,
+    policy.refusal(landlock.landlock_abi()) is not None,
     reason="this kernel has no Landlock ABI >= 3",
 )
 needs_seccomp = pytest.mark.skipif(
-    sys.platform != "linux" or os.uname().machine not in confinement.SECCOMP_MACHINES,
+    sys.platform != "linux" or os.uname().machine not in SECCOMP_MACHINES,
     reason="the seccomp filter knows x86_64 and aarch64 on Linux",
 )
 
 PROBE = r"""
 import ctypes, errno, json, multiprocessing, os, platform, resource, socket, sys, threading
-from harness.plugin.hosting import confinement as c
-from harness.plugin.hosting.process_privileges import system_call_number
+from harness.plugin.hosting.in_host.confinement import confine
+from harness.plugin.hosting.shared.policy import HostPaths, host_policy
+from harness.plugin.hosting.shared.process_privileges import system_call_number
 
 layers, sibling, core, folder, mark = sys.argv[1].split(","), int(sys.argv[2]), sys.argv[3], \
     sys.argv[4], sys.argv[5]
 outside = {kind: os.path.join(folder, f"{kind}.sock") for kind in ("stream", "seqpacket")}
 core = tuple(int(v) for v in core.split(","))
-grants = c.Grants(read=c.existing([*c.python_paths(), *c.SYSTEM_READ]),
-                  devices=c.existing(c.SYSTEM_DEVICES))
-c.confine(grants, layers=layers)
+confine(host_policy(HostPaths()).landlock(), layers=layers)  # (as a host is, less its folders)
 parent, me, out = os.getppid(), os.getpid(), {}
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
@@ -208,16 +210,17 @@ def _cpu_limit(pid: int) -> str:
 
 
 @needs_seccomp
-@pytest.mark.parametrize("layers", ["seccomp", ",".join(confinement.LAYERS)])
+@pytest.mark.parametrize("layers", ["seccomp", ",".join(policy.LAYERS)])
 def test_a_confined_process_acts_on_no_other_process_and_leaves_nothing(tmp_path, layers):
-    """Through :func:`confinement.confine`: ``prlimit64``, ``setpriority``,
-    ``sched_setaffinity``, ``sched_setscheduler``, ``kcmp`` and ``pidfd_open`` on the
-    parent, on init and on a sibling fail with EPERM (with the pid's high word set too: the
-    kernel drops it), while on itself (0, its own pid) they work; System V IPC, a key and a
-    message queue are refused and none is left; a datagram pair and an address on
-    ``sendto`` are refused, while a stream pair (multiprocessing's ``Pipe``) works and can
-    neither be connected elsewhere nor sent to an address. The filter alone does it."""
-    if layers != "seccomp" and confinement.refusal(confinement.landlock_abi()) is not None:
+    """Through :func:`~harness.plugin.hosting.in_host.confinement.confine`: ``prlimit64``,
+    ``setpriority``, ``sched_setaffinity``, ``sched_setscheduler``, ``kcmp`` and
+    ``pidfd_open`` on the parent, on init and on a sibling fail with EPERM (with the pid's
+    high word set too: the kernel drops it), while on itself (0, its own pid) they work;
+    System V IPC, a key and a message queue are refused and none is left; a datagram pair
+    and an address on ``sendto`` are refused, while a stream pair (multiprocessing's
+    ``Pipe``) works and can neither be connected elsewhere nor sent to an address. The
+    filter alone does it."""
+    if layers != "seccomp" and policy.refusal(landlock.landlock_abi()) is not None:
         pytest.skip("no Landlock on this kernel")
     mark = str(0x1D000000 + uuid.uuid4().int % 0xFFFFFF)  # a System V key, and names
     listeners = []  # named UNIX sockets outside the process
@@ -245,10 +248,10 @@ def test_a_confined_process_acts_on_no_other_process_and_leaves_nothing(tmp_path
 
 TORCH = r"""
 import os, sys
-from harness.plugin.hosting import confinement as c
+from harness.plugin.hosting.in_host.confinement import confine
+from harness.plugin.hosting.shared.policy import HostPaths, host_policy
 
-c.confine(c.Grants(read=c.existing([*c.python_paths(), *c.SYSTEM_READ]),
-                   devices=c.existing(c.SYSTEM_DEVICES)))
+confine(host_policy(HostPaths()).landlock())
 import torch
 
 torch.set_num_threads(2)
@@ -264,7 +267,8 @@ print(float((a @ a).sum()), float(x.exp().sum()), torch.get_num_threads(),
 def test_torch_computes_on_two_openmp_threads_in_a_confined_process():
     """A process confined as a plugin host is imports torch and multiplies matrices and
     sums on two OpenMP threads, with libgomp's thread binding asked for (which binds a new
-    thread by its id, refused: :func:`confinement.confine` takes it out of the
+    thread by its id, refused:
+    :func:`~harness.plugin.hosting.in_host.confinement.confine` takes it out of the
     environment, else libgomp ends the process, "Thread creation failed")."""
     import torch
 
@@ -283,7 +287,7 @@ HOSTILE = '''
 import ctypes, errno, os, platform, resource
 
 from harness import Constant, MethodSpec, SigmaProviderSpec, hookimpl
-from harness.plugin.hosting.process_privileges import system_call_number
+from harness.plugin.hosting.shared.process_privileges import system_call_number
 
 IDRS_BENCH_CONTRACT = 3
 MARK = "{mark}"

@@ -152,10 +152,14 @@ def test_imports_only_go_down():
 
 PLUGIN_PARTS = [
     {"hookspecs", "components", "registry", "entry_points", "loader"},  # what a plugin meets
+    {"manifest", "model_description"},  # plugins' names remembered; a base model as data
     {"hosting"},  # the machinery that runs third-party code apart
-    {"manager"},  # the built-ins here, third-party plugins in hosts
+    {"manager", "private_install"},  # the built-ins here, third-party plugins in hosts
 ]
 """The plugin layer's parts, lowest first (harness/README.md, "Layout")."""
+HOSTING_SIDES = {"shared": set(), "in_host": {"shared"}, "in_harness": {"shared"}}
+"""The folders of ``plugin/hosting/``, each with those it may import besides itself: both
+processes import the shared wire, protocol and policy, and neither side the other's."""
 
 
 def test_the_plugin_layer_reads_apart():
@@ -177,6 +181,61 @@ def test_the_plugin_layer_reads_apart():
             if target.startswith("harness.plugin.") and part(target) > part(name):
                 offenders.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
     assert offenders == []
+
+
+def hosting_side_offenders(root: Path = ROOT) -> list[str]:
+    """The imports across the folders of ``plugin/hosting/`` that :data:`HOSTING_SIDES`
+    does not allow, and the modules of it in no folder of it."""
+    files = sorted((root / "harness").rglob("*.py"))
+    known = {module_name(p, root) for p in files}
+    offenders = []
+    for path in sorted((root / "harness" / "plugin" / "hosting").rglob("*.py")):
+        name = module_name(path, root)
+        if name == "harness.plugin.hosting":
+            continue
+        side = name.split(".")[3]
+        if side not in HOSTING_SIDES or (name.count(".") < 4 and path.name != "__init__.py"):
+            offenders.append(f"{path.relative_to(root)} is in no folder of {sorted(HOSTING_SIDES)}")
+            continue
+        for line, target in imports(path.read_text(), name, path.name == "__init__.py", known):
+            if not target.startswith("harness.plugin.hosting."):
+                continue
+            other = target.split(".")[3]
+            if other != side and other not in HOSTING_SIDES[side]:
+                offenders.append(f"{path.relative_to(root)}:{line} ({side}) imports {target}")
+    return offenders
+
+
+def test_the_host_and_the_harness_share_only_the_protocol_wire_and_policy():
+    """What runs in a plugin host (``in_host/``) imports nothing of the harness's side
+    (``in_harness/``) nor the reverse: only ``shared/``, which imports neither."""
+    assert hosting_side_offenders() == []
+
+
+def test_the_side_check_sees_a_host_module_importing_the_harness_side(tmp_path):
+    hosting = tmp_path / "harness" / "plugin" / "hosting"
+    for side in HOSTING_SIDES:
+        (hosting / side).mkdir(parents=True)
+    for name in ("__init__", "plugin/__init__", "plugin/hosting/__init__",
+                 *(f"plugin/hosting/{side}/__init__" for side in HOSTING_SIDES)):  # fmt: skip
+        (tmp_path / "harness" / f"{name}.py").write_text("")
+    files = {
+        "in_host/a.py": "from harness.plugin.hosting.shared import wire\n",
+        "in_host/b.py": "def f():\n    from harness.plugin.hosting.in_harness import c\n",
+        "in_harness/c.py": "from harness.plugin.hosting.in_host import a\n",
+        "shared/wire.py": "from harness.plugin.hosting.in_host.a import X\n",
+        "loose.py": "",
+    }
+    for name, text in files.items():
+        (hosting / name).write_text(text)
+    assert hosting_side_offenders(tmp_path) == [
+        "harness/plugin/hosting/in_harness/c.py:1 (in_harness) imports "
+        "harness.plugin.hosting.in_host.a",
+        "harness/plugin/hosting/in_host/b.py:2 (in_host) imports "
+        "harness.plugin.hosting.in_harness.c",
+        "harness/plugin/hosting/loose.py is in no folder of ['in_harness', 'in_host', 'shared']",
+        "harness/plugin/hosting/shared/wire.py:1 (shared) imports harness.plugin.hosting.in_host.a",
+    ]
 
 
 def test_no_modules_import_each_other():

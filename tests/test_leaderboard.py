@@ -67,42 +67,68 @@ def _with_interval(k: int, n: int = 4) -> str:
     return f"{k / n:.3f} [{low:.3f}, {high:.3f}]"
 
 
+def _acr(radii: list[float]) -> str:
+    """The mean of per-input radii with its 95 % t interval (SciPy), lower end clipped at 0."""
+    from scipy import stats
+
+    mean = sum(radii) / len(radii)
+    low, high = stats.t.interval(0.95, len(radii) - 1, loc=mean, scale=stats.sem(radii))
+    return f"{mean:.3f} [{max(low, 0.0):.3f}, {high:.3f}]"
+
+
+def _bold(cell: str) -> str:
+    value, interval = cell.split(" ", 1)
+    return f"**{value}** {interval}"
+
+
 def test_the_board_tables_hold_the_hand_computed_values(db):
     """The ranking and details tables against GOLDEN_NOTES's hand computation (counts of
-    the 4 inputs), the intervals from SciPy, McNemar's p by hand."""
+    the 4 inputs), the intervals from SciPy, the best sound row at each radius in bold."""
     text = render_markdown(build_board(load_runs(db)), "golden")
     sound = _table_after(text, "### Verified sound")
-    assert sound[0] == ["#", "method", "setting", "clean acc", "cert\\@0", "cert\\@0.25",
-                        "cert\\@0.5", "cert\\@0.75", "cert\\@1", "ACR", "vs #1 at 0.5",
-                        "verdict"]  # fmt: skip
-    # cohen σ = 0.5: PREDICT right on 3 of 4, certified 3 3 3 2 2, ACR 3/4
-    assert sound[1] == ["1", "cohen", "sigma=0.5", _with_interval(3),
-                        *map(_with_interval, (3, 3, 3, 2, 2)), "0.750", "leader",
-                        "sound [^v1]"]  # fmt: skip
-    # σ = 0.25: 3 3 2 1 0, ACR 1.5/4; at 0.5 only input 3 differs (b = 1, c = 0):
-    # p = min(1, 2 P(X <= 0)), X ~ Binomial(1, 1/2), = 1
-    assert sound[2] == ["2", "cohen", "sigma=0.25", _with_interval(3),
-                        *map(_with_interval, (3, 3, 2, 1, 0)), "0.375", "tie (p = 1.00)",
-                        "sound [^v2]"]  # fmt: skip
+    assert sound[0] == ["#", "method", "setting", "σ(x) min / median / max", "clean acc",
+                        "cert\\@0", "cert\\@0.25", "cert\\@0.5", "cert\\@0.75", "cert\\@1",
+                        "ACR", "verdict"]  # fmt: skip
+    # cohen σ = 0.5: PREDICT right on 3 of 4, certified 3 3 3 2 2 (the best sound row at
+    # every radius, bold), per-input radii 1, 0 (misclassified), 1.5, 0.5: ACR 3/4
+    assert sound[1] == ["1", "cohen", "sigma=0.5", "0.500", _with_interval(3),
+                        *(_bold(_with_interval(k)) for k in (3, 3, 3, 2, 2)),
+                        _acr([1.0, 0.0, 1.5, 0.5]), "sound"]  # fmt: skip
+    # σ = 0.25: 3 3 2 1 0, equal to σ = 0.5 (bold too) at radii 0 and 0.25; ACR 1.5/4
+    assert sound[2] == ["2", "cohen", "sigma=0.25", "0.250", _with_interval(3),
+                        *map(_bold, map(_with_interval, (3, 3))),
+                        *map(_with_interval, (2, 1, 0)), _acr([0.75, 0.25, 0.5, 0.0]),
+                        "sound"]  # fmt: skip
     others = _table_after(text, "### Not verified sound: these radii are not certified")
-    assert others[1] == ["1", "chen-fgss", "sigma=0.25", _with_interval(4),
-                         *map(_with_interval, (4,) * 5), "2.000", "leader",
-                         "violated [^v3]"]  # fmt: skip
-    # lipschitz vs chen at 0.5: chen certifies all 4, lipschitz input 3 only: b = 3, c = 0,
-    # p = 2 (1/2)^3 = 0.25
-    assert others[2] == ["2", "lipschitz-sigma-net", "sigma\\_min=0.1", _with_interval(3),
-                         *map(_with_interval, (2, 2, 1, 0, 0)), "0.188", "tie (p = 0.25)",
-                         "not checked"]  # fmt: skip
+    # σ(x) of chen-fgss: 0.75, 0.5, 1.0, 0.75: min / median / max; never bold (not sound)
+    assert others[1] == ["1", "chen-fgss", "sigma=0.25", "0.500 / 0.750 / 1.000",
+                         _with_interval(4), *map(_with_interval, (4,) * 5),
+                         "2.000 [2.000, 2.000]", "violated"]  # fmt: skip
+    assert others[2] == ["2", "lipschitz-sigma-net", "sigma\\_min=0.1", "0.500",
+                         _with_interval(3), *map(_with_interval, (2, 2, 1, 0, 0)),
+                         _acr([0.25, 0.0, 0.0, 0.5]), "not checked"]  # fmt: skip
+    assert "| leader |" not in text and "tie (p" not in text and ": a tie" not in text
     details = _table_after(text, "### Every row: abstention, class-wise accuracy, σ and time")
     assert details == [
         ["method", "setting", "abstain", "misclass", "class min", "class max", "class std",
-         "mean σ", "s/input"],
-        ["cohen", "sigma=0.5", "0.000", "0.250", "0.500", "1.000", "0.250", "0.500", "0.125"],
-        ["cohen", "sigma=0.25", "0.250", "0.000", "0.500", "1.000", "0.250", "0.250", "0.375"],
-        ["chen-fgss", "sigma=0.25", "0.000", "0.000", "1.000", "1.000", "0.000", "0.750", "1.00"],
+         "mean σ", "σ min", "σ median", "σ max", "wall s/input"],
+        ["cohen", "sigma=0.5", "0.000", "0.250", "0.500", "1.000", "0.250", "0.500", "0.500",
+         "0.500", "0.500", "0.125"],
+        ["cohen", "sigma=0.25", "0.250", "0.000", "0.500", "1.000", "0.250", "0.250", "0.250",
+         "0.250", "0.250", "0.375"],
+        ["chen-fgss", "sigma=0.25", "0.000", "0.000", "1.000", "1.000", "0.000", "0.750",
+         "0.500", "0.750", "1.000", "1.00"],
         ["lipschitz-sigma-net", "sigma\\_min=0.1", "0.500", "0.000", "0.500", "1.000", "0.250",
-         "0.500", "2.00"],
+         "0.500", "0.500", "0.500", "0.500", "2.00"],
     ]  # fmt: skip
+    legend = text.split("## Columns")[1]
+    assert (
+        "- **wall s/input**: wall seconds of certification per input, under the machine's "
+        "load while the run ran (not recorded)\\: not comparable across rows (descriptive)."
+        in legend
+        and "lower is better)" not in legend.split("**wall s/input**")[1].split("\n")[0]
+    )
+    assert "not used to rank rows" in legend.split("**ACR**")[1].split("\n")[0]
 
 
 def test_metrics_match_hand_computation(db):
@@ -138,18 +164,23 @@ def test_ranking_sound_rows_first_and_by_headline_then_acr(db):
     ]  # fmt: skip
 
 
-def test_ties_at_the_headline_radius_are_broken_by_acr(tmp_path, monkeypatch, make_run):
-    rows = {  # both certify 2 of 4 at radius 0.5; "late" has the larger ACR
+def test_ties_at_the_headline_radius_are_broken_by_the_other_radii_never_by_acr(
+    tmp_path, monkeypatch, make_run
+):
+    rows = {  # each certifies 2 of 4 at radius 0.5; "late" also 1 at 0.75, "wide" has the
+        # largest ACR but certifies what "early" does at every radius of the board
         ("early", "a"): [(0, 0, 0.5, 1, 1), (0, 0, 0.5, 1, 1), (-1, 0, 0, 1, 1), (-1, 0, 0, 1, 1)],
         ("late", "a"): [(0, 0, 0.5, 1, 1), (0, 0, 0.9, 1, 1), (-1, 0, 0, 1, 1), (-1, 0, 0, 1, 1)],
+        ("wide", "a"): [(0, 0, 0.5, 1, 1), (0, 0, 0.7, 1, 1), (-1, 0, 0, 1, 1), (-1, 0, 0, 1, 1)],
         ("na", "a"): [(0, 0, 3.0, 1, 1), (0, 0, 3.0, 1, 1), (1, 1, 3, 1, 1), (1, 1, 3, 1, 1)],
     }
     checks = [("early", "a", "c", "sound", "", []), ("late", "a", "c", "sound", "", []),
-              ("late", "a", "d", "not-applicable", "", []),
+              ("late", "a", "d", "not-applicable", "", []), ("wide", "a", "c", "sound", "", []),
               ("na", "a", "c", "not-applicable", "", [])]  # fmt: skip
     make_run(tmp_path / "r.sqlite", monkeypatch, rows=rows, checks=checks, failure=None)
     (table,) = build_board(load_runs(tmp_path / "r.sqlite")).tables
-    assert [r.method for r in table.sound_rows] == ["late", "early"]
+    assert [r.method for r in table.sound_rows] == ["late", "early", "wide"]
+    assert table.sound_rows[2].metrics["acr"] > table.sound_rows[1].metrics["acr"]
     # only not-applicable checks: nothing vouches for it, so it is not ranked as certified
     assert [(r.method, r.verdict) for r in table.other_rows] == [("na", "not-verified")]
 
@@ -163,12 +194,64 @@ def test_without_check_rows_every_verdict_says_not_checked(tmp_path, monkeypatch
     assert "No row of this table is verified sound." in text and "[^v1]" not in text
 
 
-def test_verdict_footnotes_carry_the_check_summaries(db):
+def test_the_verdicts_are_a_matrix_of_rows_and_checks_with_short_footnotes(db):
+    """One line per checked row, one column per check (S0–S5 and the replay always, then
+    the others a row records, then the attack); a mark per cell; a footnote only for a row
+    with a flag or an error, holding the finding of each such check, short."""
     text = render_markdown(build_board(load_runs(db)), "golden")
-    note = next(line for line in text.splitlines() if line.startswith("[^v3]:"))
-    assert "chen-fgss" in note and "**violated**" in note
-    assert "changes 3x within the certified ball" in note
-    assert "sigma-search, counterexample" in note
+    matrix = _table_after(text, "### Verdicts: what each check found")
+    assert matrix[0] == ["method", "setting", "verdict", "S0 evidence", "S1 coverage",
+                         "S2 σ-regularity", "S3 worst case", "S4 counterexamples",
+                         "S5 memory order", "replay", "analytic-coverage", "regularity",
+                         "attack", "finding"]  # fmt: skip
+    none = ["–"] * 7
+    assert matrix[1:] == [
+        ["cohen", "sigma=0.5", "sound", *none, "pass", "–", "–", ""],
+        ["cohen", "sigma=0.25", "sound", *none, "pass", "–", "–", ""],  # not-applicable: –
+        ["chen-fgss", "sigma=0.25", "violated", *none, "pass", "**violated**", "–", "[^v1]"],
+        ["lipschitz-sigma-net", "sigma\\_min=0.1", "not checked", *none, "–", "–", "–", ""],
+    ]
+    notes = [line for line in text.splitlines() if line.startswith("[^v")]
+    assert notes == ["[^v1]: regularity\\: sigma(x) changes 3x within the certified ball."]
+
+
+def _check(check: str, verdict: str, summary: str = ""):
+    from harness.store.storedrun import StoredCheck
+
+    return StoredCheck("m", "s", check, verdict, summary)
+
+
+def test_a_footnote_states_the_findings_not_the_passes_and_stays_short():
+    from harness.reports.leaderboard.board import Row
+    from harness.reports.leaderboard.verdict_matrix import FOOTNOTE_BUDGET, Footnotes, finding
+
+    coverage = ("linear-784: 0/60 trials give a false certificate (p = 1); ball-784: 15/60 "
+                "trials give a false certificate (p = 5.1e-32, rejected); calibration of 120 "
+                "trials' counts: bias -0.698 (p = 0.485)")  # fmt: skip
+    justification = ("16/16 radii have no valid proof, e.g. input 100: R = 1.177607564, "
+                     "σ0 = 0.4282727055 gives ξ = 1 >= 1/2")  # fmt: skip
+    # the clause that rejected, up to its example
+    assert (
+        finding(coverage)
+        == "ball-784: 15/60 trials give a false certificate (p = 5.1e-32, rejected)"
+    )
+    assert finding(justification) == "16/16 radii have no valid proof"
+    checks = (_check("worst-case-justification", "unjustified", justification),
+              _check("coverage", "violated", coverage),
+              _check("sigma-regularity", "sound", "worst quotient 0.2000000526 within declared 0.2-semi-elastic"),
+              _check("counterexamples", "sound", "no counterexample found"))  # fmt: skip
+    row = Row("r", "chen-fgss", "sigma=0.12", {}, "violated", checks, [],
+              attack={"inputs": 4}, beyond_attack={0.5: [3, 7]})  # fmt: skip
+    notes = Footnotes()
+    assert notes.add(row) == "[^v1]"
+    (line,) = notes.lines
+    # S1 before S3 (the matrix's order); nothing of the checks that passed; the attack's flag
+    assert line.startswith("[^v1]: S1\\: ball-784\\: 15/60 trials give a false certificate")
+    assert "S3\\: 16/16 radii have no valid proof" in line and "quotient" not in line
+    assert "S4" not in line and "attack\\: 2 input(s) certified at radius 0.5" in line
+    assert len(line) <= len("[^v1]: ") + FOOTNOTE_BUDGET + 40  # escapes add a few characters
+    quiet = Row("r", "cohen", "sigma=0.25", {}, "sound", checks[2:], [], attack={"inputs": 4})
+    assert notes.add(quiet) == "" and len(notes.lines) == 1
 
 
 def test_files_beside_the_board(db, tmp_path, golden_run):
@@ -209,14 +292,27 @@ def test_json_matches_its_schema_and_the_metrics(db, tmp_path, golden_run):
     data = json.loads((tmp_path / "golden.json").read_text())
     jsonschema.validate(data, BOARD_SCHEMA)
     flags = {m["key"]: m["higher_is_better"] for m in data["metrics"]}
-    assert flags["acr"] is True and flags["abstention_rate"] is False
-    assert flags["mean_sigma"] is None and flags["certified_accuracy@0.5"] is True
+    assert flags["abstention_rate"] is False and flags["certified_accuracy@0.5"] is True
+    # descriptive: σ, the ACR (never used to rank) and the wall time (load not recorded)
+    assert flags["mean_sigma"] is None and flags["sigma_median"] is None
+    assert flags["acr"] is None and flags["seconds_per_input"] is None
     first = data["rows"][0]
     assert (first["method"], first["setting"], first["section"], first["rank"]) == (
         "cohen", "sigma=0.5", "sound", 1,
     )  # fmt: skip
     assert first["acr"] == 0.75 and isinstance(first["inputs"], int)
     assert first["classwise_accuracy"] == {"0": 0.5, "1": 1.0}
+    assert (first["sigma_min"], first["sigma_median"], first["sigma_max"]) == (0.5, 0.5, 0.5)
+    assert first["best_at"] == [0.0, 0.25, 0.5, 0.75, 1.0] and first["intervals"]["acr"][0] == 0
+    assert set(first["differences"].values()) == {None}  # the reference at every radius
+    second = data["rows"][1]
+    assert second["best_at"] == [0.0, 0.25]
+    assert second["differences"]["0.5"] | {"low": 0, "high": 0} == {
+        "radius": 0.5, "inputs": 4, "row_only": 0, "reference_only": 1, "difference": -0.25,
+        "low": 0, "high": 0, "reading": "not separated"}  # fmt: skip
+    reference = {"run_id": golden_run.run_id, "method": "cohen", "setting": "sigma=0.5"}
+    assert data["tables"][0]["references"] == dict.fromkeys(["0", "0.25", "0.5", "0.75", "1"],
+                                                            reference)  # fmt: skip
     (run,) = data["runs"]
     assert (run["n0"], run["n"], run["alpha"], run["recipe_hash"]) == (10, 100, 0.001,
                                                                      golden_run.recipe_hash)  # fmt: skip
@@ -300,8 +396,8 @@ def test_verify_passes_then_fails_with_a_diff(db, tmp_path, capsys, golden_run):
     out.write_text(out.read_text().replace("| 0.750 [", "| 0.800 [", 1))
     assert _cli(["--verify", str(out)]) == 1
     report = capsys.readouterr().out
-    assert "-| 1 | cohen | sigma=0.5 | 0.800 [0.194, 0.994] |" in report
-    assert "+| 1 | cohen | sigma=0.5 | 0.750 [0.194, 0.994] |" in report
+    assert "-| 1 | cohen | sigma=0.5 | 0.500 | 0.800 [0.194, 0.994] |" in report
+    assert "+| 1 | cohen | sigma=0.5 | 0.500 | 0.750 [0.194, 0.994] |" in report
     assert "differs from its re-rendering" in report
 
 
@@ -376,10 +472,11 @@ def test_radii_and_headline_radius_from_the_spec(tmp_path, monkeypatch, make_run
     assert [r.setting for r in table.sound_rows] == ["sigma=0.5", "sigma=0.25"]
     text = render_markdown(build_board(load_runs(tmp_path / "r.sqlite")), "r")
     assert "| cert\\@0 | cert\\@1 | cert\\@2 | ACR |" in text
-    assert (
-        "at radius 1, no single row leads: cohen (sigma=0.5) has the highest certified accuracy, 0.500"
-        in text
-    )  # 4 inputs: a tie
+    # the best sound rows by band of radii: both at 0 (3 of 4), σ = 0.5 alone at radius 1
+    # (2 of 4), and no sound row certifies at radius 2
+    assert ("- radius 0: cohen (sigma=0.5) and cohen (sigma=0.25), 0.750 [0.194, 0.994]\n"
+            "- radius 1: cohen (sigma=0.5), 0.500 [0.068, 0.932]\n"
+            "- radius 2: no verified-sound row certifies an input\n") in text  # fmt: skip
 
 
 def _perturb_acr(path, factor: float) -> tuple[str, str]:

@@ -129,26 +129,35 @@ def test_a_board_of_hostile_names_keeps_its_structure(tmp_path, monkeypatch, mak
     assert images == ["hostile-1-certified-accuracy.png", "hostile-1-classwise-accuracy.png"]
     # every table row has as many cells as its header
     widths = {len(row) for row in parsed.rows if row}
-    assert widths == {2, 9, 12}, widths  # protocol, details, the two ranking tables
-    metric_rows = [row for row in parsed.rows if len(row) == 12 and row[0] != "#"]
+    # protocol, the paired differences, the ranking and details tables, the verdict matrix
+    # (S0-S5, replay, a hostile check per row, the attack)
+    assert widths == {2, 8, 12, 3 + 7 + len(HOSTILE) + 2}, widths
+    metric_rows = [row for row in parsed.rows if len(row) == 12 and row[0].isdigit()]
     assert sorted(row[1] for row in metric_rows) == sorted(_flat(h) for h in HOSTILE)
     assert all(row[1] == row[2] for row in metric_rows)  # method == setting, both literal
-    detail_rows = [row for row in parsed.rows if len(row) == 9 and row[0] != "method"]
+    detail_rows = [row for row in parsed.rows if len(row) == 12 and not row[0].isdigit()
+                   and row[0] not in ("#", "method")]  # fmt: skip
     assert sorted(row[0] for row in detail_rows) == sorted(_flat(h) for h in HOSTILE)
     assert all(row[0] == row[1] for row in detail_rows)
     verdicts = {row[1]: row[-1] for row in metric_rows}
-    assert verdicts[_flat(HOSTILE[1])].startswith("sound")
-    # an unknown verdict string counts as violated; the string itself is in the footnote
-    assert verdicts[_flat(HOSTILE[0])].startswith("violated")
+    assert verdicts[_flat(HOSTILE[1])] == "sound"
+    # an unknown verdict string counts as violated; the string itself is in the matrix
+    assert verdicts[_flat(HOSTILE[0])] == "violated"
     # unknown verdicts are not sound: half the rows are in the second table
     assert len(board.tables[0].sound_rows) == len(HOSTILE) // 2
-    # the check names, verdicts, summaries and flags (footnotes) come back literally
+    matrix = [row for row in parsed.rows if len(row) == 3 + 7 + len(HOSTILE) + 2]
+    assert sorted(matrix[0][10:-2]) == sorted(_flat(h) for h in HOSTILE)  # check names
+    for row in matrix[1:]:
+        marks = [mark for mark in row[10:-2] if mark != "–"]
+        assert marks == (["pass"] if row[2] == "sound" else [row[0]]), row  # verdict literal
+    # the flagged checks' names and findings (footnotes) come back literally
     notes = ["".join(_all_text(line)) for line in text.splitlines() if line.startswith("[^v")]
-    assert len(notes) == len(HOSTILE)
-    for name in HOSTILE:
-        assert any(note.count(_flat(name)) >= 5 for note in notes), name
+    assert len(notes) == len(HOSTILE) // 2
+    for name in HOSTILE[::2]:
+        assert any(note.count(_flat(name)) >= 2 for note in notes), name
     # and so does the failure: method, setting and the first line of its message
-    failure = next(line for line in text.splitlines() if line.startswith("- "))
+    failures = text.split("### Failures")[1]
+    failure = next(line for line in failures.splitlines() if line.startswith("- "))
     assert (
         "".join(_all_text(failure)).strip() == f"{_flat(HOSTILE[2])} ({_flat(HOSTILE[3])}): line1"
     )

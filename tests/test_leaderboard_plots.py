@@ -1,6 +1,6 @@
 """The board's plots read at a glance: small multiples, one panel per method with its
 settings together (at most six curves a panel, in distinct colours ordered by σ, each
-with a marker), the best verified-sound row as a reference on every panel, attack curves
+with a marker), the envelope of the verified-sound rows as a reference on every panel, attack curves
 only where they can be told apart, legends inside the figure; class-wise columns named
 by the dataset's classes with their counts."""
 
@@ -13,6 +13,7 @@ from harness.reports.leaderboard.board import Row, build_board
 from harness.reports.leaderboard.plots import (
     PER_PANEL,
     REFERENCE,
+    REFERENCE_LABEL,
     certified_figure,
     classwise_figure,
     panels,
@@ -84,19 +85,30 @@ def test_at_most_six_curves_a_panel(table):
     assert [len(_curves(ax)) for ax in _panels(certified_figure(t, "x"))] == [PER_PANEL, 2]
 
 
-def test_the_best_sound_row_is_the_reference_on_every_panel(table):
-    t = table(2, sound=True)
-    # every row sound; the best at the headline radius 0.5 certifies inputs 0-2 there
-    # (σ = 1: radii 1, 2, 3), so its curve is 3/4 up to r = 1, 2/4 to 2, 1/4 to 3, then 0
-    best = t.sound_rows[0]
-    assert best.setting == "sigma=1.0"
-    for ax in _panels(certified_figure(t, "x")):
+def test_the_envelope_of_the_sound_rows_is_the_reference_on_every_panel(
+    tmp_path, monkeypatch, make_run, table
+):
+    """The grey line is the best sound row at each radius, not one row's curve: a small σ
+    certifying all 4 inputs to 0.2, a larger one 2 inputs to 1, a third unsound one 4
+    inputs to 3 (not part of it)."""
+    rows = {("cohen", "sigma=0.12"): [(0, 0, 0.2, 0.12, 1), (0, 0, 0.2, 0.12, 1),
+                                      (1, 1, 0.2, 0.12, 1), (1, 1, 0.2, 0.12, 1)],
+            ("cohen", "sigma=0.5"): [(0, 0, 1.0, 0.5, 1), (-1, 0, 0.0, 0.5, 1),
+                                     (1, 1, 1.0, 0.5, 1), (-1, 1, 0.0, 0.5, 1)],
+            ("chen-fgss", "sigma=0.5"): [(0, 0, 3.0, 0.5, 1), (0, 0, 3.0, 0.5, 1),
+                                         (1, 1, 3.0, 0.5, 1), (1, 1, 3.0, 0.5, 1)]}  # fmt: skip
+    checks = [("cohen", s, "evidence", "sound", "", []) for s in ("sigma=0.12", "sigma=0.5")]
+    checks.append(("chen-fgss", "sigma=0.5", "evidence", "violated", "", []))
+    db = tmp_path / "envelope.sqlite"
+    make_run(db, monkeypatch, rows=rows, checks=checks, failure=None)
+    (t,) = build_board(load_runs(db)).tables
+    figure = certified_figure(t, "x")
+    for ax in _panels(figure):
         [reference] = [line for line in ax.get_lines() if line.get_color() == REFERENCE]
         for r, fraction in zip(reference.get_xdata(), reference.get_ydata(), strict=True):
-            expected = sum(radius >= r for radius in (1.0, 2.0, 3.0)) / 4
+            expected = 1.0 if r <= 0.2 else 0.5 if r <= 1.0 else 0.0
             assert fraction == pytest.approx(expected)
-    legend = certified_figure(t, "x").legends[0]
-    assert "best verified-sound row: method-" in legend.get_texts()[0].get_text()
+    assert figure.legends[0].get_texts()[0].get_text() == REFERENCE_LABEL
     # no sound row, no reference
     assert not any(line.get_color() == REFERENCE for ax in _panels(certified_figure(table(1), "x"))
                    for line in ax.get_lines())  # fmt: skip

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.plugin.hosting.host_process import running_hosts
+from harness.plugin.hosting.in_harness.host_process import running_hosts
 
 HANG = 180
 """Seconds after which a wait for a process to end is a hang (a limit, never the figure

@@ -41,14 +41,14 @@ from harness.audit.auditor import run_checks
 from harness.cli.main import main
 from harness.foundation.progress import Progress
 from harness.foundation.verdict import Verdict, overall
-from harness.plugin.hosting import confinement
+from harness.plugin.hosting.shared import landlock, policy
 from harness.plugin.manager import PluginManager
 from harness.running.benchmark import parse_benchmark
 from harness.running.preparation import RunOptions
 from harness.running.runner import run_benchmark
 
 pytestmark = pytest.mark.skipif(
-    confinement.refusal(confinement.landlock_abi()) is not None,
+    policy.refusal(landlock.landlock_abi()) is not None,
     reason="this kernel has no Landlock ABI >= 3: plugin hosts cannot be confined here",
 )
 
@@ -240,7 +240,7 @@ def test_a_plugin_reaches_nothing_but_its_answers(
         outcomes = json.loads(manager.registry.get("sigma_providers", "escape").description)
         hosts = {name: host for name, host in manager._hosts.items()}
         assert sorted(hosts) == ["idrs-test-escape", "idrs-test-victim"]  # a host each
-        assert all(host.abi == confinement.landlock_abi() for host in hosts.values())
+        assert all(host.abi == landlock.landlock_abi() for host in hosts.values())
         assert len(outcomes) == len(sites) + 1 + len(pth) + 12, outcomes
         if not Path("/proc/sysrq-trigger").exists():  # a kernel without magic SysRq
             assert outcomes.pop("/proc/sysrq-trigger").startswith("refused: FileNotFoundError")

@@ -18,7 +18,7 @@ import torch
 from harness.foundation.errors import ContractError, IdrsError
 from harness.foundation.progress import Progress
 from harness.plugin.hookspecs import CONTRACT
-from harness.plugin.hosting import wire
+from harness.plugin.hosting.shared import wire
 from harness.plugin.manager import PluginManager
 
 
@@ -78,6 +78,31 @@ def test_a_truncated_stream_is_an_error_and_an_empty_one_its_end():
         wire.read_message(io.BytesIO(frame[:-3]))
     with pytest.raises(EOFError):
         wire.read_message(io.BytesIO(b""))
+
+
+def test_every_request_is_declared_once_and_has_a_method_on_each_side():
+    """The protocol declares each request's fields once; the harness's side sends each by a
+    method of its name, the host answers each by the method its table names, and the
+    answer limits are keyed by the same names."""
+    import inspect
+
+    from harness.plugin.hosting.in_harness.host_client import HostClient
+    from harness.plugin.hosting.in_harness.limits import ANSWER_BOUNDS
+    from harness.plugin.hosting.in_host.host_requests import Host
+    from harness.plugin.hosting.shared import host_protocol as protocol
+
+    assert set(protocol.REQUESTS) == set(protocol.Request)
+    assert all(cls.op is op for op, cls in protocol.REQUESTS.items())
+    assert set(Host.ANSWERS) == set(protocol.Request)
+    assert all(answer.__name__ == op.value for op, answer in Host.ANSWERS.items())
+    client = {name for name, _ in inspect.getmembers(HostClient, inspect.isfunction)}
+    assert client - {"send"} == {op.value for op in protocol.Request}
+    assert set(ANSWER_BOUNDS) <= set(protocol.Request)
+    sent = protocol.message(protocol.CheckParams("m", {"a": 1}), threads=2)
+    assert sent == {"op": "check_params", "method": "m", "params": {"a": 1}, "threads": 2}
+    assert protocol.read(sent) == protocol.CheckParams("m", {"a": 1})
+    with pytest.raises(IdrsError, match="the plugin host has no request 'op_describe'"):
+        protocol.read({"op": "op_describe"})
 
 
 @pytest.mark.parametrize("declaration, said", [
@@ -201,7 +226,7 @@ def _context(manager):
     from harness.foundation.data import Dataset
     from harness.foundation.protocol import CertificationProtocol
     from harness.plugin.components import BuildContext
-    from harness.plugin.hosting.model_description import build_model
+    from harness.plugin.model_description import build_model
 
     model = build_model(manager.registry, "linear-N", (2,), 2, {})
     data = Dataset("t", torch.zeros(4, 2), torch.zeros(4, dtype=torch.long), torch.zeros(2, 2),
@@ -220,7 +245,7 @@ def test_builtin_methods_served_by_a_plugin_host_certify_and_audit_as_in_process
     the same certificates bit for bit, and the same verdicts from the same audit entropy."""
     from harness.audit.audit import Budget
     from harness.audit.auditor import run_checks
-    from harness.plugin.hosting.hosted_components import CertifierFactory
+    from harness.plugin.hosting.in_harness.hosted_components import CertifierFactory
     from harness.running.benchmark import parse_benchmark
     from harness.running.preparation import RunOptions
     from harness.running.runner import run_benchmark
@@ -325,11 +350,11 @@ def test_sequential_draws_cross_the_boundary_and_certify_as_in_process(tmp_path,
 
 BLOCKING_HARNESS = """
 import threading, time
-from harness.plugin.hosting.host_process import PluginHost
-from harness.plugin.hosting.confinement import hosts_confined
+from harness.plugin.hosting.in_harness.host_process import PluginHost
+from harness.plugin.hosting.in_harness.confinement_options import hosts_confined
 
 host = PluginHost("idrs-test-blocking", ["idrs_test_blocking"], confined=hosts_confined(True))
-threading.Thread(target=lambda: host.request("describe"), daemon=True).start()
+threading.Thread(target=lambda: host.describe(), daemon=True).start()
 while host.process is None or host.process.host_pid is None:
     time.sleep(0.01)
 print(host.process.host_pid, host.process.pid, flush=True)

@@ -1,5 +1,5 @@
 """Errors in a benchmark file come before third-party plugins are imported: their names
-and parameters are checked against what they registered before (harness/plugin/hosting/manifest.py),
+and parameters are checked against what they registered before (harness/plugin/manifest.py),
 recorded under a key of their files, so a plugin that imports torch at module level does
 not slow every spec error down; `idrs-bench plugins` and runs still load every plugin."""
 

@@ -26,7 +26,7 @@ from harness.plugin.entry_points import (
     artifact_grants,
     name_problem,
 )
-from harness.plugin.hosting.host_process import PluginHost
+from harness.plugin.hosting.in_harness.host_process import PluginHost
 from harness.plugin.manager import PluginManager
 
 PLUGIN = '''
@@ -259,7 +259,7 @@ def test_the_naming_rule():
 
 
 def test_plugins_install_refuses_a_bad_entry_point_or_distribution_name(tmp_path):
-    from harness.plugin.hosting.private_install import _checked
+    from harness.plugin.private_install import _checked
 
     def dist(folder: Path, name: str, entry_point: str) -> Path:
         info = folder / "evil-0.1.dist-info"

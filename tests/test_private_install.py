@@ -1,5 +1,5 @@
 """``idrs-bench plugins install``: a plugin built confined, without network, into a private
-prefix that only its confined plugin host imports (harness/plugin/hosting/private_install.py)."""
+prefix that only its confined plugin host imports (harness/plugin/private_install.py)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ import zipfile
 import pytest
 
 from harness.foundation.errors import IdrsError
-from harness.plugin.hosting import confinement
-from harness.plugin.hosting.private_install import install, prefix_root, uninstall
+from harness.plugin.hosting.in_harness.confinement_options import description
+from harness.plugin.hosting.shared import landlock, policy
 from harness.plugin.manager import PluginManager
+from harness.plugin.private_install import install, prefix_root, uninstall
 
 pytestmark = pytest.mark.skipif(
-    confinement.refusal(confinement.landlock_abi()) is not None,
+    policy.refusal(landlock.landlock_abi()) is not None,
     reason="this kernel has no Landlock ABI >= 3: a plugin cannot be built confined here",
 )
 
@@ -96,7 +97,7 @@ def test_a_source_folder_is_built_confined_into_a_prefix_only_its_host_imports(t
     manager = PluginManager()
     rows = {row["name"]: row for row in manager.describe()}
     assert rows["quarter"]["runs_in"] == "plugin host" and rows["quarter"]["private"]
-    assert rows["quarter"]["confinement"] == confinement.description(confinement.landlock_abi())
+    assert rows["quarter"]["confinement"] == description(landlock.landlock_abi())
     assert manager.registry.get("methods", "cohen-quarter").sigma_provider == "quarter"
     assert uninstall("idrs_test_quarter") == prefix and not prefix.exists()
     assert "quarter" not in {row["name"] for row in PluginManager().describe()}
@@ -137,7 +138,7 @@ def test_a_private_plugin_is_checked_from_the_manifest_without_a_host(tmp_path, 
     """Its entry in the plugin manifest is keyed by the files its RECORD lists, so a
     benchmark file naming its method is checked without starting its host."""
     from harness.plugin.entry_points import installed_prefixes, plugin_entry_points
-    from harness.plugin.hosting.manifest import plugin_key
+    from harness.plugin.manifest import plugin_key
 
     install(_wheel(tmp_path), quiet=True)
     [entry] = [ep for ep in plugin_entry_points(installed_prefixes().values())

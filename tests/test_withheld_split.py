@@ -149,7 +149,7 @@ def _context(manager: PluginManager, method: str):
     from harness.engine.sampling import SamplingEngine
     from harness.foundation.protocol import CertificationProtocol
     from harness.plugin.components import BuildContext
-    from harness.plugin.hosting.model_description import build_model
+    from harness.plugin.model_description import build_model
 
     model = build_model(manager.registry, "ball-N", (2,), 2, {})
     protocol = CertificationProtocol(n0=10, n=100, batch_size=64)
@@ -219,7 +219,7 @@ def test_the_plugin_host_is_sent_the_training_split_and_description_only(install
     """What crosses to the host: no test array; what a hosted σ-provider sees of the dataset
     (its σ is 0.001 × (training points + dimension + 100 × classes)) is the harness's."""
     from harness.certification.method import build_method
-    from harness.plugin.hosting.host_process import PluginHost
+    from harness.plugin.hosting.in_harness.host_process import PluginHost
 
     data = _dataset()
     data.files = {"/data/train-images": "aa", "/data/t10k-labels": "bb"}
@@ -293,7 +293,8 @@ def test_a_hosted_plugin_finds_no_test_split_through_the_registry_or_the_dataset
     no data file's path, and an error wherever a test split would be."""
     from harness.certification.method import build_method
     from harness.foundation.errors import IdrsError
-    from harness.plugin.hosting.confinement import landlock_abi, unconfined_requested
+    from harness.plugin.hosting.in_harness.confinement_options import unconfined_requested
+    from harness.plugin.hosting.shared.landlock import landlock_abi
 
     install_plugin("idrs_test_snooping", SNOOPING)
     manager = PluginManager()
@@ -334,7 +335,7 @@ def test_the_read_grant_leaves_out_the_installed_datasets_and_nothing_else(tmp_p
     """``narrowed``: a path holding a withheld folder becomes its other entries (symbolic
     links among them left out: a rule on one would grant its target); a path beside it
     is kept as it is, and one into it is dropped."""
-    from harness.plugin.hosting.withheld_data import narrowed
+    from harness.plugin.hosting.shared.withheld_data import narrowed
 
     tmp_path = tmp_path.resolve()  # (compared resolved)
     usr = tmp_path / "usr"

@@ -203,7 +203,7 @@ class _Analytic(torch.nn.Module):
     def architecture_description(self) -> dict[str, Any]:
         """This model as a registered architecture (``linear-N`` / ``ball-N``) with its
         current plane or ball, so that a plugin host rebuilds it
-        (:mod:`harness.plugin.hosting.model_description`; the state dict travels beside it)."""
+        (:mod:`harness.plugin.model_description`; the state dict travels beside it)."""
         return {"architecture": f"{self.family}-N", "input_shape": [self.dim],
                 "num_classes": self.num_classes,
                 "params": {"one_hot": self.one_hot, "classes": list(self.classes)},

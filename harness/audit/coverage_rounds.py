@@ -56,7 +56,7 @@ from harness.certification.certify import (
     sigma_smoothing,
 )
 from harness.foundation.data import TrainingSplit
-from harness.plugin.hosting.remote import RemoteSigmaProvider
+from harness.plugin.hosting.in_harness.remote import RemoteSigmaProvider
 
 
 def _labelled(audit: Audit, model: torch.nn.Module) -> TrainingSplit:

@@ -273,7 +273,7 @@ def main() -> None:
     job_line = next(lines, "")
     if not job_line:
         return
-    from harness.plugin.hosting.host import exit_with_parent
+    from harness.foundation.parent_watch import exit_with_parent
 
     exit_with_parent(int(json.loads(job_line)["parent"]))
     serve(_prepended(job_line, lines), send)

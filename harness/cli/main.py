@@ -45,8 +45,8 @@ from harness.cli.results_table import (
 from harness.foundation.errors import IdrsError, plain
 from harness.foundation.threads import requested_threads, set_passive_wait
 from harness.foundation.version import __version__
-from harness.plugin.hosting.confinement import add_unconfined_option, opted_out
-from harness.plugin.hosting.limits import (
+from harness.plugin.hosting.in_harness.confinement_options import add_unconfined_option, opted_out
+from harness.plugin.hosting.in_harness.limits import (
     add_plugin_memory_option,
     add_plugin_timeout_option,
     memory_set,

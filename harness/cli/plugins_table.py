@@ -3,7 +3,7 @@ process or a plugin host, harness/README.md, and how the host is confined), the 
 of third-party plugins that are not run, and the plugins not loaded: refused (another
 plugin contract) or failed, with what each would provide where that is known;
 ``plugins install PATH`` and ``plugins uninstall NAME``
-(:mod:`harness.plugin.hosting.private_install`)."""
+(:mod:`harness.plugin.private_install`)."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def _plugins_table(args: argparse.Namespace, manager) -> int:
 
 def install_command(args: argparse.Namespace) -> int:
     """``idrs-bench plugins install PATH``."""
-    from harness.plugin.hosting.private_install import install
+    from harness.plugin.private_install import install
 
     name, version, prefix = install(args.path)
     print(f"installed {name} {version} into {prefix} (imported only by its confined plugin "
@@ -115,7 +115,7 @@ def install_command(args: argparse.Namespace) -> int:
 
 def uninstall_command(args: argparse.Namespace) -> int:
     """``idrs-bench plugins uninstall NAME``."""
-    from harness.plugin.hosting.private_install import uninstall
+    from harness.plugin.private_install import uninstall
 
     print(f"removed {uninstall(args.name)}")
     return 0

@@ -30,7 +30,8 @@ EVIDENCE_BYTES = 16 * 1024
 """The most bytes of JSON a claim's evidence may take. The built-in certifiers' evidence
 takes under 1 KiB (a few numbers, a memory's ids); 16 KiB leaves room for a per-input
 vector of some thousand numbers, while a row of 10,000 inputs stores at most 160 MiB of
-it (and a plugin host's answer to a chunk of claims stays small: harness.plugin.hosting.limits)."""
+it (and a plugin host's answer to a chunk of claims stays small:
+harness.plugin.hosting.in_harness.limits)."""
 
 
 def jsonable(value: Any) -> Any:

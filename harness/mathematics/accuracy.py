@@ -103,10 +103,12 @@ def row_metrics(
     Keys: ``inputs`` (the number of certificates), ``clean_accuracy``,
     :func:`certified_key` of each radius, ``acr``, ``abstention_rate``,
     ``misclassification_rate``, ``classwise_accuracy_min``/``_max``/``_std``,
-    ``mean_sigma``, ``seconds_per_input``, ``samples_mean`` and ``samples_max`` (estimation
-    samples behind a certificate, :func:`estimation_samples`; None where a certificate
-    does not record its draws), ``classwise_accuracy`` (class -> accuracy) and
-    ``intervals`` (clean and certified accuracy -> 95 % interval). The metrics named in
+    ``mean_sigma`` and ``sigma_min``/``_median``/``_max`` (σ(x) over the inputs: a setting's
+    σ is its base level, not the σ its certificates used), ``seconds_per_input``,
+    ``samples_mean`` and ``samples_max`` (estimation samples behind a certificate,
+    :func:`estimation_samples`; None where a certificate does not record its draws),
+    ``classwise_accuracy`` (class -> accuracy) and ``intervals`` (clean and certified
+    accuracy -> 95 % interval). The metrics named in
     ``unknown`` are None (a log that does not record them; class-wise ones: ``{}``).
     """
     from harness.mathematics.significance import proportion_interval
@@ -129,6 +131,9 @@ def row_metrics(
         "classwise_accuracy_max": max(values),
         "classwise_accuracy_std": statistics.pstdev(values),
         "mean_sigma": sum(c.sigma for c in certificates) / count,
+        "sigma_min": min(c.sigma for c in certificates),
+        "sigma_median": statistics.median(c.sigma for c in certificates),
+        "sigma_max": max(c.sigma for c in certificates),
         "seconds_per_input": sum(c.seconds for c in certificates) / count,
         "samples_mean": None if None in samples else sum(samples) / count,
         "samples_max": None if None in samples else max(samples),

@@ -7,7 +7,7 @@ are declared so in this repository's). A distribution installed privately lives 
 ``<cache root>/plugin-packages/<name>/`` (:func:`prefix_root`), one folder per
 distribution, never on the harness's module path: its metadata is read from there
 (:func:`plugin_entry_points`) and only its confined plugin host imports its code
-(:mod:`harness.plugin.hosting.private_install`). ``$IDRS_BENCH_PLUGINS`` restricts which
+(:mod:`harness.plugin.private_install`). ``$IDRS_BENCH_PLUGINS`` restricts which
 third-party plugins load (:func:`allowed_external_plugins`).
 
 A plugin's name (its entry point's) is the folder its plugin host may write,
@@ -149,7 +149,7 @@ def artifact_grants(
     folder beneath the resolved ``<root>/plugins`` (no name that is not a plain name, no
     symbolic link: :func:`artifact_folder`); a plugin named like a built-in is refused,
     never given the built-in's folder. Raises :class:`PluginNameError`. What
-    :class:`~harness.plugin.hosting.host_process.PluginHost` grants its host."""
+    :class:`~harness.plugin.hosting.in_harness.host_process.PluginHost` grants its host."""
     taken = sorted(set(plugins) & set(builtins))
     if taken:
         raise PluginNameError(f"plugin name(s) {', '.join(map(repr, taken))} are built-in "

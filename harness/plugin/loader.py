@@ -13,7 +13,7 @@ everything else keeps working. A component name provided twice fails naming both
 (:class:`~harness.foundation.errors.DuplicateNameError`).
 
 :class:`PluginLoader` imports the plugins it loads into this process: a plugin host does so
-for its distribution (:mod:`harness.plugin.hosting.host_requests`), and the harness for the
+for its distribution (:mod:`harness.plugin.hosting.in_host.host_requests`), and the harness for the
 built-ins. The harness's own processes use :class:`~harness.plugin.manager.PluginManager`,
 which adds the plugin hosts of the third-party plugins (harness/README.md, "Plugin host").
 

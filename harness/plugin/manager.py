@@ -2,15 +2,15 @@
 
 A :class:`PluginManager` is the :class:`~harness.plugin.loader.PluginLoader` of the
 built-in plugins (imported here) plus a plugin host per installed third-party distribution
-(:mod:`harness.plugin.hosting.host`, confined by the kernel:
-:mod:`harness.plugin.hosting.confinement`): third-party plugins are never imported by the
+(:mod:`harness.plugin.hosting.in_host.host`, confined by the kernel:
+:mod:`harness.plugin.hosting.in_host.confinement`): third-party plugins are never imported by the
 harness's own process. The hosts start when first needed (:attr:`PluginManager.registry`,
 :meth:`PluginManager.describe`, :attr:`PluginManager.failures`) and end when the manager
 is closed (:meth:`PluginManager.close`; ``with PluginManager() as manager:``), so a host
 lives no longer than the command or API call that made its manager; the registry holds
-specs that ask them (:mod:`harness.plugin.hosting.hosted_components`; harness/README.md,
+specs that ask them (:mod:`harness.plugin.hosting.in_harness.hosted_components`; harness/README.md,
 "Plugin host"). A benchmark file is checked before that against what they registered last
-time (:meth:`PluginManager.checking_registry`, :mod:`harness.plugin.hosting.manifest`).
+time (:meth:`PluginManager.checking_registry`, :mod:`harness.plugin.manifest`).
 
 Imports go down: the contract (hookspecs, components, registry, entry points, the loader)
 below the machinery that runs plugins apart (:mod:`harness.plugin.hosting`), this module on
@@ -34,9 +34,8 @@ from harness.plugin.entry_points import (
     name_problem,
     top_module,
 )
-from harness.plugin.hosting import confinement
-from harness.plugin.hosting.confinement import hosts_confined
-from harness.plugin.hosting.limits import plugin_timeout
+from harness.plugin.hosting.in_harness.confinement_options import description, hosts_confined
+from harness.plugin.hosting.in_harness.limits import plugin_timeout
 from harness.plugin.loader import PluginLoader
 from harness.plugin.registry import PluginFailure, Registry
 
@@ -113,8 +112,8 @@ class PluginManager(PluginLoader):
         otherwise, and read what each loaded (their failures are reported here)."""
         if self._hosts:
             return
-        from harness.plugin.hosting.host_process import PluginHost
-        from harness.plugin.hosting.hosted_components import failures_from_host
+        from harness.plugin.hosting.in_harness.host_process import PluginHost
+        from harness.plugin.hosting.in_harness.hosted_components import failures_from_host
 
         groups: dict[str, list[str]] = {}
         for ep in self._third_party:
@@ -133,7 +132,7 @@ class PluginManager(PluginLoader):
                 host.start()
         for key, host in list(hosts.items()):
             try:
-                described = host.request("describe")
+                described = host.describe()
             except IdrsError as exc:  # (hung, died or broke the wire while importing)
                 if key is None:
                     raise
@@ -187,14 +186,14 @@ class PluginManager(PluginLoader):
 
     def hosting(self) -> dict[str, Any]:
         """How this process ran third-party plugins, as a run records it: the distributions
-        (name and version), their hosts' weakest confinement (``confinement.description``)
+        (name and version), their hosts' weakest confinement (``confinement_options.description``)
         and, when plugin hosts served it, the time limit of a request to one
-        (``plugin_timeout``, seconds: :mod:`harness.plugin.hosting.limits`)."""
+        (``plugin_timeout``, seconds: :mod:`harness.plugin.hosting.in_harness.limits`)."""
         self.registry  # noqa: B018 (starts the hosts)
         third = {k: h for k, h in self._hosts.items() if k is not None}
         versions = {p["distribution"]: p.get("version") for k in third
                     for p in self._hosted[k].get("plugins", ()) if p.get("distribution") == k}  # fmt: skip
-        weakest = confinement.description(min(h.abi for h in third.values())) if third else None
+        weakest = description(min(h.abi for h in third.values())) if third else None
         record = {"third_party": [f"{name} {versions.get(name) or ''}".strip() for name in third],
                   "confinement": weakest or "no third-party plugin"}  # fmt: skip
         if self._hosts:
@@ -204,7 +203,7 @@ class PluginManager(PluginLoader):
     @property
     def registry(self) -> Registry:
         """The components of every plugin (built on first use): this process's, and those the
-        plugin hosts serve (:mod:`harness.plugin.hosting.hosted_components`)."""
+        plugin hosts serve (:mod:`harness.plugin.hosting.in_harness.hosted_components`)."""
         self.load_all()
         if self._pending_hosted():
             self._start_hosts()
@@ -212,7 +211,7 @@ class PluginManager(PluginLoader):
             self._registry = self._build_registry()
             self.not_run, self._taken = [], []
             for key, host in self._hosts.items():
-                from harness.plugin.hosting.hosted_components import (
+                from harness.plugin.hosting.in_harness.hosted_components import (
                     hosted_registry,  # (imports torch)
                 )
 
@@ -221,7 +220,7 @@ class PluginManager(PluginLoader):
                 )
                 self.not_run += not_run
                 self._taken += taken
-            from harness.plugin.hosting import manifest as plugin_manifest
+            from harness.plugin import manifest as plugin_manifest
 
             failures = [*self._failures, *self._host_failures, *self._taken]
             self._registry.set_failures(failures)
@@ -232,12 +231,12 @@ class PluginManager(PluginLoader):
 
     def checking_registry(self) -> Registry:
         """A registry to check a benchmark file against, without importing third-party
-        plugins whose components :mod:`harness.plugin.hosting.manifest` recorded: theirs are
+        plugins whose components :mod:`harness.plugin.manifest` recorded: theirs are
         stand-ins (names, defaults, compositions; a method's ``check`` imports them).
         The full :attr:`registry` when any of them has no valid record."""
         if not self._pending:
             return self.registry
-        from harness.plugin.hosting import manifest as plugin_manifest
+        from harness.plugin import manifest as plugin_manifest
 
         entries = plugin_manifest.read_entries(self._pending)
         if entries is None:
@@ -254,9 +253,9 @@ class PluginManager(PluginLoader):
     def formula(self, record: dict[str, Any]) -> Any:
         """The radius formula a record names (S0's declaration): idrs-bench's own, resolved
         here, or an installed plugin's, re-derived by the plugin host
-        (:func:`harness.plugin.hosting.remote.resolve_formula`)."""
+        (:func:`harness.plugin.hosting.in_harness.remote.resolve_formula`)."""
         from harness.mathematics.radius import builtin_packages, formula_from_record
-        from harness.plugin.hosting.remote import resolve_formula
+        from harness.plugin.hosting.in_harness.remote import resolve_formula
 
         top = str(record.get("recompute", "")).split(".")[0]
         if top in builtin_packages():
@@ -285,7 +284,7 @@ class PluginManager(PluginLoader):
                 if hosted["name"] not in local:
                     rows.append({**hosted, "provides": registry.provided_by(hosted["name"]),
                                  "runs_in": "plugin host", "private": key in self._prefixes,
-                                 "confinement": confinement.description(self._hosts[key].abi)})  # fmt: skip
+                                 "confinement": description(self._hosts[key].abi)})  # fmt: skip
         return sorted(rows, key=lambda row: row["name"])
 
 

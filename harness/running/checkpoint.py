@@ -44,7 +44,7 @@ from harness.foundation.artifacts import file_digest
 from harness.foundation.data import Dataset
 from harness.foundation.errors import IdrsError, ParameterError
 from harness.foundation.identity import content_hash
-from harness.plugin.hosting.model_description import build_model
+from harness.plugin.model_description import build_model
 from harness.plugin.registry import Registry
 from harness.running.benchmark import AUTO_ARCHITECTURE, ModelConfig
 from harness.running.checkpoint_diagnosis import diagnose

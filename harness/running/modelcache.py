@@ -25,7 +25,7 @@ from harness.foundation.data import Dataset
 from harness.foundation.identity import content_hash
 from harness.foundation.progress import Progress
 from harness.plugin.components import TrainContext
-from harness.plugin.hosting.model_description import build_model
+from harness.plugin.model_description import build_model
 from harness.plugin.registry import Registry
 from harness.running.benchmark import ModelConfig
 

@@ -9,18 +9,21 @@ as a group of their own, ``imported``: their radii are claims without evidence, 
 ranked as certified. A setting of an unfinished run is marked ``incomplete`` and
 never sound; one whose certification failed (a plugin that raised, hung or crashed:
 the run's ``failures``) is marked ``failed``, never sound either. Within each group the
-order is: certified accuracy at the headline radius (descending), then ACR (descending),
-then method, setting and run id (ascending), so that ties are broken deterministically.
+order is: certified accuracy at the headline radius (descending), then at the other
+radii in increasing order (descending), then method, setting and run id (ascending), so
+that ties are broken deterministically; the ACR ranks nothing
+(:mod:`harness.reports.leaderboard.metrics`). The order is a listing, not a verdict:
+the board reads a table per radius (:mod:`harness.reports.leaderboard.envelope`).
 
 The benchmark's radii are :func:`harness.mathematics.accuracy.benchmark_radii`; the headline radius
 is the spec's ``headline_radius`` if present, else the median of the radii (0.5 by
 default). Rows and their verdicts come from :meth:`harness.store.storedrun.StoredRun.rows`.
 
-Every accuracy carries its 95 % interval over the test inputs, and every row below the
-first of its group is compared with that leader, paired over the inputs both certified,
-by McNemar's exact test at the headline radius (:mod:`harness.mathematics.significance`); a row
-whose difference is not significant ties with the leader. Where the empirical attack
-ran (:mod:`harness.audit.empirical`), each row also has its empirical robust accuracy at the
+Every accuracy carries its 95 % interval over the test inputs, the ACR its t interval
+(:mod:`harness.mathematics.significance`), and every row its paired difference from the
+best verified-sound constant-σ row at each radius, with Newcombe's interval
+(:mod:`harness.reports.leaderboard.paired_differences`). Where the empirical attack ran
+(:mod:`harness.audit.empirical`), each row also has its empirical robust accuracy at the
 radii attacked.
 """
 
@@ -40,10 +43,11 @@ from harness.mathematics.accuracy import (
     row_metrics,
 )
 from harness.mathematics.significance import (
-    PairedComparison,
-    paired_comparison,
+    PairedDifference,
+    mean_interval,
     proportion_interval,
 )
+from harness.reports.leaderboard.paired_differences import attach_differences
 from harness.store.storedrun import (
     IMPORTED,
     ORDER_DEPENDENT,
@@ -69,7 +73,9 @@ class Row:
     order: dict[str, Any] | None = None  # memory rows: orders replayed, ACR spread
     class_counts: dict[int, int] = field(default_factory=dict)  # inputs per label
     certified: dict[int, float | None] = field(default_factory=dict)  # input -> radius if correct
-    paired: PairedComparison | None = None  # against the first row of its group
+    differences: dict[float, PairedDifference | None] = field(default_factory=dict)
+    """Per radius: the row minus the table's reference row there, paired (None: the row
+    is the reference, there is none, or the two certified other inputs)."""
     attack: dict[str, Any] | None = None  # the empirical attack's result, where it ran
     beyond_attack: dict[float, list[int]] = field(default_factory=dict)
     """Per radius: the inputs certified at it that the attack counts robust at no radius that
@@ -103,6 +109,9 @@ class Table:
     memory_rows: list[Row] = field(default_factory=list)
     other_rows: list[Row] = field(default_factory=list)
     imported_rows: list[Row] = field(default_factory=list)
+    references: dict[float, Row | None] = field(default_factory=dict)
+    """Per radius: the best verified-sound constant-σ row there, the others' reference
+    (:mod:`harness.reports.leaderboard.paired_differences`)."""
 
     @property
     def rows(self) -> list[Row]:
@@ -131,9 +140,12 @@ def headline_radius(config: dict[str, Any], radii: Sequence[float]) -> float:
     return float(value) if value is not None else float(radii[len(radii) // 2])
 
 
-def rank_key(row: Row, radius: float) -> tuple:
+def rank_key(row: Row, radius: float, radii: Sequence[float] = ()) -> tuple:
+    """Certified accuracy at ``radius``, then at the other ``radii`` in increasing order
+    (all descending), then method, setting and run id."""
     m = row.metrics
-    return (-m[certified_key(radius)], -m["acr"], row.method, row.setting, row.run_id)
+    others = [-m[certified_key(r)] for r in sorted(radii) if r != radius]
+    return (-m[certified_key(radius)], *others, row.method, row.setting, row.run_id)
 
 
 def build_board(runs: Sequence[StoredRun]) -> Board:
@@ -158,26 +170,16 @@ def build_board(runs: Sequence[StoredRun]) -> Board:
     for table in tables.values():
         table.radii = sorted({*table.radii, table.headline_radius})
         rows = [row for run in table.runs for row in _rows(run, table.radii)]
-        ordered = sorted(rows, key=lambda r: rank_key(r, table.headline_radius))
+        ordered = sorted(rows, key=lambda r: rank_key(r, table.headline_radius, table.radii))
         table.imported_rows = [r for r in ordered if r.verdict == IMPORTED]
         table.sound_rows = [r for r in ordered if r.sound]
         table.memory_rows = [r for r in ordered if r.order_dependent]
         table.other_rows = [
             r for r in ordered if not r.sound and not r.order_dependent and r.verdict != IMPORTED
         ]
-        for group in (table.sound_rows, table.memory_rows, table.other_rows, table.imported_rows):
-            compare_with_leader(group, table.headline_radius)
+        attach_differences(table)
     names = list(dict.fromkeys(run.run["name"] for run in runs))
     return Board(title=", ".join(names), runs=list(runs), tables=list(tables.values()))
-
-
-def compare_with_leader(rows: Sequence[Row], radius: float) -> None:
-    """Set each row's paired comparison with the first of ``rows`` at ``radius``."""
-    if not rows:
-        return
-    leader = rows[0].certified_at(radius)
-    for row in rows[1:]:
-        row.paired = paired_comparison(leader, row.certified_at(radius), radius)
 
 
 def empirical_metrics(
@@ -215,6 +217,9 @@ def _rows(run: StoredRun, radii: Sequence[float]) -> list[Row]:
         correct = [int(c.input_id) for c in certs if c.predict == c.label]
         empirical = empirical_metrics(attack, radii, correct)
         metrics["intervals"] |= empirical.pop("intervals")
+        acr = mean_interval([c.radius if c.correct else 0.0 for c in certs])
+        if acr is not None and metrics.get("acr") is not None:
+            metrics["intervals"]["acr"] = acr
         out.append(
             Row(
                 run_id=run.run_id,

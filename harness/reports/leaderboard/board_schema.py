@@ -1,4 +1,4 @@
-"""JSON Schema (draft 2020-12) of a board's ``NAME.json`` (format ``idrs-bench/leaderboard/2``)."""
+"""JSON Schema (draft 2020-12) of a board's ``NAME.json`` (format ``idrs-bench/leaderboard/3``)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ _PROTOCOL = {
         "trainer_params": {"type": "object"},
         "model_seed": {"type": "integer"},
         "recipe_hash": {"type": ["string", "null"]},
-        "weights_digest": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+        "weights_digest": {"type": "string", "pattern": "^[0-9a-f]{64}$"},  # the parameters'
+        "weights_file_sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},  # shipped file's
         "arithmetic": {"type": "object"},
         "plugin_hosts": {"type": "object"},
         "test_split": {"enum": ["withheld"]},
@@ -59,8 +60,8 @@ _ROW = {
         "table", "section", "rank", "run_id", "dataset", "recipe_hash", "method", "setting",
         "verdict", "sound", "inputs", "clean_accuracy", "acr", "abstention_rate",
         "misclassification_rate", "classwise_accuracy_min", "classwise_accuracy_max",
-        "classwise_accuracy_std", "mean_sigma", "seconds_per_input", "classwise_accuracy",
-        "intervals", "paired",
+        "classwise_accuracy_std", "mean_sigma", "sigma_min", "sigma_median", "sigma_max",
+        "seconds_per_input", "classwise_accuracy", "intervals", "best_at", "differences",
     ],
     "properties": {
         "table": {"type": "integer", "minimum": 1},
@@ -85,20 +86,31 @@ _ROW = {
                     "type": "array", "minItems": 2, "maxItems": 2,
                     "items": {"type": "number", "minimum": 0, "maximum": 1},
                 },
+                "^acr$": {  # Student's t interval of the mean radius, clipped at 0
+                    "type": "array", "minItems": 2, "maxItems": 2,
+                    "items": {"type": "number", "minimum": 0},
+                },
             },
             "additionalProperties": False,
         },
-        "paired": {  # McNemar's exact test against the first row of the group (null: none)
-            "type": ["object", "null"],
-            "required": ["radius", "inputs", "leader_only", "row_only", "p_value", "tie"],
-            "additionalProperties": False,
-            "properties": {
-                "radius": {"type": "number", "minimum": 0},
-                "inputs": {"type": "integer", "minimum": 1},
-                "leader_only": {"type": "integer", "minimum": 0},
-                "row_only": {"type": "integer", "minimum": 0},
-                "p_value": {"type": "number", "minimum": 0, "maximum": 1},
-                "tie": {"type": "boolean"},
+        "best_at": {"type": "array", "items": {"type": "number", "minimum": 0}},
+        "differences": {  # per radius: minus the table's reference row (null: none, not paired)
+            "type": "object",
+            "additionalProperties": {
+                "type": ["object", "null"],
+                "required": ["radius", "inputs", "row_only", "reference_only", "difference",
+                             "low", "high", "reading"],
+                "additionalProperties": False,
+                "properties": {
+                    "radius": {"type": "number", "minimum": 0},
+                    "inputs": {"type": "integer", "minimum": 1},
+                    "row_only": {"type": "integer", "minimum": 0},
+                    "reference_only": {"type": "integer", "minimum": 0},
+                    "difference": {"type": "number", "minimum": -1, "maximum": 1},
+                    "low": {"type": "number", "minimum": -1, "maximum": 1},
+                    "high": {"type": "number", "minimum": -1, "maximum": 1},
+                    "reading": {"enum": ["above", "below", "not separated"]},
+                },
             },
         },
     },
@@ -106,7 +118,7 @@ _ROW = {
         "^(clean_accuracy|certified_accuracy@.+|empirical_accuracy@.+|abstention_rate"
         "|misclassification_rate|classwise_accuracy_(min|max|std))$": {
             "type": ["number", "null"], "minimum": 0, "maximum": 1},
-        "^(acr|mean_sigma|seconds_per_input|samples_mean|samples_max)$": {
+        "^(acr|mean_sigma|sigma_(min|median|max)|seconds_per_input|samples_mean|samples_max)$": {
             "type": ["number", "null"], "minimum": 0},
     },
 }  # fmt: skip
@@ -118,7 +130,7 @@ BOARD_SCHEMA = {
     "required": ["format", "title", "runs", "metrics", "tables", "rows", "failures"],
     "additionalProperties": False,
     "properties": {
-        "format": {"const": "idrs-bench/leaderboard/2"},
+        "format": {"const": "idrs-bench/leaderboard/3"},
         "title": {"type": "string"},
         "runs": {"type": "array", "items": _PROTOCOL, "minItems": 1},
         "metrics": {
@@ -140,12 +152,20 @@ BOARD_SCHEMA = {
             "items": {
                 "type": "object",
                 "required": ["index", "dataset", "architecture", "recipe_hash", "radii",
-                             "headline_radius", "runs", "plots"],
+                             "headline_radius", "runs", "references", "plots"],
                 "properties": {
                     "index": {"type": "integer", "minimum": 1},
                     "radii": {"type": "array", "items": {"type": "number", "minimum": 0}},
                     "headline_radius": {"type": "number", "minimum": 0},
                     "runs": {"type": "array", "items": {"type": "string"}},
+                    "references": {  # per radius: the best sound constant-σ row (null: none)
+                        "type": "object",
+                        "additionalProperties": {
+                            "type": ["object", "null"],
+                            "required": ["run_id", "method", "setting"],
+                            "additionalProperties": {"type": "string"},
+                        },
+                    },
                     "plots": {
                         "type": "object",
                         "required": ["certified_accuracy", "classwise_accuracy"],

@@ -20,8 +20,11 @@ import sys
 from pathlib import Path
 
 from harness.foundation.errors import IdrsError
-from harness.plugin.hosting.confinement import add_unconfined_option
-from harness.plugin.hosting.limits import add_plugin_memory_option, add_plugin_timeout_option
+from harness.plugin.hosting.in_harness.confinement_options import add_unconfined_option
+from harness.plugin.hosting.in_harness.limits import (
+    add_plugin_memory_option,
+    add_plugin_timeout_option,
+)
 from harness.reports.leaderboard.source import resolve_runs
 from harness.store.store import DEFAULT_DB
 from harness.store.storedrun import incomplete_note

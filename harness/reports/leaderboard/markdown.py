@@ -1,21 +1,24 @@
 """The leaderboard as markdown (GitHub-flavoured: tables and footnotes).
 
-Layout, results first: a title and how to re-check the board; per table (one per
-dataset and base model) a warning when its runs follow different protocols, a headline
-sentence (from verified-sound rows only; a leader whose paired difference from the next
-rows is not significant is named as a tie), then the ranking tables with the columns a
-reader compares (clean accuracy, certified accuracy at each radius with its 95 %
-Clopper–Pearson interval, ACR, the paired test against the group's first row by
-McNemar's exact test at the headline radius, the verdict): the verified-sound rows, the
-memory (order-dependent) rows at their worst replayed input order with the spread over
-orders, the rows whose radii are not certified (a check found a problem, did not
-complete, or none ran), the rows imported from published logs; the certified-accuracy
-plot; the sampling error of the accuracies (the widest half-width and, on a subset of
-the test split, how to certify all of it); then the rest of every row in tables of
-their own (the empirical attack's robust accuracy; abstention, misclassification,
-class-wise accuracy, σ, time), the class-wise plot, the failures, the protocol and spec
-of each run. The metric legend, what `sound` asserts and the verdict footnotes close the
-document. All text from plugins and specs goes through
+Layout, results first: a title and what re-checking the board establishes; per table
+(one per dataset and base model) a warning when its runs follow different protocols, the
+headline (the best verified-sound rows band by band of radii, and which sound rows the
+paired differences put above the best constant-σ row:
+:mod:`harness.reports.leaderboard.per_radius_markdown`), then the tables a reader
+compares (σ(x) over the inputs as min / median / max, clean accuracy, certified accuracy
+at each radius with its 95 % Clopper–Pearson interval, bold where the row is the best
+verified-sound one at that radius, the ACR with its t interval, the verdict): the
+verified-sound rows, the memory (order-dependent) rows at their worst replayed input
+order with the spread over orders, the rows whose radii are not certified (a check
+found a problem, did not complete, or none ran), the rows imported from published logs;
+the paired differences from the best constant-σ row at each radius; the verdicts as a
+matrix of rows and checks (:mod:`harness.reports.leaderboard.verdict_matrix`); the
+certified-accuracy plot; the sampling error of the accuracies (the widest half-width
+and, on a subset of the test split, how to certify all of it); then the rest of every
+row in tables of their own (the empirical attack's robust accuracy; abstention,
+misclassification, class-wise accuracy, σ, wall time), the class-wise plot, the
+failures, the protocol and spec of each run. The metric legend, what `sound` asserts and
+the matrix's footnotes close the document. All text from plugins and specs goes through
 :func:`~harness.reports.leaderboard.escape.md_text`; numbers use fixed formats; nothing
 depends on the time of rendering, so the same stored runs give the same bytes.
 """
@@ -26,8 +29,9 @@ from typing import Any
 from urllib.parse import quote
 
 from harness.foundation.verdict import false_alarm_statement
-from harness.mathematics.significance import CONFIDENCE, SIGNIFICANCE, widest_half_width
+from harness.mathematics.significance import CONFIDENCE, widest_half_width
 from harness.reports.leaderboard.board import Board, Row, Table
+from harness.reports.leaderboard.envelope import best_rows
 from harness.reports.leaderboard.escape import md_code, md_fence, md_text
 from harness.reports.leaderboard.metrics import (
     CERTIFIED,
@@ -39,11 +43,12 @@ from harness.reports.leaderboard.metrics import (
     metric_catalog,
     sampled_in_rounds,
 )
+from harness.reports.leaderboard.per_radius_markdown import differences_table, headline
 from harness.reports.leaderboard.plots import certified_plot_name, classwise_plot_name
 from harness.reports.leaderboard.protocol_markdown import protocol_table, protocol_warning
 from harness.reports.leaderboard.reproduce import spec_toml
 from harness.reports.leaderboard.stated_protocol import run_protocol
-from harness.store.storedrun import IMPORTED, NOT_CHECKED
+from harness.reports.leaderboard.verdict_matrix import Footnotes, verdict_matrix
 
 
 def fmt(metric: Metric, value: Any, interval: tuple[float, float] | None = None) -> str:
@@ -56,79 +61,12 @@ def fmt(metric: Metric, value: Any, interval: tuple[float, float] | None = None)
     return text
 
 
-def _paired(row: Row, rank: int) -> str:
-    """The comparison cell: ``leader``, ``tie (p = 0.50)``, ``p = 0.003`` or ``not paired``."""
-    if rank == 1:
-        return "leader"
-    if row.paired is None:
-        return "not paired"
-    p = row.paired.p_value
-    return f"tie (p = {p:.2f})" if row.paired.tie else f"p = {p:.2g}"
-
-
-def _row_name(row: Row) -> str:
-    return f"{md_text(row.method)} ({md_text(row.setting)})"
-
-
-def _headline(table: Table) -> str:
-    radius = table.headline_radius
-    key = certified_key(radius)
-    if table.sound_rows:
-        best = table.sound_rows[0]
-        ties = [r for r in table.sound_rows[1:] if r.paired is not None and r.paired.tie]
-        lo, hi = best.metrics["intervals"][key]
-        if ties:
-            names = ", ".join(f"{_row_name(r)} ({r.metrics[key]:.3f})" for r in ties)
-            return (
-                f"**Headline.** Among verified-sound rows at radius {radius:g}, no single row "
-                f"leads: {_row_name(best)} has the highest certified accuracy, "
-                f"{best.metrics[key]:.3f} [{lo:.3f}, {hi:.3f}] (ACR {best.metrics['acr']:.3f}), "
-                f"but its difference from {names} is not significant (McNemar's exact test "
-                f"on the paired inputs, p >= {SIGNIFICANCE:g}): a tie."
-            )
-        return (
-            f"**Headline.** Among verified-sound rows, {_row_name(best)} leads at radius "
-            f"{radius:g} with certified accuracy {best.metrics[key]:.3f} [{lo:.3f}, {hi:.3f}] "
-            f"(ACR {best.metrics['acr']:.3f})"
-            + (
-                f", significantly above the next row (McNemar's exact test on the paired "
-                f"inputs, p = {table.sound_rows[1].paired.p_value:.2g})."
-                if len(table.sound_rows) > 1 and table.sound_rows[1].paired is not None
-                else "."
-            )
-        )
-    if table.other_rows or table.memory_rows:
-        best = (table.other_rows or table.memory_rows)[0]
-        return (
-            f"**Headline.** No row is verified sound. Among the others, {_row_name(best)} "
-            f"claims the highest certified accuracy at radius {radius:g}, "
-            f"{best.metrics[key]:.3f}, which is not certified."
-        )
-    return "**Headline.** No method produced certificates."
-
-
-class _Footnotes:
-    """Numbered verdict footnotes in order of first reference."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def add(self, row: Row) -> str:
-        label = f"v{len(self.lines) + 1}"
-        parts = []
-        for check in row.checks:
-            budget = f" (budget {md_text(check.budget)})" if check.budget else ""
-            flags = f" (flags: {md_text(', '.join(check.flags))})" if check.flags else ""
-            summary = f", {md_text(check.summary)}" if check.summary else ""
-            parts.append(
-                f"{md_text(check.check)}{budget}: **{md_text(check.verdict)}**{summary}{flags}"
-            )
-        applied = md_text(", ".join(row.applied)) or "none"
-        self.lines.append(
-            f"[^{label}]: {_row_name(row)}, verdict **{md_text(row.verdict)}**; checks applied: "
-            f"{applied}. " + " · ".join(parts) + "."
-        )
-        return f"[^{label}]"
+def sigma_cell(row: Row) -> str:
+    """σ(x) over the row's inputs: ``0.250`` when one σ for all, else min / median / max."""
+    low, mid, high = (row.metrics.get(k) for k in ("sigma_min", "sigma_median", "sigma_max"))
+    if low is None or high is None:
+        return "–"
+    return f"{low:.3f}" if low == high else f"{low:.3f} / {mid:.3f} / {high:.3f}"
 
 
 def _spread(row: Row) -> str:
@@ -146,27 +84,35 @@ def _identity(row: Row, with_run: bool) -> list[str]:
             md_text(row.setting)]  # fmt: skip
 
 
-def _ranking_table(
-    rows: list[Row], table: Table, catalog: list[Metric], notes: _Footnotes, spread: bool = False
-) -> list[str]:
-    """A group's rows ranked, with the columns a reader compares (the ``main`` metrics)."""
+def _cell(metric: Metric, row: Row, bold: bool) -> str:
+    """A ranking cell; the value in bold where the row is the best sound one there."""
+    text = fmt(
+        metric, row.metrics.get(metric.key), row.metrics.get("intervals", {}).get(metric.key)
+    )
+    if not bold:
+        return text
+    value, _, interval = text.partition(" ")
+    return f"**{value}**" + (f" {interval}" if interval else "")
+
+
+def _ranking_table(rows: list[Row], table: Table, catalog: list[Metric], spread: bool = False
+                   ) -> list[str]:  # fmt: skip
+    """A group's rows in board order, with the columns a reader compares (σ(x), the
+    ``main`` metrics, the verdict); a certified accuracy in bold where the row is the best
+    verified-sound one at that radius."""
     main = [m for m in catalog if m.table == "main"]
+    best = {certified_key(r): {id(row) for row in best_rows(table, r)} for r in table.radii}
     with_run = len(table.runs) > 1
-    versus = f"vs #1 at {table.headline_radius:g}"
-    head = ["#", *(["run"] if with_run else []), "method", "setting",
+    head = ["#", *(["run"] if with_run else []), "method", "setting", "σ(x) min / median / max",
             *[md_text(m.header) for m in main], *(["ACR over orders"] if spread else []),
-            versus, "verdict"]  # fmt: skip
-    align = ["--:", *([":--"] if with_run else []), ":--", ":--",
-             *["--:" for _ in main], *([":--"] if spread else []), ":--", ":--"]  # fmt: skip
+            "verdict"]  # fmt: skip
+    align = ["--:", *([":--"] if with_run else []), ":--", ":--", "--:",
+             *["--:" for _ in main], *([":--"] if spread else []), ":--"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
     for rank, row in enumerate(rows, 1):
-        verdict = md_text(row.verdict)
-        if row.verdict not in (NOT_CHECKED, IMPORTED):
-            verdict += " " + notes.add(row)
-        intervals = row.metrics.get("intervals", {})
-        cells = [str(rank), *_identity(row, with_run),
-                 *[fmt(m, row.metrics.get(m.key), intervals.get(m.key)) for m in main],
-                 *([_spread(row)] if spread else []), _paired(row, rank), verdict]  # fmt: skip
+        cells = [str(rank), *_identity(row, with_run), sigma_cell(row),
+                 *[_cell(m, row, id(row) in best.get(m.key, ())) for m in main],
+                 *([_spread(row)] if spread else []), md_text(row.verdict)]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -197,9 +143,9 @@ def _sampling_error(table: Table, stem: str | None) -> list[str]:
     out = (
         f"**Sampling error.** Each accuracy carries its {CONFIDENCE:.0%} Clopper–Pearson "
         f"interval over the test inputs, [low, high]; the widest (at accuracy 0.5) is {widest}. "
-        "Rows are compared paired (same inputs, same model) with the first row of their group "
-        f"by McNemar's exact test at radius {table.headline_radius:g}: `tie` marks a "
-        f"difference that is not significant (p >= {SIGNIFICANCE:g})."
+        "Rows are compared paired (same inputs, same model) with the best verified-sound "
+        "constant-σ row at each radius, by the interval of the difference (Newcombe's); the "
+        f"ACR carries its {CONFIDENCE:.0%} Student t interval over the inputs."
     )
     subset = [run for run in runs if run.config["dataset"].get("test_every", 1) != 1
               or run.config["dataset"].get("test_count") is not None]  # fmt: skip
@@ -234,18 +180,18 @@ def _sequential_note(table: Table) -> list[str]:
     ]
 
 
-def _table_section(table: Table, stem: str | None, notes: _Footnotes) -> list[str]:
+def _table_section(table: Table, stem: str | None, notes: Footnotes) -> list[str]:
     catalog = metric_catalog(
         table.radii, any(row.attack for row in table.rows), sampled_in_rounds(table.runs)
     )
     title = f"{md_text(table.dataset)} · {md_text(table.architecture)} · model {md_code(table.recipe_hash[:12])}"
     out = [f"## {table.index}. {title}", ""]
     out += protocol_warning(table, stem)
-    out += [_headline(table), ""]
+    out += headline(table)
     out += _sequential_note(table)
     out += ["### Verified sound", ""]
     if table.sound_rows:
-        out += [*_ranking_table(table.sound_rows, table, catalog, notes), ""]
+        out += [*_ranking_table(table.sound_rows, table, catalog), ""]
     else:
         out += ["No row of this table is verified sound.", ""]
     if table.memory_rows:
@@ -258,7 +204,7 @@ def _table_section(table: Table, stem: str | None, notes: _Footnotes) -> list[st
             "at the worst input order their check replayed; the spread column gives the ACR over "
             "all replayed orders.",
             "",
-            *_ranking_table(table.memory_rows, table, catalog, notes, spread=True),
+            *_ranking_table(table.memory_rows, table, catalog, spread=True),
             "",
         ]
     out += [
@@ -269,7 +215,7 @@ def _table_section(table: Table, stem: str | None, notes: _Footnotes) -> list[st
         "",
     ]
     if table.other_rows:
-        out += [*_ranking_table(table.other_rows, table, catalog, notes), ""]
+        out += [*_ranking_table(table.other_rows, table, catalog), ""]
     else:
         out += ["None.", ""]
     if table.imported_rows:
@@ -279,9 +225,11 @@ def _table_section(table: Table, stem: str | None, notes: _Footnotes) -> list[st
             "These radii were read from certification logs (`idrs-bench import-log`); no class "
             "counts came with them, so nothing here is checked or certified.",
             "",
-            *_ranking_table(table.imported_rows, table, catalog, notes),
+            *_ranking_table(table.imported_rows, table, catalog),
             "",
         ]
+    out += differences_table(table)
+    out += verdict_matrix(table, notes)
     if stem is not None and table.rows:
         certified = quote(certified_plot_name(stem, table))
         out += [f"![certified accuracy vs radius, table {table.index}]({certified})", ""]
@@ -345,9 +293,19 @@ def _legend(board: Board) -> list[str]:
         "Monte Carlo error is in its α)."
     )
     out.append(
-        "- **vs #1**: the row against the first row of its group on the same inputs, "
-        "McNemar's exact test of certified accuracy at the headline radius; `tie`: not "
-        f"significant (p >= {SIGNIFICANCE:g}); `not paired`: other inputs."
+        "- **bold**: the best verified-sound row at that radius (the envelope over methods and "
+        "σ; the plot's grey line); rows are listed by certified accuracy at the headline radius, "
+        "then at the other radii, which ranks nothing across radii."
+    )
+    out.append(
+        "- **σ(x) min / median / max**: σ(x) over the row's inputs, as its certificates record "
+        "it (one number: the same σ for every input); a setting's `sigma` is its base level."
+    )
+    out.append(
+        "- **Δ\\@r**: certified accuracy at radius r minus the reference row's (the "
+        "verified-sound constant-σ row best at r) on the same inputs, with Newcombe's "
+        f"{CONFIDENCE:.0%} interval for paired proportions (Newcombe 1998, method 10); "
+        "`above`/`below` only where the interval excludes 0; `not paired`: other inputs."
     )
     from harness.audit.empirical import AttackStrength
 
@@ -361,9 +319,10 @@ def _legend(board: Board) -> list[str]:
             "inputs before it, so no fixed classifier exists to attack."
         )
     out += [
-        "- **verdict**: the worst verdict of the soundness checks of the row (footnote: the "
-        "checks that applied, each check's verdict and summary); `not-verified` when a check "
-        "that applied did not complete (`error`); only `sound` rows are ranked as certified, "
+        "- **verdict**: the worst verdict of the soundness checks of the row (each check's "
+        "mark: the verdict matrix of its table; the findings of a flagged check: its footnote; "
+        "every summary and its evidence: the run export); `not-verified` when a check that "
+        "applied did not complete (`error`); only `sound` rows are listed as certified, "
         "`order-dependent` (memory) rows apart, at their worst replayed input order.",
         "",
     ]
@@ -375,7 +334,9 @@ def _how_to_check(stem: str | None) -> str:
     name = md_text(stem or "BOARD")
     return (
         f"Re-check it: `idrs-bench leaderboard --verify {name}.md` re-derives every certificate "
-        f"and the verdicts from the evidence in `{name}.run.json` and re-renders the board; "
+        f"and the verdicts of S0 and the replay check from the evidence in `{name}.run.json` "
+        "and re-renders the board; the other checks' verdicts are read as recorded, and re-run "
+        "only with `--reaudit` (the command prints, per row, which verdicts it verified). "
         f"`idrs-bench leaderboard --verify {name}.md --replay K` also re-draws K random inputs "
         "of every row from the files shipped beside it (the base model's weights, "
         f"`{name}.weights.pt`, and the methods' trained parts), bit for bit on the run's "
@@ -400,7 +361,7 @@ def _beyond_attack(table: Table) -> list[str]:
 
 def render_markdown(board: Board, stem: str | None) -> str:
     """The board as markdown; ``stem`` names the plot and spec files (None: no plots)."""
-    notes = _Footnotes()
+    notes = Footnotes()
     out = [
         f"# Leaderboard: {md_text(board.title)}",
         "",

@@ -3,11 +3,16 @@
 The values are :func:`harness.mathematics.accuracy.row_metrics`'s, under the same keys (clean
 accuracy of PREDICT, certified accuracy at each radius, ACR, abstention and
 misclassification rates, the class-wise accuracy of Mohapatra et al. (2021), §3.2 and
-Table 2, mean σ(x), seconds per input; with sequential sampling the estimation samples
-per certificate), and, where the empirical attack ran, the
-empirical robust accuracy beside certified accuracy at each radius
-(:mod:`harness.audit.empirical`). The accuracies over test inputs carry 95 % intervals
-(:func:`has_interval` says which).
+Table 2, σ(x) over the inputs (mean, min, median, max), wall seconds per input; with
+sequential sampling the estimation samples per certificate), and, where the empirical
+attack ran, the empirical robust accuracy beside certified accuracy at each radius
+(:mod:`harness.audit.empirical`). The accuracies over test inputs and the ACR carry 95 %
+intervals (:func:`has_interval` says which).
+
+Two columns are descriptive on purpose: the ACR (it rewards inputs certified far out and
+can rank a worse certifier higher: Sun et al. 2024, arXiv 2410.06895), shown with its
+interval and never used to rank rows; and the seconds per input, wall time under whatever
+load the machine had (a run does not record it), not comparable across rows.
 
 Each metric names the board table that shows it (:data:`TABLES`): ``main``, the columns a
 reader compares (clean accuracy, certified accuracy at each radius, ACR); ``attack``, the
@@ -27,6 +32,11 @@ EMPIRICAL = ("fraction of inputs the smoothed classifier answers right (PREDICT)
              "attack on it did not break within radius {r} (each break confirmed by fresh Monte "
              "Carlo): an upper bound on robust accuracy, not a certificate")  # fmt: skip
 """The meaning of ``cert@r`` and ``emp@r``, at a radius ``r``."""
+ACR = ("average certified radius (0 for wrong or abstained inputs), with its 95 % Student t "
+       "interval over the inputs; not used to rank rows (it rewards inputs certified far out: "
+       "Sun et al. 2024, arXiv 2410.06895)")  # fmt: skip
+SECONDS = ("wall seconds of certification per input, under the machine's load while the run "
+           "ran (not recorded): not comparable across rows")  # fmt: skip
 TABLES = ("main", "attack", "details")
 """The board's tables a metric can be shown in (module docstring)."""
 
@@ -44,8 +54,11 @@ class Metric:
 
 
 def has_interval(key: str) -> bool:
-    """Whether a metric is an accuracy over test inputs with a 95 % interval."""
-    return key == "clean_accuracy" or key.startswith(("certified_accuracy@", "empirical_accuracy@"))
+    """Whether a metric has a 95 % interval over the test inputs: the accuracies
+    (Clopper–Pearson) and the ACR (Student's t)."""
+    return key in ("clean_accuracy", "acr") or key.startswith(
+        ("certified_accuracy@", "empirical_accuracy@")
+    )
 
 
 def metric_catalog(
@@ -59,8 +72,7 @@ def metric_catalog(
                "accuracy of PREDICT (abstention counts as an error)", table="main"),
         *[Metric(certified_key(r), f"cert@{r:g}", True, CERTIFIED.format(r=f"{r:g}"),
                  table="main") for r in radii],
-        Metric("acr", "ACR", True, "average certified radius (0 for wrong or abstained inputs)",
-               table="main"),
+        Metric("acr", "ACR", None, ACR, table="main"),
         *[Metric(empirical_key(r), f"emp@{r:g}", None, EMPIRICAL.format(r=f"{r:g}"),
                  table="attack") for r in (radii if empirical else ())],
         Metric("abstention_rate", "abstain", False, "fraction of inputs CERTIFY abstains on"),
@@ -73,7 +85,10 @@ def metric_catalog(
         Metric("classwise_accuracy_std", "class std", False,
                "population standard deviation of the per-class clean accuracies"),
         Metric("mean_sigma", "mean σ", None, "mean σ(x) over the inputs"),
-        Metric("seconds_per_input", "s/input", False, "certification seconds per input", None),
+        Metric("sigma_min", "σ min", None, "smallest σ(x) over the inputs"),
+        Metric("sigma_median", "σ median", None, "median σ(x) over the inputs"),
+        Metric("sigma_max", "σ max", None, "largest σ(x) over the inputs"),
+        Metric("seconds_per_input", "wall s/input", None, SECONDS, None),
         *([Metric("samples_mean", "samples", False,
                   "mean estimation samples per certificate (sequential sampling stops an input "
                   "once its place on the radius grid is decided)", 0),

@@ -8,8 +8,10 @@
   largest radius. A panel's curves go through an ordered colour map (:data:`SETTINGS`)
   by mean σ, with a marker each; the parameters its settings share are in its title,
   the others in its legend; rows not verified sound are thinner and lighter, their
-  verdict in the legend. The best verified-sound row of the table is drawn on every
-  panel as a broad grey reference line under the curves. Where the empirical attack ran
+  verdict in the legend. The envelope of the table's verified-sound rows (at each
+  radius, the highest certified accuracy of any of them:
+  :func:`harness.reports.leaderboard.envelope.envelope_curve`) is drawn on every panel
+  as a broad grey reference line under the curves. Where the empirical attack ran
   and its robust accuracy differs from the certified accuracy at some attacked radius,
   it is a dashed line with crosses in the row's colour (an upper bound: the certified
   curve should lie below it);
@@ -24,13 +26,13 @@ same bytes.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.mathematics.accuracy import certified_key, empirical_key
 from harness.reports.leaderboard.board import Row, Table
+from harness.reports.leaderboard.envelope import certified_curve, envelope_curve
 from harness.reports.leaderboard.escape import flatten
 
 if TYPE_CHECKING:
@@ -48,7 +50,8 @@ PER_PANEL = 6
 COLUMNS = 3
 """Panels per line of the figure."""
 REFERENCE = "#9a9a9a"
-"""The colour of the best sound row's reference line."""
+"""The colour of the reference line: the envelope of the sound rows."""
+REFERENCE_LABEL = "best verified-sound row at each radius (envelope over methods and σ)"
 ATTACK_STYLE = (0, (4, 2))
 """The attack's curves: dashed, in the row's colour, with crosses at the attacked radii."""
 ATTACK_VISIBLE = 0.005
@@ -92,11 +95,6 @@ def _panel_labels(rows: Sequence[Row], with_run: bool) -> tuple[str, list[str]]:
             label += f" [{row.run_id[:8]}]"
         labels.append(label if row.sound else f"{label} · {flatten(row.verdict)}")
     return flatten(", ".join(common)), labels
-
-
-def _curve(row: Row, grid: list[float]) -> list[float]:
-    radii, count = row.correct_radii, row.metrics["inputs"]
-    return [(len(radii) - bisect.bisect_left(radii, r)) / count for r in grid]
 
 
 def _by_sigma(rows: Sequence[Row], indices: Sequence[int]) -> list[int]:
@@ -167,8 +165,7 @@ def certified_figure(table: Table, title: str) -> Figure:
     grid = [top * i / 400 for i in range(401)]
     with_run = len(table.runs) > 1
     layout = panels(rows)
-    best = table.sound_rows[0] if table.sound_rows else None
-    reference = _curve(best, grid) if best is not None else None
+    reference = envelope_curve(table.sound_rows, grid)
     columns = max(1, min(COLUMNS, len(layout)))
     lines = max(1, -(-len(layout) // columns))
     any_attack = any(visible_attack(row, table.radii) for row in rows)
@@ -188,7 +185,7 @@ def certified_figure(table: Table, title: str) -> Figure:
                         solid_capstyle="butt", zorder=1)  # fmt: skip
             for n, i in enumerate(members):
                 row, (color, marker) = rows[i], styles[n]
-                curve = _curve(row, grid)
+                curve = certified_curve(row, grid)
                 marks = [j for j in range(9 * n % 40, len(grid), 40) if curve[j] > 0]
                 ax.step(grid, curve, where="post", color=color,
                         linewidth=1.6 if row.sound else 1.0, alpha=1.0 if row.sound else 0.75,
@@ -209,9 +206,9 @@ def certified_figure(table: Table, title: str) -> Figure:
                 ax.set_xlabel("radius (ℓ2)")
                 ax.tick_params(labelbottom=True)
         key = []
-        if best is not None:
+        if reference is not None:
             key.append(Line2D([], [], color=REFERENCE, linewidth=4.5, alpha=0.45,
-                              label=f"best verified-sound row: {row_label(best, with_run)}"))  # fmt: skip
+                              label=REFERENCE_LABEL))  # fmt: skip
         if any_attack:
             key.append(Line2D([], [], color="black", linestyle=ATTACK_STYLE, linewidth=0.9,
                               marker="x", markersize=3.5,

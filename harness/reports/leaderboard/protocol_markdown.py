@@ -95,7 +95,11 @@ def protocol_table(p: dict[str, Any]) -> list[str]:
         ("base model", f"{md_text(p['architecture'])} ({md_text(_params(p['architecture_params']))})"),
         ("trainer", f"{md_text(p['trainer'])} ({md_text(_params(p['trainer_params']))})"),
         ("recipe hash", md_code(p["recipe_hash"] or "unknown")),
-        *([("weights (SHA-256)", md_code(p["weights_digest"]))] if p.get("weights_digest") else []),
+        *([("weights: parameters' digest", f"{md_code(p['weights_digest'])} (SHA-256 over each "
+            "tensor's name, dtype, shape and bytes; not the file's)")]
+          if p.get("weights_digest") else []),
+        *([("weights file: SHA-256", f"{md_code(p['weights_file_sha256'])} (of the shipped "
+            "file, as `sha256sum` gives it)")] if p.get("weights_file_sha256") else []),
         *([("arithmetic", _fingerprint(p["arithmetic"]))] if p.get("arithmetic") else []),
         *([("plugins", md_text(plugin_hosts_statement(p["plugin_hosts"])))]
           if p.get("plugin_hosts") else []),

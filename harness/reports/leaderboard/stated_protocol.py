@@ -77,7 +77,10 @@ def run_protocol(run: StoredRun, stem: str | None) -> dict[str, Any]:
     if protocol.get("sampling") == "sequential":  # (fixed runs record neither)
         out["sampling"], out["n_max"] = "sequential", protocol["n_max"]
     if row.get("weights_digest"):  # runs from before weights digests have none
-        out["weights_digest"] = row["weights_digest"]
+        out["weights_digest"] = row["weights_digest"]  # of the parameters, not of a file
+    shipped = next((f for f in run.files if f.get("role") == "weights"), None)
+    if shipped is not None:  # the file a board ships (harness.running.runfiles.WEIGHTS)
+        out["weights_file_sha256"] = shipped["sha256"]
     if row.get("arithmetic"):  # where its counts replay bit for bit (harness.engine.arithmetic)
         out["arithmetic"] = row["arithmetic"]
     if row.get("plugin_hosts"):  # runs from before plugin hosts were confined have none

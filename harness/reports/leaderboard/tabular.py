@@ -6,17 +6,21 @@ flag; ``null`` for descriptive ones such as mean σ), the tables, one record per
 (ranked, with its verdict and the per-class accuracies) and the failures.
 
 Each row record also holds ``intervals`` (every accuracy over test inputs -> its 95 %
-Clopper–Pearson [low, high]) and ``paired`` (McNemar's exact test against the first row
-of its group at the headline radius: discordant counts, p-value, tie; null for that
-first row or rows on other inputs); where the empirical attack ran, the
-``empirical_accuracy@r`` metrics.
+Clopper–Pearson [low, high], the ACR -> its 95 % t interval), ``best_at`` (the radii at
+which it is a best verified-sound row: :mod:`harness.reports.leaderboard.envelope`) and
+``differences`` (per radius, its paired difference from the table's reference row there,
+the best verified-sound constant-σ row: discordant counts, difference, Newcombe's 95 %
+interval and its reading; null where the row is the reference, there is none, or the
+two are not paired: :mod:`harness.reports.leaderboard.paired_differences`); each table
+names its ``references``. Where the empirical attack ran, the ``empirical_accuracy@r``
+metrics.
 
 ``NAME.csv`` is the same rows in long form, one line per (row, metric): the run's
 protocol columns, the row's identity and verdict, ``metric``, ``radius`` (certified and
 empirical accuracy, and the paired test), ``class`` (per-class accuracy only),
 ``value``, ``lower`` and ``upper`` (the 95 % interval, where the metric has one) and
-``higher_is_better``; the metric ``paired_p_value`` is the McNemar p-value against the
-group's first row. Floats are written as their shortest round-trip repr in both files.
+``higher_is_better``; the metric ``paired_difference`` is the difference from the
+table's reference row at ``radius``, ``lower`` and ``upper`` its Newcombe interval. Floats are written as their shortest round-trip repr in both files.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 
 from harness.mathematics.accuracy import empirical_key
 from harness.reports.leaderboard.board import Board, Row, Table
+from harness.reports.leaderboard.envelope import best_rows
 from harness.reports.leaderboard.metrics import (
     Metric,
     certified_key,
@@ -36,8 +41,11 @@ from harness.reports.leaderboard.metrics import (
 from harness.reports.leaderboard.plots import certified_plot_name, classwise_plot_name
 from harness.reports.leaderboard.stated_protocol import run_protocol
 
-BOARD_FORMAT = "idrs-bench/leaderboard/2"
-"""Format 2: format 1 with ``model_hash`` (runs, tables, rows) named ``recipe_hash``."""
+BOARD_FORMAT = "idrs-bench/leaderboard/3"
+"""Format 3: format 2 with per-radius ``differences`` from a reference row (and the
+tables' ``references``) for the McNemar test against the group's first row (``paired``),
+``best_at``, the σ(x) distribution, the ACR's interval and the weights file's SHA-256;
+format 2: format 1 with ``model_hash`` (runs, tables, rows) named ``recipe_hash``."""
 PROTOCOL_COLUMNS = ("dataset", "recipe_hash", "n0", "n", "alpha", "seed", "device")
 
 
@@ -58,9 +66,15 @@ def _sections(table: Table) -> list[tuple[str, int, Row]]:
     )
 
 
+def _identity(row: Row | None) -> dict[str, str] | None:
+    return None if row is None else {"run_id": row.run_id, "method": row.method,
+                                     "setting": row.setting}  # fmt: skip
+
+
 def _records(board: Board, catalog: list[Metric]) -> list[dict[str, Any]]:
     records = []
     for table in board.tables:
+        best = {r: {id(row) for row in best_rows(table, r)} for r in table.radii}
         for section, rank, row in _sections(table):
             record = {
                 "table": table.index,
@@ -82,7 +96,9 @@ def _records(board: Board, catalog: list[Metric]) -> list[dict[str, Any]]:
                 str(c): a for c, a in row.metrics["classwise_accuracy"].items()
             }
             record["intervals"] = {k: list(v) for k, v in sorted(row.metrics["intervals"].items())}
-            record["paired"] = None if row.paired is None else row.paired.as_dict()
+            record["best_at"] = [r for r in table.radii if id(row) in best[r]]
+            record["differences"] = {f"{r:g}": None if d is None else d.as_dict()
+                                     for r, d in row.differences.items()}  # fmt: skip
             records.append(record)
     return records
 
@@ -106,7 +122,7 @@ def board_json(board: Board, stem: str) -> str:
         sampled_in_rounds(board.runs),
     )
     records = _records(board, catalog)
-    nested = ("classwise_accuracy", "intervals", "paired")
+    nested = ("classwise_accuracy", "intervals", "best_at", "differences")
     frame = pd.DataFrame([{k: v for k, v in r.items() if k not in nested} for r in records])
     rows = [
         {k: _native(v) for k, v in record.items()} | {k: source[k] for k in nested}
@@ -134,6 +150,7 @@ def board_json(board: Board, stem: str) -> str:
                 "radii": t.radii,
                 "headline_radius": t.headline_radius,
                 "runs": [run.run_id for run in t.runs],
+                "references": {f"{r:g}": _identity(ref) for r, ref in t.references.items()},
                 "plots": {
                     "certified_accuracy": certified_plot_name(stem, t),
                     "classwise_accuracy": classwise_plot_name(stem, t),
@@ -178,10 +195,11 @@ def board_csv(board: Board, stem: str) -> str:
                                      "value": row.metrics[metric.key], "lower": low,
                                      "upper": high,
                                      "higher_is_better": metric.higher_is_better})  # fmt: skip
-            if row.paired is not None:
-                lines.append(base | {"metric": "paired_p_value", "radius": row.paired.radius,
-                                     "class": None, "value": row.paired.p_value,
-                                     "higher_is_better": None})  # fmt: skip
+            for radius, d in row.differences.items():
+                if d is not None:
+                    lines.append(base | {"metric": "paired_difference", "radius": radius,
+                                         "class": None, "value": d.difference, "lower": d.low,
+                                         "upper": d.high, "higher_is_better": None})  # fmt: skip
             for label, accuracy in row.metrics["classwise_accuracy"].items():
                 lines.append(base | {"metric": "class_accuracy", "radius": None, "class": label,
                                      "value": accuracy, "higher_is_better": True})  # fmt: skip

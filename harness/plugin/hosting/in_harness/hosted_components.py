@@ -2,7 +2,7 @@
 
 :func:`hosted_registry` adds, for each component a plugin host describes, a spec of the
 usual type whose callable asks the host: a σ-provider's or certifier's ``build``
-(returning the proxies of :mod:`harness.plugin.hosting.remote`), a trainer's ``train``, a
+(returning the proxies of :mod:`harness.plugin.hosting.in_harness.remote`), a trainer's ``train``, a
 dataset's ``load``, a method's ``check``. Two kinds stay out of the harness's process:
 
 - a third-party **model architecture**: the harness evaluates the base model wherever
@@ -22,6 +22,8 @@ import torch
 
 from harness.foundation.data import Dataset
 from harness.foundation.errors import ContractError, DuplicateNameError, IdrsError
+from harness.plugin import manifest as plugin_manifest
+from harness.plugin import model_description
 from harness.plugin.components import (
     BuildContext,
     CertifierSpec,
@@ -32,9 +34,9 @@ from harness.plugin.components import (
     TrainContext,
     TrainerSpec,
 )
-from harness.plugin.hosting import model_description
-from harness.plugin.hosting.host_process import HostStopped, PluginHost
-from harness.plugin.hosting.remote import RemoteCertifier, RemoteSigmaProvider, _Bound
+from harness.plugin.hosting.in_harness.host_client import HostClient
+from harness.plugin.hosting.in_harness.host_process import HostStopped, PluginHost
+from harness.plugin.hosting.in_harness.remote import RemoteCertifier, RemoteSigmaProvider, _Bound
 from harness.plugin.registry import COMPONENT_KINDS, PluginFailure, Registry
 
 SERVED = ("sigma_providers", "certifiers", "trainers", "methods", "datasets")
@@ -63,15 +65,17 @@ class _Factory:
         where = (host or self.host).name
         return f"{singular[self.kind]} {self.name!r} (plugin {self.plugin!r}, in {where})"
 
-    def _build(self, op: str, context: BuildContext, host: PluginHost | None = None,
-               **fields: Any) -> tuple[_Bound, dict]:  # fmt: skip
+    def _build(self, build: Callable[..., dict[str, Any]], context: BuildContext,
+               host: PluginHost | None = None, **fields: Any) -> tuple[_Bound, dict]:  # fmt: skip
+        """``build`` (a :class:`HostClient` method of a build request) of this component in
+        ``context``, with ``fields``, in ``host`` (default its own)."""
         host = host or self.host
         for retry in (False, True):  # once more when the host stopped after the context
-            token = host.context(context)
+            token = host.token(context)
             generation = host.generation  # (the token's: a host started again knows none)
             try:
-                answer = host.request(op, generation, context=token, name=self.name,
-                                      updates=host.updates(context), **fields)  # fmt: skip
+                answer = build(host, token, self.name, **fields, generation=generation,
+                               updates=host.updates(context))  # fmt: skip
                 break
             except HostStopped:
                 if retry:
@@ -98,7 +102,8 @@ def _declared(who: str, proxy: Callable[[], T]) -> T:
 
 class SigmaProviderFactory(_Factory):
     def __call__(self, context: BuildContext, params: Mapping[str, Any]) -> RemoteSigmaProvider:
-        bound, declaration = self._build("build_sigma_provider", context, params=dict(params))
+        bound, declaration = self._build(HostClient.build_sigma_provider, context,
+                                         params=dict(params))  # fmt: skip
         return _declared(bound.who, lambda: RemoteSigmaProvider(bound, declaration,
                                                                 context.registry))  # fmt: skip
 
@@ -132,7 +137,7 @@ class CertifierFactory(_Factory):
                 raise ContractError(f"{self.who()} is built in a plugin host, which needs the "
                                     "method (context.method) to build its σ-provider there")  # fmt: skip
             provider = {"name": context.registry.get("methods", context.method).sigma_provider}
-        bound, declaration = self._build("build_certifier", context, host=host,
+        bound, declaration = self._build(HostClient.build_certifier, context, host=host,
                                          params=dict(params), provider=provider)  # fmt: skip
         return _declared(bound.who, lambda: RemoteCertifier(bound, declaration))
 
@@ -144,10 +149,10 @@ class Trainer(_Factory):
         comes back."""
         described = {"description": model_description.describe(model),
                      "state": model_description.state_of(model)}  # fmt: skip
-        answer = self.host.request("train", trainer=self.name, model=described,
-                                   dataset=self.host._dataset(dataset), params=dict(params),
-                                   seed=int(context.seed), device=str(context.device),
-                                   quiet=not context.progress.enabled)  # fmt: skip
+        answer = self.host.train(trainer=self.name, model=described,
+                                 dataset=self.host._dataset(dataset), params=dict(params),
+                                 seed=int(context.seed), device=str(context.device),
+                                 quiet=not context.progress.enabled)  # fmt: skip
         try:
             model.load_state_dict(answer["state"])
         except Exception as exc:
@@ -160,8 +165,8 @@ class DatasetLoader(_Factory):
                  **family: Any) -> Dataset:  # fmt: skip
         if data_root is not None:
             self.host.grant_read(data_root)
-        answer = self.host.request("load_dataset", name=self.name, data_root=data_root,
-                                   download=download, seed=seed, family=family)["dataset"]  # fmt: skip
+        answer = self.host.load_dataset(name=self.name, data_root=data_root, download=download,
+                                        seed=seed, family=family)["dataset"]  # fmt: skip
         if not isinstance(answer, dict):
             raise ContractError(f"{self.who()} loaded a {type(answer).__name__}, not a dataset")
         tensors = [answer.get(k) for k in ("train_x", "train_y", "test_x", "test_y")]
@@ -179,7 +184,7 @@ class DatasetLoader(_Factory):
 
 class ParameterCheck(_Factory):
     def __call__(self, params: Mapping[str, Any]) -> None:
-        self.host.request("check_params", method=self.name, params=dict(params))
+        self.host.check_params(method=self.name, params=dict(params))
 
 
 def _refused_model(name: str, plugin: str):
@@ -267,9 +272,7 @@ def failures_from_host(
 ) -> list[PluginFailure]:
     """The plugins a host failed to load or register (but those of ``local``, this
     process's own), each with what the plugin manifest last recorded it provides when the
-    host could not say (:meth:`harness.plugin.hosting.host_requests.Host.op_describe`)."""
-    from harness.plugin.hosting import manifest as plugin_manifest
-
+    host could not say (:meth:`harness.plugin.hosting.in_host.host_requests.Host.describe`)."""
     out = []
     for record in described.get("failures", ()):
         if record["plugin"] in local:

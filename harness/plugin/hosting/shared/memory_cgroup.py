@@ -25,11 +25,11 @@ Where the memory controller is (``/proc/self/cgroup``, ``/proc/self/mountinfo``)
   delegated to the user (systemd's ``Delegate=yes``, as a user manager's ``app.slice``).
   A confined host cannot write the cgroup's files, but ``clone3(2)``'s
   ``CLONE_INTO_CGROUP`` can start a child elsewhere: the keeper ends a host whose process
-  it finds outside (:func:`harness.plugin.hosting.keeper.breach`).
+  it finds outside (:func:`harness.plugin.hosting.in_host.keeper.breach`).
 
 Where no cgroup can be made (:class:`Unavailable` says why), a host has no memory limit of
 its own; it stays the kernel's first choice under memory pressure (its ``oom_score_adj``,
-:mod:`harness.plugin.hosting.keeper`).
+:mod:`harness.plugin.hosting.in_host.keeper`).
 """
 
 from __future__ import annotations

@@ -1,18 +1,18 @@
 """One request to a plugin host and its answer, against a deadline, never blocking.
 
-The request's frame (:mod:`harness.plugin.hosting.wire`) is written to the host's stdin as
-the pipe takes it (non-blocking: a host that stopped reading cannot hold the harness in
+The request's frame (:mod:`harness.plugin.hosting.shared.wire`) is written to the host's
+stdin as the pipe takes it (non-blocking: a host that stopped reading cannot hold the harness in
 ``write(2)``, which a pipe of 64 KiB would for any σ batch), and the answer read from the
 pipe of its answers as it arrives, into one buffer of the frame's size; both wait in
 ``poll(2)`` until the deadline, in slices (:data:`SLICE_MS`) so that a signal reaches the
 harness at once. The answers' pipe has no writer left once the host and every
 process it started have ended (its keeper kills them all), so a host's end is seen at once,
-whatever killed it: :class:`HostEnded`. A deadline that passes first is :class:`PastDeadline`;
-bytes that are not a frame are the wire's :class:`~harness.plugin.hosting.wire.WireError`, and
-a frame whose head claims more than the request's
-:class:`~harness.plugin.hosting.wire.Limit` its :class:`~harness.plugin.hosting.wire.PastLimit`,
-raised from the head alone: the answer's buffer is allocated only once its size is known to
-lie within the limit.
+whatever killed it: :class:`HostEnded`. A deadline that passes first is
+:class:`PastDeadline`; bytes that are not a frame are the wire's
+:class:`~harness.plugin.hosting.shared.wire.WireError`, and a frame whose head claims more
+than the request's :class:`~harness.plugin.hosting.shared.wire.Limit` its
+:class:`~harness.plugin.hosting.shared.wire.PastLimit`, raised from the head alone: the
+answer's buffer is allocated only once its size is known to lie within the limit.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import select
 import time
 from typing import Any
 
-from harness.plugin.hosting import wire
+from harness.plugin.hosting.shared import wire
 
 CHUNK = 1 << 20
 SLICE_MS = 250
@@ -44,7 +44,7 @@ def exchange(requests: int, answers: int, frame: bytes, deadline: float,
              limit: wire.Limit | None = None) -> Any:  # fmt: skip
     """Write ``frame`` to the pipe ``requests``, then read and return the one answer from the
     pipe ``answers``, by ``deadline`` (``time.monotonic()``), within ``limit`` (None: a header
-    up to :data:`~harness.plugin.hosting.wire.MAX_HEADER`)."""
+    up to :data:`~harness.plugin.hosting.shared.wire.MAX_HEADER`)."""
     os.set_blocking(requests, False)
     view, sent = memoryview(frame), 0
     answer = _Answer(limit)

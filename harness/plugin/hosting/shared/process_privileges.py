@@ -1,6 +1,6 @@
 """A confined plugin host's privileges: its capability sets emptied, its system calls filtered.
 
-Steps 2 and 3 of a plugin host's confinement (:mod:`harness.plugin.hosting.confinement`,
+Steps 2 and 3 of a plugin host's confinement (:mod:`harness.plugin.hosting.in_host.confinement`,
 docs/threat-model.md): :func:`drop_capabilities` empties the bounding, ambient, effective,
 permitted and inheritable sets (a root host keeps uid 0 but no privilege), and
 :func:`install_seccomp` installs a classic-BPF filter (:func:`seccomp_program`) under which
@@ -11,7 +11,8 @@ a datagram ``socketpair(2)``, ``sendto(2)`` with an address, ``io_uring_setup(2)
 change another process named by its pid where Landlock does not look (``prlimit64``,
 ``setpriority``, ``sched_setaffinity``, ...) unless the pid is 0 or the host's own; and
 System V IPC, POSIX message queues and keyrings, which outlive the host. Made with
-:mod:`ctypes` (``prctl``, ``capset``).
+:mod:`ctypes` (``prctl``, ``capset``). The policy names :data:`SYSTEM_CALLS` as what a host
+is refused (:attr:`harness.plugin.hosting.shared.policy.Policy.system_calls`).
 """
 
 from __future__ import annotations

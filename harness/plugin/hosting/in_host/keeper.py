@@ -1,6 +1,6 @@
 """The keeper of a plugin host: the process that ends whatever the host's plugins started.
 
-``python -m harness.plugin.hosting.host`` forks before anything else (:func:`split`); the
+``python -m harness.plugin.hosting.in_host.host`` forks before anything else (:func:`split`); the
 parent stays behind as the keeper, the child becomes the plugin host. The keeper
 
 - is the **child subreaper** of everything beneath it (``PR_SET_CHILD_SUBREAPER``, Linux
@@ -16,9 +16,10 @@ parent stays behind as the keeper, the child becomes the plugin host. The keeper
 - then kills every process left beneath it with ``SIGKILL``, round after round (each
   round's orphans are re-parented to it) until it has no child left, removes the host's
   scratch folder (the whole host folder when the harness has ended) and its memory cgroup
-  (:mod:`harness.plugin.hosting.memory_cgroup`, of which it says the limit, the peak and
+  (:mod:`harness.plugin.hosting.shared.memory_cgroup`, of which it says the limit, the peak and
   the out-of-memory killer's kills), writes one line to the harness saying how the host
-  ended (:func:`report`, :func:`ending`), and exits.
+  ended (:mod:`harness.plugin.hosting.shared.keeper_record`; in words:
+  :func:`harness.plugin.hosting.in_harness.host_ending.ending`), and exits.
 
 The host leaves the harness's session (no terminal's ``SIGINT`` or ``SIGHUP`` reach it: the
 harness decides), and its ``oom_score_adj`` is raised to 1000, by itself and by the keeper,
@@ -59,15 +60,12 @@ import sys
 import time
 from typing import Any
 
-from harness.plugin.hosting.memory_cgroup import MemoryCgroup, Unavailable, join
+from harness.plugin.hosting.shared.keeper_record import KILL_SECONDS, OOM_SCORE_ADJ, report
+from harness.plugin.hosting.shared.memory_cgroup import MemoryCgroup, Unavailable, join
 
 _PR_SET_CHILD_SUBREAPER = 36
 WATCH_SECONDS = 0.25
 """How often the keeper looks at its parent (the harness) while it waits."""
-KILL_SECONDS = 10.0
-"""How long the keeper waits for the processes it killed to be reaped."""
-OOM_SCORE_ADJ = 1000
-"""The host's ``oom_score_adj``: the kernel's first choice under memory pressure."""
 _WAITED = (signal.SIGCHLD, signal.SIGTERM)
 
 
@@ -282,76 +280,6 @@ def oom_kills() -> int:
     except OSError:
         pass
     return 0
-
-
-def report(wait_status: int) -> dict[str, Any]:
-    """A wait status as the keeper reports it: ``exit`` (the code) or ``signal`` (its number)."""
-    if os.WIFSIGNALED(wait_status):
-        return {"signal": os.WTERMSIG(wait_status)}
-    return {"exit": os.waitstatus_to_exitcode(wait_status)}
-
-
-def ending(record: dict[str, Any], doing: str = "") -> str:
-    """How a host ended, in words, from its keeper's record (:func:`keep`); ``doing``: what
-    it was doing then (e.g. ``while answering the request 'sigma'``)."""
-    by, left = record.get("by"), int(record.get("left") or 0)
-    memory = record.get("memory") or {}
-    cause = ""
-    if by == "keeper":
-        broke = record.get("breach") or {}
-        did = (f"lowered its oom_score_adj from {OOM_SCORE_ADJ} to {broke.get('oom_score_adj')}"
-               if "oom_score_adj" in broke else
-               f"left the host's memory cgroup for {broke.get('cgroup')}")  # fmt: skip
-        head = "was ended by its keeper"
-        cause = (f": its process {broke.get('pid')} {did}, which a plugin may not (out of "
-                 'memory, a plugin host dies, never the harness: docs/threat-model.md, "Memory")')  # fmt: skip
-    elif by == "host" and memory.get("oom_kills") and record.get("signal") == signal.SIGKILL:
-        head = f"was killed by the out-of-memory killer at {_mib(memory.get('peak') or memory['limit'])}"
-        cause = f"; {_limit(memory['limit'])}"
-    elif by != "host" and record.get("signal") in (None, signal.SIGKILL):
-        head = "was ended by the harness"
-    elif "signal" in record:
-        number = int(record["signal"])
-        try:
-            name = signal.Signals(number).name
-        except ValueError:
-            name = f"signal {number}"
-        head = f"was killed by {name} (signal {number})"
-        if number == signal.SIGKILL and record.get("oom_kills"):  # (by the kernel)
-            cause = (": the kernel's out-of-memory killer ran meanwhile, so the plugin most "
-                     "likely needed more memory than the machine had")  # fmt: skip
-        elif number == signal.SIGKILL:
-            cause = ", from outside the harness (another process, or the out-of-memory killer)"
-        elif number in (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE,
-                        signal.SIGABRT):  # fmt: skip
-            cause = ": a crash in native code (a C extension or a driver)"
-    elif "exit" in record:
-        head = f"exited with status {record['exit']}"
-        cause = " (a plugin ended the process)" if record["exit"] == 0 else ""
-    else:
-        head = "ended"
-    words = head + (f" {doing}" if doing else "") + cause
-    if memory.get("oom_kills") and "out-of-memory" not in head:
-        words += (f"; the out-of-memory killer killed {memory['oom_kills']} of its processes "
-                  f"at {_mib(memory.get('peak') or memory['limit'])}; "
-                  f"{_limit(memory['limit'])}")  # fmt: skip
-    if left:
-        words += f"; the {left} process(es) it had started were ended with it"
-    return words
-
-
-def _mib(size: int) -> str:
-    return f"{size / (1 << 20):.0f} MiB"
-
-
-def _limit(limit: int) -> str:
-    """The memory limit of a host, and how to raise it."""
-    from harness.plugin.hosting.limits import out_of_memory  # (in the harness: the host needs none)
-
-    return (
-        f"limit {_mib(limit)} for the host and every process it started together; "
-        f"{out_of_memory(limit)}"
-    )
 
 
 def _write(fd: int, record: dict[str, Any]) -> None:

@@ -1,10 +1,10 @@
 """Components of plugins that run in a plugin host, as the harness holds them.
 
-A third-party plugin (and, with ``IDRS_BENCH_ISOLATE=all``, a built-in one) is imported
-only by a plugin host (:mod:`harness.plugin.hosting.host`), a process of its own. The harness's
-registry holds, for each of its components, a spec whose factory asks the host to build
-it, and the built objects here are proxies with the declared attributes the harness and
-the checks read (harness/README.md, "Plugin host"):
+A third-party plugin (and, with ``IDRS_BENCH_ISOLATE=all``, a built-in one) is imported only
+by a plugin host (:mod:`harness.plugin.hosting.in_host.host`), a process of its own. The
+harness's registry holds, for each of its components, a spec whose factory asks the host to
+build it, and the built objects here are proxies with the declared attributes the harness
+and the checks read (harness/README.md, "Plugin host"):
 
 - :class:`RemoteSigmaProvider`: ``regularity`` (and ``weights``), σ of a batch in one
   round trip (with each row's gradient when the caller differentiates; a σ-provider's σ of
@@ -18,13 +18,15 @@ the checks read (harness/README.md, "Plugin host"):
 - trainers (the model's state goes out, the trained state comes back), datasets, and a
   method's parameter check.
 
-Each asks the host it was built in (:class:`harness.plugin.hosting.host_process.PluginHost`).
+Each asks the host it was built in
+(:class:`harness.plugin.hosting.in_harness.host_process.PluginHost`), by the typed method of
+its request (:class:`~harness.plugin.hosting.in_harness.host_client.HostClient`).
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -34,11 +36,13 @@ from harness.engine.draws import Evidence, SigmaSmoothing
 from harness.foundation.certificate import unlabelled
 from harness.foundation.errors import ContractError, IdrsError
 from harness.mathematics.radius import RadiusFormula, Recomputed, formula_from_record
+from harness.plugin import model_description
 from harness.plugin.components import BuildContext
-from harness.plugin.hosting import messages, model_description
+from harness.plugin.hosting.in_harness.host_client import HostClient
+from harness.plugin.hosting.shared import messages
 
 if TYPE_CHECKING:
-    from harness.plugin.hosting.host_process import PluginHost
+    from harness.plugin.hosting.in_harness.host_process import PluginHost
 
 
 # --- proxies ------------------------------------------------------------------------------
@@ -57,12 +61,15 @@ class _Bound:
     who: str
     builtin: bool = False
 
-    def request(self, op: str, **fields: Any) -> dict[str, Any]:
-        from harness.plugin.hosting.host_process import HostStopped
+    def ask(self, request: Callable[..., dict[str, Any]], **fields: Any) -> dict[str, Any]:
+        """``request`` (a :class:`HostClient` method of a request about a built component)
+        of this component, with ``fields``."""
+        from harness.plugin.hosting.in_harness.host_process import HostStopped
 
         try:
-            return self.host.request(op, self.generation, handle=self.handle, context=self.token,
-                                     updates=self.host.updates(self.context), **fields)  # fmt: skip
+            return request(self.host, self.handle, self.token, **fields,
+                           generation=self.generation,
+                           updates=self.host.updates(self.context))  # fmt: skip
         except HostStopped:
             raise IdrsError(f"{self.who} was built in a plugin host that has since stopped; "
                             "build the method again") from None  # fmt: skip
@@ -97,8 +104,8 @@ class RemoteSigmaProvider:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         gradient = x.requires_grad and torch.is_grad_enabled()
-        answer = self._bound.request("sigma", x=x.detach(), device=str(x.device),
-                                     gradient=gradient)  # fmt: skip
+        answer = self._bound.ask(HostClient.sigma, x=x.detach(), device=str(x.device),
+                                 gradient=gradient)  # fmt: skip
         sigma = messages.sigma_from(answer.get("sigma"), len(x), self._bound.who).to(x.device)
         rows = answer.get("gradient")
         if gradient and isinstance(rows, torch.Tensor) and rows.shape == x.shape:
@@ -137,7 +144,8 @@ class RemoteCertifier:
                                               declaration.get("impure") or [])  # fmt: skip
 
     def certify(self, evidence: Evidence) -> list[Any]:
-        answer = self._bound.request("certify", evidence=messages.evidence_message(evidence))
+        answer = self._bound.ask(HostClient.certify,
+                                 evidence=messages.evidence_message(evidence))  # fmt: skip
         state = self._bound.context.state
         for record in messages.records_from(answer.get("staged"), self._bound.who):
             if state is not None:
@@ -145,14 +153,14 @@ class RemoteCertifier:
         return messages.claims_from(answer.get("claims"), self._bound.who)
 
     def ball_sigmas(self, rows: Sequence[Mapping[str, Any]]) -> dict[int, float]:
-        answer = self._bound.request("ball_sigmas", rows=list(rows))
+        answer = self._bound.ask(HostClient.ball_sigmas, rows=list(rows))
         return {int(i): float(s) for i, s in zip(answer["ids"], answer["sigmas"], strict=True)}
 
     def order_replays(self, certificates, inputs, orders: int, seed: int) -> dict[str, Any]:
         ids = list(inputs)
         stacked = torch.stack([inputs[i] for i in ids]) if ids else torch.zeros(0)
-        return self._bound.request("order_replays", certificates=unlabelled(certificates),
-                                   ids=ids, x=stacked, orders=orders, seed=seed)["replays"]  # fmt: skip
+        return self._bound.ask(HostClient.order_replays, certificates=unlabelled(certificates),
+                               ids=ids, x=stacked, orders=orders, seed=seed)["replays"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -166,8 +174,8 @@ class RemoteFormula(RadiusFormula):
     impure: tuple[str, ...] = ()
 
     def derive(self, rows, inputs, protocol, regularity) -> Recomputed:
-        answer = self.host.request(
-            "recompute", formula=dict(self.recorded), rows=unlabelled(rows),
+        answer = self.host.recompute(
+            formula=dict(self.recorded), rows=unlabelled(rows),
             inputs=None if inputs is None else torch.as_tensor(inputs).detach().cpu(),
             protocol=messages.protocol_message(protocol),
             regularity=messages.regularity_message(regularity),

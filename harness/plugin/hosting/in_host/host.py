@@ -1,25 +1,28 @@
-"""The plugin host: ``python -m harness.plugin.hosting.host START``, the process where plugins run.
+"""The plugin host: ``python -m harness.plugin.hosting.in_host.host START``, where plugins run.
 
 The harness never imports a third-party plugin where it draws samples, runs checks or
 decides verdicts (harness/README.md, "Plugin host"). Each third-party distribution gets a
-host of its own (:class:`harness.plugin.hosting.host_process.PluginHost` starts it), so
-that one plugin cannot reach another's code, and the host answers the harness's requests
-(:mod:`harness.plugin.hosting.host_requests`). ``START`` is a JSON object:
+host of its own (:class:`harness.plugin.hosting.in_harness.host_process.PluginHost` starts
+it), so that one plugin cannot reach another's code, and the host answers the harness's
+requests (:mod:`harness.plugin.hosting.shared.host_protocol`, answered by
+:mod:`harness.plugin.hosting.in_host.host_requests`). ``START`` is a JSON object:
 ``distribution``, the one whose plugins this host loads (besides the built-ins; null: the
 built-ins only); ``plugins``, the plugins of it the harness accepted (the only ones loaded;
 absent: all of them); ``prefix``, the folder it is installed in when ``idrs-bench plugins
-install`` put it there (:mod:`harness.plugin.hosting.private_install`); ``grants``, what the
-confined host may reach besides its Python (:class:`harness.plugin.hosting.confinement.Grants`),
-or null when the user ran it unconfined; ``layers``, the confinement's layers (absent: all
-of them; fewer only for the diagnostic :mod:`harness.plugin.hosting.confinement_probe`);
+install`` put it there (:mod:`harness.plugin.private_install`); ``grants``, what the
+confined host may reach besides its Python, of what only the harness knows
+(:class:`harness.plugin.hosting.shared.policy.HostPaths`, granted as
+:func:`~harness.plugin.hosting.shared.policy.host_policy` says), or null when the user ran
+it unconfined; ``layers``, the confinement's layers (absent: all of them; fewer only for
+the diagnostic :mod:`harness.plugin.hosting.in_harness.confinement_probe`);
 ``status_fd``, ``scratch`` and ``folder``, for its keeper; ``memory``, the memory cgroup
-it joins before it confines itself (:mod:`harness.plugin.hosting.memory_cgroup`).
+it joins before it confines itself (:mod:`harness.plugin.hosting.shared.memory_cgroup`).
 
-First the process forks (:func:`harness.plugin.hosting.keeper.split`): the parent stays as
-the host's keeper, which ends every process the plugins start when the host ends, when the
+First the process forks (:func:`harness.plugin.hosting.in_host.keeper.split`): the parent
+stays as the host's keeper, which ends every process the plugins start when the host ends, when the
 harness asks, or when the harness ends. Then, before it imports numpy, torch or any plugin,
 and before it starts a thread, the host confines itself
-(:func:`harness.plugin.hosting.confinement.confine`): a plugin's code, from its import on,
+(:func:`harness.plugin.hosting.in_host.confinement.confine`): a plugin's code, from its import on,
 reads only its Python, its own files and what the harness sends, writes only its scratch
 directory and artifact folders, opens no socket and cannot signal or ptrace the harness or
 the keeper (docs/threat-model.md).
@@ -34,20 +37,18 @@ blocks: it never outlives the harness.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import sys
-import threading
-import time
 import traceback
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from harness.foundation.errors import IdrsError
-from harness.plugin.hosting import confinement, memory_cgroup
-from harness.plugin.hosting.keeper import split
-from harness.plugin.hosting.withheld_data import narrowed
+from harness.foundation.parent_watch import exit_with_parent
+from harness.plugin.hosting.in_host.confinement import confine
+from harness.plugin.hosting.in_host.keeper import split
+from harness.plugin.hosting.shared import memory_cgroup
+from harness.plugin.hosting.shared.policy import LAYERS, HostPaths, host_policy
 
 
 def answer_error(exc: BaseException) -> dict[str, Any]:
@@ -58,54 +59,17 @@ def answer_error(exc: BaseException) -> dict[str, Any]:
             "traceback": traceback.format_exc(limit=-4)}  # fmt: skip
 
 
-PARENT_POLL_SECONDS = 1.0
-
-
-def exit_with_parent(parent: int, poll: float = PARENT_POLL_SECONDS) -> threading.Thread:
-    """End this process once its parent ``parent`` (the keeper) has ended (this one is then
-    reparented), also while a plugin's code blocks and stdin's end is never read."""
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(poll)
-        os._exit(3)
-
-    thread = threading.Thread(target=watch, daemon=True, name="parent-watch")
-    thread.start()
-    return thread
-
-
-def distribution_paths(name: str | None, prefix: str | None) -> list[str]:
-    """What a distribution's code is read from: its private prefix, and the source folder
-    of an editable install (``direct_url.json``, PEP 610)."""
-    paths = [] if prefix is None else [prefix]
-    if name is None:
-        return paths
-    try:
-        dist = importlib.metadata.distribution(name)
-    except importlib.metadata.PackageNotFoundError:
-        return paths
-    described = json.loads(dist.read_text("direct_url.json") or "{}")
-    url = urlparse(str(described.get("url", "")))
-    if url.scheme == "file" and described.get("dir_info", {}).get("editable"):
-        paths.append(unquote(url.path))
-    return paths
-
-
-def confine(start: dict[str, Any]) -> int:
-    """Confine this process as ``start`` says; the Landlock ABI it is confined with (0:
-    unconfined, as the user asked). Its Python, the system's files and its distribution's
-    are granted less the installed datasets
-    (:func:`~harness.plugin.hosting.withheld_data.narrowed`)."""
+def confined(start: dict[str, Any], cgroup: memory_cgroup.MemoryCgroup | None) -> int:
+    """Confine this process as ``start`` says, to its policy
+    (:func:`~harness.plugin.hosting.shared.policy.host_policy`: its Python, the system's
+    files and its distribution's granted less the installed datasets, what the harness
+    grants it, ``cgroup`` its memory); the Landlock ABI it is confined with (0: unconfined,
+    as the user asked)."""
     if start.get("grants") is None:
         return 0
-    given = confinement.Grants.from_message(start["grants"])
-    read = [*given.read, *narrowed([*confinement.python_paths(), *confinement.SYSTEM_READ,
-            *distribution_paths(start.get("distribution"), start.get("prefix"))])]  # fmt: skip
-    grants = confinement.Grants(confinement.existing(read), confinement.existing(given.write),
-                                confinement.existing([*confinement.SYSTEM_DEVICES,
-                                                      *given.devices]))  # fmt: skip
-    return confinement.confine(grants, layers=start.get("layers", confinement.LAYERS)).abi
+    policy = host_policy(HostPaths.from_message(start["grants"]), start.get("distribution"),
+                         start.get("prefix"), cgroup)  # fmt: skip
+    return confine(policy.landlock(), layers=start.get("layers", LAYERS)).abi
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -122,18 +86,18 @@ def main(argv: list[str] | None = None) -> None:
         cgroup = memory_cgroup.MemoryCgroup.from_message(start.get("memory"))
         if cgroup is not None:  # (confined, it could not: Landlock refuses writes to /sys)
             memory_cgroup.join(cgroup)
-        abi = confine(start)  # first: before any thread, numpy, torch or plugin
+        abi = confined(start, cgroup)  # first: before any thread, numpy, torch or plugin
     except Exception as exc:
         error = answer_error(exc)
     exit_with_parent(parent)
-    from harness.plugin.hosting import wire
+    from harness.plugin.hosting.shared import wire
 
     host = None
     if error is None:
         if start.get("prefix"):
             sys.path.insert(0, start["prefix"])  # (not a site folder: no .pth file runs)
         try:
-            from harness.plugin.hosting.host_requests import Host
+            from harness.plugin.hosting.in_host.host_requests import Host
 
             host = Host(start.get("distribution"), abi, start.get("plugins"))
         except Exception as exc:  # every request is then answered with why the host is broken

@@ -1,5 +1,5 @@
 """What the harness and a plugin host send each other, as wire values
-(:mod:`harness.plugin.hosting.wire`): the harness's dataclasses to plain data and back.
+(:mod:`harness.plugin.hosting.shared.wire`): the harness's dataclasses to plain data and back.
 
 Everything a plugin host answers is read here into the harness's own types with the
 types checked (a claim's class an integer, its radius and bound numbers, ...); it is a

@@ -1,23 +1,23 @@
 """A plugin host's process as started: asked within a deadline, ended on time, its end told.
 
-:class:`RunningHost` starts ``python -m harness.plugin.hosting.host`` with a pipe of its
-own to the host's keeper (:mod:`harness.plugin.hosting.keeper`), which says the host's pid
-when it forks and, when it exits, how the host ended. The process this object holds is the
-keeper; the host is its child. Ending one (harness/README.md, "Plugin host"):
+:class:`RunningHost` starts ``python -m harness.plugin.hosting.in_host.host`` with a pipe of
+its own to the host's keeper (:mod:`harness.plugin.hosting.in_host.keeper`), which says the
+host's pid when it forks and, when it exits, how the host ended. The process this object
+holds is the keeper; the host is its child. Ending one (harness/README.md, "Plugin host"):
 
 - :meth:`RunningHost.end`, a host that is idle: its requests' pipe is closed (the host
   exits), and a host that has not ended within the grace period
-  (:data:`~harness.plugin.hosting.limits.GRACE_SECONDS`) is killed;
+  (:data:`~harness.plugin.hosting.in_harness.limits.GRACE_SECONDS`) is killed;
 - :meth:`RunningHost.kill`, a host that is busy or past its request's limit: ``SIGTERM``
   to the keeper, which kills the host and everything beneath it with ``SIGKILL`` and exits;
   a keeper that has not exited by then is killed, and the host with it.
 
 Either way the keeper's record says how the host ended (:meth:`RunningHost.ending`), and
-the host's output is drained meanwhile (:mod:`harness.plugin.hosting.host_output`).
+the host's output is drained meanwhile (:mod:`harness.plugin.hosting.in_harness.host_output`).
 
 Before it starts the process, it makes the host's memory cgroup
-(:mod:`harness.plugin.hosting.memory_cgroup`; its limit:
-:func:`~harness.plugin.hosting.limits.host_memory`), which the host joins before it
+(:mod:`harness.plugin.hosting.shared.memory_cgroup`; its limit:
+:func:`~harness.plugin.hosting.in_harness.limits.host_memory`), which the host joins before it
 confines itself and the keeper removes when the host has ended, saying whether the
 out-of-memory killer killed in it. A limit the user set that no cgroup can enforce is an
 error; the default limit, where none can be made, is left out, and said once.
@@ -35,12 +35,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.foundation.errors import IdrsError
-from harness.plugin.hosting import keeper, memory_cgroup, wire
-from harness.plugin.hosting.exchange import exchange
-from harness.plugin.hosting.host_output import HostOutput
-from harness.plugin.hosting.limits import GRACE_SECONDS, host_memory, plugin_memory
+from harness.plugin.hosting.in_harness.exchange import exchange
+from harness.plugin.hosting.in_harness.host_ending import ending
+from harness.plugin.hosting.in_harness.host_output import HostOutput
+from harness.plugin.hosting.in_harness.limits import GRACE_SECONDS, host_memory, plugin_memory
+from harness.plugin.hosting.shared import memory_cgroup, wire
+from harness.plugin.hosting.shared.keeper_record import KILL_SECONDS
 
-KEEPER_SECONDS = keeper.KILL_SECONDS + 5.0
+KEEPER_SECONDS = KILL_SECONDS + 5.0
 """How long a keeper told to end its host has to exit before it is killed."""
 _SAID: list[str] = []
 
@@ -108,7 +110,7 @@ class RunningHost:
 
     def ask(self, frame: bytes, deadline: float, limit: wire.Limit | None = None) -> Any:
         """Send a request's ``frame``; its answer by ``deadline``, within ``limit``
-        (:func:`~harness.plugin.hosting.exchange.exchange`)."""
+        (:func:`~harness.plugin.hosting.in_harness.exchange.exchange`)."""
         answer = exchange(self.process.stdin.fileno(), self.process.stdout.fileno(), frame,
                           deadline, limit)  # fmt: skip
         self.answered += 1
@@ -187,9 +189,9 @@ class RunningHost:
 
     def ending(self, doing: str = "") -> str:
         """How the host ended, in words (after :meth:`end` or :meth:`kill`); ``doing``: what
-        it was doing then (:func:`~harness.plugin.hosting.keeper.ending`)."""
+        it was doing then (:func:`~harness.plugin.hosting.in_harness.host_ending.ending`)."""
         final = next((r for r in reversed(self.records) if "by" in r), None)
         if final is not None:
-            return keeper.ending(final, doing)
+            return ending(final, doing)
         code = self.process.returncode
         return f"ended {doing} (its keeper exited {code} without saying how)".replace("  ", " ")

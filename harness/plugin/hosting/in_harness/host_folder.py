@@ -1,6 +1,6 @@
 """A plugin host's folder on disk: made for it, removed on every way it ends.
 
-Each :class:`~harness.plugin.hosting.host_process.PluginHost` has a folder
+Each :class:`~harness.plugin.hosting.in_harness.host_process.PluginHost` has a folder
 ``idrs-plugin-host-*`` in the temporary directory: ``sent/``, what the harness writes and
 the host reads (large dataset arrays), and ``scratch-<generation>/``, the ``$TMPDIR``,
 ``$HOME`` and caches of each host process it starts (:func:`scratch_environment`), the only
@@ -8,7 +8,7 @@ place besides its plugins' artifact folders that a confined host writes. It is r
 
 - when the harness closes the host (:meth:`HostFolder.remove`), or collects it;
 - by the host's keeper when the host ends (its scratch folder) or the harness ends, even by
-  ``SIGKILL`` (the whole folder: :mod:`harness.plugin.hosting.keeper`);
+  ``SIGKILL`` (the whole folder: :mod:`harness.plugin.hosting.in_host.keeper`);
 - by the next harness process that starts a host, when neither could
   (:func:`sweep_abandoned`: a machine that lost power, a keeper killed with the harness).
 

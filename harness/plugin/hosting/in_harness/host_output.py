@@ -1,6 +1,6 @@
 """A plugin host's output (its plugins' prints and logs), read without ever blocking the host.
 
-A host's stdout and stderr are one pipe (:mod:`harness.plugin.hosting.host` points a
+A host's stdout and stderr are one pipe (:mod:`harness.plugin.hosting.in_host.host` points a
 plugin's stdout at it; the answers travel on a descriptor of their own), whose buffer the
 kernel keeps small (64 KiB on Linux): a host writing to a full pipe stops. So a thread
 reads it from the moment the host starts until it ends (:class:`HostOutput`), in chunks,

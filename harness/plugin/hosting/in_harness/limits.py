@@ -19,12 +19,12 @@ plugins first (seconds when the machine is idle, far more when it is loaded).
 
 **The grace period** (:data:`GRACE_SECONDS`): a host asked to end (its requests' pipe
 closed) that has not ended by then is killed, with everything it started
-(:mod:`harness.plugin.hosting.keeper`): a plugin that ignores ``SIGTERM`` or keeps a thread
+(:mod:`harness.plugin.hosting.in_host.keeper`): a plugin that ignores ``SIGTERM`` or keeps a thread
 running cannot hold the run.
 
 **The memory limit** (``--plugin-memory MiB`` on the same commands; :data:`MEMORY_ENV`)
 bounds the memory a plugin host and every process it starts use together, page cache and
-shared memory included (:mod:`harness.plugin.hosting.memory_cgroup`): past it the kernel's
+shared memory included (:mod:`harness.plugin.hosting.shared.memory_cgroup`): past it the kernel's
 out-of-memory killer kills the host, never the harness, and the request fails naming the
 killer, the memory used and the limit, and how to raise it (:func:`out_of_memory`). Unset,
 a host may use :data:`MEMORY_SHARE` of the memory available when it starts (the kernel's
@@ -34,7 +34,7 @@ an error; the default then leaves the host without a limit of its own (docs/thre
 "Memory").
 
 **The answer's size** (:func:`answer_limit`): the harness reads each answer within a
-:class:`~harness.plugin.hosting.wire.Limit` derived from its request, before it allocates
+:class:`~harness.plugin.hosting.shared.wire.Limit` derived from its request, before it allocates
 anything for it: a frame whose head claims a longer header (JSON) or payload (the arrays'
 bytes) ends the host with everything it started, and the request fails naming the
 distribution, the request and the limit (:func:`past_size`). An answer that carries no
@@ -47,7 +47,7 @@ a trainer's answer the state it was sent, at 8 bytes per element; a dataset or a
 σ-provider's declaration (its weights, a σ-smoothing's estimator), which nothing in the
 request bounds, half the memory the harness can still take (:func:`available_memory`). A
 header's decoded value takes at most some 50 bytes per header byte
-(:mod:`harness.plugin.hosting.wire`), so the answer to a σ batch or a chunk of claims costs
+(:mod:`harness.plugin.hosting.shared.wire`), so the answer to a σ batch or a chunk of claims costs
 the harness at most megabytes, whatever the plugin sends.
 """
 
@@ -56,16 +56,26 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from harness.foundation.environment import variable_set
 from harness.foundation.errors import IdrsError
 from harness.foundation.storable import EVIDENCE_BYTES
+from harness.plugin.hosting.shared.host_protocol import (
+    BallSigmas,
+    Certify,
+    HostRequest,
+    OrderReplays,
+    Recompute,
+    Request,
+    Sigma,
+    Train,
+)
 
 if TYPE_CHECKING:  # (the wire imports numpy: the command line's start does not need it)
-    from harness.plugin.hosting.wire import Limit
+    from harness.plugin.hosting.shared.wire import Limit
 
 TIMEOUT_ENV = "IDRS_BENCH_PLUGIN_TIMEOUT"
 DEFAULT_TIMEOUT = 1800.0
@@ -206,61 +216,101 @@ def out_of_memory(limit: int) -> str:
             f"{MEMORY_ENV}={raised}), then `idrs-bench run` again retries the row")  # fmt: skip
 
 
-def answer_limit(op: str, fields: Mapping[str, Any]) -> Limit:
-    """The largest answer the harness reads to the request ``op`` with ``fields`` (the module
-    docstring says what each is derived from)."""
-    from harness.plugin.hosting.wire import Limit
+Bounds = tuple[int, int, str]
+"""An answer's header and payload bytes, and what they are derived from, in words."""
 
-    if op == "sigma":
-        x = fields["x"]
-        k, gradient = len(x), bool(fields.get("gradient"))
-        what = f"σ of {k} inputs: {k} float64 values" + (
-            ", and their gradients at 8 bytes per input element" if gradient else "")  # fmt: skip
-        return Limit(CONTROL_BYTES, 8 * k + (8 * x.numel() if gradient else 0), what)
-    if op == "certify":
-        evidence = fields["evidence"]
-        k = len(evidence["input_ids"])
-        elements = evidence["x"][0].numel() if k else 0
-        return Limit(CONTROL_BYTES + k * (CLAIM_BYTES + 2 * EVIDENCE_BYTES),
-                     CONTROL_BYTES + k * (2 * EVIDENCE_BYTES + 8 * elements),
-                     f"the claims on {k} inputs: {EVIDENCE_BYTES} bytes of evidence and as much "
-                     "of staged state per claim, and a float64 copy of each input")  # fmt: skip
-    if op == "ball_sigmas":
-        k = len(fields["rows"])
-        return Limit(CONTROL_BYTES + 2 * ITEM_BYTES * k, CONTROL_BYTES,
-                     f"σ of {k} certified balls: an id and a number each")  # fmt: skip
-    if op == "order_replays":
-        cells = (int(fields["orders"]) + 2) * len(fields["ids"])
-        return Limit(CONTROL_BYTES + 2 * ITEM_BYTES * cells, CONTROL_BYTES + 16 * cells,
-                     f"{fields['orders']} replayed orders of {len(fields['ids'])} "
-                     "certificates: a class and a radius each")  # fmt: skip
-    if op == "recompute":
-        k = len(fields["rows"])
-        return Limit(CONTROL_BYTES, CONTROL_BYTES + 5 * 8 * k,
-                     f"the re-derivation of {k} certificates: five float64 arrays")  # fmt: skip
-    if op == "train":
-        state = fields["model"]["state"]
-        elements = sum(t.numel() for t in state.values())
-        return Limit(CONTROL_BYTES + sum(len(name) + ITEM_BYTES for name in state),
-                     CONTROL_BYTES + 8 * elements,
-                     f"the trained state of a model of {elements} parameters and buffers, 8 "
-                     "bytes each")  # fmt: skip
-    if op in ("load_dataset", "build_sigma_provider"):
-        what = "a dataset" if op == "load_dataset" else "a σ-provider's declaration"
-        return Limit(DESCRIBE_BYTES, max(CONTROL_BYTES, available_memory() // 2),
-                     f"{what}: half the memory the harness can still take")  # fmt: skip
-    if op == "describe":
-        return Limit(DESCRIBE_BYTES, CONTROL_BYTES, "the description of a host's plugins")
-    return Limit(CONTROL_BYTES, CONTROL_BYTES, f"an answer to {op!r}, which carries no data")
+
+def _sigma(request: Sigma) -> Bounds:
+    k, gradient = len(request.x), bool(request.gradient)
+    what = f"σ of {k} inputs: {k} float64 values" + (
+        ", and their gradients at 8 bytes per input element" if gradient else "")  # fmt: skip
+    return CONTROL_BYTES, 8 * k + (8 * request.x.numel() if gradient else 0), what
+
+
+def _certify(request: Certify) -> Bounds:
+    evidence = request.evidence
+    k = len(evidence["input_ids"])
+    elements = evidence["x"][0].numel() if k else 0
+    return (CONTROL_BYTES + k * (CLAIM_BYTES + 2 * EVIDENCE_BYTES),
+            CONTROL_BYTES + k * (2 * EVIDENCE_BYTES + 8 * elements),
+            f"the claims on {k} inputs: {EVIDENCE_BYTES} bytes of evidence and as much "
+            "of staged state per claim, and a float64 copy of each input")  # fmt: skip
+
+
+def _ball_sigmas(request: BallSigmas) -> Bounds:
+    k = len(request.rows)
+    return (CONTROL_BYTES + 2 * ITEM_BYTES * k, CONTROL_BYTES,
+            f"σ of {k} certified balls: an id and a number each")  # fmt: skip
+
+
+def _order_replays(request: OrderReplays) -> Bounds:
+    cells = (int(request.orders) + 2) * len(request.ids)
+    return (CONTROL_BYTES + 2 * ITEM_BYTES * cells, CONTROL_BYTES + 16 * cells,
+            f"{request.orders} replayed orders of {len(request.ids)} "
+            "certificates: a class and a radius each")  # fmt: skip
+
+
+def _recompute(request: Recompute) -> Bounds:
+    k = len(request.rows)
+    return (CONTROL_BYTES, CONTROL_BYTES + 5 * 8 * k,
+            f"the re-derivation of {k} certificates: five float64 arrays")  # fmt: skip
+
+
+def _train(request: Train) -> Bounds:
+    state = request.model["state"]
+    elements = sum(t.numel() for t in state.values())
+    return (CONTROL_BYTES + sum(len(name) + ITEM_BYTES for name in state),
+            CONTROL_BYTES + 8 * elements,
+            f"the trained state of a model of {elements} parameters and buffers, 8 "
+            "bytes each")  # fmt: skip
+
+
+def _unbounded(what: str) -> Callable[[HostRequest], Bounds]:
+    def bounds(_: HostRequest) -> Bounds:
+        return (DESCRIBE_BYTES, max(CONTROL_BYTES, available_memory() // 2),
+                f"{what}: half the memory the harness can still take")  # fmt: skip
+
+    return bounds
+
+
+def _describe(_: HostRequest) -> Bounds:
+    return DESCRIBE_BYTES, CONTROL_BYTES, "the description of a host's plugins"
+
+
+ANSWER_BOUNDS: dict[Request, Callable[[Any], Bounds]] = {
+    Request.SIGMA: _sigma,
+    Request.CERTIFY: _certify,
+    Request.BALL_SIGMAS: _ball_sigmas,
+    Request.ORDER_REPLAYS: _order_replays,
+    Request.RECOMPUTE: _recompute,
+    Request.TRAIN: _train,
+    Request.LOAD_DATASET: _unbounded("a dataset"),
+    Request.BUILD_SIGMA_PROVIDER: _unbounded("a σ-provider's declaration"),
+    Request.DESCRIBE: _describe,
+}
+"""The bounds of the answer to each request that carries data (the module docstring says
+what each is derived from); every other request's answer carries none."""
+
+
+def answer_limit(request: HostRequest) -> Limit:
+    """The largest answer the harness reads to ``request`` (:data:`ANSWER_BOUNDS`; one that
+    carries no data: :data:`CONTROL_BYTES` of each)."""
+    from harness.plugin.hosting.shared.wire import Limit
+
+    bounds = ANSWER_BOUNDS.get(request.op)
+    if bounds is None:
+        return Limit(CONTROL_BYTES, CONTROL_BYTES,
+                     f"an answer to {request.op.value!r}, which carries no data")  # fmt: skip
+    return Limit(*bounds(request))
 
 
 def available_memory() -> int:
     """Bytes this process can still take: the memory available to its cgroups
-    (:func:`~harness.plugin.hosting.memory_cgroup.headroom`) and its address space's room
+    (:func:`~harness.plugin.hosting.shared.memory_cgroup.headroom`) and its address space's room
     (``RLIMIT_AS`` less ``VmSize``), the less of the two where known."""
     import resource
 
-    from harness.plugin.hosting.memory_cgroup import headroom
+    from harness.plugin.hosting.shared.memory_cgroup import headroom
 
     room = [headroom()]
     limit, _ = resource.getrlimit(resource.RLIMIT_AS)
@@ -275,7 +325,8 @@ def available_memory() -> int:
 
 def past_size(host: str, op: str, exc: Exception) -> str:
     """What a request whose answer claimed more than its limit fails with (``host``: the
-    host as errors name it; ``exc``: the wire's :class:`~harness.plugin.hosting.wire.PastLimit`)."""
+    host as errors name it; ``exc``: the wire's
+    :class:`~harness.plugin.hosting.shared.wire.PastLimit`)."""
     return (f"{host} answered the request {op!r} with {exc}; it was ended with every process "
             "it had started (a plugin's answer is bounded by what it was asked: "
             'docs/threat-model.md, "Answers")')  # fmt: skip

@@ -4,7 +4,8 @@ A package's build backend (an sdist's ``setup.py``, or any PEP 517 backend) runs
 of the plugin's author when it is built, before the harness could confine anything, and
 ``pip install`` writes wherever the environment lets it. :func:`install` instead builds
 the wheel of a source folder or sdist, or takes a wheel, and installs it in a process
-confined as a plugin host is (:mod:`harness.plugin.hosting.confinement`; no network: the build
+confined as a plugin host is (:mod:`harness.plugin.hosting.in_host.confinement`, its policy
+:func:`~harness.plugin.hosting.shared.policy.install_build_policy`; no network: the build
 uses this environment's build backend, ``pip wheel --no-build-isolation --no-index``,
 and refuses a package whose backend is not installed here), writing only a staging
 folder of the harness's. The installed files then move to the **private prefix**
@@ -41,8 +42,9 @@ from harness.plugin.entry_points import (
     normalized,
     prefix_root,
 )
-from harness.plugin.hosting import confinement
-from harness.plugin.hosting.withheld_data import narrowed
+from harness.plugin.hosting.in_host.confinement import confine
+from harness.plugin.hosting.shared import landlock
+from harness.plugin.hosting.shared.policy import install_build_policy, refusal
 
 DISTRIBUTION_NAME = re.compile(r"[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9._-]*[A-Za-z0-9]")
 """A distribution's name as the core metadata specification allows it (PEP 508): its
@@ -56,7 +58,7 @@ def install(source: Path, quiet: bool = False) -> tuple[str, str, Path]:
     source = Path(source).resolve()
     if not source.exists():
         raise IdrsError(f"{source} does not exist; give a plugin's source folder, sdist or wheel")
-    reason = confinement.refusal(confinement.landlock_abi())
+    reason = refusal(landlock.landlock_abi())
     if reason is not None:
         raise IdrsError(f"`idrs-bench plugins install` builds a plugin confined, and {reason}. "
                         "Install it with pip yourself instead (its build then runs unconfined)")  # fmt: skip
@@ -78,7 +80,7 @@ def install(source: Path, quiet: bool = False) -> tuple[str, str, Path]:
             copied.parent.mkdir()
             shutil.copyfile(source, copied)
         job = {"source": str(copied), "staging": str(staging), "wheel": source.suffix == ".whl"}
-        done = subprocess.run([sys.executable, "-m", "harness.plugin.hosting.private_install",
+        done = subprocess.run([sys.executable, "-m", "harness.plugin.private_install",
                                json.dumps(job)], capture_output=True, text=True,
                               env=_environment(staging), cwd=staging)  # fmt: skip
         if done.returncode != 0:
@@ -222,17 +224,12 @@ def unmet_requirements(requirements: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The confined build: ``python -m harness.plugin.hosting.private_install JOB``, confined to
+    """The confined build: ``python -m harness.plugin.private_install JOB``, confined to
     read its Python and the source and to write the staging folder; pip builds the wheel
     (unless given one) and installs it into ``<staging>/target``."""
     job = json.loads((sys.argv[1:] if argv is None else argv)[0])
     staging, source = Path(job["staging"]), job["source"]
-    grants = confinement.Grants(  # (less the public datasets: a build could copy a test split)
-        read=confinement.existing(narrowed([*confinement.python_paths(),
-                                            *confinement.SYSTEM_READ])),
-        write=(str(staging),), devices=confinement.existing(confinement.SYSTEM_DEVICES),
-    )  # fmt: skip
-    confinement.confine(grants)
+    confine(install_build_policy(str(staging)).landlock())  # (its build folder, no dataset)
     pip = [sys.executable, "-m", "pip", "--no-cache-dir", "--isolated"]
     wheel = source
     if not job["wheel"]:

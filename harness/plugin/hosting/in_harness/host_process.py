@@ -1,27 +1,31 @@
 """A plugin host as the harness holds it: started, confined, told, asked within a limit, ended.
 
-:class:`PluginHost` starts ``python -m harness.plugin.hosting.host``
-(:mod:`harness.plugin.hosting.host`; its process: :mod:`harness.plugin.hosting.running_host`)
-for one third-party distribution (or the built-ins, with ``IDRS_BENCH_ISOLATE=all``), with a
-folder of its own (:mod:`harness.plugin.hosting.host_folder`): ``sent/``, where this process
+:class:`PluginHost` starts ``python -m harness.plugin.hosting.in_host.host``
+(:mod:`harness.plugin.hosting.in_host.host`; its process:
+:mod:`harness.plugin.hosting.in_harness.running_host`) for one third-party distribution (or
+the built-ins, with ``IDRS_BENCH_ISOLATE=all``), with a folder of its own
+(:mod:`harness.plugin.hosting.in_harness.host_folder`): ``sent/``, where this process
 writes what the host reads (large dataset arrays, as ``.npy`` files: the host may not write
 there, so nothing it does can redirect the harness's writes), and a scratch folder per host
 process, its ``$TMPDIR``, ``$HOME`` and caches, the only place besides its plugins' artifact
-folders that a confined host writes (:mod:`harness.plugin.hosting.confinement`), removed
+folders that a confined host writes (:mod:`harness.plugin.hosting.shared.policy`), removed
 when it ends. The build context travels as data: the dataset's arrays (large ones once), the
-base model's description and state (:mod:`harness.plugin.hosting.model_description`; sent
+base model's description and state (:mod:`harness.plugin.model_description`; sent
 again when the model changes in place, as the checks' analytic models do between trials),
 the protocol and the engine's settings, and where its plugins keep artifacts; of the dataset
 only its training split and description (the test split stays here, and so do the paths
 of the data files, which name the test split's: a host's ``dataset.files`` is empty). An
 answer that says a request failed becomes the harness's error of the same kind
-(:func:`plugin_error`).
+(:func:`plugin_error`). Its requests are those of
+:mod:`harness.plugin.hosting.shared.host_protocol`, a typed method each
+(:class:`~harness.plugin.hosting.in_harness.host_client.HostClient`).
 
-Every request has a time limit (:func:`~harness.plugin.hosting.limits.plugin_timeout`): a
-host past it, a host that died (its keeper says how) and a host that wrote something other
-than an answer are ended with every process they started, and the request fails with an
-:class:`IdrsError` saying which host, which request and what happened; the next request
-starts another host (whose components are built anew: :class:`HostStopped`).
+Every request has a time limit
+(:func:`~harness.plugin.hosting.in_harness.limits.plugin_timeout`): a host past it, a host
+that died (its keeper says how) and a host that wrote something other than an answer are
+ended with every process they started, and the request fails with an :class:`IdrsError`
+saying which host, which request and what happened; the next request starts another host
+(whose components are built anew: :class:`HostStopped`).
 """
 
 from __future__ import annotations
@@ -42,20 +46,29 @@ from harness.engine.exact import ExactSampling
 from harness.foundation import errors
 from harness.foundation.errors import ContractError, IdrsError
 from harness.foundation.threads import child_environment
+from harness.plugin import model_description
 from harness.plugin.components import BuildContext, RunMemo
 from harness.plugin.entry_points import artifact_grants
-from harness.plugin.hosting import confinement, messages, model_description, wire
-from harness.plugin.hosting.exchange import HostEnded, PastDeadline
-from harness.plugin.hosting.host_folder import HostFolder, scratch_environment, sweep_abandoned
-from harness.plugin.hosting.limits import (
+from harness.plugin.hosting.in_harness.exchange import HostEnded, PastDeadline
+from harness.plugin.hosting.in_harness.host_client import HostClient, Updates
+from harness.plugin.hosting.in_harness.host_folder import (
+    HostFolder,
+    scratch_environment,
+    sweep_abandoned,
+)
+from harness.plugin.hosting.in_harness.limits import (
     START_SECONDS,
     answer_limit,
     past_limit,
     past_size,
     plugin_timeout,
 )
-from harness.plugin.hosting.running_host import RunningHost
+from harness.plugin.hosting.in_harness.running_host import RunningHost
+from harness.plugin.hosting.shared import host_protocol, messages, wire
+from harness.plugin.hosting.shared.policy import LAYERS, HostPaths, gpu_devices
 
+HOST_MODULE = "harness.plugin.hosting.in_host.host"
+"""The plugin host's entry point (``python -m``)."""
 INLINE_BYTES = 1 << 20
 """Arrays of a dataset up to this size travel in the message; larger ones as files."""
 _LIVE: weakref.WeakSet[PluginHost] = weakref.WeakSet()
@@ -89,27 +102,28 @@ class _Held:
         self.folder.remove()
 
 
-class PluginHost:
-    """A ``python -m harness.plugin.hosting.host`` process, started on first use, and what it
-    was told so far (contexts, models, arrays). Its output (the plugins' prints) is echoed
+class PluginHost(HostClient):
+    """A ``python -m harness.plugin.hosting.in_host.host`` process, started on first use, and
+    what it was told so far (contexts, models, arrays). Its output (the plugins' prints) is echoed
     to this process's stderr; it ends when this object is closed or collected. Each request
     carries this process's thread count, which the host then computes with (the two take
     turns: harness/README.md, "Threads"), so that σ rounds as the run's own.
 
-    It loads the built-ins and the plugins ``plugins`` of ``distribution`` (None: the
-    built-ins only), installed in ``prefix`` when ``idrs-bench plugins install`` put them
-    there. ``confined``: the host confines itself (:mod:`harness.plugin.hosting.confinement`)
-    to reading its Python, its distribution's files, what this process sends it (a folder of
-    its own) and the data roots its datasets are asked to load from (:meth:`grant_read`),
-    and to writing its scratch directory (its ``$TMPDIR``, ``$HOME`` and caches, removed
-    with it) and its plugins' artifact folders under the cache root it started with.
-    ``layers``: the confinement's layers (:data:`~harness.plugin.hosting.confinement.LAYERS`,
-    all of them; fewer only for :mod:`harness.plugin.hosting.confinement_probe`)."""
+    It loads the built-ins and the plugins ``plugins`` of ``distribution`` (None: the built-ins
+    only), installed in ``prefix`` when ``idrs-bench plugins install`` put them there.
+    ``confined``: the host confines itself (its policy:
+    :func:`harness.plugin.hosting.shared.policy.host_policy`) to reading its Python, its
+    distribution's files, what this process sends it (a folder of its own) and the data roots
+    its datasets are asked to load from (:meth:`grant_read`), and to writing its scratch
+    directory (its ``$TMPDIR``, ``$HOME`` and caches, removed with it) and its plugins' artifact
+    folders under the cache root it started with. ``layers``: the confinement's layers
+    (:data:`~harness.plugin.hosting.shared.policy.LAYERS`, all of them; fewer only for
+    :mod:`harness.plugin.hosting.in_harness.confinement_probe`)."""
 
     def __init__(self, distribution: str | None = None, plugins: Sequence[str] = (),
                  prefix: Path | None = None, confined: bool = False,
                  builtins: Sequence[str] = (),
-                 layers: Sequence[str] = confinement.LAYERS) -> None:  # fmt: skip
+                 layers: Sequence[str] = LAYERS) -> None:  # fmt: skip
         self.distribution, self.plugins, self.prefix = distribution, tuple(plugins), prefix
         self.confined, self.layers = confined, tuple(layers)
         self.builtins = tuple(builtins)
@@ -181,23 +195,22 @@ class PluginHost:
                  "scratch": str(scratch), "folder": str(self._held.folder.path)}  # fmt: skip
         if self.distribution is not None:  # the host loads these of its distribution only
             start["plugins"] = list(self.plugins)
-        if self.confined:
-            start["grants"] = confinement.Grants(
-                read=tuple(str(p) for p in [self._sent, *self._readable, *shared]),
-                write=tuple(str(p) for p in [scratch, *own]),
-                devices=tuple(confinement.gpu_devices()),
-            ).to_message()
-            if self.layers != confinement.LAYERS:
+        if self.confined:  # (what each is granted: the policy's, host_policy)
+            start["grants"] = HostPaths(
+                sent=str(self._sent), data_roots=tuple(str(p) for p in self._readable),
+                builtin_artifacts=tuple(str(p) for p in shared), scratch=str(scratch),
+                artifacts=tuple(str(p) for p in own), gpu=tuple(gpu_devices()),
+            ).to_message()  # fmt: skip
+            if self.layers != LAYERS:
                 start["layers"] = list(self.layers)
-        root = Path(__file__).resolve().parents[3]  # the folder holding this harness
+        root = Path(__file__).resolve().parents[4]  # the folder holding this harness
         if root == Path.cwd().resolve():  # found through the working directory, which -P
             # keeps off the host's path (else the host would read all of it)
             environment["PYTHONPATH"] = os.pathsep.join(
                 p for p in (str(root), environment.get("PYTHONPATH")) if p
             )
         self._held.running = RunningHost(
-            [sys.executable, "-P", "-m", "harness.plugin.hosting.host"], start, environment,
-            self.name,
+            [sys.executable, "-P", "-m", HOST_MODULE], start, environment, self.name,
         )  # fmt: skip
         self._reset()
         return self._held.running
@@ -230,29 +243,29 @@ class PluginHost:
         with self._lock:
             self._held.close()
 
-    def request(self, op: str, generation: int | None = None, **fields: Any) -> dict[str, Any]:
-        """Send one request; its answer, or the plugin's error as an :class:`IdrsError`.
-        ``generation``: the host's generation the request's handles and tokens belong to
-        (:class:`HostStopped` when the host has since been started again). A request not
-        answered within the limit, whose answer claims more bytes than the request can need
-        (:func:`~harness.plugin.hosting.limits.answer_limit`, checked before anything is
-        allocated for it), or whose host ends or breaks the wire, ends the host and raises
-        an :class:`IdrsError` that says so (see the module docstring)."""
+    def send(self, request: host_protocol.HostRequest, generation: int | None = None,
+             updates: Updates = ()) -> dict[str, Any]:  # fmt: skip
+        """Send one request (with the base models' ``updates``); its answer, or the plugin's
+        error as an :class:`IdrsError`. ``generation``: the host's generation the request's
+        handles and tokens belong to (:class:`HostStopped` when the host has since been
+        started again). A request not answered within the limit, whose answer claims more
+        bytes than the request can need
+        (:func:`~harness.plugin.hosting.in_harness.limits.answer_limit`, checked before
+        anything is allocated for it), or whose host ends or breaks the wire, ends the host
+        and raises an :class:`IdrsError` that says so (see the module docstring)."""
+        op = request.op.value
         with self._lock:
             running = self._running()
             if generation is not None and generation != self.generation:
                 raise HostStopped("built in a plugin host that has since stopped")
             self.requests += 1
-            message = {
-                "op": op,
-                **fields,
-                "release": self._release,
-                "forget": self._forget,
-                "threads": torch.get_num_threads(),
-            }  # (the run's count, as here)
+            message = host_protocol.message(  # (the run's thread count, as here)
+                request, release=self._release, forget=self._forget,
+                threads=torch.get_num_threads(), updates=list(updates),
+            )  # fmt: skip
             self._release, self._forget = [], []
             limit = plugin_timeout()
-            size = answer_limit(op, fields)
+            size = answer_limit(request)
             frame = wire.encode(message)
             starting = START_SECONDS if running.answered == 0 else 0.0  # (its imports)
             try:
@@ -268,8 +281,8 @@ class PluginHost:
                 if isinstance(exc, wire.WireError):
                     doing = f"after it wrote something other than an answer to {op!r} ({exc})"
                 words = self._failed(running, doing, isinstance(exc, HostEnded))
-                raise IdrsError(f"{self.name} (python -m harness.plugin.hosting.host) {words}; "
-                                f"its last output: {running.output.tail()}") from None  # fmt: skip
+                raise IdrsError(f"{self.name} (python -m {HOST_MODULE}) {words}; its last "
+                                f"output: {running.output.tail()}") from None  # fmt: skip
             except BaseException:  # (Ctrl-C, SIGTERM: the host is mid-request)
                 self._failed(running)
                 raise
@@ -297,7 +310,7 @@ class PluginHost:
 
     # --- build contexts as data --------------------------------------------------------
 
-    def context(self, context: BuildContext) -> str:
+    def token(self, context: BuildContext) -> str:
         """The token of ``context`` in the host, described to it the first time."""
         with self._lock:
             self._running()
@@ -308,7 +321,7 @@ class PluginHost:
             token = f"c{self._count}"
             described = self._described(context, token)
             try:
-                self.request("context", context=described)
+                self.context(described)
             except IdrsError:  # the host may not have kept the model this request described:
                 if set(described["model"]) != {"key"}:  # describe it again next time, so the
                     self._models.pop(context.model, None)  # next build fails as this one did

@@ -1,9 +1,11 @@
 """What a plugin host answers: the harness's requests, served by the plugins it loaded.
 
-A plugin host (:mod:`harness.plugin.hosting.host`, confined before it gets here) serves the
-σ-providers, certifiers, radius formulas, trainers, method checks and datasets of its
-plugins, answering the harness's typed requests (:mod:`harness.plugin.hosting.messages`,
-framed by :mod:`harness.plugin.hosting.wire`): describe the plugins; build a σ-provider or
+A plugin host (:mod:`harness.plugin.hosting.in_host.host`, confined before it gets here)
+serves the σ-providers, certifiers, radius formulas, trainers, method checks and datasets
+of its plugins, answering the harness's typed requests
+(:mod:`harness.plugin.hosting.shared.host_protocol`, each by the method
+:attr:`Host.ANSWERS` names; their values :mod:`harness.plugin.hosting.shared.messages`,
+framed by :mod:`harness.plugin.hosting.shared.wire`): describe the plugins; build a σ-provider or
 certifier in a build context the harness describes (the dataset's training split and
 description, base model rebuilt from its description and state, device, seed, protocol,
 run, method, setting, run state); σ of a batch of points (with each row's gradient when
@@ -19,9 +21,10 @@ returns a test split, and the dataset a plugin sees is ``context.dataset``.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -41,8 +44,11 @@ from harness.mathematics.radius import (
     is_pure,
     trusted_packages,
 )
+from harness.plugin import model_description
 from harness.plugin.components import BuildContext, RunMemo, TrainContext
-from harness.plugin.hosting import messages, model_description
+from harness.plugin.hosting.shared import host_protocol as protocol
+from harness.plugin.hosting.shared import messages
+from harness.plugin.hosting.shared.host_protocol import Request
 from harness.plugin.loader import PluginLoader
 from harness.plugin.registry import COMPONENT_KINDS, Registry
 
@@ -98,22 +104,22 @@ class Host:
         self.engines: dict[tuple, SamplingEngine] = {}
         self.handles = 0
 
-    def serve(self, request: dict[str, Any]) -> dict[str, Any]:
-        threads = request.get("threads")
+    def serve(self, message: dict[str, Any]) -> dict[str, Any]:
+        """The answer to ``message``: its envelope applied first (the thread count, the
+        models' updates, the handles released and contexts forgotten), then its request
+        answered by the method :attr:`ANSWERS` names."""
+        threads = message.get("threads")
         if isinstance(threads, int) and threads >= 1 and threads != torch.get_num_threads():
             torch.set_num_threads(threads)  # the harness's count (a run's own, on CPU)
-        for update in request.get("updates", ()):
+        for update in message.get("updates", ()):
             model_description.update(self.models[update["key"]], update["description"],
                                      update["state"])  # fmt: skip
-        for handle in request.get("release", ()):
+        for handle in message.get("release", ()):
             self.objects.pop(handle, None)
-        for token in request.get("forget", ()):
+        for token in message.get("forget", ()):
             self.contexts.pop(token, None)
-        op = request.get("op")
-        handler = getattr(self, f"op_{op}", None)
-        if handler is None:
-            raise IdrsError(f"the plugin host has no request {op!r}")
-        return handler(request) or {}
+        request = protocol.read(message)
+        return self.ANSWERS[request.op](self, request) or {}
 
     def _keep(self, obj: Any) -> int:
         self.handles += 1
@@ -122,7 +128,7 @@ class Host:
 
     # --- the plugins ------------------------------------------------------------------
 
-    def op_describe(self, request: dict[str, Any]) -> dict[str, Any]:
+    def describe(self, request: protocol.Describe) -> dict[str, Any]:
         """Every plugin loaded here and what it registered (names, defaults, compositions)."""
         plugins = self.manager.describe()
         components = []
@@ -149,44 +155,44 @@ class Host:
         return {"plugins": plugins, "components": components, "failures": failures,
                 "builtin": sorted(self.manager.builtin_plugins()), "abi": self.abi}  # fmt: skip
 
-    def op_probe(self, request: dict[str, Any]) -> dict[str, Any]:
+    def probe(self, request: protocol.Probe) -> dict[str, Any]:
         """What a device driver does to the OS while it initializes, tried here
-        (:func:`harness.plugin.hosting.confinement_probe.probe`)."""
-        from harness.plugin.hosting.confinement_probe import probe
+        (:func:`harness.plugin.hosting.in_host.driver_probe.probe`)."""
+        from harness.plugin.hosting.in_host.driver_probe import probe
 
-        return {"parts": probe(str(request["device"]), [str(d) for d in request["devices"]],
-                               int(request["parent"]), bool(request["refusals"]))}  # fmt: skip
+        return {"parts": probe(str(request.device), [str(d) for d in request.devices],
+                               int(request.parent), bool(request.refusals))}  # fmt: skip
 
-    def op_check_params(self, request: dict[str, Any]) -> None:
-        check = self.registry.get("methods", request["method"]).check
+    def check_params(self, request: protocol.CheckParams) -> None:
+        check = self.registry.get("methods", request.method).check
         if check is not None:
-            check(request["params"])
+            check(request.params)
 
-    def op_load_dataset(self, request: dict[str, Any]) -> dict[str, Any]:
-        spec = self.registry.get("datasets", request["name"])
-        data = spec.load(data_root=request.get("data_root"), download=bool(request.get("download")),
-                         seed=int(request.get("seed", 0)), **request.get("family", {}))  # fmt: skip
+    def load_dataset(self, request: protocol.LoadDataset) -> dict[str, Any]:
+        spec = self.registry.get("datasets", request.name)
+        data = spec.load(data_root=request.data_root, download=bool(request.download),
+                         seed=int(request.seed), **request.family)  # fmt: skip
         return {"dataset": {"name": data.name, "train_x": data.train_x, "train_y": data.train_y,
                             "test_x": data.test_x, "test_y": data.test_y,
                             "num_classes": data.num_classes, "class_names": list(data.class_names),
                             "files": dict(data.files)}}  # fmt: skip
 
-    def op_train(self, request: dict[str, Any]) -> dict[str, Any]:
-        model = model_description.rebuild(self.registry, request["model"]["description"],
-                                          request["model"]["state"])  # fmt: skip
-        device = torch.device(request["device"])
-        context = TrainContext(device=device, seed=int(request["seed"]),
-                               progress=Progress(enabled=not request.get("quiet", False)))  # fmt: skip
-        trainer = self.registry.get("trainers", request["trainer"])
-        trainer.train(model.to(device), self._dataset(request["dataset"]), request["params"],
+    def train(self, request: protocol.Train) -> dict[str, Any]:
+        model = model_description.rebuild(self.registry, request.model["description"],
+                                          request.model["state"])  # fmt: skip
+        device = torch.device(request.device)
+        context = TrainContext(device=device, seed=int(request.seed),
+                               progress=Progress(enabled=not request.quiet))  # fmt: skip
+        trainer = self.registry.get("trainers", request.trainer)
+        trainer.train(model.to(device), self._dataset(request.dataset), request.params,
                       context)  # fmt: skip
         return {"state": model_description.state_of(model)}
 
     # --- build contexts and components --------------------------------------------------
 
-    def op_context(self, request: dict[str, Any]) -> None:
+    def context(self, request: protocol.Context) -> None:
         """A build context the harness describes, kept under its token."""
-        described = request["context"]
+        described = request.context
         device = torch.device(described["device"])
         enable_deterministic_kernels(device)  # σ and fits computed here are a run's, as there
         model = self._model(described["model"], device)
@@ -256,10 +262,10 @@ class Host:
                              tuple(described.get("class_names", ())),
                              dict(described.get("files", {})))  # fmt: skip
 
-    def op_build_sigma_provider(self, request: dict[str, Any]) -> dict[str, Any]:
-        context = self.contexts[request["context"]]
-        spec = self.registry.get("sigma_providers", request["name"])
-        provider = spec.build(context, request["params"])
+    def build_sigma_provider(self, request: protocol.BuildSigmaProvider) -> dict[str, Any]:
+        context = self.contexts[request.context]
+        spec = self.registry.get("sigma_providers", request.name)
+        provider = spec.build(context, request.params)
         declaration: dict[str, Any] = {
             "regularity": messages.regularity_message(provider.regularity),
             "weights": getattr(provider, "weights", None),
@@ -274,17 +280,17 @@ class Host:
             }  # fmt: skip
         return {"handle": self._keep(provider), "declaration": declaration}
 
-    def op_build_certifier(self, request: dict[str, Any]) -> dict[str, Any]:
-        context = self.contexts[request["context"]]
-        params = request["params"]
-        provider = request["provider"]
+    def build_certifier(self, request: protocol.BuildCertifier) -> dict[str, Any]:
+        context = self.contexts[request.context]
+        params = request.params
+        provider = request.provider
         if "handle" in provider:
             sigma_provider = self.objects[provider["handle"]]
         else:  # the harness built it itself (a built-in one); the certifier gets its own copy
             sigma_provider = self.registry.get("sigma_providers", provider["name"]).build(context,
                                                                                           params)  # fmt: skip
-        certifier = self.registry.get("certifiers", request["name"]).build(context, params,
-                                                                           sigma_provider)  # fmt: skip
+        certifier = self.registry.get("certifiers", request.name).build(context, params,
+                                                                         sigma_provider)  # fmt: skip
         formula = certifier.radius_formula
         return {"handle": self._keep(certifier), "declaration": {
             "smoothing": certifier.smoothing, "order_dependent": bool(certifier.order_dependent),
@@ -293,10 +299,10 @@ class Host:
 
     # --- what a built component answers -------------------------------------------------
 
-    def op_sigma(self, request: dict[str, Any]) -> dict[str, Any]:
-        provider = self.objects[request["handle"]]
-        x = request["x"].to(request["device"])
-        if not request.get("gradient"):
+    def sigma(self, request: protocol.Sigma) -> dict[str, Any]:
+        provider = self.objects[request.handle]
+        x = request.x.to(request.device)
+        if not request.gradient:
             with torch.no_grad():
                 return {"sigma": provider(x), "gradient": None}
         x.requires_grad_(True)
@@ -308,34 +314,51 @@ class Host:
         return {"sigma": sigma.detach() if isinstance(sigma, torch.Tensor) else sigma,
                 "gradient": gradient}  # fmt: skip
 
-    def op_certify(self, request: dict[str, Any]) -> dict[str, Any]:
-        certifier = self.objects[request["handle"]]
-        context = self.contexts[request["context"]]
-        evidence = messages.evidence_from(request["evidence"], context.device)
+    def certify(self, request: protocol.Certify) -> dict[str, Any]:
+        certifier = self.objects[request.handle]
+        context = self.contexts[request.context]
+        evidence = messages.evidence_from(request.evidence, context.device)
         claims = [messages.claim_message(c) for c in certifier.certify(evidence)]
         staged = [] if context.state is None else context.state.take()
         return {"claims": claims, "staged": messages.records_message(staged)}
 
-    def op_ball_sigmas(self, request: dict[str, Any]) -> dict[str, Any]:
-        sigmas = self.objects[request["handle"]].ball_sigmas(request["rows"])
+    def ball_sigmas(self, request: protocol.BallSigmas) -> dict[str, Any]:
+        sigmas = self.objects[request.handle].ball_sigmas(request.rows)
         return {"ids": [int(k) for k in sigmas], "sigmas": [float(v) for v in sigmas.values()]}
 
-    def op_order_replays(self, request: dict[str, Any]) -> dict[str, Any]:
-        inputs = dict(zip(request["ids"], request["x"], strict=True))
-        certifier = self.objects[request["handle"]]
+    def order_replays(self, request: protocol.OrderReplays) -> dict[str, Any]:
+        inputs = dict(zip(request.ids, request.x, strict=True))
+        certifier = self.objects[request.handle]
         if not hasattr(certifier, "order_replays"):
             raise ContractError("this order-dependent certifier has no order_replays: contract 4 "
                                 f"replaced order_spread (which saw the labels) by it; {PORTING}")  # fmt: skip
-        return {"replays": certifier.order_replays(request["certificates"], inputs,
-                                                   int(request["orders"]), int(request["seed"]))}  # fmt: skip
+        return {"replays": certifier.order_replays(request.certificates, inputs,
+                                                   int(request.orders), int(request.seed))}  # fmt: skip
 
-    def op_recompute(self, request: dict[str, Any]) -> dict[str, Any]:
-        formula = formula_from_record(request["formula"], trusted_packages())
-        recomputed = formula.derive(request["rows"], request["inputs"],
-                                    messages.protocol_from(request["protocol"]),
-                                    messages.regularity_from(request["regularity"], "harness"))  # fmt: skip
+    def recompute(self, request: protocol.Recompute) -> dict[str, Any]:
+        formula = formula_from_record(request.formula, trusted_packages())
+        recomputed = formula.derive(request.rows, request.inputs,
+                                    messages.protocol_from(request.protocol),
+                                    messages.regularity_from(request.regularity, "harness"))  # fmt: skip
         return {"recomputed": messages.recomputed_message(recomputed),
                 "pure": is_pure(formula.recompute)}  # fmt: skip
+
+    ANSWERS: ClassVar[dict[Request, Callable[[Host, Any], dict[str, Any] | None]]] = {
+        Request.DESCRIBE: describe,
+        Request.PROBE: probe,
+        Request.CHECK_PARAMS: check_params,
+        Request.LOAD_DATASET: load_dataset,
+        Request.TRAIN: train,
+        Request.CONTEXT: context,
+        Request.BUILD_SIGMA_PROVIDER: build_sigma_provider,
+        Request.BUILD_CERTIFIER: build_certifier,
+        Request.SIGMA: sigma,
+        Request.CERTIFY: certify,
+        Request.BALL_SIGMAS: ball_sigmas,
+        Request.ORDER_REPLAYS: order_replays,
+        Request.RECOMPUTE: recompute,
+    }
+    """The method that answers each request of the protocol."""
 
 
 def withholding_datasets(registry: Registry) -> Registry:

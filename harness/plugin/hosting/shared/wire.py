@@ -15,12 +15,13 @@ Nothing is unpickled and nothing is evaluated: a plugin host is third-party code
 what it answers can only be numbers, strings and arrays of the listed dtypes, which the
 harness then audits as claims (harness/README.md, "Plugin host").
 
-Nor is anything allocated on a plugin host's word: the harness reads each answer against
-a :class:`Limit` derived from its request (:func:`harness.plugin.hosting.limits.answer_limit`),
-and a frame whose head claims a longer header or payload is :class:`PastLimit` before a
-byte of it is held. The header's decoded value is bounded by its bytes (each item takes at
-least two of them: at most some 50 bytes of Python objects per header byte, and no copy
-is made of it), its nesting by :data:`MAX_DEPTH`.
+Nor is anything allocated on a plugin host's word: the harness reads each answer against a
+:class:`Limit` derived from its request
+(:func:`harness.plugin.hosting.in_harness.limits.answer_limit`), and a frame whose head
+claims a longer header or payload is :class:`PastLimit` before a byte of it is held. The
+header's decoded value is bounded by its bytes (each item takes at least two of them: at
+most some 50 bytes of Python objects per header byte, and no copy is made of it), its
+nesting by :data:`MAX_DEPTH`.
 """
 
 from __future__ import annotations

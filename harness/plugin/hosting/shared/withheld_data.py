@@ -3,9 +3,9 @@
 Debian's dataset packages (``dataset-fashion-mnist``: the built-in ``fashion-mnist``'s
 default) install public datasets, test splits included, beneath ``/usr/share/datasets``,
 which the system's read grant (``/usr``:
-:data:`~harness.plugin.hosting.confinement.SYSTEM_READ`) would include. A plugin host
-(:mod:`harness.plugin.hosting.host`) and a plugin's confined build
-(:mod:`harness.plugin.hosting.private_install`) are granted their Python and the system's
+:data:`~harness.plugin.hosting.shared.policy.SYSTEM_READ`) would include. A plugin host
+(:mod:`harness.plugin.hosting.in_host.host`) and a plugin's confined build
+(:mod:`harness.plugin.private_install`) are granted their Python and the system's
 files :func:`narrowed`: everything they were granted before but the datasets, so that a
 plugin can neither read a test split there nor copy one into its package
 (docs/threat-model.md, "What remains outside"). The data roots the harness grants a

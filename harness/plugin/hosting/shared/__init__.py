@@ -1,0 +1,1 @@
+"""What both processes import: the wire, the protocol, the keeper's records, the policy."""
