@@ -71,3 +71,26 @@ def small_benchmark():
     [setting, ...]}``, in the run's order) on ``dataset``, an MLP of ``width`` trained
     ``epochs`` epochs at ``trainer_sigma``; ``None`` leaves a value out (its default)."""
     return _small_benchmark
+
+
+def _beside_cohen(name: str, methods: Sequence[str] = (), cohen: bool = True) -> str:
+    """The exact ``ball-2`` benchmark (4 test points, no training: the analytic ball
+    classifier) with a built-in ``cohen`` row at σ = 0.25 (unless ``cohen`` is false) and
+    each of ``methods`` at its defaults."""
+    rows: dict[str, list[dict[str, Any]]] = {"cohen": [{"sigma": 0.25}]} if cohen else {}
+    rows |= {method: [{}] for method in methods}
+    lines = [*_table({"name": name, "seed": 0}), "", "[dataset]",
+             *_table({"name": "ball-2", "test_count": 4}), "", "[model]",
+             *_table({"architecture": "ball-N", "trainer": "none"}), "", "[certification]",
+             *_table({"n0": 16, "n": 200, "alpha": 0.01, "batch_size": 256})]  # fmt: skip
+    for method, settings in rows.items():
+        lines += ["", "[[methods]]", f"name = {_toml(method)}", f"settings = {_toml(settings)}"]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="session")
+def beside_cohen():
+    """``beside_cohen(name, methods=(), cohen=True) -> str``: the benchmark file of the
+    tests that run plugins beside a built-in row: ``ball-2`` (exact, untrained), a
+    ``cohen`` row at σ = 0.25 and each of ``methods`` at its defaults."""
+    return _beside_cohen

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -345,35 +346,13 @@ def idrs_register_methods(register):
     for act in ACTS:
         register(MethodSpec(f"hoard-{{act}}", "hoarding", "cohen", {{"act": act}}))
 '''
-SPEC = """
-name = "hoarding"
-seed = 0
-
-[dataset]
-name = "ball-2"
-test_count = 4
-
-[model]
-architecture = "ball-N"
-trainer = "none"
-
-[certification]
-n0 = 16
-n = 200
-alpha = 0.01
-batch_size = 256
-
-[[methods]]
-name = "cohen"
-settings = [{ sigma = 0.25 }]
-"""
 DISTRIBUTION = "idrs-test-hoarding"
 LIMIT_MIB = 768
 """The test's memory limit per host: a host importing torch takes some 300 MiB."""
 
 
 def test_a_plugin_that_fills_memory_fails_its_row_and_the_harness_survives(
-    install_plugin, tmp_path, monkeypatch, cgroup_limit, capsys
+    install_plugin, tmp_path, monkeypatch, cgroup_limit, capsys, beside_cohen
 ):
     """One run under a memory limit of 768 MiB per host: the rows whose plugin filled a memfd
     it never mapped and anonymous memory (up to 2 GiB) failed, naming the out-of-memory
@@ -389,8 +368,9 @@ def test_a_plugin_that_fills_memory_fails_its_row_and_the_harness_survives(
     temporary.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temporary))
     spec = tmp_path / "hoarding.toml"
-    spec.write_text(SPEC + "".join(f'\n[[methods]]\nname = "hoard-{act}"\nsettings = [{{}}]\n'
-                                   for act in ("memfd", "anon", "lower")))  # fmt: skip
+    spec.write_text(
+        beside_cohen("hoarding", [f"hoard-{act}" for act in ("memfd", "anon", "lower")])
+    )
     db = tmp_path / "runs.sqlite"
     argv = ["run", str(spec), "--db", str(db), "--quiet", "--no-check", "--plugin-memory",
             str(LIMIT_MIB), "--plugin-timeout", "60"]  # fmt: skip
@@ -412,4 +392,14 @@ def test_a_plugin_that_fills_memory_fails_its_row_and_the_harness_survives(
     counts = run.counts()
     assert {m for m, _ in counts} == {"cohen"} and set(counts.values()) == {4}
     assert "3 row(s) failed" in capsys.readouterr().out
+    alone = tmp_path / "alone.sqlite"  # the built-in row certifies exactly as without them
+    spec.write_text(beside_cohen("hoarding"))
+    assert main(["run", str(spec), "--db", str(alone), "--quiet", "--no-check"]) == 0
+
+    def cohen(path) -> list[tuple]:
+        with sqlite3.connect(path) as con:
+            return con.execute("SELECT input_id, prediction, radius, p_lower FROM certificates "
+                               "WHERE method = 'cohen' ORDER BY input_id").fetchall()  # fmt: skip
+
+    assert len(cohen(db)) == 4 and cohen(db) == cohen(alone)
     assert list(temporary.glob("idrs-plugin-host-*")) == []

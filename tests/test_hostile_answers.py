@@ -310,32 +310,8 @@ def test_the_store_refuses_integers_sqlite_cannot_hold(tmp_path):
 # --- a run: every malformed answer fails its own row, named ---------------------------------
 
 
-SPEC = """
-name = "hostile"
-seed = 0
-
-[dataset]
-name = "ball-2"
-test_count = 4
-
-[model]
-architecture = "ball-N"
-trainer = "none"
-
-[certification]
-n0 = 16
-n = 200
-alpha = 0.01
-batch_size = 256
-
-[[methods]]
-name = "cohen"
-settings = [{ sigma = 0.25 }]
-"""
-
-
 def test_each_malformed_answer_fails_its_row_naming_the_plugin_beside_a_certified_row(
-    install_plugin, tmp_path
+    install_plugin, tmp_path, beside_cohen
 ):
     """One run: the built-in ``cohen`` row certifies; each row whose plugin answered a frame
     past its limit, a σ that is complex, of objects, of integers or NaN, a PREDICT class
@@ -353,8 +329,7 @@ def test_each_malformed_answer_fails_its_row_naming_the_plugin_beside_a_certifie
                              f"{SIGMA_ACTS!r}\nCLAIM_ACTS = {CLAIM_ACTS!r}")  # fmt: skip
     install_plugin("idrs_test_hostile", source, distribution=DISTRIBUTION)
     spec = tmp_path / "hostile.toml"
-    spec.write_text(SPEC + "".join(f'\n[[methods]]\nname = "hostile-{act}"\nsettings = [{{}}]\n'
-                                   for act in FAILED))  # fmt: skip
+    spec.write_text(beside_cohen("hostile", [f"hostile-{act}" for act in FAILED]))
     db = tmp_path / "runs.sqlite"
     with PluginManager() as manager:
         run_benchmark(parse_benchmark(tomllib.loads(spec.read_text())), RunOptions(db=db),
@@ -366,6 +341,12 @@ def test_each_malformed_answer_fails_its_row_naming_the_plugin_beside_a_certifie
         assert who in failures[act] and said in failures[act], (act, failures[act])
     counts = run.counts()
     assert {m for m, _ in counts} == {"cohen"} and set(counts.values()) == {4}, counts
+    alone = tmp_path / "alone.sqlite"  # the built-in row certifies exactly as without them
+    spec.write_text(beside_cohen("hostile"))
+    with PluginManager() as manager:
+        run_benchmark(parse_benchmark(tomllib.loads(spec.read_text())), RunOptions(db=alone),
+                      Progress(enabled=False), manager)  # fmt: skip
+    assert _cohen_certificates(db) == _cohen_certificates(alone)
     with sqlite3.connect(db) as con:
         methods = {m for (m,) in con.execute("SELECT DISTINCT method FROM certificates")}
     assert methods == {"cohen"}
@@ -409,3 +390,9 @@ def test_the_run_export_is_strict_json_and_older_exports_with_nan_still_read(
     older.write_text(text.replace('"r":1.5', '"r":NaN'))
     [run] = read_export(older)
     assert any(math.isnan(c.evidence.get("r", 0.0)) for c in run.checks if c.evidence)
+
+
+def _cohen_certificates(db) -> list[tuple]:
+    with sqlite3.connect(db) as con:
+        return con.execute("SELECT input_id, prediction, radius, p_lower FROM certificates "
+                           "WHERE method = 'cohen' ORDER BY input_id").fetchall()  # fmt: skip

@@ -358,34 +358,11 @@ def idrs_register_methods(register):
     register(MethodSpec("hostile", "hostile", "cohen", {{}}))
 '''
 
-SPEC = """
-name = "hostile"
-seed = 0
-
-[dataset]
-name = "ball-2"
-test_count = 4
-
-[model]
-architecture = "ball-N"
-trainer = "none"
-
-[certification]
-n0 = 16
-n = 200
-alpha = 0.01
-batch_size = 256
-
-[[methods]]
-name = "cohen"
-settings = [{ sigma = 0.25 }]
-"""
-
 
 @needs_seccomp
 @needs_landlock
 def test_a_plugin_that_acts_on_the_harness_and_leaves_ipc_objects_gets_eperm_each_time(
-    install_plugin, tmp_path
+    install_plugin, tmp_path, beside_cohen
 ):
     """A σ-provider that puts a CPU limit of 1 s on its keeper and on the harness, renices
     and pins them, reads the limits of init and of the harness's parent, and makes a System
@@ -400,8 +377,8 @@ def test_a_plugin_that_acts_on_the_harness_and_leaves_ipc_objects_gets_eperm_eac
     install_plugin("idrs_test_hostile", HOSTILE.format(mark=mark),
                    distribution="idrs-test-hostile")  # fmt: skip
     alone, beside = tmp_path / "cohen.toml", tmp_path / "hostile.toml"
-    alone.write_text(SPEC)
-    beside.write_text(SPEC + '\n[[methods]]\nname = "hostile"\nsettings = [{}]\n')
+    alone.write_text(beside_cohen("hostile"))
+    beside.write_text(beside_cohen("hostile", ["hostile"]))
     harness = subprocess.run(
         [sys.executable, "-m", "harness.cli.main", "run", str(beside), "--db",
          str(tmp_path / "beside.sqlite"), "--quiet", "--no-check"],

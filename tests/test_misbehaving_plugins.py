@@ -118,28 +118,6 @@ FAILED = {
     "exit": "exited with status 7 while answering the request 'sigma'",
     "wire": "after it wrote something other than an answer to 'sigma'",
 }
-SPEC = """
-name = "misbehaving"
-seed = 0
-
-[dataset]
-name = "ball-2"
-test_count = 4
-
-[model]
-architecture = "ball-N"
-trainer = "none"
-
-[certification]
-n0 = 16
-n = 200
-alpha = 0.01
-batch_size = 256
-
-[[methods]]
-name = "cohen"
-settings = [{ sigma = 0.25 }]
-"""
 
 
 def _host_folders(temporary: Path) -> list[Path]:
@@ -147,7 +125,7 @@ def _host_folders(temporary: Path) -> list[Path]:
 
 
 @pytest.fixture
-def misbehaving(install_plugin, tmp_path, monkeypatch):
+def misbehaving(install_plugin, tmp_path, monkeypatch, beside_cohen):
     """The misbehaving plugin installed, its processes' mark, a temporary directory of the
     test's own (host folders go there) and the benchmark file naming every act."""
     mark = f"{8000 + uuid.uuid4().int % 1000}.{uuid.uuid4().int % 10**6}"
@@ -157,8 +135,7 @@ def misbehaving(install_plugin, tmp_path, monkeypatch):
     temporary.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temporary))
     spec = tmp_path / "misbehaving.toml"
-    spec.write_text(SPEC + "".join(f'\n[[methods]]\nname = "misbehave-{act}"\nsettings = [{{}}]\n'
-                                   for act in ACTS))  # fmt: skip
+    spec.write_text(beside_cohen("misbehaving", [f"misbehave-{act}" for act in ACTS]))
     return mark, temporary, spec
 
 
@@ -237,15 +214,14 @@ def test_each_misbehaving_plugin_costs_its_own_row_and_leaves_nothing(
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["SIGINT", "SIGTERM", "SIGKILL"])
 def test_a_harness_stopped_while_a_plugin_hangs_leaves_nothing_behind(
-    misbehaving, tmp_path, how, live_processes
+    misbehaving, tmp_path, how, live_processes, beside_cohen
 ):
     """``idrs-bench run`` stopped while a plugin's σ hangs, its daemon running: by Ctrl-C
     (SIGINT to its process group) and SIGTERM it ends its host at once and exits 130 or
     143; by SIGKILL its hosts' keepers end them; either way no process of the plugin and no
     host folder remains."""
     mark, temporary, spec = misbehaving
-    spec.write_text(SPEC.replace('name = "cohen"', 'name = "misbehave-daemon-hang"')
-                    .replace("{ sigma = 0.25 }", "{}"))  # fmt: skip
+    spec.write_text(beside_cohen("misbehaving", ["misbehave-daemon-hang"], cohen=False))
     plugin = Path(os.environ["PYTHONPATH"].split(os.pathsep)[0]) / "idrs_test_misbehaving.py"
     plugin.write_text(plugin.read_text().replace(
         '"hang": lambda: time.sleep(3600),',

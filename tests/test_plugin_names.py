@@ -58,29 +58,6 @@ def idrs_register_methods(register):
     register(MethodSpec("fine", "constant", "cohen", {"sigma": 0.25}))
 """
 
-SPEC = """
-name = "names"
-seed = 0
-
-[dataset]
-name = "ball-2"
-test_count = 4
-
-[model]
-architecture = "ball-N"
-trainer = "none"
-
-[certification]
-n0 = 16
-n = 200
-alpha = 0.01
-batch_size = 256
-
-[[methods]]
-name = "cohen"
-settings = [{ sigma = 0.25 }]
-"""
-
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
@@ -209,14 +186,14 @@ def test_a_name_two_distributions_declare_is_refused_for_both(install_plugin, ca
 
 
 def test_a_run_beside_refused_plugins_certifies_its_built_in_row_as_before(
-    install_plugin, cache, tmp_path, capsys
+    install_plugin, cache, tmp_path, capsys, beside_cohen
 ):
     """The run warns of each refused distribution (and of a plugin whose method is named
     ``a/b``) and goes on: its built-in row's certificates are those of a run without them."""
     from harness.cli.main import main
 
     spec = tmp_path / "names.toml"
-    spec.write_text(SPEC)
+    spec.write_text(beside_cohen("names"))
 
     def certificates(db: Path) -> list[tuple]:
         with sqlite3.connect(db) as con:
