@@ -96,3 +96,44 @@ def half_sigma_plugin():
     description ``imported in process <pid>`` when ``says_where``) at the current contract,
     :data:`harness.plugin.hookspecs.CONTRACT`, to ``install_plugin``."""
     return _half_sigma_plugin
+
+
+ACTING_TAIL = '''
+
+class Acting:
+    """Constant σ = 0.25, after doing ``ACTS[act]`` (the plugin's misdeed) at every call."""
+
+    def __init__(self, act):
+        self.act, self.regularity = act, Constant(0.25)
+
+    def __call__(self, x):
+        import torch
+
+        ACTS[self.act]()
+        return torch.full((len(x),), 0.25, device=x.device)
+
+
+@hookimpl
+def idrs_register_sigma_providers(register):
+    register(SigmaProviderSpec("{provider}", lambda context, params: Acting(params["act"])))
+
+
+@hookimpl
+def idrs_register_methods(register):
+    for act in ACTS:
+        register(MethodSpec(f"{prefix}-{{act}}", "{provider}", "cohen", {{"act": act}}))
+'''
+
+
+@pytest.fixture(scope="session")
+def acting_plugin():
+    """``acting_plugin(acts_source, provider, prefix) -> str``: a plugin module whose
+    σ-provider ``provider`` does ``ACTS[act]()`` (``acts_source`` defines ``ACTS``, a dict of
+    callables, and imports ``Constant``, ``MethodSpec``, ``SigmaProviderSpec`` and
+    ``hookimpl``) then answers σ = 0.25, with a method ``<prefix>-<act>`` per act certified
+    by Cohen's certifier: the misbehaving plugins' shape."""
+
+    def source(acts_source: str, provider: str, prefix: str) -> str:
+        return acts_source + ACTING_TAIL.format(provider=provider, prefix=prefix)
+
+    return source

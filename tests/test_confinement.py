@@ -498,14 +498,14 @@ def test_the_policy_refuses_the_system_calls_of_the_threat_models_table_by_its_r
     """Every system call the policy's filter governs is named in docs/threat-model.md's
     table "What the seccomp filter refuses, and why" and every one named there is governed,
     its "refused" cell saying the policy's rule (:func:`~harness.plugin.hosting.shared.
-    policy.rule_words`; "always", exactly, for a call refused whole)."""
+    the rule's `WORDS`; "always", exactly, for a call refused whole)."""
     named = {}
     for calls, rule, _why in threat_model_table("What the seccomp filter refuses, and why"):
         named |= {name: rule for name in re.findall(r"`(\w+)`", calls)}
     governed = policy.host_policy(EVERY_PATH).system_calls
     assert sorted(named) == sorted(c.name for c in governed)
     said = {c.name: named[c.name] for c in governed
-            if policy.rule_words(c.rule) not in named[c.name]
+            if c.rule.WORDS not in named[c.name]
             or (named[c.name] == "always") != isinstance(c.rule, process_privileges.Refused)}  # fmt: skip
     assert said == {}
 

@@ -324,27 +324,6 @@ def _lower():
 
 ACTS = {{"memfd": _memfd, "anon": _anon, "lower": _lower}}
 
-
-class Hoarding:
-    def __init__(self, act):
-        self.act, self.regularity = act, Constant(0.25)
-
-    def __call__(self, x):
-        import torch
-
-        ACTS[self.act]()
-        return torch.full((len(x),), 0.25, device=x.device)
-
-
-@hookimpl
-def idrs_register_sigma_providers(register):
-    register(SigmaProviderSpec("hoarding", lambda context, params: Hoarding(params["act"])))
-
-
-@hookimpl
-def idrs_register_methods(register):
-    for act in ACTS:
-        register(MethodSpec(f"hoard-{{act}}", "hoarding", "cohen", {{"act": act}}))
 '''
 DISTRIBUTION = "idrs-test-hoarding"
 LIMIT_MIB = 768
@@ -352,7 +331,7 @@ LIMIT_MIB = 768
 
 
 def test_a_plugin_that_fills_memory_fails_its_row_and_the_harness_survives(
-    install_plugin, tmp_path, monkeypatch, cgroup_limit, capsys, beside_cohen
+    install_plugin, acting_plugin, tmp_path, monkeypatch, cgroup_limit, capsys, beside_cohen
 ):
     """One run under a memory limit of 768 MiB per host: the rows whose plugin filled a memfd
     it never mapped and anonymous memory (up to 2 GiB) failed, naming the out-of-memory
@@ -363,7 +342,8 @@ def test_a_plugin_that_fills_memory_fails_its_row_and_the_harness_survives(
     from harness.store.storedrun import load_runs
 
     cgroup_limit(MiB).remove()  # (skips where no memory cgroup can be made)
-    install_plugin("idrs_test_hoarding", HOARDING.format(), distribution=DISTRIBUTION)
+    install_plugin("idrs_test_hoarding", acting_plugin(HOARDING.format(), "hoarding", "hoard"),
+                   distribution=DISTRIBUTION)  # fmt: skip
     temporary = tmp_path / "tmp"
     temporary.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temporary))

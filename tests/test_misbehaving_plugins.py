@@ -86,27 +86,6 @@ ACTS = {{"daemon": _daemon, "flood": _flood, "files": _files, "wire": _wire, "st
         "hang": lambda: time.sleep(3600), "exit": lambda: os._exit(7),
         "crash": lambda: os.kill(os.getpid(), signal.SIGSEGV)}}
 
-
-class Misbehaving:
-    def __init__(self, act):
-        self.act, self.regularity = act, Constant(0.25)
-
-    def __call__(self, x):
-        import torch
-
-        ACTS[self.act]()
-        return torch.full((len(x),), 0.25, device=x.device)
-
-
-@hookimpl
-def idrs_register_sigma_providers(register):
-    register(SigmaProviderSpec("misbehaving", lambda context, params: Misbehaving(params["act"])))
-
-
-@hookimpl
-def idrs_register_methods(register):
-    for act in ACTS:
-        register(MethodSpec(f"misbehave-{{act}}", "misbehaving", "cohen", {{"act": act}}))
 '''
 
 DISTRIBUTION = "idrs-test-misbehaving"
@@ -125,11 +104,11 @@ def _host_folders(temporary: Path) -> list[Path]:
 
 
 @pytest.fixture
-def misbehaving(install_plugin, tmp_path, monkeypatch, beside_cohen):
+def misbehaving(install_plugin, acting_plugin, tmp_path, monkeypatch, beside_cohen):
     """The misbehaving plugin installed, its processes' mark, a temporary directory of the
     test's own (host folders go there) and the benchmark file naming every act."""
     mark = f"{8000 + uuid.uuid4().int % 1000}.{uuid.uuid4().int % 10**6}"
-    install_plugin("idrs_test_misbehaving", MISBEHAVING.format(mark=mark),
+    install_plugin("idrs_test_misbehaving", acting_plugin(MISBEHAVING.format(mark=mark), "misbehaving", "misbehave"),
                    distribution=DISTRIBUTION)  # fmt: skip
     temporary = tmp_path / "tmp"
     temporary.mkdir()
@@ -275,7 +254,9 @@ def test_a_harness_stopped_while_a_plugin_hangs_leaves_nothing_behind(
 
 
 @pytest.mark.slow
-def test_hosts_end_when_the_call_that_needs_them_returns(install_plugin, tmp_path, monkeypatch):
+def test_hosts_end_when_the_call_that_needs_them_returns(
+    install_plugin, acting_plugin, tmp_path, monkeypatch
+):
     """``harness.api``'s calls and the checks end the plugin hosts they start when they
     return, also when they raise."""
     import torch
@@ -285,7 +266,8 @@ def test_hosts_end_when_the_call_that_needs_them_returns(install_plugin, tmp_pat
     from harness.foundation.progress import Progress
     from harness.running.preparation import RunOptions
 
-    install_plugin("idrs_test_half", MISBEHAVING.format(mark="1"), distribution=DISTRIBUTION)
+    install_plugin("idrs_test_half", acting_plugin(MISBEHAVING.format(mark="1"), "misbehaving", "misbehave"),
+                   distribution=DISTRIBUTION)  # fmt: skip
     spec = {"name": "api", "seed": 0, "dataset": {"name": "ball-2", "test_count": 4},
             "model": {"architecture": "ball-N", "trainer": "none"},
             "certification": {"n0": 16, "n": 200, "batch_size": 256},

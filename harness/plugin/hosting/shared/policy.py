@@ -38,14 +38,6 @@ from harness.plugin.hosting.shared.landlock import FIRST_LINUX, LANDLOCK_LAYERS,
 from harness.plugin.hosting.shared.memory_cgroup import MemoryCgroup
 from harness.plugin.hosting.shared.process_privileges import (
     SYSTEM_CALLS,
-    ConnectedPair,
-    CudaSocket,
-    NoAddress,
-    NoSetIdBits,
-    NotImplemented_,
-    OwnProcess,
-    Refused,
-    Rule,
     SystemCall,
 )
 from harness.plugin.hosting.shared.withheld_data import narrowed
@@ -305,29 +297,6 @@ def grants_gpu(grants: Grants) -> bool:
 def existing(paths: Iterable[str]) -> tuple[str, ...]:
     """The paths that exist, each once, in order."""
     return tuple(p for p in dict.fromkeys(paths) if os.path.exists(p))
-
-
-# --- the system calls -----------------------------------------------------------------------
-
-
-def rule_words(rule: Rule) -> str:
-    """How docs/threat-model.md's table of the seccomp filter says ``rule`` (its "refused"
-    column holds these words)."""
-    if isinstance(rule, NotImplemented_):
-        return "always, as not implemented (`ENOSYS`)"
-    if isinstance(rule, Refused):
-        return "always"
-    if isinstance(rule, OwnProcess):
-        return "on the host itself"
-    if isinstance(rule, NoSetIdBits):
-        return "with the set-uid or set-gid bit"
-    if isinstance(rule, CudaSocket):
-        return "every socket but, in a host granted a GPU, `AF_UNIX` `SOCK_SEQPACKET`"
-    if isinstance(rule, ConnectedPair):
-        return "all but `AF_UNIX` `SOCK_STREAM` and `SOCK_SEQPACKET` pairs"
-    if isinstance(rule, NoAddress):
-        return "with an address"
-    raise TypeError(f"no words for the rule {rule!r}")
 
 
 # --- the kernel -----------------------------------------------------------------------------

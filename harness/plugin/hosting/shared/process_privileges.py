@@ -23,6 +23,7 @@ import os
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 _PR_CAPBSET_DROP, _PR_SET_SECCOMP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT = 24, 22, 38, 47
 _PR_CAP_AMBIENT_CLEAR_ALL, _SECCOMP_MODE_FILTER = 4, 2
@@ -70,6 +71,8 @@ def drop_capabilities() -> None:
 class Refused:
     """Always refused."""
 
+    WORDS: ClassVar[str] = "always"
+
 
 @dataclass(frozen=True)
 class OwnProcess:
@@ -79,6 +82,7 @@ class OwnProcess:
     process group nor every process of a user). A pid is a ``pid_t``, a 32-bit int: the
     kernel drops the high word, and so does the comparison."""
 
+    WORDS: ClassVar[str] = "on the host itself"
     pids: tuple[int, ...] = (0,)
     kind: tuple[int, int] | None = None
 
@@ -87,6 +91,7 @@ class OwnProcess:
 class NoSetIdBits:
     """Allowed unless the mode (argument ``mode``) sets the set-uid or set-gid bit."""
 
+    WORDS: ClassVar[str] = "with the set-uid or set-gid bit"
     mode: int
 
 
@@ -94,6 +99,8 @@ class NoSetIdBits:
 class CudaSocket:
     """``socket(AF_UNIX, SOCK_SEQPACKET[|flags], ...)`` in a host granted a GPU
     (:data:`CUDA_SOCKET`); every other socket, and every socket elsewhere, refused."""
+
+    WORDS: ClassVar[str] = "every socket but, in a host granted a GPU, `AF_UNIX` `SOCK_SEQPACKET`"
 
 
 @dataclass(frozen=True)
@@ -103,11 +110,14 @@ class ConnectedPair:
     ``sendmsg`` and cannot be connected elsewhere (``EISCONN``); a datagram pair can send to
     any named UNIX socket (``sendto`` with an address) and be connected to one."""
 
+    WORDS: ClassVar[str] = "all but `AF_UNIX` `SOCK_STREAM` and `SOCK_SEQPACKET` pairs"
+
 
 @dataclass(frozen=True)
 class NoAddress:
     """Allowed only with a NULL address (argument ``address``, a pointer: both words)."""
 
+    WORDS: ClassVar[str] = "with an address"
     address: int
 
 
@@ -116,7 +126,10 @@ class NotImplemented_:
     """Answered ``ENOSYS``, as by a kernel without the call: the C library then uses the
     older call it falls back to (glibc's ``clone3`` → ``clone``)."""
 
+    WORDS: ClassVar[str] = "always, as not implemented (`ENOSYS`)"
 
+
+# WORDS: how docs/threat-model.md's table of the filter says each rule (its "refused" column)
 Rule = Refused | OwnProcess | NoSetIdBits | CudaSocket | ConnectedPair | NoAddress | NotImplemented_
 
 
