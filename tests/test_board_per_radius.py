@@ -104,8 +104,8 @@ def test_sigma_as_a_distribution_over_the_inputs(table):
     chen = rows["chen-fgss sigma=0.5"].metrics
     assert (chen["sigma_min"], chen["sigma_median"], chen["sigma_max"]) == (0.5, 0.7, 1.9)
     text = render_markdown(build_board(table.runs), "t")
-    assert "| chen-fgss | sigma=0.5 | 0.500 / 0.700 / 1.900 |" in text
-    assert "| cohen | sigma=0.5 | 0.500 |" in text  # one σ: one number
+    assert "| chen-fgss | sigma=0.5 | violated | 0.500 / 0.700 / 1.900 |" in text
+    assert "| cohen | sigma=0.5 | sound | 0.500 |" in text  # one σ: one number
 
 
 def test_sigma_of_a_published_row_is_its_certificates_distribution():

@@ -86,27 +86,26 @@ def test_the_board_tables_hold_the_hand_computed_values(db):
     the 4 inputs), the intervals from SciPy, the best sound row at each radius in bold."""
     text = render_markdown(build_board(load_runs(db)), "golden")
     sound = _table_after(text, "### Verified sound")
-    assert sound[0] == ["#", "method", "setting", "σ(x) min / median / max", "clean acc",
-                        "cert\\@0", "cert\\@0.25", "cert\\@0.5", "cert\\@0.75", "cert\\@1",
-                        "ACR", "verdict"]  # fmt: skip
+    assert sound[0] == ["#", "method", "setting", "verdict", "σ(x) min / median / max",
+                        "clean acc", "cert\\@0", "cert\\@0.25", "cert\\@0.5", "cert\\@0.75",
+                        "cert\\@1", "ACR"]  # fmt: skip
     # cohen σ = 0.5: PREDICT right on 3 of 4, certified 3 3 3 2 2 (the best sound row at
     # every radius, bold), per-input radii 1, 0 (misclassified), 1.5, 0.5: ACR 3/4
-    assert sound[1] == ["1", "cohen", "sigma=0.5", "0.500", _with_interval(3),
+    assert sound[1] == ["1", "cohen", "sigma=0.5", "sound", "0.500", _with_interval(3),
                         *(_bold(_with_interval(k)) for k in (3, 3, 3, 2, 2)),
-                        _acr([1.0, 0.0, 1.5, 0.5]), "sound"]  # fmt: skip
+                        _acr([1.0, 0.0, 1.5, 0.5])]  # fmt: skip
     # σ = 0.25: 3 3 2 1 0, equal to σ = 0.5 (bold too) at radii 0 and 0.25; ACR 1.5/4
-    assert sound[2] == ["2", "cohen", "sigma=0.25", "0.250", _with_interval(3),
+    assert sound[2] == ["2", "cohen", "sigma=0.25", "sound", "0.250", _with_interval(3),
                         *map(_bold, map(_with_interval, (3, 3))),
-                        *map(_with_interval, (2, 1, 0)), _acr([0.75, 0.25, 0.5, 0.0]),
-                        "sound"]  # fmt: skip
+                        *map(_with_interval, (2, 1, 0)), _acr([0.75, 0.25, 0.5, 0.0])]  # fmt: skip
     others = _table_after(text, "### Not verified sound: these radii are not certified")
     # σ(x) of chen-fgss: 0.75, 0.5, 1.0, 0.75: min / median / max; never bold (not sound)
-    assert others[1] == ["1", "chen-fgss", "sigma=0.25", "0.500 / 0.750 / 1.000",
+    assert others[1] == ["1", "chen-fgss", "sigma=0.25", "violated", "0.500 / 0.750 / 1.000",
                          _with_interval(4), *map(_with_interval, (4,) * 5),
-                         "2.000 [2.000, 2.000]", "violated"]  # fmt: skip
-    assert others[2] == ["2", "lipschitz-sigma-net", "sigma\\_min=0.1", "0.500",
+                         "2.000 [2.000, 2.000]"]  # fmt: skip
+    assert others[2] == ["2", "lipschitz-sigma-net", "sigma\\_min=0.1", "not checked", "0.500",
                          _with_interval(3), *map(_with_interval, (2, 2, 1, 0, 0)),
-                         _acr([0.25, 0.0, 0.0, 0.5]), "not checked"]  # fmt: skip
+                         _acr([0.25, 0.0, 0.0, 0.5])]  # fmt: skip
     assert "| leader |" not in text and "tie (p" not in text and ": a tie" not in text
     details = _table_after(text, "### Every row: abstention, class-wise accuracy, σ and time")
     assert details == [
@@ -396,8 +395,8 @@ def test_verify_passes_then_fails_with_a_diff(db, tmp_path, capsys, golden_run):
     out.write_text(out.read_text().replace("| 0.750 [", "| 0.800 [", 1))
     assert _cli(["--verify", str(out)]) == 1
     report = capsys.readouterr().out
-    assert "-| 1 | cohen | sigma=0.5 | 0.500 | 0.800 [0.194, 0.994] |" in report
-    assert "+| 1 | cohen | sigma=0.5 | 0.500 | 0.750 [0.194, 0.994] |" in report
+    assert "-| 1 | cohen | sigma=0.5 | sound | 0.500 | 0.800 [0.194, 0.994] |" in report
+    assert "+| 1 | cohen | sigma=0.5 | sound | 0.500 | 0.750 [0.194, 0.994] |" in report
     assert "differs from its re-rendering" in report
 
 

@@ -139,7 +139,7 @@ def test_a_board_of_hostile_names_keeps_its_structure(tmp_path, monkeypatch, mak
                    and row[0] not in ("#", "method")]  # fmt: skip
     assert sorted(row[0] for row in detail_rows) == sorted(_flat(h) for h in HOSTILE)
     assert all(row[0] == row[1] for row in detail_rows)
-    verdicts = {row[1]: row[-1] for row in metric_rows}
+    verdicts = {row[1]: row[3] for row in metric_rows}  # (the verdict beside the name)
     assert verdicts[_flat(HOSTILE[1])] == "sound"
     # an unknown verdict string counts as violated; the string itself is in the matrix
     assert verdicts[_flat(HOSTILE[0])] == "violated"

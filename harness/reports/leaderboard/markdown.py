@@ -97,22 +97,23 @@ def _cell(metric: Metric, row: Row, bold: bool) -> str:
 
 def _ranking_table(rows: list[Row], table: Table, catalog: list[Metric], spread: bool = False
                    ) -> list[str]:  # fmt: skip
-    """A group's rows in board order, with the columns a reader compares (σ(x), the
-    ``main`` metrics, the verdict); a certified accuracy in bold where the row is the best
-    verified-sound one at that radius."""
+    """A group's rows in board order, with the columns a reader compares: the verdict
+    beside the row's name (on screen however many radii follow), σ(x), the ``main``
+    metrics; a certified accuracy in bold where the row is the best verified-sound one at
+    that radius."""
     main = [m for m in catalog if m.table == "main"]
     best = {certified_key(r): {id(row) for row in best_rows(table, r)} for r in table.radii}
     with_run = len(table.runs) > 1
-    head = ["#", *(["run"] if with_run else []), "method", "setting", "σ(x) min / median / max",
-            *[md_text(m.header) for m in main], *(["ACR over orders"] if spread else []),
-            "verdict"]  # fmt: skip
-    align = ["--:", *([":--"] if with_run else []), ":--", ":--", "--:",
-             *["--:" for _ in main], *([":--"] if spread else []), ":--"]  # fmt: skip
+    head = ["#", *(["run"] if with_run else []), "method", "setting", "verdict",
+            "σ(x) min / median / max", *[md_text(m.header) for m in main],
+            *(["ACR over orders"] if spread else [])]  # fmt: skip
+    align = ["--:", *([":--"] if with_run else []), ":--", ":--", ":--", "--:",
+             *["--:" for _ in main], *([":--"] if spread else [])]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
     for rank, row in enumerate(rows, 1):
-        cells = [str(rank), *_identity(row, with_run), sigma_cell(row),
+        cells = [str(rank), *_identity(row, with_run), md_text(row.verdict), sigma_cell(row),
                  *[_cell(m, row, id(row) in best.get(m.key, ())) for m in main],
-                 *([_spread(row)] if spread else []), md_text(row.verdict)]  # fmt: skip
+                 *([_spread(row)] if spread else [])]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
