@@ -132,9 +132,12 @@ def check_evidence(audit: Audit) -> CheckResult:
 
 def certificates_digest(rows: list[dict[str, Any]]) -> str:
     """SHA-256 of the certificates as audited (every stored column but the shard, in
-    input order, canonical JSON): a board's verifier finds any later edit of them."""
+    input order, canonical JSON): a board's verifier finds any later edit of them. The
+    load behind ``seconds`` is hashed where recorded (digests of runs before it unchanged)."""
     keys = ("input_id", "label", "prediction", "predict", "radius", "p_lower", "sigma", "alpha",
             "seconds", "evidence", "draws")  # fmt: skip
+    if any(r.get("load") is not None for r in rows):
+        keys += ("load",)
     items = sorted(([r.get(k) for k in keys] for r in rows), key=lambda item: int(item[0]))
     text = json.dumps(items, sort_keys=True, separators=(",", ":"), default=_jsonable)
     return hashlib.sha256(text.encode()).hexdigest()

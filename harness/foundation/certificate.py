@@ -20,7 +20,9 @@ class Certificate:
     :class:`~harness.engine.draws.Claim`. ``sigma``, ``draws`` (per smoothing, ``"base"`` and
     possibly ``"sigma"``, a :meth:`~harness.engine.draws.Draws.record`) and, for hard smoothing,
     the base model's class counts are the harness's own: what it drew, never what a
-    plugin reported, so the certificate can be re-derived without resampling.
+    plugin reported, so the certificate can be re-derived without resampling. ``seconds``
+    is the wall time it took and ``load`` the machine's load while it was measured
+    (:func:`harness.foundation.threads.load_per_core`; None where not recorded).
     """
 
     input_id: int
@@ -35,6 +37,7 @@ class Certificate:
     seconds: float = 0.0
     evidence: dict[str, Any] = field(default_factory=dict)
     draws: dict[str, Any] | None = None
+    load: float | None = None
 
     @property
     def abstained(self) -> bool:

@@ -104,7 +104,9 @@ def row_metrics(
     :func:`certified_key` of each radius, ``acr``, ``abstention_rate``,
     ``misclassification_rate``, ``classwise_accuracy_min``/``_max``/``_std``,
     ``mean_sigma`` and ``sigma_min``/``_median``/``_max`` (σ(x) over the inputs: a setting's
-    σ is its base level, not the σ its certificates used), ``seconds_per_input``,
+    σ is its base level, not the σ its certificates used), ``seconds_per_input`` and
+    ``load_per_core`` (the median machine load its certificates' seconds were measured under,
+    :func:`harness.foundation.threads.load_per_core`; None where none recorded it),
     ``samples_mean`` and ``samples_max`` (estimation samples behind a certificate,
     :func:`estimation_samples`; None where a certificate does not record its draws),
     ``classwise_accuracy`` (class -> accuracy) and ``intervals`` (clean and certified
@@ -115,6 +117,7 @@ def row_metrics(
 
     count = len(certificates)
     samples = [estimation_samples(c) for c in certificates]
+    loads = [c.load for c in certificates if getattr(c, "load", None) is not None]
     correct = [c for c in certificates if c.prediction == c.label]
     per_class = classwise_accuracy(certificates)
     values = list(per_class.values())
@@ -135,6 +138,7 @@ def row_metrics(
         "sigma_median": statistics.median(c.sigma for c in certificates),
         "sigma_max": max(c.sigma for c in certificates),
         "seconds_per_input": sum(c.seconds for c in certificates) / count,
+        "load_per_core": statistics.median(loads) if loads else None,
         "samples_mean": None if None in samples else sum(samples) / count,
         "samples_max": None if None in samples else max(samples),
         "classwise_accuracy": per_class,
@@ -169,6 +173,7 @@ def summary(
         "misclassification_rate": m["misclassification_rate"],
         "mean_sigma": m["mean_sigma"],
         "seconds_per_input": m["seconds_per_input"],
+        "load_per_core": m["load_per_core"],
         "samples_mean": m["samples_mean"],
         "samples_max": m["samples_max"],
     }

@@ -18,6 +18,7 @@ from harness.foundation.certificate import Certificate
 from harness.foundation.errors import IdrsError
 from harness.foundation.identity import setting_key
 from harness.foundation.protocol import CertificationProtocol
+from harness.foundation.threads import load_per_core
 from harness.plugin.components import BuildContext, Certifier, MethodSpec, SigmaProvider
 from harness.running.benchmark import Benchmark
 from harness.store.store import ResultStore
@@ -132,9 +133,11 @@ def certify_shards(
     if not ids:
         return
     joined = None if drawn[0] is None else Draws.joined(drawn)
-    yield from certify_drawn(context.engine, context.protocol, certifier, torch.cat(xs), ids,
-                             np.concatenate(sigmas), joined, np.concatenate(seconds),
-                             certifier_label(context, method), provider.regularity)  # fmt: skip
+    for certificate in certify_drawn(context.engine, context.protocol, certifier, torch.cat(xs),
+                                     ids, np.concatenate(sigmas), joined, np.concatenate(seconds),
+                                     certifier_label(context, method), provider.regularity):  # fmt: skip
+        certificate.load = load_per_core()  # the load its seconds were measured under
+        yield certificate
 
 
 MAX_INPUTS_PER_CALL = 4096

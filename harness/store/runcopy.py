@@ -48,7 +48,7 @@ def copy_run(store: ResultStore, run: StoredRun) -> None:
               "p_lower": c.p_lower, "sigma": c.sigma, "alpha": c.alpha,
               "counts_selection": json.dumps(c.counts_selection),
               "counts_estimation": json.dumps(c.counts_estimation), "seconds": c.seconds,
-              "evidence": json.dumps(c.evidence),
+              "load": c.load, "evidence": json.dumps(c.evidence),
               "draws": None if c.draws is None else json.dumps(c.draws)}
              for c in run.certificates],
         )  # fmt: skip

@@ -54,6 +54,7 @@ CREATE TABLE IF NOT EXISTS certificates (
     seconds REAL NOT NULL,
     evidence TEXT NOT NULL,
     draws TEXT,
+    load REAL,
     PRIMARY KEY (run_id, method, setting, input_id)
 );
 CREATE TABLE IF NOT EXISTS shards (
@@ -138,6 +139,7 @@ ADDED_COLUMNS = (
     ("runs", "plugin_hosts", "TEXT"),  # how third-party plugins were confined
     ("runs", "test_split", "TEXT"),  # "withheld": no plugin had the test split (data.WITHHELD)
     ("certificates", "draws", "TEXT"),  # before the harness drew the evidence itself
+    ("certificates", "load", "REAL"),  # the machine's load per core behind ``seconds``
     ("checks", "cost", "TEXT"),  # what each check cost (harness.audit.cost)
 )
 """Columns added after the first release: (table, column, type)."""
@@ -161,7 +163,7 @@ CERTIFICATE_INSERT = _insert(
     "INSERT OR IGNORE", "certificates",
     ("run_id", "method", "setting", "input_id", "shard", "label", "prediction", "predict",
      "radius", "p_lower", "sigma", "alpha", "counts_selection", "counts_estimation", "seconds",
-     "evidence", "draws"),
+     "evidence", "draws", "load"),
 )  # fmt: skip
 STATE_INSERT = _insert(
     "INSERT OR IGNORE", "state", ("run_id", "method", "setting", "seq", "record", "data")

@@ -167,7 +167,8 @@ class ResultStore(LeaseRecords):
                         "predict": c.predict, "radius": c.radius, "p_lower": c.p_lower,
                         "sigma": c.sigma, "alpha": c.alpha, "counts_selection": "null",
                         "counts_estimation": "null", "seconds": c.seconds,
-                        "evidence": json.dumps(c.evidence, default=jsonable), "draws": None}
+                        "evidence": json.dumps(c.evidence, default=jsonable), "draws": None,
+                        "load": c.load}
                  for label, c in certificates],
             )  # fmt: skip
             self.db.execute(SHARD_INSERT, key | {"finished": now})
@@ -305,7 +306,7 @@ class ResultStore(LeaseRecords):
                         "radius": cert.radius, "p_lower": cert.p_lower, "sigma": cert.sigma,
                         "alpha": cert.alpha, "counts_selection": json.dumps(cert.counts_selection),
                         "counts_estimation": json.dumps(cert.counts_estimation),
-                        "seconds": cert.seconds,
+                        "seconds": cert.seconds, "load": cert.load,
                         "evidence": text,
                         "draws": None if cert.draws is None else json.dumps(cert.draws),
                     },

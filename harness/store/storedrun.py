@@ -48,9 +48,8 @@ MEMORY_CHECK = "memory-order"
 """The check whose evidence holds the worst replayed order of memory certificates."""
 
 RUN_FIELDS = (
-    "run_id", "name", "created", "finished", "config", "versions", "git_commit", "device",
-    "seed", "recipe_hash",
-)  # fmt: skip
+    "run_id", "name", "created", "finished", "config", "versions", "git_commit", "device", "seed",
+    "recipe_hash")  # fmt: skip
 """The fields of the ``runs`` row a :class:`StoredRun` keeps (plus ``weights_digest`` and
 ``class_names``, the dataset's class names, ``arithmetic``, :mod:`harness.engine.arithmetic`,
 ``components``, :meth:`~harness.store.store.ResultStore.record_components`,
@@ -87,6 +86,7 @@ class StoredCertificate:
     counts_estimation: list[int] | None = None
     evidence: dict[str, Any] | None = None
     draws: dict[str, Any] | None = None
+    load: float | None = None  # the machine's load per processor behind ``seconds``
 
     @property
     def correct(self) -> bool:

@@ -118,7 +118,8 @@ _ROW = {
         "^(clean_accuracy|certified_accuracy@.+|empirical_accuracy@.+|abstention_rate"
         "|misclassification_rate|classwise_accuracy_(min|max|std))$": {
             "type": ["number", "null"], "minimum": 0, "maximum": 1},
-        "^(acr|mean_sigma|sigma_(min|median|max)|seconds_per_input|samples_mean|samples_max)$": {
+        "^(acr|mean_sigma|sigma_(min|median|max)|seconds_per_input|load_per_core|samples_mean"
+        "|samples_max)$": {
             "type": ["number", "null"], "minimum": 0},
     },
 }  # fmt: skip

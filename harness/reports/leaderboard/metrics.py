@@ -11,8 +11,9 @@ intervals (:func:`has_interval` says which).
 
 Two columns are descriptive on purpose: the ACR (it rewards inputs certified far out and
 can rank a worse certifier higher: Sun et al. 2024, arXiv 2410.06895), shown with its
-interval and never used to rank rows; and the seconds per input, wall time under whatever
-load the machine had (a run does not record it), not comparable across rows.
+interval and never used to rank rows; and the seconds per input, wall time shown beside the
+machine's load per processor while it was measured (recorded with each certificate since
+the load column exists), comparable only between rows measured under similar loads.
 
 Each metric names the board table that shows it (:data:`TABLES`): ``main``, the columns a
 reader compares (clean accuracy, certified accuracy at each radius, ACR); ``attack``, the
@@ -35,8 +36,11 @@ EMPIRICAL = ("fraction of inputs the smoothed classifier answers right (PREDICT)
 ACR = ("average certified radius (0 for wrong or abstained inputs), with its 95 % Student t "
        "interval over the inputs; not used to rank rows (it rewards inputs certified far out: "
        "Sun et al. 2024, arXiv 2410.06895)")  # fmt: skip
-SECONDS = ("wall seconds of certification per input, under the machine's load while the run "
-           "ran (not recorded): not comparable across rows")  # fmt: skip
+SECONDS = ("wall seconds of certification per input, under the load beside it: comparable "
+           "only between rows measured under similar loads, never ranked")  # fmt: skip
+LOAD = ("the machine's 1-minute load average per usable processor while the row was certified "
+        "(median over its certificates; about 1: the run alone on every processor, 2: twice "
+        "as many runnable threads as processors), empty where the run did not record it")  # fmt: skip
 TABLES = ("main", "attack", "details")
 """The board's tables a metric can be shown in (module docstring)."""
 
@@ -89,6 +93,7 @@ def metric_catalog(
         Metric("sigma_median", "σ median", None, "median σ(x) over the inputs"),
         Metric("sigma_max", "σ max", None, "largest σ(x) over the inputs"),
         Metric("seconds_per_input", "wall s/input", None, SECONDS, None),
+        Metric("load_per_core", "load/core", None, LOAD, 2),
         *([Metric("samples_mean", "samples", False,
                   "mean estimation samples per certificate (sequential sampling stops an input "
                   "once its place on the radius grid is decided)", 0),
