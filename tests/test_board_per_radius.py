@@ -83,7 +83,8 @@ def test_each_row_is_paired_with_the_best_constant_sigma_sound_row_at_each_radiu
     rows = {f"{r.method} {r.setting}": r for r in table.rows}
     assert constant_sigma(rows["cohen sigma=0.5"]) and not constant_sigma(rows["sukenik sigma=0.5"])
     # sukenik is best at 0.5 but its σ varies: the reference there is cohen σ = 0.5
-    assert {r: _names([ref])[0] for r, ref in table.references.items()} == {
+    (references,) = table.references.values()  # one base model
+    assert {r: _names([ref])[0] for r, ref in references.items()} == {
         0.0: "cohen sigma=0.12", 0.25: "cohen sigma=0.12", 0.5: "cohen sigma=0.5",
         0.75: "cohen sigma=0.5", 1.0: "cohen sigma=0.5",
     }  # fmt: skip

@@ -110,21 +110,22 @@ def test_the_board_tables_hold_the_hand_computed_values(db):
     details = _table_after(text, "### Every row: abstention, class-wise accuracy, σ and time")
     assert details == [
         ["method", "setting", "abstain", "misclass", "class min", "class max", "class std",
-         "mean σ", "σ min", "σ median", "σ max", "wall s/input"],
+         "mean σ", "σ min", "σ median", "σ max", "wall s/input", "load/core"],
         ["cohen", "sigma=0.5", "0.000", "0.250", "0.500", "1.000", "0.250", "0.500", "0.500",
-         "0.500", "0.500", "0.125"],
+         "0.500", "0.500", "0.125", "–"],
         ["cohen", "sigma=0.25", "0.250", "0.000", "0.500", "1.000", "0.250", "0.250", "0.250",
-         "0.250", "0.250", "0.375"],
+         "0.250", "0.250", "0.375", "–"],
         ["chen-fgss", "sigma=0.25", "0.000", "0.000", "1.000", "1.000", "0.000", "0.750",
-         "0.500", "0.750", "1.000", "1.00"],
+         "0.500", "0.750", "1.000", "1.00", "–"],
         ["lipschitz-sigma-net", "sigma\\_min=0.1", "0.500", "0.000", "0.500", "1.000", "0.250",
-         "0.500", "0.500", "0.500", "0.500", "2.00"],
+         "0.500", "0.500", "0.500", "0.500", "2.00", "–"],
     ]  # fmt: skip
     legend = text.split("## Columns")[1]
     assert (
-        "- **wall s/input**: wall seconds of certification per input, under the machine's "
-        "load while the run ran (not recorded)\\: not comparable across rows (descriptive)."
-        in legend
+        "- **wall s/input**: wall seconds of certification per input, under the load beside "
+        "it\\: comparable only between rows measured under similar loads, never ranked "
+        "(descriptive)." in legend
+        and "- **load/core**: the machine's 1-minute load average per usable processor" in legend
         and "lower is better)" not in legend.split("**wall s/input**")[1].split("\n")[0]
     )
     assert "not used to rank rows" in legend.split("**ACR**")[1].split("\n")[0]
@@ -310,8 +311,8 @@ def test_json_matches_its_schema_and_the_metrics(db, tmp_path, golden_run):
         "radius": 0.5, "inputs": 4, "row_only": 0, "reference_only": 1, "difference": -0.25,
         "low": 0, "high": 0, "reading": "not separated"}  # fmt: skip
     reference = {"run_id": golden_run.run_id, "method": "cohen", "setting": "sigma=0.5"}
-    assert data["tables"][0]["references"] == dict.fromkeys(["0", "0.25", "0.5", "0.75", "1"],
-                                                            reference)  # fmt: skip
+    assert data["tables"][0]["references"] == {
+        golden_run.recipe_hash: dict.fromkeys(["0", "0.25", "0.5", "0.75", "1"], reference)}  # fmt: skip
     (run,) = data["runs"]
     assert (run["n0"], run["n"], run["alpha"], run["recipe_hash"]) == (10, 100, 0.001,
                                                                      golden_run.recipe_hash)  # fmt: skip
@@ -438,9 +439,12 @@ def test_two_runs_on_the_same_model_share_a_table_with_a_run_column(
     assert len(table.rows) == 8 and len(table.runs) == 2
     text = render_markdown(board, "two")
     assert "| # | run | method |" in text and "--device cuda" in text
-    # a different base model gets its own table
+    # a base model made otherwise (another width) gets its own table
     third = "8" * 64
-    make_run(db, monkeypatch, run_id=third, recipe_hash="cd" * 32, checks=[], failure=None)
+    model = golden_run.config["model"]
+    wider = golden_run.config | {"model": model | {"architecture_params": {"width": 999}}}
+    make_run(db, monkeypatch, run_id=third, recipe_hash="cd" * 32, checks=[], failure=None,
+             config=wider)  # fmt: skip
     board = build_board(load_runs(db, [golden_run.run_id, third]))
     assert [t.recipe_hash for t in board.tables] == [golden_run.recipe_hash, "cd" * 32]
 

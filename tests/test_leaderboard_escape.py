@@ -129,13 +129,13 @@ def test_a_board_of_hostile_names_keeps_its_structure(tmp_path, monkeypatch, mak
     assert images == ["hostile-1-certified-accuracy.png", "hostile-1-classwise-accuracy.png"]
     # every table row has as many cells as its header
     widths = {len(row) for row in parsed.rows if row}
-    # protocol, the paired differences, the ranking and details tables, the verdict matrix
-    # (S0-S5, replay, a hostile check per row, the attack)
-    assert widths == {2, 8, 12, 3 + 7 + len(HOSTILE) + 2}, widths
+    # protocol, the paired differences, the ranking and details (with load/core) tables, the
+    # verdict matrix (S0-S5, replay, a hostile check per row, the attack)
+    assert widths == {2, 8, 12, 13, 3 + 7 + len(HOSTILE) + 2}, widths
     metric_rows = [row for row in parsed.rows if len(row) == 12 and row[0].isdigit()]
     assert sorted(row[1] for row in metric_rows) == sorted(_flat(h) for h in HOSTILE)
     assert all(row[1] == row[2] for row in metric_rows)  # method == setting, both literal
-    detail_rows = [row for row in parsed.rows if len(row) == 12 and not row[0].isdigit()
+    detail_rows = [row for row in parsed.rows if len(row) == 13 and not row[0].isdigit()
                    and row[0] not in ("#", "method")]  # fmt: skip
     assert sorted(row[0] for row in detail_rows) == sorted(_flat(h) for h in HOSTILE)
     assert all(row[0] == row[1] for row in detail_rows)

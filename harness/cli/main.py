@@ -22,8 +22,7 @@ import signal
 import sqlite3
 import sys
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,6 +41,7 @@ from harness.cli.results_table import (
     print_results,
     print_timings,
 )
+from harness.cli.working import add_threads_option, working
 from harness.foundation.errors import IdrsError, plain
 from harness.foundation.threads import requested_threads, set_passive_wait
 from harness.foundation.version import __version__
@@ -169,7 +169,7 @@ def _parser() -> argparse.ArgumentParser:
         "--workers", type=int, metavar="K",
         help="Ray workers (--executor ray; default: one per GPU, or per CPU on CPU runs)",
     )  # fmt: skip
-    _add_threads_option(run)
+    add_threads_option(run)
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.add_argument(
         "--no-check", action="store_true", help="skip the soundness checks after certifying"
@@ -209,7 +209,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--cache-dir", type=Path, metavar="DIR", help="where trained base models are cached"
     )
-    _add_threads_option(check)
+    add_threads_option(check)
     check.add_argument("--quiet", action="store_true", help="no progress bars")
     check.add_argument("--json", action="store_true", help="machine-readable output")
     check.add_argument(
@@ -234,42 +234,6 @@ def _parser() -> argparse.ArgumentParser:
     for add_parser in SUBCOMMANDS:
         add_parser(sub)
     return parser
-
-
-def _add_threads_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--threads", type=int, metavar="N",
-        help="CPU threads to compute with (default: $IDRS_BENCH_THREADS, else $OMP_NUM_THREADS, "
-        "else the cores divided among the idrs-bench processes working on this machine; a "
-        "run resumed or shared keeps the count it began with)",
-    )  # fmt: skip
-
-
-@contextmanager
-def _working(requested: int | None, quiet: bool) -> Iterator[None]:
-    """This process registered as working on this machine, computing with ``requested``
-    threads or its share of the cores (:mod:`harness.foundation.threads`)."""
-    import torch
-
-    from harness.foundation.threads import (
-        WorkingProcess,
-        available_cores,
-        thread_count,
-        working_processes,
-    )
-
-    with WorkingProcess():
-        cores, working = available_cores(), working_processes()
-        threads = thread_count(cores, working, requested)
-        torch.set_num_threads(threads)
-        if working > 1 and requested is None and not quiet:
-            Console(stderr=True, soft_wrap=True).print(
-                f"note: {working} idrs-bench processes work on this machine ({cores} cores): "
-                f"this one computes with {threads} thread(s), a run it resumes or audits with "
-                "the count the run began with (--threads sets it)",
-                highlight=False,
-            )
-        yield
 
 
 def device_name(text: str) -> str:
@@ -301,7 +265,7 @@ def _run(args: argparse.Namespace) -> int:
         check_data_root(args.data_root, spec.dataset.name)
         check_database(args.db)
         requested = requested_threads(args.threads)
-        with _working(requested, args.quiet):
+        with working(requested, args.quiet):
             return _run_checked(args, spec, manager, requested)
 
 
@@ -340,26 +304,40 @@ def _run_checked(
 
         import_ray()  # a missing Ray is an error before the model is trained
         executor = RayExecutor(address=args.address, workers=args.workers)
-    progress = Progress(enabled=not args.quiet)
-    run_id = run_benchmark(spec, options, progress, manager, executor=executor)
-    if not args.no_check:
-        from harness.audit.auditor import run_checks
-        from harness.store.leases import exclusive
+    from harness.running.model_variants import model_label, model_variants
 
-        with exclusive(args.db, run_id, "the soundness checks", progress.note) as ours:
-            if ours:
-                run_checks(args.db, run_id, options, progress, manager, budget="small",
-                           entropy=entropy, workers=None, resume=True)  # fmt: skip
-    rows = print_results(args.db, run_id, as_json=False, compact=True)
+    progress = Progress(enabled=not args.quiet)
+    variants = model_variants(spec)  # a run per base model (training σ, seed)
+    run_ids, rows = [], []
+    for variant in variants:
+        if len(variants) > 1:
+            progress.log(f"base model {len(run_ids) + 1} of {len(variants)}: "
+                          f"{model_label(variant.to_dict())}")  # fmt: skip
+        run_id = run_benchmark(variant, options, progress, manager, executor=executor)
+        run_ids.append(run_id)
+        if not args.no_check:
+            from harness.audit.auditor import run_checks
+            from harness.store.leases import exclusive
+
+            with exclusive(args.db, run_id, "the soundness checks", progress.note) as ours:
+                if ours:
+                    run_checks(args.db, run_id, options, progress, manager, budget="small",
+                               entropy=entropy, workers=None, resume=True)  # fmt: skip
+    for variant, run_id in zip(variants, run_ids, strict=True):
+        if len(variants) > 1:
+            terminal(RUN_WIDTH).print(escape(f"base model {model_label(variant.to_dict())} "
+                                             f"(run {run_id[:12]})"), highlight=False)  # fmt: skip
+        rows += print_results(args.db, run_id, as_json=False, compact=True)
     if not args.no_check:
         from harness.audit.audit import BUDGETS
 
         terminal(RUN_WIDTH).print(escape(BUDGETS["small"].statement(typed_python())))
         terminal(RUN_WIDTH).print(escape(attack_statement("small")))
     if args.timings:
-        print_timings(progress.timings, args.db, run_id)
-    print_next_steps(args.db, run_id, spec.name, rows)
-    failed = print_failed_rows(args.db, run_id, " ".join([typed_program(), shlex.join(args.argv)]))
+        print_timings(progress.timings, args.db, run_ids)
+    print_next_steps(args.db, run_ids, spec.name, rows)
+    retry = " ".join([typed_program(), shlex.join(args.argv)])
+    failed = sum(print_failed_rows(args.db, run_id, retry) for run_id in run_ids)
     return ROWS_FAILED if failed else 0
 
 
@@ -379,7 +357,7 @@ def _check(args: argparse.Namespace) -> int:
     options = RunOptions(db=args.db, device=args.device, data_root=args.data_root,
                          cache_dir=args.cache_dir, threads=requested)  # fmt: skip
     progress = Progress(enabled=not args.quiet and not args.json)
-    with _working(requested, args.quiet or args.json):
+    with working(requested, args.quiet or args.json):
         if args.reaudit:
             return _reaudit(args, options, progress)
         args.budget = args.budget or "small"

@@ -17,21 +17,30 @@ from harness.cli.console import RUN_WIDTH, terminal
 from harness.store.store import DEFAULT_DB
 
 
-def print_next_steps(db: Path, run_id: str, name: str, rows: list[dict[str, Any]]) -> None:
-    """Where the results are, the verdict counts, and the commands to type next."""
+def print_next_steps(
+    db: Path, run_ids: str | list[str], name: str, rows: list[dict[str, Any]]
+) -> None:
+    """Where the results are, the verdict counts, and the commands to type next; a benchmark
+    with a base model per training σ or seed made one run per model (``run_ids``), which
+    its board shows together."""
+    run_ids = [run_ids] if isinstance(run_ids, str) else run_ids
     counts: dict[str, int] = {}
     for row in rows:
         verdict = row["verdict"].split(" (")[0] if row["complete"] else "incomplete"
         counts[verdict] = counts.get(verdict, 0) + 1
     verdicts = ", ".join(f"{n} {v}" for v, n in sorted(counts.items(), key=lambda kv: -kv[1]))
-    short = run_id[:12]
+    shorts = " ".join(run_id[:12] for run_id in run_ids)
     db_arg = db_option(db)
-    board = shlex.quote(str(new_board_path(db, name, run_id)))
+    board = shlex.quote(str(new_board_path(db, name, run_ids[0])))
     program = typed_program()
+    where = f"run {shorts}" if len(run_ids) == 1 else f"{len(run_ids)} runs (a model each)"
+    results = f"{program} results {run_ids[0][:12]}{db_arg}"
+    if len(run_ids) > 1:
+        results = f"{program} results RUN{db_arg} (each of the runs)"
     lines = [
-        f"results: {db}, run {short}: {verdicts or 'no rows'}",
-        f"next: {program} results {short}{db_arg}   (every metric and check)",
-        f"      {program} leaderboard {short}{db_arg} --out {board}",
+        f"results: {db}, {where}: {verdicts or 'no rows'}",
+        f"next: {results}   (every metric and check)",
+        f"      {program} leaderboard {shorts}{db_arg} --out {board}",
     ]
     console = terminal(RUN_WIDTH)
     for line in lines:

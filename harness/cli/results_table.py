@@ -349,9 +349,11 @@ def _with_interval(value: float, interval: list[float]) -> str:
     return f"{value:.3f} [{interval[0]:.3f}, {interval[1]:.3f}]"
 
 
-def print_timings(timings: list[tuple[str, float]], db: Path, run_id: str | None) -> None:
+def print_timings(
+    timings: list[tuple[str, float]], db: Path, run_ids: str | list[str] | None
+) -> None:
     """``--timings``: the wall time of every stage (training, each setting's certification
-    and checks), then the run's estimation samples (sequential) and each row's audit cost."""
+    and checks), then each run's estimation samples (sequential) and each row's audit cost."""
     table = Table(title="stage times")
     table.add_column("stage")
     table.add_column("seconds", justify="right")
@@ -359,9 +361,10 @@ def print_timings(timings: list[tuple[str, float]], db: Path, run_id: str | None
         table.add_row(escape(stage), f"{seconds:,.1f}")
     table.add_row("sum of the stages", f"{sum(s for _, s in timings):,.1f}")
     terminal().print(table)
-    for extra in (samples_table(db, run_id), cost_table(db, run_id)):
-        if extra is not None:
-            terminal().print(extra)
+    for run_id in run_ids if isinstance(run_ids, list) else [run_ids]:
+        for extra in (samples_table(db, run_id), cost_table(db, run_id)):
+            if extra is not None:
+                terminal().print(extra)
 
 
 def samples_table(db: Path, run_id: str | None) -> Table | None:

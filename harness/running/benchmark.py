@@ -48,11 +48,13 @@ from harness.foundation.protocol import (
     FORWARD_OPTIONS,
     LEGACY_NOISE,
     LEGACY_PRECISION,
+    LEGACY_SEQUENTIAL_RULE,
     SEQUENTIAL_FIELDS,
     CertificationProtocol,
 )
 from harness.mathematics.accuracy import RADII
 from harness.plugin.registry import Registry
+from harness.running.model_variants import ModelAxes, model_axes
 
 CHECKPOINT_FORMATS = ("cohen", "state_dict", "torchscript")
 AUTO_ARCHITECTURE = "auto"
@@ -101,9 +103,12 @@ class Benchmark:
     shard_size: int = 32
     radii: tuple[float, ...] = RADII
     headline_radius: float | None = None
+    model_axes: ModelAxes | None = None  # several base models: expanded into runs before work
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
+        if self.model_axes is None:  # a run's spec (one model) keeps its id as it was
+            del out["model_axes"]
         if self.protocol.sampling == "fixed":  # keeps the run ids of fixed-n specs as they were
             for key in SEQUENTIAL_FIELDS:
                 del out["protocol"][key]
@@ -218,7 +223,7 @@ def parse_benchmark(raw: dict[str, Any], default_name: str = "benchmark") -> Ben
         "model",
         where,
         {"architecture", "trainer", "seed", "architecture_params", "trainer_params",
-         "checkpoint", "format"},
+         "checkpoint", "format", "per_sigma", "training_sigma", "seeds"},
     )  # fmt: skip
     checkpoint = model.get("checkpoint")
     if checkpoint is not None and "architecture" not in model:
@@ -232,7 +237,7 @@ def parse_benchmark(raw: dict[str, Any], default_name: str = "benchmark") -> Ben
             )
     cert = raw.get("certification", {})
     allowed_cert = {"n0", "n", "alpha", "batch_size", "precision", "channels_last", "noise",
-                    "cudnn", "sampling", "n_max", *FORWARD_OPTIONS}  # fmt: skip
+                    "cudnn", "sampling", "n_max", "rule", *FORWARD_OPTIONS}  # fmt: skip
     if set(cert) - allowed_cert:
         raise SpecError(
             f"{where}: unknown key(s) {sorted(set(cert) - allowed_cert)} in [certification]; "
@@ -289,6 +294,7 @@ def parse_benchmark(raw: dict[str, Any], default_name: str = "benchmark") -> Ben
         methods=method_configs,
         radii=_radii(raw.get("radii", RADII)),
         headline_radius=raw.get("headline_radius"),
+        model_axes=model_axes(model, method_configs),
     )
     if spec.headline_radius is not None and (
         not isinstance(spec.headline_radius, int | float) or spec.headline_radius < 0
@@ -398,10 +404,13 @@ def _check_keys(given: dict[str, Any], known: dict[str, Any], owner: str) -> Non
 
 
 def _sequence_fields(config: dict[str, Any]) -> dict[str, Any]:
-    """A stored protocol, its grid a tuple again (JSON stores a list)."""
+    """A stored protocol, its grid a tuple again (JSON stores a list); a sequential run
+    stored before the protocol recorded its rule used mixture-cs-v2."""
     protocol = dict(config["protocol"])
     if protocol.get("grid") is not None:
         protocol["grid"] = tuple(protocol["grid"])
+    if protocol.get("sampling") == "sequential":
+        protocol.setdefault("rule", LEGACY_SEQUENTIAL_RULE)
     return protocol
 
 

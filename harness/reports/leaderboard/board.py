@@ -1,7 +1,9 @@
-"""A leaderboard as data: tables per dataset and base model, rows ranked, verdicts attached.
+"""A leaderboard as data: tables per dataset and model family, rows ranked, verdicts attached.
 
 Rows of one table are all (run, method, setting) of the runs that share a dataset and a
-base model (content hash). Rows whose verdict is ``sound`` are ranked apart from the
+model family: base models made alike but for their training σ and seed (one run per base
+model: :mod:`harness.running.model_variants`), so that a benchmark's σ_b certified each
+on its own model are read side by side, each row with its model (``Row.model``). Rows whose verdict is ``sound`` are ranked apart from the
 others, and ``order-dependent`` (memory) rows apart from both, scored at the worst input
 order their check replayed (Súkeník et al. 2022, App. C.2). Runs imported from published
 logs (``idrs-bench import-log``) join the first table of their dataset (or open their own)
@@ -35,6 +37,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from harness.foundation.identity import content_hash
 from harness.mathematics.accuracy import (
     benchmark_radii,
     certified_key,
@@ -48,6 +51,7 @@ from harness.mathematics.significance import (
     proportion_interval,
 )
 from harness.reports.leaderboard.paired_differences import attach_differences
+from harness.running.model_variants import model_label
 from harness.store.storedrun import (
     IMPORTED,
     ORDER_DEPENDENT,
@@ -74,8 +78,10 @@ class Row:
     class_counts: dict[int, int] = field(default_factory=dict)  # inputs per label
     certified: dict[int, float | None] = field(default_factory=dict)  # input -> radius if correct
     differences: dict[float, PairedDifference | None] = field(default_factory=dict)
-    """Per radius: the row minus the table's reference row there, paired (None: the row
+    """Per radius: the row minus its model's reference row there, paired (None: the row
     is the reference, there is none, or the two certified other inputs)."""
+    model: str = ""  # the recipe hash of the base model it certified
+    model_label: str = ""  # that model's training σ and seed (``σ 0.25 · seed 0``)
     attack: dict[str, Any] | None = None  # the empirical attack's result, where it ran
     beyond_attack: dict[float, list[int]] = field(default_factory=dict)
     """Per radius: the inputs certified at it that the attack counts robust at no radius that
@@ -109,13 +115,27 @@ class Table:
     memory_rows: list[Row] = field(default_factory=list)
     other_rows: list[Row] = field(default_factory=list)
     imported_rows: list[Row] = field(default_factory=list)
-    references: dict[float, Row | None] = field(default_factory=dict)
-    """Per radius: the best verified-sound constant-σ row there, the others' reference
-    (:mod:`harness.reports.leaderboard.paired_differences`)."""
+    references: dict[str, dict[float, Row | None]] = field(default_factory=dict)
+    """Per base model and radius: the best verified-sound constant-σ row of that model
+    there, its other rows' reference (:mod:`harness.reports.leaderboard.paired_differences`)."""
 
     @property
     def rows(self) -> list[Row]:
         return self.sound_rows + self.memory_rows + self.other_rows + self.imported_rows
+
+    @property
+    def models(self) -> dict[str, str]:
+        """The base models of its runs (recipe hash -> label), in order of first run."""
+        return {r.run["recipe_hash"]: model_label(r.config) for r in self.runs if not r.imported}
+
+    @property
+    def title(self) -> str:
+        """``dataset · architecture · model HASH``, or ``· N base models``."""
+        models = self.models or {self.recipe_hash: ""}
+        which = (
+            f"model {self.recipe_hash[:12]}" if len(models) == 1 else f"{len(models)} base models"
+        )
+        return f"{self.dataset} · {self.architecture} · {which}"
 
     @property
     def failures(self) -> list[dict[str, Any]]:
@@ -154,14 +174,15 @@ def build_board(runs: Sequence[StoredRun]) -> Board:
     imported = [run for run in runs if run.imported]
     for run in [r for r in runs if r not in imported] + imported:
         config = run.run["config"]
-        key = (config["dataset"]["name"], config["model"]["architecture"], run.run["recipe_hash"])
+        key = (config["dataset"]["name"], config["model"]["architecture"], model_family(run))
         if run in imported:  # beside the runs made here on the same dataset
             key = next((k for k in tables if k[0] == key[0]), key)
         radii = benchmark_radii(config)
         table = tables.get(key)
         if table is None:
             table = tables[key] = Table(
-                index=len(tables) + 1, dataset=key[0], architecture=key[1], recipe_hash=key[2],
+                index=len(tables) + 1, dataset=key[0], architecture=key[1],
+                recipe_hash=run.run["recipe_hash"],
                 radii=radii, headline_radius=headline_radius(config, radii),
             )  # fmt: skip
         else:
@@ -180,6 +201,16 @@ def build_board(runs: Sequence[StoredRun]) -> Board:
         attach_differences(table)
     names = list(dict.fromkeys(run.run["name"] for run in runs))
     return Board(title=", ".join(names), runs=list(runs), tables=list(tables.values()))
+
+
+def model_family(run: StoredRun) -> str:
+    """What the base models of a table share: the run's model recipe without its training σ
+    and seed (the recipe hash itself for an imported run or a checkpoint)."""
+    model = run.config.get("model", {})
+    if run.imported or model.get("checkpoint") is not None:
+        return str(run.run["recipe_hash"])
+    params = {k: v for k, v in model.get("trainer_params", {}).items() if k != "sigma"}
+    return content_hash({**model, "seed": None, "trainer_params": params})
 
 
 def empirical_metrics(
@@ -235,6 +266,8 @@ def _rows(run: StoredRun, radii: Sequence[float]) -> list[Row]:
                 certified={int(c.input_id): c.radius if c.correct else None for c in certs},
                 attack=attack,
                 beyond_attack=beyond_attack(certs, attack, correct, radii),
+                model=str(run.run["recipe_hash"]),
+                model_label=model_label(run.config),
             )
         )
     return out

@@ -1,4 +1,4 @@
-"""JSON Schema (draft 2020-12) of a board's ``NAME.json`` (format ``idrs-bench/leaderboard/3``)."""
+"""JSON Schema (draft 2020-12) of a board's ``NAME.json`` (format ``idrs-bench/leaderboard/4``)."""
 
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ BOARD_SCHEMA = {
     "required": ["format", "title", "runs", "metrics", "tables", "rows", "failures"],
     "additionalProperties": False,
     "properties": {
-        "format": {"const": "idrs-bench/leaderboard/3"},
+        "format": {"const": "idrs-bench/leaderboard/4"},
         "title": {"type": "string"},
         "runs": {"type": "array", "items": _PROTOCOL, "minItems": 1},
         "metrics": {
@@ -159,12 +159,23 @@ BOARD_SCHEMA = {
                     "radii": {"type": "array", "items": {"type": "number", "minimum": 0}},
                     "headline_radius": {"type": "number", "minimum": 0},
                     "runs": {"type": "array", "items": {"type": "string"}},
-                    "references": {  # per radius: the best sound constant-σ row (null: none)
+                    "references": {  # per base model and radius: its best sound constant-σ row
                         "type": "object",
                         "additionalProperties": {
-                            "type": ["object", "null"],
-                            "required": ["run_id", "method", "setting"],
-                            "additionalProperties": {"type": "string"},
+                            "type": "object",
+                            "additionalProperties": {
+                                "type": ["object", "null"],  # null: none
+                                "required": ["run_id", "method", "setting"],
+                                "additionalProperties": {"type": "string"},
+                            },
+                        },
+                    },
+                    "seeds": {  # rows over training seeds (harness.reports.leaderboard.seeds)
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["method", "setting", "seeds", "runs", "metrics",
+                                         "across_seeds"],
                         },
                     },
                     "plots": {

@@ -43,10 +43,15 @@ from harness.reports.leaderboard.metrics import (
     metric_catalog,
     sampled_in_rounds,
 )
-from harness.reports.leaderboard.per_radius_markdown import differences_table, headline
+from harness.reports.leaderboard.per_radius_markdown import (
+    differences_table,
+    headline,
+    identity_columns,
+)
 from harness.reports.leaderboard.plots import certified_plot_name, classwise_plot_name
 from harness.reports.leaderboard.protocol_markdown import protocol_table, protocol_warning
 from harness.reports.leaderboard.reproduce import spec_toml
+from harness.reports.leaderboard.seeds import seeds_section
 from harness.reports.leaderboard.stated_protocol import run_protocol
 from harness.reports.leaderboard.verdict_matrix import Footnotes, verdict_matrix
 
@@ -79,11 +84,6 @@ def _spread(row: Row) -> str:
             f"{order.get('orders')} orders)")  # fmt: skip
 
 
-def _identity(row: Row, with_run: bool) -> list[str]:
-    return [*([md_code(row.run_id[:12])] if with_run else []), md_text(row.method),
-            md_text(row.setting)]  # fmt: skip
-
-
 def _cell(metric: Metric, row: Row, bold: bool) -> str:
     """A ranking cell; the value in bold where the row is the best sound one there."""
     text = fmt(
@@ -103,15 +103,14 @@ def _ranking_table(rows: list[Row], table: Table, catalog: list[Metric], spread:
     that radius."""
     main = [m for m in catalog if m.table == "main"]
     best = {certified_key(r): {id(row) for row in best_rows(table, r)} for r in table.radii}
-    with_run = len(table.runs) > 1
-    head = ["#", *(["run"] if with_run else []), "method", "setting", "verdict",
-            "σ(x) min / median / max", *[md_text(m.header) for m in main],
+    names, identity = identity_columns(table)
+    head = ["#", *names, "verdict", "σ(x) min / median / max", *[md_text(m.header) for m in main],
             *(["ACR over orders"] if spread else [])]  # fmt: skip
-    align = ["--:", *([":--"] if with_run else []), ":--", ":--", ":--", "--:",
+    align = ["--:", *[":--" for _ in names], ":--", "--:",
              *["--:" for _ in main], *([":--"] if spread else [])]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
     for rank, row in enumerate(rows, 1):
-        cells = [str(rank), *_identity(row, with_run), md_text(row.verdict), sigma_cell(row),
+        cells = [str(rank), *identity(row), md_text(row.verdict), sigma_cell(row),
                  *[_cell(m, row, id(row) in best.get(m.key, ())) for m in main],
                  *([_spread(row)] if spread else [])]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
@@ -120,14 +119,13 @@ def _ranking_table(rows: list[Row], table: Table, catalog: list[Metric], spread:
 
 def _detail_table(table: Table, metrics: list[Metric]) -> list[str]:
     """Every row of ``table`` in board order, with ``metrics`` as columns."""
-    with_run = len(table.runs) > 1
-    head = [*(["run"] if with_run else []), "method", "setting",
-            *[md_text(m.header) for m in metrics]]  # fmt: skip
-    align = [*([":--"] if with_run else []), ":--", ":--", *["--:" for _ in metrics]]
+    names, identity = identity_columns(table)
+    head = [*names, *[md_text(m.header) for m in metrics]]
+    align = [*[":--" for _ in names], *["--:" for _ in metrics]]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
     for row in table.rows:
         intervals = row.metrics.get("intervals", {})
-        cells = [*_identity(row, with_run),
+        cells = [*identity(row),
                  *[fmt(m, row.metrics.get(m.key), intervals.get(m.key)) for m in metrics]]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -185,7 +183,9 @@ def _table_section(table: Table, stem: str | None, notes: Footnotes) -> list[str
     catalog = metric_catalog(
         table.radii, any(row.attack for row in table.rows), sampled_in_rounds(table.runs)
     )
-    title = f"{md_text(table.dataset)} · {md_text(table.architecture)} · model {md_code(table.recipe_hash[:12])}"
+    title = f"{md_text(table.dataset)} · {md_text(table.architecture)} · " + (
+        f"model {md_code(table.recipe_hash[:12])}" if len(table.models) <= 1
+        else f"{len(table.models)} base models")  # fmt: skip
     out = [f"## {table.index}. {title}", ""]
     out += protocol_warning(table, stem)
     out += headline(table)
@@ -230,6 +230,7 @@ def _table_section(table: Table, stem: str | None, notes: Footnotes) -> list[str
             "",
         ]
     out += differences_table(table)
+    out += seeds_section(table)
     out += verdict_matrix(table, notes)
     if stem is not None and table.rows:
         certified = quote(certified_plot_name(stem, table))

@@ -12,19 +12,29 @@ against that reference at each radius, with Newcombe's interval
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from harness.mathematics.accuracy import certified_key
 from harness.mathematics.significance import CONFIDENCE, PairedDifference
 from harness.reports.leaderboard.board import Row, Table
 from harness.reports.leaderboard.envelope import Band, bands
 from harness.reports.leaderboard.escape import md_code, md_text
+from harness.reports.leaderboard.paired_differences import has_reference, reference_of
 
 
-def row_name(row: Row) -> str:
-    return f"{md_text(row.method)} ({md_text(row.setting)})"
+def own_model(table: Table) -> str:
+    """`` on the same base model`` where ``table`` has several, else nothing."""
+    return ", on the row's own base model" if len(table.models) > 1 else ""
 
 
-def _names(rows: tuple[Row, ...] | list[Row]) -> str:
-    names = [row_name(row) for row in rows]
+def row_name(row: Row, table: Table | None = None) -> str:
+    """``method (setting)``, with the row's base model where ``table`` has several."""
+    model = f"; {md_text(row.model_label)}" if table is not None and len(table.models) > 1 else ""
+    return f"{md_text(row.method)} ({md_text(row.setting)}{model})"
+
+
+def _names(rows: tuple[Row, ...] | list[Row], table: Table) -> str:
+    names = [row_name(row, table) for row in rows]
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
@@ -40,7 +50,7 @@ def _value(row: Row, radius: float) -> str:
     return f"{row.metrics[key]:.3f} [{low:.3f}, {high:.3f}]"
 
 
-def _band(band: Band) -> str:
+def _band(band: Band, table: Table) -> str:
     if not band.rows:
         return f"- {_radii(band.radii)}: no verified-sound row certifies an input"
     row = band.rows[0]  # the best rows have equal certified accuracy at every radius of the band
@@ -48,7 +58,7 @@ def _band(band: Band) -> str:
         values = _value(row, band.radii[0])
     else:
         values = ", ".join(f"{_value(row, r)} at {r:g}" for r in band.radii)
-    return f"- {_radii(band.radii)}: {_names(band.rows)}, {values}"
+    return f"- {_radii(band.radii)}: {_names(band.rows, table)}, {values}"
 
 
 def difference_text(difference: PairedDifference) -> str:
@@ -60,7 +70,7 @@ def difference_text(difference: PairedDifference) -> str:
 
 def _above(table: Table) -> str:
     """The sentence on the verified-sound rows above the reference at some radius."""
-    if not any(table.references.values()):
+    if not has_reference(table):
         return ("No verified-sound row has one σ for every input, so no row is paired with a "
                 "constant-σ reference.")  # fmt: skip
     found = []
@@ -70,12 +80,13 @@ def _above(table: Table) -> str:
         ]
         if above:
             at = ", ".join(f"{r:g} ({difference_text(d).removesuffix(' above')})" for r, d in above)
-            found.append(f"{row_name(row)} at radius {at}")
+            found.append(f"{row_name(row, table)} at radius {at}")
+    own = " of its own base model" if len(table.models) > 1 else ""
     if not found:
-        return (f"Paired with the best verified-sound constant-σ row at each radius (differences "
+        return (f"Paired with the best verified-sound constant-σ row{own} at each radius (differences "
                 f"below), no verified-sound row is above it at any radius by its "
                 f"{CONFIDENCE:.0%} interval.")  # fmt: skip
-    return (f"Paired with the best verified-sound constant-σ row at each radius (differences "
+    return (f"Paired with the best verified-sound constant-σ row{own} at each radius (differences "
             f"below), above it by its {CONFIDENCE:.0%} interval: " + "; ".join(found) + ".")  # fmt: skip
 
 
@@ -86,7 +97,7 @@ def headline(table: Table) -> list[str]:
             f"**Headline.** The best verified-sound row at each radius, with its "
             f"{CONFIDENCE:.0%} interval (bold in the table below; the grey line of the plot):",
             "",
-            *[_band(band) for band in bands(table)],
+            *[_band(band, table) for band in bands(table)],
             "",
             _above(table),
             "",
@@ -98,49 +109,67 @@ def headline(table: Table) -> list[str]:
 
 
 def _reference_line(table: Table) -> str:
-    """``radius 0: cohen (sigma=0.12); radii 0.25–0.75: cohen (sigma=0.25)``."""
-    groups: list[tuple[list[float], Row]] = []
-    for radius, row in table.references.items():
-        if row is None:
-            continue
-        if groups and groups[-1][1] is row:
-            groups[-1][0].append(radius)
-        else:
-            groups.append(([radius], row))
-    return "; ".join(f"{_radii(tuple(radii))}: {row_name(row)}" for radii, row in groups)
+    """``radius 0: cohen (sigma=0.12); radii 0.25–0.75: cohen (sigma=0.25)``, per base model
+    where the table has several."""
+    lines = []
+    for model, references in table.references.items():
+        groups: list[tuple[list[float], Row]] = []
+        for radius, row in references.items():
+            if row is None:
+                continue
+            if groups and groups[-1][1] is row:
+                groups[-1][0].append(radius)
+            else:
+                groups.append(([radius], row))
+        line = "; ".join(f"{_radii(tuple(radii))}: {row_name(row)}" for radii, row in groups)
+        if len(table.models) > 1:
+            line = f"model {md_text(table.models[model])}: {line or 'none'}"
+        lines.append(line)
+    return "; ".join(lines)
+
+
+def identity_columns(table: Table) -> tuple[list[str], Callable[[Row], list[str]]]:
+    """The columns that name a row of ``table``: its base model where the table has several,
+    else its run where it has several, then method and setting; and a row's cells."""
+    if len(table.models) > 1:
+        return ["model", "method", "setting"], lambda row: [
+            md_text(row.model_label or "imported"), md_text(row.method), md_text(row.setting)]  # fmt: skip
+    if len(table.runs) > 1:
+        return ["run", "method", "setting"], lambda row: [
+            md_code(row.run_id[:12]), md_text(row.method), md_text(row.setting)]  # fmt: skip
+    return ["method", "setting"], lambda row: [md_text(row.method), md_text(row.setting)]
 
 
 def differences_table(table: Table) -> list[str]:
-    """Every row minus the reference at each radius, with Newcombe's interval; [] without
-    a reference."""
-    if not any(table.references.values()):
+    """Every row minus its model's reference at each radius, with Newcombe's interval; []
+    without a reference."""
+    if not has_reference(table):
         return []
-    with_run = len(table.runs) > 1
-    radii = list(table.references)
-    head = [*(["run"] if with_run else []), "method", "setting",
-            *[md_text(f"Δ@{r:g}") for r in radii], "verdict"]  # fmt: skip
-    align = [*([":--"] if with_run else []), ":--", ":--", *["--:" for _ in radii], ":--"]
+    radii = table.radii
+    names, identity = identity_columns(table)
+    head = [*names, *[md_text(f"Δ@{r:g}") for r in radii], "verdict"]
+    align = [*[":--" for _ in names], *["--:" for _ in radii], ":--"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
     for row in table.rows:
         cells = []
+        references = reference_of(table, row)
         for radius in radii:
             difference = row.differences.get(radius)
-            if table.references[radius] is row:
+            if references.get(radius) is row:
                 cells.append("reference")
             elif difference is None:
-                cells.append("not paired" if table.references[radius] is not None else "–")
+                cells.append("not paired" if references.get(radius) is not None else "–")
             else:
                 cells.append(difference_text(difference))
-        lines.append("| " + " | ".join([*([md_code(row.run_id[:12])] if with_run else []),
-                                         md_text(row.method), md_text(row.setting), *cells,
-                                         md_text(row.verdict)]) + " |")  # fmt: skip
+        lines.append("| " + " | ".join([*identity(row), *cells, md_text(row.verdict)]) + " |")
     return [
         "### Paired differences from the best constant-σ row",
         "",
         "At each radius, each row's certified accuracy minus the reference's on the same "
         f"inputs, with its {CONFIDENCE:.0%} interval (Newcombe's hybrid score interval for "
         "paired proportions). The reference: the verified-sound row of one σ for every input "
-        f"with the highest certified accuracy at that radius ({_reference_line(table)}). "
+        f"with the highest certified accuracy at that radius{own_model(table)} "
+        f"({_reference_line(table)}). "
         "`above`, `below`: the interval excludes 0; no word: it contains 0, and the two rows "
         "are not separated at this number of inputs (which is not a tie: the interval holds "
         "differences of both signs).",

@@ -117,7 +117,7 @@ def write_board(
         for table in board.tables:
             if not table.rows:
                 continue
-            title = f"{table.dataset} · {table.architecture} · model {table.recipe_hash[:12]}"
+            title = table.title
             path = out.parent / certified_plot_name(stem, table)
             write_certified_plot(table, path, title)
             written.append(path)

@@ -54,7 +54,7 @@ FORMATS = ("idrs-bench/run-export/1", "idrs-bench/run-export/2", EXPORT_FORMAT)
 EVIDENCE_FORMATS = FORMATS[1:]
 """Formats whose certificates carry their evidence (``--verify`` re-derives them)."""
 CERTIFICATE_COLUMNS = ("input_id", "label", "prediction", "predict", "radius", "sigma", "seconds",
-                       "load")
+                       "load")  # fmt: skip
 EVIDENCE_COLUMNS = ("p_lower", "alpha", "evidence", "draws")
 """The certificates' evidence columns, exported since format 2."""
 

@@ -39,10 +39,13 @@ from harness.reports.leaderboard.metrics import (
     sampled_in_rounds,
 )
 from harness.reports.leaderboard.plots import certified_plot_name, classwise_plot_name
+from harness.reports.leaderboard.seeds import seed_groups, seeds_record
 from harness.reports.leaderboard.stated_protocol import run_protocol
 
-BOARD_FORMAT = "idrs-bench/leaderboard/3"
-"""Format 3: format 2 with per-radius ``differences`` from a reference row (and the
+BOARD_FORMAT = "idrs-bench/leaderboard/4"
+"""Format 4: format 3 with the tables' ``references`` per base model (recipe hash), each
+row's ``recipe_hash`` its own model's, the tables' ``seeds`` (rows over training seeds) and
+each row's ``load_per_core``; format 3: format 2 with per-radius ``differences`` from a reference row (and the
 tables' ``references``) for the McNemar test against the group's first row (``paired``),
 ``best_at``, the σ(x) distribution, the ACR's interval and the weights file's SHA-256;
 format 2: format 1 with ``model_hash`` (runs, tables, rows) named ``recipe_hash``."""
@@ -82,7 +85,7 @@ def _records(board: Board, catalog: list[Metric]) -> list[dict[str, Any]]:
                 "rank": rank,
                 "run_id": row.run_id,
                 "dataset": table.dataset,
-                "recipe_hash": table.recipe_hash,
+                "recipe_hash": row.model or table.recipe_hash,
                 "method": row.method,
                 "setting": row.setting,
                 "verdict": row.verdict,
@@ -150,7 +153,11 @@ def board_json(board: Board, stem: str) -> str:
                 "radii": t.radii,
                 "headline_radius": t.headline_radius,
                 "runs": [run.run_id for run in t.runs],
-                "references": {f"{r:g}": _identity(ref) for r, ref in t.references.items()},
+                "references": {
+                    model: {f"{r:g}": _identity(ref) for r, ref in refs.items()}
+                    for model, refs in t.references.items()
+                },
+                "seeds": [seeds_record(group, t) for group in seed_groups(t)],
                 "plots": {
                     "certified_accuracy": certified_plot_name(stem, t),
                     "classwise_accuracy": classwise_plot_name(stem, t),
