@@ -349,16 +349,29 @@ def engine_patched() -> Iterator[types.ModuleType]:
 @contextlib.contextmanager
 def invalid_rule() -> Iterator[None]:
     """The invalid sequential rule: a plain Clopper–Pearson bound at level α at every look
-    (:meth:`harness.mathematics.sequential.SequentialRule.look_bounds` patched), for the
-    run and its checks alike; undone on exit."""
+    (:meth:`harness.mathematics.sequential.SequentialRule.look_bounds` patched), and for
+    the grid-place rule the exact binomial test of each place at level α at every look
+    (:meth:`harness.mathematics.gridplace.GridPlaceRule.rejects` patched), for the run and
+    its checks alike; undone on exit."""
+    from harness.mathematics.gridplace import GridPlaceRule
     from harness.mathematics.sequential import SequentialRule
 
-    original = SequentialRule.look_bounds
+    original, rejects = SequentialRule.look_bounds, GridPlaceRule.rejects
     SequentialRule.look_bounds = plain_clopper_pearson
+    GridPlaceRule.rejects = plain_exact_test
     try:
         yield
     finally:
-        SequentialRule.look_bounds = original
+        SequentialRule.look_bounds, GridPlaceRule.rejects = original, rejects
+
+
+def plain_exact_test(rule, count, k, tau, a, b, alpha: float) -> np.ndarray:
+    """The exact binomial test of p_A <= τ at level α at look ``k``, as if it were the only look."""
+    from harness.mathematics.gridplace import _exact_rejects
+
+    count, k, tau, _, _ = np.broadcast_arrays(np.asarray(count, dtype=np.int64), np.asarray(k),
+                                              tau, a, b)  # fmt: skip
+    return _exact_rejects(count, rule.looks[k], tau, alpha)
 
 
 def plain_clopper_pearson(rule, counts, k, alpha: float) -> np.ndarray:

@@ -173,6 +173,9 @@ class _Linear(torch.nn.Module):
 
 
 def _protocol(n_max=20_000, **kw):
+    """A protocol of the ``mixture-cs-v2`` rule (earlier runs'; the grid-place rule's own
+    tests are tests/test_gridplace.py)."""
+    kw.setdefault("rule", "mixture-cs-v2")
     return CertificationProtocol(n0=100, n=n_max, alpha=1e-3, batch_size=500, noise="philox-v1",
                                  sampling="sequential", grid=GRID, **kw)  # fmt: skip
 
@@ -213,7 +216,7 @@ def test_rounds_are_the_fixed_runs_first_samples_and_s0_rederives_them():
     fixed_rows = [{**r, "draws": {"base": {k: v for k, v in r["draws"]["base"].items()
                                            if k not in ("looks", "rule")}}} for r in rows]  # fmt: skip
     fixed = cohen_recompute(fixed_rows, x, replace(protocol, sampling="fixed", n_max=None,
-                                                   grid=None), None)  # fmt: skip
+                                                   grid=None, rule=None), None)  # fmt: skip
     assert np.all(fixed.bound >= np.array([c.p_lower for c in certs]) - 1e-12)
 
 

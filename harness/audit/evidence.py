@@ -242,21 +242,28 @@ def _samples_tests(
     n: np.ndarray, spent: float,
 ) -> list:  # fmt: skip
     """The estimation samples behind each certificate: n of them (fixed sampling), or, drawn
-    sequentially, looks that follow the run's rule (:func:`harness.mathematics.sequential.look_problems`:
-    its schedule, cumulative counts, and a stop where the rule stops) with the rule's
-    record, at the α the certifier's formula gets."""
+    sequentially, looks that follow the run's rule (:func:`harness.mathematics.sequential.look_problems`,
+    :func:`harness.mathematics.gridplace.look_problems`: its schedule, cumulative counts,
+    and a stop where the rule stops) with the rule's record, at the α the certifier's
+    formula gets; under the grid-place rule, tested at the thresholds the declared
+    formula gives at the certificate's σ."""
     if protocol.sampling == "fixed":
         looked = np.array([bool(r["draws"].get("base", {}).get("looks")) for r in rows])
         return [("n", (n != protocol.n) | looked, n, np.full(len(rows), protocol.n),
                  "its evidence holds {s} estimation samples, not n = {r} (or was drawn in rounds)")]  # fmt: skip
     from harness.certification.rounds import sequential_rule
+    from harness.mathematics.gridplace import GridPlaceRule, stored_thresholds
+    from harness.mathematics.gridplace import look_problems as grid_look_problems
     from harness.mathematics.radius import grid_thresholds
     from harness.mathematics.sequential import look_problems
 
     rule = sequential_rule(protocol)
+    grid = isinstance(rule, GridPlaceRule)
     bases = [r["draws"].get("base") or {} for r in rows]
     ruled = np.array([b.get("rule") == rule.record() and bool(b.get("looks")) for b in bases])
     problems = np.array([None] * len(rows), dtype=object)
+    tested = np.array([None] * len(rows), dtype=object)  # grid-place: the stored thresholds
+    derived = np.array([None] * len(rows), dtype=object)
     ok = np.flatnonzero(ruled)
     if ok.size:
         dim = int(inputs[0].numel()) if inputs is not None and len(inputs) else 1
@@ -265,15 +272,39 @@ def _samples_tests(
                                      declaration.regularity)  # fmt: skip
         top = np.array([int(np.argmax(bases[i]["selection"])) for i in ok])
         estimation = [bases[i]["estimation"] for i in ok]
-        problems[ok] = look_problems(rule, [bases[i]["looks"] for i in ok], top, estimation,
-                                     thresholds, protocol.alpha - spent)  # fmt: skip
+        looks = [bases[i]["looks"] for i in ok]
+        if grid:
+            selection = np.array([bases[i]["selection"] for i in ok], dtype=np.int64)
+            problems[ok] = grid_look_problems(rule, looks, top, estimation, selection,
+                                              protocol.n0, thresholds, protocol.alpha - spent)  # fmt: skip
+            for j, i in enumerate(ok):
+                tested[i] = bases[i].get("thresholds")
+                derived[i] = stored_thresholds(thresholds[j]).tolist()
+        else:
+            problems[ok] = look_problems(rule, looks, top, estimation, thresholds,
+                                         protocol.alpha - spent)  # fmt: skip
     found = np.array([p is not None for p in problems])
+    moved = np.array(
+        [d is not None and not _same(t, d) for t, d in zip(tested, derived, strict=True)]
+    )
     return [
         ("rule", ~ruled, np.array([b.get("rule") for b in bases], dtype=object),
          np.full(len(rows), rule.record(), dtype=object),
          "its draws were made by the sequential rule {s}, the run's is {r}"),
+        ("thresholds", moved, tested, derived,
+         "the grid thresholds its draws were tested at are {s}, its formula's are {r}"),
         ("looks", found, problems, np.full(len(rows), "none"), "its looks depart from the rule: {s}"),
     ]  # fmt: skip
+
+
+def _same(stored, derived) -> bool:
+    """Stored grid thresholds equal to the re-derived ones (up to :data:`RELATIVE`)."""
+    try:
+        stored = np.asarray(stored, dtype=np.float64)
+    except (TypeError, ValueError):
+        return False
+    derived = np.asarray(derived, dtype=np.float64)
+    return stored.shape == derived.shape and bool(np.all(_close(stored, derived)))
 
 
 def _close(stored: np.ndarray, derived) -> np.ndarray:

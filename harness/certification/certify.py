@@ -67,7 +67,9 @@ class HardSmoothingCertifier:
     ĉ_A's estimation count at the evidence's α (:meth:`Evidence.lower_bound`:
     Clopper–Pearson, or the anytime-valid bound of sequential sampling); abstain when
     p_A_lower <= 1/2, else certify ĉ_A with :meth:`radius`. PREDICT (the two-sided
-    binomial test of the top two estimation counts at level α) is answered beside it.
+    binomial test of the top two estimation counts at level α) is answered beside it
+    (under the grid-place rule its anytime-valid test at the stopping time,
+    :func:`draws_predictions`).
     """
 
     smoothing = HARD
@@ -81,7 +83,7 @@ class HardSmoothingCertifier:
     def certify(self, evidence: Evidence) -> list[Claim]:
         """One claim per input; the radii of a batch are computed in one vectorized call
         (a radius such as Súkeník et al.'s Thm 3.2 costs far less per input batched)."""
-        selection, estimation = evidence.base.selection, evidence.base.estimation
+        selection = evidence.base.selection
         rows = np.arange(len(evidence))
         top = np.argmax(selection, axis=1)
         p_lower = evidence.lower_bound(top)
@@ -89,7 +91,7 @@ class HardSmoothingCertifier:
         radii = np.zeros(len(evidence))
         if certified.any():
             radii[certified] = self.radius(p_lower[certified], evidence.sigma[certified])
-        predicts = predictions_from_counts(estimation, evidence.alpha)
+        predicts = draws_predictions(evidence.base, evidence.alpha)
         return [
             Claim(
                 prediction=int(top[i]) if certified[i] else ABSTAIN,
@@ -99,6 +101,19 @@ class HardSmoothingCertifier:
             )
             for i in rows
         ]
+
+
+def draws_predictions(draws: Draws, alpha: float) -> np.ndarray:
+    """PREDICT of each input of hard ``draws``: the binomial test of its top two
+    estimation counts (fixed n, and the ``mixture-cs-v2`` runs that recorded it so), or,
+    drawn by the grid-place rule, the e-process test of the top class against the
+    runner-up, valid at the data-dependent stopping time
+    (:func:`harness.mathematics.gridplace.anytime_predictions`)."""
+    from harness.mathematics.gridplace import GridPlaceRule, anytime_predictions
+
+    if isinstance(draws.rule, GridPlaceRule):
+        return anytime_predictions(draws.estimation, alpha)
+    return predictions_from_counts(draws.estimation, alpha)
 
 
 def predict_from_counts(counts: np.ndarray, alpha: float) -> int:

@@ -1,5 +1,6 @@
 """Sequential CERTIFY's draws: the estimation samples in rounds, until each input's place
-on the radius grid is decided (:mod:`harness.mathematics.sequential`).
+on the radius grid is decided by the run's rule (:mod:`harness.mathematics.gridplace`, or
+:mod:`harness.mathematics.sequential` for runs made under ``mixture-cs-v2``).
 
 The harness draws every round itself, for every input of a call still running, in one
 engine call per round (samples n_{k−1} … n_k − 1 of stream 1, :meth:`SamplingEngine.run`
@@ -27,15 +28,17 @@ from harness.engine.draws import HARD, Claim, Draws
 from harness.engine.sampling import STREAM_ESTIMATION, SamplingEngine
 from harness.foundation.errors import ContractError
 from harness.foundation.protocol import CertificationProtocol
-from harness.mathematics.sequential import SequentialRule
+from harness.mathematics.gridplace import GridPlaceRule, stored_thresholds, tested_values
+from harness.mathematics.rules import make_rule
+from harness.mathematics.sequential import RULE_NAME, SequentialRule
 
 RELATIVE = 1e-9
 """Relative tolerance of a claimed bound against the harness's (floating-point rounding)."""
 
 
-def sequential_rule(protocol: CertificationProtocol) -> SequentialRule:
-    """The run's rule: its cap n_max and the grid it decides."""
-    return SequentialRule(int(protocol.n_max), tuple(protocol.grid))
+def sequential_rule(protocol: CertificationProtocol) -> SequentialRule | GridPlaceRule:
+    """The run's rule (its protocol's ``rule``): its cap n_max and the grid it decides."""
+    return make_rule(protocol.rule or RULE_NAME, int(protocol.n_max), tuple(protocol.grid))
 
 
 def unsupported(what: str, certifier: Any, sigma_smoothed: bool) -> str | None:
@@ -65,17 +68,24 @@ class Stopped:
 
 
 def draw_in_rounds(
-    engine: SamplingEngine, rule: SequentialRule, x: torch.Tensor, sigma: np.ndarray,
+    engine: SamplingEngine, rule: SequentialRule | GridPlaceRule, x: torch.Tensor, sigma: np.ndarray,
     ids: list[int], selection: np.ndarray, thresholds: np.ndarray, alpha: float, n0: int,
     chunk: int, in_order: bool,
 ) -> Iterator[Stopped]:  # fmt: skip
     """The estimation draws of ``ids`` in rounds; yields inputs as they stop, at most
     ``chunk`` at a time (``in_order``: only the next inputs of the call, in order, for an
-    order-dependent certifier). ĉ_A is the top class of ``selection``."""
+    order-dependent certifier). ĉ_A is the top class of ``selection``; ``thresholds``
+    [B, G] are the grid's at each input's σ (the grid-place rule stores them)."""
     count, classes = len(ids), engine.num_classes
     top = np.argmax(selection, axis=1) if count else np.zeros(0, dtype=np.int64)
     looks = np.zeros((count, len(rule.looks), classes), dtype=np.int64)
     bound = np.zeros(count)
+    grid = isinstance(rule, GridPlaceRule)
+    if grid:  # the tested values, each input's prior (its selection counts) and its place
+        tau = tested_values(thresholds) if count else np.zeros((0, 1))
+        a, b = rule.priors(selection[np.arange(count), top], n0)
+        ever = np.zeros(tau.shape, dtype=bool)
+        place = np.zeros(count, dtype=np.int64)
     stops = np.full(count, -1, dtype=np.int64)
     seconds = np.zeros(count)
     running = np.arange(count)
@@ -90,8 +100,14 @@ def draw_in_rounds(
                                n - before, STREAM_ESTIMATION, start=before)  # fmt: skip
         looks[running, k] = counts + (looks[running, k - 1] if k else 0)
         here = looks[running, k, top[running]]
-        bound[running] = np.maximum(bound[running], rule.look_bounds(here, k, alpha))
-        stop = rule.stops(k, here, bound[running], thresholds[running], alpha)
+        if grid:
+            ever[running], place[running] = rule.advance(ever[running], here, k, tau[running],
+                                                         a[running], b[running], alpha)  # fmt: skip
+            stop = rule.stops(k, here, place[running], tau[running], a[running], b[running],
+                              alpha)  # fmt: skip
+        else:
+            bound[running] = np.maximum(bound[running], rule.look_bounds(here, k, alpha))
+            stop = rule.stops(k, here, bound[running], thresholds[running], alpha)
         stops[running[stop]] = k
         seconds[running] += (time.perf_counter() - start) / running.size
         running = running[~stop]
@@ -108,7 +124,8 @@ def draw_in_rounds(
             done[index] = True
             estimation = looks[index, stops[index]]
             draws = Draws(HARD, n0, rule.n_max, sigma[index], selection[index], estimation,
-                          rule=rule, looks=looks[index], stops=stops[index])  # fmt: skip
+                          rule=rule, looks=looks[index], stops=stops[index],
+                          thresholds=stored_thresholds(thresholds[index]) if grid else None)  # fmt: skip
             yield Stopped(index, draws, seconds[index])
 
 

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from harness.foundation.certificate import ABSTAIN
+from harness.mathematics.gridplace import GridPlaceRule
+from harness.mathematics.rules import rule_from_record
 from harness.mathematics.sequential import SequentialRule
 
 if TYPE_CHECKING:
@@ -47,7 +49,9 @@ class Draws:
     Drawn sequentially (hard only), they carry the ``rule``, the cumulative class counts
     ``looks`` [B, K, C] at the rule's looks and each input's last look ``stops`` [B]
     (counts after it are 0); ``estimation`` is then the last look's counts, and ``n`` the
-    rule's cap n_max (an input's own n is its last look's, :meth:`samples`).
+    rule's cap n_max (an input's own n is its last look's, :meth:`samples`). Under the
+    grid-place rule (:mod:`harness.mathematics.gridplace`) they also carry the grid
+    ``thresholds`` [B, G] the rule tested at each input's σ.
     """
 
     kind: str
@@ -59,9 +63,10 @@ class Draws:
     estimation_sq: np.ndarray | None = None
     levels: tuple[float, ...] | None = None
     alpha: float | None = None
-    rule: SequentialRule | None = None
+    rule: SequentialRule | GridPlaceRule | None = None
     looks: np.ndarray | None = None
     stops: np.ndarray | None = None
+    thresholds: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.sigma)
@@ -71,9 +76,10 @@ class Draws:
         sq = None if self.estimation_sq is None else self.estimation_sq[index]
         looks = None if self.looks is None else self.looks[index]
         stops = None if self.stops is None else self.stops[index]
+        thresholds = None if self.thresholds is None else self.thresholds[index]
         return Draws(self.kind, self.n0, self.n, self.sigma[index], self.selection[index],
                      self.estimation[index], sq, self.levels, self.alpha, self.rule, looks,
-                     stops)  # fmt: skip
+                     stops, thresholds)  # fmt: skip
 
     @staticmethod
     def joined(parts: list[Draws]) -> Draws:
@@ -86,7 +92,8 @@ class Draws:
 
         return Draws(first.kind, first.n0, first.n, stacked("sigma"), stacked("selection"),
                      stacked("estimation"), stacked("estimation_sq"), first.levels, first.alpha,
-                     first.rule, stacked("looks"), stacked("stops"))  # fmt: skip
+                     first.rule, stacked("looks"), stacked("stops"),
+                     stacked("thresholds"))  # fmt: skip
 
     def samples(self) -> np.ndarray:
         """Estimation samples behind each input's evidence [B]."""
@@ -98,8 +105,9 @@ class Draws:
         """The harness's lower confidence bound at level ``alpha`` on the probability of
         class ``top[i]`` of each input (hard draws): Clopper–Pearson of its estimation
         count, or, drawn sequentially, the rule's anytime-valid bound at the input's last
-        look (:mod:`harness.mathematics.sequential`). A certifier that takes its bound
-        from here is certified under either sampling."""
+        look (:mod:`harness.mathematics.sequential`), or under the grid-place rule the
+        threshold of the grid place it decided (:mod:`harness.mathematics.gridplace`). A
+        certifier that takes its bound from here is certified under either sampling."""
         from harness.mathematics.stats import clopper_pearson_lower_array
 
         rows = np.arange(len(self))
@@ -107,6 +115,9 @@ class Draws:
         if self.looks is None:
             return clopper_pearson_lower_array(self.estimation[rows, top],
                                                self.estimation.sum(axis=1), alpha)  # fmt: skip
+        if isinstance(self.rule, GridPlaceRule):
+            return self.rule.stopped_bounds(self.looks[rows, :, top], self.stops, self.thresholds,
+                                            self.selection[rows, top], self.n0, alpha)  # fmt: skip
         bounds = self.rule.bounds(self.looks[rows, :, top], alpha)
         return bounds[rows, self.stops]
 
@@ -125,6 +136,8 @@ class Draws:
             out["rule"] = self.rule.record()
             out["looks"] = [{"n": sizes[k], "counts": self.looks[i, k].tolist()}
                             for k in range(int(self.stops[i]) + 1)]  # fmt: skip
+        if self.thresholds is not None:
+            out["thresholds"] = [float(t) for t in self.thresholds[i]]
         return out
 
     @staticmethod
@@ -139,10 +152,12 @@ class Draws:
         levels = tuple(first["levels"]) if "levels" in first else None
         selection = np.array([r["selection"] for r in records], dtype=dtype)
         estimation = np.array([r["estimation"] for r in records], dtype=dtype)
-        rule = looks = stops = None
+        rule = looks = stops = thresholds = None
         n = int(first.get("n", 0))
+        if "thresholds" in first:
+            thresholds = np.array([r["thresholds"] for r in records], dtype=np.float64)
         if "looks" in first:
-            rule = SequentialRule.from_record(first["rule"])
+            rule = rule_from_record(first["rule"])
             n = rule.n_max
             looks = np.zeros((len(records), len(rule.looks), selection.shape[1]), dtype=np.int64)
             stops = np.array([len(r["looks"]) - 1 for r in records], dtype=np.int64)
@@ -150,7 +165,7 @@ class Draws:
                 looks[i, : len(r["looks"])] = [look["counts"] for look in r["looks"]]
         return Draws(kind, int(first.get("n0", 0)), n,
                      np.array([float(r["sigma"]) for r in records]), selection, estimation, sq,
-                     levels, first.get("alpha"), rule, looks, stops)  # fmt: skip
+                     levels, first.get("alpha"), rule, looks, stops, thresholds)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,13 @@ LEGACY_NOISE = "block-v1"
 SAMPLINGS = ("fixed", "sequential")
 """How the estimation samples are drawn: n of them, or in rounds until the input's place
 on the radius grid is decided (:mod:`harness.mathematics.sequential`)."""
-SEQUENTIAL_FIELDS = ("sampling", "n_max", "grid")
+SEQUENTIAL_FIELDS = ("sampling", "n_max", "grid", "rule")
 """Protocol fields a fixed-sampling run does not record (its run id stays as it was)."""
+SEQUENTIAL_RULES = ("grid-place-v1", "mixture-cs-v2")
+"""The sequential rules (:mod:`harness.mathematics.gridplace`, :mod:`harness.mathematics.sequential`);
+the first is the default of a new sequential run."""
+LEGACY_SEQUENTIAL_RULE = "mixture-cs-v2"
+"""The rule of sequential runs whose stored protocol names none (made before it was recorded)."""
 FORWARD_OPTIONS = ("fold_batchnorm", "compile", "cuda_graphs")
 """How the base model's forward pass is computed (:mod:`harness.engine.forward`): each off
 by default, and recorded with a run (its id, its arithmetic, its board) only when on."""
@@ -59,8 +64,8 @@ class CertificationProtocol:
     it, ``torch.compile`` and CUDA graphs at the engine's batch shape; each is part of the
     arithmetic (folding and compiling round differently). ``sampling = "sequential"`` draws
     the estimation samples in rounds, at most ``n_max`` (default ``n``), until each
-    input's place on the radius ``grid`` (the benchmark's ``radii``) is decided
-    (:mod:`harness.mathematics.sequential`).
+    input's place on the radius ``grid`` (the benchmark's ``radii``) is decided, by the
+    sequential ``rule`` (default the first of :data:`SEQUENTIAL_RULES`).
     """
 
     n0: int = 100
@@ -74,6 +79,7 @@ class CertificationProtocol:
     sampling: str = "fixed"
     n_max: int | None = None
     grid: tuple[float, ...] | None = None
+    rule: str | None = None
     fold_batchnorm: bool = False
     compile: bool = False
     cuda_graphs: bool = False
@@ -132,7 +138,19 @@ class CertificationProtocol:
                     f'n_max = {self.n_max!r} is the cap of sampling = "sequential"; set '
                     'sampling = "sequential" or remove n_max (fixed sampling draws n)'
                 )
+            if self.rule is not None:
+                raise ParameterError(
+                    f'rule = {self.rule!r} is the rule of sampling = "sequential"; set '
+                    'sampling = "sequential" or remove rule (fixed sampling draws n)'
+                )
             return
+        if self.rule is None:
+            object.__setattr__(self, "rule", SEQUENTIAL_RULES[0])
+        if self.rule not in SEQUENTIAL_RULES:
+            raise ParameterError(
+                f"unknown sequential rule {self.rule!r}; choose one of "
+                + ", ".join(map(repr, SEQUENTIAL_RULES))
+            )
         if self.n_max is None:
             object.__setattr__(self, "n_max", self.n)
         if isinstance(self.n_max, bool) or not isinstance(self.n_max, int) or self.n_max < 1:

@@ -19,6 +19,11 @@ times α) with no false alarms: a valid rule's crossing probability is <= α at 
 by Ville's inequality and the union bound (:mod:`harness.mathematics.sequential`). Each
 look's bound never falls as the count grows, so the counts where it exceeds p are those
 from one count on (:meth:`~harness.mathematics.sequential.SequentialRule.crossing_counts`).
+
+The grid-place rule (:mod:`harness.mathematics.gridplace`) errs only by rejecting its
+first true hypothesis H_j: p_A <= τ_j, so its check is the same dynamic programme at
+p = τ_j for each tested value and prior (:func:`rejection_probability`): every one must be
+<= α.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import numpy as np
 from scipy import stats
 from scipy.signal import fftconvolve
 
+from harness.mathematics.gridplace import GridPlaceRule
 from harness.mathematics.sequential import SequentialRule
 
 DIRECT_LIMIT = 2_000_000
@@ -54,10 +60,33 @@ def crossing_probability(rule: SequentialRule, alpha: float, p: float) -> float:
 
 @lru_cache(maxsize=4096)
 def _crossing_probability(rule: SequentialRule, alpha: float, p: float, _bounds) -> float:
-    least = rule.crossing_counts(p, alpha)  # at each look, the counts from which L_k > p
+    # at each look, the counts from which L_k > p
+    return passage_probability(rule.looks, rule.crossing_counts(p, alpha), p)
+
+
+def rejection_probability(rule: GridPlaceRule, alpha: float, tau: float, a: float,
+                          b: float) -> float:  # fmt: skip
+    """P_τ(the grid-place rule ever rejects H: p_A <= ``tau``) with the prior Beta(a, b),
+    exactly: the largest chance of a false place through this hypothesis (the e-process
+    is a supermartingale for every p <= τ, the exact test's size grows with p, so p = τ
+    is the worst). Remembered like :func:`crossing_probability`."""
+    return _rejection_probability(rule, float(alpha), float(tau), float(a), float(b),
+                                  type(rule).rejects)  # fmt: skip
+
+
+@lru_cache(maxsize=4096)
+def _rejection_probability(rule, alpha: float, tau: float, a: float, b: float, _rejects) -> float:
+    if not tau < 1.0:
+        return 0.0
+    return passage_probability(rule.looks, rule.rejection_counts(tau, a, b, alpha), tau)
+
+
+def passage_probability(looks: np.ndarray, least: np.ndarray, p: float) -> float:
+    """P_p(∃k: C_k >= ``least``[k]) for the count C_k of Binomial(n_k, p) samples at the
+    looks n_k (the first n_k samples of one stream), by dynamic programming."""
     alive, offset = np.ones(1), 0  # P(count = offset + i, not crossed yet)
     crossed, before = 0.0, 0
-    for n, over_from in zip(rule.looks.tolist(), least.tolist(), strict=True):
+    for n, over_from in zip(np.asarray(looks).tolist(), np.asarray(least).tolist(), strict=True):
         lo, hi = _window(n - before, p)
         step = stats.binom.pmf(np.arange(lo, hi + 1), n - before, p)
         if len(alive) * len(step) > DIRECT_LIMIT:
@@ -85,6 +114,18 @@ def audit_points(rule: SequentialRule, thresholds: np.ndarray | None = None, cou
         t = np.unique(np.asarray(thresholds, dtype=np.float64).ravel())
         points.append(t[(t > 0.5) & (t < 1.0)] * (1.0 - 1e-9))
     return np.unique(np.concatenate(points))
+
+
+def worst_rejection(rule: GridPlaceRule, alpha: float, tau: np.ndarray,
+                    priors: np.ndarray) -> dict[str, float]:  # fmt: skip
+    """The largest :func:`rejection_probability` over the tested values ``tau`` (< 1) and
+    the priors ``priors`` [P, 2] ((a, b) rows), and where it is."""
+    tau = np.unique(np.asarray(tau, dtype=np.float64)[np.asarray(tau) < 1.0])
+    cases = [(float(t), float(a), float(b)) for t in tau for a, b in np.unique(priors, axis=0)]
+    values = np.array([rejection_probability(rule, alpha, *case) for case in cases])
+    k = int(np.argmax(values))
+    return {"points": len(cases), "worst_p": cases[k][0], "prior": list(cases[k][1:]),
+            "probability": float(values[k]), "ratio_to_alpha": float(values[k] / alpha)}  # fmt: skip
 
 
 def worst_crossing(rule: SequentialRule, alpha: float, points: np.ndarray) -> dict[str, float]:

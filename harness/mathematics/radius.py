@@ -160,15 +160,22 @@ def _looks(row: Mapping[str, Any]) -> list | None:
 def sequential_bound(record: Mapping[str, Any], top: int, alpha: float) -> float:
     """The bound on p of class ``top`` that hard draws made sequentially (a stored
     record with ``looks`` and ``rule``) give at their last look: the running maximum of
-    the rule's bounds (:meth:`~harness.mathematics.sequential.SequentialRule.look_bounds`;
-    0 if malformed)."""
-    from harness.mathematics.sequential import SequentialRule
+    the rule's bounds (:meth:`~harness.mathematics.sequential.SequentialRule.look_bounds`),
+    or under the grid-place rule the threshold of the place its stored ``thresholds``
+    and selection counts decide (:mod:`harness.mathematics.gridplace`); 0 if malformed."""
+    from harness.mathematics.gridplace import GridPlaceRule
+    from harness.mathematics.rules import rule_from_record
 
     try:
-        rule = SequentialRule.from_record(record["rule"])
+        rule = rule_from_record(record["rule"])
         counts = [int(look["counts"][top]) for look in record["looks"]]
         if not counts or len(counts) > len(rule.looks):
             return 0.0
+        if isinstance(rule, GridPlaceRule):
+            thresholds = np.array([record["thresholds"]], dtype=np.float64)
+            return float(rule.stopped_bounds(np.array([counts]), np.array([len(counts) - 1]),
+                                             thresholds, [int(record["selection"][top])],
+                                             int(record["n0"]), alpha)[0])  # fmt: skip
         return float(rule.bounds(np.array([counts]), alpha)[0, -1])
     except (KeyError, TypeError, ValueError, IndexError):
         return 0.0

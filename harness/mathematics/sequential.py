@@ -1,5 +1,9 @@
 """Sequential CERTIFY: an anytime-valid bound on p_A, and when to stop sampling an input.
 
+This is the rule ``mixture-cs-v2`` of earlier runs (they keep verifying under it); a new
+sequential run tests its grid place directly (:mod:`harness.mathematics.gridplace`;
+:mod:`harness.mathematics.rules` picks a rule by name).
+
 CERTIFY (Cohen et al. 2019, §3.2) draws a fixed n estimation samples. The sequential rule
 draws them in rounds, on the same stream (the first n_k samples at look k are the first
 n_k of a fixed run's), and stops an input once its place on the benchmark's radius grid
@@ -270,21 +274,3 @@ def best_bound(rule: SequentialRule, alpha: float) -> float:
     """The largest bound the rule can give: every sample agreeing, at the best look."""
     looks = np.arange(len(rule.looks))
     return float(np.max(rule.look_bounds(rule.looks, looks, alpha)))
-
-
-def check_n_max(protocol) -> None:
-    """Raise a one-line :class:`~harness.foundation.errors.ParameterError` naming the value
-    and the fix when a sequential protocol's ``n_max`` is too small for its bound to pass
-    1/2 even if every sample agreed (then no input certifies the grid's first radius)."""
-    from harness.foundation.errors import ParameterError
-
-    grid = tuple(protocol.grid)
-    if best_bound(SequentialRule(protocol.n_max, grid), protocol.alpha) > 0.5:
-        return
-    least = next(n for n in range(protocol.n_max + 1, 1 << 40)
-                 if best_bound(SequentialRule(n, grid), protocol.alpha) > 0.5)  # fmt: skip
-    raise ParameterError(
-        f"n_max = {protocol.n_max} cannot certify the grid's first radius {grid[0]:g}: even if "
-        f"all {protocol.n_max} samples agreed, the sequential bound at α = {protocol.alpha:g} "
-        f"stays <= 1/2; set n_max >= {least} (certification.n_max in a benchmark file)"
-    )

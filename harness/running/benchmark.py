@@ -345,7 +345,7 @@ def certification_protocol(cert: dict[str, Any], radii: Any) -> CertificationPro
     except TypeError as exc:
         raise SpecError(f"[certification]: {exc}") from None
     if sequential:
-        from harness.mathematics.sequential import check_n_max
+        from harness.mathematics.rules import check_n_max
 
         check_n_max(protocol)
     return protocol

@@ -22,7 +22,7 @@ from harness.foundation.regularity import Regularity, regularity_from_record, re
 from harness.foundation.runstate import StateRecord
 from harness.foundation.storable import in_int64
 from harness.mathematics.radius import Recomputed
-from harness.mathematics.sequential import SequentialRule
+from harness.mathematics.rules import rule_from_record
 
 
 def protocol_message(protocol: CertificationProtocol) -> dict[str, Any]:
@@ -52,7 +52,7 @@ def draws_message(draws: Draws) -> dict[str, Any]:
             "estimation_sq": draws.estimation_sq,
             "levels": None if draws.levels is None else list(draws.levels),
             "alpha": draws.alpha, "rule": None if draws.rule is None else draws.rule.record(),
-            "looks": draws.looks, "stops": draws.stops}  # fmt: skip
+            "looks": draws.looks, "stops": draws.stops, "thresholds": draws.thresholds}  # fmt: skip
 
 
 def draws_from(message: Mapping[str, Any]) -> Draws:
@@ -61,8 +61,9 @@ def draws_from(message: Mapping[str, Any]) -> Draws:
                  np.asarray(message["sigma"]), np.asarray(message["selection"]),
                  np.asarray(message["estimation"]), _array(message.get("estimation_sq")),
                  None if levels is None else tuple(float(v) for v in levels),
-                 message.get("alpha"), None if rule is None else SequentialRule.from_record(rule),
-                 _array(message.get("looks")), _array(message.get("stops")))  # fmt: skip
+                 message.get("alpha"), None if rule is None else rule_from_record(rule),
+                 _array(message.get("looks")), _array(message.get("stops")),
+                 _array(message.get("thresholds")))  # fmt: skip
 
 
 def _array(value: Any) -> np.ndarray | None:
