@@ -262,3 +262,95 @@ def test_a_reloaded_fit_is_the_same_sigma_with_the_same_regularity(
     assert reloaded.regularity.lip == fitted.regularity.lip
     x = dataset.test_x[:8]
     assert torch.equal(reloaded(x), fitted(x))
+
+
+class Hole(torch.nn.Module):
+    """Class 1 everywhere but inside the ball ‖x‖ < 0.5: an input inside, labelled 1, is
+    misclassified at small σ and gains from more noise; one far outside only loses."""
+
+    def forward(self, x):
+        margin = 20 * (x.flatten(1).norm(dim=1) - 0.5)
+        return torch.stack([torch.zeros_like(margin), margin], dim=1)
+
+
+def _hole_data(n=128):
+    gen = torch.Generator().manual_seed(0)
+    direction = torch.nn.functional.normalize(torch.randn(n, 2, generator=gen), dim=1)
+    x = direction * torch.where(torch.arange(n) % 2 == 0, 0.2, 2.5)[:, None]  # inside, outside
+    y = torch.ones(n, dtype=torch.long)
+    return Dataset("hole", x, y, x[:8], y[:8], 2)
+
+
+HOLE_FIT = {**METHOD_DEFAULTS, "sigma_min": 0.1, "width": 16, "train_examples": 128,
+            "train_steps": 200, "train_batch": 32, "train_samples": 16, "lr": 1e-2}  # fmt: skip
+
+
+def test_the_default_start_is_dead_and_the_active_start_fits_a_sigma_that_varies():
+    """PyTorch's initialization leaves h_θ < 0 on the fitting examples: σ_θ ≡ σ_min from the
+    first step, though σ pays inside the hole. With the active start the fit lifts σ there
+    and keeps it lower outside (Bergstrom et al. §4's objective at work)."""
+    data = _hole_data()
+    sigmas = {}
+    for active in (False, True):
+        fitted, _ = fit_lipschitz_sigma(Hole(), data, {**HOLE_FIT, "active_start": active},
+                                        torch.device("cpu"), 0, Progress(enabled=False))  # fmt: skip
+        sigmas[active] = fitted(data.train_x)
+    assert torch.all(sigmas[False] == 0.1)
+    inside, outside = sigmas[True][::2], sigmas[True][1::2]
+    assert float(sigmas[True].max() - sigmas[True].min()) > 0.2
+    assert float(inside.min()) > float(outside.max())
+
+
+def test_the_active_start_puts_every_fitting_example_in_the_active_region():
+    from plugins.lipschitz.fit import START_MARGIN, activate, fitting_examples
+
+    data = _hole_data()
+    x, _, _ = fitting_examples(data, HOLE_FIT, torch.device("cpu"), 0)
+    network = SigmaNetwork(2, 16, 0.1, 0.5, torch.Generator().manual_seed(0))
+    u = network.u1.clone()
+    activate(network, x)
+    network.eval()
+    with torch.no_grad():
+        h = network(x) - 0.1  # σ − σ_min = ReLU(h)
+    assert float(h.min()) == pytest.approx(START_MARGIN * 0.1, rel=1e-5)
+    assert torch.equal(network.u1, u)  # the power iteration did not step
+
+
+def test_a_fit_keeps_its_file_name_unless_a_later_parameter_changes_it(
+    tmp_path, monkeypatch, linear_model
+):
+    """Boards published before ``active_start`` existed ship their σ-network under the name
+    of the fitting parameters of that time: the default fit must keep it, and another fit
+    must not take it."""
+    import hashlib
+
+    from plugins.lipschitz.fit import FIT_KEYS
+
+    monkeypatch.setenv("IDRS_BENCH_CACHE", str(tmp_path))
+    dataset, model = _tiny_dataset(linear_model)
+    context = BuildContext(
+        dataset, model, torch.device("cpu"), 0, CertificationProtocol(n0=10, n=50),
+        SamplingEngine(model, 2, torch.device("cpu"), 64, 0), Progress(enabled=False),
+        recipe_hash="0" * 64,
+    )  # fmt: skip
+    old_key = (dataset.name, dataset.dim, 0, "cpu", tuple((k, FIT[k]) for k in FIT_KEYS))
+    old_name = hashlib.sha256(json.dumps(old_key, default=str).encode()).hexdigest()
+    folder = tmp_path / "plugins" / "lipschitz" / ("0" * 64)
+    obtain_sigma_network(context, FIT)
+    assert [p.name for p in folder.glob("sigma-net-*.pt")] == [f"sigma-net-{old_name}.pt"]
+    obtain_sigma_network(context, {**FIT, "active_start": True})
+    assert len(list(folder.glob("sigma-net-*.pt"))) == 2
+
+
+def test_the_fit_report_says_where_sigma_is_and_why():
+    from plugins.lipschitz.fit import describe_report, fit_report
+
+    data = _hole_data()
+    fitted, _ = fit_lipschitz_sigma(Hole(), data, HOLE_FIT, torch.device("cpu"), 0,
+                                    Progress(enabled=False))  # fmt: skip
+    report = fit_report(fitted, Hole(), data, HOLE_FIT, torch.device("cpu"), 0)
+    assert report["at_floor"] == 1.0 and report["examples"] == 128
+    assert report["margin_grows"] == 0.5 and report["grows_misclassified"] == 1.0  # the inside
+    text = describe_report(report, 0.1)
+    assert "σ_θ = σ_min = 0.1 on all 128 fitting examples" in text
+    assert "it grows on 50.0 % of the examples, 100 % of them misclassified" in text

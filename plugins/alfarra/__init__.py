@@ -9,14 +9,21 @@ certificates of a fixed classifier: σ(x) is unregularized (Súkeník et al. 202
 C.2); the memory only makes one run's certificates mutually consistent, and its
 answers depend on the input order (:func:`plugins.alfarra.order.replay_orders`).
 
+K, the number of ascent steps, is a number (``steps = 100``, App. B's value and the default)
+or ``steps = "cross-validated"``: chosen once per base model on inputs of the training
+split by the certified result it gives, as the paper's Table 1 cross-validates it
+(:mod:`plugins.alfarra.cross_validation`), kept in the plugin's artifact directory so that
+the checks and a replay use the very K the run used.
+
 Noise streams used here (see :mod:`harness.engine.sampling`): 100 = OptimizeSigma at
 certification (keyed by a content hash of x), 101 = OptimizeSigma in training (keyed
-by the training example index). CERTIFY itself uses the core's streams 0 and 1.
+by the training example index), 102 and 103 = the cross-validation's CERTIFY (selection
+and estimation, keyed by the training index). CERTIFY itself uses the core's streams 0 and 1.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness import (
@@ -35,8 +42,22 @@ from harness import (
 IDRS_BENCH_CONTRACT = 4
 """The plugin contract this plugin is written against (docs/plugins.md)."""
 
-OPTIMIZER_DEFAULTS = {"sigma": 0.25, "steps": 100, "samples": 1, "beta": 1e-4, "sigma_min": 1e-3}
-"""Alg. 1 with the paper's values (§4: β = 1e-4, K = 100, M = 1; σ_0 = the training σ)."""
+OPTIMIZER_DEFAULTS = {
+    "sigma": 0.25,
+    "steps": 100,
+    "samples": 1,
+    "beta": 1e-4,
+    "sigma_min": 1e-3,
+    "steps_candidates": (25, 50, 100, 200, 400, 800, 1600, 3200),
+    "cv_examples": 100,
+}
+"""Alg. 1 with the paper's values (§4: β = 1e-4, M = 1; σ_0 = the training σ; K = 100 as
+App. B certifies). ``steps = "cross-validated"`` chooses K among ``steps_candidates`` on
+``cv_examples`` training inputs (Table 1); the default K = 100 is kept so that boards
+published with it replay."""
+
+CROSS_VALIDATED = "cross-validated"
+"""The value of ``steps`` that chooses K on the training split (Table 1)."""
 
 TRAINER_DEFAULTS = {
     "sigma": 0.25,
@@ -68,10 +89,34 @@ def check_optimizer_params(steps: int, samples: int, beta: float, sigma_min: flo
         raise ParameterError(f"sigma_min must be a positive number, got {sigma_min!r}")
 
 
+def check_candidates(candidates: Sequence[int]) -> tuple[int, ...]:
+    """``candidates`` of K as an increasing tuple of distinct integers >= 1 (else ParameterError)."""
+    if isinstance(candidates, str | bytes) or not isinstance(candidates, Sequence) or any(
+        isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in candidates
+    ) or len(set(candidates)) != len(candidates) or not candidates:  # fmt: skip
+        raise ParameterError(
+            f"steps_candidates must be a non-empty list of distinct integers >= 1 (the values "
+            f"of K to cross-validate), got {candidates!r}"
+        )
+    return tuple(sorted(candidates))
+
+
 def check_optimizer(params: Mapping[str, Any]) -> None:
-    """Parameters of ``alfarra-opt``: σ_0 > 0, K >= 0, M >= 1, β >= 0, σ_min > 0."""
+    """Parameters of ``alfarra-opt``: σ_0 > 0, K >= 0 or ``"cross-validated"`` (then its
+    candidates: distinct integers >= 1, and ``cv_examples`` >= 1), M >= 1, β >= 0, σ_min > 0."""
     check_sigma(params["sigma"])
-    check_optimizer_params(params["steps"], params["samples"], params["beta"], params["sigma_min"])
+    steps = params["steps"]
+    if steps == CROSS_VALIDATED:
+        check_candidates(params.get("steps_candidates", OPTIMIZER_DEFAULTS["steps_candidates"]))
+        examples = params.get("cv_examples", OPTIMIZER_DEFAULTS["cv_examples"])
+        if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
+            raise ParameterError(f"cv_examples must be an integer >= 1, got {examples!r}")
+        steps = 0
+    elif isinstance(steps, str):
+        raise ParameterError(
+            f"steps (K) must be an integer >= 0 or {CROSS_VALIDATED!r}, got {steps!r}"
+        )
+    check_optimizer_params(steps, params["samples"], params["beta"], params["sigma_min"])
 
 
 def check_memory_method(params: Mapping[str, Any]) -> None:
@@ -87,8 +132,13 @@ def _optimized_sigma(context: BuildContext, params: Mapping[str, Any]):
     from plugins.alfarra.optimize_sigma import OptimizedSigma
 
     check_optimizer(params)
+    steps = params["steps"]
+    if steps == CROSS_VALIDATED:
+        from plugins.alfarra.cross_validation import cross_validated_steps
+
+        steps = cross_validated_steps(context, {**OPTIMIZER_DEFAULTS, **params})
     return OptimizedSigma(  # the base model as certified (the run's precision)
-        context.engine.model, params["sigma"], params["steps"], params["samples"], float(params["beta"]),
+        context.engine.model, params["sigma"], steps, params["samples"], float(params["beta"]),
         float(params["sigma_min"]), context.seed,
     )  # fmt: skip
 

@@ -102,6 +102,8 @@ def optimize_sigma(
 ) -> torch.Tensor:
     """Alg. 1 for a batch: σ_K of every input (shape [B], float64, on x's device).
 
+    Equals ``sigma_path(...)[steps]`` (:func:`sigma_path`): one ascent, read at its end.
+
     ``sigma0`` is a number or a tensor [B] (warm starts, Alg. 2); ``keys`` name each
     input's noise (see the module docstring); at most ``max_batch`` noisy samples go
     through the model at once, in chunks of ``max_batch // samples`` inputs (at least
@@ -112,13 +114,43 @@ def optimize_sigma(
     together, step by step (:func:`_ascend`): a batch of any size is one ascent of K
     steps, not one per chunk.
     """
+    return sigma_path(
+        model, x, sigma0, keys, seed=seed, stream=stream, steps=steps, samples=samples, beta=beta,
+        sigma_min=sigma_min, first_step=first_step, max_batch=max_batch, fixed_shape=fixed_shape,
+    )[steps]  # fmt: skip
+
+
+def sigma_path(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    sigma0: torch.Tensor | float,
+    keys: Sequence[int],
+    *,
+    seed: int,
+    stream: int,
+    steps: int,
+    samples: int,
+    beta: float,
+    sigma_min: float,
+    read_at: Sequence[int] = (),
+    first_step: int = 0,
+    max_batch: int = FIXED_ROWS,
+    fixed_shape: bool = True,
+) -> dict[int, torch.Tensor]:
+    """σ_k of every input after each k in ``read_at`` and after ``steps``, by one ascent:
+    ``{k: σ_k}`` (each [B], float64). Step k's noise depends on k alone, so σ_k is what
+    :func:`optimize_sigma` with K = k returns, bit for bit (the candidates of K of the
+    cross-validation, :mod:`plugins.alfarra.cross_validation`, read one ascent)."""
     check_optimizer_params(steps, samples, beta, sigma_min)
     if len(keys) != len(x):
         raise ValueError(f"{len(x)} inputs but {len(keys)} noise keys")
+    marks = {int(k) for k in read_at} | {steps}
+    if any(k < 0 or k > steps for k in marks):
+        raise ValueError(f"σ can be read after 0 … {steps} steps, not {sorted(marks)}")
     device = x.device
     sigma = torch.as_tensor(sigma0, dtype=torch.float64, device=device).expand(len(x)).clone()
     if steps == 0 or len(x) == 0:
-        return sigma.clamp_min(sigma_min)
+        return {k: sigma.clamp_min(sigma_min) for k in marks}
     chunk = max(1, max_batch // samples)
     chunks = []  # (inputs, σ, keys), padded to ``chunk`` inputs (σ of the padding: 1)
     starts = range(0, len(x), chunk)
@@ -127,20 +159,27 @@ def optimize_sigma(
         ss = torch.cat([ss, ss.new_ones(len(xs) - real)])
         chunks.append((xs, ss, keys[start : start + real]))
     return _ascend(model, chunks, torch.Generator(device=device), seed, stream, steps, samples,
-                   beta, sigma_min, first_step)  # fmt: skip
+                   beta, sigma_min, first_step, marks)  # fmt: skip
 
 
-def _ascend(model, chunks, generator, seed, stream, steps, samples, beta, sigma_min, first):
-    """σ_K of the inputs of every chunk (``(x, σ, keys)``: the first ``len(keys)`` rows of
-    ``x`` are inputs, the others padding: zero noise, their σ is left as it is and
-    dropped), all chunks in lock-step: step k of every chunk, then step k + 1. Each chunk's
-    arithmetic is that of its ascent alone; the gradients are checked once, at the end,
-    so that no step waits for the device."""
+def _ascend(model, chunks, generator, seed, stream, steps, samples, beta, sigma_min, first, marks):
+    """``{k: σ_k}`` for k in ``marks`` of the inputs of every chunk (``(x, σ, keys)``: the
+    first ``len(keys)`` rows of ``x`` are inputs, the others padding: zero noise, their σ is
+    left as it is and dropped), all chunks in lock-step: step k of every chunk, then step
+    k + 1. Each chunk's arithmetic is that of its ascent alone; the gradients are checked
+    once, at the end, so that no step waits for the device."""
     finite = torch.ones((), dtype=torch.bool, device=chunks[0][0].device)
     deltas = [torch.zeros((len(x), samples, *x.shape[1:]), device=x.device, dtype=x.dtype)
               for x, _, _ in chunks]  # fmt: skip
     rows = [delta.unbind(0) for delta in deltas]  # each input's noise, a view made once
     sigmas = [sigma for _, sigma, _ in chunks]
+
+    def read() -> torch.Tensor:
+        return torch.cat(
+            [sigma[: len(keys)] for sigma, (_, _, keys) in zip(sigmas, chunks, strict=True)]
+        )
+
+    path = {0: read().clamp_min(sigma_min)} if 0 in marks else {}  # K = 0: σ_0, floored
     with torch.enable_grad():
         for k in range(steps):
             for c, ((x, _, keys), delta) in enumerate(zip(chunks, deltas, strict=True)):
@@ -156,14 +195,14 @@ def _ascend(model, chunks, generator, seed, stream, steps, samples, beta, sigma_
                 sigma = s.detach().clone()
                 sigma[:real] = (s.detach()[:real] + beta * grad).clamp_min(sigma_min)
                 sigmas[c] = sigma
+            if k + 1 in marks:
+                path[k + 1] = read()
     if not bool(finite):
         raise ModelOutputError(
             "OptimizeSigma got a non-finite gradient of the certified radius; "
             "check the base model's outputs and the step size beta"
         )
-    return torch.cat(
-        [sigma[: len(keys)] for sigma, (_, _, keys) in zip(sigmas, chunks, strict=True)]
-    )
+    return path
 
 
 class OptimizedSigma:
