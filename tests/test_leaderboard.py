@@ -124,7 +124,8 @@ def test_the_board_tables_hold_the_hand_computed_values(db):
     assert (
         "- **wall s/input**: wall seconds of certification per input, under the load beside "
         "it\\: comparable only between rows measured under similar loads, never ranked "
-        "(descriptive)." in legend
+        "(descriptive)."
+        in legend
         and "- **load/core**: the machine's 1-minute load average per usable processor" in legend
         and "lower is better)" not in legend.split("**wall s/input**")[1].split("\n")[0]
     )
