@@ -552,3 +552,16 @@ def test_precision_and_noise_in_the_header_and_a_warning_for_mixed_protocols(db)
     document = json.loads(board_json(build_board([legacy, bf16]), "g"))
     jsonschema.validate(document, BOARD_SCHEMA)
     assert document["runs"][1]["precision"] == "bf16" and "precision" not in document["runs"][0]
+
+
+def test_a_row_whose_input_dependent_sigma_is_one_value_says_so():
+    """The published quick board's Lipschitz σ-network sits at σ_min on every input: its
+    declared regularity is not a constant, so the board names it as constant-σ in fact;
+    cohen's rows (declared constant) and sukenik's (σ varies) are not named."""
+    from harness.reports.leaderboard.source import read_export
+
+    runs = read_export(Path(__file__).parents[1] / "leaderboards" / "quick.run.json")
+    text = render_markdown(build_board(runs), "quick")
+    (note,) = [line for line in text.splitlines() if line.startswith("**One σ for every input")]
+    assert "lipschitz-sigma-net (default) at σ = 0.65 on all 200 inputs" in note
+    assert "cohen" not in note and "sukenik" not in note

@@ -131,6 +131,27 @@ def _detail_table(table: Table, metrics: list[Metric]) -> list[str]:
     return lines
 
 
+def _one_sigma_note(table: Table) -> list[str]:
+    """The rows whose method declares σ(x) per input (S2's declared regularity is not
+    ``constant``) but whose σ(x) is one value on every input: constant-σ smoothing in fact,
+    which tests nothing of the input dependence (e.g. a σ-network fitted to its floor)."""
+    found = []
+    for row in table.rows:
+        declared = next((str(c.evidence.get("declared", "")) for c in row.checks
+                         if c.check == "sigma-regularity" and isinstance(c.evidence, dict)), None)  # fmt: skip
+        low, high = row.metrics.get("sigma_min"), row.metrics.get("sigma_max")
+        if declared and not declared.startswith("constant") and low is not None and low == high:
+            found.append(f"{md_text(row.method)} ({md_text(row.setting)}) at σ = {low:.4g} on all "
+                         f"{row.metrics['inputs']} inputs")  # fmt: skip
+    if not found:
+        return []
+    return [f"**One σ for every input.** {'; '.join(found)}: the method sets σ per input "
+            "(its declared regularity is not a constant) but gave one σ on every input of "
+            "this base model, so the row certifies as constant-σ smoothing at that σ and "
+            "tests nothing of its input dependence. Why, for the built-in methods: "
+            "docs/benchmarks.md, \"Methods tuned on the training split\".", ""]  # fmt: skip
+
+
 def _sampling_error(table: Table, stem: str | None) -> list[str]:
     """What the intervals mean on this table, and how to certify the whole test split."""
     runs = [run for run in table.runs if not run.imported]
@@ -229,6 +250,7 @@ def _table_section(table: Table, stem: str | None, notes: Footnotes) -> list[str
             *_ranking_table(table.imported_rows, table, catalog),
             "",
         ]
+    out += _one_sigma_note(table)
     out += differences_table(table)
     out += seeds_section(table)
     out += verdict_matrix(table, notes)
