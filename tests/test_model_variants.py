@@ -24,7 +24,7 @@ def _every_run(db):
 
 
 def test_a_benchmark_without_the_keys_is_its_own_only_run():
-    spec = load_benchmark(FIELD)
+    spec = load_benchmark(BENCHMARKS_DIR / "cone-2.toml")
     assert model_variants(spec) == [spec] and "model_axes" not in spec.to_dict()
 
 
@@ -53,7 +53,10 @@ def test_per_sigma_and_seeds_give_a_model_per_training_sigma_and_seed():
         (["model.seeds=[0, 0]"], "distinct integers"),
         (["model.seeds=[]"], "distinct integers"),
         (['model.training_sigma={"0.3" = 0.25}', "model.per_sigma=true"], "no setting has sigma"),
-        (['model.training_sigma={"0.5" = 0.25}'], "applies with model.per_sigma"),
+        (
+            ['model.training_sigma={"0.5" = 0.25}', "model.per_sigma=false"],
+            "applies with model.per_sigma",
+        ),
         (['model.training_sigma={"0.5" = -1}', "model.per_sigma=true"], "number >= 0"),
         (["model.per_sigma=true", "model.trainer_params={epochs = 1}"], "trainer_params.sigma"),
     ],
@@ -144,3 +147,24 @@ def test_the_board_json_holds_the_seed_groups(tmp_path, capsys, small_benchmark)
     values = sorted(r["clean_accuracy"] for r in rows)
     assert group["metrics"]["clean_accuracy"]["range"] == [values[0], values[-1]]
     assert group["metrics"]["clean_accuracy"]["mean"] == pytest.approx(sum(values) / 2)
+
+
+def test_leaderboard_of_a_database_takes_every_run_of_its_latest_benchmark(
+    tmp_path, capsys, small_benchmark
+):
+    text = small_benchmark({"cohen": [{"sigma": 0.5}]}, test_count=4, n=100)
+    first, seeds = tmp_path / "one.toml", tmp_path / "seeds.toml"
+    first.write_text(text)
+    seeds.write_text(text.replace("[model]\n", "[model]\nseeds = [5, 6]\n"))
+    db = tmp_path / "r.sqlite"
+    for spec in (first, seeds):
+        assert main(["run", str(spec), "--db", str(db), "--quiet", "--no-check"]) == 0
+    out = tmp_path / "b.md"
+    assert main(["leaderboard", str(db), "--out", str(out), "--no-plots"]) == 0
+    runs = json.loads(out.with_suffix(".json").read_text())["runs"]
+    # the two seeds' runs, not the earlier benchmark's
+    assert len(runs) == 2 and all(isinstance(r, dict) for r in runs)
+    exported = json.loads(out.with_suffix(".run.json").read_text())["runs"]
+    assert sorted(r["run"]["config"]["model"]["seed"] for r in exported) == [5, 6]
+    assert main(["leaderboard", "--db", str(db)]) == 0
+    assert "2 base models" in capsys.readouterr().out

@@ -138,6 +138,7 @@ ADDED_COLUMNS = (
     ("runs", "components", "TEXT"),  # which plugin and package provides each component
     ("runs", "plugin_hosts", "TEXT"),  # how third-party plugins were confined
     ("runs", "test_split", "TEXT"),  # "withheld": no plugin had the test split (data.WITHHELD)
+    ("runs", "benchmark", "TEXT"),  # the benchmark a run was expanded from (model_variants)
     ("certificates", "draws", "TEXT"),  # before the harness drew the evidence itself
     ("certificates", "load", "REAL"),  # the machine's load per core behind ``seconds``
     ("checks", "cost", "TEXT"),  # what each check cost (harness.audit.cost)

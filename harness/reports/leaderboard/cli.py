@@ -10,7 +10,8 @@ overwrites a board (NAME.md, or its NAME.json, NAME.csv or NAME.run.json) withou
 ``--force``: a published board is re-rendered in place only on purpose. ``RUN`` is a run
 id or a unique prefix in ``--db`` (default: the latest run there), a run export
 ``*.run.json`` (all its runs), or another results database (its latest run), so that
-runs of several benchmarks make one board, one table per dataset and base model.
+runs of several benchmarks make one board, one table per dataset and model family; a
+latest run comes with the other runs of its benchmark (a base model each).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def add_leaderboard_parser(sub: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument(
         "runs", nargs="*", metavar="RUN",
         help="run id or unique prefix (in --db), run export (*.run.json), or results database "
-        "(its latest run); default: the latest run in --db",
+        "(its latest run, with the other runs of its benchmark: a base model each); default: "
+        "the latest run in --db, so",
     )  # fmt: skip
     parser.add_argument(
         "--db", type=Path, default=None, metavar="PATH",

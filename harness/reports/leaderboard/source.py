@@ -39,6 +39,7 @@ from typing import Any
 
 from harness.foundation.errors import IdrsError
 from harness.store.schema import RENAMED_COLUMNS
+from harness.store.store import ResultStore
 from harness.store.storedrun import (
     StoredAttack,
     StoredCertificate,
@@ -61,19 +62,32 @@ EVIDENCE_COLUMNS = ("p_lower", "alpha", "evidence", "draws")
 
 def resolve_runs(names: list[str], db: Path) -> list[StoredRun]:
     """Runs in the given order, each named by an id or unique prefix in ``db``, by a run
-    export (``*.json``: all its runs), or by a results database (its latest run)."""
+    export (``*.json``: all its runs), or by a results database (its latest run, with the
+    runs of the same benchmark: a base model each, :mod:`harness.running.model_variants`);
+    no name: ``db`` so."""
     runs = []
     for name in names or [None]:
         path = None if name is None else Path(name)
         if path is not None and path.suffix == ".json":
             runs += read_export(path)
-        elif path is not None and path.is_file():
-            runs += load_runs(path)
+        elif path is None or path.is_file():
+            runs += _latest_benchmark(db if path is None else path)
         else:
-            runs += load_runs(db, None if name is None else [name])
+            runs += load_runs(db, [name])
     if len({run.run_id for run in runs}) != len(runs):
         raise IdrsError("the same run is named twice")
     return runs
+
+
+def _latest_benchmark(db: Path) -> list[StoredRun]:
+    """The latest run of ``db`` and the other runs of its benchmark, in order of creation."""
+    (latest,) = load_runs(db)
+    store = ResultStore(db)
+    try:
+        ids = store.sibling_runs(latest.run_id)
+    finally:
+        store.close()
+    return load_runs(db, ids) if len(ids) > 1 else [latest]
 
 
 def export_runs(runs: list[StoredRun], stem: str = "board") -> str:
