@@ -147,21 +147,25 @@ def test_default_benchmark_smoke_on_a_tiny_subset(tmp_path, capsys):
         "sukenik",
         "dual-rs",
     } <= first_words
-    run_id = json.loads((main(["results", "--db", str(db), "--json"]), capsys.readouterr().out)[1])[
-        "run_id"
-    ]
+    # a base model per σ_b (0.12, 0.25, 0.5): three runs, in order of training σ
+    with sqlite3.connect(db) as con:
+        run_ids = [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY created, rowid")]
     *_, summary, results, board = table.strip().splitlines()
     settings = sum(len(m["settings"]) for m in raw["methods"])
-    assert settings == 11 and summary == f"results: {db}, run {run_id[:12]}: 11 not checked"
-    assert results.split() == ["next:", "idrs-bench", "results", run_id[:12], "--db", str(db),
-                               "(every", "metric", "and", "check)"]  # fmt: skip
-    assert board.split() == ["idrs-bench", "leaderboard", run_id[:12], "--db", str(db), "--out",
-                             str(tmp_path / "boards" / f"quick-{run_id[:12]}.md")]  # fmt: skip
-    assert main(["results", "--db", str(db), "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    rows = {(m["method"], m["setting"]): m for m in out["methods"]}
+    assert settings == 11 and summary == f"results: {db}, 3 runs (a model each): 11 not checked"
+    assert results.split() == ["next:", "idrs-bench", "results", "RUN", "--db", str(db),
+                               "(each", "of", "the", "runs)", "(every", "metric", "and", "check)"]  # fmt: skip
+    assert board.split() == ["idrs-bench", "leaderboard", *[r[:12] for r in run_ids], "--db",
+                             str(db), "--out",
+                             str(tmp_path / "boards" / f"quick-{run_ids[0][:12]}.md")]  # fmt: skip
+    rows = {}
+    for run_id in run_ids:
+        assert main(["results", run_id, "--db", str(db), "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert not out["failures"]
+        rows |= {(m["method"], m["setting"]): m for m in out["methods"]}
     expected = {(m["name"], setting_key(s)) for m in raw["methods"] for s in m["settings"]}
-    assert set(rows) == expected and not out["failures"]
+    assert set(rows) == expected
     from scipy.stats import norm
 
     for (method, setting), row in rows.items():
