@@ -52,13 +52,22 @@ def _table_lines(text: str) -> list[str]:
 
 
 def _assert_whole(text: str, rows: list[dict], verdict: str = "verdict_brief") -> None:
-    """Every row is one line of ``text`` that shows its method, setting and verdict whole."""
+    """Every row is a line of ``text`` that shows its method, setting and verdict whole (a
+    setting of several parameters possibly one per line, the next ones on the lines below)."""
     assert "…" not in text, text
+    lines = text.splitlines()
     for row in rows:
-        assert any(
-            line.split()[:2] == [row["method"], row["setting"]] and row[verdict] in line
-            for line in text.splitlines()
-        ), (row["method"], row["setting"], row[verdict], text)
+        found = False
+        for k, line in enumerate(lines):
+            words = line.split()
+            if words[:1] != [row["method"]] or len(words) < 2 or row[verdict] not in line:
+                continue
+            setting, below = words[1], k + 1
+            while setting != row["setting"] and below < len(lines) and lines[below][:1] == " ":
+                setting += lines[below].split()[0]  # the setting's next parameter
+                below += 1
+            found = found or setting == row["setting"]
+        assert found, (row["method"], row["setting"], row[verdict], text)
 
 
 def _header(text: str) -> list[str]:
@@ -151,3 +160,16 @@ def test_runs_compact_table_names_the_command_that_shows_every_column():
     _assert_whole(text, rows)
     assert left_out and set(left_out) <= {"inputs", "clean acc", "cert@0.5", "ACR"}
     assert wider in " ".join(" ".join(text.splitlines()[-3:]).split()), text
+
+
+def test_long_settings_fold_at_their_commas_so_that_the_headline_fits_80_columns():
+    rows = [_row(m, s) for m, s in QUICK]
+    rows += [_row("alfarra-ds", "sigma=0.25,steps=cross-validated"),
+             _row("lipschitz-sigma-net", "active_start=True,train_steps=2000")]  # fmt: skip
+    out = io.StringIO()
+    print_table(Console(file=out, width=80), "run · quick", rows, 0.5)
+    text = out.getvalue()
+    _assert_whole(text, rows)
+    assert max(map(len, text.splitlines())) <= 80, text
+    assert {"clean acc", "cert@0.5"} <= set(_header(text)), text
+    assert "steps=cross-validated" in text and "sigma=0.25,steps" not in text

@@ -1,6 +1,5 @@
-"""What ``idrs-bench results`` and the end of ``idrs-bench run`` print: the summary
-table of a run (compact at the run's end, full for ``results``), its verdicts, and the
-commands to go on with; the ``results`` command itself."""
+"""What ``idrs-bench results`` and the end of ``idrs-bench run`` print: a run's summary table
+(compact at the run's end), its verdicts, the commands to go on with; the ``results`` command."""
 
 from __future__ import annotations
 
@@ -253,13 +252,15 @@ def fitted_table(
     ``width`` only when they alone are); then, while they fit, clean accuracy, certified
     accuracy at the headline ``radius``, ACR, inputs, the other radii, abstention,
     misclassification, mean σ and seconds per input, accuracies with their 95 % intervals
-    when at least the first two fit with them. ``compact`` (`run`'s table): the first four
+    when at least the first two fit with them; a setting of several parameters is put one
+    per line when the first two fit only so. ``compact`` (`run`'s table): the first four
     only, without intervals; ``wide``: every column with its interval, however wide."""
     inputs = rows[0]["inputs"] if rows else 0
     caption = f"accuracies: value [95 % Clopper–Pearson interval over the {inputs} test inputs]"
     headline = f"cert@{radius:g}"
-    for intervals in (False,) if compact else (True,) if wide else (True, False):
-        columns = _columns(rows, radius, intervals, compact, wide)
+    tries = ((True, False), (False, False), (False, True))  # (intervals, folded settings)
+    for intervals, folded in tries[1:] if compact else tries:
+        columns = _columns(rows, radius, intervals, compact, wide, folded)
         headers = [c.header for c in columns]
         if wide:
             return _table(title, columns, caption), [], caption
@@ -271,18 +272,17 @@ def fitted_table(
             if _natural_width(_table(title, [c for c in columns if c.header in trial])) > width:
                 break
             shown = trial
-        if not intervals or {"clean acc", headline} <= shown:
+        if {"clean acc", headline} <= shown:
             break
     left_out = [h for h in headers if h not in shown]
     caption = caption if intervals else None
     return _table(title, [c for c in columns if c.header in shown], caption), left_out, caption
 
 
-def _columns(
-    rows: list[dict[str, Any]], radius: float, intervals: bool, compact: bool, wide: bool
-) -> list[_Column]:
+def _columns(rows: list[dict[str, Any]], radius: float, intervals: bool, compact: bool,
+             wide: bool, folded: bool = False) -> list[_Column]:  # fmt: skip
     """Every column of the table in the order it is shown (``compact``: `run`'s few;
-    ``wide``: the verdicts with their flags)."""
+    ``wide``: the verdicts with their flags; ``folded``: a setting's parameters one per line)."""
     radii = list(rows[0]["certified_accuracy"]) if rows else []
     if compact:
         radii = [f"{radius:g}"]
@@ -292,7 +292,8 @@ def _columns(
 
     columns = [
         _Column("method", [escape(row["method"]) for row in rows], name=True),
-        _Column("setting", [escape(row["setting"]) for row in rows], name=True),
+        _Column("setting", [escape(row["setting"]).replace(",", ",\n" if folded else ",")
+                            for row in rows], name=True),
         _Column("inputs", [str(row["inputs"]) for row in rows]),
         _Column("clean acc", [accuracy(row["clean_accuracy"], row["clean_accuracy_interval"])
                               for row in rows]),
