@@ -306,7 +306,7 @@ def _run_checked(
         executor = RayExecutor(address=args.address, workers=args.workers)
     from harness.foundation.identity import content_hash
     from harness.running.model_variants import model_label, model_variants
-    from harness.store.store import record_benchmark
+    from harness.store.benchmark_runs import record_benchmark
 
     progress = Progress(enabled=not args.quiet)
     variants = model_variants(spec)  # a run per base model (training σ, seed)

@@ -401,22 +401,6 @@ class ResultStore(LeaseRecords):
         return [{"method": m, "setting": s, "budget": b, "result": json.loads(r)}
                 for m, s, b, r in rows]  # fmt: skip
 
-    def record_benchmark(self, run_id: str, benchmark: str) -> None:
-        """Record that run ``run_id`` is one of the runs (a base model each) that the
-        benchmark of content hash ``benchmark`` was expanded into
-        (:mod:`harness.running.model_variants`)."""
-        with self.db:
-            self.db.execute("UPDATE runs SET benchmark = ? WHERE run_id = ?", (benchmark, run_id))
-
-    def sibling_runs(self, run_id: str) -> list[str]:
-        """The runs made from the benchmark run ``run_id`` was made from, in order of
-        creation (``[run_id]`` when none is recorded)."""
-        rows = self.db.execute(
-            "SELECT run_id FROM runs WHERE benchmark IS NOT NULL AND benchmark = "
-            "(SELECT benchmark FROM runs WHERE run_id = ?) ORDER BY created, rowid", (run_id,),
-        ).fetchall()  # fmt: skip
-        return [row[0] for row in rows] or [run_id]
-
     def run(self, run_id: str | None = None) -> dict[str, Any]:
         """The run ``run_id`` (a unique prefix is enough), or the latest run."""
         if run_id is None:
@@ -456,11 +440,3 @@ class ResultStore(LeaseRecords):
                 out[key] = json.loads(out[key]) if out[key] is not None else None
             yield out
 
-
-def record_benchmark(db: Path, run_id: str, benchmark: str) -> None:
-    """:meth:`ResultStore.record_benchmark` on the database ``db``."""
-    store = ResultStore(db)
-    try:
-        store.record_benchmark(run_id, benchmark)
-    finally:
-        store.close()

@@ -39,6 +39,7 @@ from typing import Any
 
 from harness.foundation.errors import IdrsError
 from harness.store.schema import RENAMED_COLUMNS
+from harness.store.benchmark_runs import sibling_runs
 from harness.store.store import ResultStore
 from harness.store.storedrun import (
     StoredAttack,
@@ -84,7 +85,7 @@ def _latest_benchmark(db: Path) -> list[StoredRun]:
     (latest,) = load_runs(db)
     store = ResultStore(db)
     try:
-        ids = store.sibling_runs(latest.run_id)
+        ids = sibling_runs(store, latest.run_id)
     finally:
         store.close()
     return load_runs(db, ids) if len(ids) > 1 else [latest]
