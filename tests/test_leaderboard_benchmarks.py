@@ -93,3 +93,19 @@ def test_published_boards_verify_and_replay(board, capsys):
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
     assert f"{board}: verified" in out and f"{board}: replayed" in out, out[-3000:]
+
+
+@pytest.mark.parametrize("export", sorted((BENCHMARKS_DIR.parents[1] / "leaderboards").glob("*.run.json")),
+                         ids=lambda p: p.name)  # fmt: skip
+def test_every_published_runs_spec_file_runs_the_spec_it_ran(export):
+    """The spec a board ships beside each run parses to the run's own benchmark (a
+    sequential run's rule named, its grid left to the radii)."""
+    from harness.reports.leaderboard.reproduce import spec_toml
+    from harness.reports.leaderboard.source import read_export
+    from harness.running.benchmark import benchmark_from_dict
+
+    for run in read_export(export):
+        if run.imported:
+            continue
+        parsed = parse_benchmark(tomllib.loads(spec_toml(run.run["config"])))
+        assert parsed.to_dict() == benchmark_from_dict(run.run["config"]).to_dict()

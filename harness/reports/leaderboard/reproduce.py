@@ -3,7 +3,10 @@
 The stored config is :meth:`harness.running.benchmark.Benchmark.to_dict`; turned back into a
 benchmark file (``protocol`` is the ``[certification]`` table, unset values are
 dropped) it parses to the same spec, so ``idrs-bench run`` on it, on the same device
-kind and at the same commit, recreates the run under the same run id.
+kind and at the same commit, recreates the run under the same run id. Under sequential
+sampling the protocol's ``grid`` (the benchmark's ``radii``, which the file states) is
+left out, and a run stored before the protocol named its rule gets
+``rule = "mixture-cs-v2"``, the rule it ran (a file without it would run today's default).
 """
 
 from __future__ import annotations
@@ -23,7 +26,14 @@ def spec_toml(config: dict[str, Any]) -> str:
     """The benchmark file of a stored config."""
     import tomli_w
 
+    from harness.foundation.protocol import LEGACY_SEQUENTIAL_RULE
+
     raw = {("certification" if k == "protocol" else k): v for k, v in config.items()}
+    protocol = dict(raw.get("certification") or {})
+    if protocol.get("sampling") == "sequential":
+        protocol.pop("grid", None)
+        protocol.setdefault("rule", LEGACY_SEQUENTIAL_RULE)
+        raw["certification"] = protocol
     return tomli_w.dumps(_without_none(raw))
 
 

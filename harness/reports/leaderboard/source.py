@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.foundation.errors import IdrsError
-from harness.store.schema import RENAMED_COLUMNS
 from harness.store.benchmark_runs import sibling_runs
+from harness.store.schema import RENAMED_COLUMNS
 from harness.store.store import ResultStore
 from harness.store.storedrun import (
     StoredAttack,
