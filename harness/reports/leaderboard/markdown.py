@@ -181,21 +181,39 @@ def _sampling_error(table: Table, stem: str | None) -> list[str]:
     return [out, ""]
 
 
+SEQUENTIAL_RULES = {
+    "mixture-cs-v2": (
+        "harness/mathematics/sequential.py: a beta-binomial mixture confidence sequence with a "
+        "Clopper–Pearson bound at n_max, valid at the data-dependent stopping time; a radius is "
+        "that bound's where the input stopped, continuous, mostly below the fixed-n one, and "
+        "clean accuracy is the fixed-n binomial PREDICT applied at the stop, which holds no "
+        "guarantee there"),
+    "grid-place-v1": (
+        "harness/mathematics/gridplace.py: an e-process per grid threshold, tested in order, "
+        "each at α; a radius is the grid radius decided, and clean accuracy is PREDICT's "
+        "anytime-valid test at the stop, which abstains more often than the fixed-n PREDICT: "
+        "a different quantity, lower than a fixed-n row's"),
+}  # fmt: skip
+"""What each sequential rule's rows measure (docs/sequential.md)."""
+
+
 def _sequential_note(table: Table) -> list[str]:
-    """What a sequential run's rows measure: the same certificates at a data-dependent n."""
-    runs = [run.run_id[:12] for run in table.runs if sampled_in_rounds([run])]
+    """What a sequential run's rows measure: the same certificates at a data-dependent n,
+    their radii and clean accuracy as the run's rule makes them."""
+    runs = [run for run in table.runs if sampled_in_rounds([run])]
     if not runs:
         return []
+    rules = sorted({run.config["protocol"].get("rule") or "mixture-cs-v2" for run in runs})
+    said = "; ".join(f"`{rule}`, {SEQUENTIAL_RULES.get(rule, 'a rule this version does not know')}"
+                     for rule in rules)  # fmt: skip
     return [
-        f"Sequential sampling (run {', '.join(md_code(r) for r in runs)}): each input's "
-        "estimation samples are drawn in rounds and stop once its place on the radius grid "
-        "is decided (harness/mathematics/sequential.py: a beta-binomial mixture confidence "
-        "sequence with a Clopper–Pearson bound at n_max, valid at the data-dependent stopping time, so each certificate "
-        "holds at the same α as a fixed-n one). Certified accuracy at the grid radii is "
-        "comparable with a fixed-n run's; the ACR falls by design, since an input stops once "
-        "its grid place is decided instead of tightening its radius further (Sun et al., "
-        "ICLR 2025, on what ACR rewards). `samples` and `max samples` give the estimation "
-        "samples behind each certificate.",
+        f"Sequential sampling (run {', '.join(md_code(r.run_id[:12]) for r in runs)}): each "
+        "input's estimation samples are drawn in rounds and stop once its place on the radius "
+        f"grid is decided, each certificate at the same α as a fixed-n one (rule {said}). "
+        "Certified accuracy at the grid radii is comparable with a fixed-n run's; the ACR falls "
+        "by design, since an input stops once its grid place is decided instead of tightening "
+        "its radius further (Sun et al., ICLR 2025, on what ACR rewards). `samples` and "
+        "`max samples` give the estimation samples behind each certificate.",
         "",
     ]
 
