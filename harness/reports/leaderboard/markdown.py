@@ -47,6 +47,7 @@ from harness.reports.leaderboard.per_radius_markdown import (
     differences_table,
     headline,
     identity_columns,
+    row_name,
 )
 from harness.reports.leaderboard.plots import certified_plot_name, classwise_plot_name
 from harness.reports.leaderboard.protocol_markdown import protocol_table, protocol_warning
@@ -141,7 +142,7 @@ def _one_sigma_note(table: Table) -> list[str]:
                          if c.check == "sigma-regularity" and isinstance(c.evidence, dict)), None)  # fmt: skip
         low, high = row.metrics.get("sigma_min"), row.metrics.get("sigma_max")
         if declared and not declared.startswith("constant") and low is not None and low == high:
-            found.append(f"{md_text(row.method)} ({md_text(row.setting)}) at σ = {low:.4g} on all "
+            found.append(f"{row_name(row, table)} at σ = {low:.4g} on all "
                          f"{row.metrics['inputs']} inputs")  # fmt: skip
     if not found:
         return []
