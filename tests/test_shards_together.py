@@ -70,8 +70,12 @@ def test_shards_per_call_fill_the_smallest_engine_call():
     assert shards_per_call(fixed, 1024, 32) == 1  # 3,200 selection samples fill a batch
     assert shards_per_call(fixed, 65_536, 32) == 21  # ⌈65,536 / 3,200⌉
     sequential = CertificationProtocol(n0=100, n=100_000, sampling="sequential", grid=RADII)
-    # the smallest round of the rule (100, 110, 121, ...) adds 10 samples per input
-    assert shards_per_call(sequential, 1024, 32) == 4
+    # the smallest round of grid-place-v1 (looks 100, 102, 104, ...: ×1.02) adds 2 samples
+    # per input, ⌈1024 / (32 · 2)⌉; of mixture-cs-v2 (100, 110, 121, ...: ×1.1) 10, ⌈1024 / 320⌉
+    assert shards_per_call(sequential, 1024, 32) == 16
+    v2 = CertificationProtocol(n0=100, n=100_000, sampling="sequential", grid=RADII,
+                               rule="mixture-cs-v2")  # fmt: skip
+    assert shards_per_call(v2, 1024, 32) == 4
     assert shards_per_call(sequential, 1 << 20, 32) == MAX_INPUTS_PER_CALL // 32
     assert shards_per_call(fixed, 1, 32) == 1
 
