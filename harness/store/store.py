@@ -439,4 +439,3 @@ class ResultStore(LeaseRecords):
             for key in ("counts_selection", "counts_estimation", "evidence", "draws"):
                 out[key] = json.loads(out[key]) if out[key] is not None else None
             yield out
-
