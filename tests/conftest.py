@@ -7,8 +7,9 @@ methods of the detection-power measurement (``tests/rigged_methods.py``), the fi
 run behind the golden leaderboard (``tests/golden_run.py``), the engine-patching
 plugin and small runs of the replay tests (``tests/replay_plugins.py``), third-party
 plugins installed for one test and the README's example plugin they install
-(``tests/installed_plugins.py``) and the small benchmark file of the tests that run one
-(``tests/small_benchmark.py``).
+(``tests/installed_plugins.py``), the small benchmark file of the tests that run one
+(``tests/small_benchmark.py``) and the half-space model of the sequential tests
+(``tests/half_space.py``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ pytest_plugins = [
     "tests.replay_plugins",
     "tests.installed_plugins",
     "tests.small_benchmark",
+    "tests.half_space",
 ]
 
 

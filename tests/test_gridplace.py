@@ -26,7 +26,6 @@ from harness.mathematics.rules import rule_from_record
 from harness.mathematics.sequential import SequentialRule
 from harness.running.benchmark import benchmark_from_dict
 from plugins.cohen.certifier import CohenCertifier
-from tests.test_sequential import _inputs, _Linear
 
 GRID = (0.0, 0.25, 0.5, 0.75, 1.0)
 THRESHOLDS = ndtr(np.array([[0.25, 0.5, 0.75, 1.0]]) / 0.25)  # σ = 0.25: Φ(1) … Φ(4)
@@ -181,12 +180,12 @@ def _protocol(n_max=20_000):
                                  sampling="sequential", grid=GRID)  # fmt: skip
 
 
-def test_rounds_certify_the_grid_radius_and_s0_rederives_and_catches_tampering():
-    engine = SamplingEngine(_Linear(), 2, torch.device("cpu"), 500, seed=5, noise="philox-v1",
+def test_rounds_certify_the_grid_radius_and_s0_rederives_and_catches_tampering(half_space):
+    engine = SamplingEngine(half_space.model, 2, torch.device("cpu"), 500, seed=5, noise="philox-v1",
                             pad_batches=True)  # fmt: skip
     protocol = _protocol()
     assert protocol.rule == gridplace.RULE_NAME  # the default of a new sequential run
-    x, ids, sigma = _inputs()
+    x, ids, sigma = half_space.inputs()
     certs = sorted(certify_drawn(engine, protocol, CohenCertifier(), x, ids, sigma,
                                  regularity=Constant(0.5)), key=lambda c: c.input_id)  # fmt: skip
     for c in certs:

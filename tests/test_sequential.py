@@ -164,14 +164,6 @@ def test_sukenik_thresholds_are_the_same_one_at_a_time_as_in_a_batch():
     assert len(radius._SEMI_ELASTIC_ROWS) == 3
 
 
-class _Linear(torch.nn.Module):
-    """Logits (0, w·x − b) of a half-space: the smoothed classifier is Φ((w·x − b)/σ)."""
-
-    def forward(self, x):
-        margin = x.flatten(1)[:, 0] - 0.1
-        return torch.stack([torch.zeros_like(margin), margin], dim=1)
-
-
 def _protocol(n_max=20_000, **kw):
     """A protocol of the ``mixture-cs-v2`` rule (earlier runs'; the grid-place rule's own
     tests are tests/test_gridplace.py)."""
@@ -180,20 +172,11 @@ def _protocol(n_max=20_000, **kw):
                                  sampling="sequential", grid=GRID, **kw)  # fmt: skip
 
 
-def _inputs():
-    """Inputs at signed distances (σ = 0.5) far from every grid threshold, and one just
-    past the threshold of radius 0.25 (p_A = Φ(0.5)), slow to decide."""
-    margins = torch.tensor([-1.5, 2.0, 0.6, -0.05, 0.25 * 1.0005])
-    x = torch.zeros(len(margins), 3)
-    x[:, 0] = margins + 0.1
-    return x, list(range(100, 100 + len(margins))), np.full(len(margins), 0.5)
-
-
-def test_rounds_are_the_fixed_runs_first_samples_and_s0_rederives_them():
-    engine = SamplingEngine(_Linear(), 2, torch.device("cpu"), 500, seed=5, noise="philox-v1",
+def test_rounds_are_the_fixed_runs_first_samples_and_s0_rederives_them(half_space):
+    engine = SamplingEngine(half_space.model, 2, torch.device("cpu"), 500, seed=5, noise="philox-v1",
                             pad_batches=True)  # fmt: skip
     protocol = _protocol()
-    x, ids, sigma = _inputs()
+    x, ids, sigma = half_space.inputs()
     certs = list(certify_drawn(engine, protocol, CohenCertifier(), x, ids, sigma,
                                regularity=Constant(0.5)))  # fmt: skip
     assert sorted(c.input_id for c in certs) == ids  # yielded as each stops
@@ -226,10 +209,12 @@ def _tampered(rows, edit):
     return out
 
 
-def test_s0_catches_looks_that_do_not_follow_the_rule():
-    engine = SamplingEngine(_Linear(), 2, torch.device("cpu"), 500, seed=5, noise="philox-v1")
+def test_s0_catches_looks_that_do_not_follow_the_rule(half_space):
+    engine = SamplingEngine(
+        half_space.model, 2, torch.device("cpu"), 500, seed=5, noise="philox-v1"
+    )
     protocol = _protocol()
-    x, ids, sigma = _inputs()
+    x, ids, sigma = half_space.inputs()
     rows = sorted((vars(c) for c in certify_drawn(engine, protocol, CohenCertifier(), x, ids,
                                                   sigma, regularity=Constant(0.5))),
                   key=lambda r: r["input_id"])  # fmt: skip
@@ -270,9 +255,11 @@ class _OwnBound(HardSmoothingCertifier):
                       float(b)) for t, b, s in zip(top, bound, evidence.sigma, strict=True)]  # fmt: skip
 
 
-def test_a_certifier_with_its_own_bound_or_formula_is_refused_by_name():
-    engine = SamplingEngine(_Linear(), 2, torch.device("cpu"), 500, seed=5, noise="philox-v1")
-    x, ids, sigma = _inputs()
+def test_a_certifier_with_its_own_bound_or_formula_is_refused_by_name(half_space):
+    engine = SamplingEngine(
+        half_space.model, 2, torch.device("cpu"), 500, seed=5, noise="philox-v1"
+    )
+    x, ids, sigma = half_space.inputs()
     with pytest.raises(
         ContractError, match=r"certifier .own. claimed the bound .* computes its own"
     ):
@@ -293,9 +280,11 @@ def test_a_certifier_with_its_own_bound_or_formula_is_refused_by_name():
         list(certify_drawn(engine, _protocol(), Soft(), x, ids, sigma, label="certifier 'soft'"))
 
 
-def test_sukenik_formula_is_certified_sequentially_and_rederived():
-    engine = SamplingEngine(_Linear(), 2, torch.device("cpu"), 500, seed=5, noise="philox-v1")
-    x, ids, sigma = _inputs()
+def test_sukenik_formula_is_certified_sequentially_and_rederived(half_space):
+    engine = SamplingEngine(
+        half_space.model, 2, torch.device("cpu"), 500, seed=5, noise="philox-v1"
+    )
+    x, ids, sigma = half_space.inputs()
     from plugins.sukenik.certifier import SukenikCertifier
 
     certifier = SukenikCertifier(SemiElastic(0.01), 3)
@@ -349,14 +338,14 @@ def test_spec_errors_come_before_torch_and_fixed_runs_keep_their_ids():
     assert seq.to_dict()["protocol"]["n_max"] == 10_000 and seq.protocol.grid == GRID
 
 
-def test_the_replay_redraws_every_look_and_names_the_first_that_differs():
+def test_the_replay_redraws_every_look_and_names_the_first_that_differs(half_space):
     from harness.audit.replay import judge
     from harness.engine.sampling import STREAM_SELECTION
     from harness.running.redraw import _rounds, look_sizes
 
-    engine = SamplingEngine(_Linear(), 2, torch.device("cpu"), 500, seed=5, noise="block-v1",
+    engine = SamplingEngine(half_space.model, 2, torch.device("cpu"), 500, seed=5, noise="block-v1",
                             pad_batches=True)  # fmt: skip
-    x, ids, sigma = _inputs()
+    x, ids, sigma = half_space.inputs()
     rows = {c.input_id: vars(c) for c in certify_drawn(engine, _protocol(), CohenCertifier(), x,
                                                        ids, sigma, regularity=Constant(0.5))}  # fmt: skip
     sizes = look_sizes([rows[i]["draws"]["base"] for i in ids])
