@@ -112,11 +112,13 @@ def test_sigma_as_a_distribution_over_the_inputs(table):
 def test_sigma_of_a_published_row_is_its_certificates_distribution():
     """quick's chen-fgss (setting sigma=0.25): σ(x) read straight from the export."""
     runs = read_export(BOARDS / "quick.run.json")
-    raw = json.loads((BOARDS / "quick.run.json").read_text())["runs"][0]["certificates"]
-    sigma = next(c["columns"]["sigma"] for c in raw
+    raw = next(run for run in json.loads((BOARDS / "quick.run.json").read_text())["runs"]
+               if any(c["method"] == "chen-fgss" for c in run["certificates"]))  # fmt: skip
+    sigma = next(c["columns"]["sigma"] for c in raw["certificates"]
                  if (c["method"], c["setting"]) == ("chen-fgss", "sigma=0.25"))  # fmt: skip
     (table,) = build_board(runs).tables
-    (row,) = [r for r in table.rows if r.method == "chen-fgss"]
+    (row,) = [r for r in table.rows
+              if r.method == "chen-fgss" and r.run_id == raw["run"]["run_id"]]  # fmt: skip
     assert (row.metrics["sigma_min"], row.metrics["sigma_median"], row.metrics["sigma_max"]) == (
         min(sigma), statistics.median(sigma), max(sigma))  # fmt: skip
     assert row.metrics["sigma_median"] > 2 * 0.25  # what "sigma=0.25" alone would hide
@@ -155,10 +157,11 @@ def db_board(tmp_path, monkeypatch, make_run):
 
 def test_the_weights_are_named_for_what_each_digest_hashes():
     """quick's protocol: the parameters' digest (not a file's) and the shipped file's
-    SHA-256, which is what sha256sum gives for quick.weights.pt."""
+    SHA-256, which is what sha256sum gives for the shipped quick.weights-RUN.pt."""
     runs = read_export(BOARDS / "quick.run.json")
     text = render_markdown(build_board(runs), "quick")
-    file_digest = hashlib.sha256((BOARDS / "quick.weights.pt").read_bytes()).hexdigest()
+    shipped = BOARDS / f"quick.weights-{runs[0].run_id[:12]}.pt"
+    file_digest = hashlib.sha256(shipped.read_bytes()).hexdigest()
     parameters = runs[0].run["weights_digest"]
     assert parameters != file_digest
     assert (f"| weights: parameters' digest | `{parameters}` (SHA-256 over each tensor's name, "

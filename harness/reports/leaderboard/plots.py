@@ -26,7 +26,7 @@ same bytes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -67,10 +67,20 @@ def classwise_plot_name(stem: str, table: Table) -> str:
     return f"{stem}-{table.index}-classwise-accuracy.png"
 
 
-def row_label(row: Row, with_run: bool) -> str:
+def which(table: Table) -> Callable[[Row], str]:
+    """What tells a row's curve from another of the same setting: its base model's training
+    σ and seed where ``table`` has several models, else its run where it has several runs."""
+    if len(table.models) > 1:
+        return lambda row: flatten(row.model_label)
+    if len(table.runs) > 1:
+        return lambda row: row.run_id[:8]
+    return lambda row: ""
+
+
+def row_label(row: Row, model: Callable[[Row], str]) -> str:
     label = flatten(f"{row.method} ({row.setting})")
-    if with_run:
-        label += f" [{row.run_id[:8]}]"
+    if model(row):
+        label += f" [{model(row)}]"
     return label if row.sound else label + " (not certified)"
 
 
@@ -80,9 +90,9 @@ def _parts(setting: str) -> list[str] | None:
     return parts if all(p.count("=") == 1 for p in parts) else None
 
 
-def _panel_labels(rows: Sequence[Row], with_run: bool) -> tuple[str, list[str]]:
+def _panel_labels(rows: Sequence[Row], model: Callable[[Row], str]) -> tuple[str, list[str]]:
     """The parameters ``rows`` (one panel's, several) share, and each row's legend entry:
-    its other parameters (its run, its verdict when not sound)."""
+    its other parameters (its model or run, its verdict when not sound)."""
     split = [_parts(row.setting) for row in rows]
     common: list[str] = []
     if len(rows) > 1 and None not in split:
@@ -90,9 +100,10 @@ def _panel_labels(rows: Sequence[Row], with_run: bool) -> tuple[str, list[str]]:
     labels = []
     for row, parts in zip(rows, split, strict=True):
         label = ",".join(p for p in parts if p not in common) if common else row.setting
-        label = flatten(label or row.setting)
-        if with_run:
-            label += f" [{row.run_id[:8]}]"
+        if not label and model(row):  # the setting is the panel's: the model tells them apart
+            label = model(row)
+        else:
+            label = flatten(label or row.setting) + (f" [{model(row)}]" if model(row) else "")
         labels.append(label if row.sound else f"{label} · {flatten(row.verdict)}")
     return flatten(", ".join(common)), labels
 
@@ -163,7 +174,7 @@ def certified_figure(table: Table, title: str) -> Figure:
     top = max([*table.radii, *(r for row in rows for r in row.correct_radii[-1:])], default=1.0)
     top = top * 1.05 if top > 0 else 1.0
     grid = [top * i / 400 for i in range(401)]
-    with_run = len(table.runs) > 1
+    model = which(table)
     layout = panels(rows)
     reference = envelope_curve(table.sound_rows, grid)
     columns = max(1, min(COLUMNS, len(layout)))
@@ -178,7 +189,7 @@ def certified_figure(table: Table, title: str) -> Figure:
                 ax.set_visible(False)
                 continue
             panel_title, members = layout[k]
-            shared, labels = _panel_labels([rows[i] for i in members], with_run)
+            shared, labels = _panel_labels([rows[i] for i in members], model)
             styles = line_styles([rows[i] for i in members])
             if reference is not None:
                 ax.plot(grid, reference, color=REFERENCE, linewidth=4.5, alpha=0.45,
@@ -255,9 +266,9 @@ def classwise_figure(table: Table, title: str, class_names: Sequence[str] = ()) 
     classes = sorted({c for row in rows for c in row.metrics["classwise_accuracy"]})
     values = [[row.metrics["classwise_accuracy"].get(c, float("nan")) for c in classes]
               for row in rows]  # fmt: skip
-    with_run = len(table.runs) > 1
+    model = which(table)
     with matplotlib.rc_context(_RC):
-        labels = [row_label(row, with_run) for row in rows]
+        labels = [row_label(row, model) for row in rows]
         ticks = class_labels(table, class_names, classes)
         column = max(0.55, 0.062 * max((len(t.split("\n")[0]) for t in ticks), default=0))
         width = 2.5 + column * max(len(classes), 2) + 0.065 * max(map(len, labels), default=0)

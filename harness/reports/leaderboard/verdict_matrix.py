@@ -19,7 +19,8 @@ audited at its budget, not every input.
 from __future__ import annotations
 
 from harness.reports.leaderboard.board import Row, Table
-from harness.reports.leaderboard.escape import md_code, md_text
+from harness.reports.leaderboard.escape import md_text
+from harness.reports.leaderboard.per_radius_markdown import identity_columns
 from harness.store.storedrun import IMPORTED, SOUND, StoredCheck
 
 CHECKS = (
@@ -119,14 +120,13 @@ def verdict_matrix(table: Table, notes: Footnotes) -> list[str]:
     if not any(row.checks for row in rows):
         return []
     columns = check_columns(rows)
-    with_run = len(table.runs) > 1
-    head = [*(["run"] if with_run else []), "method", "setting", "verdict",
-            *[md_text(HEADERS.get(c, c)) for c in columns], "attack", "finding"]  # fmt: skip
+    names, identity = identity_columns(table)
+    head = [*names, "verdict", *[md_text(HEADERS.get(c, c)) for c in columns], "attack",
+            "finding"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join([":--"] * len(head)) + "|"]
     for row in rows:
         by_check = {c.check: c for c in row.checks}
-        cells = [*([md_code(row.run_id[:12])] if with_run else []), md_text(row.method),
-                 md_text(row.setting), md_text(row.verdict),
+        cells = [*identity(row), md_text(row.verdict),
                  *[mark(by_check.get(c)) for c in columns], attack_mark(row),
                  notes.add(row) or " "]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
