@@ -238,3 +238,16 @@ def test_cuda_noise_equals_cpu_noise_up_to_float_rounding():
         for device, b in (("cpu", 512), ("cuda", 700))
     ]
     assert np.abs(counts[0] - counts[1]).sum() <= 4  # argmax flips only at float near-ties
+
+
+@pytest.mark.parametrize("arch", [80, 90])
+def test_the_diagonal_scale_kernel_compiles_for_real_cuda_targets(arch):
+    """The kernel that multiplies the noise per coordinate (tests/test_diagonal_scale.py)."""
+    pytest.importorskip("triton")
+    from harness.engine import noise_kernels
+
+    signature, constexprs = KERNEL_SIGNATURES["noisy_batch_kernel"]
+    signature = {("scale_ptr" if k == "sigma_ptr" else k): v for k, v in signature.items()}
+    compiled = _compile(noise_kernels.noisy_batch_diagonal_kernel, signature, constexprs, arch)
+    ptx = compiled.asm["ptx"]
+    assert f".target sm_{arch}" in ptx and "sqrt.rn.f32" in ptx and compiled.asm["cubin"]

@@ -1,7 +1,9 @@
 """Soundness checks S0–S5 (harness/README.md, "Soundness checks"), a built-in plugin.
 
 The analytic models, dataset and trainer the checks rely on are the built-in plugin
-``analytic`` (:mod:`harness.audit.analytic_components`).
+``analytic`` (:mod:`harness.audit.analytic_components`). On a row drawn at a diagonal
+scale (:mod:`harness.engine.scale`) only S0 and replay run; the others, and the
+empirical attack, refuse it (:func:`harness.audit.session.unsupported`).
 """
 
 from __future__ import annotations
@@ -64,7 +66,8 @@ def _warm_replay(audit):
 @hookimpl
 def idrs_register_checks(register) -> None:
     register(CheckSpec("evidence", _evidence,
-                       "S0: every certificate re-derived from its stored evidence, α and declared formula"))  # fmt: skip
+                       "S0: every certificate re-derived from its stored evidence, α and declared formula",
+                       diagonal=True))  # fmt: skip
     register(CheckSpec("memory-order", _order,
                        "S5: memory certificates replayed over input orders (Súkeník App. C.2)"))  # fmt: skip
     register(CheckSpec("worst-case-justification", _justification,
@@ -76,4 +79,4 @@ def idrs_register_checks(register) -> None:
     )
     register(CheckSpec("replay", _replay,
                        "replay: σ and samples of random certificates re-drawn without plugins",
-                       _warm_replay))  # fmt: skip
+                       _warm_replay, diagonal=True))  # fmt: skip

@@ -27,7 +27,10 @@ within which σ is constant (Cohen et al. 2019, Thm 1 on the σ-estimator; Sun e
 6. (σ-smoothing) its σ is not the level the σ draws choose, its σ draws are missing or
    declare another α share or levels than the σ-provider, its radius exceeds R_σ, or it
    certifies a class where R_σ = 0 (the σ level itself is not certified there, so even
-   the claim at x rests on a σ that may not be σ(x)).
+   the claim at x rests on a σ that may not be σ(x));
+7. (a diagonal scale) its σ is not the smallest axis of the scale its draws record, or
+   the region it claims beside the ℓ2 ball exceeds the ellipsoid re-derived from them
+   (:mod:`harness.audit.scale_evidence`).
 
 A conservative certificate (smaller bound or radius) passes. The check's evidence
 records the declaration it re-derived against (:class:`Declaration`: the formula by its
@@ -52,6 +55,7 @@ import numpy as np
 import torch
 
 from harness.audit.audit import Audit
+from harness.audit.scale_evidence import scale_tests
 from harness.certification.certify import sigma_smoothing
 from harness.engine.draws import Draws, SigmaSmoothing
 from harness.foundation.certificate import ABSTAIN
@@ -138,6 +142,8 @@ def certificates_digest(rows: list[dict[str, Any]]) -> str:
             "seconds", "evidence", "draws")  # fmt: skip
     if any(r.get("load") is not None for r in rows):
         keys += ("load",)
+    if any(r.get("region") is not None for r in rows):  # (a region beside the ℓ2 ball)
+        keys += ("region",)
     items = sorted(([r.get(k) for k in keys] for r in rows), key=lambda item: int(item[0]))
     text = json.dumps(items, sort_keys=True, separators=(",", ":"), default=_jsonable)
     return hashlib.sha256(text.encode()).hexdigest()
@@ -204,6 +210,7 @@ def rederive(
         ("radius", ~(stored_radius <= derived.radius * (1 + RELATIVE)), stored_radius,
          derived.radius, f"stored radius {{s}} exceeds the radius {{r}} of formula {formula.name!r}"),
         *sigma_test,
+        *scale_tests(rows, inputs, np.asarray(derived.bound, dtype=np.float64), exact),
         ("R_σ", ~(stored_radius <= r_sigma * (1 + RELATIVE)), stored_radius, r_sigma,
          "stored radius {s} exceeds R_σ = {r}, the radius within which its σ-smoothing keeps σ "
          "constant"),

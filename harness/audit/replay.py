@@ -46,6 +46,10 @@ fail and the replication test rejects with probability at most 10⁻³.
 
 The verdict is a function of the recorded evidence and the row's certificates
 (:func:`judge`), so a board's verifier re-derives it (:mod:`harness.reports.leaderboard.recheck`).
+A row drawn at a diagonal scale (:mod:`harness.engine.scale`) is replayed at its recorded
+scales, and σ's test holds every axis of the recomputed scale (alone, in the batch,
+stored) within the same tolerance.
+
 Applicability: every row with the harness's draws. A run whose dataset or base-model
 architecture is not built in, whose weights file is gone, or whose σ-smoothing declares
 no built-in architecture cannot be replayed: an ``error`` (the row is not verified).
@@ -60,6 +64,7 @@ import numpy as np
 
 from harness.audit.audit import Audit, derived_seed
 from harness.certification.certify import sigma_of, sigma_smoothing
+from harness.engine.scale import decode_scale, relative_deviation, smallest_axis
 from harness.foundation.errors import IdrsError
 from harness.foundation.verdict import P_THRESHOLD, CheckResult, Verdict
 
@@ -103,12 +108,16 @@ def check_replay(audit: Audit) -> CheckResult:
 
     order = rng.permutation(m)
     in_batch = np.zeros(m)
-    if m:  # the batch first: a provider that memoizes by input answers the rest from it
-        in_batch[order] = sigma(order)
-    alone = [float(sigma([k])[0]) for k in range(m)]
+    batch = sigma(order) if m else np.zeros(0)  # the batch first: a provider that memoizes
+    in_batch[order] = smallest_axis(batch) if batch.ndim > 1 else batch  # answers the rest
+    alone_answers = [sigma([k]) for k in range(m)]
+    alone = [float(smallest_axis(a)[0] if a.ndim > 1 else a[0]) for a in alone_answers]
     evidence: dict[str, Any] = {"inputs": ids, "budget": audit.budget.name,
                                 "sigma": {"alone": alone, "batch": in_batch.tolist(),
                                           "order": order.tolist()}}  # fmt: skip
+    stored_scale = [rows[k]["draws"]["base"].get("scale") for k in chosen]
+    if any(text is not None for text in stored_scale) or batch.ndim > 1:
+        evidence["sigma"]["scale"] = _scale_deviations(stored_scale, batch, order, alone_answers)
     kind = rows[0]["draws"]["base"]["kind"] if rows else audit.certifier.smoothing
     smoothed = sigma_smoothing(audit.sigma_provider) is not None
     fresh_seed = derived_seed(audit.entropy, "replay/noise")
@@ -117,6 +126,7 @@ def check_replay(audit: Audit) -> CheckResult:
         [rows[k]["draws"]["base"]["sigma"] for k in chosen], kind,
         f"{audit.method.name} {audit.setting}" if smoothed else None, fresh_seed,
         look_sizes([rows[k]["draws"]["base"] for k in chosen]),
+        stored_scale if "scale" in evidence["sigma"] else None,
     )  # fmt: skip
     replayer = audit.context.memo(*REPLAYER, Replayer)
     answer = replayer.request(request) if m else {"mode": "exact", "base": {}, "arithmetic": {},
@@ -133,6 +143,25 @@ def check_replay(audit: Audit) -> CheckResult:
     verdict, summary, detail = judge(evidence, {int(r["input_id"]): r for r in rows})
     evidence |= detail
     return CheckResult(NAME, verdict, summary, evidence)
+
+
+def _scale_deviations(
+    stored: list[str | None], batch: np.ndarray, order: np.ndarray, alone: list[np.ndarray]
+) -> dict[str, list[float]]:
+    """Per replayed input drawn at a diagonal scale (:mod:`harness.engine.scale`), the
+    largest relative difference of its scale recomputed alone from the one in a batch and
+    from the stored one (inf where either is missing or of another shape)."""
+    in_batch = np.empty_like(batch) if batch.ndim > 1 else None
+    if in_batch is not None:
+        in_batch[order] = batch
+    vs_batch, vs_stored = [], []
+    for k, (text, answer) in enumerate(zip(stored, alone, strict=True)):
+        mine = answer[0] if answer.ndim > 1 else None
+        same = in_batch is not None and mine is not None
+        vs_batch.append(relative_deviation(mine, in_batch[k]) if same else float("inf"))
+        known = text is not None and mine is not None
+        vs_stored.append(relative_deviation(mine, decode_scale(text)) if known else float("inf"))
+    return {"alone_vs_batch": vs_batch, "alone_vs_stored": vs_stored}
 
 
 def warm(audit: Audit) -> None:
@@ -181,6 +210,17 @@ def judge(
                 f"{allowed}: the σ-provider's answer depends on its state"
             ), {"mismatch": {"input_id": i, "quantity": "sigma", "how": allowed,
                              "stored": stored, "recomputed": a}}  # fmt: skip
+    scale = sigma.get("scale")  # drawn at a diagonal scale: every axis, not only σ_min
+    for k, i in enumerate(ids if scale is not None else []):
+        for how, deviation in (("alone vs batch", scale["alone_vs_batch"][k]),
+                               ("alone vs stored", scale["alone_vs_stored"][k])):  # fmt: skip
+            if not float(deviation if deviation is not None else "inf") <= SIGMA_TOLERANCE:
+                return Verdict.VIOLATED, (
+                    f"input {i}: its diagonal scale recomputed {how} differs by {deviation!r} "
+                    f"(largest relative difference of an axis), not {allowed}: the σ-provider's "
+                    "answer depends on the batch or on its state"
+                ), {"mismatch": {"input_id": i, "quantity": "scale", "how": how,
+                                 "relative": deviation}}  # fmt: skip
     where = f"{len(ids)} inputs"
     if evidence["mode"] == "exact":
         found = _first_mismatch(ids, rows, evidence["replayed"], evidence.get("arithmetic") or {})

@@ -16,6 +16,7 @@ from harness.certification.method import build_method
 from harness.engine.arithmetic import run_threads
 from harness.engine.determinism import enable_deterministic_kernels
 from harness.engine.sampling import resolve_device
+from harness.engine.scale import drawn_with_scale
 from harness.foundation.errors import IdrsError
 from harness.foundation.identity import setting_key
 from harness.foundation.progress import Progress
@@ -190,9 +191,25 @@ def stored_result(stored: StoredCheck) -> CheckResult:
                        dict(stored.evidence or {}), list(stored.flags))  # fmt: skip
 
 
+def unsupported(audit: Audit, what: str, supported: bool) -> str | None:
+    """Why ``what`` (a check, the attack) cannot audit ``audit``'s row, or None: its
+    certificates were drawn at a diagonal scale (:mod:`harness.engine.scale`), which
+    ``what`` does not declare it audits (``supported``): an ℓ2 ball at the smallest axis
+    judged at one σ, or an ellipsoid not judged at all, would pass unexamined."""
+    if supported or not drawn_with_scale(audit.certificates):
+        return None
+    return (f"{what} does not support a diagonal noise scale (the row's certificates were drawn "
+            "at one σ per input dimension); the row is not verified by it (docs/soundness.md, "
+            '"A diagonal scale")')  # fmt: skip
+
+
 def _checked_run(check, audit: Audit, progress: Progress) -> CheckResult:
     """``check`` on ``audit``; a check that raises, or answers anything but a
-    :class:`CheckResult` with a :class:`Verdict`, did not complete: ``error``."""
+    :class:`CheckResult` with a :class:`Verdict`, did not complete: ``error``; so is a
+    check on a row it does not support (:func:`unsupported`)."""
+    refused = unsupported(audit, f"check {check.name!r}", getattr(check, "diagonal", False))
+    if refused is not None:
+        return CheckResult(check.name, Verdict.ERROR, refused, {"unsupported": "diagonal scale"})
     try:
         result = check.run(audit)
         if not isinstance(result, CheckResult) or result.verdict not in set(Verdict):
@@ -214,6 +231,10 @@ def run_attack(store: ResultStore, audit: Audit, progress: Progress, attacked: d
 
     strength = STRENGTHS.get(audit.budget.name)
     if strength is None:
+        return
+    refused = unsupported(audit, "the empirical attack", False)
+    if refused is not None:  # reported, never a silent number
+        progress.warn(f"attack {audit.method.name} {audit.setting}: {refused}")
         return
     key = classifier_key(audit)
     name = f"attack {audit.method.name} {audit.setting}"

@@ -2,9 +2,10 @@
 
 For a batch of inputs (harness/README.md, "Certifier contract"):
 
-1. σ(x): the σ-provider's answer, checked to lie in (0, SIGMA_MAX]; or, for a provider
-   that declares a :class:`~harness.engine.draws.SigmaSmoothing`, the harness draws that
-   smoothed σ choice itself (Sun et al. 2026) and sets σ(x) = levels[ĉ_σ].
+1. σ(x): the σ-provider's answer, checked to lie in (0, SIGMA_MAX] (one σ per input, or
+   a diagonal scale per input dimension: :mod:`harness.certification.diagonal`); or, for a
+   provider that declares a :class:`~harness.engine.draws.SigmaSmoothing`, the harness
+   draws that smoothed σ choice itself (Sun et al. 2026) and sets σ(x) = levels[ĉ_σ].
 2. The harness draws n0 selection samples (stream 0) and n estimation samples
    (stream 1) of the base model at σ(x), on the run's keys (seed, stream, input id):
    class counts for a ``hard`` certifier, mean softmax outputs for a ``soft`` one.
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from harness.certification.diagonal import check_diagonal, ellipsoid_problem, region_of
 from harness.engine.draws import (
     HARD,
     SOFT,
@@ -40,6 +42,7 @@ from harness.engine.draws import (
     SigmaSmoothing,
 )
 from harness.engine.sampling import STREAM_ESTIMATION, STREAM_SELECTION, SamplingEngine
+from harness.engine.scale import as_scale, smallest_axis
 from harness.foundation.certificate import ABSTAIN, Certificate
 from harness.foundation.errors import ContractError, IdrsError
 from harness.foundation.protocol import SIGMA_MAX, CertificationProtocol
@@ -133,23 +136,28 @@ def predictions_from_counts(counts: np.ndarray, alpha: float) -> np.ndarray:
     return np.where(binomial_pvalues(n_a, n_a + n_b) <= alpha, order[:, 0], ABSTAIN)
 
 
-def checked_sigma(sigma: torch.Tensor, count: int, provider: str, where: str = "") -> torch.Tensor:
-    """``sigma`` if it is a real floating tensor of shape (count,) and every value lies in
-    (0, SIGMA_MAX], else raise an error that names the σ-provider and the offending value
-    (not the base model)."""
+def checked_sigma(
+    sigma: torch.Tensor, count: int, provider: str, where: str = "", dims: int | None = None
+) -> torch.Tensor:
+    """``sigma`` if it is a real floating tensor of shape (count,) (with ``dims``, the
+    input's dimension, also a diagonal scale (count, dims) or (count, *input_shape):
+    :mod:`harness.engine.scale`) and every value lies in (0, SIGMA_MAX], else raise an
+    error that names the σ-provider and the offending value (not the base model)."""
     if not (isinstance(sigma, torch.Tensor) and sigma.dtype.is_floating_point):
         kind = sigma.dtype if isinstance(sigma, torch.Tensor) else type(sigma).__name__
         raise IdrsError(f"σ-provider {provider!r} returned σ of type {kind}{where}; a σ-provider "
                         "returns a real floating tensor of shape [B]")  # fmt: skip
-    if sigma.shape != (count,):
-        raise IdrsError(
-            f"σ-provider {provider!r} returned shape {tuple(sigma.shape)}, expected ({count},)"
-        )
+    diagonal = dims is not None and sigma.dim() >= 2 and sigma[0].numel() == dims
+    if sigma.shape != (count,) and not (diagonal and len(sigma) == count):
+        scale = "" if dims is None else f" or a diagonal scale ({count}, {dims})"
+        raise IdrsError(f"σ-provider {provider!r} returned shape {tuple(sigma.shape)}, "
+                        f"expected ({count},){scale}")  # fmt: skip
     bad = ~(torch.isfinite(sigma) & (sigma > 0) & (sigma <= SIGMA_MAX))
     if bool(bad.any()):
-        k = int(torch.nonzero(bad)[0, 0])
+        k, j = (int(v) for v in torch.nonzero(bad.reshape(len(bad), -1))[0])
+        value = float(sigma.reshape(count, -1)[k, j])
         raise IdrsError(
-            f"σ-provider {provider!r} returned σ = {float(sigma[k]):.6g}{where} (entry {k}), out of "
+            f"σ-provider {provider!r} returned σ = {value:.6g}{where} (entry {k}), out of "
             f"range (0, {SIGMA_MAX:g}]: σ must be positive and finite, and noise that large "
             "overflows float32 inputs; the σ-provider is at fault, not the base model"
         )
@@ -203,7 +211,8 @@ def sigma_of(
 ) -> tuple[np.ndarray, Draws | None]:  # fmt: skip
     """σ(x) [B] (float64) and, for a provider with a σ-smoothing, the harness's draws of it.
 
-    Without a σ-smoothing, σ is the provider's answer (checked). With one, the harness
+    Without a σ-smoothing, σ is the provider's answer (checked); a provider that answers a
+    diagonal scale gets it as [B, d] float32 (:func:`harness.engine.scale.as_scale`). With one, the harness
     draws n0 samples (stream 4) and n samples (stream 5) of the σ-estimator at the
     smoothing's noise level on the inputs' keys (``input_ids``; None: points that are
     not test inputs, keyed by :func:`point_ids`) and answers σ = levels[argmax of the
@@ -212,7 +221,9 @@ def sigma_of(
     smoothing = sigma_smoothing(provider)
     if smoothing is None:
         with torch.no_grad():
-            sigma = checked_sigma(provider(x), len(x), provider_name, where)
+            sigma = checked_sigma(provider(x), len(x), provider_name, where, x[0].numel())
+        if sigma.dim() > 1:  # a diagonal scale, held in float32 (harness.engine.scale)
+            return as_scale(sigma.detach().to("cpu", torch.float32).numpy(), len(x)), None
         return sigma.double().cpu().numpy(), None
     protocol = context.protocol
     check_sigma_smoothing(smoothing, protocol.alpha, provider_name)
@@ -276,14 +287,19 @@ def certify_drawn(
         raise ContractError(f"{label} declares smoothing = {kind!r}; use 'hard' or 'soft'")
     alpha = protocol.alpha - (0.0 if sigma_draws is None else sigma_draws.alpha)
     ids = [int(i) for i in input_ids]
+    scale = as_scale(sigma, len(ids))  # a diagonal scale [B, d]: σ is its smallest axis
+    if scale is not None:
+        check_diagonal(certifier, label, protocol)
+        sigma = smallest_axis(scale)
+    noise = sigma if scale is None else scale
     x = x.to(engine.device)
     start = time.perf_counter()
     soft = kind == SOFT
     if soft:
         selection = np.stack([s.means for s in engine.soft_stats(
-            x, sigma, ids, protocol.n0, STREAM_SELECTION)]) if ids else np.zeros((0, 0))  # fmt: skip
+            x, noise, ids, protocol.n0, STREAM_SELECTION)]) if ids else np.zeros((0, 0))  # fmt: skip
     else:
-        selection = engine.counts(x, sigma, ids, protocol.n0, STREAM_SELECTION)
+        selection = engine.counts(x, noise, ids, protocol.n0, STREAM_SELECTION)
     seconds = np.full(len(ids), (time.perf_counter() - start) / max(len(ids), 1)) + sigma_seconds
     # an order-dependent certifier stages state per claim: one input per call keeps each
     # certificate and its state in one transaction (harness.foundation.runstate)
@@ -296,7 +312,7 @@ def certify_drawn(
     squares = np.zeros(selection.shape) if soft else None
     last = time.perf_counter()
     done = 0
-    for index, result in engine.run(x, sigma, ids, protocol.n, STREAM_ESTIMATION, soft=soft):
+    for index, result in engine.run(x, noise, ids, protocol.n, STREAM_ESTIMATION, soft=soft):
         if soft:
             estimation[index], squares[index] = result.means, result.sums_sq / result.num
         else:
@@ -307,11 +323,12 @@ def certify_drawn(
         if index + 1 - done == chunk_size or index + 1 == len(ids):
             chunk = slice(done, index + 1)
             base = Draws(kind, protocol.n0, protocol.n, sigma[chunk], selection[chunk],
-                         estimation[chunk], None if squares is None else squares[chunk])  # fmt: skip
+                         estimation[chunk], None if squares is None else squares[chunk],
+                         scale=None if scale is None else scale[chunk])  # fmt: skip
             drawn = None if sigma_draws is None else sigma_draws.rows(chunk)
             evidence = Evidence(tuple(ids[chunk]), x[chunk], sigma[chunk], alpha, base, drawn)
             claims = checked_claims(certifier.certify(evidence), len(evidence), label,
-                                    engine.num_classes)  # fmt: skip
+                                    engine.num_classes, scale is not None)  # fmt: skip
             share = (time.perf_counter() - last) / len(evidence)
             for k, claim in enumerate(claims):
                 yield certificate(evidence, k, claim, protocol.alpha, seconds[done + k] + share)
@@ -372,13 +389,17 @@ def certificate(
         counts_selection=base.selection[k].tolist() if hard else None,
         counts_estimation=base.estimation[k].tolist() if hard else None,
         seconds=float(seconds), evidence=dict(claim.evidence), draws=draws,
+        region=region_of(evidence, k, claim),
     )  # fmt: skip
 
 
-def checked_claims(claims: Any, count: int, who: str, classes: int) -> list[Claim]:
+def checked_claims(
+    claims: Any, count: int, who: str, classes: int, scaled: bool = False
+) -> list[Claim]:
     """``claims`` as a list of ``count`` :class:`Claim` objects, or a
     :class:`~harness.foundation.errors.ContractError` that names the certifier (``who``, with its
-    plugin) and the contract: a certifier never returns samples, counts or n, only claims."""
+    plugin) and the contract: a certifier never returns samples, counts or n, only claims
+    (an ``ellipsoid`` only on evidence drawn at a diagonal scale, ``scaled``)."""
     contract = ("the harness draws every sample and records the counts itself; a certifier "
                 "returns one harness.Claim (prediction, radius, p_lower, predict, evidence) per "
                 "input of the Evidence it is given (docs/plugins.md)")  # fmt: skip
@@ -407,6 +428,8 @@ def checked_claims(claims: Any, count: int, who: str, classes: int) -> list[Clai
                                 "radius is finite, >= 0, and 0 when abstaining")  # fmt: skip
         if not (_real(bound) and 0.0 <= bound <= 1.0):
             raise ContractError(f"{who} claimed a bound {bound!r:.40} outside [0, 1]")
+        if (problem := ellipsoid_problem(claim, scaled)) is not None:
+            raise ContractError(f"{who} {problem}")
         try:
             evidence_json(claim.evidence)
         except ValueError as exc:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from harness.engine.scale import decode_scale, encode_scale
 from harness.foundation.certificate import ABSTAIN
 from harness.mathematics.gridplace import GridPlaceRule
 from harness.mathematics.rules import rule_from_record
@@ -52,6 +53,9 @@ class Draws:
     rule's cap n_max (an input's own n is its last look's, :meth:`samples`). Under the
     grid-place rule (:mod:`harness.mathematics.gridplace`) they also carry the grid
     ``thresholds`` [B, G] the rule tested at each input's σ.
+
+    Drawn at a diagonal scale (:mod:`harness.engine.scale`), ``scale`` [B, d] (float32)
+    holds it and ``sigma`` its smallest axis per input.
     """
 
     kind: str
@@ -67,6 +71,7 @@ class Draws:
     looks: np.ndarray | None = None
     stops: np.ndarray | None = None
     thresholds: np.ndarray | None = None
+    scale: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.sigma)
@@ -77,9 +82,10 @@ class Draws:
         looks = None if self.looks is None else self.looks[index]
         stops = None if self.stops is None else self.stops[index]
         thresholds = None if self.thresholds is None else self.thresholds[index]
+        scale = None if self.scale is None else self.scale[index]
         return Draws(self.kind, self.n0, self.n, self.sigma[index], self.selection[index],
                      self.estimation[index], sq, self.levels, self.alpha, self.rule, looks,
-                     stops, thresholds)  # fmt: skip
+                     stops, thresholds, scale)  # fmt: skip
 
     @staticmethod
     def joined(parts: list[Draws]) -> Draws:
@@ -93,7 +99,7 @@ class Draws:
         return Draws(first.kind, first.n0, first.n, stacked("sigma"), stacked("selection"),
                      stacked("estimation"), stacked("estimation_sq"), first.levels, first.alpha,
                      first.rule, stacked("looks"), stacked("stops"),
-                     stacked("thresholds"))  # fmt: skip
+                     stacked("thresholds"), stacked("scale"))  # fmt: skip
 
     def samples(self) -> np.ndarray:
         """Estimation samples behind each input's evidence [B]."""
@@ -138,6 +144,8 @@ class Draws:
                             for k in range(int(self.stops[i]) + 1)]  # fmt: skip
         if self.thresholds is not None:
             out["thresholds"] = [float(t) for t in self.thresholds[i]]
+        if self.scale is not None:
+            out["scale"] = encode_scale(self.scale[i])
         return out
 
     @staticmethod
@@ -156,6 +164,7 @@ class Draws:
         n = int(first.get("n", 0))
         if "thresholds" in first:
             thresholds = np.array([r["thresholds"] for r in records], dtype=np.float64)
+        scale = np.stack([decode_scale(r["scale"]) for r in records]) if "scale" in first else None
         if "looks" in first:
             rule = rule_from_record(first["rule"])
             n = rule.n_max
@@ -165,7 +174,8 @@ class Draws:
                 looks[i, : len(r["looks"])] = [look["counts"] for look in r["looks"]]
         return Draws(kind, int(first.get("n0", 0)), n,
                      np.array([float(r["sigma"]) for r in records]), selection, estimation, sq,
-                     levels, first.get("alpha"), rule, looks, stops, thresholds)  # fmt: skip
+                     levels, first.get("alpha"), rule, looks, stops, thresholds,
+                     scale)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -205,7 +215,10 @@ class Evidence:
     ``base`` is the base model smoothed at σ(x) (``sigma``), of the certifier's declared
     ``smoothing`` kind; ``sigma_draws`` the σ-smoothing's draws when the σ-provider
     declares one (else None). ``alpha`` is the level the certifier's bound must hold at:
-    the run's α, less what the σ-smoothing spends.
+    the run's α, less what the σ-smoothing spends. ``scale`` [B, d] (float32): the
+    diagonal scale the base model was smoothed at (:mod:`harness.engine.scale`; ``sigma``
+    is then its smallest axis), None for one σ per input; only a certifier that declares
+    ``diagonal_scale = True`` is given one.
     """
 
     input_ids: tuple[int, ...]
@@ -217,6 +230,11 @@ class Evidence:
 
     def __len__(self) -> int:
         return len(self.input_ids)
+
+    @property
+    def scale(self) -> np.ndarray | None:
+        """The diagonal scale [B, d] of the base draws, or None (one σ per input)."""
+        return self.base.scale
 
     def lower_bound(self, top: np.ndarray) -> np.ndarray:
         """The harness's lower bound on p of class ``top[i]`` of the base model's hard
@@ -261,10 +279,17 @@ class Claim:
     """A certifier's answer for one input: CERTIFY's class (``ABSTAIN`` = -1) with
     certified ℓ2 ``radius``, the lower confidence bound ``p_lower`` it rests on, PREDICT's
     answer ``predict``, and what the certifier derived (``evidence``: e.g. a memory's
-    actions). Never samples: the harness records those itself."""
+    actions). Never samples: the harness records those itself.
+
+    ``ellipsoid`` (evidence drawn at a diagonal scale only): κ of the anisotropic region
+    the claim certifies, {δ : ‖Σ^{-1/2}δ‖₂ <= κ} with Σ = diag(scale²), semi-axes κ·σ_i
+    (Eiras et al., ANCER, TMLR 2022, Thm 1: κ = Φ⁻¹(p_A_lower)); the harness records the
+    region with its proxy radius (:func:`harness.engine.scale.ellipsoid_region`) beside,
+    never as, the ℓ2 ``radius``."""
 
     prediction: int
     radius: float
     p_lower: float
     predict: int = ABSTAIN
     evidence: Mapping[str, Any] = field(default_factory=dict)
+    ellipsoid: float | None = None

@@ -127,7 +127,9 @@ def noisy_batch(
 
     ``x`` [J, d] float32 holds the distinct inputs, ``sigma`` [J] float32 and ``keys``
     [J, 2] int64 their σ and Philox keys; ``rows`` [R] and ``samples`` [R] int64 name each
-    row's input and sample index. On CUDA, one fused Triton kernel
+    row's input and sample index. A ``sigma`` [J, d] is a diagonal scale
+    (:mod:`harness.engine.scale`), multiplied coordinate by coordinate: the same ε, and a
+    row of c's gives the samples of σ = c bit for bit. On CUDA, one fused Triton kernel
     (:mod:`harness.engine.noise_kernels`) when :func:`noise_kernel` says it works; else
     torch ops. The two agree within :data:`ROUNDING` (not bit for bit: a run's
     arithmetic records which one drew its noise).
@@ -139,7 +141,7 @@ def noisy_batch(
             _fall_back(f"the fused Triton noise kernel failed ({type(exc).__name__}: {exc})")
     noise = gaussian_noise(keys[rows], samples, x.shape[1])
     torch.index_select(x, 0, rows, out=out)
-    return out.addcmul_(sigma[rows, None], noise)
+    return out.addcmul_(sigma[rows] if sigma.dim() == 2 else sigma[rows, None], noise)
 
 
 ROUNDING = 2.0**-20
@@ -165,7 +167,8 @@ def noise_kernel(device: torch.device | str) -> str | None:
 
 
 def _probe_kernel(device: torch.device) -> str:
-    """Compile the fused kernel and run it once on a tiny batch against the torch ops."""
+    """Compile the fused kernels (one σ per input, a diagonal scale) and run each once on a
+    tiny batch against the torch ops."""
     try:
         import triton
     except ImportError:
@@ -175,15 +178,18 @@ def _probe_kernel(device: torch.device) -> str:
     keys = torch.tensor([noise_key(0, 1, 0), noise_key(0, 1, 1)], device=device)
     rows = torch.tensor([1, 0, 1], device=device)
     samples = torch.tensor([0, 3, 2**31 + 5], device=device)
-    try:
-        got = _noisy_batch_triton(x, sigma, keys, rows, samples, torch.empty(3, 9, device=device))
-    except Exception as exc:
-        return _fall_back(f"the fused Triton noise kernel failed ({type(exc).__name__}: {exc})")
     eps = gaussian_noise(keys[rows], samples, 9)
-    expected = x[rows] + sigma[rows, None] * eps
-    bound = sigma[rows, None] * ROUNDING * (1 + eps.abs()) + 1e-6
-    if not bool(((got - expected).abs() <= bound).all()):
-        return _fall_back("the fused Triton noise kernel computed other noise than the torch ops")
+    scale = torch.linspace(0.5, 2.0, 18, device=device).view(2, 9)  # harness.engine.scale
+    for s, rowwise in ((sigma, sigma[rows, None]), (scale, scale[rows])):
+        try:
+            got = _noisy_batch_triton(x, s, keys, rows, samples, torch.empty(3, 9, device=device))
+        except Exception as exc:
+            return _fall_back(f"the fused Triton noise kernel failed ({type(exc).__name__}: {exc})")
+        bound = rowwise * ROUNDING * (1 + eps.abs()) + 1e-6
+        if not bool(((got - (x[rows] + rowwise * eps)).abs() <= bound).all()):
+            return _fall_back(
+                "the fused Triton noise kernel computed other noise than the torch ops"
+            )
     return f"triton {triton.__version__}"
 
 
@@ -205,8 +211,9 @@ def _noisy_batch_triton(x, sigma, keys, rows, samples, out):
     """:func:`noisy_batch` by the fused kernel, in launches of fewer than 2³¹ lanes."""
     import triton
 
-    from harness.engine.noise_kernels import noisy_batch_kernel
+    from harness.engine.noise_kernels import noisy_batch_diagonal_kernel, noisy_batch_kernel
 
+    kernel = noisy_batch_diagonal_kernel if sigma.dim() == 2 else noisy_batch_kernel
     x, sigma, keys = x.contiguous(), sigma.contiguous(), keys.contiguous()
     dim = x.shape[1]
     groups = (dim + 3) // 4
@@ -216,7 +223,7 @@ def _noisy_batch_triton(x, sigma, keys, rows, samples, out):
         for start in range(0, len(rows), step):
             stop = min(len(rows), start + step)
             lanes = (stop - start) * groups
-            noisy_batch_kernel[(triton.cdiv(lanes, KERNEL_BLOCK),)](
+            kernel[(triton.cdiv(lanes, KERNEL_BLOCK),)](
                 x, sigma, keys, rows[start:stop].contiguous(), samples[start:stop].contiguous(),
                 out[start:stop], stop - start, dim, groups, BLOCK=KERNEL_BLOCK,
             )  # fmt: skip

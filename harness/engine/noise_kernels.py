@@ -6,7 +6,8 @@
 - :func:`philox_words_kernel`: the four raw words of given counters under given keys
   (what the tests compare bit for bit with the torch path).
 - :func:`noisy_batch_kernel`: one pass that draws the keyed noise of every (row, group of
-  four coordinates) and writes x + σ·ε, four contiguous floats per lane.
+  four coordinates) and writes x + σ·ε, four contiguous floats per lane;
+  :func:`noisy_batch_diagonal_kernel` the same with a scale per coordinate (x + σ_k·ε_k).
 
 Importing this module imports Triton; :mod:`harness.engine.noise` imports it lazily.
 Constants are ``tl.constexpr`` globals, the only globals a compiled kernel may read.
@@ -73,13 +74,11 @@ def _uniform(word):
 
 
 @triton.jit
-def noisy_batch_kernel(
-    x_ptr, sigma_ptr, key_ptr, row_ptr, sample_ptr, out_ptr, rows, dim, groups,
-    BLOCK: tl.constexpr,
-):  # fmt: skip
-    """out[r, 4g + j] = x[job, 4g + j] + σ[job]·ε_j for job = row[r], each lane one
-    (row, group g) pair: the counter (sample[r], g, 0, 0) under the key of ``job``,
-    Box–Muller on (u0, u1) and (u2, u3)."""
+def _keyed_noise(key_ptr, row_ptr, sample_ptr, rows, dim, groups, BLOCK: tl.constexpr):
+    """The noise of every (row, group of four coordinates) lane of one program: each lane's
+    row ``r``, its input ``job`` = row[r], its coordinates ``coord`` [BLOCK, 4] (``mask``:
+    those that exist) and ε [BLOCK, 4], from the counter (sample[r], g, 0, 0) under the key
+    of ``job``, Box–Muller on (u0, u1) and (u2, u3)."""
     t = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # rows·groups < 2³¹ per launch
     live = t < rows * groups
     t = tl.where(live, t, 0)
@@ -103,8 +102,34 @@ def noisy_batch_kernel(
     eps = tl.reshape(pairs, (BLOCK, 4))
     coord = 4 * g[:, None] + tl.arange(0, 4)[None, :]
     mask = live[:, None] & (coord < dim)
+    return r, job, coord, mask, eps
+
+
+@triton.jit
+def noisy_batch_kernel(
+    x_ptr, sigma_ptr, key_ptr, row_ptr, sample_ptr, out_ptr, rows, dim, groups,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    """out[r, 4g + j] = x[job, 4g + j] + σ[job]·ε_j for job = row[r], each lane one
+    (row, group g) pair (:func:`_keyed_noise`)."""
+    r, job, coord, mask, eps = _keyed_noise(key_ptr, row_ptr, sample_ptr, rows, dim, groups,
+                                            BLOCK)  # fmt: skip
     xv = tl.load(x_ptr + job[:, None] * dim + coord, mask=mask)
     sig = tl.load(sigma_ptr + job)[:, None]
+    tl.store(out_ptr + r[:, None] * dim + coord, xv + sig * eps, mask=mask)
+
+
+@triton.jit
+def noisy_batch_diagonal_kernel(
+    x_ptr, scale_ptr, key_ptr, row_ptr, sample_ptr, out_ptr, rows, dim, groups,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    """out[r, k] = x[job, k] + scale[job, k]·ε_k: :func:`noisy_batch_kernel` with a
+    diagonal scale [J, dim] (:mod:`harness.engine.scale`) in place of one σ per input."""
+    r, job, coord, mask, eps = _keyed_noise(key_ptr, row_ptr, sample_ptr, rows, dim, groups,
+                                            BLOCK)  # fmt: skip
+    xv = tl.load(x_ptr + job[:, None] * dim + coord, mask=mask)
+    sig = tl.load(scale_ptr + job[:, None] * dim + coord, mask=mask)
     tl.store(out_ptr + r[:, None] * dim + coord, xv + sig * eps, mask=mask)
 
 

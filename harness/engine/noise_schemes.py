@@ -38,13 +38,16 @@ Segments = list[list[tuple[int, int, int]]]
 @dataclass
 class Job:
     """One input of a sampling call: samples ``done`` … ``end`` − 1 of its stream, the
-    first ``done`` of them already drawn (a call from sample ``start`` begins at it)."""
+    first ``done`` of them already drawn (a call from sample ``start`` begins at it).
+    ``scale``: its diagonal scale (float32, the shape of ``x``; :mod:`harness.engine.scale`),
+    whose smallest axis is then ``sigma``; None: noise at ``sigma``."""
 
     x: torch.Tensor
     sigma: float
     input_id: int
     end: int
     done: int = 0
+    scale: torch.Tensor | None = None
 
 
 class PhiloxNoise:
@@ -58,7 +61,10 @@ class PhiloxNoise:
         self.keys = torch.tensor(
             [noise_key(seed, stream, job.input_id) for job in jobs], device=device
         )
-        self.sigma = torch.tensor([job.sigma for job in jobs], device=device)
+        if jobs and jobs[0].scale is not None:  # a diagonal scale [J, d]
+            self.sigma = torch.stack([job.scale.reshape(-1) for job in jobs]).to(device)
+        else:
+            self.sigma = torch.tensor([job.sigma for job in jobs], device=device)
 
     def fill(
         self, window: Segments, b: int, rows: torch.Tensor, samples: torch.Tensor | None,
@@ -122,7 +128,8 @@ class BlockNoise:
         self, window: Segments, b: int, rows: torch.Tensor, samples: torch.Tensor | None,
         buffer: torch.Tensor, fill: int,
     ) -> None:  # fmt: skip
-        """Batch ``b`` of ``window``, x + σ·(rows of noise blocks), into ``buffer``.
+        """Batch ``b`` of ``window``, x + σ·(rows of noise blocks), into ``buffer`` (with a
+        diagonal scale, x + scale·(rows), coordinate by coordinate).
 
         ``blocks`` holds the drawn blocks not yet used up; when some of this batch's are
         missing, they are drawn together with the next batches' (up to one per noise
@@ -153,10 +160,14 @@ class BlockNoise:
             job = jobs[index]
             key = (index, start // NOISE_BLOCK)
             offset = start % NOISE_BLOCK
-            torch.add(
-                job.x, blocks[key][offset : offset + take], alpha=job.sigma,
-                out=buffer[fill : fill + take],
-            )  # fmt: skip
+            if job.scale is None:
+                torch.add(
+                    job.x, blocks[key][offset : offset + take], alpha=job.sigma,
+                    out=buffer[fill : fill + take],
+                )  # fmt: skip
+            else:  # the same rounding as alpha = σ where the scale is σ everywhere
+                torch.addcmul(job.x, blocks[key][offset : offset + take], job.scale,
+                              out=buffer[fill : fill + take])  # fmt: skip
             fill += take
             end = start + take
             if end % NOISE_BLOCK == 0:

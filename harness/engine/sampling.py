@@ -181,6 +181,10 @@ class SamplingEngine:
     ) -> Iterator[tuple[int, np.ndarray | SoftStats]]:
         """Sample ``num`` noisy copies of every input; yield (index, result) as each finishes.
 
+        ``sigma`` is σ(x_i) [B], or a diagonal scale [B, d] or [B, *input_shape]
+        (:mod:`harness.engine.scale`): x_i + scale_i·ε, ε the same noise, coordinate by
+        coordinate (a scale of c everywhere draws the samples of σ = c bit for bit).
+
         The copies are samples ``start`` … ``start + num − 1`` of each input's stream: the
         same noise a call with ``start + num`` samples gives those indices, so a stream
         can be drawn in consecutive rounds (sequential CERTIFY). Inputs are consumed in
@@ -191,15 +195,14 @@ class SamplingEngine:
             raise ValueError(f"{len(x)} inputs but {len(input_ids)} input ids")
         if isinstance(start, bool) or not isinstance(start, int | np.integer) or start < 0:
             raise ValueError(f"start must be an integer >= 0, got {start!r}")
-        sigmas = torch.as_tensor(sigma, dtype=torch.float64).flatten().tolist()
-        if len(sigmas) != len(input_ids):
-            raise ValueError(f"{len(input_ids)} inputs but {len(sigmas)} values of sigma")
         x = x.to(self.device, torch.float32)
+        sigmas, scale = _noise_levels(sigma, x, len(input_ids))
         TALLY.samples += num * len(input_ids)
         jobs = [
-            Job(x[i], float(s), int(i_id), int(start) + num, int(start))
+            Job(x[i], float(s), int(i_id), int(start) + num, int(start),
+                None if scale is None else scale[i])
             for i, (s, i_id) in enumerate(zip(sigmas, input_ids, strict=True))
-        ]
+        ]  # fmt: skip
         kind = SoftSums if soft else HardCounts
         acc = kind(len(jobs), self.num_classes, self.batch_size, self.device)
         if self._blocks is None:
@@ -322,6 +325,25 @@ class SamplingEngine:
         if self.device.type != "cuda":
             return tensor.to(self.device)
         return tensor.pin_memory().to(self.device, non_blocking=True)
+
+
+def _noise_levels(
+    sigma: Sequence[float] | torch.Tensor | np.ndarray, x: torch.Tensor, count: int
+) -> tuple[list[float], torch.Tensor | None]:
+    """Each input's σ (float64; of a diagonal scale its smallest axis) and the scale itself
+    (float32, on ``x``'s device, shaped as ``x``; None for one σ per input)."""
+    sigma = torch.as_tensor(sigma, dtype=None if torch.is_tensor(sigma) else torch.float64)
+    if sigma.dim() < 2 or count == 0:
+        sigmas = sigma.to(torch.float64).flatten().tolist()
+        if len(sigmas) != count:
+            raise ValueError(f"{count} inputs but {len(sigmas)} values of sigma")
+        return sigmas, None
+    scale = sigma.detach().to("cpu", torch.float32).reshape(len(sigma), -1)
+    if scale.shape != (count, x[0].numel()):
+        raise ValueError(f"{count} inputs of {x[0].numel()} dimensions but a diagonal scale "
+                         f"of shape {tuple(sigma.shape)}")  # fmt: skip
+    sigmas = scale.min(dim=1).values.double().tolist()
+    return sigmas, scale.to(x.device).view(count, *x.shape[1:])
 
 
 class _HostReads:

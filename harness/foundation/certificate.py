@@ -23,6 +23,11 @@ class Certificate:
     plugin reported, so the certificate can be re-derived without resampling. ``seconds``
     is the wall time it took and ``load`` the machine's load while it was measured
     (:func:`harness.foundation.threads.load_per_core`; None where not recorded).
+
+    ``region``: a second kind of certificate beside the ℓ2 ball, the region certified
+    around the input where it is not a ball (drawn at a diagonal scale: an ellipsoid,
+    ``{"kind": "ellipsoid", "factor": κ, "proxy_radius": ...}``,
+    :func:`harness.engine.scale.ellipsoid_region`); never an ℓ2 radius. None: none claimed.
     """
 
     input_id: int
@@ -38,6 +43,7 @@ class Certificate:
     evidence: dict[str, Any] = field(default_factory=dict)
     draws: dict[str, Any] | None = None
     load: float | None = None
+    region: dict[str, Any] | None = None
 
     @property
     def abstained(self) -> bool:

@@ -52,12 +52,19 @@ class SigmaProvider(Protocol):
       that is a smoothed classifier's choice among noise levels (Sun et al. 2026). The
       harness then draws that smoothing itself and sets σ(x) from its counts
       (:func:`harness.certification.certify.sigma_of`); the provider is not called for σ.
+
+    A provider may answer a *diagonal scale* instead, one σ per input dimension: shape
+    [B, *input_shape] or [B, d] (:mod:`harness.engine.scale`). The harness then draws
+    x + σ_i(x)·ε_i, records the scale with the draws and the smallest axis as the
+    certificate's σ, and certifies only with a certifier that declares
+    ``diagonal_scale = True`` (:mod:`harness.certification.diagonal`).
     """
 
     regularity: Regularity
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """Map inputs of shape [B, *input_shape] to σ of shape [B] (same device)."""
+        """Map inputs of shape [B, *input_shape] to σ of shape [B] (same device), or to a
+        diagonal scale of shape [B, *input_shape] or [B, d]."""
         ...
 
 
@@ -81,6 +88,10 @@ class Certifier(Protocol):
     - ``radius_formula``: the :class:`~harness.mathematics.radius.RadiusFormula` that derives every
       stored certificate (bound on p_A, prediction, radius) from the harness's draws, the
       run's protocol and the provider's declared regularity; S0 re-derives each one.
+    - ``diagonal_scale`` (optional, default False): True when its claims hold for evidence
+      drawn at a diagonal scale (``Evidence.scale``; ``Evidence.sigma`` its smallest axis),
+      where it may also claim an ellipsoid (``Claim.ellipsoid``); a σ-provider's diagonal
+      scale is certified by no other certifier.
     """
 
     smoothing: str
@@ -365,9 +376,12 @@ class ModelSpec:
 class CheckSpec:
     """A soundness check: ``run(audit)`` audits a method's certificates; ``prepare(audit)``,
     if given, is called for every audit before any check runs, to start work the check
-    will wait for (e.g. a helper process) while the other checks run."""
+    will wait for (e.g. a helper process) while the other checks run. ``diagonal``: the
+    check audits rows drawn at a diagonal scale (:mod:`harness.engine.scale`); one that
+    does not is not run on such a row, whose verdict is then ``error`` naming it."""
 
     name: str
     run: Callable[..., Any]
     description: str = ""
     prepare: Callable[..., None] | None = None
+    diagonal: bool = False

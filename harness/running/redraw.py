@@ -185,9 +185,10 @@ def _stop(process: subprocess.Popen, log) -> None:
 def replay_request(
     source: ReplaySource, device: str, input_ids: Sequence[int], sigma: Sequence[float],
     kind: str, sigma_model: str | None = None, fresh_seed: int = 0,
-    looks: Sequence[Sequence[int]] | None = None,
+    looks: Sequence[Sequence[int]] | None = None, scale: Sequence[str] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """A request to re-draw ``input_ids`` at their stored ``sigma`` for a ``kind``
+    """A request to re-draw ``input_ids`` at their stored ``sigma`` (``scale``: their recorded
+    diagonal scales, :mod:`harness.engine.scale`) for a ``kind``
     (``hard``/``soft``) certifier; ``sigma_model`` names the row's σ-estimator
     (``"<method> <setting>"``) when it declares a σ-smoothing; ``looks``, per input, the
     sample counts of its stored looks when it was drawn sequentially."""
@@ -199,10 +200,11 @@ def replay_request(
                 "cannot be re-drawn; rerun the benchmark"
             )
         model = dict(source.sigma_models[sigma_model])
-    return {"run": source.header(device), "inputs": [int(i) for i in input_ids],
-            "sigma": [float(s) for s in sigma], "kind": kind, "sigma_model": model,
-            "fresh_streams": list(fresh_streams(fresh_seed)),
-            "looks": None if looks is None else [[int(n) for n in row] for row in looks]}  # fmt: skip
+    request = {"run": source.header(device), "inputs": [int(i) for i in input_ids],
+               "sigma": [float(s) for s in sigma], "kind": kind, "sigma_model": model,
+               "fresh_streams": list(fresh_streams(fresh_seed)),
+               "looks": None if looks is None else [[int(n) for n in row] for row in looks]}  # fmt: skip
+    return request if scale is None else request | {"scale": list(scale)}
 
 
 def look_sizes(bases: Sequence[Mapping[str, Any]]) -> list[list[int]] | None:
@@ -377,6 +379,7 @@ def _rounds(engine, x, sigma, ids, looks: Sequence[Sequence[int]], stream: int) 
 def _answer(request: Mapping[str, Any], runs: dict[str, _LoadedRun]) -> dict[str, Any]:
     from harness.engine.draws import SOFT, STREAM_SIGMA_ESTIMATION, STREAM_SIGMA_SELECTION
     from harness.engine.sampling import STREAM_ESTIMATION, STREAM_SELECTION, TALLY
+    from harness.engine.scale import noise_levels
 
     start, samples, rows = time.perf_counter(), TALLY.samples, TALLY.rows
     key = json.dumps(request["run"], sort_keys=True)
@@ -393,15 +396,14 @@ def _answer(request: Mapping[str, Any], runs: dict[str, _LoadedRun]) -> dict[str
     engine = _engine(run, run.model, run.dataset.num_classes, seed)
     streams = (STREAM_SELECTION, STREAM_ESTIMATION) if exact else (None, fresh_base)
     looks = request.get("looks")
+    sigma = noise_levels(request["sigma"], request.get("scale"))  # (a diagonal scale's)
     if looks is None:
-        base = _draws(engine, x, request["sigma"], ids, protocol.n0, protocol.n, streams, soft,
-                      not exact)  # fmt: skip
+        base = _draws(engine, x, sigma, ids, protocol.n0, protocol.n, streams, soft, not exact)
     elif exact:  # sequential: the selection, then every stored look's round
-        base = _draws(engine, x, request["sigma"], ids, protocol.n0, 0, streams, False, False)
-        base.update(_rounds(engine, x, request["sigma"], ids, looks, streams[1]))
+        base = _draws(engine, x, sigma, ids, protocol.n0, 0, streams, False, False)
+        base.update(_rounds(engine, x, sigma, ids, looks, streams[1]))
     else:  # the first look, drawn whatever the counts: fresh samples of as many
-        base = _draws(engine, x, request["sigma"], ids, protocol.n0, looks[0][0], streams, False,
-                      True)  # fmt: skip
+        base = _draws(engine, x, sigma, ids, protocol.n0, looks[0][0], streams, False, True)
     out: dict[str, Any] = {
         "ok": True, "mode": "exact" if exact else "replication", "arithmetic": run.fingerprint,
         "differences": run.differences, "base": base,

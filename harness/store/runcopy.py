@@ -49,7 +49,8 @@ def copy_run(store: ResultStore, run: StoredRun) -> None:
               "counts_selection": json.dumps(c.counts_selection),
               "counts_estimation": json.dumps(c.counts_estimation), "seconds": c.seconds,
               "load": c.load, "evidence": json.dumps(c.evidence),
-              "draws": None if c.draws is None else json.dumps(c.draws)}
+              "draws": None if c.draws is None else json.dumps(c.draws),
+              "region": None if c.region is None else json.dumps(c.region)}
              for c in run.certificates],
         )  # fmt: skip
     store.finish_run(run.run_id)

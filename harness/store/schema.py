@@ -141,6 +141,7 @@ ADDED_COLUMNS = (
     ("runs", "benchmark", "TEXT"),  # the benchmark a run was expanded from (model_variants)
     ("certificates", "draws", "TEXT"),  # before the harness drew the evidence itself
     ("certificates", "load", "REAL"),  # the machine's load per core behind ``seconds``
+    ("certificates", "region", "TEXT"),  # a region certified beside the ℓ2 ball (JSON)
     ("checks", "cost", "TEXT"),  # what each check cost (harness.audit.cost)
 )
 """Columns added after the first release: (table, column, type)."""
@@ -164,7 +165,7 @@ CERTIFICATE_INSERT = _insert(
     "INSERT OR IGNORE", "certificates",
     ("run_id", "method", "setting", "input_id", "shard", "label", "prediction", "predict",
      "radius", "p_lower", "sigma", "alpha", "counts_selection", "counts_estimation", "seconds",
-     "evidence", "draws", "load"),
+     "evidence", "draws", "load", "region"),
 )  # fmt: skip
 STATE_INSERT = _insert(
     "INSERT OR IGNORE", "state", ("run_id", "method", "setting", "seq", "record", "data")

@@ -168,7 +168,7 @@ class ResultStore(LeaseRecords):
                         "sigma": c.sigma, "alpha": c.alpha, "counts_selection": "null",
                         "counts_estimation": "null", "seconds": c.seconds,
                         "evidence": json.dumps(c.evidence, default=jsonable), "draws": None,
-                        "load": c.load}
+                        "load": c.load, "region": None}
                  for label, c in certificates],
             )  # fmt: skip
             self.db.execute(SHARD_INSERT, key | {"finished": now})
@@ -306,9 +306,9 @@ class ResultStore(LeaseRecords):
                         "radius": cert.radius, "p_lower": cert.p_lower, "sigma": cert.sigma,
                         "alpha": cert.alpha, "counts_selection": json.dumps(cert.counts_selection),
                         "counts_estimation": json.dumps(cert.counts_estimation),
-                        "seconds": cert.seconds, "load": cert.load,
-                        "evidence": text,
+                        "seconds": cert.seconds, "load": cert.load, "evidence": text,
                         "draws": None if cert.draws is None else json.dumps(cert.draws),
+                        "region": None if cert.region is None else json.dumps(cert.region),
                     },
                 )  # fmt: skip
             if finished:
@@ -436,6 +436,6 @@ class ResultStore(LeaseRecords):
         )
         for row in rows:
             out = dict(row)
-            for key in ("counts_selection", "counts_estimation", "evidence", "draws"):
+            for key in ("counts_selection", "counts_estimation", "evidence", "draws", "region"):
                 out[key] = json.loads(out[key]) if out[key] is not None else None
             yield out

@@ -65,9 +65,8 @@ class StoredCertificate:
     ``predict`` PREDICT's class, ``label`` the true class; ``draws`` are the harness's
     own draws per smoothing (:meth:`harness.engine.draws.Draws.record`). A run export keeps
     the columns the metrics use and the evidence (``p_lower``, ``alpha``, ``evidence``,
-    ``draws``); ``shard`` and the legacy class-count columns (the counts are in
-    ``draws``) are None for its certificates, and so is the evidence of a format-1
-    export.
+    ``draws``, ``region``); ``shard`` and the legacy class-count columns (the counts are in
+    ``draws``) are None for its certificates, and so is the evidence of a format-1 export.
     """
 
     method: str
@@ -87,6 +86,7 @@ class StoredCertificate:
     evidence: dict[str, Any] | None = None
     draws: dict[str, Any] | None = None
     load: float | None = None  # the machine's load per processor behind ``seconds``
+    region: dict[str, Any] | None = None  # beside the ℓ2 ball: harness.foundation.certificate
 
     @property
     def correct(self) -> bool:
@@ -97,7 +97,7 @@ class StoredCertificate:
     def from_row(cls, row: dict[str, Any]) -> StoredCertificate:
         """From a row of the ``certificates`` table (JSON columns parsed or text) or an export."""
         values = {f.name: row.get(f.name) for f in fields(cls)}
-        for key in ("counts_selection", "counts_estimation", "evidence", "draws"):
+        for key in ("counts_selection", "counts_estimation", "evidence", "draws", "region"):
             if isinstance(values[key], str):
                 values[key] = json.loads(values[key])
         return cls(**values)

@@ -231,6 +231,7 @@ def replay_board(
 
 def _replay_row(run, row, source, methods, replayer, rng, k, device, noise_seed):
     from harness.audit.replay import judge
+    from harness.engine.scale import recorded_scales
     from harness.running.redraw import look_sizes, replay_request
 
     label = _label(run, row)
@@ -244,7 +245,8 @@ def _replay_row(run, row, source, methods, replayer, rng, k, device, noise_seed)
     smoothed = "sigma" in certs[0]["draws"]
     request = replay_request(source, device, ids, [certs[i]["draws"]["base"]["sigma"] for i in chosen],
                              kind, f"{row.method} {row.setting}" if smoothed else None, noise_seed,
-                             look_sizes([certs[i]["draws"]["base"] for i in chosen]))  # fmt: skip
+                             look_sizes([certs[i]["draws"]["base"] for i in chosen]),
+                             recorded_scales([certs[i]["draws"]["base"] for i in chosen]))  # fmt: skip
     answer = replayer.request(request)
     stored = [float(certs[i]["sigma"]) for i in chosen]
     sigma = {"alone": stored, "batch": stored, "order": list(range(m))}

@@ -11,7 +11,9 @@ digest, the arithmetic fingerprint and which plugin and package provided each co
 ``components``, when recorded) and the data files the run read;
 per (method, setting) every certificate's columns (input id, label, CERTIFY's
 prediction, PREDICT's answer, radius, σ, seconds) and its whole evidence (p_A bound,
-α, the certifier's derived evidence and the harness's draws; floats as their shortest
+α, the certifier's derived evidence and the harness's draws, a diagonal scale included;
+a region certified beside the ℓ2 ball in a ``region`` column, only in a group where one
+certificate has one, so older exports read and write as before; floats as their shortest
 round-trip repr, so numbers computed from the export equal those computed from the
 database bit for bit); the recorded failures; the soundness-check rows with their
 evidence; and the files a replay needs (:mod:`harness.running.runfiles`: the base model's
@@ -59,6 +61,10 @@ CERTIFICATE_COLUMNS = ("input_id", "label", "prediction", "predict", "radius", "
                        "load")  # fmt: skip
 EVIDENCE_COLUMNS = ("p_lower", "alpha", "evidence", "draws")
 """The certificates' evidence columns, exported since format 2."""
+REGION_COLUMNS = ("region",)
+"""Columns a group of certificates carries only where one of them has a value (a region
+certified beside the ℓ2 ball, :attr:`harness.foundation.certificate.Certificate.region`):
+an export of runs without one is the same text as before they existed."""
 
 
 def resolve_runs(names: list[str], db: Path) -> list[StoredRun]:
@@ -101,7 +107,8 @@ def export_runs(runs: list[StoredRun], stem: str = "board") -> str:
     for run in runs:
         certificates = [
             {"method": row.method, "setting": row.setting,
-             "columns": {k: [getattr(c, k) for c in row.certificates] for k in columns}}
+             "columns": {k: [getattr(c, k) for c in row.certificates]
+                         for k in columns + _present(row.certificates, REGION_COLUMNS)}}
             for row in run.rows()
         ]  # fmt: skip
         files = [
@@ -123,6 +130,11 @@ def export_runs(runs: list[StoredRun], stem: str = "board") -> str:
     lines = [json.dumps(strict(item), sort_keys=True, separators=(",", ":"), allow_nan=False)
              for item in items]  # fmt: skip
     return '{"format":"' + EXPORT_FORMAT + '","runs":[\n' + ",\n".join(lines) + "\n]}\n"
+
+
+def _present(certificates, names: tuple[str, ...]) -> tuple[str, ...]:
+    """Those of the columns ``names`` that some of ``certificates`` has a value in."""
+    return tuple(k for k in names if any(getattr(c, k) is not None for c in certificates))
 
 
 def strict(value: Any) -> Any:
@@ -158,7 +170,8 @@ def read_export_and_format(path: str | Path) -> tuple[str, list[StoredRun]]:
         certificates = []
         for group in item["certificates"]:
             columns = group["columns"]
-            names = [k for k in CERTIFICATE_COLUMNS + EVIDENCE_COLUMNS if k in columns]
+            names = [k for k in CERTIFICATE_COLUMNS + EVIDENCE_COLUMNS + REGION_COLUMNS
+                     if k in columns]  # fmt: skip
             for values in zip(*(columns[k] for k in names), strict=True):
                 certificates.append(
                     StoredCertificate(group["method"], group["setting"],

@@ -1,0 +1,33 @@
+"""Certificates for anisotropic Gaussian smoothing: a diagonal scale σ_1(x) … σ_d(x).
+
+Registers the certifier ``anisotropic``: for a σ-provider that answers a diagonal scale
+(:mod:`harness.engine.scale`), CERTIFY's class with the ℓ2 ball of the smallest axis,
+R = σ_min·Φ⁻¹(p_A_lower) (Cohen et al. 2019, Thm 1 at σ_min: the largest ball inside the
+ellipsoid), and the ellipsoid itself, {δ : ‖Σ^{-1/2}δ‖₂ <= Φ⁻¹(p_A_lower)} (Eiras et al.,
+ANCER, TMLR 2022, Thm 1), recorded beside the ball with its proxy radius, never ranked as
+an ℓ2 radius. The methods that choose the scale (ANCER, UCAN) register their own
+σ-providers and name this certifier.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from harness import BuildContext, CertifierSpec, hookimpl
+
+IDRS_BENCH_CONTRACT = 4
+"""The plugin contract this plugin is written against (docs/plugins.md)."""
+
+
+def _anisotropic_certifier(context: BuildContext, params: Mapping[str, Any], sigma_provider):
+    from plugins.anisotropic.certifier import AnisotropicCertifier
+
+    return AnisotropicCertifier()
+
+
+@hookimpl
+def idrs_register_certifiers(register) -> None:
+    register(CertifierSpec("anisotropic", _anisotropic_certifier,
+                           "CERTIFY at a diagonal scale: the ball R = σ_min Φ⁻¹(p_A_lower) and "
+                           "the ellipsoid of semi-axes σ_i Φ⁻¹(p_A_lower) (ANCER)"))  # fmt: skip
