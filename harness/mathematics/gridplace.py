@@ -56,13 +56,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 from scipy.special import betainc, betaln
 
-from harness.mathematics.sequential import _shape_problem
+from harness.mathematics.sequential import RuleSchedule, _shape_problem
 
 RULE_NAME = "grid-place-v1"
 FIRST_LOOK = 100
@@ -143,44 +143,15 @@ def anytime_predictions(counts: np.ndarray, alpha: float) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class GridPlaceRule:
-    """The rule of a run: its cap ``n_max``, the ``radii`` it decides and its levers."""
+class GridPlaceRule(RuleSchedule):
+    """The rule of a run: its cap ``n_max``, the ``radii`` it decides and its levers (the
+    schedule and the record: :class:`~harness.mathematics.sequential.RuleSchedule`)."""
 
-    n_max: int
-    radii: tuple[float, ...]
-    first: int = FIRST_LOOK
+    RULE_NAME: ClassVar[str] = RULE_NAME
     growth: float = GROWTH
     final_share: float = FINAL_SHARE
     prior: tuple[float, float] = PRIOR
     beta: float = FUTILITY_LEVEL
-    _looks: np.ndarray = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        looks, n = [], self.first
-        while n * self.growth <= self.n_max:
-            looks.append(n)
-            n = max(n + 1, math.ceil(round(n * self.growth, 6)))
-        object.__setattr__(self, "_looks", np.array([*looks, self.n_max], dtype=np.int64))
-
-    @property
-    def looks(self) -> np.ndarray:
-        """n_1 < … < n_K = n_max, the sample counts at which the tests are evaluated."""
-        return self._looks
-
-    def record(self) -> dict[str, Any]:
-        """The rule as stored with each certificate's draws."""
-        return {"name": RULE_NAME, "n_max": int(self.n_max), "radii": [float(r) for r in self.radii],
-                "first": self.first, "growth": self.growth, "final_share": self.final_share,
-                "prior": [float(v) for v in self.prior], "beta": self.beta}  # fmt: skip
-
-    @classmethod
-    def from_record(cls, record: Mapping[str, Any]) -> GridPlaceRule:
-        if record.get("name") != RULE_NAME:
-            raise ValueError(f"not a {RULE_NAME} record: {record.get('name')!r}")
-        a, b = (float(v) for v in record["prior"])
-        return cls(int(record["n_max"]), tuple(float(r) for r in record["radii"]),
-                   int(record["first"]), float(record["growth"]), float(record["final_share"]),
-                   (a, b), float(record["beta"]))  # fmt: skip
 
     def priors(self, selected, n0) -> tuple[np.ndarray, np.ndarray]:
         """(a, b) of each input's prior from ĉ_A's selection count(s) ``selected`` of n0."""

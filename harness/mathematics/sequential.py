@@ -57,7 +57,7 @@ import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Self
 
 import numpy as np
 from scipy.special import betaln
@@ -122,10 +122,13 @@ def _mixture_end(k: int, n: int, gain: float, level: float) -> float:
 
 
 @dataclass(frozen=True)
-class SequentialRule:
-    """The sequential rule of a run: its cap ``n_max`` and the radius grid ``radii`` it
-    decides (the benchmark's ``radii``); the schedule, prior and shares are this module's."""
+class RuleSchedule:
+    """What every sequential rule of the harness is made of: its cap ``n_max``, the radius
+    grid ``radii`` it decides (the benchmark's ``radii``), its geometric looks (``first``,
+    then ×``growth``, at least one sample apart, and n_max) and the levers stored with each
+    certificate's draws (:meth:`record`); a rule's module gives the defaults and the tests."""
 
+    RULE_NAME: ClassVar[str] = ""
     n_max: int
     radii: tuple[float, ...]
     first: int = FIRST_LOOK
@@ -139,28 +142,37 @@ class SequentialRule:
         looks, n = [], self.first
         while n * self.growth <= self.n_max:  # the last step to n_max is >= growth too
             looks.append(n)
-            n = math.ceil(round(n * self.growth, 6))  # ⌈1.1 · 100⌉ = 110, not 111
+            n = max(n + 1, math.ceil(round(n * self.growth, 6)))  # ⌈1.1 · 100⌉ = 110, not 111
         object.__setattr__(self, "_looks", np.array([*looks, self.n_max], dtype=np.int64))
 
     @property
     def looks(self) -> np.ndarray:
-        """n_1 < … < n_K = n_max, the sample counts at which the bound is computed."""
+        """n_1 < … < n_K = n_max, the sample counts at which the rule looks."""
         return self._looks
 
     def record(self) -> dict[str, Any]:
         """The rule as stored with each certificate's draws."""
-        return {"name": RULE_NAME, "n_max": int(self.n_max), "radii": [float(r) for r in self.radii],
-                "first": self.first, "growth": self.growth, "final_share": self.final_share,
+        return {"name": self.RULE_NAME, "n_max": int(self.n_max),
+                "radii": [float(r) for r in self.radii], "first": self.first,
+                "growth": self.growth, "final_share": self.final_share,
                 "prior": [float(v) for v in self.prior], "beta": self.beta}  # fmt: skip
 
     @classmethod
-    def from_record(cls, record: Mapping[str, Any]) -> SequentialRule:
-        if record.get("name") != RULE_NAME:
-            raise ValueError(f"unknown sequential rule {record.get('name')!r}; known: {RULE_NAME}")
+    def from_record(cls, record: Mapping[str, Any]) -> Self:
+        if record.get("name") != cls.RULE_NAME:
+            raise ValueError(f"unknown sequential rule {record.get('name')!r}; known: "
+                             f"{cls.RULE_NAME}")  # fmt: skip
         a, b = (float(v) for v in record["prior"])
         return cls(int(record["n_max"]), tuple(float(r) for r in record["radii"]),
                    int(record["first"]), float(record["growth"]), float(record["final_share"]),
                    (a, b), float(record["beta"]))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SequentialRule(RuleSchedule):
+    """The ``mixture-cs-v2`` rule of a run (module docstring)."""
+
+    RULE_NAME: ClassVar[str] = RULE_NAME
 
     def look_bounds(self, counts, k, alpha: float) -> np.ndarray:
         """L_k of the counts of ĉ_A at look(s) ``k`` (0-based, broadcast with ``counts``):
