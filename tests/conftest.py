@@ -105,6 +105,34 @@ class LinearModel(torch.nn.Module):
         return torch.stack([torch.zeros_like(margin), margin], dim=1)
 
 
+class BallModel(torch.nn.Module):
+    """f = [‖x‖ <= 1] as logits (0, s·(1 − ‖x‖)): class 1 inside the unit ball."""
+
+    def __init__(self, steepness: float = 20.0) -> None:
+        super().__init__()
+        self.steepness = steepness
+
+    def forward(self, x):
+        margin = self.steepness * (1 - x.flatten(1).norm(dim=1))
+        return torch.stack([torch.zeros_like(margin), margin], dim=1)
+
+
+@pytest.fixture(scope="session")
+def ball_model() -> type[BallModel]:
+    """The unit-ball classifier of Alfarra et al.'s tests (a class: call it)."""
+    return BallModel
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models on 2 shared cores: intra-op threads only add contention (a module's
+    tests compute with one thread; ``pytestmark = pytest.mark.usefixtures("one_thread")``)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def linear_model() -> type[LinearModel]:
     """``linear_model(w, b)``: the base classifier f(x) = [w·x > b] as two logits

@@ -37,20 +37,7 @@ CV = {"sigma": 0.05, "steps": "cross-validated", "samples": 4, "beta": 0.02,
 PROTOCOL = CertificationProtocol(n0=20, n=200, alpha=0.01, batch_size=256)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-class Ball(torch.nn.Module):
-    """Class 1 inside the unit ball (logits 0 and 20·(1 − ‖x‖))."""
-
-    def forward(self, x):
-        margin = 20 * (1 - x.flatten(1).norm(dim=1))
-        return torch.stack([torch.zeros_like(margin), margin], dim=1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _data(test_x=None, d=4, n=40):
@@ -62,8 +49,7 @@ def _data(test_x=None, d=4, n=40):
     return Dataset("ball-cv", x, y, test_x, torch.zeros(len(test_x), dtype=torch.long), 2)
 
 
-def _context(dataset, manager, root=None, memos=None):
-    model = Ball()
+def _context(model, dataset, manager, root=None, memos=None):
     return BuildContext(
         dataset, model, torch.device("cpu"), 0, PROTOCOL,
         SamplingEngine(model, 2, torch.device("cpu"), 256, 0), Progress(enabled=False),
@@ -87,20 +73,20 @@ def _reference_sigma(model, x, sigma0, key, steps, samples, beta):
     return sigma
 
 
-def test_every_step_read_from_one_ascent_is_that_many_steps_bit_for_bit():
+def test_every_step_read_from_one_ascent_is_that_many_steps_bit_for_bit(ball_model):
     x = _data().train_x[:20]
     keys = content_keys(x)
     common = dict(seed=0, stream=STREAM_OPTIMIZE, samples=2, beta=0.02, sigma_min=1e-3)
-    path = sigma_path(Ball(), x, 0.05, keys, steps=9, read_at=(0, 3, 7), **common)
+    path = sigma_path(ball_model(), x, 0.05, keys, steps=9, read_at=(0, 3, 7), **common)
     assert sorted(path) == [0, 3, 7, 9]
     for k, sigma in path.items():
-        assert torch.equal(sigma, optimize_sigma(Ball(), x, 0.05, keys, steps=k, **common))
+        assert torch.equal(sigma, optimize_sigma(ball_model(), x, 0.05, keys, steps=k, **common))
     assert not torch.equal(path[3], path[7])
 
 
-def test_the_chosen_k_is_the_argmax_of_the_acr_computed_independently():
+def test_the_chosen_k_is_the_argmax_of_the_acr_computed_independently(ball_model):
     data = _data()
-    engine = SamplingEngine(Ball(), 2, torch.device("cpu"), 256, 0)
+    engine = SamplingEngine(ball_model(), 2, torch.device("cpu"), 256, 0)
     candidates = CV["steps_candidates"]
     choice = choose_steps(
         engine, data.train_x, data.train_y, sigma0=CV["sigma"], samples=CV["samples"],
@@ -112,7 +98,7 @@ def test_the_chosen_k_is_the_argmax_of_the_acr_computed_independently():
     acr = []
     for k in candidates:
         keys = content_keys(x)
-        sigma = torch.tensor([_reference_sigma(Ball(), x[i], CV["sigma"], keys[i], k,
+        sigma = torch.tensor([_reference_sigma(ball_model(), x[i], CV["sigma"], keys[i], k,
                                                CV["samples"], CV["beta"]) for i in range(len(x))])  # fmt: skip
         top = engine.counts(x, sigma, index.tolist(), PROTOCOL.n0, STREAM_CV_SELECTION).argmax(1)
         counts = engine.counts(x, sigma, index.tolist(), PROTOCOL.n, STREAM_CV_ESTIMATION)
@@ -127,9 +113,9 @@ def test_the_chosen_k_is_the_argmax_of_the_acr_computed_independently():
     assert list(choice.examples) == index.tolist()
 
 
-def test_ties_go_to_the_smallest_k_and_the_held_out_slice_lies_in_the_training_split():
+def test_ties_go_to_the_smallest_k_and_the_held_out_slice_lies_in_the_training_split(ball_model):
     data = _data()
-    engine = SamplingEngine(Ball(), 2, torch.device("cpu"), 256, 0)
+    engine = SamplingEngine(ball_model(), 2, torch.device("cpu"), 256, 0)
     choice = choose_steps(engine, data.train_x, data.train_y, sigma0=0.05, samples=1, beta=0.0,
                           sigma_min=1e-3, seed=0, candidates=[8, 2, 4], examples=10, n0=20,
                           n=200, alpha=0.01)  # fmt: skip
@@ -139,12 +125,12 @@ def test_ties_go_to_the_smallest_k_and_the_held_out_slice_lies_in_the_training_s
     assert held_out(3, 40).tolist() == [0, 20, 39]
 
 
-def test_the_choice_never_reads_the_test_split(manager, tmp_path):
+def test_the_choice_never_reads_the_test_split(ball_model, manager, tmp_path):
     """The method built on two datasets with the same training split and different test
     splits (one of NaNs) chooses the same K from the same training inputs."""
     choices = []
     for i, test_x in enumerate([None, torch.full((8, 4), float("nan"))]):
-        context = _context(_data(test_x), manager, tmp_path / str(i))
+        context = _context(ball_model(), _data(test_x), manager, tmp_path / str(i))
         provider, _ = build_method(manager.registry, "alfarra-ds", CV, context)
         [saved] = (tmp_path / str(i)).glob("plugins/alfarra/*/steps-*.json")
         choices.append((provider.steps, json.loads(saved.read_text())["choice"]))
@@ -154,7 +140,7 @@ def test_the_choice_never_reads_the_test_split(manager, tmp_path):
 
 
 def test_the_choice_is_recorded_and_a_rebuilt_method_and_the_memory_use_it(
-    manager, tmp_path, monkeypatch
+    ball_model, manager, tmp_path, monkeypatch
 ):
     from plugins.alfarra import cross_validation
 
@@ -166,33 +152,35 @@ def test_the_choice_is_recorded_and_a_rebuilt_method_and_the_memory_use_it(
         return original(*args, **kwargs)
 
     monkeypatch.setattr(cross_validation, "choose_steps", counting)
-    context = _context(_data(), manager, tmp_path)
+    context = _context(ball_model(), _data(), manager, tmp_path)
     plain, _ = build_method(manager.registry, "alfarra-ds", CV, context)
     memory, _ = build_method(manager.registry, "alfarra-ds-memory", CV, context)
     assert plain.steps == memory.steps == 4 and len(calls) == 1  # one choice per run and model
     rebuilt, _ = build_method(manager.registry, "alfarra-ds", CV,
-                              _context(_data(), manager, tmp_path))  # a new run: a fresh memo  # fmt: skip
+                              _context(ball_model(), _data(), manager, tmp_path))  # a new run: a fresh memo  # fmt: skip
     assert rebuilt.steps == 4 and len(calls) == 1  # read from the recorded file
     [saved] = tmp_path.glob("plugins/alfarra/*/steps-*.json")
     record = json.loads(saved.read_text())
     record["choice"]["steps"] = 16  # the file is what a rebuilt method uses
     saved.write_text(json.dumps(record))
     again, _ = build_method(
-        manager.registry, "alfarra-ds", CV, _context(_data(), manager, tmp_path)
+        manager.registry, "alfarra-ds", CV, _context(ball_model(), _data(), manager, tmp_path)
     )
     assert again.steps == 16 and len(calls) == 1
     saved.write_text("{not json")  # damaged: chosen again
     healed, _ = build_method(
-        manager.registry, "alfarra-ds", CV, _context(_data(), manager, tmp_path)
+        manager.registry, "alfarra-ds", CV, _context(ball_model(), _data(), manager, tmp_path)
     )
     assert healed.steps == 4 and len(calls) == 2
 
 
-def test_explicit_k_settings_build_as_before_without_choosing(manager, tmp_path, monkeypatch):
+def test_explicit_k_settings_build_as_before_without_choosing(
+    ball_model, manager, tmp_path, monkeypatch
+):
     from plugins.alfarra import cross_validation
 
     monkeypatch.setattr(cross_validation, "choose_steps", lambda *a, **k: pytest.fail("chose K"))
-    context = _context(_data(), manager, tmp_path)
+    context = _context(ball_model(), _data(), manager, tmp_path)
     for setting, steps in (({"sigma": 0.25}, 100), ({"sigma": 0.25, "steps": 7}, 7)):
         provider, _ = build_method(manager.registry, "alfarra-ds", setting, context)
         assert provider.steps == steps

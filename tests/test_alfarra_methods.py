@@ -6,7 +6,6 @@ import tomllib
 
 import numpy as np
 import pytest
-import torch
 
 from harness.audit.order import order_spread
 from harness.foundation.certificate import unlabelled
@@ -23,12 +22,7 @@ MEMORY = "alfarra-ds-memory"
 ALFARRA = {"sigma": 4.0, "steps": 5, "beta": 0.01}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture

@@ -20,26 +20,7 @@ from plugins.alfarra.optimize_sigma import (
     optimize_sigma,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models on 2 shared cores: intra-op threads only add contention."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-class Ball(torch.nn.Module):
-    """f = [‖x‖ <= 1] as logits (0, s·(1 − ‖x‖)): class 1 inside the unit ball."""
-
-    def __init__(self, steepness: float = 20.0) -> None:
-        super().__init__()
-        self.steepness = steepness
-
-    def forward(self, x):
-        margin = self.steepness * (1 - x.flatten(1).norm(dim=1))
-        return torch.stack([torch.zeros_like(margin), margin], dim=1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _mlp(d=6, classes=4, seed=0, dtype=torch.float32):
@@ -99,11 +80,11 @@ def test_reproducible_with_a_seed_and_different_with_another():
     assert not torch.allclose(make(0)(x), make(1)(x))
 
 
-def test_clamped_far_from_the_boundary_sigma_grows_by_beta_times_probit_098_per_step():
+def test_clamped_far_from_the_boundary_sigma_grows_by_beta_times_probit_098_per_step(ball_model):
     """Far outside the ball E_A > 0.98 and E_B < 0.02 are clamped, so ∂R/∂σ = Φ⁻¹(0.98)."""
     x = torch.tensor([[50.0, 0.0]])
     steps, beta, sigma0 = 40, 0.1, 0.25
-    sigma = OptimizedSigma(Ball(), sigma0, steps, 16, beta, 1e-3, seed=0)(x)
+    sigma = OptimizedSigma(ball_model(), sigma0, steps, 16, beta, 1e-3, seed=0)(x)
     assert float(sigma[0]) == pytest.approx(sigma0 + steps * beta * norm.ppf(0.98), rel=1e-9)
 
 
@@ -131,10 +112,12 @@ def test_one_step_is_beta_times_a_finite_difference_of_the_radius():
         assert float(sigma1[i]) == pytest.approx(sigma0 + beta * slope, rel=1e-9, abs=1e-10)
 
 
-def test_sigma_stays_positive_and_is_floored_at_sigma_min():
+def test_sigma_stays_positive_and_is_floored_at_sigma_min(ball_model):
     # inside the unit ball at σ = 0.5 the radius decreases in σ: a huge step overshoots below 0
     x = torch.zeros(1, 2)
-    sigma = OptimizedSigma(Ball(), 0.5, steps=1, samples=256, beta=100.0, sigma_min=1e-3, seed=0)
+    sigma = OptimizedSigma(
+        ball_model(), 0.5, steps=1, samples=256, beta=100.0, sigma_min=1e-3, seed=0
+    )
     assert float(sigma(x)[0]) == 1e-3
     rng = np.random.default_rng(0)
     for trial in range(10):

@@ -21,12 +21,7 @@ from plugins.alfarra.training import DataDependentSigmas, train_alfarra_ds
 BENCHMARK = Path(__file__).parents[1] / "plugins" / "alfarra" / "benchmarks" / "alfarra-ds2.toml"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class FarFromBall(torch.nn.Module):

@@ -62,7 +62,7 @@ from typing import Any, ClassVar
 import numpy as np
 from scipy.special import betainc, betaln
 
-from harness.mathematics.sequential import RuleSchedule, _shape_problem
+from harness.mathematics.sequential import RuleSchedule, shaped_looks, stop_problems
 
 RULE_NAME = "grid-place-v1"
 FIRST_LOOK = 100
@@ -268,30 +268,12 @@ def look_problems(
     :func:`harness.mathematics.sequential.look_problems`, and the rule continuing after
     every look but the last and stopping there, re-derived with the ``thresholds`` [B, G]
     and the prior of ĉ_A's (``top``) count in ``selection`` [B, C]."""
-    out: list[str | None] = []
-    tops: dict[int, np.ndarray] = {}
-    for i, record in enumerate(looks):
-        sizes = [int(look.get("n", -1)) for look in record]
-        counts = np.array([look.get("counts", []) for look in record], dtype=np.int64)
-        out.append(_shape_problem(rule.looks, sizes, counts, estimation[i]))
-        if out[-1] is None:
-            tops[i] = counts[:, int(top[i])]
-    if not tops:
+    out, rows, depth, padded = shaped_looks(rule.looks, looks, top, estimation)
+    if not len(rows):
         return out
-    rows = np.array(list(tops))
-    depth = np.array([len(tops[i]) for i in rows])
-    padded = np.zeros((len(rows), int(depth.max())), dtype=np.int64)
-    for r, i in enumerate(rows):
-        padded[r, : depth[r]] = tops[i]
     tau = tested_values(thresholds[rows])
     a, b = rule.priors(np.asarray(selection)[rows, np.asarray(top)[rows]], n0)
     places = rule.places(padded, tau, a, b, alpha)
     row, k = np.nonzero(np.arange(padded.shape[1])[None, :] < depth[:, None])
     stop = rule.stops(k, padded[row, k], places[row, k], tau[row], a[row], b[row], alpha)
-    wrong = stop != (k == depth[row] - 1)
-    for r in np.unique(row[wrong]):
-        first = int(k[(row == r) & wrong].min())
-        verb = "stops" if stop[(row == r) & (k == first)][0] else "continues"
-        out[int(rows[r])] = (f"the rule {verb} at look {first + 1} (n = {rule.looks[first]}), its "
-                             f"draws end at n = {rule.looks[depth[r] - 1]}")  # fmt: skip
-    return out
+    return stop_problems(out, rule.looks, rows, depth, row, k, stop)

@@ -240,26 +240,47 @@ def look_problems(
     rule must continue after every look but the last and stop there (with the class
     ``top``, the ``thresholds`` of its grid and the level ``alpha``; every decision of
     every certificate in one evaluation of the rule)."""
+    out, rows, depth, padded = shaped_looks(rule.looks, looks, top, estimation)
+    if not len(rows):
+        return out
+    bounds = rule.bounds(padded, alpha)
+    row, k = np.nonzero(np.arange(padded.shape[1])[None, :] < depth[:, None])
+    stop = rule.stops(k, padded[row, k], bounds[row, k], thresholds[rows[row]], alpha)
+    return stop_problems(out, rule.looks, rows, depth, row, k, stop)
+
+
+def shaped_looks(
+    schedule: np.ndarray, looks: Sequence[Sequence[Mapping[str, Any]]], top: np.ndarray,
+    estimation: Sequence,
+) -> tuple[list[str | None], np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """What every rule's S0 checks first: per certificate the first way its looks depart
+    from the ``schedule`` or hold no cumulative counts ending at its ``estimation`` (None
+    when well formed), then of the well-formed ones (``rows``) their number of looks
+    (``depth``) and ĉ_A's count at each look, zero-padded after the last ([rows, K])."""
     out: list[str | None] = []
     tops: dict[int, np.ndarray] = {}  # well-formed certificates: ĉ_A's count at each look
     for i, record in enumerate(looks):
         sizes = [int(look.get("n", -1)) for look in record]
         counts = np.array([look.get("counts", []) for look in record], dtype=np.int64)
-        out.append(_shape_problem(rule.looks, sizes, counts, estimation[i]))
+        out.append(_shape_problem(schedule, sizes, counts, estimation[i]))
         if out[-1] is None:
             tops[i] = counts[:, int(top[i])]
-    if not tops:
-        return out
-    rows = np.array(list(tops))
-    depth = np.array([len(tops[i]) for i in rows])
-    padded = np.zeros((len(rows), int(depth.max())), dtype=np.int64)  # 0 after a stop
+    rows = np.array(list(tops), dtype=np.int64)
+    depth = np.array([len(tops[i]) for i in rows], dtype=np.int64)
+    padded = np.zeros((len(rows), int(depth.max(initial=0))), dtype=np.int64)  # 0 after a stop
     for r, i in enumerate(rows):
         padded[r, : depth[r]] = tops[i]
-    bounds = rule.bounds(padded, alpha)
-    row, k = np.nonzero(np.arange(padded.shape[1])[None, :] < depth[:, None])
-    stop = rule.stops(k, padded[row, k], bounds[row, k], thresholds[rows[row]], alpha)
+    return out, rows, depth, padded
+
+
+def stop_problems(
+    out: list[str | None], schedule: np.ndarray, rows: np.ndarray, depth: np.ndarray,
+    row: np.ndarray, k: np.ndarray, stop: np.ndarray,
+) -> list[str | None]:  # fmt: skip
+    """``out`` with, for each well-formed certificate whose rule's decision ``stop`` at its
+    looks ``k`` (flattened over ``row``) is not "continue, then stop at the last", where the
+    rule and its draws part."""
     wrong = stop != (k == depth[row] - 1)
-    schedule = rule.looks
     for r in np.unique(row[wrong]):
         first = int(k[(row == r) & wrong].min())
         verb = "stops" if stop[(row == r) & (k == first)][0] else "continues"
