@@ -182,3 +182,11 @@ def test_the_headline_names_the_sound_rows_above_the_constant_sigma_reference():
         "0 (+0.024 [+0.010, +0.039])"
     ) in second
     assert "sukenik (max\\_ratio=5.0,rate=0.03,sigma=1.0) at radius 4 (+0.140 [" in second
+
+
+def test_a_board_of_several_runs_names_the_weights_files_it_ships():
+    """quick (nine runs): the header names one weights file per run, and each is there."""
+    runs = read_export(BOARDS / "quick.run.json")
+    header = render_markdown(build_board(runs), "quick").split("\n## ")[0]
+    assert "`quick.weights-RUN.pt`, one per run" in header and "`quick.weights.pt`" not in header
+    assert all((BOARDS / f"quick.weights-{run.run_id[:12]}.pt").is_file() for run in runs)

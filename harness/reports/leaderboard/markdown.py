@@ -372,9 +372,10 @@ def _legend(board: Board) -> list[str]:
     return out
 
 
-def _how_to_check(stem: str | None) -> str:
-    """How anyone re-checks the board from its own files."""
+def _how_to_check(stem: str | None, runs: int = 1) -> str:
+    """How anyone re-checks the board (of ``runs`` runs) from its own files."""
     name = md_text(stem or "BOARD")
+    weights = f"`{name}.weights.pt`" if runs == 1 else f"`{name}.weights-RUN.pt`, one per run"
     return (
         f"Re-check it: `idrs-bench leaderboard --verify {name}.md` re-derives every certificate "
         f"and the verdicts of S0 and the replay check from the evidence in `{name}.run.json` "
@@ -382,7 +383,7 @@ def _how_to_check(stem: str | None) -> str:
         "only with `--reaudit` (the command prints, per row, which verdicts it verified). "
         f"`idrs-bench leaderboard --verify {name}.md --replay K` also re-draws K random inputs "
         "of every row from the files shipped beside it (the base model's weights, "
-        f"`{name}.weights.pt`, and the methods' trained parts), bit for bit on the run's "
+        f"{weights}, and the methods' trained parts), bit for bit on the run's "
         "arithmetic and by a statistical replication test elsewhere."
     )
 
@@ -411,7 +412,7 @@ def render_markdown(board: Board, stem: str | None) -> str:
         "Rendered by `idrs-bench leaderboard` from the stored run(s) "
         + ", ".join(md_code(run.run_id[:12]) for run in board.runs)
         + ". "
-        + _how_to_check(stem),
+        + _how_to_check(stem, len(board.runs)),
         "",
     ]
     for table in board.tables:
