@@ -20,7 +20,8 @@ def _run(tmp_path, capsys, spec_template, **overrides):
     [
         (
             {"method": "nope"},
-            "unknown method 'nope'; available: alfarra-ds, alfarra-ds-memory, chen-fgss, cohen",
+            "unknown method 'nope'; available: alfarra-ds, alfarra-ds-memory, ancer, ancer-memory, "
+            "anisotropic-fixed, chen-fgss, cohen",
         ),
         (
             {"dataset": "nope"},

@@ -10,6 +10,10 @@ evidence
 - ``memory_action``: ``kept``, ``inside`` (LargestInSubset: prediction and PREDICT's
   answer replaced by the enclosing ball's class) or ``shrunk`` (LargestOutSubset);
 - ``memory_decided_by``: the input ids of the memory entries that changed it.
+
+The wrapper takes a diagonal scale when its inner certifier does (``diagonal_scale``); the
+memory acts on the ℓ2 balls only, so a certificate it changes (``inside``, ``shrunk``)
+loses its ellipsoid (ANCER's region, certified with the inner ball it no longer claims).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from dataclasses import replace
 import torch
 
 from harness import Certifier, Claim, Evidence, IdrsError, RadiusFormula, Recomputed, RunState
-from plugins.alfarra.memory import INSIDE, Memory, MemoryEntry
+from plugins.alfarra.memory import INSIDE, KEPT, Memory, MemoryEntry
 from plugins.alfarra.memory_store import stage_entry
 
 
@@ -68,6 +72,8 @@ class MemoryCertifier:
         self.memory = memory
         self.state = state
         self.smoothing = inner.smoothing
+        # a diagonal scale is certified as the inner certifier declares (check_diagonal)
+        self.diagonal_scale = getattr(inner, "diagonal_scale", False) is True
         self.radius_formula = RadiusFormula(
             f"memory({inner.radius_formula.name})", memory_recompute, inner.radius_formula
         )
@@ -103,8 +109,11 @@ class MemoryCertifier:
             "memory_decided_by": ids,
         }
         predict = entry.prediction if entry.action == INSIDE else claim.predict
+        # an ellipsoid (a diagonal scale) was certified with the inner ball: the memory keeps
+        # balls disjoint, so a certificate it changes keeps only the ball it is given
+        ellipsoid = claim.ellipsoid if entry.action == KEPT else None
         return replace(claim, prediction=entry.prediction, radius=entry.radius, predict=predict,
-                       evidence=evidence)  # fmt: skip
+                       evidence=evidence, ellipsoid=ellipsoid)  # fmt: skip
 
 
 def memory_recompute(rows, inputs, protocol, regularity, inner: RadiusFormula) -> Recomputed:

@@ -5,8 +5,10 @@ Registers the certifier ``anisotropic``: for a σ-provider that answers a diagon
 R = σ_min·Φ⁻¹(p_A_lower) (Cohen et al. 2019, Thm 1 at σ_min: the largest ball inside the
 ellipsoid), and the ellipsoid itself, {δ : ‖Σ^{-1/2}δ‖₂ <= Φ⁻¹(p_A_lower)} (Eiras et al.,
 ANCER, TMLR 2022, Thm 1), recorded beside the ball with its proxy radius, never ranked as
-an ℓ2 radius. The methods that choose the scale (ANCER, UCAN) register their own
-σ-providers and name this certifier.
+an ℓ2 radius; the σ-provider ``fixed-scale`` and the method ``anisotropic-fixed``: one
+diagonal scale for every input (:mod:`plugins.anisotropic.fixed_scale`), the sound baseline
+of anisotropic smoothing. The methods that choose the scale per input (ANCER, UCAN)
+register their own σ-providers and name this certifier.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from harness import BuildContext, CertifierSpec, hookimpl
+from harness import BuildContext, CertifierSpec, MethodSpec, SigmaProviderSpec, hookimpl
 
 IDRS_BENCH_CONTRACT = 4
 """The plugin contract this plugin is written against (docs/plugins.md)."""
@@ -26,8 +28,28 @@ def _anisotropic_certifier(context: BuildContext, params: Mapping[str, Any], sig
     return AnisotropicCertifier()
 
 
+def _fixed_scale(context: BuildContext, params: Mapping[str, Any]):
+    from plugins.anisotropic.fixed_scale import FixedScale
+
+    return FixedScale(params["sigma"], params["ratio"])
+
+
+@hookimpl
+def idrs_register_sigma_providers(register) -> None:
+    register(SigmaProviderSpec("fixed-scale", _fixed_scale,
+                               "one diagonal scale for every input: σ·ratio^(i/(d−1)) on axis i"))  # fmt: skip
+
+
 @hookimpl
 def idrs_register_certifiers(register) -> None:
     register(CertifierSpec("anisotropic", _anisotropic_certifier,
                            "CERTIFY at a diagonal scale: the ball R = σ_min Φ⁻¹(p_A_lower) and "
                            "the ellipsoid of semi-axes σ_i Φ⁻¹(p_A_lower) (ANCER)"))  # fmt: skip
+
+
+@hookimpl
+def idrs_register_methods(register) -> None:
+    register(MethodSpec("anisotropic-fixed", sigma_provider="fixed-scale",
+                        certifier="anisotropic", defaults={"sigma": 0.25, "ratio": 2.0},
+                        description="a fixed diagonal scale (σ … 2σ) and the anisotropic "
+                        "certificate: ball and ellipsoid (Eiras et al. 2022, Thm 1)"))  # fmt: skip

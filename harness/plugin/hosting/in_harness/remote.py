@@ -106,9 +106,15 @@ class RemoteSigmaProvider:
         gradient = x.requires_grad and torch.is_grad_enabled()
         answer = self._bound.ask(HostClient.sigma, x=x.detach(), device=str(x.device),
                                  gradient=gradient)  # fmt: skip
-        sigma = messages.sigma_from(answer.get("sigma"), len(x), self._bound.who).to(x.device)
+        sigma = messages.sigma_from(answer.get("sigma"), len(x), self._bound.who,
+                                    tuple(x.shape[1:])).to(x.device)  # fmt: skip
         rows = answer.get("gradient")
-        if gradient and isinstance(rows, torch.Tensor) and rows.shape == x.shape:
+        if (
+            gradient
+            and sigma.dim() == 1
+            and isinstance(rows, torch.Tensor)
+            and rows.shape == x.shape
+        ):
             return _RowGradient.apply(x, sigma, rows.to(x.device, x.dtype))
         return sigma
 
@@ -140,6 +146,7 @@ class RemoteCertifier:
         weakref.finalize(self, bound.host.release, bound.handle, bound.generation)
         self.smoothing = str(declaration["smoothing"])
         self.order_dependent = bool(declaration["order_dependent"])
+        self.diagonal_scale = declaration.get("diagonal_scale") is True
         self.radius_formula = resolve_formula(declaration["radius_formula"], bound.host,
                                               declaration.get("impure") or [])  # fmt: skip
 

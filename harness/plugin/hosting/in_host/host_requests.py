@@ -295,6 +295,7 @@ class Host:
         return {"handle": self._keep(certifier), "declaration": {
             "smoothing": certifier.smoothing, "order_dependent": bool(certifier.order_dependent),
             "radius_formula": formula_record(formula), "impure": formula.impure_parts(),
+            "diagonal_scale": getattr(certifier, "diagonal_scale", False) is True,
         }}  # fmt: skip
 
     # --- what a built component answers -------------------------------------------------

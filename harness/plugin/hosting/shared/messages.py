@@ -8,6 +8,7 @@ claim to audit, never evidence (harness/README.md, "Plugin host").
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, fields
 from typing import Any
@@ -52,7 +53,8 @@ def draws_message(draws: Draws) -> dict[str, Any]:
             "estimation_sq": draws.estimation_sq,
             "levels": None if draws.levels is None else list(draws.levels),
             "alpha": draws.alpha, "rule": None if draws.rule is None else draws.rule.record(),
-            "looks": draws.looks, "stops": draws.stops, "thresholds": draws.thresholds}  # fmt: skip
+            "looks": draws.looks, "stops": draws.stops, "thresholds": draws.thresholds,
+            "scale": draws.scale}  # fmt: skip
 
 
 def draws_from(message: Mapping[str, Any]) -> Draws:
@@ -63,7 +65,7 @@ def draws_from(message: Mapping[str, Any]) -> Draws:
                  None if levels is None else tuple(float(v) for v in levels),
                  message.get("alpha"), None if rule is None else rule_from_record(rule),
                  _array(message.get("looks")), _array(message.get("stops")),
-                 _array(message.get("thresholds")))  # fmt: skip
+                 _array(message.get("thresholds")), _array(message.get("scale")))  # fmt: skip
 
 
 def _array(value: Any) -> np.ndarray | None:
@@ -91,7 +93,8 @@ def claim_message(claim: Any) -> dict[str, Any]:
     if not isinstance(claim, Claim):
         return {"not_a_claim": type(claim).__name__}
     return {"prediction": claim.prediction, "radius": claim.radius, "p_lower": claim.p_lower,
-            "predict": claim.predict, "evidence": dict(claim.evidence)}  # fmt: skip
+            "predict": claim.predict, "evidence": dict(claim.evidence),
+            "ellipsoid": claim.ellipsoid}  # fmt: skip
 
 
 def claims_from(message: Any, who: str) -> list[Any]:
@@ -111,7 +114,12 @@ def claims_from(message: Any, who: str) -> list[Any]:
         if not (_integer(prediction) and _integer(predict) and _number(radius)
                 and _number(bound) and isinstance(evidence, dict)):  # fmt: skip
             raise ContractError(f"{who} returned a claim of the wrong types: {item!r:.200}")
-        out.append(Claim(int(prediction), float(radius), float(bound), int(predict), evidence))
+        ellipsoid = item.get("ellipsoid")
+        if ellipsoid is not None and not _number(ellipsoid):
+            raise ContractError(f"{who} returned a claim whose ellipsoid is not a number: "
+                                f"{item!r:.200}")  # fmt: skip
+        out.append(Claim(int(prediction), float(radius), float(bound), int(predict), evidence,
+                         None if ellipsoid is None else float(ellipsoid)))  # fmt: skip
     return out
 
 
@@ -123,24 +131,30 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def sigma_from(sigma: Any, count: int, who: str) -> torch.Tensor:
+def sigma_from(sigma: Any, count: int, who: str, input_shape: tuple[int, ...] = ()) -> torch.Tensor:
     """σ of ``count`` inputs as a σ-provider in a plugin host answered it: a real floating
-    tensor of shape ``[count]`` (else a :class:`ContractError`), finite and positive (else an
-    :class:`IdrsError`, as :func:`harness.certification.certify.checked_sigma`, which then
-    holds it to its range, says of an in-process one), each naming the σ-provider (``who``)."""
+    tensor of shape ``[count]``, or a diagonal scale ``[count, d]`` or ``[count, *input_shape]``
+    (:mod:`harness.engine.scale`; d the inputs' dimension) (else a :class:`ContractError`),
+    finite and positive (else an :class:`IdrsError`, as
+    :func:`harness.certification.certify.checked_sigma`, which then holds it to its range,
+    says of an in-process one), each naming the σ-provider (``who``)."""
     if not isinstance(sigma, torch.Tensor):
         raise ContractError(f"{who} returned {type(sigma).__name__} for σ; a σ-provider "
                             f"returns a real floating tensor of shape [B] ({count})")  # fmt: skip
     if not sigma.dtype.is_floating_point:
         raise ContractError(f"{who} returned σ of dtype {sigma.dtype}; a σ-provider returns a "
                             "real floating tensor (float32 or float64)")  # fmt: skip
-    if sigma.shape != (count,):
+    shapes = [(count,)]
+    if input_shape:
+        shapes += [(count, math.prod(input_shape)), (count, *input_shape)]
+    if tuple(sigma.shape) not in shapes:
         raise ContractError(f"{who} returned σ of shape {tuple(sigma.shape)} for {count} "
-                            f"inputs; a σ-provider returns shape ({count},)")  # fmt: skip
+                            f"inputs; a σ-provider returns shape {' or '.join(map(str, shapes))}")  # fmt: skip
     bad = ~(torch.isfinite(sigma) & (sigma > 0))
     if bool(bad.any()):
-        k = int(torch.nonzero(bad)[0, 0])
-        raise IdrsError(f"{who} returned σ = {float(sigma[k]):.6g} (entry {k}); σ must be "
+        k = int(torch.nonzero(bad.reshape(count, -1).any(dim=1))[0, 0])
+        value = float(sigma[k].reshape(-1)[bad[k].reshape(-1)][0])
+        raise IdrsError(f"{who} returned σ = {value:.6g} (entry {k}); σ must be "
                         "positive and finite")  # fmt: skip
     return sigma
 
