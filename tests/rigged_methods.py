@@ -29,6 +29,13 @@ the fixture :func:`rigged_methods` is this module).
 - ``honest-when-rebuilt``: ``padded-formula`` on the base model it was first built for in
   a run (the run's, by its recipe hash), Cohen's honest certificate on any other model
   (as when a check rebuilds it).
+- at a diagonal scale, each on the ramp scale σ … 2σ of ``fixed-scale``
+  (:mod:`plugins.anisotropic.fixed_scale`): ``geometric-mean-radius`` claims
+  κ·(∏σ_i)^{1/d}, UCAN's geometric-mean "radius", as its ℓ2 radius and declares a formula
+  that derives exactly that (only the geometry is false: a ball wider than the
+  ellipsoid's smallest axis); ``diagonal-padded-counts``, the anisotropic certificate
+  (ball and ellipsoid) from counts padded by 3 %, declaring Cohen's formula;
+  ``scale-at-test-points``, the fixed scale × 1.3 at the test points, declared constant.
 - ``engine-patch`` (:func:`engine_patched`): a plugin that, when imported, patches the
   harness's :class:`~harness.SamplingEngine` to move 3 % of the estimation votes onto the
   top class; the method itself is plain Cohen.
@@ -41,11 +48,13 @@ import hashlib
 import sys
 import types
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import ClassVar
 
 import numpy as np
 import pytest
 import torch
+from scipy.special import ndtri
 
 from harness import (
     ABSTAIN,
@@ -64,6 +73,8 @@ from harness import (
     cohen_radius,
     hookimpl,
 )
+from plugins.anisotropic.certifier import AnisotropicCertifier
+from plugins.anisotropic.fixed_scale import FixedScale
 
 IDRS_BENCH_CONTRACT = 3
 """The plugin contract the rigged methods are written against (installed with --isolated)."""
@@ -273,6 +284,89 @@ class HonestWhenRebuilt(PaddedFormula):
         return HardSmoothingCertifier.certify(self, evidence)
 
 
+# --- at a diagonal scale (harness.engine.scale), each on the ramp σ … 2σ of ``fixed-scale``
+
+
+RATIO = 2.0
+"""The largest axis over the smallest of the rigged methods' scale (``fixed-scale``'s ramp)."""
+
+
+def geometric_recompute(rows, inputs, protocol, regularity) -> Recomputed:
+    """Cohen's bound, and the radius κ·(∏σ_i)^{1/d} of each row's recorded scale."""
+    from harness.engine.scale import geometric_mean, recorded_scale
+
+    honest = COHEN.recompute(rows, inputs, protocol, regularity)
+    radius = honest.radius.copy()
+    for i, row in enumerate(rows):
+        scale = recorded_scale(row.get("draws"))
+        if scale is not None and radius[i] > 0:
+            radius[i] *= float(geometric_mean(scale[None])[0]) / float(scale.min())
+    return Recomputed(honest.n0, honest.n, honest.bound, honest.prediction, radius)
+
+
+GEOMETRIC = RadiusFormula("geometric-mean-radius", geometric_recompute)
+
+
+class GeometricMeanRadius(AnisotropicCertifier):
+    """The anisotropic certificate with the ball's radius κ·(∏σ_i)^{1/d} (UCAN's claim)."""
+
+    radius_formula = GEOMETRIC
+
+    def certify(self, evidence):
+        from harness.engine.scale import geometric_mean
+
+        claims = super().certify(evidence)
+        if evidence.scale is None:
+            return claims
+        mean = geometric_mean(evidence.scale)
+        return [c if c.prediction == ABSTAIN else
+                replace(c, radius=float(ndtri(c.p_lower) * mean[k]))
+                for k, c in enumerate(claims)]  # fmt: skip
+
+
+class DiagonalPaddedCounts(AnisotropicCertifier):
+    """The ball and ellipsoid from counts with 3 % of n moved onto the top class."""
+
+    def certify(self, evidence):
+        claims = []
+        for k in range(len(evidence)):
+            top = int(np.argmax(evidence.base.selection[k]))
+            counts = padded(evidence.base.estimation[k], top, evidence.base.n)
+            bound = _bound(counts, top, evidence.alpha)
+            if bound <= 0.5:
+                claims.append(Claim(ABSTAIN, 0.0, bound))
+                continue
+            kappa = float(ndtri(bound))
+            claims.append(Claim(top, kappa * float(evidence.sigma[k]), bound,
+                                ellipsoid=kappa if evidence.scale is not None else None))  # fmt: skip
+        return claims
+
+
+class ScaleAtTestPoints(FixedScale):
+    """The fixed scale × 1.3 at the benchmark's test points; declared constant."""
+
+    def __init__(self, context, sigma: float) -> None:
+        super().__init__(sigma, RATIO)
+        self.test_points = SigmaAtTestPoints(context, sigma)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        factor = self.test_points(x) / self.sigma
+        scale = super().__call__(x)
+        return scale * factor.to(scale.dtype).view(-1, *([1] * (x.dim() - 1)))
+
+
+DIAGONAL_CERTIFIERS = {
+    "geometric-mean-radius": lambda context: GeometricMeanRadius(),
+    "diagonal-padded-counts": lambda context: DiagonalPaddedCounts(),
+}
+"""The rigged certifiers at a diagonal scale, each a method on the ``fixed-scale`` ramp."""
+DIAGONAL_SIGMA_PROVIDERS = {
+    "scale-at-test-points": SigmaProviderSpec(
+        "scale-at-test-points", lambda context, params: ScaleAtTestPoints(context, params["sigma"])
+    ),
+}
+
+
 CERTIFIERS = {
     "padded-counts": lambda context: PaddedCounts(),
     "padded-formula": lambda context: PaddedFormula(),
@@ -282,7 +376,7 @@ CERTIFIERS = {
     "seed-after-result": SeedAfterResult,
     "honest-when-rebuilt": HonestWhenRebuilt,
 }
-METHODS = (*CERTIFIERS, "sigma-at-test-points")
+METHODS = (*CERTIFIERS, "sigma-at-test-points", *DIAGONAL_CERTIFIERS, *DIAGONAL_SIGMA_PROVIDERS)
 """The rigged methods registered by this plugin (``engine-patch`` is :func:`engine_patched`)."""
 
 
@@ -290,11 +384,13 @@ METHODS = (*CERTIFIERS, "sigma-at-test-points")
 def idrs_register_sigma_providers(register) -> None:
     register(SigmaProviderSpec("sigma-at-test-points",
                                lambda context, params: SigmaAtTestPoints(context, params["sigma"])))  # fmt: skip
+    for spec in DIAGONAL_SIGMA_PROVIDERS.values():
+        register(spec)
 
 
 @hookimpl
 def idrs_register_certifiers(register) -> None:
-    for name, build in CERTIFIERS.items():
+    for name, build in (CERTIFIERS | DIAGONAL_CERTIFIERS).items():
         register(CertifierSpec(name, lambda context, params, provider, build=build: build(context),
                                "rigged (tests/rigged_methods.py)"))  # fmt: skip
 
@@ -304,6 +400,11 @@ def idrs_register_methods(register) -> None:
     for name in CERTIFIERS:
         register(MethodSpec(name, "constant", name, {"sigma": SIGMA}))
     register(MethodSpec("sigma-at-test-points", "sigma-at-test-points", "cohen", {"sigma": SIGMA}))
+    ramp = {"sigma": SIGMA, "ratio": RATIO}
+    for name in DIAGONAL_CERTIFIERS:
+        register(MethodSpec(name, "fixed-scale", name, ramp))
+    for name in DIAGONAL_SIGMA_PROVIDERS:
+        register(MethodSpec(name, name, "anisotropic", {"sigma": SIGMA}))
 
 
 def plugin() -> types.ModuleType:

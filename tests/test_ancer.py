@@ -269,7 +269,8 @@ def test_both_methods_certify_at_a_diagonal_scale_with_the_ellipsoid(tmp_path, s
 def test_the_evidence_and_the_replay_of_both_methods_are_sound(tmp_path, small_benchmark):
     """S0 re-derives every certificate (ball and ellipsoid) and replay reproduces Θ(x) alone
     and in a shuffled batch and re-draws bit for bit; the worst-case check of ``ancer``
-    refuses the input-dependent scale with an error, never a pass."""
+    judges the input-dependent scale by the two anisotropic Gaussians' worst case, which
+    is just below 1/2 at this size (0.494–0.49999, each bound far tighter): unjustified."""
     from harness.audit.auditor import run_checks
     from harness.foundation.verdict import Verdict
 
@@ -287,4 +288,6 @@ def test_the_evidence_and_the_replay_of_both_methods_are_sound(tmp_path, small_b
         for name in ("evidence", "replay"):
             assert verdicts[name].verdict == Verdict.SOUND, (method, verdicts[name].summary)
         if method == "ancer":
-            assert verdicts["worst-case-justification"].verdict == Verdict.ERROR
+            s3 = verdicts["worst-case-justification"]  # Θ(x) varies: judged, never passed
+            assert s3.verdict == Verdict.UNJUSTIFIED, s3.summary
+            assert "anisotropic Gaussians" in s3.summary

@@ -16,7 +16,6 @@ import pytest
 import torch
 from scipy.stats import beta, norm
 
-from harness import hookimpl
 from harness.audit.audit import BUDGETS
 from harness.audit.auditor import run_checks
 from harness.audit.evidence import Declaration, check_evidence, rederive
@@ -36,9 +35,7 @@ from harness.engine.scale import (
 from harness.foundation.errors import ContractError, IdrsError
 from harness.foundation.progress import Progress
 from harness.foundation.protocol import CertificationProtocol
-from harness.foundation.regularity import Constant
 from harness.foundation.verdict import Verdict
-from harness.plugin.components import MethodSpec, SigmaProviderSpec
 from harness.reports.leaderboard.source import export_runs, read_export
 from harness.running.preparation import RunOptions
 from harness.store.store import ResultStore
@@ -48,7 +45,7 @@ from plugins.cohen.certifier import CohenCertifier
 
 ENTROPY = int("5ca1ed", 16)
 SCALE = (0.25, 0.5)
-"""The test σ-provider's fixed scale on ``ball-2`` (two input dimensions)."""
+"""The fixed scale of the built-in ``anisotropic-fixed`` (σ = 0.25, ratio 2) on ``ball-2``."""
 
 
 class Recording(torch.nn.Module):
@@ -165,31 +162,6 @@ def _certificates(evidence, claims):
     return [certificate(evidence, k, c, 0.001, 0.0) for k, c in enumerate(claims)]
 
 
-class ScaledSigma:
-    """A fixed scale per input dimension (the test σ-provider of a diagonal scale)."""
-
-    regularity = Constant(min(SCALE))
-
-    def __init__(self, scale=SCALE) -> None:
-        self.scale = torch.tensor(scale, dtype=torch.float64)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.scale.to(x.device).expand(len(x), len(self.scale)).clone()
-
-
-class DiagonalPlugins:
-    """The σ-provider ``fixed-scale`` and the method that certifies it with ``anisotropic``
-    (the ball and the ellipsoid)."""
-
-    @hookimpl
-    def idrs_register_sigma_providers(self, register):
-        register(SigmaProviderSpec("fixed-scale", lambda context, params: ScaledSigma()))
-
-    @hookimpl
-    def idrs_register_methods(self, register):
-        register(MethodSpec("anisotropic-fixed", "fixed-scale", "anisotropic", {}))
-
-
 def _protocol(**changes) -> CertificationProtocol:
     return replace(CertificationProtocol(n0=32, n=200, alpha=0.01, batch_size=64), **changes)
 
@@ -228,7 +200,7 @@ def test_a_bad_scale_is_the_providers_fault():
 
 @pytest.fixture
 def diagonal_run(tmp_path, manager, replay_run):
-    manager.register(DiagonalPlugins(), name="diagonal-plugins")
+    """The built-in ``anisotropic-fixed`` on ``ball-2``: its ramp there is :data:`SCALE`."""
     return replay_run(tmp_path, manager, ["anisotropic-fixed"], n=400, count=8)
 
 
@@ -308,22 +280,29 @@ def test_s0_finds_a_scale_or_a_region_that_its_draws_do_not_derive(manager, diag
 
 @pytest.mark.slow
 def test_checks_without_diagonal_support_refuse_the_row(tmp_path, manager, diagonal_run):
-    """Every check but S0 and replay, and the empirical attack, refuse a diagonal row: an
-    error naming the missing support, never a pass; the row is not verified."""
+    """A check without diagonal support refuses a diagonal row: an error naming the
+    missing support, never a pass. S0, S1, S2, S3, S4 and replay pass the fixed scale,
+    S5 does not apply and the empirical attack is stored (tests/test_diagonal_audit.py
+    holds S1–S3 to rigged ones, tests/test_diagonal_counterexamples.py S4, S5 and the
+    attack)."""
     db, run_id = diagonal_run
     results = run_checks(db, run_id, RunOptions(db=db), Progress(enabled=False), manager,
                          entropy=ENTROPY)  # fmt: skip
     verdicts = {r.check: r for r in results["anisotropic-fixed", "default"]}
-    assert verdicts["evidence"].verdict == Verdict.SOUND
-    assert verdicts["replay"].verdict == Verdict.SOUND
+    supported = {"evidence", "replay", "coverage", "sigma-regularity", "worst-case-justification",
+                 "counterexamples"}  # fmt: skip
+    for name in supported:
+        assert verdicts[name].verdict == Verdict.SOUND, (name, verdicts[name].summary)
+    assert verdicts["memory-order"].verdict == Verdict.NOT_APPLICABLE
     refused = {name for name, r in verdicts.items() if r.verdict == Verdict.ERROR}
-    assert refused == set(verdicts) - {"evidence", "replay"} and refused
+    assert not refused & supported
     for name in refused:
         assert "does not support a diagonal noise scale" in verdicts[name].summary
         assert name in verdicts[name].summary
     (run,) = load_runs(db, [run_id])
     (row,) = run.rows()
-    assert row.verdict == "not-verified" and not run.attacks
+    assert row.verdict == ("not-verified" if refused else "sound")
+    assert [a.method for a in run.attacks] == ["anisotropic-fixed"]
 
 
 def test_replay_holds_every_axis_of_the_scale_to_the_tolerance():

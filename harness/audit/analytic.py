@@ -2,9 +2,12 @@
 
 - ``linear-N``: f(x) = [w·x > b] with ‖w‖ = 1. For Gaussian noise of *any* σ(x),
   P(f(x + σ(x)ε) = 1) = Φ((w·x − b)/σ(x)), which exceeds 1/2 exactly when w·x > b:
-  the smoothed classifier's boundary is the hyperplane, whatever σ(x).
+  the smoothed classifier's boundary is the hyperplane, whatever σ(x). At a diagonal
+  scale s(x) (:mod:`harness.engine.scale`), w·(x + s⊙ε) ~ N(w·x, ‖s⊙w‖²), so
+  P(side 1) = Φ((w·x − b)/‖s(x)⊙w‖₂) (:func:`noise_spread`), the same boundary.
 - ``ball-N``: f(x) = [‖x − c‖ <= ρ]. P(f(x + σε) = inside) = P(‖x − c + σε‖² <= ρ²)
-  = χ²_N(ρ²/σ²; noncentrality ‖x − c‖²/σ²), the noncentral χ² CDF, for any σ = σ(x).
+  = χ²_N(ρ²/σ²; noncentrality ‖x − c‖²/σ²), the noncentral χ² CDF, for any σ = σ(x);
+  at a diagonal scale a generalized χ² with no closed form, so it is refused.
 
 Side 1 is "positive side" / "inside". A model answers one of K classes: ``classes`` =
 (class of side 0, class of side 1), by default (0, 1) of K = 2; with K > 2 (check S1
@@ -35,6 +38,24 @@ from harness.foundation.errors import ParameterError
 
 ONE_HOT_LOGIT = 1e4
 """Logit of the answered class of a one-hot analytic model (exp(−1e4) = 0 in float64)."""
+
+
+def noise_spread(sigma: np.ndarray, normals: np.ndarray) -> np.ndarray:
+    """The standard deviation of the noise along unit normals ``normals`` ([d] or [B, d]):
+    σ [B] itself, or ‖s_b ⊙ n‖₂ of each row of a diagonal scale [B, d] (or [B, *shape])."""
+    sigma = np.asarray(sigma, dtype=np.float64)
+    if sigma.ndim < 2:
+        return sigma
+    return np.linalg.norm(sigma.reshape(len(sigma), -1) * normals, axis=1)
+
+
+def _scalar(sigma) -> np.ndarray:
+    """``sigma`` [B]; a ValueError for a diagonal scale (a ball's probability under
+    anisotropic noise is a generalized χ², with no closed form here)."""
+    sigma = np.asarray(sigma, dtype=np.float64)
+    if sigma.ndim > 1:
+        raise ValueError("ball-N has no exact smoothed classifier at a diagonal scale")
+    return sigma
 
 
 class PlacementWithheld(Exception):
@@ -271,10 +292,12 @@ class LinearClassifier(_Analytic):
         return (flat @ w - self.offset) / np.linalg.norm(w)
 
     def smoothed_probability(self, x: np.ndarray, sigma: np.ndarray) -> np.ndarray:
-        """P(f(x + σε) = side 1) = Φ((w·x − b)/σ)."""
+        """P(f(x + σε) = side 1) = Φ((w·x − b)/σ); at a diagonal scale s,
+        Φ((w·x − b)/‖s⊙w‖₂)."""
         from scipy import stats
 
-        return stats.norm.cdf(self.signed_distance(x) / np.asarray(sigma))
+        w = self.w.double().cpu().numpy()
+        return stats.norm.cdf(self.signed_distance(x) / noise_spread(sigma, w / np.linalg.norm(w)))
 
     def _margin_rows(self, flat, vectors, scalars) -> torch.Tensor:
         return (flat * vectors).sum(dim=1) - scalars
@@ -282,8 +305,9 @@ class LinearClassifier(_Analytic):
     def _probability_rows(self, flat, sigma, vectors, scalars) -> np.ndarray:
         from scipy import stats
 
-        signed = (np.sum(flat * vectors, axis=1) - scalars) / np.linalg.norm(vectors, axis=1)
-        return stats.norm.cdf(signed / sigma)
+        norms = np.linalg.norm(vectors, axis=1)
+        signed = (np.sum(flat * vectors, axis=1) - scalars) / norms
+        return stats.norm.cdf(signed / noise_spread(sigma, vectors / norms[:, None]))
 
     def _parameters_for_hash(self) -> dict[str, np.ndarray]:
         return {"w": self.w.double().cpu().numpy(), "offset": np.array([self.offset])}
@@ -329,7 +353,7 @@ class BallClassifier(_Analytic):
         """P(f(x + σε) = inside) = χ²_N(ρ²/σ²; nc = ‖x − c‖²/σ²) (noncentral χ² CDF)."""
         from scipy import stats
 
-        sigma = np.asarray(sigma, dtype=np.float64)
+        sigma = _scalar(sigma)
         flat = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
         dist2 = np.sum((flat - self.center.double().cpu().numpy()) ** 2, axis=1)
         return stats.ncx2.cdf(self.radius**2 / sigma**2, self.dim, dist2 / sigma**2)
@@ -340,7 +364,7 @@ class BallClassifier(_Analytic):
     def _probability_rows(self, flat, sigma, vectors, scalars) -> np.ndarray:
         from scipy import stats
 
-        dist2 = np.sum((flat - vectors) ** 2, axis=1)
+        dist2, sigma = np.sum((flat - vectors) ** 2, axis=1), _scalar(sigma)
         return stats.ncx2.cdf(scalars**2 / sigma**2, self.dim, dist2 / sigma**2)
 
     def _parameters_for_hash(self) -> dict[str, np.ndarray]:

@@ -30,6 +30,12 @@ not attacked; S5 (:mod:`harness.audit.order`) replays their input orders.
 For a σ-smoothing (dual RS, Sun et al. 2026), σ at a point is the harness's draw of the
 σ-estimator, and (b) and (c) count a point only if it is a counterexample at every σ
 level plausible there (:mod:`harness.audit.sigma_smoothing`).
+
+At a diagonal scale (:mod:`harness.engine.scale`) the balls of (a)
+(:mod:`harness.audit.ball_intersections`) are those of the stored radii; (b) and (c)
+judge the smoothed classifier at each point at the scale σ answers there (for a memory,
+the scale of the ball's own entry), and a certificate that claims an ellipsoid is also
+searched inside it (:mod:`harness.audit.scaled_regions`), counted once per certificate.
 """
 
 from __future__ import annotations
@@ -42,12 +48,21 @@ from harness.audit.analytic import BallClassifier, point_keys
 from harness.audit.audit import Audit
 from harness.audit.ball_attacks import (
     confirm_other_class,
+    ellipsoid_points,
     flip_among,
     pgd_on_smoothed,
     search_points,
 )
+from harness.audit.ball_intersections import intersecting_pairs, intersections  # noqa: F401
+from harness.audit.scaled_regions import (
+    as_drawn,
+    ellipsoid_axes,
+    memory_ball_scales,
+    whitened_norm,
+)
 from harness.audit.sigma_calls import calls_of, sigma_and_gradients, sigma_in_calls
 from harness.certification.certify import checked_sigma, sigma_smoothing
+from harness.engine.scale import drawn_with_scale
 from harness.foundation.certificate import ABSTAIN, unlabelled
 from harness.foundation.verdict import P_THRESHOLD, CheckResult, Verdict
 from harness.mathematics.stats import (
@@ -56,22 +71,6 @@ from harness.mathematics.stats import (
 )
 
 NAME = "counterexamples"
-
-
-def intersecting_pairs(points: torch.Tensor, radii: torch.Tensor, predictions: torch.Tensor):
-    """Pairs (i, j), i < j, with different predictions and ‖x_i − x_j‖ < R_i + R_j.
-
-    Returns (i, j, distance, overlap) tensors, most overlapping first.
-    """
-    flat = points.flatten(1).double()
-    dist = torch.cdist(flat, flat)
-    overlap = radii[:, None] + radii[None, :] - dist
-    # balls that only touch do not intersect (open balls); allow rounding of d − R_i
-    mask = (predictions[:, None] != predictions[None, :]) & (overlap > 1e-9 * (1 + dist))
-    mask &= torch.triu(torch.ones_like(mask), diagonal=1)
-    i, j = torch.nonzero(mask, as_tuple=True)
-    order = torch.argsort(overlap[i, j], descending=True)
-    return i[order], j[order], dist[i, j][order], overlap[i, j][order]
 
 
 CONFIRMATION_ERROR = P_THRESHOLD / 100
@@ -104,7 +103,7 @@ def check_counterexamples(audit: Audit) -> CheckResult:
     evidence: dict = {"null": "Binomial(trials, α) per sub-test, trials = certificates examined "
                               "(abstentions included)"}  # fmt: skip
     tests: dict[str, tuple[float, str]] = {}
-    pairs = _intersections(certs, audit.inputs)
+    pairs = intersections(certs, audit.inputs)
     pairs["trials"] = len(certs)
     pairs["p_value"] = false_certificates_pvalue(pairs.get("false_at_least", 0), len(certs), alpha)
     evidence["intersections"] = pairs
@@ -129,7 +128,11 @@ def check_counterexamples(audit: Audit) -> CheckResult:
                                    "the soft smoothed classifier has no closed form")  # fmt: skip
     elif isinstance(model, BallClassifier):
         memory = audit.certifier.order_dependent
-        ball_sigma = audit.certifier.ball_sigmas(unlabelled(certs)) if memory else None
+        ball_sigma = None
+        if memory:
+            rows = unlabelled(certs)
+            ball_sigma = (memory_ball_scales(audit.certifier, rows) if drawn_with_scale(certs)
+                          else audit.certifier.ball_sigmas(rows))  # fmt: skip
         flip_at = _smoothed_flip(audit, gen, len(certs))
         certified = [(c, x) for c, x in zip(certs, audit.inputs, strict=True)
                      if c["prediction"] != ABSTAIN and c["radius"] > 0]  # fmt: skip
@@ -145,7 +148,7 @@ def check_counterexamples(audit: Audit) -> CheckResult:
             f = flips[0]
             message = (
                 f"{len(flips)} certified balls contain a point with another exact smoothed prediction, e.g. "
-                f"input {f['input_id']} (radius {f['radius']:.6g}) at distance {f['distance']:.6g}, σ there "
+                f"input {f['input_id']} {_where(f, 6)}, σ there "
                 f"{f['sigma']:.6g}, exact P(inside) {f['exact_p_inside']:.6g}"
             )
         tests["exact_flips"] = (p_flips, message)
@@ -169,8 +172,8 @@ def check_counterexamples(audit: Audit) -> CheckResult:
         if confirmed:
             c = confirmed[0]
             message = (
-                f"PGD found {len(confirmed)} confirmed points, e.g. input {c['input_id']}: at distance "
-                f"{c['distance']:.10g} < radius {c['radius']:.10g}, σ {c['sigma_at_point']:.4g}, class "
+                f"PGD found {len(confirmed)} confirmed points, e.g. input {c['input_id']}: {_where(c, 10)}, "
+                f"σ {c['sigma_at_point']:.4g}, class "
                 f"{c['winning_class']} (>= {c['lower_bound_winning_class']:.6g}) beats the certified class "
                 f"{c['certified_class']} (<= {c['upper_bound_certified_class']:.6g}), {c['samples']} fresh samples"
             )
@@ -180,6 +183,12 @@ def check_counterexamples(audit: Audit) -> CheckResult:
     if isinstance(evidence["attack"], dict):  # at Holm's smallest level, over the sub-tests run
         evidence["attack"]["minimal_significant_count"] = _minimal_count(
             evidence["attack"]["audited"], alpha, P_THRESHOLD / len(names)
+        )
+    if drawn_with_scale(certs):  # what was judged of the scale's regions, and what was not
+        claimed = sum(ellipsoid_axes(c) is not None for c in certs)
+        evidence["diagonal_scale"] = (
+            f"g drawn at the scale σ answers at each point; {claimed} claimed ellipsoids searched "
+            "beside the balls ((b), (c)); pairs of ellipsoids not intersected (only their balls)"
         )
     evidence["correction"] = (
         f"Holm over {len(names)} sub-tests ({', '.join(names)}) at {P_THRESHOLD:g}"
@@ -196,45 +205,20 @@ def check_counterexamples(audit: Audit) -> CheckResult:
     return CheckResult(NAME, Verdict.SOUND, f"{summary}; {evidence['correction']}", evidence, flags)
 
 
-def _matching(i: torch.Tensor, j: torch.Tensor) -> int:
-    """Size of a greedy matching of the pairs: at least that many certificates are false."""
-    used: set[int] = set()
-    size = 0
-    for a, b in zip(i.tolist(), j.tolist(), strict=True):
-        if a not in used and b not in used:
-            used.update((a, b))
-            size += 1
-    return size
-
-
-def _intersections(certs: list[dict], inputs: torch.Tensor) -> dict:
-    keep = [k for k, c in enumerate(certs) if c["prediction"] != ABSTAIN and c["radius"] > 0]
-    if len(keep) < 2:
-        return {"certificates": len(keep), "count": 0}
-    radii = torch.tensor([certs[k]["radius"] for k in keep], dtype=torch.float64)
-    preds = torch.tensor([certs[k]["prediction"] for k in keep])
-    i, j, dist, _ = intersecting_pairs(inputs[torch.tensor(keep)].cpu(), radii, preds)
-    out: dict = {"certificates": len(keep), "count": len(i), "false_at_least": _matching(i, j)}
-    if len(i):
-        a, b = keep[int(i[0])], keep[int(j[0])]
-        out["example"] = {
-            "inputs": [certs[a]["input_id"], certs[b]["input_id"]],
-            "predictions": [certs[a]["prediction"], certs[b]["prediction"]],
-            "radii": [certs[a]["radius"], certs[b]["radius"]],
-            "distance": float(dist[0]),
-        }
-    return out
-
-
 def _exact_flips(
     audit: Audit, model: BallClassifier, certified: list[tuple[dict, torch.Tensor]],
-    ball_sigma: dict[int, float] | None, gen: torch.Generator,
+    ball_sigma: dict[int, float | np.ndarray] | None, gen: torch.Generator,
 ) -> list[dict | None]:  # fmt: skip
     """(b) in every certified ball (:func:`~harness.audit.ball_attacks.search_points`, each
     ball's point whose exact smoothed prediction is another class, or None), σ asked in
     few calls (:mod:`harness.audit.sigma_calls`): at the centers with their gradients
     (in more than 2-D: the rays along ±∇σ), then at every ball's search points at once.
-    Memory certificates (``ball_sigma``) keep σ constant in each ball: no query."""
+    Memory certificates (``ball_sigma``) keep σ constant in each ball: no query.
+
+    At a diagonal scale σ is the scale answered at each point (held in float32, as drawn)
+    and a certificate that claims an ellipsoid is also searched inside it
+    (:func:`~harness.audit.ball_attacks.ellipsoid_points`, asked in the same call; a flip
+    there is marked ``"region": "ellipsoid"``)."""
     if not certified:
         return []
     device, provider, batch = audit.context.device, audit.sigma_provider, calls_of(audit)
@@ -246,22 +230,37 @@ def _exact_flips(
         center_sigma = np.array([ball_sigma[c["input_id"]] for c, _ in certified])
     elif not planar:
         asked, gradients = sigma_and_gradients(provider, centers, batch)
-        center_sigma = asked.double().cpu().numpy()
+        center_sigma = as_drawn(asked.double().cpu().numpy())
     points = [search_points(model, x, c["radius"], g, gen)
               for (c, _), x, g in zip(certified, centers, gradients, strict=True)]  # fmt: skip
     rest = [p if center_sigma is None else p[1:] for p in points]  # the center's σ is known
+    axes = [ellipsoid_axes(c) for c, _ in certified]
+    regions = [None if a is None else ellipsoid_points(model, x, a, g, gen)[1:]
+               for a, x, g in zip(axes, centers, gradients, strict=True)]  # fmt: skip
+    asked_at = rest + [r for r in regions if r is not None]
     if ball_sigma is not None:
-        values = [np.full(len(r), center_sigma[k]) for k, r in enumerate(rest)]
+        values = [np.repeat(center_sigma[k][None], len(r), axis=0) for k, r in enumerate(rest)]
+        values += [np.repeat(center_sigma[k][None], len(r), axis=0)
+                   for k, r in enumerate(regions) if r is not None]  # fmt: skip
     else:
         with torch.no_grad():
-            flat = sigma_in_calls(provider, torch.cat(rest).to(device), batch)
-        values = np.split(flat.double().cpu().numpy(), np.cumsum([len(r) for r in rest])[:-1])
+            flat = sigma_in_calls(provider, torch.cat(asked_at).to(device), batch)
+        values = np.split(as_drawn(flat.double().cpu().numpy()),
+                          np.cumsum([len(r) for r in asked_at])[:-1])  # fmt: skip
+    region_sigma = iter(values[len(rest) :])
     found = []
     for k, ((c, _), x) in enumerate(zip(certified, centers, strict=True)):
         sigma = (
             values[k] if center_sigma is None else np.concatenate([[center_sigma[k]], values[k]])
         )
-        found.append(flip_among(model, x, points[k], sigma, c["prediction"]))
+        flip = flip_among(model, x, points[k], sigma, c["prediction"])
+        if regions[k] is not None:
+            inner = flip_among(model, x, regions[k], next(region_sigma), c["prediction"])
+            if flip is None and inner is not None:
+                delta = torch.tensor(inner["point"]) - x.flatten().double().cpu()
+                norm = float(whitened_norm(delta[None], torch.from_numpy(axes[k])[None])[0])
+                flip = {**inner, "region": "ellipsoid", "whitened_norm": norm}
+        found.append(flip)
     return found
 
 
@@ -287,6 +286,11 @@ def attack_certificates(audit: Audit) -> tuple[list[dict], int, list[int]]:
     random from the audit's entropy (abstentions count as audited trials: the guarantee is
     per input asked about); the attack's noise and the confirmations' too.
 
+    At a diagonal scale the smoothed classifier draws at the scale σ answers at each
+    iterate, and a certificate that claims an ellipsoid is also attacked inside it (a
+    path of its own in the same σ calls, :func:`pgd_on_smoothed` with its semi-axes); a
+    certificate counts once, whichever of its regions is broken.
+
     Returns (confirmed violations, attacked, the audited input ids)."""
     budget, certs = audit.budget, audit.certificates
     picked = audit.subset(f"{NAME}/attack-inputs", len(certs), budget.audited_inputs).tolist()
@@ -298,16 +302,22 @@ def attack_certificates(audit: Audit) -> tuple[list[dict], int, list[int]]:
     engine = audit.context.engine
     device, provider = audit.context.device, audit.sigma_provider
     smoothing = sigma_smoothing(provider)
-    x0 = audit.inputs[torch.tensor(chosen)].to(device, torch.float32)
-    radius = torch.tensor([certs[k]["radius"] for k in chosen], device=device)
-    target = torch.tensor([certs[k]["prediction"] for k in chosen], device=device)
+    ellipsoids = [(k, a) for k in chosen if (a := ellipsoid_axes(certs[k])) is not None]
+    rows = chosen + [k for k, _ in ellipsoids]  # a path per ball, then per ellipsoid
+    x0 = audit.inputs[torch.tensor(rows)].to(device, torch.float32)
+    radius = torch.tensor([certs[k]["radius"] for k in rows], device=device)
+    target = torch.tensor([certs[k]["prediction"] for k in rows], device=device)
+    axes = None
+    if ellipsoids:
+        balls = radius[: len(chosen), None].double().cpu().expand(-1, x0[0].numel())
+        axes = torch.cat([balls, torch.from_numpy(np.stack([a for _, a in ellipsoids]))])
 
-    known: dict[bytes, float] = {}  # σ at the iterates asked
+    known: dict[bytes, float | list[float]] = {}  # σ at the iterates asked
     differentiable = [True]  # until σ answers without a gradient
 
     def sigma_at(x1: torch.Tensor) -> torch.Tensor:
         if smoothing is not None:  # the certificate's own σ, meant to be constant in its ball
-            return torch.tensor([certs[k]["sigma"] for k in chosen], device=device)
+            return torch.tensor([certs[k]["sigma"] for k in rows], device=device)
         keys = point_keys(x1)
         new = [i for i, key in enumerate(keys) if key not in known]
         if differentiable[0] or len(new) == len(keys):  # (a gradient is asked again)
@@ -319,16 +329,36 @@ def attack_certificates(audit: Audit) -> tuple[list[dict], int, list[int]]:
     def _sigma_of(x1: torch.Tensor, keys: list[bytes]) -> torch.Tensor:
         sigma = provider(x1)
         checked_sigma(sigma.detach(), len(x1), audit.method.sigma_provider,
-                      " at a PGD point inside a certified ball")  # fmt: skip
+                      " at a PGD point inside a certified ball", x1[0].numel())  # fmt: skip
         known.update(zip(keys, sigma.detach().double().cpu().tolist(), strict=True))
         differentiable[0] = sigma.requires_grad
         return sigma if sigma.requires_grad else sigma.detach()
 
     # a path of attack_steps points (as S2's and S3's ascents): σ asked at each, the last confirmed
     x1 = pgd_on_smoothed(engine.model, x0, target, radius, sigma_at, budget.attack_steps - 1,
-                         budget.attack_samples, gen)  # fmt: skip
+                         budget.attack_samples, gen, axes=axes)  # fmt: skip
     engine = audit.fresh_engine(f"{NAME}/confirm")
-    return _confirm(audit, engine, x0, x1, chosen, target, known), len(chosen), audited
+    found = _confirm(audit, engine, x0, x1, rows, target, known)
+    return _per_certificate(found, x0, x1, axes, len(chosen)), len(chosen), audited
+
+
+def _per_certificate(found: list[dict], x0, x1, axes, balls: int) -> list[dict]:
+    """The confirmed points one per certificate (its ball's first), those of the ellipsoid
+    paths (rows from ``balls`` on) marked ``"region": "ellipsoid"``; a point that float32
+    rounding put outside its region is not counted."""
+    out, seen = [], set()
+    for hit in sorted(found, key=lambda h: h["row"]):
+        k = hit.pop("row")
+        if axes is not None:
+            norm = float(whitened_norm((x1[k] - x0[k])[None], axes[k][None])[0])
+            if norm >= 1:
+                continue
+            if k >= balls:
+                hit = {**hit, "region": "ellipsoid", "whitened_norm": norm}
+        if hit["input_id"] not in seen:
+            seen.add(hit["input_id"])
+            out.append(hit)
+    return out
 
 
 def _confirm(audit, engine, x0, x1, chosen, target, known: dict[bytes, float]) -> list[dict]:
@@ -376,14 +406,31 @@ def _confirm(audit, engine, x0, x1, chosen, target, known: dict[bytes, float]) -
                 continue
             gap = hit["lower_bound_winning_class"] - hit["upper_bound_certified_class"]
             if weakest[k] is None or gap < weakest[k]["gap"]:
-                weakest[k] = {"gap": gap, "sigma_at_point": float(sigma[k]), **hit}
+                weakest[k] = {"gap": gap, **_sigma_at_point(sigma[k]), **hit}
     found = []
     for k, t in enumerate(target.tolist()):
         if confirmed[k] and weakest[k] is not None:
             hit = {key: v for key, v in weakest[k].items() if key != "gap"}
             found.append({
-                "input_id": ids[k], "certified_class": t, "radius": certs[chosen[k]]["radius"],
+                "row": k, "input_id": ids[k], "certified_class": t, "radius": certs[chosen[k]]["radius"],
                 "distance": float((x1[k] - x0[k]).flatten().norm()), **hit, "samples": num,
                 "level": level,
             })  # fmt: skip
     return found
+
+
+def _sigma_at_point(sigma: torch.Tensor) -> dict[str, float]:
+    """σ at a confirmed point as evidence: the value, or a diagonal scale's smallest and
+    largest axes."""
+    if sigma.dim() == 0:
+        return {"sigma_at_point": float(sigma)}
+    return {"sigma_at_point": float(sigma.min()), "scale_max_at_point": float(sigma.max())}
+
+
+def _where(found: dict, digits: int) -> str:
+    """Where a message says a counterexample lies: in the ball, or in the claimed ellipsoid
+    (``whitened_norm`` = ‖Σ^{-1/2}δ‖/κ)."""
+    if found.get("region") == "ellipsoid":
+        return (f"inside its claimed ellipsoid (‖Σ^-1/2 δ‖/κ = {found['whitened_norm']:.{digits}g} "
+                f"< 1) at distance {found['distance']:.{digits}g}")  # fmt: skip
+    return f"at distance {found['distance']:.{digits}g} < radius {found['radius']:.{digits}g}"

@@ -40,7 +40,7 @@ from harness.audit.coverage_trials import (
     derived_by_formula,
     first_false,
     flip_example,
-    linear_false,
+    linear_trial_false,
     pair_of_classes,
     place_ball,
     place_linear,
@@ -55,6 +55,7 @@ from harness.certification.certify import (
     sigma_of,
     sigma_smoothing,
 )
+from harness.engine.scale import as_scale, recorded_scale
 from harness.foundation.data import TrainingSplit
 from harness.plugin.hosting.in_harness.remote import RemoteSigmaProvider
 
@@ -105,11 +106,17 @@ class _Round:
         return self.audit.generator(f"{self.purpose}/rays/{j}")
 
 
+def _reference(certificate: dict):
+    """σ_ref of a trial input: the run's σ there, or the scale it recorded (its draws')."""
+    scale = recorded_scale(certificate.get("draws"))
+    return float(certificate["sigma"]) if scale is None else scale
+
+
 def _rounds(audit: Audit, family: str, points, trials: int, protocol, root: Path):
     """The rounds of ``trials`` trials of a family, each drawn from the audit's entropy
     as the round begins (a round needs the trials before it: how many are left)."""
     classes, dim = audit.context.dataset.num_classes, points[0].numel()
-    stored_sigma = [float(c["sigma"]) for c in audit.certificates]
+    stored_sigma = [_reference(c) for c in audit.certificates]
     model_type, place = {"linear": (LinearClassifier, place_linear),
                          "ball": (BallClassifier, place_ball)}[family]  # fmt: skip
     left = trials
@@ -129,7 +136,7 @@ def _rounds(audit: Audit, family: str, points, trials: int, protocol, root: Path
             quantiles.append(trial_quantile(rng, j, protocol.estimation_cap, protocol.alpha))
             uniforms.append(uniform(rng))
         for j, k in enumerate(chosen):
-            # σ_ref: the run's σ at x0, the scale at which x0 sits at P(side 1) = q
+            # σ_ref: the run's σ (or scale) at x0, at which x0 sits at P(side 1) = q
             placed = place(model, points[k], stored_sigma[k], quantiles[j], gen)
             placements.append((placed, model.placement()))
         left -= len(chosen)
@@ -220,8 +227,11 @@ def _one_by_one(rnd: _Round, points, ids, protocol, root: Path) -> list[Trial]:
         c, derived, probabilities = _certified(rnd, provider, certifier, context, x0, input_id,
                                                sigma, drawn, protocol)  # fmt: skip
         if rnd.family == "linear":
-            false = linear_false(rnd.model, rnd.pair, x0, where)
-        elif drawn is not None:  # flips at every σ level plausible there, drawn by the harness
+            out.append(Trial(input_id, c, derived,
+                             linear_trial_false(c, derived, rnd.model, rnd.pair, x0, where),
+                             probabilities, rnd.uniforms[j]))  # fmt: skip
+            continue
+        if drawn is not None:  # flips at every σ level plausible there, drawn by the harness
             smoothing, level = sigma_smoothing(provider), int(np.argmax(drawn.selection[0]))
 
             def false(pred, radius, x0=x0, where=where, context=context, smoothing=smoothing,
@@ -279,8 +289,10 @@ def _together(rnd: _Round, points, ids, protocol, root: Path) -> list[Trial] | N
             continue
     else:
         return None
-    sigma = checked_sigma(sigma.detach(), len(x0), audit.method.sigma_provider)
-    sigma = sigma.double().cpu().numpy()
+    sigma = checked_sigma(sigma.detach(), len(x0), audit.method.sigma_provider,
+                          dims=x0[0].numel())  # fmt: skip
+    scale = as_scale(sigma.to("cpu", torch.float32).numpy(), len(x0)) if sigma.dim() > 1 else None
+    sigma = sigma.double().cpu().numpy() if scale is None else scale  # as a run holds it
     method, out, searches = (rnd.provider, rnd.certifier, rnd.context), [], []
     for j in trials:
         placed = _trial_input(rnd, points, ids, j)
@@ -353,7 +365,7 @@ def _placed_trial(rnd: _Round, method, placed, j: int, sigma: np.ndarray, gradie
                                            sigma, None, protocol)  # fmt: skip
     trial = Trial(input_id, c, derived, None, probabilities, rnd.uniforms[j])
     if rnd.family == "linear":
-        trial.false = first_false(c, derived, linear_false(rnd.model, rnd.pair, x0, where))
+        trial.false = linear_trial_false(c, derived, rnd.model, rnd.pair, x0, where)
         return trial, None
     memory = certifier.ball_sigmas([vars(c)]) if certifier.order_dependent else None
     constant = memory is not None  # σ constant in the ball: no rays along ∇σ

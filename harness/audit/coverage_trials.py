@@ -9,6 +9,15 @@ certificate the run's declared formula derives from its draws (:func:`candidates
 false when either is (:func:`first_false`), underived when its claim is not what the
 formula derives (:func:`underived`), and it gives the calibration test a score
 (:func:`score`). :class:`Outcome` sums a family's trials.
+
+At a diagonal scale (:mod:`harness.engine.scale`) σ_ref is the certificate's recorded
+scale s and the plane sits at signed distance Φ⁻¹(q)·‖s⊙w‖₂ (P(side 1) = q at s); only
+``linear-N`` runs (a ball's probability under anisotropic noise has no closed form).
+Beside its ℓ2 balls a trial then stands for its ellipsoids {δ : ‖Σ^{-1/2}δ‖₂ <= κ}
+(:func:`ellipsoids`): the claim's κ and Φ⁻¹ of the formula's bound, the largest κ S0
+accepts from the draws; the smoothed boundary is the plane whatever the scale, so one is
+false iff its class is wrong or κ·‖s⊙w‖₂ exceeds the distance to the plane (the largest
+w·δ on the ellipsoid), i.e. iff the bound exceeds the exact p_A.
 """
 
 from __future__ import annotations
@@ -21,8 +30,10 @@ import torch
 from scipy import stats
 from scipy.special import ndtri
 
+from harness.audit.analytic import noise_spread
 from harness.audit.audit import Audit
 from harness.certification.certify import sigma_smoothing
+from harness.engine.scale import recorded_scale
 from harness.foundation.certificate import ABSTAIN, Certificate
 from harness.mathematics.calibration import pit_score
 from harness.mathematics.radius import Recomputed, sigma_choice_recompute
@@ -109,7 +120,28 @@ def underived(c: Certificate, derived: Recomputed, i: int) -> dict | None:
             "claimed": c.radius,
             "derived": radius,
         }
+    kappa = float(ndtri(bound)) if bound > 0.5 else 0.0
+    if c.region is not None and not c.region["factor"] <= kappa * (1 + RELATIVE):
+        return {"input_id": c.input_id, "quantity": "ellipsoid", "claimed": c.region["factor"],
+                "derived": kappa}  # fmt: skip
     return None
+
+
+def ellipsoids(c: Certificate, derived: Recomputed, i: int) -> list[tuple[str, int, float]]:
+    """The ellipsoids a trial drawn at a diagonal scale stands for, as (source, class, κ):
+    the claim's, and Φ⁻¹(the formula's bound), the largest S0 accepts from its draws
+    (where the claim's of the same class does not contain it); none at one σ."""
+    if recorded_scale(c.draws) is None:
+        return []
+    out = []
+    claimed = c.prediction != ABSTAIN and c.region is not None and c.region["factor"] > 0
+    if claimed:
+        out.append(("claim ellipsoid", int(c.prediction), float(c.region["factor"])))
+    pred, bound = int(derived.prediction[i]), float(derived.bound[i])
+    kappa = float(ndtri(bound)) if pred != ABSTAIN and bound > 0.5 else 0.0
+    if kappa > 0 and not (claimed and pred == c.prediction and kappa <= c.region["factor"]):
+        out.append(("formula ellipsoid", pred, kappa))
+    return out
 
 
 def score(c: Certificate, probabilities: np.ndarray, v: float) -> float:
@@ -181,11 +213,13 @@ def trial_quantile(rng: np.random.Generator, trial: int, n: int, alpha: float) -
     return float(rng.uniform(0.5 - width, 0.5 + width))
 
 
-def place_linear(model, x0: torch.Tensor, s: float, q: float, gen) -> dict:
-    """A random hyperplane at signed distance σ_ref·Φ⁻¹(q) from x0 (P(side 1) = q at σ_ref)."""
+def place_linear(model, x0: torch.Tensor, s, q: float, gen) -> dict:
+    """A random hyperplane at signed distance σ_ref·Φ⁻¹(q) from x0 (P(side 1) = q at σ_ref);
+    at a recorded scale s [d], Φ⁻¹(q)·‖s⊙w‖₂."""
     normal = torch.randn(model.w.numel(), generator=gen, dtype=torch.float64)
     normal /= normal.norm()
-    distance = s * float(ndtri(q))
+    spread = noise_spread(np.asarray(s, dtype=np.float64)[None], normal.numpy())
+    distance = float(np.reshape(spread, -1)[0]) * float(ndtri(q))
     model.set_plane(normal, float(x0.flatten().double() @ normal) - distance)
     return {"distance": distance}
 
@@ -210,6 +244,26 @@ def linear_false(model, pair: tuple[int, int], x0: torch.Tensor, where: dict):
         return None
 
     return false
+
+
+def linear_trial_false(c: Certificate, derived: Recomputed, model, pair: tuple[int, int],
+                       x0: torch.Tensor, where: dict) -> dict | None:  # fmt: skip
+    """The first false certificate of a ``linear-N`` trial (:func:`first_false`), then of
+    its ellipsoids at a diagonal scale (:func:`ellipsoids`), or None."""
+    false = first_false(c, derived, linear_false(model, pair, x0, where))
+    if false is not None:
+        return false
+    scale = recorded_scale(c.draws)
+    signed = float(model.signed_distance(x0.cpu().numpy())[0])
+    truth = pair[int(signed > 0)]
+    for source, pred, kappa in ellipsoids(c, derived, 0):
+        w = model.w.double().cpu().numpy()
+        reach = kappa * float(noise_spread(scale[None], w / np.linalg.norm(w))[0])
+        if pred != truth or reach > abs(signed):
+            return {"certificate": source, "prediction": pred, "ellipsoid": kappa, **where,
+                    "true_class": truth, "distance_to_boundary": abs(signed),
+                    "ellipsoid_reach": reach}  # fmt: skip
+    return None
 
 
 def flip_example(flip: dict | None, where: dict) -> dict | None:

@@ -65,8 +65,10 @@ SOUND_METHODS: dict[str, dict] = {
     "cohen": {"sigma": SIGMA},
     "sukenik": {"sigma": SIGMA, "rate": 0.2, "k": 5},
     "lipschitz-sigma-net": {"train_examples": 128, "train_steps": 30, "sigma_min": 0.3},
+    "anisotropic-fixed": {"sigma": SIGMA, "ratio": 2.0},
 }
-"""Built-in sound methods and the settings of the false-alarm count (small σ-net fit)."""
+"""Built-in sound methods and the settings of the false-alarm count (small σ-net fit; the
+fixed diagonal scale σ … 2σ, the sound anisotropic baseline)."""
 FLAGGED = (Verdict.UNJUSTIFIED, Verdict.VIOLATED)
 ENGINE_PATCH = "engine-patch"
 """The row of the method (plain Cohen) run with a plugin that patches the engine."""

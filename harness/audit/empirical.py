@@ -25,6 +25,12 @@ the last point of the previous radius (one start, no random restarts). A point w
 estimated label probability is not the largest (``samples`` draws) is a candidate and is
 confirmed with ``confirm`` fresh samples in noise stream :data:`STREAM_ATTACK`.
 
+A row drawn at a diagonal scale (:mod:`harness.engine.scale`) is attacked the same way
+with anisotropic noise x' + σ_i·ε_i: PGD and the screening draw at the scale each input
+was certified with (recorded in its draws), and every break is confirmed at the scale
+the σ-provider answers at x' (one σ call per radius, as for one σ), so a confirmed break
+is one of the smoothed classifier the row certifies; the radii attacked are ℓ2.
+
 Memory rows (order-dependent certifiers): their answer at a point depends on the inputs
 that came before (Súkeník et al. 2022, App. C.2), so no fixed classifier exists to
 attack; the attack targets the classifier the memory certifies through, smoothing with
@@ -107,6 +113,7 @@ def attack_row(audit: Audit, strength: AttackStrength) -> dict[str, Any]:
     import torch
 
     from harness.audit.ball_attacks import confirm_other_class, pgd_on_smoothed
+    from harness.audit.scaled_regions import held_scales
 
     start_time = time.perf_counter()
     certs = audit.certificates
@@ -117,7 +124,9 @@ def attack_row(audit: Audit, strength: AttackStrength) -> dict[str, Any]:
     ids = [int(c["input_id"]) for c in certs]
     labels = torch.tensor([int(c["label"]) for c in certs], device=device)
     x = audit.inputs.to(device, torch.float32)
-    sigma0 = torch.tensor([float(c["sigma"]) for c in certs], device=device)
+    scales = held_scales(certs)  # a diagonal scale: the one each input was drawn at
+    sigma0 = (torch.tensor([float(c["sigma"]) for c in certs], device=device) if scales is None
+              else scales.to(device))  # fmt: skip
     level = audit.context.protocol.alpha / (len(certs) * len(radii) * engine.num_classes)
     gen = audit.generator("empirical/pgd")  # the audit's own entropy: unforeseeable noise
     broken: dict[int, float] = {}
@@ -132,7 +141,8 @@ def attack_row(audit: Audit, strength: AttackStrength) -> dict[str, Any]:
         if radius > 0:
             fixed = sigma0[alive]
             current[alive] = pgd_on_smoothed(
-                engine.model, x[alive], labels[alive], torch.full_like(fixed, radius),
+                engine.model, x[alive], labels[alive],
+                torch.full((len(alive),), radius, dtype=fixed.dtype, device=device),
                 lambda _, fixed=fixed: fixed, strength.steps, strength.samples, gen,
                 start=current[alive],
             )  # fmt: skip
@@ -155,8 +165,7 @@ def attack_row(audit: Audit, strength: AttackStrength) -> dict[str, Any]:
             if len(examples) < 3:
                 distance = float((points[j] - x[k]).flatten().norm())
                 examples.append({"input_id": ids[k], "radius": radius, "distance": distance,
-                                 "label": int(labels[k]), "sigma_at_point": float(sigma[j]),
-                                 **hit})  # fmt: skip
+                                 "label": int(labels[k]), **_sigma_at(sigma[j]), **hit})  # fmt: skip
     out: dict[str, Any] = {
         "radii": radii,
         "inputs": len(certs),
@@ -179,10 +188,11 @@ def _label_margin(model, points, labels, sigma, samples: int, gen, soft: bool) -
     label is not the smoothed prediction there, by this estimate."""
     import torch
 
-    shape = (-1,) + (1,) * (points.dim() - 1)
+    from harness.audit.ball_attacks import noise_scale
+
     with torch.no_grad():
         eps = torch.randn((samples, *points.shape), generator=gen).to(points.device)
-        noisy = (points[None] + sigma.float().view(1, *shape) * eps).reshape(-1, *points.shape[1:])
+        noisy = (points[None] + noise_scale(sigma, points) * eps).reshape(-1, *points.shape[1:])
         logits = model(noisy)
         if soft:
             outputs = torch.softmax(logits, dim=-1)
@@ -192,3 +202,11 @@ def _label_margin(model, points, labels, sigma, samples: int, gen, soft: bool) -
     own = probs.gather(1, labels[:, None]).squeeze(1)
     other = probs.scatter(1, labels[:, None], -1.0).max(dim=1).values
     return own - other
+
+
+def _sigma_at(sigma: torch.Tensor) -> dict[str, float]:
+    """σ(x') of a confirmed break as evidence: the value, or a diagonal scale's smallest
+    and largest axes."""
+    if sigma.dim() == 0:
+        return {"sigma_at_point": float(sigma)}
+    return {"sigma_at_point": float(sigma.min()), "scale_max_at_point": float(sigma.max())}

@@ -25,6 +25,11 @@ outputs, so that the means of g = (1 − K·p_min)·softmax + p_min, which S0 fo
 harness's mean softmax outputs (:mod:`harness.audit.evidence`), lie in
 [p_min, 1 − (K − 1)·p_min] by construction; L and the radius are re-derived by S0.
 
+A row drawn at a diagonal scale (one σ per input dimension) is judged by ANCER's
+fixed-Σ worst case at the smallest axis where the scale is fixed, and by the
+Neyman–Pearson worst case of the two anisotropic Gaussians, computed with an error bound,
+where it varies (:mod:`harness.audit.scale_justification`).
+
 A σ-provider that declares a σ-smoothing (dual RS, Sun et al. 2026) uses a σ meant to be
 constant on each certified ball: the ball is searched for a point where the harness's
 draws of its σ-estimator confidently choose another level
@@ -44,8 +49,10 @@ import torch
 
 from harness.audit import sigma_smoothing as smoothed
 from harness.audit.audit import Audit
+from harness.audit.ball_rounding import inside_radius
 from harness.audit.sigma_calls import calls_of, sigma_in_calls, sigma_with_graph
 from harness.certification.certify import checked_sigma, sigma_smoothing
+from harness.engine.scale import drawn_with_scale
 from harness.foundation.certificate import ABSTAIN
 from harness.foundation.regularity import Constant, Lipschitz, SemiElastic
 from harness.foundation.verdict import CheckResult, Verdict
@@ -53,6 +60,7 @@ from harness.mathematics.worstcase import xi
 
 NAME = "worst-case-justification"
 TOLERANCE = 1e-9  # ξ = 1/2 exactly at Cohen's radius; allow rounding, never more
+_inside = inside_radius  # its name here before S3 at a diagonal scale shared it
 
 
 def sigma_extremes(
@@ -62,7 +70,7 @@ def sigma_extremes(
     """Smallest and largest σ(x1) found in each ball B(x0_i, R_i): random points, then (σ
     differentiable, as the first query tells) projected gradient steps on log σ both ways,
     from a start within R/2 of x0. Every point queried lies in the ball after rounding
-    (:func:`_inside`): a σ found outside it would flag a sound certificate (a radius below
+    (:func:`~harness.audit.ball_rounding.inside_radius`): a σ found outside it would flag a sound certificate (a radius below
     the start's 10⁻³ offset did).
 
     σ is asked in few calls of at most ``batch`` points
@@ -71,7 +79,7 @@ def sigma_extremes(
     ball in lock-step, one query per later point: ``steps`` queries in all."""
     flat = x0.flatten(1)
     count, dim = flat.shape
-    radius = _inside(flat, radius)
+    radius = inside_radius(flat, radius)
     points = [x0]
     for fraction in (1.0, 0.5, 0.25):
         for _ in range(4):
@@ -133,21 +141,15 @@ def _ascend_log_sigma(provider, flat, x1, grad, radius, sign, steps: int, shape,
     return torch.stack(seen) if seen else flat.new_zeros((0, len(flat)), dtype=torch.float64)
 
 
-def _inside(flat: torch.Tensor, radius: torch.Tensor) -> torch.Tensor:
-    """The radius to search within so that every point x0 + δ, rounded to ``flat``'s dtype,
-    lies in B(x0, R): R less twice the rounding of √d coordinates of magnitude up to
-    max|x0| + R (unit roundoff u), and 2⁻²⁰·R for the rounding of ‖δ‖."""
-    unit = torch.finfo(flat.dtype).eps / 2
-    reach = flat.abs().amax(dim=1) + radius
-    slack = 2 * math.sqrt(flat.shape[1]) * unit * reach + radius * 2.0**-20
-    return (radius - slack).clamp_min(0)
-
-
 def check_justification(audit: Audit) -> CheckResult:
     certifier = audit.certifier
     if certifier.order_dependent:
         return CheckResult(NAME, Verdict.NOT_APPLICABLE,
                            "memory certificates: σ is constant inside each certified ball (Alfarra et al., App. C)")  # fmt: skip
+    if drawn_with_scale(audit.certificates):  # one σ per input dimension
+        from harness.audit.scale_justification import check_scale_justification
+
+        return check_scale_justification(audit, NAME, TOLERANCE)
     if sigma_smoothing(audit.sigma_provider) is not None:  # σ drawn by the harness (dual RS)
         return smoothed.check_justification(audit, NAME)
     declared = audit.sigma_provider.regularity

@@ -11,6 +11,11 @@ at which the leaderboard scores the row. Its verdict is ``order-dependent``.
 
 Applicability: the certifier declares ``order_dependent = True``; otherwise
 ``not-applicable``.
+
+At a diagonal scale (:mod:`harness.engine.scale`; the memory wraps a certifier for it,
+e.g. ``anisotropic``) the memory's balls are the ℓ2 balls of σ_min and the replays are
+the same; an ellipsoid, which the memory keeps only on a certificate it leaves as it was,
+is not replayed, so every order is scored on its ℓ2 radii (the evidence says so).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from harness.audit.audit import Audit
+from harness.engine.scale import drawn_with_scale
 from harness.foundation.certificate import unlabelled
 from harness.foundation.errors import ContractError
 from harness.foundation.verdict import CheckResult, Verdict
@@ -40,6 +46,9 @@ def check_order(audit: Audit) -> CheckResult:
                                       audit.seed(f"{NAME}/orders"))  # fmt: skip
     labels = {int(c["input_id"]): int(c["label"]) for c in certs}
     spread = order_spread(replays, labels, radii, audit.budget.orders)
+    if drawn_with_scale(certs):
+        spread["regions"] = ("drawn at a diagonal scale: the orders are scored on their ℓ2 "
+                             "radii; the recorded ellipsoids are not replayed")  # fmt: skip
     acr = spread["acr"]
     k = len(radii) // 2
     summary = (

@@ -232,10 +232,6 @@ def run_attack(store: ResultStore, audit: Audit, progress: Progress, attacked: d
     strength = STRENGTHS.get(audit.budget.name)
     if strength is None:
         return
-    refused = unsupported(audit, "the empirical attack", False)
-    if refused is not None:  # reported, never a silent number
-        progress.warn(f"attack {audit.method.name} {audit.setting}: {refused}")
-        return
     key = classifier_key(audit)
     name = f"attack {audit.method.name} {audit.setting}"
     with progress.task(name, 1, "rows") as advance, measured(audit.queries) as cost:

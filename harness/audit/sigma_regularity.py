@@ -11,6 +11,15 @@ pair on the quotient the certificate relies on:
 
 A declared regularity that a pair contradicts makes the certificates ``unjustified``.
 
+A σ-provider that answers a diagonal scale σ_1(x) … σ_d(x) (:mod:`harness.engine.scale`)
+declares its regularity of every axis: ``Constant``, the whole scale is the same at every x;
+``SemiElastic(r)``, |log σ_i(x1) − log σ_i(x0)| <= r·‖x1 − x0‖₂ for every axis i;
+``Lipschitz(lip, σ_min)``, |σ_i(x1) − σ_i(x0)| <= lip·‖x1 − x0‖₂ and σ_i(x) >= σ_min for
+every axis. Each makes the smallest axis, the certificate's σ, as regular (a minimum of
+r-semi-elastic or lip-Lipschitz functions is one too). The quotient is then the largest
+over the axes, searched as above on the scales the σ-provider returns ([B, d], or
+[B, *input_shape] read as [B, d]).
+
 A σ-provider that declares a σ-smoothing (dual RS, Sun et al. 2026) is held to what the
 smoothing certifies instead: its level constant on every B(x, R_σ(x))
 (:func:`harness.audit.sigma_smoothing.check_regularity`).
@@ -41,8 +50,15 @@ ABSOLUTE_SLACK = 1e-5
 def _quotient(
     lipschitz: bool, s0: torch.Tensor, s1: torch.Tensor, dist: torch.Tensor
 ) -> torch.Tensor:
-    diff = (s1 - s0) if lipschitz else (torch.log(s1) - torch.log(s0))
-    return diff.abs() / dist
+    """The quotient of each pair [P]; of a diagonal scale [P, d], the largest over its axes."""
+    s0, s1 = _flat(s0), _flat(s1)
+    diff = ((s1 - s0) if lipschitz else (torch.log(s1) - torch.log(s0))).abs()
+    return (diff.amax(dim=1) if diff.dim() == 2 else diff) / dist
+
+
+def _flat(sigma: torch.Tensor) -> torch.Tensor:
+    """σ [P], or a diagonal scale as [P, d] whether answered so or as [P, *input_shape]."""
+    return sigma.reshape(len(sigma), -1) if sigma.dim() > 1 else sigma
 
 
 def check_sigma_regularity(audit: Audit) -> CheckResult:
@@ -65,7 +81,7 @@ def check_sigma_regularity(audit: Audit) -> CheckResult:
     # the inputs and every pair in one query (its graph is the ascent's first step)
     asked, sigma, differentiable = sigma_with_graph(provider, torch.cat([x0, *pairs]),
                                                     calls_of(audit))  # fmt: skip
-    values = sigma.detach().double()
+    values = _flat(sigma.detach().double())
     count = len(x0)
     s0 = values[:count]
     best_q = torch.zeros(count, dtype=torch.float64)
@@ -74,7 +90,7 @@ def check_sigma_regularity(audit: Audit) -> CheckResult:
     for m, scale in enumerate(scales):
         rows = torch.arange((m + 1) * count, (m + 2) * count)
         s1 = values[rows.to(values.device)]
-        q = _quotient(lipschitz, s0, s1, torch.full_like(s0, scale)).cpu()
+        q = _quotient(lipschitz, s0, s1, s0.new_full((count,), scale)).cpu()
         better = q > best_q
         best_q[better] = q[better]
         best_row[better] = rows[better]
@@ -91,12 +107,12 @@ def check_sigma_regularity(audit: Audit) -> CheckResult:
     evidence = {
         "declared": declared.describe(),
         "worst_quotient": found,
-        "quotient": "|σ1 − σ0|/‖δ‖" if lipschitz else "|log σ1 − log σ0|/‖δ‖",
+        "quotient": ("|σ1 − σ0|/‖δ‖" if lipschitz else "|log σ1 − log σ0|/‖δ‖")
+        + (", the largest over the axes of the scale" if values.dim() == 2 else ""),
         "input_id": audit.certificates[int(chosen[worst])]["input_id"],
         "audited": [int(audit.certificates[int(k)]["input_id"]) for k in chosen],
         "distance": float((best_x1[worst] - x0[worst]).flatten().norm()),
-        "sigma0": float(s0[worst]),
-        "sigma1": float(best_s1[worst]),
+        **_sigmas(lipschitz, s0[worst].cpu(), best_s1[worst]),
         "pairs": len(x0) * per_scale * len(SCALES),
         "ascent": gradient,
         "min_sigma": min_sigma,
@@ -127,6 +143,16 @@ def check_sigma_regularity(audit: Audit) -> CheckResult:
     )  # fmt: skip
 
 
+def _sigmas(lipschitz: bool, s0: torch.Tensor, s1: torch.Tensor) -> dict:
+    """σ at the worst pair's two points; of a diagonal scale, the axis with the largest
+    quotient and its σ_i at both points."""
+    if s0.dim() == 0:
+        return {"sigma0": float(s0), "sigma1": float(s1)}
+    diff = (s1 - s0) if lipschitz else (torch.log(s1) - torch.log(s0))
+    axis = int(torch.argmax(diff.abs()))
+    return {"sigma0": float(s0[axis]), "sigma1": float(s1[axis]), "axis": axis}
+
+
 NOT_DIFFERENTIABLE = "unavailable (σ-provider not differentiable)"
 
 
@@ -143,11 +169,11 @@ def _ascend(provider, x0, s0, first, best_x1, best_q, best_s1, lipschitz: bool,
             if k == 0:  # the best pairs' points and σ, with the pairs' query's graph
                 leaf, sigma, rows = first
                 x1 = leaf[rows.to(leaf.device)]
-                s1 = sigma[rows.to(sigma.device)].double()
+                s1 = _flat(sigma[rows.to(sigma.device)].double())
             else:
                 leaf = x1 = x1.detach().requires_grad_(True)
                 try:
-                    s1 = provider(x1).double()
+                    s1 = _flat(provider(x1).double())
                 except RuntimeError:
                     return NOT_DIFFERENTIABLE
                 if not s1.requires_grad:

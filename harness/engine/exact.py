@@ -38,7 +38,8 @@ from harness.foundation.errors import ModelOutputError
 from harness.foundation.protocol import SIGMA_MAX
 
 ClassProbabilities = Callable[[np.ndarray, np.ndarray], np.ndarray]
-"""``probabilities(x [B, ...], σ [B]) -> [B, K]``: P(f(x_i + σ_i ε) = c), float64."""
+"""``probabilities(x [B, ...], σ [B] or a diagonal scale [B, d]) -> [B, K]``:
+P(f(x_i + σ_i ε) = c), float64."""
 
 
 def keyed_uniforms(seed: int, stream: int, input_id: int, start: int, num: int) -> np.ndarray:
@@ -84,14 +85,17 @@ class ExactSampling(SamplingEngine):
             raise ValueError(f"start must be an integer >= 0, got {start!r}")
         if soft and not self.one_hot:
             raise ValueError("exact soft sampling needs a one-hot model (softmax = indicator)")
-        sigmas = torch.as_tensor(sigma, dtype=torch.float64).flatten().numpy(force=True)
+        sigmas = torch.as_tensor(sigma, dtype=torch.float64).numpy(force=True)
+        # one σ per input [B], or a diagonal scale [B, d] (harness.engine.scale) as it is
+        sigmas = sigmas.reshape(len(sigmas), -1) if sigmas.ndim > 1 else sigmas.reshape(-1)
         if len(sigmas) != len(input_ids):
             raise ValueError(f"{len(input_ids)} inputs but {len(sigmas)} values of sigma")
         bad = ~(np.isfinite(sigmas) & (sigmas > 0) & (sigmas <= SIGMA_MAX))
         if bad.any():
-            k = int(np.flatnonzero(bad)[0])
+            k, j = (int(v) for v in np.argwhere(bad.reshape(len(bad), -1))[0])
+            value = sigmas.reshape(len(bad), -1)[k, j]
             raise ModelOutputError(
-                f"noise of σ = {sigmas[k]:.6g} at input {input_ids[k]} is out of range (0, "
+                f"noise of σ = {value:.6g} at input {input_ids[k]} is out of range (0, "
                 f"{SIGMA_MAX:g}]; the σ-provider is at fault, not the model"
             )
         TALLY.samples += num * len(input_ids)

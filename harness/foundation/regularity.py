@@ -4,6 +4,10 @@ A certificate for input-dependent smoothing is only as good as the regularity of
 σ(x). Súkeník et al. (2022), Def. 3.1 and Thm 3.2, need semi-elasticity;
 the Lipschitz σ-network certificate (Bergstrom et al., Thm 3) needs a Lipschitz bound
 and a floor σ_min; Cohen et al. (2019) needs σ constant.
+
+A σ-provider that answers a diagonal scale σ_1(x) … σ_d(x) declares the same of every
+axis i (``Constant``: the whole scale is the same at every x), which makes the smallest
+axis, the certificate's σ, as regular (S2 holds every axis to it).
 """
 
 from __future__ import annotations

@@ -21,7 +21,10 @@ The computation is split by concept:
 - :mod:`~harness.mathematics.worstcase.xi`: ξ> and ξ< (Thm 2.3) through ``G``, and the
   curse-of-dimensionality thresholds (Thm 2.4, Cor. 2.5);
 - :mod:`~harness.mathematics.worstcase.radius_solvers`: Cohen's radius, the certification rule (App. B.5)
-  the certified radius of Thm 3.2 and the least p_A certifying a given radius.
+  the certified radius of Thm 3.2 and the least p_A certifying a given radius;
+- :mod:`~harness.mathematics.worstcase.anisotropic`: the worst case between two
+  different diagonal Gaussians (Thm 2.3's likelihood-ratio set, a generalized χ²),
+  by inverting its characteristic function (Imhof 1961), with an error bound.
 """
 
 from harness.mathematics.worstcase.radius_solvers import (

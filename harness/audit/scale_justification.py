@@ -1,0 +1,306 @@
+"""S3 at a diagonal scale: does a valid proof cover each certified ℓ2 ball?
+
+A certificate drawn at a diagonal scale Σ0 = diag(σ_1², …, σ_d²) (:mod:`harness.engine.
+scale`) claims the ℓ2 ball B(x0, R) with R = σ_min·Φ⁻¹(p_A_lower), σ_min = min_i σ_i of
+its recorded scale. The proof the harness knows is ANCER's (Eiras et al., TMLR 2022,
+Thm 1, the anisotropic form of Cohen et al. 2019, Thm 1), which holds for a *fixed* Σ:
+if every x1 in the ball is smoothed at the same Σ0, the worst case over base classifiers
+with P(f(x0 + Σ0^{1/2}ε) = A) >= p_A_lower gives class B probability
+1 − Φ(Φ⁻¹(p_A_lower) − ‖Σ0^{-1/2}δ‖₂) at x1 = x0 + δ, and ‖Σ0^{-1/2}δ‖₂ <= ‖δ‖₂/σ_min with
+equality along the smallest axis. So the ball is covered iff Súkeník's ξ at σ1 = σ0 =
+σ_min (the half-space limit Φ(R/σ_min − Φ⁻¹(p_A_lower)),
+:func:`harness.mathematics.worstcase.xi`) stays below 1/2 at R: the scalar machinery at
+σ = σ_min decides a fixed scale exactly, both ways.
+
+The reduction to the smallest axis is *not* valid when the scale varies inside the ball:
+if Σ(x1) differs from Σ0 on an axis other than the smallest, σ_min is unchanged and ξ at
+σ_min is Cohen's, but the two anisotropic Gaussians N(x0, Σ0) and N(x1, Σ(x1)) are told
+apart by that axis too (at x1 = x0 the worst case is already above 1 − p_A_lower), so
+the scalar ξ would pass a radius no proof covers. The worst case at such an x1 is the
+Neyman–Pearson one of two different anisotropic Gaussians (a generalized χ², the
+diagonal form of Súkeník et al. 2022, Thm 2.3), computed by inverting its characteristic
+function with an error bound (:mod:`harness.mathematics.worstcase.anisotropic`), so:
+
+- each audited ball (``budget.audited_inputs`` of the certified inputs, from the audit's
+  entropy) is searched for the scale the σ-provider answers in it (random points, both
+  ends of the smallest axis at R, then projected gradient ascent of
+  max_i ±(log σ_i(x1) − log σ_i(x0)) when it is differentiable), against the scale
+  recorded with the certificate;
+- a scale found equal to the recorded one (relative :data:`SCALE_SLACK`, the float32 it
+  is drawn in) throughout the ball is judged by ξ at σ_min: ``unjustified`` at or
+  above 1/2 (e.g. a radius from the largest axis);
+- a scale that varies inside a ball is ``unjustified`` when the σ-provider declares
+  ``Constant`` (the fixed Σ the proof assumes is contradicted, as the scalar envelope
+  check); under any other regularity, as the scalar S3 judges any σ by its exact worst
+  case at the σ found, the points of the search where the scale is the recorded one
+  are judged exactly (ANCER Thm 1: ``unjustified`` below 1/2), and the point where the
+  scale varies and a normal approximation of the worst case is least is judged by the
+  worst case computed there with its numerical error bound: ``unjustified`` when its
+  upper bound is below 1/2 (the likelihood-ratio set is then a classifier consistent
+  with the certificate whose smoothed class at that point is not A), ``sound`` when
+  every such ball's lower bound reaches 1/2, and otherwise an ``error`` (within the
+  quadrature's error of 1/2: the row is not verified, never passed). A numeric check,
+  as the scalar S3's quadrature of ξ: no randomness, no false-alarm rate.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from scipy.special import ndtr, ndtri
+
+from harness.audit.audit import Audit
+from harness.audit.ball_rounding import inside_radius
+from harness.audit.sigma_calls import calls_of, sigma_in_calls, sigma_with_graph
+from harness.certification.certify import checked_sigma, sigma_smoothing
+from harness.engine.scale import recorded_scale
+from harness.foundation.certificate import ABSTAIN
+from harness.foundation.regularity import Constant
+from harness.foundation.verdict import CheckResult, Verdict
+from harness.mathematics.worstcase import xi
+from harness.mathematics.worstcase.anisotropic import normal_worst_case, worst_case
+
+SCALE_SLACK = 1e-6
+"""Relative slack on a scale compared with the recorded one (recorded in float32)."""
+
+
+def check_scale_justification(audit: Audit, name: str, tolerance: float) -> CheckResult:
+    """S3 on a row drawn at a diagonal scale (see the module's docstring); ``tolerance``
+    on ξ = 1/2, reached exactly at Cohen's radius."""
+    if sigma_smoothing(audit.sigma_provider) is not None:
+        return CheckResult(name, Verdict.ERROR,
+                           "a σ-smoothing (dual RS) at a diagonal scale: S3's search of its "
+                           "levels is for one σ per input; the row is not verified")  # fmt: skip
+    if audit.certifier.smoothing == "soft":
+        return CheckResult(name, Verdict.ERROR,
+                           "soft smoothing at a diagonal scale: the hypotheses of Bergstrom et al. "
+                           "(Thm 2 and 3) are for one σ per input and S3 cannot check them for a "
+                           "scale; the row is not verified")  # fmt: skip
+    certs, declared = audit.certificates, audit.sigma_provider.regularity
+    certified = [k for k, c in enumerate(certs) if c["prediction"] != ABSTAIN and c["radius"] > 0]
+    picked = audit.subset(f"{name}/inputs", len(certified), audit.budget.audited_inputs)
+    chosen = [certified[int(i)] for i in picked]
+    if not chosen:
+        return CheckResult(name, Verdict.SOUND, "no certified radius to justify")
+    device = audit.context.device
+    x0 = audit.inputs[torch.tensor(chosen)].to(device, torch.float32)
+    dim = int(x0[0].numel())
+    recorded = [recorded_scale(certs[k].get("draws")) for k in chosen]
+    missing = [certs[k]["input_id"] for k, s in zip(chosen, recorded, strict=True)
+               if s is None or s.size != dim]  # fmt: skip
+    if missing:
+        return CheckResult(name, Verdict.ERROR,
+                           f"the certificates of inputs {missing[:5]} record no scale of {dim} "
+                           "axes in a row drawn at a diagonal scale: S3 cannot tell the σ their "
+                           "radii rely on; the row is not verified")  # fmt: skip
+    scale0 = np.stack(recorded).astype(np.float64)
+    radius = np.array([certs[k]["radius"] for k in chosen], dtype=np.float64)
+    p_lower = np.array([certs[k]["p_lower"] for k in chosen], dtype=np.float64)
+    sigma_min = scale0.min(axis=1)
+    worst = np.asarray(xi(radius, sigma_min, sigma_min, p_lower, dim), dtype=np.float64)
+    gen = audit.generator(f"{name}/scale")
+    candidates = Candidates(x0, scale0, p_lower)
+    deviation, axis = scale_deviation(
+        _checked(audit, dim), x0, torch.tensor(radius, dtype=torch.float32, device=device),
+        torch.tensor(scale0, device=device), audit.budget.ascent_steps, gen, calls_of(audit),
+        candidates.see,
+    )  # fmt: skip
+    varies = deviation > np.log1p(SCALE_SLACK)
+    uncovered = ~varies & ~(worst < 0.5 + tolerance)
+
+    def example(j: int) -> dict:
+        return {"input_id": certs[chosen[j]]["input_id"], "radius": float(radius[j]),
+                "sigma_min": float(sigma_min[j]), "p_lower": float(p_lower[j]),
+                "xi": float(worst[j]), "log_scale_deviation": float(deviation[j]),
+                "axis": int(axis[j])}  # fmt: skip
+
+    evidence = {"audited": len(chosen), "dim": dim, "declared": declared.describe(),
+                "inputs": [int(certs[k]["input_id"]) for k in chosen],
+                "uncovered": int(uncovered.sum()), "varying": int(varies.sum()),
+                "worst": example(int(np.nanargmax(np.where(varies, -np.inf, worst)))
+                                 if not varies.all() else 0)}  # fmt: skip
+    if uncovered.any():
+        j = int(np.flatnonzero(uncovered)[0])
+        evidence["first"] = example(j)
+        return CheckResult(
+            name, Verdict.UNJUSTIFIED,
+            f"{int(uncovered.sum())}/{len(chosen)} radii have no valid proof, e.g. input "
+            f"{evidence['first']['input_id']}: R = {radius[j]:.10g} at the fixed scale's smallest "
+            f"axis σ_min = {sigma_min[j]:.10g} gives ξ = {worst[j]:.10g} >= 1/2 (the ball exceeds "
+            "σ_min·Φ⁻¹(p_A_lower), ANCER Thm 1)", evidence,
+        )  # fmt: skip
+    if varies.any():
+        j = int(np.flatnonzero(varies)[0])
+        evidence["first"] = example(j)
+        where = (f"input {evidence['first']['input_id']}: axis {int(axis[j])} of the scale "
+                 f"changes by a factor e^{deviation[j]:.4g} inside the ball of radius "
+                 f"{radius[j]:.10g}")  # fmt: skip
+        if isinstance(declared, Constant):
+            return CheckResult(name, Verdict.UNJUSTIFIED,
+                               f"{where}, though the σ-provider declares a constant scale, the "
+                               "fixed Σ the radius is proved for (ANCER Thm 1)", evidence)  # fmt: skip
+        return _judge_varying(name, candidates, np.flatnonzero(varies),
+                              [certs[k]["input_id"] for k in chosen], declared, evidence,
+                              tolerance)  # fmt: skip
+    return CheckResult(name, Verdict.SOUND,
+                       f"all {len(chosen)} audited balls covered at a scale constant inside each "
+                       f"(worst ξ at σ_min = {evidence['worst']['xi']:.10g}, ANCER Thm 1)",
+                       evidence)  # fmt: skip
+
+
+class Candidates:
+    """Per audited ball, among the points of the search: where the scale varies, the one
+    whose normal approximation of the worst case (:func:`~harness.mathematics.worstcase.
+    anisotropic.normal_worst_case`) is least, the point the computed worst case judges; where
+    it does not, the least exact fixed-scale worst case Φ(Φ⁻¹(p_A_lower) − ‖Σ0^{-1/2}δ‖₂)
+    (ANCER Thm 1, tight for a fixed Σ)."""
+
+    def __init__(self, x0: torch.Tensor, scale0: np.ndarray, p_lower: np.ndarray) -> None:
+        self.flat = x0.flatten(1).double().cpu().numpy()
+        self.scale0, self.p_lower = scale0, p_lower
+        self.approx, self.fixed = np.full(len(scale0), np.inf), np.full(len(scale0), np.inf)
+        self.delta, self.scale = np.zeros_like(scale0), scale0.copy()
+
+    def see(self, points: torch.Tensor, scales: torch.Tensor, balls: np.ndarray) -> None:
+        """Points [P, d] of the search, the scales [P, d] answered there, their balls [P]."""
+        delta = points.detach().double().cpu().numpy() - self.flat[balls]
+        s0, s1 = self.scale0[balls], scales.detach().double().cpu().numpy()
+        moved = np.abs(np.log(s1) - np.log(s0)).max(axis=1) > np.log1p(SCALE_SLACK)
+        approx = np.where(moved, normal_worst_case(delta, s0, s1, self.p_lower[balls]), np.inf)
+        fixed = ndtr(ndtri(self.p_lower[balls]) - np.linalg.norm(delta / s0, axis=1))
+        np.minimum.at(self.fixed, balls[~moved], fixed[~moved])
+        for row in np.flatnonzero(approx < self.approx[balls]):
+            ball = balls[row]
+            if approx[row] < self.approx[ball]:
+                self.approx[ball], self.delta[ball], self.scale[ball] = (
+                    approx[row],
+                    delta[row],
+                    s1[row],
+                )
+
+
+def _judge_varying(name: str, found: Candidates, balls: np.ndarray, ids: list, declared,
+                   evidence: dict, tolerance: float) -> CheckResult:  # fmt: skip
+    """Balls where the scale varies (module docstring): ``unjustified`` where the exact
+    fixed-scale worst case at a point whose scale did not vary, or the upper bound on the
+    computed worst case at the candidate point, is below 1/2; else ``sound`` where every
+    lower bound reaches 1/2; else ``error``."""
+    fixed = [j for j in balls if found.fixed[j] < 0.5 - tolerance]
+    if fixed:
+        j = fixed[0]
+        return CheckResult(
+            name, Verdict.UNJUSTIFIED,
+            f"{len(fixed)}/{len(balls)} balls have no valid proof, e.g. input {ids[j]}: at a "
+            f"point of the ball where the scale is the recorded one, ANCER's exact worst case "
+            f"(Thm 1, fixed Σ) gives P(A) = {found.fixed[j]:.10g} < 1/2", evidence,
+        )  # fmt: skip
+    judged = []
+    for j in balls:
+        row = {"input_id": ids[j], "lower": 0.0, "upper": 1.0}  # no point to judge: neither
+        if np.isfinite(found.approx[j]):
+            worst = worst_case(found.delta[j], found.scale0[j], found.scale[j],
+                               float(found.p_lower[j]))  # fmt: skip
+            change = np.abs(np.log(found.scale[j]) - np.log(found.scale0[j])).max()
+            row.update(distance=float(np.linalg.norm(found.delta[j])), value=worst.value,
+                       lower=worst.lower, upper=worst.upper, max_log_scale_change=float(change),
+                       normal_approximation=float(found.approx[j]))  # fmt: skip
+        judged.append(row)
+    evidence["worst_case"] = {"judged": judged}
+    law = ("the Neyman–Pearson worst case of the two anisotropic Gaussians, a generalized χ² "
+           "computed by inverting its characteristic function (Imhof 1961) with a numerical "
+           "error bound")  # fmt: skip
+    below = [r for r in judged if r["upper"] < 0.5]
+    if below:
+        r = below[0]
+        return CheckResult(
+            name, Verdict.UNJUSTIFIED,
+            f"{len(below)}/{len(balls)} balls where the scale varies have no valid proof, e.g. "
+            f"input {r['input_id']}: at a point at distance {r['distance']:.6g} from x0, where "
+            f"the scale changes by up to e^{r['max_log_scale_change']:.4g}, a classifier with "
+            f"the certificate's p_A_lower has P(A) <= {r['upper']:.10g} < 1/2 ({law})", evidence,
+        )  # fmt: skip
+    unshown = [r for r in judged if not r["lower"] >= 0.5]
+    if unshown:
+        r = unshown[0]
+        return CheckResult(
+            name, Verdict.ERROR,
+            f"{len(unshown)}/{len(balls)} balls where the scale varies (declared "
+            f"{declared.describe()}) could not be judged, e.g. input {r['input_id']}: the worst "
+            f"case lies in [{r['lower']:.10g}, {r['upper']:.10g}], which its error bound "
+            f"cannot place on either side of 1/2 ({law}); the row is not verified", evidence,
+        )  # fmt: skip
+    least = min(r["lower"] for r in judged)
+    return CheckResult(name, Verdict.SOUND,
+                       f"all {len(evidence['inputs'])} audited balls covered: {len(judged)} where "
+                       f"the scale varies by a worst case >= {least:.10g} >= 1/2 ({law}), the "
+                       f"others at a fixed scale (ANCER Thm 1)", evidence)  # fmt: skip
+
+
+def scale_deviation(
+    provider, x0: torch.Tensor, radius: torch.Tensor, scale0: torch.Tensor, steps: int,
+    gen: torch.Generator, batch: int, see=None,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """The largest max_i |log σ_i(x1) − log scale0_i| found in each ball B(x0_k, R_k) (x0
+    included), and the axis it was found on: random points at R, R/2 and R/4 and both ends of
+    the smallest axis of ``scale0`` at R (the fixed scale's worst points) in one query,
+    then (σ differentiable) two projected ascents, of max_i ±(log σ_i − log scale0_i), in
+    steps of R/4, every ball in lock-step (``steps`` − 1 queries), all inside the ball
+    after rounding (:func:`~harness.audit.ball_rounding.inside_radius`). ``see(points,
+    scales, balls)``, when given, is shown every point asked, its scale and its ball."""
+    flat = x0.flatten(1)
+    count = len(flat)
+    radius = inside_radius(flat, radius)
+    log0 = torch.log(scale0.double())
+    points = [flat]
+    for fraction in (1.0, 0.5, 0.25):
+        for _ in range(4):
+            d = torch.randn(flat.shape, generator=gen, dtype=flat.dtype).to(flat.device)
+            points.append(flat + d * (fraction * radius / d.norm(dim=1))[:, None])
+    smallest = torch.zeros_like(flat).scatter_(1, scale0.argmin(dim=1, keepdim=True), 1.0)
+    points += [flat + sign * radius[:, None] * smallest for sign in (1.0, -1.0)]  # ANCER's worst
+    _, sigma, differentiable = sigma_with_graph(provider, torch.cat(points).view(-1, *x0.shape[1:]),
+                                                batch)  # fmt: skip
+    if see is not None:
+        see(torch.cat(points), sigma, np.tile(np.arange(count), len(points)))
+    found = (torch.log(sigma.detach().double()) - log0.repeat(len(points), 1)).abs()
+    best, axis = found.view(len(points), count, -1).amax(dim=0).max(dim=1)
+    if differentiable and steps > 1:
+        sign = torch.tensor([1.0, -1.0], device=flat.device).repeat_interleave(count)[:, None]
+        centre, reach, ref = flat.repeat(2, 1), radius.repeat(2), log0.repeat(2, 1)
+        start = torch.randn(centre.shape, generator=gen).to(flat.device)
+        x1 = centre + start * (reach / 2 / start.norm(dim=1).clamp_min(1e-12))[:, None]
+        for _ in range(steps - 1):
+            x1 = x1.detach().requires_grad_(True)
+            with torch.enable_grad():
+                s = sigma_in_calls(provider, x1.view(-1, *x0.shape[1:]), batch)
+                if not s.requires_grad:
+                    break
+                change = torch.log(s.double()) - ref
+                (grad,) = torch.autograd.grad((sign * change).amax(dim=1).sum(), x1,
+                                              allow_unused=True)  # fmt: skip
+            if see is not None:
+                see(x1, s, np.tile(np.arange(count), 2))
+            gap, where = change.detach().abs().view(2, count, -1).amax(dim=0).max(dim=1)
+            better = gap > best
+            best, axis = torch.where(better, gap, best), torch.where(better, where, axis)
+            if grad is None:
+                break
+            with torch.no_grad():
+                g = grad / grad.norm(dim=1, keepdim=True).clamp_min(1e-12)
+                delta = x1 + sign * (reach / 4)[:, None] * g - centre
+                delta *= (reach / delta.norm(dim=1).clamp_min(1e-12)).clamp(max=1.0)[:, None]
+                x1 = centre + delta
+    return best.cpu().numpy(), axis.cpu().numpy()
+
+
+def _checked(audit: Audit, dim: int):
+    """The σ-provider as a scale [B, d]: its values checked to be in range (a bad scale is
+    the provider's fault), one σ per input taken as that σ on every axis."""
+
+    def scale(x: torch.Tensor) -> torch.Tensor:
+        s = audit.sigma_provider(x)
+        checked_sigma(s.detach(), len(x), audit.method.sigma_provider,
+                      " inside a certified ball", dims=dim)  # fmt: skip
+        return s.reshape(len(x), -1).expand(len(x), dim)
+
+    return scale
