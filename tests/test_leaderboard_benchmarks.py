@@ -15,7 +15,7 @@ from harness.running.benchmark import BENCHMARKS_DIR, load_benchmark, parse_benc
 from harness.running.preparation import RunOptions
 from harness.running.runner import run_benchmark
 
-SHIPPED = ["fashion-mnist", "cone-2", "cone-60", "cone-400", "hidden-cost"]
+SHIPPED = ["fashion-mnist", "cone-2", "cone-60", "cone-400", "hidden-cost", "anisotropic"]
 
 
 @pytest.mark.parametrize("name", SHIPPED)
