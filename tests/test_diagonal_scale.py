@@ -391,14 +391,23 @@ def test_a_board_of_a_diagonal_row_verifies_and_replays(tmp_path, manager, diago
     finally:
         store.close()
     board = tmp_path / "board" / "b.md"
-    write_board(load_runs(db, [run_id]), board)
+    (run,) = load_runs(db, [run_id])
+    write_board([run], board)
     assert verify_board(board, notes=[]) == []
+    # the regions section: the ellipsoids of the correctly classified inputs, never ranked
+    proxies = [c.region["proxy_radius"] for c in run.certificates
+               if c.region is not None and c.prediction == c.label]  # fmt: skip
+    line = next(x for x in board.read_text().splitlines() if x.startswith("| anisotropic-fixed")
+                and f"{len(proxies)} of {len(run.certificates)}" in x)  # fmt: skip
+    assert f"| {np.median(proxies):.3f} | {sum(proxies) / len(run.certificates):.3f} |" in line
     parser = argparse.ArgumentParser()
     add_leaderboard_parser(parser.add_subparsers())
     args = parser.parse_args(["leaderboard", "--verify", str(board), "--replay", "3",
                               "--device", "cpu", "--entropy", "5ca1ed"])  # fmt: skip
     assert args.handler(args) == 0
-    assert "3/3 inputs agreed bit for bit" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "3/3 inputs agreed bit for bit" in out
+    assert "σ not recomputed" not in out  # every axis of the scale recomputed and held too
     export = board.with_suffix(".run.json")
     data = json.loads(export.read_text())
     regions = data["runs"][0]["certificates"][0]["columns"]["region"]

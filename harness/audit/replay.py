@@ -57,7 +57,7 @@ no built-in architecture cannot be replayed: an ``error`` (the row is not verifi
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -106,18 +106,9 @@ def check_replay(audit: Audit) -> CheckResult:
         return sigma_of(audit.context, audit.sigma_provider, x[index], [ids[k] for k in index],
                         audit.method.sigma_provider)[0]  # fmt: skip
 
-    order = rng.permutation(m)
-    in_batch = np.zeros(m)
-    batch = sigma(order) if m else np.zeros(0)  # the batch first: a provider that memoizes
-    in_batch[order] = smallest_axis(batch) if batch.ndim > 1 else batch  # answers the rest
-    alone_answers = [sigma([k]) for k in range(m)]
-    alone = [float(smallest_axis(a)[0] if a.ndim > 1 else a[0]) for a in alone_answers]
-    evidence: dict[str, Any] = {"inputs": ids, "budget": audit.budget.name,
-                                "sigma": {"alone": alone, "batch": in_batch.tolist(),
-                                          "order": order.tolist()}}  # fmt: skip
     stored_scale = [rows[k]["draws"]["base"].get("scale") for k in chosen]
-    if any(text is not None for text in stored_scale) or batch.ndim > 1:
-        evidence["sigma"]["scale"] = _scale_deviations(stored_scale, batch, order, alone_answers)
+    evidence: dict[str, Any] = {"inputs": ids, "budget": audit.budget.name,
+                                "sigma": sigma_record(sigma, rng.permutation(m), stored_scale)}  # fmt: skip
     kind = rows[0]["draws"]["base"]["kind"] if rows else audit.certifier.smoothing
     smoothed = sigma_smoothing(audit.sigma_provider) is not None
     fresh_seed = derived_seed(audit.entropy, "replay/noise")
@@ -143,6 +134,25 @@ def check_replay(audit: Audit) -> CheckResult:
     verdict, summary, detail = judge(evidence, {int(r["input_id"]): r for r in rows})
     evidence |= detail
     return CheckResult(NAME, verdict, summary, evidence)
+
+
+def sigma_record(
+    sigma: Callable[[Sequence[int]], np.ndarray], order: np.ndarray, stored_scale: list[str | None]
+) -> dict[str, Any]:  # fmt: skip
+    """σ of the replayed inputs recomputed in a shuffled batch (``order``), then each alone
+    (``sigma(index)``: the provider's answer for those inputs, [k] or a scale [k, d]), as
+    :func:`judge` reads them: their σ (of a diagonal scale its smallest axis) and, where a
+    scale was drawn or is answered, every axis's deviations (``stored_scale``: the records)."""
+    m = len(order)
+    in_batch = np.zeros(m)
+    batch = sigma(order) if m else np.zeros(0)  # the batch first: a provider that memoizes
+    in_batch[order] = smallest_axis(batch) if batch.ndim > 1 else batch  # answers the rest
+    alone_answers = [sigma([k]) for k in range(m)]
+    alone = [float(smallest_axis(a)[0] if a.ndim > 1 else a[0]) for a in alone_answers]
+    record: dict[str, Any] = {"alone": alone, "batch": in_batch.tolist(), "order": order.tolist()}
+    if any(text is not None for text in stored_scale) or batch.ndim > 1:
+        record["scale"] = _scale_deviations(stored_scale, batch, order, alone_answers)
+    return record
 
 
 def _scale_deviations(

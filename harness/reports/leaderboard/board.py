@@ -51,6 +51,7 @@ from harness.mathematics.significance import (
     proportion_interval,
 )
 from harness.reports.leaderboard.paired_differences import attach_differences
+from harness.reports.leaderboard.regions import region_metrics
 from harness.running.model_variants import model_label
 from harness.store.storedrun import (
     IMPORTED,
@@ -86,6 +87,8 @@ class Row:
     beyond_attack: dict[float, list[int]] = field(default_factory=dict)
     """Per radius: the inputs certified at it that the attack counts robust at no radius that
     high (broken within it, or not answered right by PREDICT): certified above empirical."""
+    regions: dict[str, Any] | None = None
+    """The ellipsoids its certificates claim (:mod:`harness.reports.leaderboard.regions`)."""
 
     def certified_at(self, radius: float) -> dict[int, bool]:
         """Per input id: certified correctly with radius >= ``radius``."""
@@ -266,6 +269,7 @@ def _rows(run: StoredRun, radii: Sequence[float]) -> list[Row]:
                 certified={int(c.input_id): c.radius if c.correct else None for c in certs},
                 attack=attack,
                 beyond_attack=beyond_attack(certs, attack, correct, radii),
+                regions=region_metrics(certs),
                 model=str(run.run["recipe_hash"]),
                 model_label=model_label(run.config),
             )

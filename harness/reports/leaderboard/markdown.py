@@ -51,6 +51,7 @@ from harness.reports.leaderboard.per_radius_markdown import (
 )
 from harness.reports.leaderboard.plots import certified_plot_name, classwise_plot_name
 from harness.reports.leaderboard.protocol_markdown import protocol_table, protocol_warning
+from harness.reports.leaderboard.regions import regions_section
 from harness.reports.leaderboard.reproduce import spec_toml
 from harness.reports.leaderboard.seeds import seeds_section
 from harness.reports.leaderboard.stated_protocol import run_protocol
@@ -291,6 +292,7 @@ def _table_section(table: Table, stem: str | None, notes: Footnotes) -> list[str
     if stem is not None and table.rows:
         classwise = quote(classwise_plot_name(stem, table))
         out += [f"![class-wise accuracy, table {table.index}]({classwise})", ""]
+    out += regions_section(table)
     if table.failures:
         out += ["### Failures", ""]
         for f in table.failures:

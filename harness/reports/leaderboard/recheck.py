@@ -252,7 +252,8 @@ def _replay_row(run, row, source, methods, replayer, rng, k, device, noise_seed)
     sigma = {"alone": stored, "batch": stored, "order": list(range(m))}
     note = ""
     if answer["mode"] == "exact":
-        recomputed, note = methods.sigma(row, ids)
+        recomputed, note = methods.sigma(row, ids, [certs[i]["draws"]["base"].get("scale")
+                                                    for i in chosen])  # fmt: skip
         if recomputed is not None:
             sigma = recomputed
     else:
@@ -355,9 +356,14 @@ class _Methods:
                 self.built[key] = (context, *build_method(registry, row.method, setting, context))
         return self.built[key]
 
-    def sigma(self, row: StoredRow, ids: list[int]) -> tuple[dict | None, str]:
+    def sigma(
+        self, row: StoredRow, ids: list[int], stored_scale: list[str | None]
+    ) -> tuple[dict | None, str]:  # fmt: skip
         """σ of ``ids`` recomputed in a shuffled batch, then alone, with the run's thread
-        count and deterministic kernels (as it was computed); or None and why not."""
+        count and deterministic kernels (as it was computed), as the replay check records it
+        (:func:`harness.audit.replay.sigma_record`: a diagonal scale's every axis against
+        ``stored_scale``); or None and why not."""
+        from harness.audit.replay import sigma_record
         from harness.certification.certify import sigma_of
         from harness.engine.arithmetic import computing_with, run_threads
         from harness.engine.determinism import deterministic_kernels
@@ -367,15 +373,15 @@ class _Methods:
             with computing_with(threads), deterministic_kernels(self.device), self._cache():
                 context, provider, _ = self._method(row)
                 x = self.test_x[ids].to(context.device)
+
+                def answer(index) -> np.ndarray:
+                    return sigma_of(context, provider, x[index], [ids[i] for i in index],
+                                    row.method)[0]  # fmt: skip
+
                 order = np.random.default_rng(len(ids)).permutation(len(ids))
-                batch = np.zeros(len(ids))
-                batch[order] = sigma_of(context, provider, x[order], [ids[i] for i in order],
-                                        row.method)[0]  # fmt: skip
-                alone = [float(sigma_of(context, provider, x[i : i + 1], [ids[i]], row.method)[0][0])
-                         for i in range(len(ids))]  # fmt: skip
+                return sigma_record(answer, order, stored_scale), ""
         except Exception as exc:
             return None, f"; σ not recomputed ({type(exc).__name__}: {exc})".splitlines()[0]
-        return {"alone": alone, "batch": batch.tolist(), "order": order.tolist()}, ""
 
     def declaration_problem(self, row: StoredRow) -> str | None:
         """Whether the installed method declares what the export's S0 record says (the

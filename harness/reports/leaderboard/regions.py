@@ -1,0 +1,62 @@
+"""The anisotropic regions a table's rows claim beside their ℓ2 balls: shown, never ranked.
+
+A certificate drawn at a diagonal scale may claim the ellipsoid {δ : ‖Σ^{-1/2}δ‖₂ <= κ}
+(Eiras et al., ANCER, TMLR 2022, Thm 1; :mod:`harness.engine.scale`), recorded with its
+proxy radius κ·(∏σ_i)^{1/d}: the radius of the ball of the same volume, ANCER's measure
+of a region's size (its §4). It is not an ℓ2 radius (along the smallest axis the ellipsoid
+ends at κ·σ_min, the certificate's ℓ2 radius, below the proxy radius), so a board shows
+it in a section of its own, per row: how many correctly classified inputs claim an
+ellipsoid, their proxy radii (median) and the mean proxy radius over all inputs (0 where
+none is claimed or the class is wrong, as the ACR counts), beside the row's ACR and
+verdict, which is the row's: an ellipsoid claim is audited with its certificate
+(docs/soundness.md, "A diagonal scale").
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from harness.reports.leaderboard.escape import md_text
+from harness.store.storedrun import StoredCertificate
+
+
+def region_metrics(certs: Sequence[StoredCertificate]) -> dict[str, Any] | None:
+    """A row's ellipsoids (None where no certificate claims one): ``claimed`` (correctly
+    classified inputs with one), ``median`` proxy radius of those, ``mean`` over all inputs."""
+    proxies = [float(c.region["proxy_radius"]) for c in certs
+               if c.correct and isinstance(c.region, dict) and "proxy_radius" in c.region]  # fmt: skip
+    if not any(c.region for c in certs):
+        return None
+    return {"claimed": len(proxies), "inputs": len(certs),
+            "median": statistics.median(proxies) if proxies else None,
+            "mean": sum(proxies) / len(certs) if certs else None}  # fmt: skip
+
+
+def regions_section(table) -> list[str]:
+    """The markdown section of ``table``'s claimed regions ([] where no row claims one)."""
+    from harness.reports.leaderboard.per_radius_markdown import identity_columns  # (board's)
+
+    rows = [row for row in table.rows if row.regions is not None]
+    if not rows:
+        return []
+    names, identity = identity_columns(table)
+    out = ["### Anisotropic regions: the ellipsoids claimed beside the ℓ2 balls (not ranked)", "",
+           "Certificates drawn at a diagonal scale Σ(x) also claim the ellipsoid "
+           "{δ : ‖Σ^(-1/2)δ‖ ≤ κ}, κ = Φ⁻¹(p_A_lower) (Eiras et al. 2022, Thm 1). Its proxy "
+           "radius κ·(∏σ_i)^(1/d) is the radius of the ball of the same volume (ANCER's "
+           "measure), not an ℓ2 radius: the ellipsoid reaches only κ·σ_min, the ℓ2 radius "
+           "above, along its smallest axis. Each row's verdict covers its ellipsoids too.", "",
+           "| " + " | ".join([*names, "verdict", "inputs with an ellipsoid",
+                              "proxy radius (median)", "mean proxy radius", "ACR"]) + " |",
+           "|" + "|".join([":--"] * len(names) + [":--", "--:", "--:", "--:", "--:"]) + "|"]  # fmt: skip
+    for row in rows:
+        r = row.regions
+        median = "–" if r["median"] is None else f"{r['median']:.3f}"
+        mean = "–" if r["mean"] is None else f"{r['mean']:.3f}"
+        acr = row.metrics.get("acr")
+        cells = [*identity(row), md_text(row.verdict), f"{r['claimed']} of {r['inputs']}", median,
+                 mean, "–" if acr is None else f"{acr:.3f}"]  # fmt: skip
+        out.append("| " + " | ".join(cells) + " |")
+    return [*out, ""]
