@@ -32,6 +32,7 @@ radii attacked.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
@@ -51,7 +52,6 @@ from harness.mathematics.significance import (
     proportion_interval,
 )
 from harness.reports.leaderboard.paired_differences import attach_differences
-from harness.reports.leaderboard.regions import region_metrics
 from harness.running.model_variants import model_label
 from harness.store.storedrun import (
     IMPORTED,
@@ -298,6 +298,19 @@ def beyond_attack(
         if found:
             out[r] = found
     return out
+
+
+def region_metrics(certs: Sequence[StoredCertificate]) -> dict[str, Any] | None:
+    """A row's claimed ellipsoids (None where no certificate claims one; shown by
+    :mod:`harness.reports.leaderboard.regions`): ``claimed``, the correctly classified
+    inputs with one, the ``median`` proxy radius of those, the ``mean`` over all inputs."""
+    proxies = [float(c.region["proxy_radius"]) for c in certs
+               if c.correct and isinstance(c.region, dict) and "proxy_radius" in c.region]  # fmt: skip
+    if not any(c.region for c in certs):
+        return None
+    return {"claimed": len(proxies), "inputs": len(certs),
+            "median": statistics.median(proxies) if proxies else None,
+            "mean": sum(proxies) / len(certs) if certs else None}  # fmt: skip
 
 
 def at_order(certs: Sequence[StoredCertificate], order: dict[str, list]) -> list[StoredCertificate]:

@@ -14,30 +14,13 @@ verdict, which is the row's: an ellipsoid claim is audited with its certificate
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Sequence
-from typing import Any
-
+from harness.reports.leaderboard.board import Table
 from harness.reports.leaderboard.escape import md_text
-from harness.store.storedrun import StoredCertificate
+from harness.reports.leaderboard.per_radius_markdown import identity_columns
 
 
-def region_metrics(certs: Sequence[StoredCertificate]) -> dict[str, Any] | None:
-    """A row's ellipsoids (None where no certificate claims one): ``claimed`` (correctly
-    classified inputs with one), ``median`` proxy radius of those, ``mean`` over all inputs."""
-    proxies = [float(c.region["proxy_radius"]) for c in certs
-               if c.correct and isinstance(c.region, dict) and "proxy_radius" in c.region]  # fmt: skip
-    if not any(c.region for c in certs):
-        return None
-    return {"claimed": len(proxies), "inputs": len(certs),
-            "median": statistics.median(proxies) if proxies else None,
-            "mean": sum(proxies) / len(certs) if certs else None}  # fmt: skip
-
-
-def regions_section(table) -> list[str]:
+def regions_section(table: Table) -> list[str]:
     """The markdown section of ``table``'s claimed regions ([] where no row claims one)."""
-    from harness.reports.leaderboard.per_radius_markdown import identity_columns  # (board's)
-
     rows = [row for row in table.rows if row.regions is not None]
     if not rows:
         return []
