@@ -61,27 +61,38 @@ def content_keys(x: torch.Tensor) -> list[int]:
     return [int.from_bytes(hashlib.blake2b(r.tobytes(), digest_size=8).digest()) for r in rows]
 
 
-def soft_radius(
-    model: torch.nn.Module, x: torch.Tensor, sigma: torch.Tensor, delta: torch.Tensor,
-    real: int | None = None,
+def proxy_gap(
+    model: torch.nn.Module, x: torch.Tensor, scale: torch.Tensor, delta: torch.Tensor,
+    real: int | None = None, clamp: tuple[float, float] = (CLAMP_LOW, CLAMP_HIGH),
 ) -> torch.Tensor:  # fmt: skip
-    """R(σ) = σ/2 (Φ⁻¹(E_A) − Φ⁻¹(E_B)) on the given noise, per input, differentiable in σ.
+    """Φ⁻¹(E_A) − Φ⁻¹(E_B) of the mean softmax of f(x + scale·δ_m) per input [B] (float64),
+    E_A, E_B the two largest, clamped to ``clamp``; differentiable in ``scale`` ([B], or a
+    diagonal scale [B, d] or [B, *shape]: ANCER's, :mod:`plugins.ancer.optimize`).
 
-    ``x`` [B, *shape], ``sigma`` [B], ``delta`` [B, M, *shape]; returns [B] (float64).
-    The rows of ``x`` from ``real`` on are padding. The model is asked through
-    :func:`harness.outputs_for_inputs`, each noisy sample named by its input.
+    ``x`` [B, *shape], ``delta`` [B, M, *shape]; the rows of ``x`` from ``real`` on are
+    padding. The model is asked through :func:`harness.outputs_for_inputs`, each noisy
+    sample named by its input.
     """
     batch, samples = delta.shape[:2]
-    view = (batch, 1) + (1,) * (x.dim() - 1)
-    noisy = x.unsqueeze(1) + sigma.to(x.dtype).view(view) * delta
+    per_axis = scale.dim() > 1
+    view = (batch, 1, *x.shape[1:]) if per_axis else (batch, 1) + (1,) * (x.dim() - 1)
+    noisy = x.unsqueeze(1) + scale.to(x.dtype).reshape(view) * delta
     owner = torch.arange(batch, device=x.device)
     if real is not None:
         owner[real:] = -1
     logits = outputs_for_inputs(model, noisy.flatten(0, 1), x, owner.repeat_interleave(samples))
     probs = torch.softmax(logits, dim=1).view(batch, samples, -1).double().mean(dim=1)
-    top = probs.topk(2, dim=1).values.clamp(CLAMP_LOW, CLAMP_HIGH)
-    gap = torch.special.ndtri(top[:, 0]) - torch.special.ndtri(top[:, 1])
-    return sigma / 2 * gap
+    top = probs.topk(2, dim=1).values.clamp(*clamp)
+    return torch.special.ndtri(top[:, 0]) - torch.special.ndtri(top[:, 1])
+
+
+def soft_radius(
+    model: torch.nn.Module, x: torch.Tensor, sigma: torch.Tensor, delta: torch.Tensor,
+    real: int | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """R(σ) = σ/2 (Φ⁻¹(E_A) − Φ⁻¹(E_B)) on the given noise, per input, differentiable in σ
+    (``sigma`` [B]; :func:`proxy_gap` with the paper's clamp); returns [B] (float64)."""
+    return sigma / 2 * proxy_gap(model, x, sigma, delta, real)
 
 
 def optimize_sigma(

@@ -47,10 +47,9 @@ from harness import (
     ModelOutputError,
     Unregularized,
     noise_seeds,
-    outputs_for_inputs,
     padded_chunks,
 )
-from plugins.alfarra.optimize_sigma import FIXED_ROWS, content_keys
+from plugins.alfarra.optimize_sigma import FIXED_ROWS, content_keys, proxy_gap
 
 STREAM_ANCER = 104
 """Noise stream of ANCER's optimization (keys: content hash of x)."""
@@ -64,25 +63,6 @@ ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8
 CACHE_BYTES = 1 << 26
 """Memory for memoized scales (float32, d values each; least recently used dropped first):
 21 000 inputs of 784 values, 110 of 3·224·224."""
-
-
-def proxy_gap(
-    model: torch.nn.Module, x: torch.Tensor, theta: torch.Tensor, delta: torch.Tensor,
-    real: int | None = None,
-) -> torch.Tensor:  # fmt: skip
-    """Φ⁻¹(φ_A) − Φ⁻¹(φ_B) of the mean softmax on the given noise, per input [B] (float64),
-    differentiable in ``theta`` [B, d]. ``x`` [B, *shape], ``delta`` [B, M, *shape]; the
-    rows of ``x`` from ``real`` on are padding (their outputs are asked for no input)."""
-    batch, samples = delta.shape[:2]
-    scale = theta.to(x.dtype).view(batch, 1, *x.shape[1:])
-    noisy = x.unsqueeze(1) + scale * delta
-    owner = torch.arange(batch, device=x.device)
-    if real is not None:
-        owner[real:] = -1
-    logits = outputs_for_inputs(model, noisy.flatten(0, 1), x, owner.repeat_interleave(samples))
-    probs = torch.softmax(logits, dim=1).view(batch, samples, -1).double().mean(dim=1)
-    top = probs.topk(2, dim=1).values.clamp(CLAMP_LOW, CLAMP_HIGH)
-    return torch.special.ndtri(top[:, 0]) - torch.special.ndtri(top[:, 1])
 
 
 def objective(theta: torch.Tensor, gap: torch.Tensor, kappa: float) -> torch.Tensor:
@@ -167,7 +147,9 @@ def _descend(model, x, theta, keys, seed, stream, iterations, lr, samples, kappa
                 generator.manual_seed(block_seed)
                 row.normal_(generator=generator)
             t = theta.detach().requires_grad_(True)
-            loss = objective(t, proxy_gap(model, x, t, delta, real), kappa)[:real].sum()
+            loss = objective(
+                t, proxy_gap(model, x, t, delta, real, (CLAMP_LOW, CLAMP_HIGH)), kappa
+            )[:real].sum()
             (grad,) = torch.autograd.grad(loss, t)
             finite &= torch.isfinite(grad[:real]).all()
             theta = torch.maximum(adam.update(theta, grad), initial)
