@@ -141,7 +141,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "hoeffding_upper",
     ),
     "harness.foundation.data": ("Dataset", "TrainingSplit"),
-    "harness.running.training": ("train_with_gaussian_augmentation",),
+    "harness.running.training": ("frozen", "train_with_gaussian_augmentation"),
     "harness.foundation.sigmacache": ("SigmaCache",),
     "harness.foundation.runstate": ("RunState", "StateRecord"),
     "harness.foundation.artifacts": ("file_digest", "load_artifact", "save_artifact"),

@@ -230,3 +230,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def scaled_evidence():
+    """``scaled_evidence(selection, estimation, scale, alpha=0.001)``: the harness's
+    Evidence of hard counts drawn at diagonal scales [B, d] (σ their smallest axes)."""
+    import numpy as np
+
+    from harness.engine.draws import Draws, Evidence
+
+    def build(selection, estimation, scale, alpha=0.001) -> Evidence:
+        selection = np.asarray(selection, dtype=np.int64)
+        estimation = np.asarray(estimation, dtype=np.int64)
+        scale = np.asarray(scale, dtype=np.float32)
+        sigma = scale.min(axis=1).astype(np.float64)
+        base = Draws("hard", int(selection[0].sum()), int(estimation[0].sum()), sigma,
+                     selection, estimation, scale=scale)  # fmt: skip
+        return Evidence(tuple(range(len(selection))), torch.zeros(len(selection), scale.shape[1]),
+                        sigma, alpha, base)  # fmt: skip
+
+    return build

@@ -22,7 +22,7 @@ from harness.audit.evidence import Declaration, check_evidence, rederive
 from harness.audit.replay import check_replay, judge
 from harness.audit.session import audits
 from harness.certification.certify import certify_drawn, checked_sigma
-from harness.engine.draws import Claim, Draws, Evidence
+from harness.engine.draws import Claim
 from harness.engine.noise import gaussian_noise, noise_key, noisy_batch
 from harness.engine.sampling import SamplingEngine
 from harness.engine.scale import (
@@ -125,23 +125,12 @@ def test_a_scale_round_trips_and_its_geometry_has_closed_forms():
 # --- the certifier ---------------------------------------------------------------------
 
 
-def _evidence(selection, estimation, scale, alpha=0.001) -> Evidence:
-    selection = np.asarray(selection, dtype=np.int64)
-    estimation = np.asarray(estimation, dtype=np.int64)
-    scale = np.asarray(scale, dtype=np.float32)
-    sigma = scale.min(axis=1).astype(np.float64)
-    base = Draws("hard", int(selection[0].sum()), int(estimation[0].sum()), sigma, selection,
-                 estimation, scale=scale)  # fmt: skip
-    return Evidence(tuple(range(len(selection))), torch.zeros(len(selection), scale.shape[1]),
-                    sigma, alpha, base)  # fmt: skip
-
-
-def test_the_ball_is_cohen_at_the_smallest_axis_and_the_ellipsoid_phi_inverse():
+def test_the_ball_is_cohen_at_the_smallest_axis_and_the_ellipsoid_phi_inverse(scaled_evidence):
     """Against SciPy, independently: p_A_lower = Clopper–Pearson (beta.ppf(α, k, n − k + 1)),
     the ball σ_min·Φ⁻¹(p_A_lower) (norm.ppf), the ellipsoid κ = Φ⁻¹(p_A_lower) and its
     proxy radius κ·(∏σ_i)^{1/d}."""
     scale = [[0.5, 0.25, 2.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.3, 0.3, 0.3, 0.3]]
-    evidence = _evidence([[60, 4, 0], [1, 99, 0], [30, 30, 40]],
+    evidence = scaled_evidence([[60, 4, 0], [1, 99, 0], [30, 30, 40]],
                          [[9900, 100, 0], [10, 9985, 5], [3400, 3300, 3300]], scale)  # fmt: skip
     claims = AnisotropicCertifier().certify(evidence)
     for claim, (k, n), s in zip(claims[:2], [(9900, 10000), (9985, 10000)], scale, strict=False):
@@ -215,7 +204,9 @@ def _audit(db, run_id, manager):
 
 
 @pytest.mark.slow
-def test_a_diagonal_row_is_stored_exported_rederived_and_replayed(tmp_path, manager, diagonal_run):
+def test_a_diagonal_row_is_stored_exported_rederived_and_replayed(
+    tmp_path, manager, diagonal_run, scaled_evidence
+):
     db, run_id = diagonal_run
     (run,) = load_runs(db, [run_id])
     certified = [c for c in run.certificates if c.prediction != -1]
@@ -362,8 +353,8 @@ def test_the_diagonal_kernel_matches_the_torch_ops_in_the_interpreter():
     assert lines[3] == f"triton {triton.__version__}"  # the probe checks both kernels
 
 
-def test_an_ellipsoid_claim_needs_a_certified_class():
-    evidence = _evidence([[10, 0, 0]], [[5, 5, 0]], [SCALE])
+def test_an_ellipsoid_claim_needs_a_certified_class(scaled_evidence):
+    evidence = scaled_evidence([[10, 0, 0]], [[5, 5, 0]], [SCALE])
     claim = Claim(-1, 0.0, 0.3, ellipsoid=0.5)
     from harness.certification.certify import checked_claims
 

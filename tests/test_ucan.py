@@ -15,7 +15,6 @@ from harness.audit.audit import BUDGETS
 from harness.audit.evidence import check_evidence
 from harness.audit.replay import check_replay
 from harness.audit.session import audits
-from harness.engine.draws import Draws, Evidence
 from harness.engine.noise import noise_seed
 from harness.engine.sampling import SamplingEngine
 from harness.engine.scale import recorded_scale
@@ -199,21 +198,11 @@ def test_the_generator_is_stored_reloaded_and_retrained_when_damaged(tmp_path, m
 # --- the certifier -----------------------------------------------------------------------
 
 
-def _evidence(selection, estimation, scale, alpha=0.001) -> Evidence:
-    selection, estimation = np.asarray(selection), np.asarray(estimation)
-    scale = np.asarray(scale, dtype=np.float32)
-    sigma = scale.min(axis=1).astype(np.float64)
-    base = Draws("hard", int(selection[0].sum()), int(estimation[0].sum()), sigma, selection,
-                 estimation, scale=scale)  # fmt: skip
-    return Evidence(tuple(range(len(selection))), torch.zeros(len(selection), scale.shape[1]),
-                    sigma, alpha, base)  # fmt: skip
-
-
-def test_the_geometric_certifier_claims_ucans_radius_and_the_ellipsoid():
+def test_the_geometric_certifier_claims_ucans_radius_and_the_ellipsoid(scaled_evidence):
     """R = Φ⁻¹(p_A_lower)·exp(mean log σ_i) (SciPy's beta and norm, NumPy's log), the
     ellipsoid κ = Φ⁻¹(p_A_lower) as ``anisotropic``'s; an abstention claims nothing."""
     scale = [[0.5, 0.25, 2.0, 1.0], [0.1, 0.1, 0.1, 0.1], [0.3, 0.2, 0.3, 0.3]]
-    evidence = _evidence([[60, 4, 0], [1, 99, 0], [30, 30, 40]],
+    evidence = scaled_evidence([[60, 4, 0], [1, 99, 0], [30, 30, 40]],
                          [[9900, 100, 0], [10, 9985, 5], [3400, 3300, 3300]], scale)  # fmt: skip
     claims = GeometricCertifier().certify(evidence)
     balls = AnisotropicCertifier().certify(evidence)
@@ -263,7 +252,9 @@ def ucan_run(tmp_path, monkeypatch, manager, replay_run):
     return replay_run(tmp_path, manager, methods, n=400, count=8)
 
 
-def test_both_methods_run_and_s0_passes_ucan_and_flags_the_geometric_radius(manager, ucan_run):
+def test_both_methods_run_and_s0_passes_ucan_and_flags_the_geometric_radius(
+    manager, ucan_run, scaled_evidence
+):
     """On ``ball-2``: ``ucan``'s radius is σ_min·Φ⁻¹(p_A_lower) of its recorded scale and S0
     re-derives it; ``ucan-geometric`` claims Φ⁻¹(p_A_lower)·geomean(scale), which S0 finds
     above Cohen's radius at σ_min, its declared formula (violated); both record the ellipsoid."""

@@ -2,18 +2,37 @@
 
 Gaussian augmentation (Cohen et al. 2019, §4; Súkeník et al. 2022, §4) trains the base
 model on x + σ·ε, ε ~ N(0, I), with σ per example (constant for Cohen, σ(x) for
-input-dependent trainers).
+input-dependent trainers). :func:`frozen` holds a base model fixed while a method trains a
+network of its own on it (the Lipschitz σ-network, UCAN's noise generator).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 
 import torch
 
 from harness.foundation.data import TrainingSplit
 from harness.foundation.errors import ParameterError
 from harness.plugin.components import TrainContext
+
+
+@contextlib.contextmanager
+def frozen(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """``model`` in eval mode with no parameter requiring a gradient, as it was on exit."""
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    was_training = model.training
+    model.eval()
+    for p, _ in flags:
+        p.requires_grad_(False)
+    try:
+        yield model
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
+        model.train(was_training)
+
 
 SigmaForBatch = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 """(example indices, inputs, epoch) -> σ per example, shape [B]."""

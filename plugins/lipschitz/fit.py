@@ -54,7 +54,7 @@ from typing import Any
 
 import torch
 
-from harness import Progress, TrainingSplit, load_artifact, noise_seed, save_artifact
+from harness import Progress, TrainingSplit, frozen, load_artifact, noise_seed, save_artifact
 from plugins.lipschitz.constant import lipschitz_constant
 from plugins.lipschitz.network import (
     CertifiedSigma,
@@ -114,12 +114,7 @@ def fit_lipschitz_sigma(
     optimizer = torch.optim.Adam(network.parameters(), lr=float(params["lr"]))
     losses: list[float] = []
 
-    frozen = [(p, p.requires_grad) for p in model.parameters()]
-    was_training = model.training
-    model.eval()
-    for p, _ in frozen:
-        p.requires_grad_(False)
-    try:
+    with frozen(model):
         permutation = torch.randperm(count, generator=order)
         cursor = 0
         with progress.task("lipschitz-sigma: fitting σ_θ", total=steps, unit="steps") as advance:
@@ -146,10 +141,6 @@ def fit_lipschitz_sigma(
                 optimizer.step()
                 losses.append(float(loss.detach()))
                 advance(1)
-    finally:
-        for p, flag in frozen:
-            p.requires_grad_(flag)
-        model.train(was_training)
     return certify_sigma_network(network), losses
 
 

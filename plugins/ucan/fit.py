@@ -36,6 +36,7 @@ from harness import (
     Progress,
     TrainingSplit,
     Unregularized,
+    frozen,
     load_artifact,
     noise_seed,
     save_artifact,
@@ -99,32 +100,23 @@ def fit_scale_generator(
     optimizer = torch.optim.SGD(generator.parameters(), lr=float(params["lr"]), momentum=MOMENTUM,
                                 weight_decay=WEIGHT_DECAY)  # fmt: skip
     losses: list[float] = []
-    frozen = [(p, p.requires_grad) for p in model.parameters()]
-    was_training = model.training
-    model.eval()
-    for p, _ in frozen:
-        p.requires_grad_(False)
     steps = epochs * math.ceil(count / batch)
-    try:
-        with progress.task(
-            "ucan: training the scale generator", total=steps, unit="steps"
-        ) as advance:
-            for _ in range(epochs):
-                permutation = torch.randperm(count, generator=order).to(device)
-                for start in range(0, count, batch):  # the last batch may be short (drop_last off)
-                    index = permutation[start : start + batch]
-                    x, y = x_all[index], y_all[index]
-                    eps = torch.randn((samples, *x.shape), generator=noise, device=device)
-                    loss = ucan_loss(model, generator, x, y, lam, measure, eps)
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    optimizer.step()
-                    losses.append(float(loss.detach()))
-                    advance(1)
-    finally:
-        for p, flag in frozen:
-            p.requires_grad_(flag)
-        model.train(was_training)
+    with (
+        frozen(model),
+        progress.task("ucan: training the scale generator", total=steps, unit="steps") as advance,
+    ):
+        for _ in range(epochs):
+            permutation = torch.randperm(count, generator=order).to(device)
+            for start in range(0, count, batch):  # the last batch may be short (drop_last off)
+                index = permutation[start : start + batch]
+                x, y = x_all[index], y_all[index]
+                eps = torch.randn((samples, *x.shape), generator=noise, device=device)
+                loss = ucan_loss(model, generator, x, y, lam, measure, eps)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                losses.append(float(loss.detach()))
+                advance(1)
     return generator.eval(), losses
 
 
