@@ -18,7 +18,6 @@ from harness.engine.noise import noise_seeds
 from harness.engine.scale import recorded_scale
 from harness.foundation.errors import ContractError, ParameterError
 from harness.foundation.progress import Progress
-from harness.foundation.protocol import CertificationProtocol
 from harness.plugin.manager import PluginManager
 from harness.running.benchmark import parse_benchmark
 from harness.running.preparation import RunOptions
@@ -184,10 +183,9 @@ def test_good_parameters_pass_and_the_memory_cannot_wrap_itself():
 
 
 def test_the_memory_declares_a_diagonal_scale_as_its_inner_certifier_does():
-    protocol = CertificationProtocol(n0=32, n=200, alpha=0.01, batch_size=64)
-    check_diagonal(MemoryCertifier(AnisotropicCertifier(), Memory()), "memory", protocol)
+    check_diagonal(MemoryCertifier(AnisotropicCertifier(), Memory()), "memory")
     with pytest.raises(ContractError, match="does not declare `diagonal_scale = True`"):
-        check_diagonal(MemoryCertifier(CohenCertifier(), Memory()), "memory", protocol)
+        check_diagonal(MemoryCertifier(CohenCertifier(), Memory()), "memory")
 
 
 def _evidence(x, estimation, scale, ids) -> Evidence:

@@ -155,6 +155,35 @@ def _protocol(**changes) -> CertificationProtocol:
     return replace(CertificationProtocol(n0=32, n=200, alpha=0.01, batch_size=64), **changes)
 
 
+@pytest.mark.parametrize("rule", ["grid-place-v1", "mixture-cs-v2"])
+def test_sequential_rounds_at_a_diagonal_scale(rule):
+    """A scale of c on every axis draws the scalar σ = c's samples, so its sequential
+    certificates are the scalar path's (looks, stops, bound and radius); an uneven scale
+    is placed on the grid at its smallest axis and records its ellipsoid."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3)).eval()
+    engine = SamplingEngine(model, 3, torch.device("cpu"), 64)
+    x, ids = torch.rand(6, 4), list(range(6))
+    protocol = _protocol(sampling="sequential", n_max=2_000, grid=(0.0, 0.1, 0.2, 0.4),
+                         rule=rule)  # fmt: skip
+    uniform = np.full((6, 4), 0.25, dtype=np.float32)
+    scaled = list(certify_drawn(engine, protocol, AnisotropicCertifier(), x, ids, uniform))
+    scalar = list(certify_drawn(engine, protocol, CohenCertifier(), x, ids, np.full(6, 0.25)))
+    for a, b in zip(scaled, scalar, strict=True):
+        assert (a.prediction, a.radius, a.p_lower) == (b.prediction, b.radius, b.p_lower)
+        assert a.draws["base"]["looks"] == b.draws["base"]["looks"]
+        assert decode_scale(a.draws["base"]["scale"]).tolist() == [0.25] * 4
+    uneven = np.tile(np.array([0.5, 0.25, 1.0, 0.75], dtype=np.float32), (6, 1))
+    certs = list(certify_drawn(engine, protocol, AnisotropicCertifier(), x, ids, uneven))
+    assert any(cert.radius > 0 for cert in certs)
+    for cert in certs:
+        assert cert.sigma == 0.25 and cert.draws["base"]["looks"]
+        if cert.radius > 0:  # Cohen's radius at σ_min of the harness's bound, and its ellipsoid
+            kappa = norm.ppf(cert.p_lower)
+            assert cert.radius == pytest.approx(0.25 * kappa, rel=1e-12)
+            assert cert.region == ellipsoid_region(uneven[0], kappa)
+
+
 def test_only_a_certifier_for_a_diagonal_scale_certifies_one():
     x = torch.rand(2, 2)
     engine = SamplingEngine(torch.nn.Linear(2, 3).eval(), 3, torch.device("cpu"), 64)
@@ -162,9 +191,6 @@ def test_only_a_certifier_for_a_diagonal_scale_certifies_one():
     with pytest.raises(ContractError, match="does not declare `diagonal_scale = True`"):
         list(certify_drawn(engine, _protocol(), CohenCertifier(), x, [0, 1], scale,
                            label="certifier 'cohen'"))  # fmt: skip
-    sequential = _protocol(sampling="sequential", n_max=400, grid=(0.0, 0.5))
-    with pytest.raises(IdrsError, match="sequential sampling does not support a diagonal"):
-        list(certify_drawn(engine, sequential, AnisotropicCertifier(), x, [0, 1], scale))
 
     class Pretends(CohenCertifier):  # an ellipsoid at one σ per input
         def certify(self, evidence):
@@ -406,3 +432,37 @@ def test_a_board_of_a_diagonal_row_verifies_and_replays(tmp_path, manager, diago
     regions[k]["factor"] *= 1.01
     export.write_text(json.dumps(data))
     assert verify_board(board, notes=[]) != []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["anisotropic-fixed", "ancer-memory"])
+def test_a_sequential_diagonal_row_is_audited_by_every_check(tmp_path, manager, method):
+    """Under sequential sampling a diagonal row draws its rounds at its scale: S0 re-derives
+    its looks and stops, replay re-draws them bit for bit at the scale, S1 tests the rule's
+    bound and S2–S4 judge the scale; the fixed scale passes every check and the memory is
+    order-dependent, as at fixed n (no check refuses either row)."""
+    from harness.running.benchmark import parse_benchmark
+    from harness.running.runner import run_benchmark
+
+    raw = {"name": "sequential-scale", "seed": 0, "shard_size": 4,
+           "dataset": {"name": "ball-2", "test_count": 8},
+           "model": {"architecture": "ball-N", "trainer": "none"},
+           "certification": {"n0": 64, "n": 4000, "alpha": 0.001, "batch_size": 256,
+                             "sampling": "sequential", "n_max": 4000},
+           "methods": [{"name": method}]}  # fmt: skip
+    db = tmp_path / "runs.sqlite"
+    run_id = run_benchmark(parse_benchmark(raw), RunOptions(db=db), Progress(enabled=False),
+                           manager)  # fmt: skip
+    (run,) = load_runs(db, [run_id])
+    for c in run.certificates:
+        assert c.draws["base"]["looks"] and recorded_scale(c.draws) is not None
+    results = run_checks(db, run_id, RunOptions(db=db), Progress(enabled=False), manager,
+                         entropy=ENTROPY)  # fmt: skip
+    verdicts = {r.check: r for r in results[method, "default"]}
+    assert not [r.summary for r in verdicts.values() if r.verdict == Verdict.ERROR]
+    assert "sequential bound" in verdicts["coverage"].summary
+    assert verdicts["replay"].evidence["mode"] == "exact"
+    for name in ("evidence", "replay", "coverage", "counterexamples"):
+        assert verdicts[name].verdict == Verdict.SOUND, (name, verdicts[name].summary)
+    order = Verdict.ORDER_DEPENDENT if method == "ancer-memory" else Verdict.NOT_APPLICABLE
+    assert verdicts["memory-order"].verdict == order

@@ -15,16 +15,36 @@ from harness.running.benchmark import BENCHMARKS_DIR, load_benchmark, parse_benc
 from harness.running.preparation import RunOptions
 from harness.running.runner import run_benchmark
 
-SHIPPED = ["fashion-mnist", "cone-2", "cone-60", "cone-400", "hidden-cost", "anisotropic"]
+SHIPPED = ["fashion-mnist", "cone-2", "cone-60", "cone-400", "hidden-cost"]
+COMPANIONS = {"anisotropic": ("quick", ["model.seeds=[0, 1, 2]"]),
+              "fashion-mnist-anisotropic": ("fashion-mnist", []),
+              "fashion-mnist-sequential-anisotropic": ("fashion-mnist-sequential", [])}  # fmt: skip
+"""Benchmarks published on their partner's board: their runs certify the partner's base
+models, whose cohen rows are their reference (leaderboards/README.md)."""
 
 
-@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("name", SHIPPED + list(COMPANIONS))
 def test_shipped_benchmark_parses_and_validates(name, manager):
     spec = load_benchmark(BENCHMARKS_DIR / f"{name}.toml")
     validate(spec, manager.registry)
     assert spec.name == name
     methods = {m.name: m.settings for m in spec.methods}
-    assert "cohen" in methods
+    assert ("cohen" in methods) is (name not in COMPANIONS)
+
+
+@pytest.mark.parametrize("name", list(COMPANIONS))
+def test_a_companion_certifies_its_partners_models_under_its_protocol(name):
+    from harness.running.model_variants import model_variants
+
+    partner_name, overrides = COMPANIONS[name]
+    spec = load_benchmark(BENCHMARKS_DIR / f"{name}.toml")
+    partner = load_benchmark(BENCHMARKS_DIR / f"{partner_name}.toml", overrides)
+    assert (spec.dataset, spec.protocol, spec.seed) == (
+        partner.dataset, partner.protocol, partner.seed)  # fmt: skip
+    models = [variant.model for variant in model_variants(spec)]
+    assert models and all(m in [v.model for v in model_variants(partner)] for m in models)
+    rows = {(m.name, str(s)) for m in spec.methods for s in m.settings}
+    assert not rows & {(m.name, str(s)) for m in partner.methods for s in m.settings}
 
 
 def test_benchmark_parameters_follow_the_issue_and_the_papers():

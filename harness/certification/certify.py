@@ -289,7 +289,7 @@ def certify_drawn(
     ids = [int(i) for i in input_ids]
     scale = as_scale(sigma, len(ids))  # a diagonal scale [B, d]: σ is its smallest axis
     if scale is not None:
-        check_diagonal(certifier, label, protocol)
+        check_diagonal(certifier, label)
         sigma = smallest_axis(scale)
     noise = sigma if scale is None else scale
     x = x.to(engine.device)
@@ -306,7 +306,8 @@ def certify_drawn(
     chunk_size = 1 if certifier.order_dependent else CLAIM_CHUNK
     if protocol.sampling == "sequential":
         yield from _certify_in_rounds(engine, protocol, certifier, x, ids, sigma, selection,
-                                      seconds, sigma_draws, alpha, label, regularity, chunk_size)  # fmt: skip
+                                      seconds, sigma_draws, alpha, label, regularity, chunk_size,
+                                      scale)  # fmt: skip
         return
     estimation = np.zeros(selection.shape, dtype=np.float64 if soft else np.int64)
     squares = np.zeros(selection.shape) if soft else None
@@ -340,10 +341,12 @@ def _certify_in_rounds(
     engine: SamplingEngine, protocol: CertificationProtocol, certifier: Certifier,
     x: torch.Tensor, ids: list[int], sigma: np.ndarray, selection: np.ndarray,
     seconds: np.ndarray, sigma_draws: Draws | None, alpha: float, label: str,
-    regularity: Regularity | None, chunk_size: int,
+    regularity: Regularity | None, chunk_size: int, scale: np.ndarray | None = None,
 ) -> Iterator[Certificate]:  # fmt: skip
     """Sequential CERTIFY: the harness's rounds (:mod:`harness.certification.rounds`), then
-    the certifier's claims on the inputs that stopped, checked against the harness's bound."""
+    the certifier's claims on the inputs that stopped, checked against the harness's bound.
+    At a diagonal ``scale`` the rounds draw at it and the grid is placed at its smallest
+    axis ``sigma``, where the ℓ2 ball of the certificate lies."""
     from harness.certification.rounds import (
         check_bounds,
         draw_in_rounds,
@@ -358,13 +361,14 @@ def _certify_in_rounds(
     dim = int(x[0].numel()) if len(ids) else 1
     thresholds = grid_thresholds(certifier.radius_formula, rule.radii, sigma, dim, regularity)
     for stopped in draw_in_rounds(engine, rule, x, sigma, ids, selection, thresholds, alpha,
-                                  protocol.n0, chunk_size, certifier.order_dependent):  # fmt: skip
+                                  protocol.n0, chunk_size, certifier.order_dependent,
+                                  scale):  # fmt: skip
         index = stopped.index
         start = time.perf_counter()
         evidence = Evidence(tuple(ids[i] for i in index), x[index], sigma[index], alpha,
                             stopped.draws)  # fmt: skip
         claims = checked_claims(certifier.certify(evidence), len(evidence), label,
-                                engine.num_classes)  # fmt: skip
+                                engine.num_classes, scale is not None)  # fmt: skip
         check_bounds(claims, stopped.draws, alpha, label)
         share = (time.perf_counter() - start) / len(evidence)
         for k, claim in enumerate(claims):

@@ -4,8 +4,9 @@ A σ-provider may return σ(x) per input dimension (:mod:`harness.engine.scale`)
 harness then draws x + σ_i(x)·ε_i and the certificate's σ is the smallest axis. Not every
 certifier's claim holds for anisotropic noise (a radius formula for an input-dependent
 scalar σ, a soft smoothing's Lipschitz bound), so a certifier is given such evidence
-only when it declares ``diagonal_scale = True``; sequential sampling, whose grid
-thresholds are derived for one σ, is refused. A claim's ``ellipsoid`` (κ of the region
+only when it declares ``diagonal_scale = True``. Sequential sampling places its grid at
+the smallest axis, where the certificate's ℓ2 ball lies (the radius formula's thresholds
+at σ_min). A claim's ``ellipsoid`` (κ of the region
 {δ : ‖Σ^{-1/2}δ‖₂ <= κ}) is held to the contract here and recorded by the harness with
 the harness's own scale (:func:`region_of`).
 """
@@ -19,28 +20,22 @@ import numpy as np
 
 from harness.engine.scale import ellipsoid_region
 from harness.foundation.certificate import ABSTAIN
-from harness.foundation.errors import ContractError, IdrsError
+from harness.foundation.errors import ContractError
 
 if TYPE_CHECKING:
     from harness.engine.draws import Claim, Evidence
-    from harness.foundation.protocol import CertificationProtocol
     from harness.plugin.components import Certifier
 
 
-def check_diagonal(certifier: Certifier, label: str, protocol: CertificationProtocol) -> None:
-    """Raise unless ``certifier`` may certify evidence drawn at a diagonal scale under
-    ``protocol``: it declares ``diagonal_scale = True`` and the sampling is fixed."""
+def check_diagonal(certifier: Certifier, label: str) -> None:
+    """Raise unless ``certifier`` may certify evidence drawn at a diagonal scale: it
+    declares ``diagonal_scale = True``."""
     if getattr(certifier, "diagonal_scale", False) is not True:
         raise ContractError(
             f"the σ-provider answered a diagonal scale (one σ per input dimension) but {label} "
             "does not declare `diagonal_scale = True`: its claims are derived for one σ per "
             "input; certify with a certifier for anisotropic noise (e.g. 'anisotropic', "
             'docs/plugins.md, "A diagonal scale")'
-        )
-    if protocol.sampling != "fixed":
-        raise IdrsError(
-            f"{label}: sequential sampling does not support a diagonal scale (its grid "
-            'thresholds are derived for one σ); use sampling = "fixed"'
         )
 
 

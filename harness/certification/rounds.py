@@ -70,12 +70,13 @@ class Stopped:
 def draw_in_rounds(
     engine: SamplingEngine, rule: SequentialRule | GridPlaceRule, x: torch.Tensor, sigma: np.ndarray,
     ids: list[int], selection: np.ndarray, thresholds: np.ndarray, alpha: float, n0: int,
-    chunk: int, in_order: bool,
+    chunk: int, in_order: bool, scale: np.ndarray | None = None,
 ) -> Iterator[Stopped]:  # fmt: skip
     """The estimation draws of ``ids`` in rounds; yields inputs as they stop, at most
     ``chunk`` at a time (``in_order``: only the next inputs of the call, in order, for an
     order-dependent certifier). ĉ_A is the top class of ``selection``; ``thresholds``
-    [B, G] are the grid's at each input's σ (the grid-place rule stores them)."""
+    [B, G] are the grid's at each input's σ (the grid-place rule stores them). With a
+    diagonal ``scale`` [B, d] the samples are drawn at it (``sigma``: its smallest axes)."""
     count, classes = len(ids), engine.num_classes
     top = np.argmax(selection, axis=1) if count else np.zeros(0, dtype=np.int64)
     looks = np.zeros((count, len(rule.looks), classes), dtype=np.int64)
@@ -96,7 +97,8 @@ def draw_in_rounds(
         if running.size == 0:
             break
         start = time.perf_counter()
-        counts = engine.counts(x[running], sigma[running], [ids[i] for i in running],
+        noise = sigma[running] if scale is None else scale[running]
+        counts = engine.counts(x[running], noise, [ids[i] for i in running],
                                n - before, STREAM_ESTIMATION, start=before)  # fmt: skip
         looks[running, k] = counts + (looks[running, k - 1] if k else 0)
         here = looks[running, k, top[running]]
@@ -125,7 +127,8 @@ def draw_in_rounds(
             estimation = looks[index, stops[index]]
             draws = Draws(HARD, n0, rule.n_max, sigma[index], selection[index], estimation,
                           rule=rule, looks=looks[index], stops=stops[index],
-                          thresholds=stored_thresholds(thresholds[index]) if grid else None)  # fmt: skip
+                          thresholds=stored_thresholds(thresholds[index]) if grid else None,
+                          scale=None if scale is None else scale[index])  # fmt: skip
             yield Stopped(index, draws, seconds[index])
 
 
