@@ -15,12 +15,14 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch
 from scipy import integrate, stats
 from scipy.special import ndtri
 
 from harness import hookimpl
 from harness.audit.audit import BUDGETS
 from harness.audit.counterexamples import check_counterexamples
+from harness.audit.ellipsoid_intersections import meeting_ellipsoids
 from harness.audit.empirical import STRENGTHS, attack_row
 from harness.audit.order import check_order
 from harness.audit.session import audits
@@ -192,12 +194,18 @@ def test_s4_finds_the_largest_axis_ball_broken_along_the_small_axis(linear):
 
 
 def test_s4_finds_a_point_of_the_claimed_ellipsoid_outside_the_true_one(linear):
-    """A sound ball with an ellipsoid twice too wide: only a search inside the ellipsoid
-    (whitened PGD) finds the counterexample; it is marked as the ellipsoid's."""
+    """A sound ball with an ellipsoid twice too wide: a search inside the ellipsoid
+    (whitened PGD) finds the counterexample, marked as the ellipsoid's; the ellipsoids also
+    meet across the boundary where the sound balls do not."""
+    from harness.audit.ball_intersections import intersections
+
     audit = linear["wide-ellipsoid"]
     result = check_counterexamples(audit)
     assert result.verdict == Verdict.VIOLATED, result.summary
-    assert result.evidence["intersections"]["count"] == 0
+    assert result.evidence["intersections"]["regions"] == "ellipsoids"
+    assert result.evidence["intersections"]["count"] > 0
+    balls = [{k: v for k, v in c.items() if k != "region"} for c in audit.certificates]
+    assert intersections(balls, audit.inputs)["count"] == 0
     examples = result.evidence["attack"]["examples"]
     assert examples and all(e["region"] == "ellipsoid" for e in examples)
     rows = _by_id(audit)
@@ -294,3 +302,74 @@ def test_a_check_without_diagonal_support_still_refuses_the_row(linear):
     assert result.verdict == Verdict.ERROR
     assert "does not support a diagonal noise scale" in result.summary
     assert "scalar-only" in result.summary
+
+
+# --- S4 (a): claimed ellipsoids that meet --------------------------------------------------
+
+
+def test_ellipsoids_with_equal_axes_meet_as_balls_do():
+    """Every semi-axis R: the dual's maximum is ‖d‖²/(R_1 + R_2)², so two regions meet
+    exactly when ‖d‖ < R_1 + R_2 (the ball test)."""
+    rng = np.random.default_rng(0)
+    centres = rng.normal(size=(40, 6))
+    radii = rng.uniform(0.5, 2.5, size=40)
+    preds = np.arange(40) % 3
+    found = {(i, j) for i, j, _ in meeting_ellipsoids(centres, np.repeat(radii[:, None], 6, 1),
+                                                      preds)}  # fmt: skip
+    gaps = np.linalg.norm(centres[:, None] - centres[None], axis=2)
+    truth = {(i, j) for i in range(40) for j in range(i + 1, 40)
+             if preds[i] != preds[j] and gaps[i, j] < (radii[i] + radii[j]) * (1 - 1e-6)}  # fmt: skip
+    near = {(i, j) for i in range(40) for j in range(i + 1, 40)
+            if abs(gaps[i, j] - radii[i] - radii[j]) < 1e-6 * gaps[i, j]}  # fmt: skip
+    assert truth and truth <= found <= truth | near
+
+
+def test_the_dual_is_the_least_larger_whitened_norm_scipy_finds():
+    """max_λ f(λ) = min_x max(q_1, q_2), the latter minimized by SLSQP; each witness lies
+    in both ellipsoids, and disjoint ellipsoids give none."""
+    from scipy.optimize import minimize
+
+    from harness.audit.ellipsoid_intersections import best_lambda, dual_value
+
+    rng = np.random.default_rng(1)
+    for _ in range(12):
+        c1, c2 = rng.normal(size=4), rng.normal(size=4)
+        a1, a2 = rng.uniform(0.3, 1.5, size=4), rng.uniform(0.3, 1.5, size=4)
+        q = [
+            lambda x, c=c, a=a: float(np.sum((x - c) ** 2 / a**2)) for c, a in ((c1, a1), (c2, a2))
+        ]
+        primal = minimize(lambda z: z[-1], np.r_[(c1 + c2) / 2, 10.0], method="SLSQP",
+                          constraints=[{"type": "ineq", "fun": lambda z, f=f: z[-1] - f(z[:-1])}
+                                       for f in q], options={"ftol": 1e-12, "maxiter": 500})  # fmt: skip
+        d2, s1, s2 = ((c1 - c2) ** 2)[None], (a1**2)[None], (a2**2)[None]
+        dual = float(dual_value(best_lambda(d2, s1, s2), d2, s1, s2)[0])
+        assert dual == pytest.approx(primal.fun, rel=1e-6, abs=1e-9)
+        pairs = meeting_ellipsoids(np.stack([c1, c2]), np.stack([a1, a2]), np.array([0, 1]))
+        assert bool(pairs) is (dual < 1 - 1e-6) or abs(dual - 1) < 1e-6
+        for _, _, depth in pairs:
+            assert depth < 1 and depth == pytest.approx(dual, rel=1e-6)
+
+
+def test_s4_counts_ellipsoids_that_meet_though_their_balls_do_not():
+    """Two thin ellipsoids along the axis joining their centres meet while their smallest-
+    axis balls are far apart: the intersections sub-test counts the pair (regions
+    'ellipsoids'), and a row without regions is judged by its balls as before."""
+    from harness.audit.ball_intersections import intersections
+    from harness.engine.scale import encode_scale
+
+    def row(k, prediction, factor):
+        scale = np.array([1.0, 0.1, 0.1], dtype=np.float32)
+        return {"input_id": k, "prediction": prediction, "radius": 0.1 * factor,
+                "draws": {"base": {"scale": encode_scale(scale)}},
+                "region": {"kind": "ellipsoid", "factor": factor}}  # fmt: skip
+
+    inputs = torch.tensor([[0.0, 0.0, 0.0], [1.5, 0.0, 0.0]])
+    meeting = intersections([row(0, 0, 1.0), row(1, 1, 1.0)], inputs)
+    assert meeting["regions"] == "ellipsoids" and meeting["count"] == 1
+    assert meeting["false_at_least"] == 1 and meeting["example"]["witness_depth"] < 1
+    apart = intersections([row(0, 0, 0.7), row(1, 1, 0.7)], inputs)  # 0.7 + 0.7 < 1.5
+    assert apart["count"] == 0
+    balls = [{k: v for k, v in row(i, i, 1.0).items() if k != "region"} for i in (0, 1)]
+    assert intersections(balls, inputs)["count"] == 0 and "regions" not in intersections(
+        balls, inputs
+    )

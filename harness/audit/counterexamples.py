@@ -31,14 +31,16 @@ For a σ-smoothing (dual RS, Sun et al. 2026), σ at a point is the harness's dr
 σ-estimator, and (b) and (c) count a point only if it is a counterexample at every σ
 level plausible there (:mod:`harness.audit.sigma_smoothing`).
 
-At a diagonal scale (:mod:`harness.engine.scale`) the balls of (a)
-(:mod:`harness.audit.ball_intersections`) are those of the stored radii; (b) and (c)
+At a diagonal scale (:mod:`harness.engine.scale`) the regions of (a) are the claimed
+ellipsoids, a ball where none is claimed (:mod:`harness.audit.ellipsoid_intersections`); (b) and (c)
 judge the smoothed classifier at each point at the scale σ answers there (for a memory,
 the scale of the ball's own entry), and a certificate that claims an ellipsoid is also
 searched inside it (:mod:`harness.audit.scaled_regions`), counted once per certificate.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -107,7 +109,15 @@ def check_counterexamples(audit: Audit) -> CheckResult:
     pairs["trials"] = len(certs)
     pairs["p_value"] = false_certificates_pvalue(pairs.get("false_at_least", 0), len(certs), alpha)
     evidence["intersections"] = pairs
-    if pairs["count"]:
+    if pairs["count"] and pairs.get("regions") == "ellipsoids":
+        e = pairs["example"]
+        tests["intersections"] = (pairs["p_value"], (
+            f"{pairs['count']} pairs of certified regions (ellipsoids, or balls where none is "
+            f"claimed) with different predictions intersect (at least {pairs['false_at_least']} "
+            f"false certificates), e.g. inputs {e['inputs'][0]} and {e['inputs'][1]} at distance "
+            f"{e['distance']:.10g}: a point inside both (its larger whitened norm "
+            f"{math.sqrt(e['witness_depth']):.6g} < 1)"))  # fmt: skip
+    elif pairs["count"]:
         e = pairs["example"]
         tests["intersections"] = (pairs["p_value"], (
             f"{pairs['count']} pairs of certified balls with different predictions intersect "
