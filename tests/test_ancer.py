@@ -225,11 +225,23 @@ SMALL = {"sigma": 4.0, "steps": 2, "beta": 0.01, "iterations": 3, "ancer_samples
 """Cheap settings; σ_0 = 4 on cone-2 (as tests/test_alfarra_methods.py): the balls meet."""
 
 
-def test_both_methods_certify_at_a_diagonal_scale_with_the_ellipsoid(tmp_path, small_benchmark):
+def test_both_methods_certify_at_a_diagonal_scale_with_the_ellipsoid(
+    tmp_path, small_benchmark, monkeypatch
+):
     """Both methods on cone-2 (64 inputs): every certificate drawn at its Θ(x) (the same
-    for an input in both methods), σ its smallest axis, each certified ``ancer`` row and
-    each ``ancer-memory`` row the memory kept with the ellipsoid κ = Φ⁻¹(p_A_lower); the
-    rows the memory changed (some, here) without one."""
+    for an input in both methods, optimized once in the run), σ its smallest axis, each
+    certified ``ancer`` row and each ``ancer-memory`` row the memory kept with the
+    ellipsoid κ = Φ⁻¹(p_A_lower); the rows the memory changed (some, here) without one."""
+    import plugins.ancer.optimize as optimize
+
+    optimized = []
+    original = optimize.optimize_ancer
+
+    def counting(model, x, *args, **kwargs):
+        optimized.append(len(x))
+        return original(model, x, *args, **kwargs)
+
+    monkeypatch.setattr(optimize, "optimize_ancer", counting)
     text = small_benchmark({"ancer": [SMALL], "ancer-memory": [SMALL]}, name="ancer-tiny",
                            seed=4, shard_size=8, test_count=64, n0=32, n=256,
                            batch_size=256)  # fmt: skip
@@ -237,6 +249,7 @@ def test_both_methods_certify_at_a_diagonal_scale_with_the_ellipsoid(tmp_path, s
     with PluginManager(third_party=False) as manager:
         run_id = run_benchmark(parse_benchmark(tomllib.loads(text)), RunOptions(db=db),
                                Progress(enabled=False), manager)  # fmt: skip
+    assert sum(optimized) == 64  # the two methods share one Θ(x) per input
     (run,) = load_runs(db, [run_id])
     rows = {m: [c for c in run.certificates if c.method == m] for m in ("ancer", "ancer-memory")}
     assert all(len(r) == 64 for r in rows.values())

@@ -28,6 +28,7 @@ cross-validated) for the isotropic stage. CERTIFY itself uses the core's streams
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -93,15 +94,18 @@ def check_ancer_memory(params: Mapping[str, Any]) -> None:
 
 def _ancer_sigma(context: BuildContext, params: Mapping[str, Any]):
     from plugins.alfarra import _optimized_sigma
-    from plugins.ancer.optimize import AncerSigma
+    from plugins.ancer.optimize import AncerSigma, ScaleCache
 
     params = {**DEFAULTS, **params}
     check_ancer(params)
     isotropic = _optimized_sigma(context, params)
+    # Θ(x) depends on x, the seed and these parameters alone: ancer and ancer-memory at one
+    # setting share their scales in a run (one optimization per input, not one per method)
+    key = json.dumps({name: params[name] for name in DEFAULTS}, sort_keys=True)
     return AncerSigma(
         isotropic, context.engine.model, params["iterations"], float(params["lr"]),
         params["ancer_samples"], float(params["regularization"]), context.seed,
-        float(params["sigma_min"]),
+        float(params["sigma_min"]), cache=context.memo("ancer", ("scales", key), ScaleCache),
     )  # fmt: skip
 
 

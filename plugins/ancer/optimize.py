@@ -214,8 +214,9 @@ class AncerSigma:
     (:class:`plugins.alfarra.optimize_sigma.OptimizedSigma`). Unregularized: Θ(x) may jump
     between nearby inputs, so Thm 1's ellipsoid at Θ(x) is no certificate of a fixed
     smoothed classifier (the same critique as for the isotropic σ, Súkeník et al. 2022,
-    App. C.2). Θ(x) depends on x and the seed alone, in any batch; memoized by input.
-    Answers [B, *input_shape] in float32.
+    App. C.2). Θ(x) depends on x and the seed alone, in any batch; memoized by input in
+    ``cache`` (one per run and parameters: :func:`plugins.ancer._ancer_sigma`). Answers
+    [B, *input_shape] in float32.
     """
 
     regularity = Unregularized()
@@ -231,6 +232,7 @@ class AncerSigma:
         seed: int,
         floor: float,
         max_batch: int = FIXED_ROWS,
+        cache: ScaleCache | None = None,
     ) -> None:
         self.isotropic = isotropic
         self.model = model
@@ -238,7 +240,7 @@ class AncerSigma:
         self.samples, self.kappa = samples, float(kappa)
         self.seed, self.floor = seed, float(floor)
         self.max_batch = max_batch
-        self.cache = ScaleCache()
+        self.cache = ScaleCache() if cache is None else cache
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.cache.get(x, self._optimize).reshape(x.shape)
