@@ -184,8 +184,10 @@ class BuildContext:
     the harness makes, the checks' included, withholds the test split).
 
     The runner gives each method and setting a copy (``dataclasses.replace``); the
-    copies share ``memos``, the run's :class:`RunMemo` behind :meth:`memo`. A context
-    on another base model (the checks' analytic models) gets a memo of its own.
+    copies share ``memos``, the run's :class:`RunMemo` behind :meth:`memo`, and
+    ``artifact_plugins``, the plugins whose :meth:`artifact_dir` was asked for (whose files
+    the run records for a replay). A context on another base model (the checks' analytic
+    models) gets a memo of its own.
     """
 
     dataset: TrainingSplit
@@ -203,6 +205,7 @@ class BuildContext:
     state: RunState | None = None
     artifact_root: Path | None = None
     memos: RunMemo = field(default_factory=lambda: RunMemo(), repr=False, compare=False)
+    artifact_plugins: set[str] = field(default_factory=set, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.dataset, Dataset):
@@ -230,6 +233,7 @@ class BuildContext:
         """
         if self.recipe_hash is None:
             return None
+        self.artifact_plugins.add(plugin)
         from harness.foundation.artifacts import cache_root
 
         root = cache_root() if self.artifact_root is None else self.artifact_root

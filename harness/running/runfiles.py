@@ -45,17 +45,26 @@ def weights_file(spec: Benchmark, recipe_hash: str, cache_dir: Path | None) -> t
     return (cache_dir or default_cache_dir()).resolve() / f"{recipe_hash}.pt", "state_dict"
 
 
-def record_run_files(store: ResultStore, prepared: Prepared, cache_dir: Path | None) -> None:
-    """Record the run's weights file and every plugin artifact kept for its base model."""
+def record_run_files(
+    store: ResultStore, prepared: Prepared, cache_dir: Path | None, plugins: set[str]
+) -> None:
+    """Record the run's weights file and the artifacts kept for its base model by
+    ``plugins`` (those providing the run's components) and by every plugin whose artifact
+    folder the run's methods asked for in this process (a method may read another
+    plugin's, e.g. ANCER's isotropic stage Alfarra et al.'s cross-validated K); another
+    method's artifacts for the same base model are not the run's."""
     run_id = prepared.run_id
     path, fmt = weights_file(prepared.benchmark, prepared.recipe_hash, cache_dir)
     if path.is_file():
         store.add_file(run_id, WEIGHTS, "base model", str(path), file_digest(path),
                        {"format": fmt})  # fmt: skip
-    plugins = cache_root() / "plugins"
-    if not plugins.is_dir():
+    root = cache_root() / "plugins"
+    if not root.is_dir():
         return
-    for folder in sorted(plugins.glob(f"*/{prepared.recipe_hash}")):
+    wanted = plugins | prepared.context.artifact_plugins
+    for folder in sorted(root.glob(f"*/{prepared.recipe_hash}")):
+        if folder.parent.name not in wanted:
+            continue
         for path in sorted(folder.iterdir()):
             if path.is_file() and not path.name.endswith(_SKIPPED) and ".corrupt-" not in path.name:
                 plugin = folder.parent.name

@@ -121,7 +121,8 @@ def _run_prepared(
         store.set_run_data(
             run_id, len(test_ids), prepared.dataset.files, prepared.dataset.class_names
         )
-        store.record_components(run_id, run_components(benchmark, prepared.registry))
+        components = run_components(benchmark, prepared.registry)
+        store.record_components(run_id, components)
         store.record_plugin_hosts(run_id, prepared.plugin_hosts)
         executor = executor or LocalExecutor()
         if benchmark.model.checkpoint is not None:
@@ -135,7 +136,8 @@ def _run_prepared(
                 executor.certify(prepared, store, work, options)
         from harness.running.runfiles import record_run_files
 
-        record_run_files(store, prepared, options.cache_dir)
+        providers = {p["plugin"] for kind in components.values() for p in kind.values()}
+        record_run_files(store, prepared, options.cache_dir, providers)
         store.finish_run(run_id)
     finally:
         store.close()
