@@ -97,6 +97,7 @@ PUBLISHED = sorted(
 
 
 @pytest.mark.slow
+@pytest.mark.published
 @pytest.mark.skipif(not PUBLISHED, reason="no published board yet")
 @pytest.mark.parametrize("board", PUBLISHED, ids=lambda p: p.name)
 def test_published_boards_verify_and_replay(board, capsys):
