@@ -13,7 +13,7 @@ import torch
 from scipy.stats import norm
 
 from harness import hookimpl
-from harness.audit.analytic import BallClassifier, LinearClassifier
+from harness.audit.analytic import LinearClassifier
 from harness.audit.audit import BUDGETS, Audit
 from harness.audit.coverage import check_coverage
 from harness.audit.coverage_trials import linear_trial_false
@@ -199,8 +199,6 @@ def test_the_exact_linear_classifier_at_a_scale_matches_a_quadrature():
         assert got[k] == pytest.approx(mass, abs=1e-10)
     probabilities = model.class_probabilities(x, scale)
     assert probabilities[:, 1] == pytest.approx(got, rel=1e-15)
-    with pytest.raises(ValueError, match="no exact smoothed classifier at a diagonal scale"):
-        BallClassifier(2).smoothed_probability(x, scale)
 
 
 def _trial(kappa, bound, p_lower=0.9, radius=0.01):
@@ -265,6 +263,19 @@ class WidePlugins:
         register(MethodSpec("scaled-wide", "scaled", "wide", {}))
 
 
+class FarPlugins:
+    """``scaled-far``: a fixed scale whose axes are 10⁴ apart (0.01, 100), out of the reach
+    of Ruben's series for a ball's mass."""
+
+    @hookimpl
+    def idrs_register_sigma_providers(self, register):
+        register(SigmaProviderSpec("far", lambda context, params: FixedScale(0.01, 1e4)))
+
+    @hookimpl
+    def idrs_register_methods(self, register):
+        register(MethodSpec("scaled-far", "far", "anisotropic", {}))
+
+
 @pytest.mark.slow
 def test_s1_audits_a_diagonal_row_on_the_plane_with_its_ellipsoids(tmp_path, manager, replay_run):
     manager.register(WidePlugins(), name="wide-plugins")
@@ -277,13 +288,38 @@ def test_s1_audits_a_diagonal_row_on_the_plane_with_its_ellipsoids(tmp_path, man
         store.close()
     sound = check_coverage(found["scaled-sound"])
     assert sound.verdict == Verdict.SOUND, sound.summary
-    assert "not run" in sound.evidence["ball-2"] and "Holm over 3" in sound.evidence["correction"]
-    assert sound.evidence["linear-2"]["certified"] > 0
+    assert "Holm over 4" in sound.evidence["correction"]
+    assert sound.evidence["linear-2"]["certified"] > 0 and sound.evidence["ball-2"]["certified"] > 0
     wide = check_coverage(found["scaled-wide"])
     assert wide.verdict == Verdict.VIOLATED, wide.summary
     assert wide.evidence["underived"]["examples"][0]["quantity"] == "ellipsoid"
     linear = wide.evidence["linear-2"]  # the wide ellipsoids reach the plane: false, counted
     assert linear["failures"] > 0 and linear["example"]["certificate"] == "claim ellipsoid"
+    ball = wide.evidence["ball-2"]  # and hold a point the exact ball mass at its scale flips
+    assert ball["failures"] > 0 and ball["example"]["region"] == "ellipsoid"
+    low, high = ball["example"]["exact_p_inside_bounds"]
+    assert high - low < 1e-9 and ball["example"]["exact_p_inside"] < 0.5
+
+
+@pytest.mark.slow
+def test_s1_says_ball_n_is_not_run_where_the_ball_mass_is_out_of_reach(
+    tmp_path, manager, replay_run
+):  # fmt: skip
+    """A scale whose ball mass Ruben's series cannot bound to 1e-9: the linear trials and
+    the calibration still judge, and the evidence and summary say why ball-2 did not run."""
+    manager.register(FarPlugins(), name="far-plugins")
+    db, run_id = replay_run(tmp_path, manager, ["scaled-far"], n=400, count=8)
+    store = ResultStore(db)
+    try:
+        [audit] = audits(store, run_id, RunOptions(db=db), Progress(enabled=False), manager,
+                         budget=BUDGETS["small"], entropy=0x5CA1ED)  # fmt: skip
+    finally:
+        store.close()
+    result = check_coverage(audit)
+    assert result.verdict == Verdict.SOUND, result.summary
+    assert result.evidence["ball-2"].startswith("not run: the ball's mass under a diagonal")
+    assert "ratio 1e+04" in result.summary and "Holm over 3" in result.evidence["correction"]
+    assert result.evidence["linear-2"]["trials"] > 0
 
 
 def test_the_exact_engine_draws_at_a_scale_as_at_its_spread_along_the_normal():

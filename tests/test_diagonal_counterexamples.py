@@ -20,8 +20,10 @@ from scipy import integrate, stats
 from scipy.special import ndtri
 
 from harness import hookimpl
+from harness.audit.analytic import BallClassifier
 from harness.audit.audit import BUDGETS
 from harness.audit.counterexamples import check_counterexamples
+from harness.audit.coverage_trials import place_ball
 from harness.audit.ellipsoid_intersections import meeting_ellipsoids
 from harness.audit.empirical import STRENGTHS, attack_row
 from harness.audit.order import check_order
@@ -29,7 +31,12 @@ from harness.audit.session import audits
 from harness.foundation.certificate import ABSTAIN
 from harness.foundation.progress import Progress
 from harness.foundation.verdict import Verdict
-from harness.mathematics.gaussian_ball import ball_mass
+from harness.mathematics.gaussian_ball import (
+    UndecidedMass,
+    ball_mass,
+    ball_probability,
+    radius_for_probability,
+)
 from harness.plugin.components import CertifierSpec, MethodSpec
 from harness.plugin.manager import PluginManager
 from harness.running.benchmark import parse_benchmark
@@ -157,10 +164,25 @@ def test_the_ball_mass_bounds_hold_the_quadrature_and_the_noncentral_chi2(offset
         assert lower - 1e-10 <= exact <= upper + 1e-10
 
 
-def test_a_ball_mass_the_series_cannot_reach_is_undecided():
-    """A point whose series needs more terms than allowed is [0, 1]: never counted."""
-    (lower,), (upper,) = ball_mass(np.array([[0.999, 0.0]]), np.array([[1e-3, 2e-3]]), 1.0)
-    assert lower == 0.0 and upper == 1.0
+@pytest.mark.parametrize("offset,scale,radius", [
+    ((0.999, 0.0), (1e-3, 2e-3), 1.0), ((0.5, 0.3), (4e-3, 2e-3), 0.583),
+])  # fmt: skip
+def test_a_ball_mass_out_of_the_series_reach_is_bounded_by_the_inversion(offset, scale, radius):
+    """Near the sphere at a tiny scale (10⁵ terms and more): the inversion's bounds, within
+    1e-9, hold a quadrature over one axis that solves the other exactly."""
+    (m0, m1), (s0, s1) = offset, scale
+
+    def given(v):  # P over the narrow axis 0, given the wide axis 1 at v
+        half = np.sqrt(max(radius**2 - (m1 + s1 * v) ** 2, 0.0))
+        return stats.norm.pdf(v) * (
+            stats.norm.cdf((half - m0) / s0) - stats.norm.cdf((-half - m0) / s0)
+        )
+
+    truth = integrate.quad(given, -12, 12, epsabs=1e-14, epsrel=1e-12, limit=400, points=[0.0])[0]
+    (lower,), (upper,) = ball_mass(np.array([offset]), np.array([scale]), radius)
+    assert upper - lower < 1e-9 and lower - 1e-10 <= truth <= upper + 1e-10
+    r = radius_for_probability(np.array(offset), np.array(scale), truth)
+    assert r == pytest.approx(radius, rel=1e-7)
 
 
 # --- S4 ---------------------------------------------------------------------------------
@@ -373,3 +395,76 @@ def test_s4_counts_ellipsoids_that_meet_though_their_balls_do_not():
     assert intersections(balls, inputs)["count"] == 0 and "regions" not in intersections(
         balls, inputs
     )
+
+
+# --- S1's ball-N at a diagonal scale ----------------------------------------------------
+
+
+@pytest.mark.parametrize("offset,scale,q", [
+    ((0.3, -0.4), (0.25, 0.5), 0.3), ((1.2, 0.1), (0.1, 0.9), 0.97), ((0.2, 0.0), (0.3, 0.3), 0.5),
+    ((-0.1, 0.05), (0.02, 0.4), 0.02),
+])  # fmt: skip
+def test_the_radius_of_a_ball_mass_holds_the_quadrature(offset, scale, q):
+    """radius_for_probability inverts the mass: the quadrature at its radius is q (and at
+    equal axes the radius is the noncentral χ²'s quantile)."""
+    radius = radius_for_probability(np.array(offset), np.array(scale), q)
+    assert _quadrature(offset, scale, radius) == pytest.approx(q, abs=1e-8)
+    if scale[0] == scale[1]:
+        nc = np.sum(np.square(offset)) / scale[0] ** 2
+        assert radius == pytest.approx(scale[0] * np.sqrt(stats.ncx2.ppf(q, 2, nc)), rel=1e-8)
+
+
+def test_the_ball_classifier_at_a_diagonal_scale_is_the_quadrature():
+    """The exact smoothed ball classifier at a scale per point (plain and per input), and
+    its placement at a trial quantile: what the quadrature gives."""
+    model = BallClassifier(2, one_hot=True, num_classes=3, classes=(2, 0))
+    model.set_ball(torch.tensor([0.4, -0.2]), 0.9)
+    x = np.array([[0.1, 0.3], [1.0, -0.5]])
+    scale = np.array([[0.25, 0.5], [0.6, 0.1]])
+    held = model.center.double().numpy()  # float32, as the model holds it
+    truth = [_quadrature(x[k] - held, scale[k], 0.9) for k in range(2)]
+    assert model.smoothed_probability(x, scale) == pytest.approx(truth, abs=1e-9)
+    placements = [(torch.tensor([0.4, -0.2]), 0.9), (torch.tensor([1.5, 0.0]), 0.7)]
+    with model.per_input(torch.from_numpy(x).float(), placements):
+        rows = model.class_probabilities(x.astype(np.float32), scale)
+    routed = [_quadrature(x[0].astype(np.float32) - held, scale[0], 0.9),
+              _quadrature(x[1].astype(np.float32) - np.array([1.5, 0.0]), scale[1], 0.7)]  # fmt: skip
+    assert rows[:, 0] == pytest.approx(routed, abs=1e-9)  # class of "inside"
+    assert np.allclose(rows.sum(axis=1), 1.0) and np.all(rows[:, 1] == 0.0)
+    x0 = torch.tensor([0.2, 0.7])
+    placed = place_ball(model, x0, np.array([0.3, 0.05]), 0.8, torch.Generator().manual_seed(3))
+    center = model.center.double().numpy()
+    assert np.linalg.norm(x0.numpy() - center) == pytest.approx(0.05, rel=1e-6)  # min_i s_i
+    got = _quadrature(x0.double().numpy() - center, (0.3, 0.05), placed["ball_radius"])
+    assert got == pytest.approx(0.8, abs=1e-6)  # the center held in float32
+
+
+def test_the_inversion_and_the_series_agree_on_many_uneven_axes(monkeypatch):
+    """At d = 60 with axes 6 apart the series and the inversion (forced: a series of 2 terms)
+    bound the same masses, each within 1e-9, for points inside, near and outside the sphere."""
+    import harness.mathematics.gaussian_ball as gaussian_ball
+
+    rng = np.random.default_rng(4)
+    scale = np.repeat(0.1 * np.exp(rng.uniform(-0.9, 0.9, size=(1, 60))), 3, axis=0)
+    offset = rng.normal(size=(3, 60)) * np.array([[0.02], [0.08], [0.12]])
+    radius = float(np.sqrt(np.sum(scale[0] ** 2)) * 1.05)
+    series = ball_mass(offset, scale, radius)
+    monkeypatch.setattr(gaussian_ball, "MAX_TERMS", 2)
+    inverted = ball_mass(offset, scale, radius)
+    for lower, upper in (series, inverted):
+        assert np.all(upper - lower < 1e-9)
+    assert np.all(series[0] <= inverted[1] + 1e-12) and np.all(inverted[0] <= series[1] + 1e-12)
+    assert series[0].min() > 0.01 and series[0].max() < 0.99  # not decided by a tail alone
+
+
+def test_a_ball_mass_bounded_no_closer_than_1e_9_is_an_error_not_a_value(monkeypatch):
+    """Where neither method bounds the mass to 1e-9, the exact classifier raises, naming the axes."""
+    import harness.mathematics.gaussian_ball as gaussian_ball
+
+    monkeypatch.setattr(gaussian_ball, "EXACT_WIDTH", 1e-13)  # tighter than either reaches
+    model = BallClassifier(2)
+    model.set_ball(torch.tensor([0.0, 0.0]), 1.0)
+    with pytest.raises(UndecidedMass, match="ratio 2"):
+        model.smoothed_probability(np.array([[0.999, 0.0]]), np.array([[1e-3, 2e-3]]))
+    with pytest.raises(UndecidedMass):
+        ball_probability(np.array([[0.999, 0.0]]), np.array([[1e-3, 2e-3]]), 1.0)

@@ -7,7 +7,10 @@
   P(side 1) = Φ((w·x − b)/‖s(x)⊙w‖₂) (:func:`noise_spread`), the same boundary.
 - ``ball-N``: f(x) = [‖x − c‖ <= ρ]. P(f(x + σε) = inside) = P(‖x − c + σε‖² <= ρ²)
   = χ²_N(ρ²/σ²; noncentrality ‖x − c‖²/σ²), the noncentral χ² CDF, for any σ = σ(x);
-  at a diagonal scale a generalized χ² with no closed form, so it is refused.
+  at a diagonal scale s(x) a positive combination of noncentral χ²₁ laws, summed by
+  Ruben's series to within 10⁻⁹ (:func:`~harness.mathematics.gaussian_ball.
+  ball_probability`; a scale whose series is too long for that raises
+  :class:`~harness.mathematics.gaussian_ball.UndecidedMass`).
 
 Side 1 is "positive side" / "inside". A model answers one of K classes: ``classes`` =
 (class of side 0, class of side 1), by default (0, 1) of K = 2; with K > 2 (check S1
@@ -35,6 +38,7 @@ import torch
 
 from harness.foundation.data import Dataset
 from harness.foundation.errors import ParameterError
+from harness.mathematics.gaussian_ball import ball_probability
 
 ONE_HOT_LOGIT = 1e4
 """Logit of the answered class of a one-hot analytic model (exp(−1e4) = 0 in float64)."""
@@ -49,13 +53,24 @@ def noise_spread(sigma: np.ndarray, normals: np.ndarray) -> np.ndarray:
     return np.linalg.norm(sigma.reshape(len(sigma), -1) * normals, axis=1)
 
 
-def _scalar(sigma) -> np.ndarray:
-    """``sigma`` [B]; a ValueError for a diagonal scale (a ball's probability under
-    anisotropic noise is a generalized χ², with no closed form here)."""
-    sigma = np.asarray(sigma, dtype=np.float64)
-    if sigma.ndim > 1:
-        raise ValueError("ball-N has no exact smoothed classifier at a diagonal scale")
-    return sigma
+def ball_inside(offset: np.ndarray, sigma: np.ndarray, radius: np.ndarray) -> np.ndarray:
+    """P(‖offset_b + σ_b ε‖₂ <= ρ_b) [B] of ``offset`` = x − c [B, d]: the noncentral χ²
+    CDF at one σ [B] per row; at a diagonal scale [B, d] (or [B, *shape]) Ruben's series
+    (:func:`~harness.mathematics.gaussian_ball.ball_probability`), row by row where the
+    radii differ."""
+    from scipy import stats
+
+    sigma, radius = np.asarray(sigma, dtype=np.float64), np.asarray(radius, dtype=np.float64)
+    offset = np.asarray(offset, dtype=np.float64).reshape(len(offset), -1)
+    if sigma.ndim < 2:
+        dist2 = np.sum(offset**2, axis=1)
+        return stats.ncx2.cdf(radius**2 / sigma**2, offset.shape[1], dist2 / sigma**2)
+    scale = sigma.reshape(len(sigma), -1)
+    radius = np.broadcast_to(radius, (len(offset),))
+    if np.all(radius == radius[0]):
+        return ball_probability(offset, scale, float(radius[0])) if len(offset) else radius
+    return np.array([ball_probability(offset[b : b + 1], scale[b : b + 1], float(radius[b]))[0]
+                     for b in range(len(offset))])  # fmt: skip
 
 
 class PlacementWithheld(Exception):
@@ -350,22 +365,16 @@ class BallClassifier(_Analytic):
         return self._logits(self.radius - (x.flatten(1) - self.center).norm(dim=1))
 
     def smoothed_probability(self, x: np.ndarray, sigma: np.ndarray) -> np.ndarray:
-        """P(f(x + σε) = inside) = χ²_N(ρ²/σ²; nc = ‖x − c‖²/σ²) (noncentral χ² CDF)."""
-        from scipy import stats
-
-        sigma = _scalar(sigma)
+        """P(f(x + σε) = inside) = χ²_N(ρ²/σ²; nc = ‖x − c‖²/σ²) (noncentral χ² CDF), or
+        at a diagonal scale Ruben's series (:func:`ball_inside`)."""
         flat = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
-        dist2 = np.sum((flat - self.center.double().cpu().numpy()) ** 2, axis=1)
-        return stats.ncx2.cdf(self.radius**2 / sigma**2, self.dim, dist2 / sigma**2)
+        return ball_inside(flat - self.center.double().cpu().numpy(), sigma, self.radius)
 
     def _margin_rows(self, flat, vectors, scalars) -> torch.Tensor:
         return scalars - (flat - vectors).norm(dim=1)
 
     def _probability_rows(self, flat, sigma, vectors, scalars) -> np.ndarray:
-        from scipy import stats
-
-        dist2, sigma = np.sum((flat - vectors) ** 2, axis=1), _scalar(sigma)
-        return stats.ncx2.cdf(scalars**2 / sigma**2, self.dim, dist2 / sigma**2)
+        return ball_inside(flat - vectors, sigma, scalars)
 
     def _parameters_for_hash(self) -> dict[str, np.ndarray]:
         return {"center": self.center.double().cpu().numpy(), "radius": np.array([self.radius])}

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from harness.audit.scaled_regions import as_drawn
 from harness.audit.sigma_calls import sigma_and_gradients
 from harness.mathematics.gaussian_ball import ball_mass
 from harness.mathematics.stats import (
@@ -21,14 +22,6 @@ from harness.mathematics.stats import (
     hoeffding_lower,
     hoeffding_upper,
 )
-
-
-def sigma_in_ball(provider, ball_sigma: dict[int, float] | None, input_id: int):
-    """σ at the points of a certified ball: the method's σ(x), or for memory
-    certificates the constant σ of the ball (``ball_sigma`` by input id)."""
-    if ball_sigma is None:
-        return provider
-    return lambda points: torch.full((len(points),), ball_sigma[input_id], dtype=torch.float64)
 
 
 def search_points(
@@ -104,9 +97,9 @@ def ball_flip(
     points = search_points(model, center, radius, gradient, gen)
     with torch.no_grad():
         if center_sigma is None:
-            sigma = provider(points.to(center.device)).double().cpu().numpy()
+            sigma = as_drawn(provider(points.to(center.device)).double().cpu().numpy())
         else:  # points[0] is the center
-            rest = provider(points[1:].to(center.device)).double().cpu().numpy()
+            rest = as_drawn(provider(points[1:].to(center.device)).double().cpu().numpy())
             sigma = np.concatenate([[center_sigma], rest])
     return flip_among(model, center, points, sigma, prediction)
 

@@ -32,12 +32,13 @@ import torch
 from harness.audit import sigma_smoothing as smoothed
 from harness.audit.analytic import BallClassifier, LinearClassifier, PlacementWithheld
 from harness.audit.audit import Audit
-from harness.audit.ball_attacks import ball_flip, flip_among, search_points, sigma_in_ball
+from harness.audit.ball_attacks import ellipsoid_points, flip_among, search_points
 from harness.audit.coverage_trials import (
     Outcome,
     Trial,
     candidates,
     derived_by_formula,
+    ellipsoids,
     first_false,
     flip_example,
     linear_trial_false,
@@ -47,6 +48,7 @@ from harness.audit.coverage_trials import (
     trial_quantile,
     uniform,
 )
+from harness.audit.scaled_regions import as_drawn, memory_ball_scales
 from harness.audit.sigma_calls import calls_of, sigma_and_gradients, sigma_in_calls
 from harness.certification.certify import (
     certifier_label,
@@ -208,53 +210,66 @@ def _certified(rnd: _Round, provider, certifier, context, x0, input_id: int, sig
 def _one_by_one(rnd: _Round, points, ids, protocol, root: Path) -> list[Trial]:
     """The round's trials one at a time, each judged before the next: σ at the trial input
     (with ∇σ on the ball), then at the flip rays of each certificate."""
-    audit, model = rnd.audit, rnd.model
+    audit = rnd.audit
     name = audit.method.sigma_provider
     method = (rnd.provider, rnd.certifier, rnd.context)
     out = []
     for j in range(len(rnd.chosen)):
-        x0, input_id, where = _trial_input(rnd, points, ids, j)
+        placed = _trial_input(rnd, points, ids, j)
+        x0, input_id, _ = placed
         method = _method_for(rnd, j, method, protocol, root)
-        provider, certifier, context = method
-        gen = rnd.rays(j)
-        gradient = None
-        if sigma_smoothing(provider) is None and rnd.family == "ball":  # σ, ∇σ in one call
-            sigma, [gradient] = sigma_and_gradients(provider, x0, 1)
-            sigma, drawn = checked_sigma(sigma, 1, name).double().cpu().numpy(), None
-        else:  # the provider's σ, or a σ-smoothing's drawn by the harness
-            sigma, drawn = sigma_of(_secret(audit, context, f"{rnd.purpose}/{j}"), provider, x0,
-                                    [input_id], name)  # fmt: skip
-        c, derived, probabilities = _certified(rnd, provider, certifier, context, x0, input_id,
-                                               sigma, drawn, protocol)  # fmt: skip
-        if rnd.family == "linear":
-            out.append(Trial(input_id, c, derived,
-                             linear_trial_false(c, derived, rnd.model, rnd.pair, x0, where),
-                             probabilities, rnd.uniforms[j]))  # fmt: skip
+        provider, _, context = method
+        if sigma_smoothing(provider) is not None:  # σ drawn by the harness per point
+            out.append(_smoothed_trial(rnd, method, placed, j, protocol))
             continue
-        if drawn is not None:  # flips at every σ level plausible there, drawn by the harness
-            smoothing, level = sigma_smoothing(provider), int(np.argmax(drawn.selection[0]))
-
-            def false(pred, radius, x0=x0, where=where, context=context, smoothing=smoothing,
-                      level=level, gen=gen, search=f"{rnd.purpose}/{j}"):  # fmt: skip
-                return flip_example(smoothed.ball_flip(audit, context, smoothing, model, x0[0],
-                                                        radius, pred, level, gen, search,
-                                                        rnd.searches), where)  # fmt: skip
-
+        gradient = None
+        if rnd.family == "ball":  # σ, ∇σ in one call
+            sigma, [gradient] = sigma_and_gradients(provider, x0, 1)
+            sigma = held_sigma(checked_sigma(sigma, 1, name, dims=x0[0].numel()), 1)
         else:
-            ball_sigma = certifier.ball_sigmas([vars(c)]) if certifier.order_dependent else None
-
-            def false(pred, radius, x0=x0, gradient=gradient, ball_sigma=ball_sigma,
-                      input_id=input_id, provider=provider, where=where, gen=gen,
-                      known=float(sigma[0])):  # fmt: skip
-                constant = ball_sigma is not None  # memory: σ constant in the ball
-                flip = ball_flip(sigma_in_ball(provider, ball_sigma, input_id), model, x0[0],
-                                 radius, pred, gen, None if constant else gradient,
-                                 None if constant else known)  # fmt: skip
-                return flip_example(flip, where)
-
-        out.append(Trial(input_id, c, derived, first_false(c, derived, false), probabilities,
-                          rnd.uniforms[j]))  # fmt: skip
+            sigma, _ = sigma_of(context, provider, x0, [input_id], name)
+        trial, search = _placed_trial(rnd, method, placed, j, sigma, gradient, protocol)
+        if search is not None:
+            for ray in search.rays:
+                if ray.sigma is None:
+                    with torch.no_grad():
+                        ray.sigma = as_drawn(provider(ray.points[1:].to(x0.device)).double()
+                                             .cpu().numpy())  # fmt: skip
+            trial.false = search.first_false()
+        out.append(trial)
     return out
+
+
+def _smoothed_trial(rnd: _Round, method, placed, j: int, protocol) -> Trial:
+    """Trial ``j`` of a σ-smoothing (dual RS): σ drawn by the harness at the trial input,
+    and on the ball flips at every σ level plausible at a point, drawn there."""
+    audit, model = rnd.audit, rnd.model
+    x0, input_id, where = placed
+    provider, certifier, context = method
+    sigma, drawn = sigma_of(_secret(audit, context, f"{rnd.purpose}/{j}"), provider, x0,
+                            [input_id], audit.method.sigma_provider)  # fmt: skip
+    c, derived, probabilities = _certified(rnd, provider, certifier, context, x0, input_id,
+                                           sigma, drawn, protocol)  # fmt: skip
+    if rnd.family == "linear":
+        false = linear_trial_false(c, derived, model, rnd.pair, x0, where)
+        return Trial(input_id, c, derived, false, probabilities, rnd.uniforms[j])
+    smoothing, level = sigma_smoothing(provider), int(np.argmax(drawn.selection[0]))
+    gen, search = rnd.rays(j), f"{rnd.purpose}/{j}"
+
+    def false(pred, radius):
+        return flip_example(smoothed.ball_flip(audit, context, smoothing, model, x0[0], radius,
+                                               pred, level, gen, search, rnd.searches), where)  # fmt: skip
+
+    return Trial(input_id, c, derived, first_false(c, derived, false), probabilities,
+                 rnd.uniforms[j])  # fmt: skip
+
+
+def held_sigma(sigma: torch.Tensor, count: int) -> np.ndarray:
+    """σ answered for ``count`` points as a run holds it: float64 [count], or a diagonal
+    scale [count, d] in float32 (:func:`harness.engine.scale.as_scale`)."""
+    if sigma.dim() > 1:
+        return as_scale(sigma.detach().to("cpu", torch.float32).numpy(), count)
+    return sigma.detach().double().cpu().numpy()
 
 
 def _asked(rnd: _Round, routed: bool, points: torch.Tensor, trial: list[int]):
@@ -289,10 +304,8 @@ def _together(rnd: _Round, points, ids, protocol, root: Path) -> list[Trial] | N
             continue
     else:
         return None
-    sigma = checked_sigma(sigma.detach(), len(x0), audit.method.sigma_provider,
-                          dims=x0[0].numel())  # fmt: skip
-    scale = as_scale(sigma.to("cpu", torch.float32).numpy(), len(x0)) if sigma.dim() > 1 else None
-    sigma = sigma.double().cpu().numpy() if scale is None else scale  # as a run holds it
+    sigma = held_sigma(checked_sigma(sigma.detach(), len(x0), audit.method.sigma_provider,
+                                     dims=x0[0].numel()), len(x0))  # fmt: skip
     method, out, searches = (rnd.provider, rnd.certifier, rnd.context), [], []
     for j in trials:
         placed = _trial_input(rnd, points, ids, j)
@@ -308,7 +321,7 @@ def _together(rnd: _Round, points, ids, protocol, root: Path) -> list[Trial] | N
         owners = [j for j, ray in rays for _ in range(len(ray.points) - 1)]
         try:
             with _asked(rnd, routed, asked, owners), torch.no_grad():
-                values = sigma_in_calls(provider, asked, batch).double().cpu().numpy()
+                values = as_drawn(sigma_in_calls(provider, asked, batch).double().cpu().numpy())
         except PlacementWithheld:
             return None
         parts = np.split(values, np.cumsum([len(ray.points) - 1 for _, ray in rays])[:-1])
@@ -322,43 +335,50 @@ def _together(rnd: _Round, points, ids, protocol, root: Path) -> list[Trial] | N
 
 @dataclass
 class _Rays:
-    """A certificate's flip search on the ball: its source, prediction and radius, the
-    points (center first) and σ at the others (once asked; a memory's: its ball's σ)."""
+    """A certificate's flip search: its source, prediction and radius (of an ellipsoid: κ,
+    ``region`` "ellipsoid"), the points (center first) and σ at the others (once asked;
+    a memory's: its ball's σ or scale)."""
 
     source: str
     prediction: int
     radius: float
     points: torch.Tensor
     sigma: np.ndarray | None = None
+    region: str | None = None
 
 
 @dataclass
 class _BallSearch:
     """A ball trial's flip searches, judged once σ is known at their points: the model as
-    placed for the trial, the trial input, σ there, the example's fields."""
+    placed for the trial, the trial input, σ there (a scale [d] at a diagonal scale), the
+    example's fields."""
 
     model: BallClassifier
     center: torch.Tensor
-    center_sigma: float
+    center_sigma: float | np.ndarray
     where: dict
     rays: list[_Rays]
 
     def first_false(self) -> dict | None:
-        """The first certificate with a flip, as :func:`first_false`."""
+        """The first certificate with a flip, as :func:`first_false` (the ℓ2 balls, then
+        the ellipsoids at a diagonal scale)."""
         for ray in self.rays:
             sigma = np.concatenate([[self.center_sigma], ray.sigma])
             flip = flip_among(self.model, self.center, ray.points, sigma, ray.prediction)
             if flip is not None:
-                return {"certificate": ray.source, "prediction": ray.prediction,
-                        "radius": ray.radius, **flip_example(flip, self.where)}  # fmt: skip
+                size = ({"radius": ray.radius} if ray.region is None
+                        else {"ellipsoid": ray.radius, "region": ray.region})  # fmt: skip
+                return {"certificate": ray.source, "prediction": ray.prediction, **size,
+                        **flip_example(flip, self.where)}  # fmt: skip
         return None
 
 
 def _placed_trial(rnd: _Round, method, placed, j: int, sigma: np.ndarray, gradient, protocol):
     """Trial ``j`` (``placed``: :func:`_trial_input`) certified at its σ by ``method``:
     (the trial, None) for a linear trial, judged; (the trial, its flip searches: the rays
-    of each certificate drawn from the trial's generator) on the ball. A memory keeps σ
-    constant in its ball (its rays' σ)."""
+    of each certificate drawn from the trial's generator) on the ball, at a diagonal
+    scale its ellipsoids' too (:func:`~harness.audit.ball_attacks.ellipsoid_points`). A
+    memory keeps σ (its scale) constant in its ball (its rays' σ)."""
     x0, input_id, where = placed
     provider, certifier, context = method
     c, derived, probabilities = _certified(rnd, provider, certifier, context, x0, input_id,
@@ -367,14 +387,25 @@ def _placed_trial(rnd: _Round, method, placed, j: int, sigma: np.ndarray, gradie
     if rnd.family == "linear":
         trial.false = linear_trial_false(c, derived, rnd.model, rnd.pair, x0, where)
         return trial, None
-    memory = certifier.ball_sigmas([vars(c)]) if certifier.order_dependent else None
+    scale = recorded_scale(c.draws)
+    memory = None
+    if certifier.order_dependent:
+        rows = [vars(c)]
+        memory = memory_ball_scales(certifier, rows) if scale is not None \
+            else certifier.ball_sigmas(rows)  # fmt: skip
     constant = memory is not None  # σ constant in the ball: no rays along ∇σ
+    center_sigma = memory[input_id] if constant else sigma[0]
+    if scale is None:
+        center_sigma = float(center_sigma)
     gen, rays = rnd.rays(j), []
+    toward = None if constant else gradient
     for source, pred, radius in candidates(c, derived, 0):
-        found = search_points(rnd.model, x0[0], radius, None if constant else gradient, gen)
-        ray = _Rays(source, pred, radius, found)
-        if constant:
-            ray.sigma = np.full(len(found) - 1, memory[input_id])
-        rays.append(ray)
-    center_sigma = memory[input_id] if constant else float(sigma[0])
+        rays.append(_Rays(source, pred, radius, search_points(rnd.model, x0[0], radius, toward,
+                                                              gen)))  # fmt: skip
+    for source, pred, kappa in ellipsoids(c, derived, 0):
+        found = ellipsoid_points(rnd.model, x0[0], kappa * scale.astype(np.float64), toward, gen)
+        rays.append(_Rays(source, pred, kappa, found, region="ellipsoid"))
+    if constant:
+        for ray in rays:
+            ray.sigma = np.repeat(np.asarray(center_sigma)[None], len(ray.points) - 1, axis=0)
     return trial, _BallSearch(copy.deepcopy(rnd.model), x0[0], center_sigma, where, rays)

@@ -11,13 +11,15 @@ formula derives (:func:`underived`), and it gives the calibration test a score
 (:func:`score`). :class:`Outcome` sums a family's trials.
 
 At a diagonal scale (:mod:`harness.engine.scale`) σ_ref is the certificate's recorded
-scale s and the plane sits at signed distance Φ⁻¹(q)·‖s⊙w‖₂ (P(side 1) = q at s); only
-``linear-N`` runs (a ball's probability under anisotropic noise has no closed form).
-Beside its ℓ2 balls a trial then stands for its ellipsoids {δ : ‖Σ^{-1/2}δ‖₂ <= κ}
-(:func:`ellipsoids`): the claim's κ and Φ⁻¹ of the formula's bound, the largest κ S0
-accepts from the draws; the smoothed boundary is the plane whatever the scale, so one is
-false iff its class is wrong or κ·‖s⊙w‖₂ exceeds the distance to the plane (the largest
-w·δ on the ellipsoid), i.e. iff the bound exceeds the exact p_A.
+scale s: the plane sits at signed distance Φ⁻¹(q)·‖s⊙w‖₂ (P(side 1) = q at s), the ball
+at c = x0 + min_i s_i·u with the radius whose mass under x0 + s∘ε is q
+(:func:`~harness.mathematics.gaussian_ball.radius_for_probability`). Beside its ℓ2 balls
+a trial then stands for its ellipsoids {δ : ‖Σ^{-1/2}δ‖₂ <= κ} (:func:`ellipsoids`): the
+claim's κ and Φ⁻¹ of the formula's bound, the largest κ S0 accepts from the draws. On
+the plane the smoothed boundary is the plane whatever the scale, so one is false iff its
+class is wrong or κ·‖s⊙w‖₂ exceeds the distance to the plane (the largest w·δ on the
+ellipsoid), i.e. iff the bound exceeds the exact p_A; on the ball it is searched as S4
+searches a claimed ellipsoid (:mod:`harness.audit.coverage_rounds`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from harness.certification.certify import sigma_smoothing
 from harness.engine.scale import recorded_scale
 from harness.foundation.certificate import ABSTAIN, Certificate
 from harness.mathematics.calibration import pit_score
+from harness.mathematics.gaussian_ball import radius_for_probability
 from harness.mathematics.radius import Recomputed, sigma_choice_recompute
 from harness.mathematics.stats import false_certificates_pvalue
 
@@ -224,11 +227,20 @@ def place_linear(model, x0: torch.Tensor, s, q: float, gen) -> dict:
     return {"distance": distance}
 
 
-def place_ball(model, x0: torch.Tensor, s: float, q: float, gen) -> dict:
-    """A ball B(c, ρ), c = x0 + σ_ref·u (u a random unit vector), χ²_N(ρ²/σ_ref²; 1) = q."""
+def place_ball(model, x0: torch.Tensor, s, q: float, gen) -> dict:
+    """A ball B(c, ρ), c = x0 + σ_ref·u (u a random unit vector), χ²_N(ρ²/σ_ref²; 1) = q;
+    at a recorded scale s [d], c = x0 + min_i s_i·u and ρ the radius whose mass under
+    x0 + s∘ε is q (:func:`~harness.mathematics.gaussian_ball.radius_for_probability`)."""
     u = torch.randn(model.dim, generator=gen, dtype=torch.float64)
-    radius = s * math.sqrt(stats.ncx2.ppf(q, model.dim, 1.0))
-    model.set_ball(x0.flatten().double() + s * u / u.norm(), radius)
+    u /= u.norm()
+    if np.ndim(s) == 0:
+        radius = s * math.sqrt(stats.ncx2.ppf(q, model.dim, 1.0))
+        model.set_ball(x0.flatten().double() + s * u, radius)
+        return {"ball_radius": radius}
+    scale = np.asarray(s, dtype=np.float64).reshape(-1)
+    step = float(scale.min())
+    radius = radius_for_probability(-step * u.numpy(), scale, q)
+    model.set_ball(x0.flatten().double() + step * u, radius)
     return {"ball_radius": radius}
 
 
