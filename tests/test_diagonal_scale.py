@@ -348,6 +348,23 @@ def test_a_row_drawn_at_one_sigma_exports_as_before():
     assert '"region":[null,{"factor":1.0,"kind":"ellipsoid","proxy_radius":0.3}]' in text
 
 
+def test_the_worst_order_keeps_an_ellipsoid_only_where_it_left_the_certificate():
+    """A memory row scored at its worst order: the recorded ellipsoid stays beside a
+    certificate the order left as recorded, and goes where it changed the radius or class
+    (the memory keeps a region only on certificates it leaves unchanged)."""
+    from harness.reports.leaderboard.board import at_order, region_metrics
+    from harness.store.storedrun import StoredCertificate
+
+    region = {"kind": "ellipsoid", "factor": 1.0, "proxy_radius": 0.4}
+    certs = [StoredCertificate("ancer-memory", "s", i, 3, 3, 3, 0.5, 0.25, 0.1, region=region)
+             for i in range(4)]  # fmt: skip
+    order = {"input_id": [3, 2, 1, 0], "prediction": [3, 3, 3, 1], "radius": [0.5, 0.2, 0.5, 0.5]}
+    replayed = at_order(certs, order)
+    assert [c.region for c in replayed] == [None, region, None, region]
+    assert [(c.prediction, c.radius) for c in replayed] == [(1, 0.5), (3, 0.5), (3, 0.2), (3, 0.5)]
+    assert region_metrics(replayed) == {"claimed": 2, "inputs": 4, "median": 0.4, "mean": 0.2}
+
+
 # --- the fused CUDA kernel, compiled here ----------------------------------------------
 
 

@@ -14,8 +14,10 @@ Applicability: the certifier declares ``order_dependent = True``; otherwise
 
 At a diagonal scale (:mod:`harness.engine.scale`; the memory wraps a certifier for it,
 e.g. ``anisotropic``) the memory's balls are the ℓ2 balls of σ_min and the replays are
-the same; an ellipsoid, which the memory keeps only on a certificate it leaves as it was,
-is not replayed, so every order is scored on its ℓ2 radii (the evidence says so).
+the same and every order is scored on its ℓ2 radii (the evidence says so); an ellipsoid,
+which the memory keeps only on a certificate it leaves as it was, is shown at the worst
+order only where that order left the certificate as recorded
+(:func:`harness.reports.leaderboard.board.at_order`).
 """
 
 from __future__ import annotations

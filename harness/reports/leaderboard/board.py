@@ -314,7 +314,9 @@ def region_metrics(certs: Sequence[StoredCertificate]) -> dict[str, Any] | None:
 
 
 def at_order(certs: Sequence[StoredCertificate], order: dict[str, list]) -> list[StoredCertificate]:
-    """Certificates with CERTIFY's prediction and radius as a replayed input order left them."""
+    """Certificates with CERTIFY's prediction and radius as a replayed input order left them;
+    a claimed ellipsoid only where the order left the certificate as recorded (a memory
+    keeps a region on the certificates it leaves unchanged: docs/soundness.md, S5)."""
     replayed = {
         int(i): (int(p), float(r))
         for i, p, r in zip(order["input_id"], order["prediction"], order["radius"], strict=True)
@@ -322,5 +324,6 @@ def at_order(certs: Sequence[StoredCertificate], order: dict[str, list]) -> list
     out = []
     for c in certs:
         p, r = replayed.get(int(c.input_id), (c.prediction, c.radius))
-        out.append(replace(c, prediction=p, radius=r))
+        region = c.region if (p, r) == (c.prediction, c.radius) else None
+        out.append(replace(c, prediction=p, radius=r, region=region))
     return out
