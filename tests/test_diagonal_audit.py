@@ -166,6 +166,45 @@ def test_s3_judges_a_scale_that_moves_elsewhere_than_its_smallest_axis(regularit
     assert far.verdict == Verdict.UNJUSTIFIED, far.summary
 
 
+class FarAlongTheLongAxis:
+    """σ(x) = BASE while x_2 < 1.1, then every axis grows as e^{x_2 − 1.1}: constant on the
+    test inputs' balls (x_2 <= 0.3 + R, R = 0.25·Φ⁻¹(0.99) = 0.58), varying inside their
+    ellipsoids, which reach 0.3 + Φ⁻¹(0.99)·1.0 = 2.63 along axis 2."""
+
+    def __init__(self, regularity) -> None:
+        self.regularity = regularity
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        grow = torch.exp(torch.relu(x.flatten(1).double()[:, 2:3] - 1.1))
+        return torch.tensor(BASE, dtype=torch.float64, device=x.device) * grow
+
+
+def _with_ellipsoids(audit: FakeAudit) -> FakeAudit:
+    """The audit's certificates each claiming ANCER's ellipsoid, κ = Φ⁻¹(p_A_lower)."""
+    for c in audit.certificates:
+        c["region"] = {"kind": "ellipsoid", "factor": float(norm.ppf(P_LOWER)),
+                       "proxy_radius": 0.0}  # fmt: skip
+    return audit
+
+
+@pytest.mark.parametrize("regularity", [Constant(0.25), Unregularized()])
+def test_s3_searches_the_claimed_ellipsoid_beyond_the_ball(regularity):
+    """A scale fixed on every ball passes the ball's search; inside the claimed ellipsoids
+    it varies: declared constant, the row is unjustified by that; unregularized, the worst
+    case of the two anisotropic Gaussians at the point found is below 1/2."""
+    balls = check_justification(_audit(FarAlongTheLongAxis(regularity)))
+    assert balls.verdict == Verdict.SOUND and balls.evidence["varying"] == 0, balls.summary
+    result = check_justification(_with_ellipsoids(_audit(FarAlongTheLongAxis(regularity))))
+    assert result.verdict == Verdict.UNJUSTIFIED, result.summary
+    first = result.evidence["first"]
+    assert first["region"] == "ellipsoid" and result.evidence["varying"] == 3
+    if isinstance(regularity, Constant):
+        assert "inside the claimed ellipsoid, beyond the ball" in result.summary
+    else:
+        judged = result.evidence["worst_case"]["judged"]
+        assert all(r["upper"] < 0.5 and r["distance"] > 0.58 for r in judged), judged
+
+
 def test_s3_refuses_what_it_cannot_read():
     audit = _audit(Scale(Constant(0.25)))
     audit.certificates[1]["draws"] = {"base": {}}  # one certificate lost its scale

@@ -1,4 +1,4 @@
-"""S3 at a diagonal scale: does a valid proof cover each certified ℓ2 ball?
+"""S3 at a diagonal scale: does a valid proof cover each certified ℓ2 ball and ellipsoid?
 
 A certificate drawn at a diagonal scale Σ0 = diag(σ_1², …, σ_d²) (:mod:`harness.engine.
 scale`) claims the ℓ2 ball B(x0, R) with R = σ_min·Φ⁻¹(p_A_lower), σ_min = min_i σ_i of
@@ -25,7 +25,8 @@ function with an error bound (:mod:`harness.mathematics.worstcase.anisotropic`),
   entropy) is searched for the scale the σ-provider answers in it (random points, both
   ends of the smallest axis at R, then projected gradient ascent of
   max_i ±(log σ_i(x1) − log σ_i(x0)) when it is differentiable), against the scale
-  recorded with the certificate;
+  recorded with the certificate, and so is the ellipsoid the certificate claims beyond
+  its ball (:func:`ellipsoid_deviation`);
 - a scale found equal to the recorded one (relative :data:`SCALE_SLACK`, the float32 it
   is drawn in) throughout the ball is judged by ξ at σ_min: ``unjustified`` at or
   above 1/2 (e.g. a radius from the largest axis);
@@ -51,6 +52,7 @@ from scipy.special import ndtr, ndtri
 
 from harness.audit.audit import Audit
 from harness.audit.ball_rounding import inside_radius
+from harness.audit.scaled_regions import ellipsoid_axes
 from harness.audit.sigma_calls import calls_of, sigma_in_calls, sigma_with_graph
 from harness.certification.certify import checked_sigma, sigma_smoothing
 from harness.engine.scale import recorded_scale
@@ -105,6 +107,14 @@ def check_scale_justification(audit: Audit, name: str, tolerance: float) -> Chec
         torch.tensor(scale0, device=device), audit.budget.ascent_steps, gen, calls_of(audit),
         candidates.see,
     )  # fmt: skip
+    region = np.full(len(chosen), "ball", dtype=object)
+    axes = [ellipsoid_axes(certs[k]) for k in chosen]
+    if any(a is not None for a in axes):  # the claimed ellipsoids, beyond their balls
+        wide, wide_axis = ellipsoid_deviation(_checked(audit, dim), x0, axes, scale0, gen,
+                                              calls_of(audit), candidates.see)  # fmt: skip
+        further = wide > deviation
+        deviation, axis = np.where(further, wide, deviation), np.where(further, wide_axis, axis)
+        region[further] = "ellipsoid"
     varies = deviation > np.log1p(SCALE_SLACK)
     uncovered = ~varies & ~(worst < 0.5 + tolerance)
 
@@ -112,7 +122,7 @@ def check_scale_justification(audit: Audit, name: str, tolerance: float) -> Chec
         return {"input_id": certs[chosen[j]]["input_id"], "radius": float(radius[j]),
                 "sigma_min": float(sigma_min[j]), "p_lower": float(p_lower[j]),
                 "xi": float(worst[j]), "log_scale_deviation": float(deviation[j]),
-                "axis": int(axis[j])}  # fmt: skip
+                "axis": int(axis[j]), "region": str(region[j])}  # fmt: skip
 
     evidence = {"audited": len(chosen), "dim": dim, "declared": declared.describe(),
                 "inputs": [int(certs[k]["input_id"]) for k in chosen],
@@ -132,9 +142,10 @@ def check_scale_justification(audit: Audit, name: str, tolerance: float) -> Chec
     if varies.any():
         j = int(np.flatnonzero(varies)[0])
         evidence["first"] = example(j)
+        inside = (f"the ball of radius {radius[j]:.10g}" if region[j] == "ball"
+                  else "the claimed ellipsoid, beyond the ball")  # fmt: skip
         where = (f"input {evidence['first']['input_id']}: axis {int(axis[j])} of the scale "
-                 f"changes by a factor e^{deviation[j]:.4g} inside the ball of radius "
-                 f"{radius[j]:.10g}")  # fmt: skip
+                 f"changes by a factor e^{deviation[j]:.4g} inside {inside}")  # fmt: skip
         if isinstance(declared, Constant):
             return CheckResult(name, Verdict.UNJUSTIFIED,
                                f"{where}, though the σ-provider declares a constant scale, the "
@@ -291,6 +302,49 @@ def scale_deviation(
                 delta *= (reach / delta.norm(dim=1).clamp_min(1e-12)).clamp(max=1.0)[:, None]
                 x1 = centre + delta
     return best.cpu().numpy(), axis.cpu().numpy()
+
+
+def ellipsoid_deviation(
+    provider, x0: torch.Tensor, axes: list[np.ndarray | None], scale0: np.ndarray,
+    gen: torch.Generator, batch: int, see=None,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """As :func:`scale_deviation`, in the claimed ellipsoids {x0_k + δ : ‖δ/a_k‖₂ < 1}
+    (semi-axes ``axes[k]`` = κ·σ_i, None where none is claimed: 0 there): random
+    directions carried to 1, 1/2 and 1/4 of the ellipsoid's extent along them and both
+    ends of its two longest axes, just inside (a point float32 rounds out is dropped), in
+    one query (no ascent: the ball's search already climbs where σ grows)."""
+    flat = x0.flatten(1)
+    points, balls = [], []
+    for k, a in enumerate(axes):
+        if a is None:
+            continue
+        semi = torch.from_numpy(np.asarray(a, dtype=np.float64))
+        for fraction in (1.0, 0.5, 0.25):
+            for _ in range(4):
+                u = torch.randn(len(semi), generator=gen, dtype=torch.float64)
+                points.append(semi * u * ((1 - 1e-6) * fraction / u.norm()))
+        for i in torch.argsort(semi, descending=True)[:2]:
+            for sign in (1.0, -1.0):
+                along = torch.zeros_like(semi)
+                along[i] = sign * (1 - 1e-6) * semi[i]
+                points.append(along)
+        balls += [k] * (len(points) - len(balls))
+    owners = np.array(balls)
+    centres = flat.double()[torch.from_numpy(owners).to(flat.device)]
+    asked = (centres + torch.stack(points).to(flat.device)).float()
+    semi = torch.from_numpy(np.stack([axes[k] for k in owners])).to(flat.device)
+    inside = (((asked.double() - centres) / semi).norm(dim=1) < 1).cpu().numpy()
+    asked, owners = asked[torch.from_numpy(inside).to(flat.device)], owners[inside]  # rounded out
+    with torch.no_grad():
+        sigma = sigma_in_calls(provider, asked.view(-1, *x0.shape[1:]), batch)
+    if see is not None:
+        see(asked, sigma, owners)
+    found = (torch.log(sigma.double().cpu()) - torch.log(torch.from_numpy(scale0)[owners])).abs()
+    gap, where = found.max(dim=1)
+    best, axis = np.zeros(len(axes)), np.zeros(len(axes), dtype=np.int64)
+    for row in np.argsort(gap.numpy(), kind="stable"):  # the largest last, so it stays
+        best[owners[row]], axis[owners[row]] = float(gap[row]), int(where[row])
+    return best, axis
 
 
 def _checked(audit: Audit, dim: int):
