@@ -302,6 +302,31 @@ class WidePlugins:
         register(MethodSpec("scaled-wide", "scaled", "wide", {}))
 
 
+class ReadsTheModel(FixedScale):
+    """``FixedScale(0.25, 2.0)`` that evaluates the base model first (and discards it): a σ
+    of each trial's classifier, which S1 asks trial by trial."""
+
+    def __init__(self, model) -> None:
+        super().__init__(0.25, 2.0)
+        self.model = model
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.model(x)
+        return super().__call__(x)
+
+
+class ReadingPlugins:
+    """``scaled-reading``: the fixed scale of ``scaled-sound``, asked of a σ that reads the model."""
+
+    @hookimpl
+    def idrs_register_sigma_providers(self, register):
+        register(SigmaProviderSpec("reading", lambda context, params: ReadsTheModel(context.model)))
+
+    @hookimpl
+    def idrs_register_methods(self, register):
+        register(MethodSpec("scaled-reading", "reading", "anisotropic", {}))
+
+
 class FarPlugins:
     """``scaled-far``: a fixed scale whose axes are 10⁴ apart (0.01, 100), out of the reach
     of Ruben's series for a ball's mass."""
@@ -338,6 +363,37 @@ def test_s1_audits_a_diagonal_row_on_the_plane_with_its_ellipsoids(tmp_path, man
     assert ball["failures"] > 0 and ball["example"]["region"] == "ellipsoid"
     low, high = ball["example"]["exact_p_inside_bounds"]
     assert high - low < 1e-9 and ball["example"]["exact_p_inside"] < 0.5
+
+
+@pytest.mark.slow
+def test_s1_trial_by_trial_judges_a_diagonal_row_as_all_at_once(
+    tmp_path, manager, replay_run, monkeypatch
+):  # fmt: skip
+    """A scale that reads the model is asked trial by trial; its S1 draws the same
+    placements, rays and noise as the scale asked for a whole round at once, so both
+    families' trials, certificates and false certificates are the same."""
+    from harness.audit import coverage_rounds
+
+    one_by_one, rounds = coverage_rounds._one_by_one, []
+    monkeypatch.setattr(coverage_rounds, "_one_by_one",
+                        lambda rnd, *args: rounds.append(rnd.family) or one_by_one(rnd, *args))  # fmt: skip
+    manager.register(WidePlugins(), name="wide-plugins")
+    manager.register(ReadingPlugins(), name="reading-plugins")
+    db, run_id = replay_run(tmp_path, manager, ["scaled-sound", "scaled-reading"], n=400, count=8)
+    store = ResultStore(db)
+    try:
+        found = {a.method.name: a for a in audits(store, run_id, RunOptions(db=db),
+                 Progress(enabled=False), manager, budget=BUDGETS["small"], entropy=0x5CA1ED)}  # fmt: skip
+    finally:
+        store.close()
+    together = check_coverage(found["scaled-sound"])
+    assert not rounds
+    alone = check_coverage(found["scaled-reading"])
+    assert set(rounds) == {"linear", "ball"}
+    assert together.verdict == alone.verdict == Verdict.SOUND, alone.summary
+    for family in ("linear-2", "ball-2"):
+        assert alone.evidence[family] == together.evidence[family]
+    assert together.evidence["ball-2"]["certified"] > 0
 
 
 @pytest.mark.slow
