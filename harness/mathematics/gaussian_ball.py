@@ -72,11 +72,7 @@ def ball_mass(
     outside, inside = (gap > 0) & (tail < TOLERANCE), (gap < 0) & (tail < TOLERANCE)
     upper[outside], lower[inside] = tail[outside], 1 - tail[inside]
     rest = ~(outside | inside)
-    # the mixture's mean index, Ψ'(1) = ½ Σ_i (γ_i + μ_i²)/(1 − γ_i): a point whose series
-    # would need more terms than MAX_TERMS allows is bounded by the inversion instead
-    ratio = s2 / s2.min(axis=1, keepdims=True)  # 1/(1 − γ_i)
-    mean_terms = 0.5 * ((ratio - 1) + m2 / s2 * ratio).sum(axis=1)
-    series = rest & (mean_terms < MAX_TERMS / 2)
+    series = rest & _within_reach(m2, s2)
     if np.any(series):
         weights, beta, left = _mixture(m2[series], s2[series])
         lower[series] = _mixture_cdf(weights, beta, dims, radius)
@@ -104,6 +100,13 @@ def _inverted(offset: np.ndarray, scale: np.ndarray, radii: tuple[float, float])
         return max(p - error, 0.0), min(p + error, 1.0)
 
     return cdf
+
+
+def _within_reach(m2: np.ndarray, s2: np.ndarray) -> np.ndarray:
+    """Whether each point's series ends within MAX_TERMS: its mean index Ψ'(1) =
+    ½ Σ_i (γ_i + μ_i²)/(1 − γ_i) below MAX_TERMS/2 (else the inversion bounds it)."""
+    ratio = s2 / s2.min(axis=1, keepdims=True)  # 1/(1 − γ_i)
+    return 0.5 * ((ratio - 1) + m2 / s2 * ratio).sum(axis=1) < MAX_TERMS / 2
 
 
 def _mixture(m2: np.ndarray, s2: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -176,7 +179,8 @@ def radius_for_probability(offset: np.ndarray, scale: np.ndarray, q: float) -> f
     offset = np.asarray(offset, dtype=np.float64).reshape(-1)
     scale = np.asarray(scale, dtype=np.float64).reshape(-1)
     top = float(np.linalg.norm(offset)) + float(scale.max()) * np.sqrt(chi2.isf(1e-14, len(scale)))
-    weights, beta, left = _mixture(offset[None] ** 2, scale[None] ** 2)
+    m2, s2 = offset[None] ** 2, scale[None] ** 2
+    weights, beta, left = _mixture(m2, s2) if _within_reach(m2, s2)[0] else (None, None, [1.0])
     if left[0] <= TOLERANCE:
 
         def bounds(r: float) -> tuple[float, float]:
