@@ -340,16 +340,22 @@ class FarPlugins:
         register(MethodSpec("scaled-far", "far", "anisotropic", {}))
 
 
+def _audited(db, run_id: str, manager) -> dict:
+    """The audits of a stored run's rows by method name, at the small budget and a fixed
+    entropy."""
+    store = ResultStore(db)
+    try:
+        return {a.method.name: a for a in audits(store, run_id, RunOptions(db=db),
+                Progress(enabled=False), manager, budget=BUDGETS["small"], entropy=0x5CA1ED)}  # fmt: skip
+    finally:
+        store.close()
+
+
 @pytest.mark.slow
 def test_s1_audits_a_diagonal_row_on_the_plane_with_its_ellipsoids(tmp_path, manager, replay_run):
     manager.register(WidePlugins(), name="wide-plugins")
     db, run_id = replay_run(tmp_path, manager, ["scaled-sound", "scaled-wide"], n=400, count=8)
-    store = ResultStore(db)
-    try:
-        found = {a.method.name: a for a in audits(store, run_id, RunOptions(db=db),
-                 Progress(enabled=False), manager, budget=BUDGETS["small"], entropy=0x5CA1ED)}  # fmt: skip
-    finally:
-        store.close()
+    found = _audited(db, run_id, manager)
     sound = check_coverage(found["scaled-sound"])
     assert sound.verdict == Verdict.SOUND, sound.summary
     assert "Holm over 4" in sound.evidence["correction"]
@@ -380,12 +386,7 @@ def test_s1_trial_by_trial_judges_a_diagonal_row_as_all_at_once(
     manager.register(WidePlugins(), name="wide-plugins")
     manager.register(ReadingPlugins(), name="reading-plugins")
     db, run_id = replay_run(tmp_path, manager, ["scaled-sound", "scaled-reading"], n=400, count=8)
-    store = ResultStore(db)
-    try:
-        found = {a.method.name: a for a in audits(store, run_id, RunOptions(db=db),
-                 Progress(enabled=False), manager, budget=BUDGETS["small"], entropy=0x5CA1ED)}  # fmt: skip
-    finally:
-        store.close()
+    found = _audited(db, run_id, manager)
     together = check_coverage(found["scaled-sound"])
     assert not rounds
     alone = check_coverage(found["scaled-reading"])
@@ -404,13 +405,7 @@ def test_s1_says_ball_n_is_not_run_where_the_ball_mass_is_out_of_reach(
     the calibration still judge, and the evidence and summary say why ball-2 did not run."""
     manager.register(FarPlugins(), name="far-plugins")
     db, run_id = replay_run(tmp_path, manager, ["scaled-far"], n=400, count=8)
-    store = ResultStore(db)
-    try:
-        [audit] = audits(store, run_id, RunOptions(db=db), Progress(enabled=False), manager,
-                         budget=BUDGETS["small"], entropy=0x5CA1ED)  # fmt: skip
-    finally:
-        store.close()
-    result = check_coverage(audit)
+    result = check_coverage(_audited(db, run_id, manager)["scaled-far"])
     assert result.verdict == Verdict.SOUND, result.summary
     assert result.evidence["ball-2"].startswith("not run: the ball's mass under a diagonal")
     assert "ratio 1e+04" in result.summary and "Holm over 3" in result.evidence["correction"]
