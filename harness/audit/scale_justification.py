@@ -335,13 +335,15 @@ def ellipsoid_deviation(
     semi = torch.from_numpy(np.stack([axes[k] for k in owners])).to(flat.device)
     inside = (((asked.double() - centres) / semi).norm(dim=1) < 1).cpu().numpy()
     asked, owners = asked[torch.from_numpy(inside).to(flat.device)], owners[inside]  # rounded out
+    best, axis = np.zeros(len(axes)), np.zeros(len(axes), dtype=np.int64)
+    if not len(owners):
+        return best, axis
     with torch.no_grad():
         sigma = sigma_in_calls(provider, asked.view(-1, *x0.shape[1:]), batch)
     if see is not None:
         see(asked, sigma, owners)
     found = (torch.log(sigma.double().cpu()) - torch.log(torch.from_numpy(scale0)[owners])).abs()
     gap, where = found.max(dim=1)
-    best, axis = np.zeros(len(axes)), np.zeros(len(axes), dtype=np.int64)
     for row in np.argsort(gap.numpy(), kind="stable"):  # the largest last, so it stays
         best[owners[row]], axis[owners[row]] = float(gap[row]), int(where[row])
     return best, axis
