@@ -19,11 +19,12 @@ import torch
 from harness import hookimpl, outputs_for_inputs
 from harness.audit import coverage_rounds
 from harness.audit.audit import Budget, parse_entropy
-from harness.audit.ball_attacks import ball_flip
+from harness.audit.ball_attacks import flip_among, search_points
 from harness.audit.counterexamples import _exact_flips
 from harness.audit.coverage import check_coverage
 from harness.audit.justification import sigma_extremes
 from harness.audit.session import audits
+from harness.audit.sigma_calls import sigma_and_gradients
 from harness.audit.sigma_regularity import SCALES, check_sigma_regularity
 from harness.foundation.certificate import ABSTAIN
 from harness.foundation.progress import Progress
@@ -327,6 +328,17 @@ def test_s3_asks_a_sigma_without_gradient_once():
     assert np.all(lo == 0.3) and np.all(hi == 0.3)
 
 
+def _one_ball_flip(provider, model, center, radius, prediction, gen):
+    """One ball's exact-flip search alone: σ and ∇σ at its center, then σ at its search
+    points, judged exactly (the searches' parts, asked one ball at a time)."""
+    sigma, [gradient] = sigma_and_gradients(provider, center[None], 1)
+    points = search_points(model, center, radius, gradient, gen)
+    with torch.no_grad():
+        rest = provider(points[1:]).double().numpy()
+    return flip_among(model, center, points, np.concatenate([sigma.double().numpy(), rest]),
+                      prediction)  # fmt: skip
+
+
 def test_s4_exact_flips_ask_sigma_at_every_ball_at_once_as_one_ball_at_a_time(ball_run):
     """S4's exact flips on ball-N: σ and ∇σ at every certified input in one query, the
     rays of every ball in another, the flips found those of one ball at a time."""
@@ -340,7 +352,8 @@ def test_s4_exact_flips_ask_sigma_at_every_ball_at_once_as_one_ball_at_a_time(ba
     found = _exact_flips(audit, model, certified, None, torch.Generator().manual_seed(5))
     assert len(recording.calls) == 2
     gen, one = torch.Generator().manual_seed(5), Recording(ClosedFormSigma())
-    alone = [ball_flip(one, model, x, c["radius"], c["prediction"], gen) for c, x in certified]
+    alone = [_one_ball_flip(one, model, x, c["radius"], c["prediction"], gen)
+             for c, x in certified]  # fmt: skip
     # the same centers, then the same rays (±∇σ, towards and away from the ball, random)
     assert torch.equal(recording.calls[0], torch.cat(one.calls[0::2]))
     assert torch.equal(recording.calls[1], torch.cat(one.calls[1::2]))

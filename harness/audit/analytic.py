@@ -7,10 +7,9 @@
   P(side 1) = Φ((w·x − b)/‖s(x)⊙w‖₂) (:func:`noise_spread`), the same boundary.
 - ``ball-N``: f(x) = [‖x − c‖ <= ρ]. P(f(x + σε) = inside) = P(‖x − c + σε‖² <= ρ²)
   = χ²_N(ρ²/σ²; noncentrality ‖x − c‖²/σ²), the noncentral χ² CDF, for any σ = σ(x);
-  at a diagonal scale s(x) a positive combination of noncentral χ²₁ laws, summed by
-  Ruben's series to within 10⁻⁹ (:func:`~harness.mathematics.gaussian_ball.
-  ball_probability`; a scale whose series is too long for that raises
-  :class:`~harness.mathematics.gaussian_ball.UndecidedMass`).
+  at a diagonal scale s(x) a positive combination of noncentral χ²₁ laws, bounded to
+  within 10⁻⁹ (:func:`~harness.mathematics.gaussian_ball.ball_probability`; a mass
+  bounded no closer raises :class:`~harness.mathematics.gaussian_ball.UndecidedMass`).
 
 Side 1 is "positive side" / "inside". A model answers one of K classes: ``classes`` =
 (class of side 0, class of side 1), by default (0, 1) of K = 2; with K > 2 (check S1
@@ -55,8 +54,8 @@ def noise_spread(sigma: np.ndarray, normals: np.ndarray) -> np.ndarray:
 
 def ball_inside(offset: np.ndarray, sigma: np.ndarray, radius: np.ndarray) -> np.ndarray:
     """P(‖offset_b + σ_b ε‖₂ <= ρ_b) [B] of ``offset`` = x − c [B, d]: the noncentral χ²
-    CDF at one σ [B] per row; at a diagonal scale [B, d] (or [B, *shape]) Ruben's series
-    (:func:`~harness.mathematics.gaussian_ball.ball_probability`), row by row where the
+    CDF at one σ [B] per row; at a diagonal scale [B, d] (or [B, *shape])
+    :func:`~harness.mathematics.gaussian_ball.ball_probability`, row by row where the
     radii differ."""
     from scipy import stats
 
@@ -366,7 +365,7 @@ class BallClassifier(_Analytic):
 
     def smoothed_probability(self, x: np.ndarray, sigma: np.ndarray) -> np.ndarray:
         """P(f(x + σε) = inside) = χ²_N(ρ²/σ²; nc = ‖x − c‖²/σ²) (noncentral χ² CDF), or
-        at a diagonal scale Ruben's series (:func:`ball_inside`)."""
+        its anisotropic form at a diagonal scale (:func:`ball_inside`)."""
         flat = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
         return ball_inside(flat - self.center.double().cpu().numpy(), sigma, self.radius)
 

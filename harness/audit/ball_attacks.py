@@ -13,8 +13,6 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from harness.audit.scaled_regions import as_drawn
-from harness.audit.sigma_calls import sigma_and_gradients
 from harness.mathematics.gaussian_ball import ball_mass
 from harness.mathematics.stats import (
     clopper_pearson_lower_array,
@@ -79,29 +77,6 @@ def ellipsoid_points(
     points = (flat + torch.cat(deltas)).float()
     inside = (((points.double() - flat) / ax).norm(dim=1) < 1).numpy()
     return torch.cat([flat[None].float(), points[inside]]).view(-1, *center.shape)
-
-
-def ball_flip(
-    provider, model, center: torch.Tensor, radius: float, prediction: int, gen: torch.Generator,
-    gradient: torch.Tensor | None = None, center_sigma: float | None = None,
-):  # fmt: skip
-    """A point of B(center, radius) whose exact smoothed prediction on the ball classifier
-    ``model`` (with the method's own σ there: ``model.classes[inside]``) is not the class
-    ``prediction``, or None; searched at :func:`search_points`, the rays along ±∇σ(center)
-    (``gradient``, else computed) where σ is differentiable. A caller that knows σ at the
-    center (``center_sigma``, with its ``gradient``) saves that query.
-    """
-    if center.numel() != 2 and gradient is None and center_sigma is None:
-        sigma_center, [gradient] = sigma_and_gradients(provider, center[None], 1)
-        center_sigma = float(sigma_center.double()[0])
-    points = search_points(model, center, radius, gradient, gen)
-    with torch.no_grad():
-        if center_sigma is None:
-            sigma = as_drawn(provider(points.to(center.device)).double().cpu().numpy())
-        else:  # points[0] is the center
-            rest = as_drawn(provider(points[1:].to(center.device)).double().cpu().numpy())
-            sigma = np.concatenate([[center_sigma], rest])
-    return flip_among(model, center, points, sigma, prediction)
 
 
 def flip_among(

@@ -30,7 +30,7 @@ certifying and abstaining and between the two classes (:func:`trial_quantile`).
   changes (Súkeník et al. 2022, Thm 2.3/2.4), which is where radii computed as if σ were
   constant break. A certificate is false when a point of B(x0, R) has an exact smoothed
   prediction other than ĉ (with the method's own σ at that point), searched on rays
-  from x0 (:func:`harness.audit.ball_attacks.ball_flip`), the rays along ±∇σ
+  from x0 (:func:`harness.audit.ball_attacks.search_points`), the rays along ±∇σ
   included. Memory certificates keep σ constant inside each certified ball (Alfarra et
   al., App. C) and get a fresh certifier per trial (each trial is another classifier).
   For a σ-smoothing (dual RS) σ at each point is drawn by the harness from the
@@ -68,13 +68,14 @@ probability that the rule's bound ever exceeds the true p_A
 claim's κ, and Φ⁻¹ of the formula's bound), false iff κ·‖s⊙w‖₂ exceeds the distance to
 the plane (:mod:`harness.audit.coverage_trials`). ``ball-N`` places c = x0 + min_i s_i·u
 and ρ where the ball's mass under x0 + s∘ε is q, a positive combination of noncentral
-χ²₁ laws summed by Ruben's series to within 10⁻⁹
+χ²₁ laws bounded by Ruben's series to within 10⁻⁹
 (:mod:`harness.mathematics.gaussian_ball`); its flip rays judge each point at the scale
 the σ-provider answers there, both bounds of the mass on the other side of 1/2, and a
 trial's ellipsoids are searched as S4 searches them
-(:func:`harness.audit.ball_attacks.ellipsoid_points`). Where a trial's scale has axes so
-far apart that the series cannot reach that precision in its terms
-(:class:`~harness.mathematics.gaussian_ball.UndecidedMass`), ``ball-N`` is not run: the
+(:func:`harness.audit.ball_attacks.ellipsoid_points`). Where the series would need more
+terms than it sums, the mass is bounded by inverting its characteristic function; where
+neither bounds a trial's mass within 10⁻⁹ (a few axes far apart,
+:class:`~harness.mathematics.gaussian_ball.UndecidedMass`), ``ball-N`` is not run: the
 evidence and the summary say so and why, and Holm runs over the three sub-tests left.
 
 **Nulls.** (1, 2) A valid certifier issues a false certificate with probability at most
@@ -116,7 +117,7 @@ from harness.mathematics.stats import holm_rejections
 NAME = "coverage"
 SUBTESTS = 4
 """linear and ball false certificates, calibration bias and dispersion (Holm family; 3
-where a diagonal scale's ball mass is out of Ruben's series' reach, without ball-N)."""
+where a diagonal scale's ball mass cannot be bounded within 10⁻⁹, without ball-N)."""
 
 
 def coverage_protocol(audit: Audit) -> CertificationProtocol:
@@ -144,7 +145,7 @@ def check_coverage(audit: Audit) -> CheckResult:
                 outcomes[family] = run_trials(
                     audit, family, points, ids, half, protocol, Path(root)
                 )
-            except UndecidedMass as error:  # a scale's ball mass out of the series' reach
+            except UndecidedMass as error:  # a ball mass neither method bounds within 1e-9
                 undecided = f"not run: {error}; the linear trials also judge the ellipsoids"
     names = tuple(f"{family}-{dim}" for family in outcomes)
     outcomes = list(outcomes.values())

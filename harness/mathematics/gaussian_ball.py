@@ -139,6 +139,23 @@ def _mixture(m2: np.ndarray, s2: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
     return np.stack(terms, axis=1), beta[:, 0], left
 
 
+def _series_bounds(offset: np.ndarray, scale: np.ndarray):
+    """r -> bounds (lower, upper) on the mass of one point by Ruben's series, its weights
+    summed once; None where the series is out of reach or does not reach TOLERANCE."""
+    m2, s2 = offset[None] ** 2, scale[None] ** 2
+    if not _within_reach(m2, s2)[0]:
+        return None
+    weights, beta, left = _mixture(m2, s2)
+    if left[0] > TOLERANCE:
+        return None
+
+    def bounds(r: float) -> tuple[float, float]:
+        low = float(_mixture_cdf(weights, beta, len(scale), r)[0])
+        return low, low + float(left[0])
+
+    return bounds
+
+
 def _mixture_cdf(weights: np.ndarray, beta: np.ndarray, dims: int, radius: float) -> np.ndarray:
     """Σ_k c_k F_{χ²(d + 2k)}(radius²/β) [P]: the mass of the summed terms (a lower bound)."""
     orders = dims / 2 + np.arange(weights.shape[1])
@@ -179,16 +196,7 @@ def radius_for_probability(offset: np.ndarray, scale: np.ndarray, q: float) -> f
     offset = np.asarray(offset, dtype=np.float64).reshape(-1)
     scale = np.asarray(scale, dtype=np.float64).reshape(-1)
     top = float(np.linalg.norm(offset)) + float(scale.max()) * np.sqrt(chi2.isf(1e-14, len(scale)))
-    m2, s2 = offset[None] ** 2, scale[None] ** 2
-    weights, beta, left = _mixture(m2, s2) if _within_reach(m2, s2)[0] else (None, None, [1.0])
-    if left[0] <= TOLERANCE:
-
-        def bounds(r: float) -> tuple[float, float]:
-            low = float(_mixture_cdf(weights, beta, len(scale), r)[0])
-            return low, low + float(left[0])
-
-    else:
-        bounds = _inverted(offset, scale, (0.0, top))
+    bounds = _series_bounds(offset, scale) or _inverted(offset, scale, (0.0, top))
     radius = float(brentq(lambda r: sum(bounds(r)) / 2 - q, 0.0, top, xtol=1e-13,
                           rtol=4 * np.finfo(float).eps))  # fmt: skip
     low, high = bounds(radius)
