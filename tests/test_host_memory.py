@@ -184,6 +184,24 @@ def test_a_host_process_that_leaves_its_cgroup_is_ended_by_its_keeper(tmp_path, 
     assert "left the host's memory cgroup for " in host_ending.ending(final)
 
 
+def test_a_process_that_begins_to_exit_while_its_keeper_looks_is_no_breach(monkeypatch):
+    """cgroup v1 shows an exiting process in the root cgroup ("/"): one that begins to exit
+    between the keeper's look at its state and at its cgroup (a loaded machine) is no
+    breach; one found outside, still running, is."""
+    from harness.plugin.hosting.in_host import keeper
+
+    class Cgroup:
+        def holding(self, pid: int) -> str:
+            return "/"
+
+    states = iter([False, True])  # running when first looked at, exiting after the read
+    monkeypatch.setattr(keeper, "children", lambda pid=None: [] if pid == 7 else [7])
+    monkeypatch.setattr(keeper, "_exiting", lambda pid: next(states))
+    assert keeper.breach(Cgroup(), scores=False) is None
+    monkeypatch.setattr(keeper, "_exiting", lambda pid: False)
+    assert keeper.breach(Cgroup(), scores=False) == {"pid": 7, "cgroup": "/"}
+
+
 def test_the_memory_limit_comes_from_the_option_or_the_environment(monkeypatch):
     monkeypatch.delenv(limits.MEMORY_ENV, raising=False)
     assert limits.plugin_memory() is None

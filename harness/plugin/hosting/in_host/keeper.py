@@ -260,7 +260,7 @@ def breach(cgroup: MemoryCgroup | None, scores: bool = True,
             if _exiting(below):  # (cgroup v1 shows "/" for a process that is exiting)
                 continue
             where = None if cgroup is None else cgroup.holding(below)
-            if where is not None:
+            if where is not None and not _exiting(below):  # (it may have begun since)
                 return {"pid": below, "cgroup": where}
             score = _score(below) if scores else OOM_SCORE_ADJ
             if score < OOM_SCORE_ADJ:
