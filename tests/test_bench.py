@@ -135,6 +135,49 @@ def test_bench_table(capsys, tmp_path, monkeypatch):
     assert "engine/limit" in out and "cnn" in out and "n0 = 100, n = 100" in out
 
 
+def test_bench_diagonal_times_a_diagonal_scale_against_one_sigma(capsys, tmp_path, monkeypatch):
+    """--diagonal certifies the same inputs at the scale σ … 2σ and reports its wall time
+    against one σ per input, in the JSON and under the table."""
+    monkeypatch.setenv("IDRS_BENCH_CACHE", str(tmp_path))
+    argv = ["bench", "--models", "mlp", "--device", "cpu", "--n", "200", "--inputs", "2",
+            "--seconds", "0.02", "--batch-size", "64", "--diagonal"]  # fmt: skip
+    assert main([*argv, "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)["engine"]
+    assert np.isfinite(row["diagonal_vs_scalar_time"]) and row["diagonal_vs_scalar_time"] > 0
+    assert main(argv) == 0
+    assert "mlp: at a diagonal scale (σ … 2σ) in " in capsys.readouterr().out
+
+
+def test_the_bench_s_diagonal_claims_are_cohen_s_ball_at_the_smallest_axis():
+    """At the bench's diagonal scale (σ evenly to 2σ) the harness draws x + σ_i·ε_i and the
+    bench's certifier claims σ·Φ⁻¹(p_A_lower), p_A_lower the one-sided Clopper–Pearson bound
+    of the drawn counts (SciPy's beta quantile)."""
+    from scipy.stats import beta
+
+    from harness.certification.certify import certify_drawn
+    from harness.cli.bench_variants import cohen_certifier, diagonal_scale
+    from harness.engine.sampling import SamplingEngine
+    from harness.foundation.protocol import CertificationProtocol
+
+    scale = diagonal_scale(0.25, 3, 4)
+    assert (
+        scale.shape == (3, 4) and np.allclose(scale[:, 0], 0.25) and np.allclose(scale[:, -1], 0.5)
+    )
+    model = torch.nn.Linear(4, 2)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[1.0, 0, 0, 0], [-1.0, 0, 0, 0]]))
+        model.bias.zero_()
+    x = torch.tensor([[0.3, 0, 0, 0], [0.6, 0, 0, 0], [-0.4, 0, 0, 0]])
+    engine = SamplingEngine(model, 2, torch.device("cpu"), 256, seed=3)
+    protocol = CertificationProtocol(n0=100, n=2000, alpha=0.001, batch_size=256)
+    for c in certify_drawn(engine, protocol, cohen_certifier(), x, [0, 1, 2], scale):
+        n_a = c.counts_estimation[c.prediction]
+        p_lower = beta.ppf(0.001, n_a, 2000 - n_a + 1)
+        assert not c.abstained and c.sigma == pytest.approx(0.25)
+        assert c.radius == pytest.approx(0.25 * norm.ppf(p_lower), rel=1e-9)
+        assert c.prediction == (0 if x[c.input_id, 0] > 0 else 1)
+
+
 def test_reference_certify_gives_cohens_certificate_of_a_linear_classifier(linear_model):
     """f(x) = [x_0 > 0], σ = 0.5, x_0 = 0.5: p_A = Φ(1); the radius is σ·Φ⁻¹(p_A_lower),
     a little below x_0 = 0.5 (the exact smoothed radius)."""

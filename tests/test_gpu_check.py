@@ -148,6 +148,8 @@ def test_a_tiny_run_on_the_cpu_brings_every_log_back_in_a_few_files(tmp_path):
     [cohen] = json.loads(logs["bench-default/bench-row.json"])["engine"]
     assert cohen["model"] == "mlp" and cohen["n"] == 200 and cohen["batch_size"] == 1024
     engine = 4 * (100 + 200) / cohen["engine_per_s"]  # 4 inputs of n0 + n samples
+    diagonal = cohen["diagonal_vs_scalar_time"]  # the row's mlp, also at a diagonal scale
+    assert f"diagonal scale (σ … 2σ): {diagonal:.2f}x the wall time at one σ" in summary
     assert (f"default-run cohen sigma=0.25: certification 1.6 s, the engine's time for its "
             f"samples {engine:.3g} s (bench mlp, n = 200, batch 1024): {1.6 / engine:.2f}x") in summary  # fmt: skip
     assert "default-run-auto-batch cohen sigma=0.25: certified 4 inputs in 0.5 s" in summary

@@ -28,14 +28,13 @@ forward options ``--fold-batchnorm``, ``--compile``, ``--cuda-graphs``:
 and their ratios. ``--api`` adds, per model, ``harness.api.certify`` (method ``cohen``)
 against the reference loop (in the engine's arithmetic and in PyTorch's default) on the
 same weights and inputs, in seconds per input, and in a precision other than fp32 how
-many argmax decisions on noisy inputs differ from fp32
-(on up to 10,000 samples per input). With ``--sampling sequential`` the engine certifies
-the same inputs a second time under sequential sampling (n_max = ``--n``, the default
-radius grid, :mod:`harness.mathematics.sequential`), back to back with the fixed-n
-certification, and the table adds the estimation samples it drew per input, the share
-of the n it saved and its wall time relative to the fixed one (random weights and
-inputs: how much is saved depends on how confident the model is, so a benchmark's own
-``run --timings`` is the figure to quote). Models are built through the model registry:
+many argmax decisions on noisy inputs differ from fp32 (on up to 10,000 samples per
+input). With ``--sampling sequential`` and ``--diagonal`` the engine certifies the same
+inputs again, under sequential sampling and at a diagonal scale
+(:mod:`harness.cli.bench_variants`), and the table adds each one's wall time against the
+fixed-n, scalar-σ certification (random weights and inputs: how much sequential sampling
+saves depends on how confident the model is, so a benchmark's own ``run --timings`` is
+the figure to quote for it). Models are built through the model registry:
 ``mlp`` and ``cnn`` on 1×28×28 inputs, ``resnet110`` the registered ``cifar-resnet`` with
 depth 110 on 3×32×32 (Cohen et al.'s CIFAR-10 ResNet-110); all with 10 classes.
 
@@ -48,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -103,6 +103,7 @@ class BenchResult:
     sequential_samples: float | None = None  # mean estimation samples per input
     samples_saved: float | None = None  # 1 − sequential_samples / n
     sequential_vs_fixed_time: float | None = None  # wall time ratio, same inputs
+    diagonal_vs_scalar_time: float | None = None  # wall time ratio, same inputs
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
@@ -180,6 +181,11 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
         help="sequential: also certify sequentially (n_max = --n) and report the samples saved "
         "(with --api: api.certify sequentially too, against the reference)",
     )  # fmt: skip
+    parser.add_argument(
+        "--diagonal", action="store_true",
+        help="also certify at a diagonal scale (σ … 2σ over the input's dimensions) and "
+        "report its wall time against one σ per input",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(handler=bench_command)
 
@@ -231,7 +237,8 @@ def _bench(args: argparse.Namespace, registry) -> int:
     results, api = [], []
     for name, model in models.items():
         results.append(bench_model(name, model, protocol, device, inputs, args.sigma, seconds,
-                                   scope, args.reference_batch, args.sampling))  # fmt: skip
+                                   scope, args.reference_batch, args.sampling,
+                                   args.diagonal))  # fmt: skip
         if args.api:
             from harness.cli.api_vs_reference import bench_api
 
@@ -272,13 +279,14 @@ def _build(registry, name: str):
 def bench_model(
     name: str, built: tuple[Any, tuple[int, ...]], protocol: Any, device: Any, inputs: int,
     sigma: float, seconds: float, scope: str = "setting", reference_batch: int = 1000,
-    sampling: str = "fixed",
+    sampling: str = "fixed", diagonal: bool = False,
 ) -> BenchResult:  # fmt: skip
     """The rates of one model (see the module docstring)."""
     import numpy as np
     import torch
 
     from harness.certification.certify import certify_drawn
+    from harness.cli.bench_variants import cohen_certifier, diagonal_variant, sequential_variant
     from harness.cli.throughput import (
         batch_sweep,
         limit_settings,
@@ -337,12 +345,12 @@ def bench_model(
     engine = SamplingEngine(certified, NUM_CLASSES, device, batch, seed=0, noise=noise,
                             pad_batches=True)  # as a run makes it  # fmt: skip
     sigmas = np.full(inputs, sigma)
-    cohen = _cohen_certifier()
+    cohen = cohen_certifier()
 
-    def certify(count: int, how=protocol) -> list:  # the harness's draws and Cohen's claims
+    def certify(count: int, how=protocol, scale=sigmas) -> list:  # the harness's draws, claims
         ids = list(range(count))
         with deterministic_kernels(device):  # as a run computes (harness.engine.determinism)
-            return list(certify_drawn(engine, how, cohen, x[:count], ids, sigmas[:count]))
+            return list(certify_drawn(engine, how, cohen, x[:count], ids, scale[:count]))
 
     certify(1)  # warm-up (buffers, kernels)
     sync()
@@ -354,18 +362,10 @@ def bench_model(
     engine_rate = total / fixed_seconds
     extra: dict[str, Any] = {}
     if sampling == "sequential":
-        from dataclasses import replace
-
-        from harness.mathematics.accuracy import RADII
-
-        rounds = replace(protocol, sampling="sequential", n_max=protocol.n, grid=RADII)
-        start = time.perf_counter()
-        drawn = [c.draws["base"]["n"] for c in certify(inputs, rounds)]
-        sync()
-        mean = sum(drawn) / len(drawn)
-        extra = {"sampling": "sequential", "sequential_samples": mean,
-                 "samples_saved": 1 - mean / protocol.n,
-                 "sequential_vs_fixed_time": (time.perf_counter() - start) / fixed_seconds}  # fmt: skip
+        extra |= sequential_variant(certify, protocol, sigmas, inputs, fixed_seconds, sync)
+    if diagonal:
+        extra |= diagonal_variant(certify, protocol, sigma, inputs, math.prod(shape),
+                                  fixed_seconds, sync)  # fmt: skip
 
     def reference_rate(loop) -> float:  # the loop on every input, after one warm-up
         seconds, _ = timed_reference(loop, x, sigma, protocol, reference_batch, NUM_CLASSES, sync)
@@ -390,23 +390,6 @@ def bench_model(
         noise_kernel=noise_kernel(device) if noise == "philox-v1" else None,
         precision=protocol.precision, limit_scope=scope, **extra,
     )  # fmt: skip
-
-
-def _cohen_certifier():
-    """Cohen et al. (2019), Thm 1, as the built-in plugin certifies."""
-    import numpy as np
-
-    from harness.certification.certify import HardSmoothingCertifier
-    from harness.mathematics.radius import COHEN
-    from harness.mathematics.worstcase import cohen_radius
-
-    class Cohen(HardSmoothingCertifier):
-        radius_formula = COHEN
-
-        def radius(self, p_lower: np.ndarray, sigma: np.ndarray) -> np.ndarray:
-            return np.asarray(cohen_radius(p_lower, sigma))
-
-    return Cohen()
 
 
 def _print_table(results: list[BenchResult]) -> None:
@@ -441,6 +424,11 @@ def _print_table(results: list[BenchResult]) -> None:
             print(f"{r.model}: sequential sampling drew {r.sequential_samples:,.0f} estimation "
                   f"samples per input of n = {r.n:,} ({r.samples_saved:.1%} saved), in "
                   f"{r.sequential_vs_fixed_time:.2f}x the fixed-n wall time")  # fmt: skip
+        if r.diagonal_vs_scalar_time is not None:
+            print(
+                f"{r.model}: at a diagonal scale (σ … 2σ) in "
+                f"{r.diagonal_vs_scalar_time:.2f}x the wall time at one σ per input"
+            )
 
 
 def _si(rate: float) -> str:
