@@ -6,9 +6,9 @@ Each certifies the same inputs again on the same engine, right after the fixed-n
 - ``--sampling sequential``: estimation samples drawn in rounds up to n_max = n at the
   default radius grid (:mod:`harness.mathematics.sequential`), with the samples it drew;
 - ``--diagonal``: the noise x + Σ^{1/2}·ε at a diagonal scale, Σ^{1/2} = diag(σ_1, …, σ_d)
-  with σ_i evenly from σ to 2σ over the input's dimensions (one scale per input, as the
-  built-in ``anisotropic-fixed``), claims at the smallest axis σ (Eiras et al., ANCER,
-  Thm 1): what a scale per dimension costs the engine against one σ per input.
+  with σ_i evenly (linearly) from σ to 2σ over the input's dimensions, the same scale
+  for every input, claims at the smallest axis σ (Eiras et al., ANCER, Thm 1): what a
+  scale per dimension costs the engine against one σ per input.
 """
 
 from __future__ import annotations
