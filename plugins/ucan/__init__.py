@@ -11,8 +11,9 @@ registers, and where it departs from the code (decisions of this harness):
 - (a) the base classifier is frozen: the board compares every method on one base model,
   so only the generator is trained (UCAN fine-tunes the classifier jointly);
 - (b) μ ≡ 0: the harness's noise contract has no per-input centre yet, so only the scale
-  generator G2 is trained, applied to x itself (UCAN's code has this ablation,
-  ``mean = mean*0``); the centre G1 is a follow-up;
+  generator G2 is trained, applied to x itself (the ablation ``mean = mean*0``, which
+  UCAN's ``core.py`` keeps commented out: its certification draws around x + μ(x)); the
+  centre G1 is a follow-up;
 - (c) the σ-provider ``ucan-npg`` answers the diagonal scale σ_i(x) = λ·max(v_i(x), floor)
   (float32 [B, *input_shape]; ``floor`` = 1e-3 by default keeps σ_i in (0, λ], tanh may
   answer 0), declared ``Unregularized`` (nothing bounds how v changes with x);

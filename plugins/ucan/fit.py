@@ -12,9 +12,10 @@ SGD at lr 0.001 (hard-coded: its ``--lr`` is not read), momentum 0.9, weight dec
 batches of 256 (its default; its README's command: 100), 200 epochs, the classifier
 fine-tuned jointly. Here, as this harness decided (the plugin's docstring):
 the classifier is frozen (every method is compared on one base model) and μ ≡ 0 (the
-noise contract has no per-input centre; UCAN's code has it as the ablation
-``mean = mean*0``), so only G2 is trained, applied to x itself. The code builds StepLR(20,
-0.9) schedulers but never steps them: its learning rate stays 0.001, and so does this one's.
+noise contract has no per-input centre; the ablation ``mean = mean*0``, which UCAN's
+``core.py`` keeps commented out), so only G2 is trained, applied to x itself. The code
+builds StepLR(20, 0.9) schedulers but never steps them: its learning rate stays 0.001, and
+so does this one's.
 
 Randomness (streams of this plugin, seeded by ``harness.noise_seed`` from the run's seed):
 stream 120 the generator's initial weights, stream 121 the training subset and each
