@@ -87,7 +87,10 @@ def test_the_update_is_the_released_codes_on_the_same_noise(iterations):
     expected = _released_update(model, x, theta0[:, None].expand(2, 6), keys, 7, iterations,
                                 0.04, 5, 2.0)  # fmt: skip
     assert got.shape == (2, 6) and got.dtype == torch.float64
-    assert torch.allclose(got, expected, rtol=1e-9, atol=1e-12)
+    # θ enters the model in float32 (as in the released code): one step agrees to 1e-12, and
+    # an ulp of θ's float32 rounding that falls otherwise carries into the next steps' noise
+    # (seen: 1e-8 relative after 3 steps on torch 2.14, whose Adam rounds differently)
+    assert torch.allclose(got, expected, rtol=1e-12 if iterations == 1 else 1e-6, atol=1e-12)
     assert not torch.equal(got, theta0[:, None].expand(2, 6))  # it moved
 
 

@@ -1,7 +1,7 @@
 """A diagonal scale across the plugin host's wire (issue 59, item 1): a σ-provider and a
 certifier in a plugin host answer and certify a scale per input dimension exactly as the
-built-in ``anisotropic-fixed`` does in the harness's process; a wrong shape is the
-σ-provider's contract error."""
+built-in ``anisotropic-fixed`` does in the harness's process, and a noise centre beside it;
+a wrong shape is the σ-provider's contract error."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from harness.engine.centre import recorded_centre
 from harness.engine.scale import recorded_scale
 from harness.foundation.errors import ContractError
 from harness.plugin.hosting.shared.messages import sigma_from
@@ -28,9 +29,15 @@ class HostedCertifier(AnisotropicCertifier):
     pass
 
 
+class Shifted(FixedScale):
+    def centre(self, x):
+        return x.new_full(x.shape, 0.125)
+
+
 @hookimpl
 def idrs_register_sigma_providers(register):
     register(SigmaProviderSpec("hosted-scale", lambda context, params: FixedScale(0.25, 2.0)))
+    register(SigmaProviderSpec("hosted-shifted", lambda context, params: Shifted(0.25, 2.0)))
 
 
 @hookimpl
@@ -43,6 +50,7 @@ def idrs_register_certifiers(register):
 def idrs_register_methods(register):
     register(MethodSpec("hosted-scale", "hosted-scale", "anisotropic", {}))
     register(MethodSpec("hosted-both", "hosted-scale", "hosted-anisotropic", {}))
+    register(MethodSpec("hosted-shifted", "hosted-shifted", "hosted-anisotropic", {}))
 '''
 
 
@@ -51,7 +59,8 @@ def test_a_hosted_scale_and_certifier_certify_as_the_built_in(tmp_path, install_
     install_plugin("idrs_test_scale", HOSTED)
     with PluginManager() as manager:
         db, run_id = replay_run(tmp_path, manager, ["anisotropic-fixed", "hosted-scale",
-                                                    "hosted-both"], n=400, count=8)  # fmt: skip
+                                                    "hosted-both", "hosted-shifted"], n=400,
+                                count=8)  # fmt: skip
     (run,) = load_runs(db, [run_id])
     rows: dict[str, list] = {}
     for c in run.certificates:
@@ -67,6 +76,11 @@ def test_a_hosted_scale_and_certifier_certify_as_the_built_in(tmp_path, install_
                 here.radius,
                 here.region,
             )
+    # a centre crosses the wire (its own request) and the certificates record it
+    shifted = rows["hosted-shifted"]
+    assert len(shifted) == len(local)
+    for c in shifted:
+        assert np.array_equal(recorded_centre(c.draws), np.full(2, np.float32(0.125)))
 
 
 def test_the_wire_takes_a_scale_of_the_inputs_shape_and_nothing_else():

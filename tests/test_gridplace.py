@@ -81,7 +81,7 @@ def simulate(rule, probs, n0, thresholds, trials, alpha, rng):
     """The rule itself on ``trials`` multinomial streams of class probabilities ``probs``
     (ĉ_A from n0 selection samples): each trial's stopping n, place, and PREDICT at the
     stop, anytime-valid and the fixed-n binomial test's."""
-    from harness.certification.certify import predictions_from_counts
+    from harness.certification.predict import predictions_from_counts
 
     probs = np.asarray(probs, dtype=np.float64)
     top = np.argmax(rng.multinomial(n0, probs, size=trials), axis=1)

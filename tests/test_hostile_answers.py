@@ -134,7 +134,7 @@ FAILED = {  # each bad answer: what its row's error says (besides the plugin)
     "payload-claim": (
         HOST,
         "answered the request 'sigma' with a frame whose head claims a "
-        f"payload of {1 << 62} bytes, past the limit of 32 bytes (σ of 4 inputs",
+        f"payload of {1 << 62} bytes, past the limit of 64 bytes (σ of 4 inputs",
     ),
     "header-claim": (
         HOST,
@@ -187,13 +187,16 @@ def test_a_frame_head_past_its_limit_is_refused_from_the_head_alone(header, payl
 
 
 def test_each_request_bounds_its_answer_by_what_it_asks():
-    """σ of k inputs: k float64 values (and the gradients when asked); claims: a bound per
-    claim; a trainer: its state; a control request: the generic bound."""
+    """σ of k inputs: a float64 value per input element (a diagonal scale; twice that with
+    the gradients), and so a centre; claims: a bound per claim; a trainer: its state; a
+    control request: the generic bound."""
     x = torch.zeros(32, 3, 8, 8)
     sigma = limits.answer_limit(protocol.Sigma(1, "c1", x, "cpu", gradient=False))
-    assert (sigma.header, sigma.payload) == (limits.CONTROL_BYTES, 8 * 32)
+    assert (sigma.header, sigma.payload) == (limits.CONTROL_BYTES, 8 * x.numel())
     gradients = limits.answer_limit(protocol.Sigma(1, "c1", x, "cpu", gradient=True))
-    assert gradients.payload == 8 * 32 + 8 * x.numel()
+    assert gradients.payload == 2 * 8 * x.numel()
+    centre = limits.answer_limit(protocol.Centre(1, "c1", x, "cpu"))
+    assert (centre.header, centre.payload) == (limits.CONTROL_BYTES, 8 * x.numel())
     evidence = {"input_ids": list(range(8)), "x": x[:8]}
     claims = limits.answer_limit(protocol.Certify(1, "c1", evidence))
     per_claim = limits.CLAIM_BYTES + 2 * EVIDENCE_BYTES

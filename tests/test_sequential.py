@@ -341,7 +341,8 @@ def test_spec_errors_come_before_torch_and_fixed_runs_keep_their_ids():
 def test_the_replay_redraws_every_look_and_names_the_first_that_differs(half_space):
     from harness.audit.replay import judge
     from harness.engine.sampling import STREAM_SELECTION
-    from harness.running.redraw import _rounds, look_sizes
+    from harness.running.redraw import _rounds
+    from harness.running.redraw_request import look_sizes
 
     engine = SamplingEngine(half_space.model, 2, torch.device("cpu"), 500, seed=5, noise="block-v1",
                             pad_batches=True)  # fmt: skip

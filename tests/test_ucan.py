@@ -33,11 +33,12 @@ from plugins.ucan import METHOD_DEFAULTS, check_params
 from plugins.ucan.certifier import GeometricCertifier
 from plugins.ucan.fit import (
     STREAM_INIT,
+    STREAM_MEAN_INIT,
     STREAM_NOISE,
-    fit_scale_generator,
+    fit_generators,
     fitting_examples,
-    obtain_scale_generator,
-    scale_provider,
+    noise_provider,
+    obtain_generators,
 )
 from plugins.ucan.generator import ImageGenerator, VectorGenerator, initial_generator
 
@@ -56,9 +57,15 @@ def _images(shape=(1, 6, 6), count=24, seed=0) -> tuple[Dataset, torch.nn.Module
     return Dataset("tiny-images", x, y, x[:8], y[:8], 3), model
 
 
-def _fit(dataset, model, params=TINY, seed=0):
-    return fit_scale_generator(model, dataset, params, torch.device("cpu"), seed,
-                               Progress(enabled=False))  # fmt: skip
+def _fit(dataset, model, params=TINY, seed=0, centred=False):
+    """(G2, losses), or with ``centred`` ((G1, G2), losses)."""
+    mean, scale, losses = fit_generators(model, dataset, params, torch.device("cpu"), seed,
+                                         Progress(enabled=False), centred)  # fmt: skip
+    return ((mean, scale) if centred else scale), losses
+
+
+def obtain_scale_generator(context, params):
+    return obtain_generators(context, params, centred=False)[1]
 
 
 def _context(dataset, model, **changes) -> BuildContext:
@@ -136,6 +143,54 @@ def test_the_first_steps_loss_is_ucans_loss_computed_independently(measure):
     assert losses[0] == pytest.approx(expected, rel=1e-5)
 
 
+def test_the_centred_first_loss_is_ucans_with_the_mean_generator():
+    """With G1 (``ucan-npg-centred``): Σ_k CE(f(x + μ + λ·v⊙ε_k), y) − K·min|v|, μ = λ·G1(x),
+    v = |G2(x + μ)| (UCAN's ``train_certification_noise.py``), at the initial weights of
+    both (G1 from stream 123); one step trains both generators."""
+    dataset, model = _images()
+    params = {**TINY, "epochs": 1, "train_examples": 8, "batch": 8}
+    (mean, scale), losses = _fit(dataset, model, params, seed=4, centred=True)
+    x, y, order = fitting_examples(dataset, params, torch.device("cpu"), 4)
+    permutation = torch.randperm(len(x), generator=order)
+    x, y = x[permutation], y[permutation]
+    eps = torch.randn((3, *x.shape),
+                      generator=torch.Generator().manual_seed(noise_seed(4, STREAM_NOISE, 0, 0)))  # fmt: skip
+    g1 = initial_generator((1, 6, 6), noise_seed(4, STREAM_MEAN_INIT, 0, 0))
+    g2 = initial_generator((1, 6, 6), noise_seed(4, STREAM_INIT, 0, 0))
+    with torch.no_grad():
+        mu = 0.25 * g1(x)
+        v = g2(x + mu).abs()
+        expected = sum(float(_cross_entropy(model(x + mu + 0.25 * e * v), y) - v.min())
+                       for e in eps)  # fmt: skip
+    assert losses[0] == pytest.approx(expected, rel=1e-5)
+    assert not torch.equal(mean.first.weight, g1.first.weight)
+    assert not torch.equal(scale.first.weight, g2.first.weight)
+
+
+def test_the_centred_provider_answers_ucans_mean_and_scale(tmp_path, monkeypatch):
+    """centre(x) = λ·G1(x) and σ = λ·max(|G2(x + μ)|, floor), here from the trained
+    generators' own float32 forward (relative 1e-5), stored and reloaded together; the
+    provider without G1 has no ``centre`` at all (its noise is centred at x)."""
+    monkeypatch.setenv("IDRS_BENCH_CACHE", str(tmp_path))
+    dataset, model = _images()
+    context = _context(dataset, model, recipe_hash="1" * 64)
+    mean, generator = obtain_generators(context, TINY, centred=True)
+    provider = noise_provider(context, TINY, centred=True)
+    x = dataset.test_x
+    with torch.no_grad():
+        mu = 0.25 * mean(x)
+        expected = 0.25 * generator(x + mu).abs().clamp_min(TINY["floor"])
+    assert torch.allclose(provider.centre(x).double(), mu.double(), rtol=1e-5, atol=1e-7)
+    assert torch.allclose(provider(x).double(), expected.double(), rtol=1e-5, atol=0)
+    assert (
+        len(list((tmp_path / "plugins" / "ucan" / ("1" * 64)).glob("noise-generators-*.pt"))) == 1
+    )
+    again = obtain_generators(dataclasses.replace(context, memos=RunMemo()), TINY, centred=True)
+    assert torch.equal(again[0].first.weight, mean.first.weight)
+    assert torch.equal(again[1].first.weight, generator.first.weight)
+    assert not hasattr(noise_provider(context, TINY, centred=False), "centre")
+
+
 def test_training_is_seeded_and_leaves_the_classifier_untouched():
     dataset, model = _images()
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -164,7 +219,9 @@ def test_the_provider_answers_lambda_times_the_floored_generator_output(tmp_path
     with torch.no_grad():
         v = generator(x).abs().double()
     floor = float(v.median())  # half of the axes at the floor
-    provider = scale_provider(context, {**TINY, "floor": floor})  # the same fit (λ = 0.25)
+    provider = noise_provider(
+        context, {**TINY, "floor": floor}, centred=False
+    )  # the same fit (λ = 0.25)
     scale = provider(x)
     assert isinstance(provider.regularity, Unregularized)
     assert scale.dtype == torch.float32 and scale.shape == x.shape

@@ -2,8 +2,9 @@
 
 The analytic models, dataset and trainer the checks rely on are the built-in plugin
 ``analytic`` (:mod:`harness.audit.analytic_components`). On a row drawn at a diagonal
-scale (:mod:`harness.engine.scale`) only the checks registered with ``diagonal=True`` run;
-any other refuses it (:func:`harness.audit.session.unsupported`).
+scale (:mod:`harness.engine.scale`) only the checks registered with ``diagonal=True`` run,
+and on a row drawn around a noise centre (:mod:`harness.engine.centre`) only those with
+``centred=True``; any other refuses it (:func:`harness.audit.session.unsupported`).
 """
 
 from __future__ import annotations
@@ -67,19 +68,19 @@ def _warm_replay(audit):
 def idrs_register_checks(register) -> None:
     register(CheckSpec("evidence", _evidence,
                        "S0: every certificate re-derived from its stored evidence, α and declared formula",
-                       diagonal=True))  # fmt: skip
+                       diagonal=True, centred=True))  # fmt: skip
     register(CheckSpec("memory-order", _order,
                        "S5: memory certificates replayed over input orders (Súkeník App. C.2)",
-                       diagonal=True))  # fmt: skip
+                       diagonal=True, centred=True))  # fmt: skip
     register(CheckSpec("worst-case-justification", _justification,
                        "S3: the worst σ inside each certified ball still certifies (Súkeník Thm 2.3)",
-                       diagonal=True))  # fmt: skip
+                       diagonal=True, centred=True))  # fmt: skip
     register(CheckSpec("coverage", _coverage, "S1: failures on exact smoothed classifiers vs α",
-                       diagonal=True))  # fmt: skip
+                       diagonal=True, centred=True))  # fmt: skip
     register(CheckSpec("sigma-regularity", _sigma_regularity, "S2: σ(x) as regular as declared",
-                       diagonal=True))  # fmt: skip
+                       diagonal=True, centred=True))  # fmt: skip
     register(CheckSpec("counterexamples", _counterexamples,
-                       "S4: concrete violations of certificates", diagonal=True))  # fmt: skip
+                       "S4: concrete violations of certificates", diagonal=True, centred=True))  # fmt: skip
     register(CheckSpec("replay", _replay,
                        "replay: σ and samples of random certificates re-drawn without plugins",
-                       _warm_replay, diagonal=True))  # fmt: skip
+                       _warm_replay, diagonal=True, centred=True))  # fmt: skip

@@ -80,7 +80,8 @@ def ellipsoid_points(
 
 
 def flip_among(
-    model, center: torch.Tensor, points: torch.Tensor, sigma: np.ndarray, prediction: int
+    model, center: torch.Tensor, points: torch.Tensor, sigma: np.ndarray, prediction: int,
+    centres: np.ndarray | None = None,
 ) -> dict | None:  # fmt: skip
     """The first of ``points`` (of a ball around ``center``) whose exact smoothed prediction
     on the ball classifier ``model`` at σ ``sigma`` (one per point) is not ``prediction``,
@@ -89,11 +90,13 @@ def flip_among(
     ``sigma`` [P, d] is a diagonal scale per point (:mod:`harness.engine.scale`): P(inside)
     is then bounded (:func:`~harness.mathematics.gaussian_ball.ball_mass`) and a point
     counts only where both bounds lie on the other side of 1/2; its ``sigma`` is the
-    smallest axis and ``scale_max`` the largest."""
+    smallest axis and ``scale_max`` the largest. ``centres`` [P, d]: the noise centre
+    μ at each point (:mod:`harness.engine.centre`), the smoothing then that of x + μ."""
     sigma = np.asarray(sigma, dtype=np.float64)
     if sigma.ndim > 1:
-        return _scaled_flip(model, center, points, sigma, prediction)
-    inside = model.smoothed_probability(points.numpy(), sigma)
+        return _scaled_flip(model, center, points, sigma, prediction, centres)
+    at = points if centres is None else points + torch.from_numpy(centres).view_as(points)
+    inside = model.smoothed_probability(at.numpy(), sigma)
     flipped = np.nonzero(np.where(inside > 0.5, model.classes[1], model.classes[0]) != prediction)[
         0
     ]
@@ -105,10 +108,13 @@ def flip_among(
             "distance": float((points[k].double().flatten() - flat).norm())}  # fmt: skip
 
 
-def _scaled_flip(model, center, points, scale: np.ndarray, prediction: int) -> dict | None:
+def _scaled_flip(
+    model, center, points, scale: np.ndarray, prediction: int, centres: np.ndarray | None = None
+) -> dict | None:  # fmt: skip
     """:func:`flip_among` at a diagonal scale per point ([P, d]), on bounds of P(inside)."""
     flat = points.double().reshape(len(points), -1).numpy()
-    lower, upper = ball_mass(flat - model.center.double().cpu().numpy(), scale, model.radius)
+    mean = flat if centres is None else flat + np.asarray(centres, dtype=np.float64)
+    lower, upper = ball_mass(mean - model.center.double().cpu().numpy(), scale, model.radius)
     # a point counts only where both bounds say which side of 1/2 it is on
     answer = np.where(lower > 0.5, model.classes[1], model.classes[0])
     flipped = np.nonzero(((lower > 0.5) | (upper < 0.5)) & (answer != prediction))[0]
@@ -137,6 +143,7 @@ def pgd_on_smoothed(
     gen: torch.Generator,
     start: torch.Tensor | None = None,
     axes: torch.Tensor | None = None,
+    centre_at: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """ℓ2 PGD on the smoothed classifier: points of the balls B(x0_i, radius_i) where class
     ``target_i`` of the mean softmax over ``samples`` noise draws loses the most.
@@ -152,6 +159,10 @@ def pgd_on_smoothed(
     in every axis) the walk is in the whitened coordinates u = (x − x0)/axes instead:
     steps of 2.5/steps along the normalized gradient in u, projected strictly inside
     ‖u‖ < 1, so each iterate lies in its open ellipsoid.
+
+    ``centre_at(x)``, given, is the noise centre μ at the iterates (:mod:`harness.engine.
+    centre`): the noise is then drawn at x + μ(x) (μ taken as constant in the gradient
+    unless it carries one).
     """
     device = x0.device
     shape = (-1,) + (1,) * (x0.dim() - 1)
@@ -162,7 +173,8 @@ def pgd_on_smoothed(
         with torch.enable_grad():
             sigma = sigma_at(x1)
             eps = torch.randn((samples, *x1.shape), generator=gen).to(device)
-            noisy = (x1[None] + noise_scale(sigma, x1) * eps).reshape(-1, *x1.shape[1:])
+            mean = x1 if centre_at is None else x1 + centre_at(x1).view_as(x1)
+            noisy = (mean[None] + noise_scale(sigma, x1) * eps).reshape(-1, *x1.shape[1:])
             probs = torch.softmax(model(noisy), dim=-1).view(samples, len(x1), -1).mean(0)
             own = probs.gather(1, target[:, None]).squeeze(1)
             other = probs.scatter(1, target[:, None], -1.0).max(dim=1).values

@@ -17,6 +17,12 @@ trial (:func:`_one_by_one`), as are a σ-smoothing's (drawn by the harness per t
 a σ-provider's in a plugin host (which holds the model as last sent). A memory is built
 afresh for each trial (each trial is another classifier). Both ways draw the same
 placements, rays and noise from the audit's entropy.
+
+Around a noise centre (:mod:`harness.engine.centre`) a trial is certified with the samples
+drawn at x0 + μ(x0), its exact probabilities are those of that noise, a linear trial's
+truth is the plane's side of x0 + μ(x0) (the certificate judged for the noise it was drawn
+with; how μ varies inside the ball is S3's and S4's), and a ball trial's flips are judged
+at each point with the centre asked there, as σ is.
 """
 
 from __future__ import annotations
@@ -32,8 +38,10 @@ import torch
 from harness.audit import sigma_smoothing as smoothed
 from harness.audit.analytic import BallClassifier, LinearClassifier, PlacementWithheld
 from harness.audit.audit import Audit
-from harness.audit.ball_attacks import ellipsoid_points, flip_among, search_points
+from harness.audit.ball_attacks import ellipsoid_points, search_points
 from harness.audit.coverage_trials import (
+    BallSearch,
+    FlipRays,
     Outcome,
     Trial,
     candidates,
@@ -49,7 +57,12 @@ from harness.audit.coverage_trials import (
     uniform,
 )
 from harness.audit.scaled_regions import as_drawn, memory_ball_scales
-from harness.audit.sigma_calls import calls_of, sigma_and_gradients, sigma_in_calls
+from harness.audit.sigma_calls import (
+    calls_of,
+    centre_in_calls,
+    sigma_and_gradients,
+    sigma_in_calls,
+)
 from harness.certification.certify import (
     certifier_label,
     certify_drawn,
@@ -57,6 +70,7 @@ from harness.certification.certify import (
     sigma_of,
     sigma_smoothing,
 )
+from harness.engine.centre import centre_of, recorded_centre, shifted
 from harness.engine.scale import as_scale, recorded_scale
 from harness.foundation.data import TrainingSplit
 from harness.plugin.hosting.in_harness.remote import RemoteSigmaProvider
@@ -197,14 +211,18 @@ def _method_for(rnd: _Round, j: int, method, protocol, root: Path):
 
 def _certified(rnd: _Round, provider, certifier, context, x0, input_id: int, sigma, drawn,
                protocol):  # fmt: skip
-    """The trial's certificate at σ (the harness's draws), the formula's derivation from
-    its draws and the exact class probabilities at its input."""
+    """The trial's certificate at σ (the harness's draws; around the σ-provider's centre
+    μ(x0) where it answers one, :mod:`harness.engine.centre`), the formula's derivation
+    from its draws and the exact class probabilities at its input (of the noise drawn
+    there, at x0 + μ(x0))."""
     audit = rnd.audit
+    centre = centre_of(provider, x0, audit.method.sigma_provider, " at a trial input")
     [c] = certify_drawn(rnd.draw, protocol, certifier, x0, [input_id], sigma, drawn,
                         label=certifier_label(context, audit.method),
-                        regularity=provider.regularity)  # fmt: skip
+                        regularity=provider.regularity, centre=centre)  # fmt: skip
     derived = derived_by_formula(audit, [vars(c)], x0, protocol, provider)
-    return c, derived, rnd.model.class_probabilities(x0.cpu().numpy(), sigma)[0]
+    at = shifted(x0, centre).cpu().numpy()
+    return c, derived, rnd.model.class_probabilities(at, sigma)[0]
 
 
 def _one_by_one(rnd: _Round, points, ids, protocol, root: Path) -> list[Trial]:
@@ -235,6 +253,9 @@ def _one_by_one(rnd: _Round, points, ids, protocol, root: Path) -> list[Trial]:
                     with torch.no_grad():
                         ray.sigma = as_drawn(provider(ray.points[1:].to(x0.device)).double()
                                              .cpu().numpy())  # fmt: skip
+                if search.center_centre is not None:
+                    ray.centres = centre_of(provider, ray.points[1:].to(x0.device), name,
+                                            " inside a certified ball")  # fmt: skip
             trial.false = search.first_false()
         out.append(trial)
     return out
@@ -327,50 +348,26 @@ def _together(rnd: _Round, points, ids, protocol, root: Path) -> list[Trial] | N
         parts = np.split(values, np.cumsum([len(ray.points) - 1 for _, ray in rays])[:-1])
         for (_, ray), part in zip(rays, parts, strict=True):
             ray.sigma = part
+    centred = [ray for search in searches if search is not None
+               and search.center_centre is not None for ray in search.rays]  # fmt: skip
+    if centred:  # the centre at every ray's points but the center (recorded) in one query
+        asked = torch.cat([ray.points[1:] for ray in centred]).to(x0.device)
+        owners = [j for j, search in enumerate(searches) if search is not None
+                  and search.center_centre is not None
+                  for ray in search.rays for _ in range(len(ray.points) - 1)]  # fmt: skip
+        try:
+            with _asked(rnd, routed, asked, owners), torch.no_grad():
+                values = centre_in_calls(provider, asked, batch, audit.method.sigma_provider,
+                                         " inside a certified ball")  # fmt: skip
+        except PlacementWithheld:
+            return None
+        parts = np.split(values, np.cumsum([len(ray.points) - 1 for ray in centred])[:-1])
+        for ray, part in zip(centred, parts, strict=True):
+            ray.centres = part
     for trial, search in zip(out, searches, strict=True):
         if search is not None:
             trial.false = search.first_false()
     return out
-
-
-@dataclass
-class _Rays:
-    """A certificate's flip search: its source, prediction and radius (of an ellipsoid: κ,
-    ``region`` "ellipsoid"), the points (center first) and σ at the others (once asked;
-    a memory's: its ball's σ or scale)."""
-
-    source: str
-    prediction: int
-    radius: float
-    points: torch.Tensor
-    sigma: np.ndarray | None = None
-    region: str | None = None
-
-
-@dataclass
-class _BallSearch:
-    """A ball trial's flip searches, judged once σ is known at their points: the model as
-    placed for the trial, the trial input, σ there (a scale [d] at a diagonal scale), the
-    example's fields."""
-
-    model: BallClassifier
-    center: torch.Tensor
-    center_sigma: float | np.ndarray
-    where: dict
-    rays: list[_Rays]
-
-    def first_false(self) -> dict | None:
-        """The first certificate with a flip, as :func:`first_false` (the ℓ2 balls, then
-        the ellipsoids at a diagonal scale)."""
-        for ray in self.rays:
-            sigma = np.concatenate([[self.center_sigma], ray.sigma])
-            flip = flip_among(self.model, self.center, ray.points, sigma, ray.prediction)
-            if flip is not None:
-                size = ({"radius": ray.radius} if ray.region is None
-                        else {"ellipsoid": ray.radius, "region": ray.region})  # fmt: skip
-                return {"certificate": ray.source, "prediction": ray.prediction, **size,
-                        **flip_example(flip, self.where)}  # fmt: skip
-        return None
 
 
 def _placed_trial(rnd: _Round, method, placed, j: int, sigma: np.ndarray, gradient, protocol):
@@ -384,8 +381,10 @@ def _placed_trial(rnd: _Round, method, placed, j: int, sigma: np.ndarray, gradie
     c, derived, probabilities = _certified(rnd, provider, certifier, context, x0, input_id,
                                            sigma, None, protocol)  # fmt: skip
     trial = Trial(input_id, c, derived, None, probabilities, rnd.uniforms[j])
+    centre = recorded_centre(c.draws)  # μ(x0): the linear truth is that of x0 + μ(x0)
     if rnd.family == "linear":
-        trial.false = linear_trial_false(c, derived, rnd.model, rnd.pair, x0, where)
+        trial.false = linear_trial_false(c, derived, rnd.model, rnd.pair, shifted(x0, centre),
+                                         where)  # fmt: skip
         return trial, None
     scale = recorded_scale(c.draws)
     memory = None
@@ -400,12 +399,12 @@ def _placed_trial(rnd: _Round, method, placed, j: int, sigma: np.ndarray, gradie
     gen, rays = rnd.rays(j), []
     toward = None if constant else gradient
     for source, pred, radius in candidates(c, derived, 0):
-        rays.append(_Rays(source, pred, radius, search_points(rnd.model, x0[0], radius, toward,
+        rays.append(FlipRays(source, pred, radius, search_points(rnd.model, x0[0], radius, toward,
                                                               gen)))  # fmt: skip
     for source, pred, kappa in ellipsoids(c, derived, 0):
         found = ellipsoid_points(rnd.model, x0[0], kappa * scale.astype(np.float64), toward, gen)
-        rays.append(_Rays(source, pred, kappa, found, region="ellipsoid"))
+        rays.append(FlipRays(source, pred, kappa, found, region="ellipsoid"))
     if constant:
         for ray in rays:
             ray.sigma = np.repeat(np.asarray(center_sigma)[None], len(ray.points) - 1, axis=0)
-    return trial, _BallSearch(copy.deepcopy(rnd.model), x0[0], center_sigma, where, rays)
+    return trial, BallSearch(copy.deepcopy(rnd.model), x0[0], center_sigma, where, rays, centre)

@@ -32,8 +32,9 @@ import torch
 from scipy import stats
 from scipy.special import ndtri
 
-from harness.audit.analytic import noise_spread
+from harness.audit.analytic import BallClassifier, noise_spread
 from harness.audit.audit import Audit
+from harness.audit.ball_attacks import flip_among
 from harness.certification.certify import sigma_smoothing
 from harness.engine.scale import recorded_scale
 from harness.foundation.certificate import ABSTAIN, Certificate
@@ -280,3 +281,51 @@ def linear_trial_false(c: Certificate, derived: Recomputed, model, pair: tuple[i
 
 def flip_example(flip: dict | None, where: dict) -> dict | None:
     return None if flip is None else {**where, **{k: v for k, v in flip.items() if k != "point"}}
+
+
+@dataclass
+class FlipRays:
+    """A certificate's flip search: its source, prediction and radius (of an ellipsoid: κ,
+    ``region`` "ellipsoid"), the points (center first) and σ at the others (once asked;
+    a memory's: its ball's σ or scale), and the noise centre at them where the σ-provider
+    answers one (:mod:`harness.engine.centre`)."""
+
+    source: str
+    prediction: int
+    radius: float
+    points: torch.Tensor
+    sigma: np.ndarray | None = None
+    region: str | None = None
+    centres: np.ndarray | None = None
+
+
+@dataclass
+class BallSearch:
+    """A ball trial's flip searches, judged once σ is known at their points: the model as
+    placed for the trial, the trial input, σ there (a scale [d] at a diagonal scale), the
+    example's fields, and the centre recorded there (None: centred at x)."""
+
+    model: BallClassifier
+    center: torch.Tensor
+    center_sigma: float | np.ndarray
+    where: dict
+    rays: list[FlipRays]
+    center_centre: np.ndarray | None = None
+
+    def first_false(self) -> dict | None:
+        """The first certificate with a flip, as :func:`first_false` (the ℓ2 balls, then
+        the ellipsoids at a diagonal scale; around a noise centre, each point's noise drawn
+        at the point plus the centre asked there)."""
+        for ray in self.rays:
+            sigma = np.concatenate([[self.center_sigma], ray.sigma])
+            centres = None
+            if self.center_centre is not None:
+                centres = np.concatenate([self.center_centre[None], ray.centres])
+            flip = flip_among(self.model, self.center, ray.points, sigma, ray.prediction,
+                              centres)  # fmt: skip
+            if flip is not None:
+                size = ({"radius": ray.radius} if ray.region is None
+                        else {"ellipsoid": ray.radius, "region": ray.region})  # fmt: skip
+                return {"certificate": ray.source, "prediction": ray.prediction, **size,
+                        **flip_example(flip, self.where)}  # fmt: skip
+        return None

@@ -29,7 +29,10 @@ A row drawn at a diagonal scale (:mod:`harness.engine.scale`) is attacked the sa
 with anisotropic noise x' + σ_i·ε_i: PGD and the screening draw at the scale each input
 was certified with (recorded in its draws), and every break is confirmed at the scale
 the σ-provider answers at x' (one σ call per radius, as for one σ), so a confirmed break
-is one of the smoothed classifier the row certifies; the radii attacked are ℓ2.
+is one of the smoothed classifier the row certifies; the radii attacked are ℓ2. Around a
+noise centre (:mod:`harness.engine.centre`) PGD and the screening draw at x' + μ(x), μ
+held at the centre each input was certified with, and a break is confirmed at
+x' + μ(x'), the centre the σ-provider answers there.
 
 Memory rows (order-dependent certifiers): their answer at a point depends on the inputs
 that came before (Súkeník et al. 2022, App. C.2), so no fixed classifier exists to
@@ -114,6 +117,8 @@ def attack_row(audit: Audit, strength: AttackStrength) -> dict[str, Any]:
 
     from harness.audit.ball_attacks import confirm_other_class, pgd_on_smoothed
     from harness.audit.scaled_regions import held_scales
+    from harness.audit.sigma_calls import centre_asker
+    from harness.engine.centre import recorded_centre, shifted
 
     start_time = time.perf_counter()
     certs = audit.certificates
@@ -127,6 +132,12 @@ def attack_row(audit: Audit, strength: AttackStrength) -> dict[str, Any]:
     scales = held_scales(certs)  # a diagonal scale: the one each input was drawn at
     sigma0 = (torch.tensor([float(c["sigma"]) for c in certs], device=device) if scales is None
               else scales.to(device))  # fmt: skip
+    centre = centre_asker(audit, " at a point the empirical attack reached")
+    centre0 = None  # μ(x) as certified (None: the noise is centred at x)
+    if centre is not None:
+        held = [recorded_centre(c.get("draws")) for c in certs]
+        centre0 = torch.stack([torch.zeros(x[0].numel()) if h is None else torch.from_numpy(h)
+                               for h in held]).to(device, torch.float32).view_as(x)  # fmt: skip
     level = audit.context.protocol.alpha / (len(certs) * len(radii) * engine.num_classes)
     gen = audit.generator("empirical/pgd")  # the audit's own entropy: unforeseeable noise
     broken: dict[int, float] = {}
@@ -145,17 +156,20 @@ def attack_row(audit: Audit, strength: AttackStrength) -> dict[str, Any]:
                 torch.full((len(alive),), radius, dtype=fixed.dtype, device=device),
                 lambda _, fixed=fixed: fixed, strength.steps, strength.samples, gen,
                 start=current[alive],
+                centre_at=None if centre0 is None else lambda _, held=centre0[alive]: held,
             )  # fmt: skip
-        margin = _label_margin(engine.model, current[alive], labels[alive], sigma0[alive],
-                               strength.screen, gen, soft)  # fmt: skip
+        at = current[alive] if centre0 is None else current[alive] + centre0[alive]
+        margin = _label_margin(engine.model, at, labels[alive], sigma0[alive], strength.screen,
+                               gen, soft)  # fmt: skip
         chosen = alive[margin < -strength.margin]
         if not len(chosen):
             continue
         tried += len(chosen)
         points = current[chosen]
         sigma = audit.sigma(points, " at a point the empirical attack reached")
+        drawn_at = points if centre is None else shifted(points, centre(points))
         verdicts = confirm_other_class(
-            engine, points, sigma.double().cpu(), [ids[k] for k in chosen.tolist()],
+            engine, drawn_at, sigma.double().cpu(), [ids[k] for k in chosen.tolist()],
             labels[chosen].tolist(), strength.confirm, level, soft, STREAM_ATTACK,
         )  # fmt: skip
         for j, (k, hit) in enumerate(zip(chosen.tolist(), verdicts, strict=True)):

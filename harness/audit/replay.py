@@ -64,6 +64,7 @@ import numpy as np
 
 from harness.audit.audit import Audit, derived_seed
 from harness.certification.certify import sigma_of, sigma_smoothing
+from harness.engine.centre import centre_of, decode_centre
 from harness.engine.scale import decode_scale, relative_deviation, smallest_axis
 from harness.foundation.errors import IdrsError
 from harness.foundation.verdict import P_THRESHOLD, CheckResult, Verdict
@@ -75,6 +76,8 @@ SIGMA_TOLERANCE = 1e-6
 """Relative difference allowed between the stored σ, σ recomputed alone and σ in a batch
 (seen: 1 ulp for a closed form on another CPU, 3·10⁻⁹ for a σ found by gradient ascent on
 another CPU, 1.8·10⁻⁸ for that ascent alone against in a batch on an AVX-512 CPU)."""
+TINY = float(np.finfo(np.float32).tiny)
+"""The smallest normal float32: what a centre's deviation is relative to where it is 0."""
 REPLAYER = ("harness.running.redraw", "process")
 """The run memo's key of the replay process (:class:`~harness.running.redraw.Replayer`),
 started once per audit session and stopped when it ends (:func:`stop_replayer`)."""
@@ -88,7 +91,8 @@ def stop_replayer(context) -> None:
 
 
 def check_replay(audit: Audit) -> CheckResult:
-    from harness.running.redraw import Replayer, look_sizes, replay_request
+    from harness.running.redraw import Replayer
+    from harness.running.redraw_request import replay_request
 
     rows = audit.certificates
     if any(not r.get("draws") for r in rows):
@@ -106,19 +110,20 @@ def check_replay(audit: Audit) -> CheckResult:
         return sigma_of(audit.context, audit.sigma_provider, x[index], [ids[k] for k in index],
                         audit.method.sigma_provider)[0]  # fmt: skip
 
-    stored_scale = [rows[k]["draws"]["base"].get("scale") for k in chosen]
-    evidence: dict[str, Any] = {"inputs": ids, "budget": audit.budget.name,
-                                "sigma": sigma_record(sigma, rng.permutation(m), stored_scale)}  # fmt: skip
+    def centre(index) -> np.ndarray | None:
+        return centre_of(audit.sigma_provider, x[index], audit.method.sigma_provider)
+
+    bases = [rows[k]["draws"]["base"] for k in chosen]
+    stored_scale = [base.get("scale") for base in bases]
+    stored_centre = [base.get("centre") for base in bases]
+    noise = sigma_record(sigma, rng.permutation(m), stored_scale, centre, stored_centre)
+    evidence: dict[str, Any] = {"inputs": ids, "budget": audit.budget.name, "sigma": noise}
     kind = rows[0]["draws"]["base"]["kind"] if rows else audit.certifier.smoothing
     smoothed = sigma_smoothing(audit.sigma_provider) is not None
     fresh_seed = derived_seed(audit.entropy, "replay/noise")
-    request = replay_request(
-        audit.source, str(audit.context.device), ids,
-        [rows[k]["draws"]["base"]["sigma"] for k in chosen], kind,
-        f"{audit.method.name} {audit.setting}" if smoothed else None, fresh_seed,
-        look_sizes([rows[k]["draws"]["base"] for k in chosen]),
-        stored_scale if "scale" in evidence["sigma"] else None,
-    )  # fmt: skip
+    request = replay_request(audit.source, str(audit.context.device), ids, bases, kind,
+                             f"{audit.method.name} {audit.setting}" if smoothed else None,
+                             fresh_seed)  # fmt: skip
     replayer = audit.context.memo(*REPLAYER, Replayer)
     answer = replayer.request(request) if m else {"mode": "exact", "base": {}, "arithmetic": {},
                                                   "differences": []}  # fmt: skip
@@ -137,12 +142,16 @@ def check_replay(audit: Audit) -> CheckResult:
 
 
 def sigma_record(
-    sigma: Callable[[Sequence[int]], np.ndarray], order: np.ndarray, stored_scale: list[str | None]
+    sigma: Callable[[Sequence[int]], np.ndarray], order: np.ndarray, stored_scale: list[str | None],
+    centre: Callable[[Sequence[int]], np.ndarray | None] | None = None,
+    stored_centre: list[str | None] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """σ of the replayed inputs recomputed in a shuffled batch (``order``), then each alone
     (``sigma(index)``: the provider's answer for those inputs, [k] or a scale [k, d]), as
     :func:`judge` reads them: their σ (of a diagonal scale its smallest axis) and, where a
-    scale was drawn or is answered, every axis's deviations (``stored_scale``: the records)."""
+    scale was drawn or is answered, every axis's deviations (``stored_scale``: the records);
+    where a centre was drawn or is answered (``centre(index)``, ``stored_centre``,
+    :mod:`harness.engine.centre`), every dimension's deviations of it."""
     m = len(order)
     in_batch = np.zeros(m)
     batch = sigma(order) if m else np.zeros(0)  # the batch first: a provider that memoizes
@@ -151,27 +160,47 @@ def sigma_record(
     alone = [float(smallest_axis(a)[0] if a.ndim > 1 else a[0]) for a in alone_answers]
     record: dict[str, Any] = {"alone": alone, "batch": in_batch.tolist(), "order": order.tolist()}
     if any(text is not None for text in stored_scale) or batch.ndim > 1:
-        record["scale"] = _scale_deviations(stored_scale, batch, order, alone_answers)
+        stored = [None if t is None else decode_scale(t) for t in stored_scale]
+        alone_rows = [a[0] if a.ndim > 1 else None for a in alone_answers]
+        record["scale"] = _deviations(stored, batch if batch.ndim > 1 else None, order,
+                                      alone_rows, relative_deviation)  # fmt: skip
+    if centre is not None and m:
+        stored = [None if t is None else decode_centre(t) for t in stored_centre or [None] * m]
+        batch_centre = centre(order)
+        if batch_centre is not None or any(c is not None for c in stored):
+            alone_rows = [None if (c := centre([k])) is None else c[0] for k in range(m)]
+            record["centre"] = _deviations(stored, batch_centre, order, alone_rows,
+                                           centre_deviation)  # fmt: skip
     return record
 
 
-def _scale_deviations(
-    stored: list[str | None], batch: np.ndarray, order: np.ndarray, alone: list[np.ndarray]
-) -> dict[str, list[float]]:
-    """Per replayed input drawn at a diagonal scale (:mod:`harness.engine.scale`), the
-    largest relative difference of its scale recomputed alone from the one in a batch and
-    from the stored one (inf where either is missing or of another shape)."""
-    in_batch = np.empty_like(batch) if batch.ndim > 1 else None
-    if in_batch is not None:
+def _deviations(
+    stored: list[np.ndarray | None], batch: np.ndarray | None, order: np.ndarray,
+    alone: list[np.ndarray | None], deviation: Callable[[np.ndarray, np.ndarray], float],
+) -> dict[str, list[float]]:  # fmt: skip
+    """Per replayed input, the ``deviation`` of its answer (a scale or a centre) recomputed
+    alone from the one in a batch and from the stored one (inf where either is missing)."""
+    in_batch = None
+    if batch is not None:
+        in_batch = np.empty_like(batch)
         in_batch[order] = batch
     vs_batch, vs_stored = [], []
-    for k, (text, answer) in enumerate(zip(stored, alone, strict=True)):
-        mine = answer[0] if answer.ndim > 1 else None
+    for k, (kept, mine) in enumerate(zip(stored, alone, strict=True)):
         same = in_batch is not None and mine is not None
-        vs_batch.append(relative_deviation(mine, in_batch[k]) if same else float("inf"))
-        known = text is not None and mine is not None
-        vs_stored.append(relative_deviation(mine, decode_scale(text)) if known else float("inf"))
+        vs_batch.append(deviation(mine, in_batch[k]) if same else float("inf"))
+        known = kept is not None and mine is not None
+        vs_stored.append(deviation(mine, kept) if known else float("inf"))
     return {"alone_vs_batch": vs_batch, "alone_vs_stored": vs_stored}
+
+
+def centre_deviation(a: np.ndarray, b: np.ndarray) -> float:
+    """max_i |a_i − b_i| / max_i |b_i| of two centres (a centre may be 0 where a scale
+    may not; 0 when both are 0; inf where their shapes differ)."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        return float("inf")
+    gap = float(np.max(np.abs(a - b))) if a.size else 0.0
+    return gap / max(float(np.max(np.abs(b))) if b.size else 0.0, TINY) if gap else 0.0
 
 
 def warm(audit: Audit) -> None:
@@ -220,17 +249,19 @@ def judge(
                 f"{allowed}: the σ-provider's answer depends on its state"
             ), {"mismatch": {"input_id": i, "quantity": "sigma", "how": allowed,
                              "stored": stored, "recomputed": a}}  # fmt: skip
-    scale = sigma.get("scale")  # drawn at a diagonal scale: every axis, not only σ_min
-    for k, i in enumerate(ids if scale is not None else []):
-        for how, deviation in (("alone vs batch", scale["alone_vs_batch"][k]),
-                               ("alone vs stored", scale["alone_vs_stored"][k])):  # fmt: skip
-            if not float(deviation if deviation is not None else "inf") <= SIGMA_TOLERANCE:
-                return Verdict.VIOLATED, (
-                    f"input {i}: its diagonal scale recomputed {how} differs by {deviation!r} "
-                    f"(largest relative difference of an axis), not {allowed}: the σ-provider's "
-                    "answer depends on the batch or on its state"
-                ), {"mismatch": {"input_id": i, "quantity": "scale", "how": how,
-                                 "relative": deviation}}  # fmt: skip
+    # drawn at a diagonal scale: every axis, not only σ_min; around a centre: every dimension
+    for quantity, what in (("scale", "diagonal scale"), ("centre", "centre")):
+        record = sigma.get(quantity)
+        for k, i in enumerate(ids if record is not None else []):
+            for how, deviation in (("alone vs batch", record["alone_vs_batch"][k]),
+                                   ("alone vs stored", record["alone_vs_stored"][k])):  # fmt: skip
+                if not float(deviation if deviation is not None else "inf") <= SIGMA_TOLERANCE:
+                    return Verdict.VIOLATED, (
+                        f"input {i}: its {what} recomputed {how} differs by {deviation!r} "
+                        f"(largest relative difference of a dimension), not {allowed}: the "
+                        "σ-provider's answer depends on the batch or on its state"
+                    ), {"mismatch": {"input_id": i, "quantity": quantity, "how": how,
+                                     "relative": deviation}}  # fmt: skip
     where = f"{len(ids)} inputs"
     if evidence["mode"] == "exact":
         found = _first_mismatch(ids, rows, evidence["replayed"], evidence.get("arithmetic") or {})

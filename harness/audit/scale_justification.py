@@ -42,6 +42,16 @@ function with an error bound (:mod:`harness.mathematics.worstcase.anisotropic`),
   every such ball's lower bound reaches 1/2, and otherwise an ``error`` (within the
   quadrature's error of 1/2: the row is not verified, never passed). A numeric check,
   as the scalar S3's quadrature of ξ: no randomness, no false-alarm rate.
+
+Around a noise centre (:mod:`harness.engine.centre`: the samples of x drawn at x + μ(x))
+the mean of the noise moves from x0 + μ(x0) to x1 + μ(x1), by Δ = δ + μ(x1) − μ(x0)
+rather than δ, and every worst case above is that of Δ (the Neyman–Pearson worst case of
+two Gaussians depends on their means through their difference alone): the search asks
+the centre at each of its points beside the scale, and a ball where the centre moves
+(beyond the float32 it is recorded in, relative :data:`SCALE_SLACK`) is judged as one
+where the scale varies, at the point where it moves: ``unjustified`` where the fixed-scale
+worst case Φ(Φ⁻¹(p_A_lower) − ‖Σ0^{-1/2}Δ‖₂) (exact there) or the computed one's upper
+bound is below 1/2. A constant centre moves nothing, and changes nothing.
 """
 
 from __future__ import annotations
@@ -53,8 +63,9 @@ from scipy.special import ndtr, ndtri
 from harness.audit.audit import Audit
 from harness.audit.ball_rounding import inside_radius
 from harness.audit.scaled_regions import ellipsoid_axes
-from harness.audit.sigma_calls import calls_of, sigma_in_calls, sigma_with_graph
+from harness.audit.sigma_calls import calls_of, centre_asker, sigma_in_calls, sigma_with_graph
 from harness.certification.certify import checked_sigma, sigma_smoothing
+from harness.engine.centre import drawn_with_centre, recorded_centre
 from harness.engine.scale import recorded_scale
 from harness.foundation.certificate import ABSTAIN
 from harness.foundation.regularity import Constant
@@ -63,7 +74,9 @@ from harness.mathematics.worstcase import xi
 from harness.mathematics.worstcase.anisotropic import normal_worst_case, worst_case
 
 SCALE_SLACK = 1e-6
-"""Relative slack on a scale compared with the recorded one (recorded in float32)."""
+"""Relative slack on a scale (or a centre) compared with the recorded one (float32)."""
+TINY = float(np.finfo(np.float32).tiny)
+"""What a centre's change is relative to where the recorded centre is 0."""
 
 
 def check_scale_justification(audit: Audit, name: str, tolerance: float) -> CheckResult:
@@ -96,12 +109,29 @@ def check_scale_justification(audit: Audit, name: str, tolerance: float) -> Chec
                            "axes in a row drawn at a diagonal scale: S3 cannot tell the σ their "
                            "radii rely on; the row is not verified")  # fmt: skip
     scale0 = np.stack(recorded).astype(np.float64)
+    centre0 = centre = None
+    if drawn_with_centre(certs):
+        centres = [recorded_centre(certs[k].get("draws")) for k in chosen]
+        missing = [certs[k]["input_id"] for k, c in zip(chosen, centres, strict=True)
+                   if c is None or c.size != dim]  # fmt: skip
+        if missing:
+            return CheckResult(name, Verdict.ERROR,
+                               f"the certificates of inputs {missing[:5]} record no centre of "
+                               f"{dim} dimensions in a row drawn around a centre: S3 cannot tell "
+                               "the noise their radii rely on; the row is not verified")  # fmt: skip
+        centre0 = np.stack(centres).astype(np.float64)
+        centre = centre_asker(audit, " inside a certified ball")
+        if centre is None:
+            return CheckResult(name, Verdict.ERROR,
+                               "the row was drawn around a centre but the σ-provider answers "
+                               "none: S3 cannot ask the centre inside a ball; the row is not "
+                               "verified")  # fmt: skip
     radius = np.array([certs[k]["radius"] for k in chosen], dtype=np.float64)
     p_lower = np.array([certs[k]["p_lower"] for k in chosen], dtype=np.float64)
     sigma_min = scale0.min(axis=1)
     worst = np.asarray(xi(radius, sigma_min, sigma_min, p_lower, dim), dtype=np.float64)
     gen = audit.generator(f"{name}/scale")
-    candidates = Candidates(x0, scale0, p_lower)
+    candidates = Candidates(x0, scale0, p_lower, centre0, centre)
     deviation, axis = scale_deviation(
         _checked(audit, dim), x0, torch.tensor(radius, dtype=torch.float32, device=device),
         torch.tensor(scale0, device=device), audit.budget.ascent_steps, gen, calls_of(audit),
@@ -115,14 +145,15 @@ def check_scale_justification(audit: Audit, name: str, tolerance: float) -> Chec
         further = wide > deviation
         deviation, axis = np.where(further, wide, deviation), np.where(further, wide_axis, axis)
         region[further] = "ellipsoid"
-    varies = deviation > np.log1p(SCALE_SLACK)
+    varies = (deviation > np.log1p(SCALE_SLACK)) | (candidates.moved > SCALE_SLACK)
     uncovered = ~varies & ~(worst < 0.5 + tolerance)
 
     def example(j: int) -> dict:
         return {"input_id": certs[chosen[j]]["input_id"], "radius": float(radius[j]),
                 "sigma_min": float(sigma_min[j]), "p_lower": float(p_lower[j]),
                 "xi": float(worst[j]), "log_scale_deviation": float(deviation[j]),
-                "axis": int(axis[j]), "region": str(region[j])}  # fmt: skip
+                "axis": int(axis[j]), "region": str(region[j]),
+                "centre_deviation": float(candidates.moved[j])}  # fmt: skip
 
     evidence = {"audited": len(chosen), "dim": dim, "declared": declared.describe(),
                 "inputs": [int(certs[k]["input_id"]) for k in chosen],
@@ -146,7 +177,7 @@ def check_scale_justification(audit: Audit, name: str, tolerance: float) -> Chec
                   else "the claimed ellipsoid, beyond the ball")  # fmt: skip
         where = (f"input {evidence['first']['input_id']}: axis {int(axis[j])} of the scale "
                  f"changes by a factor e^{deviation[j]:.4g} inside {inside}")  # fmt: skip
-        if isinstance(declared, Constant):
+        if isinstance(declared, Constant) and deviation[j] > np.log1p(SCALE_SLACK):
             return CheckResult(name, Verdict.UNJUSTIFIED,
                                f"{where}, though the σ-provider declares a constant scale, the "
                                "fixed Σ the radius is proved for (ANCER Thm 1)", evidence)  # fmt: skip
@@ -164,22 +195,38 @@ class Candidates:
     whose normal approximation of the worst case (:func:`~harness.mathematics.worstcase.
     anisotropic.normal_worst_case`) is least, the point the computed worst case judges; where
     it does not, the least exact fixed-scale worst case Φ(Φ⁻¹(p_A_lower) − ‖Σ0^{-1/2}δ‖₂)
-    (ANCER Thm 1, tight for a fixed Σ)."""
+    (ANCER Thm 1, tight for a fixed Σ). Around recorded centres ``centre0`` [B, d] (asked
+    at the points by ``centre``), δ is the shift of the noise's mean δ + μ(x1) − μ(x0), and
+    ``moved`` the largest relative change of the centre seen in each ball."""
 
-    def __init__(self, x0: torch.Tensor, scale0: np.ndarray, p_lower: np.ndarray) -> None:
+    def __init__(
+        self, x0: torch.Tensor, scale0: np.ndarray, p_lower: np.ndarray,
+        centre0: np.ndarray | None = None, centre=None,
+    ) -> None:  # fmt: skip
         self.flat = x0.flatten(1).double().cpu().numpy()
         self.scale0, self.p_lower = scale0, p_lower
         self.approx, self.fixed = np.full(len(scale0), np.inf), np.full(len(scale0), np.inf)
         self.delta, self.scale = np.zeros_like(scale0), scale0.copy()
+        self.centre0, self.centre = centre0, centre
+        self.moved, self.fixed_distance = np.zeros(len(scale0)), np.zeros(len(scale0))
 
     def see(self, points: torch.Tensor, scales: torch.Tensor, balls: np.ndarray) -> None:
         """Points [P, d] of the search, the scales [P, d] answered there, their balls [P]."""
         delta = points.detach().double().cpu().numpy() - self.flat[balls]
+        distance = np.linalg.norm(delta, axis=1)
+        if self.centre0 is not None:
+            mu0 = self.centre0[balls]
+            shift = self.centre(points.detach()) - mu0
+            change = np.abs(shift).max(axis=1) / np.maximum(np.abs(mu0).max(axis=1), TINY)
+            np.maximum.at(self.moved, balls, change)
+            delta = delta + np.where((change > SCALE_SLACK)[:, None], shift, 0.0)
         s0, s1 = self.scale0[balls], scales.detach().double().cpu().numpy()
         moved = np.abs(np.log(s1) - np.log(s0)).max(axis=1) > np.log1p(SCALE_SLACK)
         approx = np.where(moved, normal_worst_case(delta, s0, s1, self.p_lower[balls]), np.inf)
         fixed = ndtr(ndtri(self.p_lower[balls]) - np.linalg.norm(delta / s0, axis=1))
-        np.minimum.at(self.fixed, balls[~moved], fixed[~moved])
+        for row in np.flatnonzero(~moved & (fixed < self.fixed[balls])):
+            if fixed[row] < self.fixed[balls[row]]:
+                self.fixed[balls[row]], self.fixed_distance[balls[row]] = fixed[row], distance[row]
         for row in np.flatnonzero(approx < self.approx[balls]):
             ball = balls[row]
             if approx[row] < self.approx[ball]:
@@ -203,12 +250,19 @@ def _judge_varying(name: str, found: Candidates, balls: np.ndarray, ids: list, d
             name, Verdict.UNJUSTIFIED,
             f"{len(fixed)}/{len(balls)} balls have no valid proof, e.g. input {ids[j]}: at a "
             f"point of the ball where the scale is the recorded one, ANCER's exact worst case "
-            f"(Thm 1, fixed Σ) gives P(A) = {found.fixed[j]:.10g} < 1/2", evidence,
+            f"(Thm 1, fixed Σ{_moved(found, j)}) gives P(A) = {found.fixed[j]:.10g} < 1/2",
+            evidence,
         )  # fmt: skip
     judged = []
     for j in balls:
         row = {"input_id": ids[j], "lower": 0.0, "upper": 1.0}  # no point to judge: neither
-        if np.isfinite(found.approx[j]):
+        if not np.isfinite(found.approx[j]) and np.isfinite(found.fixed[j]):
+            # only the centre moved: the fixed scale's worst case at the least point, exact
+            value = float(found.fixed[j])
+            row.update(distance=float(found.fixed_distance[j]), value=value, lower=value,
+                       upper=value, max_log_scale_change=0.0,
+                       centre_deviation=float(found.moved[j]))  # fmt: skip
+        elif np.isfinite(found.approx[j]):
             worst = worst_case(found.delta[j], found.scale0[j], found.scale[j],
                                float(found.p_lower[j]))  # fmt: skip
             change = np.abs(np.log(found.scale[j]) - np.log(found.scale0[j])).max()
@@ -225,7 +279,7 @@ def _judge_varying(name: str, found: Candidates, balls: np.ndarray, ids: list, d
         r = below[0]
         return CheckResult(
             name, Verdict.UNJUSTIFIED,
-            f"{len(below)}/{len(balls)} balls where the scale varies have no valid proof, e.g. "
+            f"{len(below)}/{len(balls)} balls where the scale (or the centre) varies have no valid proof, e.g. "
             f"input {r['input_id']}: at a point at distance {r['distance']:.6g} from x0, where "
             f"the scale changes by up to e^{r['max_log_scale_change']:.4g}, a classifier with "
             f"the certificate's p_A_lower has P(A) <= {r['upper']:.10g} < 1/2 ({law})", evidence,
@@ -347,6 +401,14 @@ def ellipsoid_deviation(
     for row in np.argsort(gap.numpy(), kind="stable"):  # the largest last, so it stays
         best[owners[row]], axis[owners[row]] = float(gap[row]), int(where[row])
     return best, axis
+
+
+def _moved(found: Candidates, j: int) -> str:
+    """How a ball's noise centre moved, for a summary ("" where it did not)."""
+    if not found.moved[j] > SCALE_SLACK:
+        return ""
+    return (f", the noise's mean moved by δ + μ(x1) − μ(x0): the centre changes by up to "
+            f"{found.moved[j]:.4g} of its largest entry")  # fmt: skip
 
 
 def _checked(audit: Audit, dim: int):

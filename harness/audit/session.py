@@ -14,6 +14,7 @@ from harness.audit.audit import BUDGETS, Audit, Budget, fresh_entropy
 from harness.audit.cost import measured
 from harness.certification.method import build_method
 from harness.engine.arithmetic import run_threads
+from harness.engine.centre import drawn_with_centre
 from harness.engine.determinism import enable_deterministic_kernels
 from harness.engine.sampling import resolve_device
 from harness.engine.scale import drawn_with_scale
@@ -191,25 +192,33 @@ def stored_result(stored: StoredCheck) -> CheckResult:
                        dict(stored.evidence or {}), list(stored.flags))  # fmt: skip
 
 
-def unsupported(audit: Audit, what: str, supported: bool) -> str | None:
+def unsupported(audit: Audit, what: str, diagonal: bool, centred: bool = False) -> str | None:
     """Why ``what`` (a check, the attack) cannot audit ``audit``'s row, or None: its
     certificates were drawn at a diagonal scale (:mod:`harness.engine.scale`), which
-    ``what`` does not declare it audits (``supported``): an ℓ2 ball at the smallest axis
-    judged at one σ, or an ellipsoid not judged at all, would pass unexamined."""
-    if supported or not drawn_with_scale(audit.certificates):
-        return None
-    return (f"{what} does not support a diagonal noise scale (the row's certificates were drawn "
-            "at one σ per input dimension); the row is not verified by it (docs/soundness.md, "
-            '"A diagonal scale")')  # fmt: skip
+    ``what`` does not declare it audits (``diagonal``): an ℓ2 ball at the smallest axis
+    judged at one σ, or an ellipsoid not judged at all, would pass unexamined; or around a
+    noise centre (:mod:`harness.engine.centre`) it does not declare (``centred``): a
+    smoothed classifier judged at x whose noise is drawn at x + μ(x)."""
+    if not diagonal and drawn_with_scale(audit.certificates):
+        return (f"{what} does not support a diagonal noise scale (the row's certificates were "
+                "drawn at one σ per input dimension); the row is not verified by it "
+                '(docs/soundness.md, "A diagonal scale")')  # fmt: skip
+    if not centred and drawn_with_centre(audit.certificates):
+        return (f"{what} does not support a noise centre (the row's certificates were drawn "
+                "around x + μ(x)); the row is not verified by it (docs/soundness.md, "
+                '"A noise centre")')  # fmt: skip
+    return None
 
 
 def _checked_run(check, audit: Audit, progress: Progress) -> CheckResult:
     """``check`` on ``audit``; a check that raises, or answers anything but a
     :class:`CheckResult` with a :class:`Verdict`, did not complete: ``error``; so is a
     check on a row it does not support (:func:`unsupported`)."""
-    refused = unsupported(audit, f"check {check.name!r}", getattr(check, "diagonal", False))
+    refused = unsupported(audit, f"check {check.name!r}", getattr(check, "diagonal", False),
+                          getattr(check, "centred", False))  # fmt: skip
     if refused is not None:
-        return CheckResult(check.name, Verdict.ERROR, refused, {"unsupported": "diagonal scale"})
+        what = "diagonal scale" if "diagonal" in refused else "noise centre"
+        return CheckResult(check.name, Verdict.ERROR, refused, {"unsupported": what})
     try:
         result = check.run(audit)
         if not isinstance(result, CheckResult) or result.verdict not in set(Verdict):

@@ -12,13 +12,15 @@ fits as it did when it certified.
 σ(x) of a point depends on that point alone (what the replay check holds a provider
 to), so the values do not depend on which points are asked together, up to the
 rounding of a batched product (a σ-network's matrix product, which the run's
-certificates do not depend on: they store the σ certification computed).
+certificates do not depend on: they store the σ certification computed). A σ-provider's
+noise centre (:mod:`harness.engine.centre`) is asked the same way (:func:`centre_asker`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 Provider = Callable[[torch.Tensor], torch.Tensor]
@@ -36,6 +38,33 @@ def sigma_in_calls(provider: Provider, x: torch.Tensor, batch: int) -> torch.Ten
     if not parts:
         return torch.zeros(0, dtype=torch.float64, device=x.device)
     return torch.cat(parts)
+
+
+def centre_in_calls(provider, x: torch.Tensor, batch: int, name: str, where: str) -> np.ndarray:
+    """The centre μ [P, d] (float64) of σ-provider ``name`` at the points ``x`` [P, ...],
+    asked in calls of at most ``batch`` points and checked (a bad centre is the
+    σ-provider's fault; ``where`` says where it was asked, :mod:`harness.engine.centre`)."""
+    from harness.engine.centre import centre_of
+
+    parts = [centre_of(provider, x[k : k + batch], name, where)
+             for k in range(0, len(x), max(1, batch))]  # fmt: skip
+    return np.concatenate(parts).astype(np.float64) if parts else np.zeros((0, x[0].numel()))
+
+
+def centre_asker(audit, where: str) -> Callable[[torch.Tensor], np.ndarray] | None:
+    """The audited σ-provider's centre at points [P, ...] (any shape holding P inputs) as
+    float64 [P, d] (:func:`centre_in_calls`); None for a provider without one (its noise
+    is centred at x)."""
+    provider = audit.sigma_provider
+    if getattr(provider, "centre", None) is None:
+        return None
+    batch, shape = calls_of(audit), tuple(audit.inputs.shape[1:])
+
+    def centre(points: torch.Tensor) -> np.ndarray:
+        x = points.detach().float().reshape(-1, *shape)
+        return centre_in_calls(provider, x, batch, audit.method.sigma_provider, where)
+
+    return centre
 
 
 def sigma_with_graph(

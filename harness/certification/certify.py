@@ -25,12 +25,20 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from harness.certification.diagonal import check_diagonal, ellipsoid_problem, region_of
+from harness.certification.diagonal import (
+    check_centred,
+    check_diagonal,
+    ellipsoid_problem,
+    region_of,
+)
+from harness.certification.predict import draws_predictions
+from harness.engine.centre import centre_of, shifted
 from harness.engine.draws import (
     HARD,
     SOFT,
@@ -49,7 +57,6 @@ from harness.foundation.protocol import SIGMA_MAX, CertificationProtocol
 from harness.foundation.regularity import Regularity
 from harness.foundation.storable import evidence_json
 from harness.mathematics.radius import RadiusFormula, grid_thresholds
-from harness.mathematics.stats import binomial_pvalues
 
 if TYPE_CHECKING:
     from harness.plugin.components import BuildContext, Certifier, MethodSpec, SigmaProvider
@@ -104,36 +111,6 @@ class HardSmoothingCertifier:
             )
             for i in rows
         ]
-
-
-def draws_predictions(draws: Draws, alpha: float) -> np.ndarray:
-    """PREDICT of each input of hard ``draws``: the binomial test of its top two
-    estimation counts (fixed n, and the ``mixture-cs-v2`` runs that recorded it so), or,
-    drawn by the grid-place rule, the e-process test of the top class against the
-    runner-up, valid at the data-dependent stopping time
-    (:func:`harness.mathematics.gridplace.anytime_predictions`)."""
-    from harness.mathematics.gridplace import GridPlaceRule, anytime_predictions
-
-    if isinstance(draws.rule, GridPlaceRule):
-        return anytime_predictions(draws.estimation, alpha)
-    return predictions_from_counts(draws.estimation, alpha)
-
-
-def predict_from_counts(counts: np.ndarray, alpha: float) -> int:
-    """PREDICT: the top class if the binomial test of n_A vs n_B rejects p = 1/2 at alpha."""
-    return int(predictions_from_counts(np.asarray(counts)[None], alpha)[0])
-
-
-def predictions_from_counts(counts: np.ndarray, alpha: float) -> np.ndarray:
-    """:func:`predict_from_counts` of every row of ``counts`` [B, C], in one pass."""
-    counts = np.asarray(counts)
-    if counts.shape[0] == 0:
-        return np.zeros(0, dtype=np.int64)
-    order = np.argsort(counts, axis=1)[:, ::-1]
-    rows = np.arange(len(counts))
-    n_a = counts[rows, order[:, 0]].astype(np.int64)
-    n_b = counts[rows, order[:, 1]].astype(np.int64) if counts.shape[1] > 1 else 0 * n_a
-    return np.where(binomial_pvalues(n_a, n_a + n_b) <= alpha, order[:, 0], ABSTAIN)
 
 
 def checked_sigma(
@@ -250,10 +227,11 @@ def certify_inputs(
     """The certificates of ``x`` (ids ``input_ids``): σ, the harness's draws, the claims."""
     start = time.perf_counter()
     sigma, sigma_draws = sigma_of(context, provider, x, input_ids, method.sigma_provider)
+    centre = centre_of(provider, x, method.sigma_provider)
     seconds = (time.perf_counter() - start) / max(len(input_ids), 1)
     yield from certify_drawn(context.engine, context.protocol, certifier, x, input_ids, sigma,
                              sigma_draws, seconds, certifier_label(context, method),
-                             provider.regularity)  # fmt: skip
+                             provider.regularity, centre)  # fmt: skip
 
 
 def certifier_label(context: BuildContext, method: MethodSpec) -> str:
@@ -271,9 +249,11 @@ def certify_drawn(
     x: torch.Tensor, input_ids: Sequence[int], sigma: np.ndarray,
     sigma_draws: Draws | None = None, sigma_seconds: float | np.ndarray = 0.0,
     label: str = "the certifier", regularity: Regularity | None = None,
+    centre: np.ndarray | None = None,
 ) -> Iterator[Certificate]:  # fmt: skip
     """Certificates for inputs whose σ is known: the harness draws the base model's
-    samples at σ with ``engine`` under ``protocol``, every input in the same engine calls
+    samples at σ (around x + ``centre`` where the σ-provider answers one,
+    :mod:`harness.engine.centre`) with ``engine`` under ``protocol``, every input in the same engine calls
     (a batch mixes inputs: :meth:`~harness.engine.sampling.SamplingEngine.run`), the
     certifier claims in chunks of :data:`CLAIM_CHUNK` inputs as their estimation finishes,
     and each certificate is yielded as soon as it is claimed. ``sigma_seconds``: the time
@@ -292,14 +272,17 @@ def certify_drawn(
         check_diagonal(certifier, label)
         sigma = smallest_axis(scale)
     noise = sigma if scale is None else scale
+    if centre is not None:
+        check_centred(certifier, label, scale is not None)
     x = x.to(engine.device)
+    drawn_at = x if centre is None else shifted(x, centre)
     start = time.perf_counter()
     soft = kind == SOFT
     if soft:
         selection = np.stack([s.means for s in engine.soft_stats(
-            x, noise, ids, protocol.n0, STREAM_SELECTION)]) if ids else np.zeros((0, 0))  # fmt: skip
+            drawn_at, noise, ids, protocol.n0, STREAM_SELECTION)]) if ids else np.zeros((0, 0))  # fmt: skip
     else:
-        selection = engine.counts(x, noise, ids, protocol.n0, STREAM_SELECTION)
+        selection = engine.counts(drawn_at, noise, ids, protocol.n0, STREAM_SELECTION)
     seconds = np.full(len(ids), (time.perf_counter() - start) / max(len(ids), 1)) + sigma_seconds
     # an order-dependent certifier stages state per claim: one input per call keeps each
     # certificate and its state in one transaction (harness.foundation.runstate)
@@ -307,13 +290,14 @@ def certify_drawn(
     if protocol.sampling == "sequential":
         yield from _certify_in_rounds(engine, protocol, certifier, x, ids, sigma, selection,
                                       seconds, sigma_draws, alpha, label, regularity, chunk_size,
-                                      scale)  # fmt: skip
+                                      scale, centre)  # fmt: skip
         return
     estimation = np.zeros(selection.shape, dtype=np.float64 if soft else np.int64)
     squares = np.zeros(selection.shape) if soft else None
     last = time.perf_counter()
     done = 0
-    for index, result in engine.run(x, noise, ids, protocol.n, STREAM_ESTIMATION, soft=soft):
+    for index, result in engine.run(drawn_at, noise, ids, protocol.n, STREAM_ESTIMATION,
+                                    soft=soft):  # fmt: skip
         if soft:
             estimation[index], squares[index] = result.means, result.sums_sq / result.num
         else:
@@ -325,7 +309,8 @@ def certify_drawn(
             chunk = slice(done, index + 1)
             base = Draws(kind, protocol.n0, protocol.n, sigma[chunk], selection[chunk],
                          estimation[chunk], None if squares is None else squares[chunk],
-                         scale=None if scale is None else scale[chunk])  # fmt: skip
+                         scale=None if scale is None else scale[chunk],
+                         centre=None if centre is None else centre[chunk])  # fmt: skip
             drawn = None if sigma_draws is None else sigma_draws.rows(chunk)
             evidence = Evidence(tuple(ids[chunk]), x[chunk], sigma[chunk], alpha, base, drawn)
             claims = checked_claims(certifier.certify(evidence), len(evidence), label,
@@ -342,11 +327,13 @@ def _certify_in_rounds(
     x: torch.Tensor, ids: list[int], sigma: np.ndarray, selection: np.ndarray,
     seconds: np.ndarray, sigma_draws: Draws | None, alpha: float, label: str,
     regularity: Regularity | None, chunk_size: int, scale: np.ndarray | None = None,
+    centre: np.ndarray | None = None,
 ) -> Iterator[Certificate]:  # fmt: skip
     """Sequential CERTIFY: the harness's rounds (:mod:`harness.certification.rounds`), then
     the certifier's claims on the inputs that stopped, checked against the harness's bound.
     At a diagonal ``scale`` the rounds draw at it and the grid is placed at its smallest
-    axis ``sigma``, where the ℓ2 ball of the certificate lies."""
+    axis ``sigma``, where the ℓ2 ball of the certificate lies; around a ``centre`` they
+    draw at x + μ(x)."""
     from harness.certification.rounds import (
         check_bounds,
         draw_in_rounds,
@@ -360,16 +347,17 @@ def _certify_in_rounds(
     rule = sequential_rule(protocol)
     dim = int(x[0].numel()) if len(ids) else 1
     thresholds = grid_thresholds(certifier.radius_formula, rule.radii, sigma, dim, regularity)
-    for stopped in draw_in_rounds(engine, rule, x, sigma, ids, selection, thresholds, alpha,
-                                  protocol.n0, chunk_size, certifier.order_dependent,
-                                  scale):  # fmt: skip
+    for stopped in draw_in_rounds(engine, rule, shifted(x, centre), sigma, ids, selection,
+                                  thresholds, alpha, protocol.n0, chunk_size,
+                                  certifier.order_dependent, scale):  # fmt: skip
         index = stopped.index
         start = time.perf_counter()
+        drawn = stopped.draws if centre is None else replace(stopped.draws, centre=centre[index])
         evidence = Evidence(tuple(ids[i] for i in index), x[index], sigma[index], alpha,
-                            stopped.draws)  # fmt: skip
+                            drawn)  # fmt: skip
         claims = checked_claims(certifier.certify(evidence), len(evidence), label,
                                 engine.num_classes, scale is not None)  # fmt: skip
-        check_bounds(claims, stopped.draws, alpha, label)
+        check_bounds(claims, drawn, alpha, label)
         share = (time.perf_counter() - start) / len(evidence)
         for k, claim in enumerate(claims):
             total = seconds[index[k]] + stopped.seconds[k] + share

@@ -1,4 +1,5 @@
-"""What certification requires of a method whose σ-provider answers a diagonal scale.
+"""What certification requires of a method whose σ-provider answers a diagonal scale or a
+centre.
 
 A σ-provider may return σ(x) per input dimension (:mod:`harness.engine.scale`); the
 harness then draws x + σ_i(x)·ε_i and the certificate's σ is the smallest axis. Not every
@@ -9,6 +10,12 @@ the smallest axis, where the certificate's ℓ2 ball lies (the radius formula's 
 at σ_min). A claim's ``ellipsoid`` (κ of the region
 {δ : ‖Σ^{-1/2}δ‖₂ <= κ}) is held to the contract here and recorded by the harness with
 the harness's own scale (:func:`region_of`).
+
+A σ-provider may also answer a centre μ(x) (:mod:`harness.engine.centre`): the samples of x
+are then drawn at x + μ(x). A claim is made for x all the same, so a certifier is given
+such evidence only when it declares ``centred = True``: its radius is then a claim about
+the smoothed classifier whose noise moves with μ, which S3 judges with the shift
+δ + μ(x + δ) − μ(x).
 """
 
 from __future__ import annotations
@@ -36,6 +43,24 @@ def check_diagonal(certifier: Certifier, label: str) -> None:
             "does not declare `diagonal_scale = True`: its claims are derived for one σ per "
             "input; certify with a certifier for anisotropic noise (e.g. 'anisotropic', "
             'docs/plugins.md, "A diagonal scale")'
+        )
+
+
+def check_centred(certifier: Certifier, label: str, scaled: bool) -> None:
+    """Raise unless evidence drawn around a centre μ(x) may be certified: it is drawn at a
+    diagonal scale (``scaled``; the checks audit a centre with the scale's) and
+    ``certifier`` declares ``centred = True``."""
+    if not scaled:
+        raise ContractError(
+            "the σ-provider answered a centre μ(x) with one σ per input; a centre is drawn with "
+            "a diagonal scale: answer σ as a tensor of the inputs' shape (σ in every dimension "
+            'draws the samples of that σ, docs/plugins.md, "A noise centre")'
+        )
+    if getattr(certifier, "centred", False) is not True:
+        raise ContractError(
+            f"the σ-provider answered a centre μ(x) (the noise is drawn at x + μ(x)) but {label} "
+            "does not declare `centred = True`: certify with a certifier whose claims are for "
+            "noise around a centre (e.g. 'anisotropic', docs/plugins.md, \"A noise centre\")"
         )
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from harness.engine.centre import decode_centre, encode_centre
 from harness.engine.scale import decode_scale, encode_scale
 from harness.foundation.certificate import ABSTAIN
 from harness.mathematics.gridplace import GridPlaceRule
@@ -55,7 +56,9 @@ class Draws:
     ``thresholds`` [B, G] the rule tested at each input's σ.
 
     Drawn at a diagonal scale (:mod:`harness.engine.scale`), ``scale`` [B, d] (float32)
-    holds it and ``sigma`` its smallest axis per input.
+    holds it and ``sigma`` its smallest axis per input. Drawn around a centre
+    (:mod:`harness.engine.centre`: the samples of x at x + μ(x)), ``centre`` [B, d]
+    (float32) holds μ.
     """
 
     kind: str
@@ -72,6 +75,7 @@ class Draws:
     stops: np.ndarray | None = None
     thresholds: np.ndarray | None = None
     scale: np.ndarray | None = None
+    centre: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.sigma)
@@ -83,9 +87,10 @@ class Draws:
         stops = None if self.stops is None else self.stops[index]
         thresholds = None if self.thresholds is None else self.thresholds[index]
         scale = None if self.scale is None else self.scale[index]
+        centre = None if self.centre is None else self.centre[index]
         return Draws(self.kind, self.n0, self.n, self.sigma[index], self.selection[index],
                      self.estimation[index], sq, self.levels, self.alpha, self.rule, looks,
-                     stops, thresholds, scale)  # fmt: skip
+                     stops, thresholds, scale, centre)  # fmt: skip
 
     @staticmethod
     def joined(parts: list[Draws]) -> Draws:
@@ -99,7 +104,7 @@ class Draws:
         return Draws(first.kind, first.n0, first.n, stacked("sigma"), stacked("selection"),
                      stacked("estimation"), stacked("estimation_sq"), first.levels, first.alpha,
                      first.rule, stacked("looks"), stacked("stops"),
-                     stacked("thresholds"), stacked("scale"))  # fmt: skip
+                     stacked("thresholds"), stacked("scale"), stacked("centre"))  # fmt: skip
 
     def samples(self) -> np.ndarray:
         """Estimation samples behind each input's evidence [B]."""
@@ -146,6 +151,8 @@ class Draws:
             out["thresholds"] = [float(t) for t in self.thresholds[i]]
         if self.scale is not None:
             out["scale"] = encode_scale(self.scale[i])
+        if self.centre is not None:
+            out["centre"] = encode_centre(self.centre[i])
         return out
 
     @staticmethod
@@ -165,6 +172,9 @@ class Draws:
         if "thresholds" in first:
             thresholds = np.array([r["thresholds"] for r in records], dtype=np.float64)
         scale = np.stack([decode_scale(r["scale"]) for r in records]) if "scale" in first else None
+        centre = None
+        if "centre" in first:
+            centre = np.stack([decode_centre(r["centre"]) for r in records])
         if "looks" in first:
             rule = rule_from_record(first["rule"])
             n = rule.n_max
@@ -175,7 +185,7 @@ class Draws:
         return Draws(kind, int(first.get("n0", 0)), n,
                      np.array([float(r["sigma"]) for r in records]), selection, estimation, sq,
                      levels, first.get("alpha"), rule, looks, stops, thresholds,
-                     scale)  # fmt: skip
+                     scale, centre)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -235,6 +245,11 @@ class Evidence:
     def scale(self) -> np.ndarray | None:
         """The diagonal scale [B, d] of the base draws, or None (one σ per input)."""
         return self.base.scale
+
+    @property
+    def centre(self) -> np.ndarray | None:
+        """The centre μ(x) [B, d] the base draws were made around, or None (at x)."""
+        return self.base.centre
 
     def lower_bound(self, top: np.ndarray) -> np.ndarray:
         """The harness's lower bound on p of class ``top[i]`` of the base model's hard

@@ -58,6 +58,11 @@ class SigmaProvider(Protocol):
     x + σ_i(x)·ε_i, records the scale with the draws and the smallest axis as the
     certificate's σ, and certifies only with a certifier that declares
     ``diagonal_scale = True`` (:mod:`harness.certification.diagonal`).
+
+    Beside a diagonal scale a provider may answer a noise centre through a method
+    ``centre(x)`` (shape [B, *input_shape] or [B, d]; UCAN's μ(x)): the harness then draws
+    the samples of x at x + μ(x), records μ with the draws and certifies only with a
+    certifier that declares ``centred = True`` (:mod:`harness.engine.centre`).
     """
 
     regularity: Regularity
@@ -92,6 +97,8 @@ class Certifier(Protocol):
       drawn at a diagonal scale (``Evidence.scale``; ``Evidence.sigma`` its smallest axis),
       where it may also claim an ellipsoid (``Claim.ellipsoid``); a σ-provider's diagonal
       scale is certified by no other certifier.
+    - ``centred`` (optional, default False): True when its claims hold for evidence drawn
+      around a σ-provider's noise centre (``Evidence.centre``, :mod:`harness.engine.centre`).
     """
 
     smoothing: str
@@ -382,10 +389,12 @@ class CheckSpec:
     if given, is called for every audit before any check runs, to start work the check
     will wait for (e.g. a helper process) while the other checks run. ``diagonal``: the
     check audits rows drawn at a diagonal scale (:mod:`harness.engine.scale`); one that
-    does not is not run on such a row, whose verdict is then ``error`` naming it."""
+    does not is not run on such a row, whose verdict is then ``error`` naming it.
+    ``centred``: likewise for rows drawn around a noise centre (:mod:`harness.engine.centre`)."""
 
     name: str
     run: Callable[..., Any]
     description: str = ""
     prepare: Callable[..., None] | None = None
     diagonal: bool = False
+    centred: bool = False

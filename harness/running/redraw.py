@@ -13,7 +13,7 @@ it loads the dataset and builds the model itself:
 
 - on the run's arithmetic (:mod:`harness.engine.arithmetic`: the same fingerprint here) it
   draws the selection and estimation samples of the base model on the run's keys
-  (streams 0 and 1) at the stored σ, and those of a σ-smoothing's σ-estimator (streams
+  (streams 0 and 1) at the stored σ (and scale, around the stored centre), and those of a σ-smoothing's σ-estimator (streams
   4 and 5), every forward pass padded to the run's batch size, so the counts must equal
   the stored ones bit for bit;
 - on another arithmetic it draws n fresh estimation samples at the stored σ (and of the
@@ -29,7 +29,8 @@ third-party one would need its plugin, which could patch the engine), and a
 σ-smoothing's σ-estimator must declare a built-in ``architecture`` (its state dict is
 saved with the run, :mod:`harness.running.runfiles`).
 
-Protocol: one JSON request per line on stdin, one JSON answer per line on stdout
+Protocol (a request: :func:`harness.running.redraw_request.replay_request`): one JSON
+request per line on stdin, one JSON answer per line on stdout
 (``{"ok": false, "error": ...}`` when a request cannot be served); the process ends
 when its stdin closes, so it never outlives the process that started it.
 """
@@ -180,37 +181,6 @@ class Replayer:
 def _stop(process: subprocess.Popen, log) -> None:
     stop_child(process)
     log.close()
-
-
-def replay_request(
-    source: ReplaySource, device: str, input_ids: Sequence[int], sigma: Sequence[float],
-    kind: str, sigma_model: str | None = None, fresh_seed: int = 0,
-    looks: Sequence[Sequence[int]] | None = None, scale: Sequence[str] | None = None,
-) -> dict[str, Any]:  # fmt: skip
-    """A request to re-draw ``input_ids`` at their stored ``sigma`` (``scale``: their recorded
-    diagonal scales, :mod:`harness.engine.scale`) for a ``kind``
-    (``hard``/``soft``) certifier; ``sigma_model`` names the row's σ-estimator
-    (``"<method> <setting>"``) when it declares a σ-smoothing; ``looks``, per input, the
-    sample counts of its stored looks when it was drawn sequentially."""
-    model = None
-    if sigma_model is not None:
-        if sigma_model not in source.sigma_models:
-            raise IdrsError(
-                f"the σ-estimator of {sigma_model} was not saved with the run, so its σ draws "
-                "cannot be re-drawn; rerun the benchmark"
-            )
-        model = dict(source.sigma_models[sigma_model])
-    request = {"run": source.header(device), "inputs": [int(i) for i in input_ids],
-               "sigma": [float(s) for s in sigma], "kind": kind, "sigma_model": model,
-               "fresh_streams": list(fresh_streams(fresh_seed)),
-               "looks": None if looks is None else [[int(n) for n in row] for row in looks]}  # fmt: skip
-    return request if scale is None else request | {"scale": list(scale)}
-
-
-def look_sizes(bases: Sequence[Mapping[str, Any]]) -> list[list[int]] | None:
-    """Per stored base draw, the n of each of its looks (None unless drawn sequentially)."""
-    sizes = [[int(look["n"]) for look in base.get("looks") or []] for base in bases]
-    return sizes if any(sizes) else None
 
 
 # --- the replay process ----------------------------------------------------------------
@@ -377,6 +347,7 @@ def _rounds(engine, x, sigma, ids, looks: Sequence[Sequence[int]], stream: int) 
 
 
 def _answer(request: Mapping[str, Any], runs: dict[str, _LoadedRun]) -> dict[str, Any]:
+    from harness.engine.centre import request_centres, shifted
     from harness.engine.draws import SOFT, STREAM_SIGMA_ESTIMATION, STREAM_SIGMA_SELECTION
     from harness.engine.sampling import STREAM_ESTIMATION, STREAM_SELECTION, TALLY
     from harness.engine.scale import noise_levels
@@ -397,13 +368,14 @@ def _answer(request: Mapping[str, Any], runs: dict[str, _LoadedRun]) -> dict[str
     streams = (STREAM_SELECTION, STREAM_ESTIMATION) if exact else (None, fresh_base)
     looks = request.get("looks")
     sigma = noise_levels(request["sigma"], request.get("scale"))  # (a diagonal scale's)
+    at = shifted(x, request_centres(request.get("centre"), len(ids)))  # the base draws' points
     if looks is None:
-        base = _draws(engine, x, sigma, ids, protocol.n0, protocol.n, streams, soft, not exact)
+        base = _draws(engine, at, sigma, ids, protocol.n0, protocol.n, streams, soft, not exact)
     elif exact:  # sequential: the selection, then every stored look's round
-        base = _draws(engine, x, sigma, ids, protocol.n0, 0, streams, False, False)
-        base.update(_rounds(engine, x, sigma, ids, looks, streams[1]))
+        base = _draws(engine, at, sigma, ids, protocol.n0, 0, streams, False, False)
+        base.update(_rounds(engine, at, sigma, ids, looks, streams[1]))
     else:  # the first look, drawn whatever the counts: fresh samples of as many
-        base = _draws(engine, x, sigma, ids, protocol.n0, looks[0][0], streams, False, True)
+        base = _draws(engine, at, sigma, ids, protocol.n0, looks[0][0], streams, False, True)
     out: dict[str, Any] = {
         "ok": True, "mode": "exact" if exact else "replication", "arithmetic": run.fingerprint,
         "differences": run.differences, "base": base,

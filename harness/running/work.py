@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from harness.certification.certify import certifier_label, certify_drawn, sigma_of
+from harness.engine.centre import centre_of
 from harness.engine.draws import Draws
 from harness.foundation.certificate import Certificate
 from harness.foundation.errors import IdrsError
@@ -116,26 +117,30 @@ def certify_shards(
     "Noise contract") and each row's logits depend on the row alone at the engine's
     padded shape (measured when the run begins), so its counts are those it gets alone.
     """
-    xs, ids, sigmas, drawn, seconds = [], [], [], [], []
+    xs, ids, sigmas, centres, drawn, seconds = [], [], [], [], [], []
     for shard, todo in zip(shards, todos, strict=True):
         if not todo:
             continue
         start = time.perf_counter()
         x = test_x[shard].to(context.device)
         sigma, sigma_draws = sigma_of(context, provider, x, shard, method.sigma_provider)
+        centre = centre_of(provider, x, method.sigma_provider)
         keep = np.array([shard.index(i) for i in todo])
         xs.append(x[keep])
         ids += todo
         sigmas.append(sigma[keep])
+        centres.append(None if centre is None else centre[keep])
         drawn.append(None if sigma_draws is None else sigma_draws.rows(keep))
         # σ(x) is part of a certificate's cost
         seconds.append(np.full(len(todo), (time.perf_counter() - start) / len(shard)))
     if not ids:
         return
     joined = None if drawn[0] is None else Draws.joined(drawn)
+    centre = None if centres[0] is None else np.concatenate(centres)
     for certificate in certify_drawn(context.engine, context.protocol, certifier, torch.cat(xs),
                                      ids, np.concatenate(sigmas), joined, np.concatenate(seconds),
-                                     certifier_label(context, method), provider.regularity):  # fmt: skip
+                                     certifier_label(context, method), provider.regularity,
+                                     centre):  # fmt: skip
         certificate.load = load_per_core()  # the load its seconds were measured under
         yield certificate
 

@@ -7,6 +7,8 @@ x + δ, δ ~ N(0, Σ), it keeps that class on {δ : ‖Σ^{-1/2}δ‖₂ < κ}, 
 the largest ℓ2 ball inside it, of radius κ·min_i σ_i, is its ``radius`` (Cohen's formula
 at σ = σ_min, the σ the harness records for a diagonal scale, so S0 re-derives it with
 :data:`harness.COHEN`). At one σ per input the claim is Cohen's, without an ellipsoid.
+Around a noise centre μ(x) (:mod:`harness.engine.centre`) the claims are the same, for the
+noise drawn at x + μ(x): the theorem for a fixed μ; one that varies with x is S3's to judge.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class AnisotropicCertifier(HardSmoothingCertifier):
 
     radius_formula = COHEN
     diagonal_scale = True
+    centred = True  # its claims are about the noise drawn, around x + μ(x) where one is
 
     def radius(self, p_lower: np.ndarray, sigma: np.ndarray) -> np.ndarray:
         """R = σ_min·Φ⁻¹(p_A_lower): the ℓ2 ball inside the ellipsoid (``sigma`` is the

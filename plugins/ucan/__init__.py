@@ -10,22 +10,24 @@ registers, and where it departs from the code (decisions of this harness):
 
 - (a) the base classifier is frozen: the board compares every method on one base model,
   so only the generator is trained (UCAN fine-tunes the classifier jointly);
-- (b) μ ≡ 0: the harness's noise contract has no per-input centre yet, so only the scale
-  generator G2 is trained, applied to x itself (the ablation ``mean = mean*0``, which
-  UCAN's ``core.py`` keeps commented out: its certification draws around x + μ(x)); the
-  centre G1 is a follow-up;
-- (c) the σ-provider ``ucan-npg`` answers the diagonal scale σ_i(x) = λ·max(v_i(x), floor)
-  (float32 [B, *input_shape]; ``floor`` = 1e-3 by default keeps σ_i in (0, λ], tanh may
-  answer 0), declared ``Unregularized`` (nothing bounds how v changes with x);
+- (b) the σ-provider ``ucan-npg-centred`` trains G1 and G2 together and answers the
+  centre μ(x) = λ·G1(x) (:mod:`harness.engine.centre`: the harness draws at x + μ(x)) beside
+  the diagonal scale σ_i(x) = λ·max(v_i(x), floor), v = |G2(x + μ)| (float32
+  [B, *input_shape]; ``floor`` = 1e-3 by default keeps σ_i in (0, λ], tanh may answer
+  0); ``ucan-npg`` is the ablation μ ≡ 0 (``mean = mean*0``, which UCAN's ``core.py``
+  keeps commented out): G2 alone, applied to x itself, the rows the boards published
+  before the noise contract had a centre. Both are declared ``Unregularized`` (nothing
+  bounds how μ or v changes with x);
 - training runs on a subset of the training split (``train_examples``) for ``epochs``
   epochs sized for a CPU (UCAN: the whole split, 200 epochs), seeded (:mod:`.fit`).
 
-Methods: ``ucan`` (``measure = "smallest"``: the loss −min|v|, and the ``anisotropic``
-certifier: R = σ_min·Φ⁻¹(p_A_lower) = λ·min_i v_i·Φ⁻¹(p_A_lower), UCAN's ``IsoMeasure``
-certificate, plus the ellipsoid) and ``ucan-geometric`` (``measure = "geometric"``: the
-loss −mean|v|, and the certifier ``ucan-geometric``, which claims UCAN's geometric-mean
-radius as its ℓ2 radius while declaring Cohen's formula at σ_min, so that S0 flags it:
-:mod:`.certifier`).
+Methods: ``ucan-centred`` (``measure = "smallest"``: the loss −min|v|, and the
+``anisotropic`` certifier: R = σ_min·Φ⁻¹(p_A_lower) = λ·min_i v_i·Φ⁻¹(p_A_lower), UCAN's
+``IsoMeasure`` certificate, plus the ellipsoid) and ``ucan-centred-geometric``
+(``measure = "geometric"``: the loss −mean|v|, and the certifier ``ucan-geometric``, which
+claims UCAN's geometric-mean radius as its ℓ2 radius while declaring Cohen's formula at
+σ_min, so that S0 flags it: :mod:`.certifier`); ``ucan`` and ``ucan-geometric`` are the
+same with μ ≡ 0.
 
 Modules: ``generator`` (the NPG networks), ``fit`` (training, the stored generator, the
 σ-provider), ``certifier`` (the geometric claim).
@@ -102,9 +104,15 @@ def check_params(params: Mapping[str, Any]) -> None:
 
 
 def _npg(context: BuildContext, params: Mapping[str, Any]):
-    from plugins.ucan.fit import scale_provider
+    from plugins.ucan.fit import noise_provider
 
-    return scale_provider(context, params)
+    return noise_provider(context, params, centred=False)
+
+
+def _npg_centred(context: BuildContext, params: Mapping[str, Any]):
+    from plugins.ucan.fit import noise_provider
+
+    return noise_provider(context, params, centred=True)
 
 
 def _geometric(context: BuildContext, params: Mapping[str, Any], sigma_provider):
@@ -118,6 +126,10 @@ def idrs_register_sigma_providers(register) -> None:
     register(SigmaProviderSpec("ucan-npg", _npg,
                                "UCAN's certification-wise NPG (scale only, μ ≡ 0): σ_i(x) = "
                                "λ·max(|G2(x)|_i, floor), G2 trained on the frozen base model"))  # fmt: skip
+    register(SigmaProviderSpec("ucan-npg-centred", _npg_centred,
+                               "UCAN's certification-wise NPGs: the centre μ(x) = λ·G1(x) and "
+                               "σ_i(x) = λ·max(|G2(x + μ)|_i, floor), G1 and G2 trained together "
+                               "on the frozen base model"))  # fmt: skip
 
 
 @hookimpl
@@ -138,3 +150,11 @@ def idrs_register_methods(register) -> None:
                         "UCAN (Hong et al. 2025), geometric measure: the NPG trained with "
                         "−mean|v|, R = λ·geomean(v)·Φ⁻¹(p_A_lower) claimed as ℓ2 (not valid)",
                         check_params))  # fmt: skip
+    register(MethodSpec("ucan-centred", "ucan-npg-centred", "anisotropic", METHOD_DEFAULTS,
+                        "UCAN (Hong et al. 2025) as its code certifies, IsoMeasure: noise "
+                        "x + μ(x) + λ·v⊙ε, R = λ·min v·Φ⁻¹(p_A_lower)", check_params))  # fmt: skip
+    register(MethodSpec("ucan-centred-geometric", "ucan-npg-centred", "ucan-geometric",
+                        {**METHOD_DEFAULTS, "measure": "geometric"},
+                        "UCAN (Hong et al. 2025) as its code certifies, geometric measure: "
+                        "noise x + μ(x) + λ·v⊙ε, R = λ·geomean(v)·Φ⁻¹(p_A_lower) claimed as ℓ2 "
+                        "(not valid)", check_params))  # fmt: skip

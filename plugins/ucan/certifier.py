@@ -14,7 +14,8 @@ drew at (σ_i = λ·max(v_i, floor), so R = Φ⁻¹(p_A_lower)·(∏σ_i)^{1/d})
 formula its claim must satisfy as an ℓ2 radius: Cohen's at the recorded σ = σ_min
 (``radius_formula = COHEN``). S0 therefore re-derives σ_min·Φ⁻¹(p_A_lower) and finds every
 radius above it violated: the board shows UCAN's number and that it is not an ℓ2
-certificate. The ellipsoid (κ = Φ⁻¹(p_A_lower)) is claimed beside it, as ``anisotropic``.
+certificate. The ellipsoid (κ = Φ⁻¹(p_A_lower)) is claimed beside it, as ``anisotropic``,
+and as it, around UCAN's noise centre where the σ-provider answers one (``centred``).
 """
 
 from __future__ import annotations

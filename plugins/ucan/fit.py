@@ -1,4 +1,4 @@
-"""Training UCAN's scale generator on the frozen base model, and the σ-provider it answers.
+"""Training UCAN's noise generators on the frozen base model, and the σ-provider they answer.
 
 UCAN's certification-wise noise (its ``train_certification_noise.py``, method
 ``PersNoise_isoR``; Gaussian noise, λ = σ by ``noises.transform_lambda``) draws
@@ -10,16 +10,19 @@ the training split with
 
 SGD at lr 0.001 (hard-coded: its ``--lr`` is not read), momentum 0.9, weight decay 1e-4,
 batches of 256 (its default; its README's command: 100), 200 epochs, the classifier
-fine-tuned jointly. Here, as this harness decided (the plugin's docstring):
-the classifier is frozen (every method is compared on one base model) and μ ≡ 0 (the
-noise contract has no per-input centre; the ablation ``mean = mean*0``, which UCAN's
-``core.py`` keeps commented out), so only G2 is trained, applied to x itself. The code
-builds StepLR(20, 0.9) schedulers but never steps them: its learning rate stays 0.001, and
-so does this one's.
+fine-tuned jointly. Here, as this harness decided (the plugin's docstring), the
+classifier is frozen (every method is compared on one base model). The σ-provider
+``ucan-npg-centred`` trains G1 and G2 together as the code does and answers the centre μ(x)
+(:mod:`harness.engine.centre`) beside the scale; ``ucan-npg`` is the ablation μ ≡ 0
+(``mean = mean*0``, which UCAN's ``core.py`` keeps commented out): only G2 is trained,
+applied to x itself. The code builds StepLR(20, 0.9) schedulers but never steps them: its
+learning rate stays 0.001, and so does this one's (one SGD over both generators' weights,
+as its two optimizers at the same settings step together).
 
 Randomness (streams of this plugin, seeded by ``harness.noise_seed`` from the run's seed):
-stream 120 the generator's initial weights, stream 121 the training subset and each
-epoch's batch order, stream 122 the training noise ε. Certification noise is the harness's.
+stream 120 G2's initial weights, stream 121 the training subset and each epoch's batch
+order, stream 122 the training noise ε, stream 123 G1's initial weights. Certification
+noise is the harness's.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from plugins.ucan.generator import build_generator, initial_generator
 STREAM_INIT = 120
 STREAM_ORDER = 121
 STREAM_NOISE = 122
+STREAM_MEAN_INIT = 123
 
 MOMENTUM = 0.9
 WEIGHT_DECAY = 1e-4
@@ -70,23 +74,26 @@ def fitting_examples(
 
 def ucan_loss(
     model: torch.nn.Module, generator: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
-    lam: float, measure: str, eps: torch.Tensor,
+    lam: float, measure: str, eps: torch.Tensor, mean: torch.nn.Module | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """UCAN's loss of one batch at μ ≡ 0: Σ_k [CE(f(x + λ·v⊙ε_k), y) − m(v)], v = |G2(x)|,
-    ``eps`` [K, B, *input_shape] the K draws, m = min|v| (``smallest``) or mean|v|."""
-    v = generator(x).abs()
+    """UCAN's loss of one batch: Σ_k [CE(f(x + μ + λ·v⊙ε_k), y) − m(v)], μ = λ·G1(x)
+    (``mean``; μ ≡ 0 without it), v = |G2(x + μ)|, ``eps`` [K, B, *input_shape] the K
+    draws, m = min|v| (``smallest``) or mean|v|."""
+    centre = x if mean is None else x + lam * mean(x)
+    v = generator(centre).abs()
     term = v.min() if measure == "smallest" else v.mean()
     loss = x.new_zeros(())
     for draw in eps:
-        loss = loss + F.cross_entropy(model(x + lam * draw * v), y) - term
+        loss = loss + F.cross_entropy(model(centre + lam * draw * v), y) - term
     return loss
 
 
-def fit_scale_generator(
+def fit_generators(
     model: torch.nn.Module, dataset: TrainingSplit, params: Mapping[str, Any],
-    device: torch.device, seed: int, progress: Progress,
-) -> tuple[torch.nn.Module, list[float]]:  # fmt: skip
-    """Train G2 on the frozen ``model`` (UCAN's loss at μ ≡ 0); return it and each step's loss."""
+    device: torch.device, seed: int, progress: Progress, centred: bool = False,
+) -> tuple[torch.nn.Module | None, torch.nn.Module, list[float]]:  # fmt: skip
+    """Train G2 (and, ``centred``, G1 with it) on the frozen ``model`` with UCAN's loss;
+    return G1 (None at μ ≡ 0), G2 and each step's loss."""
     lam, measure = float(params["sigma"]), str(params["measure"])
     epochs, batch, samples = (
         int(params["epochs"]),
@@ -95,16 +102,25 @@ def fit_scale_generator(
     )
     generator = initial_generator(dataset.input_shape, noise_seed(seed, STREAM_INIT, 0, 0))
     generator = generator.to(device).train()
+    mean = None
+    if centred:
+        mean = initial_generator(dataset.input_shape, noise_seed(seed, STREAM_MEAN_INIT, 0, 0))
+        mean = mean.to(device).train()
+    weights = [*generator.parameters(), *([] if mean is None else mean.parameters())]
     x_all, y_all, order = fitting_examples(dataset, params, device, seed)
     count = len(x_all)
     noise = torch.Generator(device=device).manual_seed(noise_seed(seed, STREAM_NOISE, 0, 0))
-    optimizer = torch.optim.SGD(generator.parameters(), lr=float(params["lr"]), momentum=MOMENTUM,
+    optimizer = torch.optim.SGD(weights, lr=float(params["lr"]), momentum=MOMENTUM,
                                 weight_decay=WEIGHT_DECAY)  # fmt: skip
     losses: list[float] = []
     steps = epochs * math.ceil(count / batch)
     with (
         frozen(model),
-        progress.task("ucan: training the scale generator", total=steps, unit="steps") as advance,
+        progress.task(
+            f"ucan: training the {'noise generators' if centred else 'scale generator'}",
+            total=steps,
+            unit="steps",
+        ) as advance,
     ):
         for _ in range(epochs):
             permutation = torch.randperm(count, generator=order).to(device)
@@ -112,79 +128,134 @@ def fit_scale_generator(
                 index = permutation[start : start + batch]
                 x, y = x_all[index], y_all[index]
                 eps = torch.randn((samples, *x.shape), generator=noise, device=device)
-                loss = ucan_loss(model, generator, x, y, lam, measure, eps)
+                loss = ucan_loss(model, generator, x, y, lam, measure, eps, mean)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
                 losses.append(float(loss.detach()))
                 advance(1)
-    return generator.eval(), losses
+    return None if mean is None else mean.eval(), generator.eval(), losses
 
 
 class UcanScale:
-    """σ_i(x) = λ·max(|G2(x)|_i, floor): a diagonal scale [B, *input_shape] in float32.
+    """σ_i(x) = λ·max(|G2(x + μ(x))|_i, floor): a diagonal scale [B, *input_shape] in
+    float32, and with G1 (``mean``) the centre μ(x) = λ·G1(x) (:meth:`centre`; the
+    attribute exists only then, :mod:`harness.engine.centre`).
 
-    G2 is evaluated in float64 (a copy of its weights), so that a row's scale does not
-    depend on the rows asked with it beyond float32 rounding (replay holds every axis to a
-    relative 1e-6; at an axis near the floor a float32 convolution's batch-dependent
-    rounding would exceed it). The floor keeps σ_i in (0, λ]: tanh may answer 0.
+    The generators are evaluated in float64 (copies of their weights), so that a row's
+    scale and centre do not depend on the rows asked with it beyond float32 rounding
+    (replay holds every axis and dimension to a relative 1e-6; at an axis near the floor a
+    float32 convolution's batch-dependent rounding would exceed it). The floor keeps σ_i in
+    (0, λ]: tanh may answer 0.
     """
 
     regularity = Unregularized()
 
-    def __init__(self, generator: torch.nn.Module, lam: float, floor: float) -> None:
-        self.generator = generator.double().eval()
-        for p in self.generator.parameters():
-            p.requires_grad_(False)
+    def __init__(
+        self, generator: torch.nn.Module, lam: float, floor: float,
+        mean: torch.nn.Module | None = None,
+    ) -> None:  # fmt: skip
+        self.generator = _frozen64(generator)
         self.lam, self.floor = float(lam), float(floor)
+        if mean is not None:
+            self.mean = _frozen64(mean)
+            self.centre = self._centre
+
+    def _centre(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return (self.lam * self.mean(x.to(torch.float64))).to(torch.float32)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            v = self.generator(x.to(torch.float64)).abs()
+            x = x.to(torch.float64)
+            if hasattr(self, "mean"):  # G2 reads x + μ(x) (UCAN's ``noisegenerator2(x+mean)``)
+                x = x + self.lam * self.mean(x)
+            v = self.generator(x).abs()
             return (self.lam * v.clamp_min(self.floor)).to(torch.float32)
 
 
-def obtain_scale_generator(context, params: Mapping[str, Any]) -> torch.nn.Module:
-    """The trained G2 for this base model and these parameters (float32, eval mode).
+def _frozen64(module: torch.nn.Module) -> torch.nn.Module:
+    module = module.double().eval()
+    for p in module.parameters():
+        p.requires_grad_(False)
+    return module
+
+
+def obtain_generators(
+    context, params: Mapping[str, Any], centred: bool
+) -> tuple[torch.nn.Module | None, torch.nn.Module]:  # fmt: skip
+    """The trained (G1, G2) for this base model and these parameters (float32, eval mode;
+    G1 None unless ``centred``).
 
     Trained once per run (``context.memo``) and stored in the plugin's artifact directory
     (keyed by the base model's recipe hash, the file named by the training parameters), so
-    that a resumed run and the soundness checks use the very G2 the certificates were
-    issued with (a CPU training is not bit-reproducible across processes). Loaded with
+    that a resumed run and the soundness checks use the very generators the certificates
+    were issued with (a CPU training is not bit-reproducible across processes). Loaded with
     :func:`harness.load_artifact` (a damaged file is moved aside and trained again).
     """
     key = (
         context.dataset.name, context.dataset.dim, context.seed, str(context.device),
         tuple((k, params[k]) for k in FIT_KEYS),
-    )  # fmt: skip
-    return context.memo("ucan", key, lambda: _stored_or_trained(context, params, key))
+    ) + ((("centred", True),) if centred else ())  # fmt: skip
+    return context.memo("ucan", key, lambda: _stored_or_trained(context, params, key, centred))
 
 
-def _stored_or_trained(context, params: Mapping[str, Any], key: tuple) -> torch.nn.Module:
+def _stored_or_trained(
+    context, params: Mapping[str, Any], key: tuple, centred: bool
+) -> tuple[torch.nn.Module | None, torch.nn.Module]:  # fmt: skip
     directory = context.artifact_dir("ucan")
     name = hashlib.sha256(json.dumps(key, default=str).encode()).hexdigest()
-    path = None if directory is None else directory / f"scale-generator-{name}.pt"
+    stem = "noise-generators" if centred else "scale-generator"
+    path = None if directory is None else directory / f"{stem}-{name}.pt"
     saved = None if path is None else load_artifact(path, context.progress, "cached UCAN generator")
     if saved is not None:
-        generator = build_generator(context.dataset.input_shape)
-        generator.load_state_dict(saved)
-        return generator.to(context.device).eval()
-    generator, losses = fit_scale_generator(
-        context.model, context.dataset, params, context.device, context.seed, context.progress
-    )
+        return _loaded(saved, context, centred)
+    mean, generator, losses = fit_generators(context.model, context.dataset, params,
+                                             context.device, context.seed, context.progress,
+                                             centred)  # fmt: skip
     context.progress.log(
-        f"ucan: trained the scale generator ({len(losses)} steps, {params['epochs']} epochs on "
+        f"ucan: trained the {'noise generators' if centred else 'scale generator'} "
+        f"({len(losses)} steps, {params['epochs']} epochs on "
         f"{min(int(params['train_examples']), len(context.dataset.train_x))} training inputs; "
         f"loss {losses[0] if losses else float('nan'):.4g} → "
         f"{losses[-1] if losses else float('nan'):.4g})"
     )
     if path is not None:
-        save_artifact(path, {k: v.detach().cpu() for k, v in generator.state_dict().items()})
-    return generator
+        state = {f"scale.{k}": v.detach().cpu() for k, v in generator.state_dict().items()}
+        if mean is not None:
+            state |= {f"mean.{k}": v.detach().cpu() for k, v in mean.state_dict().items()}
+        save_artifact(path, state if centred else _part(state, "scale"))
+    return mean, generator
 
 
-def scale_provider(context, params: Mapping[str, Any]) -> UcanScale:
-    """The σ-provider ``ucan-npg``: the trained G2 (a float64 copy) at λ = ``sigma``."""
-    generator = build_generator(context.dataset.input_shape)
-    generator.load_state_dict(obtain_scale_generator(context, params).state_dict())
-    return UcanScale(generator.to(context.device), float(params["sigma"]), float(params["floor"]))
+def _part(state: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    return {k[len(prefix) + 1 :]: v for k, v in state.items() if k.startswith(prefix + ".")}
+
+
+def _loaded(saved: Mapping[str, torch.Tensor], context, centred: bool):
+    """(G1, G2) from a stored file: G2's state alone, or both prefixed ``mean.``/``scale.``."""
+    shape = context.dataset.input_shape
+    generator = build_generator(shape)
+    generator.load_state_dict(_part(saved, "scale") if centred else saved)
+    mean = None
+    if centred:
+        mean = build_generator(shape)
+        mean.load_state_dict(_part(saved, "mean"))
+        mean = mean.to(context.device).eval()
+    return mean, generator.to(context.device).eval()
+
+
+def noise_provider(context, params: Mapping[str, Any], centred: bool) -> UcanScale:
+    """The σ-provider ``ucan-npg`` (G2 alone, μ ≡ 0) or ``ucan-npg-centred`` (G1 and G2):
+    float64 copies of the trained generators at λ = ``sigma``."""
+    shape = context.dataset.input_shape
+    trained_mean, trained = obtain_generators(context, params, centred)
+    generator = build_generator(shape)
+    generator.load_state_dict(trained.state_dict())
+    mean = None
+    if trained_mean is not None:
+        mean = build_generator(shape)
+        mean.load_state_dict(trained_mean.state_dict())
+        mean = mean.to(context.device)
+    return UcanScale(generator.to(context.device), float(params["sigma"]), float(params["floor"]),
+                     mean)  # fmt: skip

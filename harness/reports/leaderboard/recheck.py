@@ -231,8 +231,7 @@ def replay_board(
 
 def _replay_row(run, row, source, methods, replayer, rng, k, device, noise_seed):
     from harness.audit.replay import judge
-    from harness.engine.scale import recorded_scales
-    from harness.running.redraw import look_sizes, replay_request
+    from harness.running.redraw_request import replay_request
 
     label = _label(run, row)
     certs = [c.as_dict() for c in row.certificates]
@@ -243,17 +242,16 @@ def _replay_row(run, row, source, methods, replayer, rng, k, device, noise_seed)
     ids = [int(certs[i]["input_id"]) for i in chosen]
     kind = certs[0]["draws"]["base"]["kind"]
     smoothed = "sigma" in certs[0]["draws"]
-    request = replay_request(source, device, ids, [certs[i]["draws"]["base"]["sigma"] for i in chosen],
-                             kind, f"{row.method} {row.setting}" if smoothed else None, noise_seed,
-                             look_sizes([certs[i]["draws"]["base"] for i in chosen]),
-                             recorded_scales([certs[i]["draws"]["base"] for i in chosen]))  # fmt: skip
+    bases = [certs[i]["draws"]["base"] for i in chosen]
+    request = replay_request(source, device, ids, bases, kind,
+                             f"{row.method} {row.setting}" if smoothed else None, noise_seed)  # fmt: skip
     answer = replayer.request(request)
     stored = [float(certs[i]["sigma"]) for i in chosen]
     sigma = {"alone": stored, "batch": stored, "order": list(range(m))}
     note = ""
     if answer["mode"] == "exact":
-        recomputed, note = methods.sigma(row, ids, [certs[i]["draws"]["base"].get("scale")
-                                                    for i in chosen])  # fmt: skip
+        recomputed, note = methods.sigma(row, ids, [b.get("scale") for b in bases],
+                                         [b.get("centre") for b in bases])  # fmt: skip
         if recomputed is not None:
             sigma = recomputed
     else:
@@ -357,15 +355,17 @@ class _Methods:
         return self.built[key]
 
     def sigma(
-        self, row: StoredRow, ids: list[int], stored_scale: list[str | None]
+        self, row: StoredRow, ids: list[int], stored_scale: list[str | None],
+        stored_centre: list[str | None],
     ) -> tuple[dict | None, str]:  # fmt: skip
         """σ of ``ids`` recomputed in a shuffled batch, then alone, with the run's thread
         count and deterministic kernels (as it was computed), as the replay check records it
         (:func:`harness.audit.replay.sigma_record`: a diagonal scale's every axis against
-        ``stored_scale``); or None and why not."""
+        ``stored_scale``, a centre's against ``stored_centre``); or None and why not."""
         from harness.audit.replay import sigma_record
         from harness.certification.certify import sigma_of
         from harness.engine.arithmetic import computing_with, run_threads
+        from harness.engine.centre import centre_of
         from harness.engine.determinism import deterministic_kernels
 
         threads = run_threads(self.run.run.get("arithmetic"))
@@ -378,8 +378,11 @@ class _Methods:
                     return sigma_of(context, provider, x[index], [ids[i] for i in index],
                                     row.method)[0]  # fmt: skip
 
+                def centre(index) -> np.ndarray | None:
+                    return centre_of(provider, x[index], row.method)
+
                 order = np.random.default_rng(len(ids)).permutation(len(ids))
-                return sigma_record(answer, order, stored_scale), ""
+                return sigma_record(answer, order, stored_scale, centre, stored_centre), ""
         except Exception as exc:
             return None, f"; σ not recomputed ({type(exc).__name__}: {exc})".splitlines()[0]
 

@@ -20,6 +20,7 @@ from harness.plugin.hosting.shared.host_protocol import (
     BallSigmas,
     BuildCertifier,
     BuildSigmaProvider,
+    Centre,
     Certify,
     CheckParams,
     Context,
@@ -87,6 +88,10 @@ class HostClient:
     def sigma(self, handle: int, context: str, x: Any, device: str, gradient: bool, *,
               generation: int, updates: Updates = ()) -> dict[str, Any]:  # fmt: skip
         return self.send(Sigma(handle, context, x, device, gradient), generation, updates)
+
+    def centre(self, handle: int, context: str, x: Any, device: str, *, generation: int,
+               updates: Updates = ()) -> dict[str, Any]:  # fmt: skip
+        return self.send(Centre(handle, context, x, device), generation, updates)
 
     def certify(self, handle: int, context: str, evidence: Mapping[str, Any], *,
                 generation: int, updates: Updates = ()) -> dict[str, Any]:  # fmt: skip

@@ -39,8 +39,8 @@ anything for it: a frame whose head claims a longer header (JSON) or payload (th
 bytes) ends the host with everything it started, and the request fails naming the
 distribution, the request and the limit (:func:`past_size`). An answer that carries no
 data (a handle, a declaration, an acknowledgement, an error and its traceback) has
-:data:`CONTROL_BYTES` of each; σ of ``k`` inputs ``k`` float64 values (and, with their
-gradients, 8 bytes per input element); the claims on ``k`` inputs
+:data:`CONTROL_BYTES` of each; σ of a batch 8 bytes per input element (a diagonal scale;
+twice that with their gradients), and so has a centre; the claims on ``k`` inputs
 :data:`~harness.foundation.storable.EVIDENCE_BYTES` of evidence and as much of staged state per
 claim, and a float64 copy of each input; a re-derivation five float64 arrays of its rows;
 a trainer's answer the state it was sent, at 8 bytes per element; a dataset or a
@@ -65,6 +65,7 @@ from harness.foundation.errors import IdrsError
 from harness.foundation.storable import EVIDENCE_BYTES
 from harness.plugin.hosting.shared.host_protocol import (
     BallSigmas,
+    Centre,
     Certify,
     HostRequest,
     OrderReplays,
@@ -221,10 +222,15 @@ Bounds = tuple[int, int, str]
 
 
 def _sigma(request: Sigma) -> Bounds:
-    k, gradient = len(request.x), bool(request.gradient)
-    what = f"σ of {k} inputs: {k} float64 values" + (
-        ", and their gradients at 8 bytes per input element" if gradient else "")  # fmt: skip
-    return CONTROL_BYTES, 8 * k + (8 * request.x.numel() if gradient else 0), what
+    k, gradient, elements = len(request.x), bool(request.gradient), request.x.numel()
+    what = f"σ of {k} inputs: a float64 value per input element (a diagonal scale)" + (
+        ", and their gradients as many" if gradient else "")  # fmt: skip
+    return CONTROL_BYTES, 8 * elements * (2 if gradient else 1), what
+
+
+def _centre(request: Centre) -> Bounds:
+    what = f"the centre of {len(request.x)} inputs: a float64 value per input element"
+    return CONTROL_BYTES, 8 * request.x.numel(), what
 
 
 def _certify(request: Certify) -> Bounds:
@@ -279,6 +285,7 @@ def _describe(_: HostRequest) -> Bounds:
 
 ANSWER_BOUNDS: dict[Request, Callable[[Any], Bounds]] = {
     Request.SIGMA: _sigma,
+    Request.CENTRE: _centre,
     Request.CERTIFY: _certify,
     Request.BALL_SIGMAS: _ball_sigmas,
     Request.ORDER_REPLAYS: _order_replays,

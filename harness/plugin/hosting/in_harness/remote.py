@@ -101,6 +101,15 @@ class RemoteSigmaProvider:
             self.weights = [torch.as_tensor(w).to(device) for w in declaration["weights"]]
         if declaration.get("smoothing") is not None:
             self.smoothing = _smoothing(declaration["smoothing"], bound, registry)
+        if declaration.get("centred") is True:  # a noise centre (harness.engine.centre)
+            self.centre = self._centre
+
+    def _centre(self, x: torch.Tensor) -> Any:
+        """μ(x) as the host answers it (checked by the harness, :func:`harness.engine.centre.
+        checked_centre`)."""
+        answer = self._bound.ask(HostClient.centre, x=x.detach(), device=str(x.device))
+        centre = answer.get("centre")
+        return centre.to(x.device) if isinstance(centre, torch.Tensor) else centre
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         gradient = x.requires_grad and torch.is_grad_enabled()
@@ -147,6 +156,7 @@ class RemoteCertifier:
         self.smoothing = str(declaration["smoothing"])
         self.order_dependent = bool(declaration["order_dependent"])
         self.diagonal_scale = declaration.get("diagonal_scale") is True
+        self.centred = declaration.get("centred") is True
         self.radius_formula = resolve_formula(declaration["radius_formula"], bound.host,
                                               declaration.get("impure") or [])  # fmt: skip
 

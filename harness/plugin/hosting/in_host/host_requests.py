@@ -269,6 +269,7 @@ class Host:
         declaration: dict[str, Any] = {
             "regularity": messages.regularity_message(provider.regularity),
             "weights": getattr(provider, "weights", None),
+            "centred": callable(getattr(provider, "centre", None)),
         }
         smoothing = getattr(provider, "smoothing", None)
         if smoothing is not None:
@@ -296,6 +297,7 @@ class Host:
             "smoothing": certifier.smoothing, "order_dependent": bool(certifier.order_dependent),
             "radius_formula": formula_record(formula), "impure": formula.impure_parts(),
             "diagonal_scale": getattr(certifier, "diagonal_scale", False) is True,
+            "centred": getattr(certifier, "centred", False) is True,
         }}  # fmt: skip
 
     # --- what a built component answers -------------------------------------------------
@@ -314,6 +316,11 @@ class Host:
                 (gradient,) = torch.autograd.grad(sigma.sum(), x, allow_unused=True)
         return {"sigma": sigma.detach() if isinstance(sigma, torch.Tensor) else sigma,
                 "gradient": gradient}  # fmt: skip
+
+    def centre(self, request: protocol.Centre) -> dict[str, Any]:
+        with torch.no_grad():
+            centre = self.objects[request.handle].centre(request.x.to(request.device))
+        return {"centre": centre.detach() if isinstance(centre, torch.Tensor) else centre}
 
     def certify(self, request: protocol.Certify) -> dict[str, Any]:
         certifier = self.objects[request.handle]
@@ -354,6 +361,7 @@ class Host:
         Request.BUILD_SIGMA_PROVIDER: build_sigma_provider,
         Request.BUILD_CERTIFIER: build_certifier,
         Request.SIGMA: sigma,
+        Request.CENTRE: centre,
         Request.CERTIFY: certify,
         Request.BALL_SIGMAS: ball_sigmas,
         Request.ORDER_REPLAYS: order_replays,

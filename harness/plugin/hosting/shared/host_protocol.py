@@ -35,6 +35,7 @@ class Request(StrEnum):
     BUILD_SIGMA_PROVIDER = "build_sigma_provider"
     BUILD_CERTIFIER = "build_certifier"
     SIGMA = "sigma"
+    CENTRE = "centre"
     CERTIFY = "certify"
     BALL_SIGMAS = "ball_sigmas"
     ORDER_REPLAYS = "order_replays"
@@ -181,6 +182,15 @@ class Sigma(Bound):
 
 
 @dataclass(frozen=True)
+class Centre(Bound):
+    """The noise centre μ(x) of the batch ``x`` on ``device`` (:mod:`harness.engine.centre`)."""
+
+    op: ClassVar[Request] = Request.CENTRE
+    x: Any
+    device: str
+
+
+@dataclass(frozen=True)
 class Certify(Bound):
     """A claim per input from the harness's ``evidence`` (and the staged run state)."""
 
@@ -225,7 +235,7 @@ class Recompute(HostRequest):
 REQUESTS: dict[Request, type[HostRequest]] = {
     cls.op: cls
     for cls in (Describe, Probe, CheckParams, LoadDataset, Train, Context, BuildSigmaProvider,
-                BuildCertifier, Sigma, Certify, BallSigmas, OrderReplays, Recompute)
+                BuildCertifier, Sigma, Centre, Certify, BallSigmas, OrderReplays, Recompute)
 }  # fmt: skip
 """Each request's fields, by its name."""
 

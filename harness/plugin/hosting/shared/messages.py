@@ -54,7 +54,7 @@ def draws_message(draws: Draws) -> dict[str, Any]:
             "levels": None if draws.levels is None else list(draws.levels),
             "alpha": draws.alpha, "rule": None if draws.rule is None else draws.rule.record(),
             "looks": draws.looks, "stops": draws.stops, "thresholds": draws.thresholds,
-            "scale": draws.scale}  # fmt: skip
+            "scale": draws.scale, "centre": draws.centre}  # fmt: skip
 
 
 def draws_from(message: Mapping[str, Any]) -> Draws:
@@ -65,7 +65,8 @@ def draws_from(message: Mapping[str, Any]) -> Draws:
                  None if levels is None else tuple(float(v) for v in levels),
                  message.get("alpha"), None if rule is None else rule_from_record(rule),
                  _array(message.get("looks")), _array(message.get("stops")),
-                 _array(message.get("thresholds")), _array(message.get("scale")))  # fmt: skip
+                 _array(message.get("thresholds")), _array(message.get("scale")),
+                 _array(message.get("centre")))  # fmt: skip
 
 
 def _array(value: Any) -> np.ndarray | None:
