@@ -35,7 +35,10 @@ the fixture :func:`rigged_methods` is this module).
   that derives exactly that (only the geometry is false: a ball wider than the
   ellipsoid's smallest axis); ``diagonal-padded-counts``, the anisotropic certificate
   (ball and ellipsoid) from counts padded by 3 %, declaring Cohen's formula;
-  ``scale-at-test-points``, the fixed scale × 1.3 at the test points, declared constant.
+  ``scale-at-test-points``, the fixed scale × 1.3 at the test points, declared constant;
+  ``centre-toward-prediction``, the fixed scale drawn around a noise centre
+  (:mod:`harness.engine.centre`) that moves each input 2σ toward the inside of its
+  predicted class, so that p_A is that of a deeper point.
 - ``engine-patch`` (:func:`engine_patched`): a plugin that, when imported, patches the
   harness's :class:`~harness.SamplingEngine` to move 3 % of the estimation votes onto the
   top class; the method itself is plain Cohen.
@@ -355,6 +358,30 @@ class ScaleAtTestPoints(FixedScale):
         return scale * factor.to(scale.dtype).view(-1, *([1] * (x.dim() - 1)))
 
 
+class CentreTowardPrediction(FixedScale):
+    """The fixed scale drawn around a centre that moves each input :data:`PULL` along the
+    gradient of its top-two logit margin (toward the inside of its predicted class, where
+    p_A is larger); declared constant, as if the centre moved nothing."""
+
+    def __init__(self, context, sigma: float) -> None:
+        super().__init__(sigma, RATIO)
+        self.model = context.model
+
+    def centre(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.enable_grad():
+            point = x.detach().float().requires_grad_(True)
+            top = self.model(point).topk(2, dim=1).values
+            if not top.requires_grad:  # a model without a gradient (one-hot logits): stay put
+                return torch.zeros_like(x)
+            (gradient,) = torch.autograd.grad((top[:, 0] - top[:, 1]).sum(), point)
+        flat = gradient.flatten(1)
+        flat = flat / flat.norm(dim=1, keepdim=True).clamp_min(1e-12)
+        return (PULL * flat).view_as(x).detach()
+
+
+PULL = 0.5
+"""How far ``centre-toward-prediction`` moves each input (2σ at σ = 0.25)."""
+
 DIAGONAL_CERTIFIERS = {
     "geometric-mean-radius": lambda context: GeometricMeanRadius(),
     "diagonal-padded-counts": lambda context: DiagonalPaddedCounts(),
@@ -363,6 +390,10 @@ DIAGONAL_CERTIFIERS = {
 DIAGONAL_SIGMA_PROVIDERS = {
     "scale-at-test-points": SigmaProviderSpec(
         "scale-at-test-points", lambda context, params: ScaleAtTestPoints(context, params["sigma"])
+    ),
+    "centre-toward-prediction": SigmaProviderSpec(
+        "centre-toward-prediction",
+        lambda context, params: CentreTowardPrediction(context, params["sigma"]),
     ),
 }
 

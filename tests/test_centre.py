@@ -25,20 +25,19 @@ from harness.engine.centre import (
 )
 from harness.engine.draws import Draws
 from harness.engine.sampling import SamplingEngine
-from harness.foundation.errors import ContractError, IdrsError
+from harness.foundation.errors import ContractError, IdrsError, ParameterError
 from harness.foundation.progress import Progress
 from harness.foundation.protocol import CertificationProtocol
-from harness.foundation.regularity import Constant
 from harness.foundation.verdict import Verdict
 from harness.running.preparation import RunOptions
 from harness.store.storedrun import load_runs
 from plugins.anisotropic.certifier import AnisotropicCertifier
-from plugins.anisotropic.fixed_scale import FixedScale
+from plugins.anisotropic.fixed_scale import FixedScale, ShiftedScale
 from plugins.cohen.certifier import CohenCertifier
 
 ENTROPY = int("ce47e", 16)
-SHIFT = (0.3, -0.2)
-"""The constant centre of ``shifted-scale`` on ``ball-2``."""
+SHIFT = (0.1, 0.1)
+"""The constant centre of the built-in ``anisotropic-shifted`` (its default offset) on ``ball-2``."""
 
 
 class LinearModel(torch.nn.Module):
@@ -150,15 +149,6 @@ def test_replay_requests_and_deviations_of_a_centre():
 # --- runs of a constant centre and of a rigged one, audited -------------------------------
 
 
-class ShiftedScale(FixedScale):
-    """The fixed scale (0.25, 0.5) with the constant centre :data:`SHIFT`: sound."""
-
-    def centre(self, x: torch.Tensor) -> torch.Tensor:
-        return (
-            torch.tensor(SHIFT, dtype=x.dtype, device=x.device).expand(len(x), -1).reshape(x.shape)
-        )
-
-
 class Pulled(FixedScale):
     """The fixed scale with a centre that pulls every input 0.6 away from the ball
     classifier's boundary, along the radius (rigged: the centre follows the classifier,
@@ -177,13 +167,10 @@ class Pulled(FixedScale):
 
 
 class CentredPlugins:
-    """The two methods above, with the built-in ``anisotropic`` certifier."""
+    """The rigged method above, with the built-in ``anisotropic`` certifier."""
 
     @hookimpl
     def idrs_register_sigma_providers(self, register):
-        register(
-            SigmaProviderSpec("shifted-scale", lambda context, params: ShiftedScale(0.25, 2.0))
-        )
         register(SigmaProviderSpec("pulled-scale", lambda context, params: Pulled(context.model)))
 
     @hookimpl
@@ -193,7 +180,6 @@ class CentredPlugins:
 
     @hookimpl
     def idrs_register_methods(self, register):
-        register(MethodSpec("shifted-scale", "shifted-scale", "centred-anisotropic", {}))
         register(MethodSpec("pulled-scale", "pulled-scale", "centred-anisotropic", {}))
 
 
@@ -204,7 +190,7 @@ def centred_run(tmp_path_factory, replay_run):
     folder = tmp_path_factory.mktemp("centred")
     with PluginManager(third_party=False) as manager:
         manager.register(CentredPlugins(), name="centred-test")
-        db, run_id = replay_run(folder, manager, ["shifted-scale", "pulled-scale"], n=400,
+        db, run_id = replay_run(folder, manager, ["anisotropic-shifted", "pulled-scale"], n=400,
                                 count=8)  # fmt: skip
         results = run_checks(db, run_id, RunOptions(db=db), Progress(enabled=False), manager,
                              entropy=ENTROPY)  # fmt: skip
@@ -215,13 +201,14 @@ def centred_run(tmp_path_factory, replay_run):
 def test_a_constant_centre_is_recorded_replayed_and_sound(centred_run):
     db, run_id, results = centred_run
     (run,) = load_runs(db, [run_id])
-    rows = [c for c in run.certificates if c.method == "shifted-scale"]
+    rows = [c for c in run.certificates if c.method == "anisotropic-shifted"]
     assert rows and all(np.array_equal(recorded_centre(c.draws), np.float32(SHIFT)) for c in rows)
-    verdicts = {r.check: r for r in results["shifted-scale", "default"]}
+    verdicts = {r.check: r for r in results["anisotropic-shifted", "default"]}
     for name in ("evidence", "replay", "coverage", "worst-case-justification", "counterexamples"):
         assert verdicts[name].verdict == Verdict.SOUND, (name, verdicts[name].summary)
     assert "bit for bit" in verdicts["replay"].summary
-    assert isinstance(ShiftedScale(0.25, 2.0).regularity, Constant)
+    with pytest.raises(ParameterError, match="offset"):
+        ShiftedScale(0.25, 2.0, math.nan)
 
 
 @pytest.mark.slow

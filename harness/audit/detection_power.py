@@ -11,7 +11,8 @@ API, and runs this module's :func:`main` with them,
 For each rigged method, the table gives per check how many of the seeds flagged it
 (``unjustified`` or ``violated``), and ``any``; a method that patches the harness's
 engine is run on its own (the patch would reach every method of its run). The built-in
-sound methods (cohen, sukenik, lipschitz-sigma-net) are run over ``--alarm-seeds``
+sound methods (cohen, sukenik, lipschitz-sigma-net, anisotropic-fixed and
+anisotropic-shifted, a constant noise centre) are run over ``--alarm-seeds``
 seeds: any flag is a false alarm. The seed is the run's noise seed; every audit draws
 its own entropy. By default the rigged plugin is registered in this process (the checks'
 power against what a plugin claims); with ``--isolated`` it is installed as a package and
@@ -66,6 +67,7 @@ SOUND_METHODS: dict[str, dict] = {
     "sukenik": {"sigma": SIGMA, "rate": 0.2, "k": 5},
     "lipschitz-sigma-net": {"train_examples": 128, "train_steps": 30, "sigma_min": 0.3},
     "anisotropic-fixed": {"sigma": SIGMA, "ratio": 2.0},
+    "anisotropic-shifted": {"sigma": SIGMA, "ratio": 2.0, "offset": 0.1},
 }
 """Built-in sound methods and the settings of the false-alarm count (small σ-net fit; the
 fixed diagonal scale σ … 2σ, the sound anisotropic baseline)."""

@@ -253,8 +253,9 @@ def certify_drawn(
 ) -> Iterator[Certificate]:  # fmt: skip
     """Certificates for inputs whose σ is known: the harness draws the base model's
     samples at σ (around x + ``centre`` where the σ-provider answers one,
-    :mod:`harness.engine.centre`) with ``engine`` under ``protocol``, every input in the same engine calls
-    (a batch mixes inputs: :meth:`~harness.engine.sampling.SamplingEngine.run`), the
+    :mod:`harness.engine.centre`) with ``engine`` under ``protocol``, every input in the
+    same engine calls (a batch mixes inputs:
+    :meth:`~harness.engine.sampling.SamplingEngine.run`), the
     certifier claims in chunks of :data:`CLAIM_CHUNK` inputs as their estimation finishes,
     and each certificate is yielded as soon as it is claimed. ``sigma_seconds``: the time
     σ took per input (one value, or one per input); ``label`` names the certifier in

@@ -33,3 +33,21 @@ class FixedScale:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         axes = ramp(self.sigma, self.ratio, x[0].numel()).to(x.device)
         return axes.expand(len(x), -1).reshape(x.shape).contiguous()
+
+
+class ShiftedScale(FixedScale):
+    """The fixed scale with the constant noise centre μ(x) = offset in every dimension
+    (:mod:`harness.engine.centre`): every input is smoothed at x + offset·1, so the
+    smoothed classifier is Cohen's anisotropic one of the shifted base classifier
+    f(· + offset·1), and every certificate holds as the fixed scale's do."""
+
+    def __init__(self, sigma: float, ratio: float, offset: float) -> None:
+        super().__init__(sigma, ratio)
+        real = isinstance(offset, int | float) and not isinstance(offset, bool)
+        if not (real and abs(offset) < float("inf")):
+            raise ParameterError(f"offset (the constant centre) must be a finite number, got "
+                                 f"{offset!r}")  # fmt: skip
+        self.offset = float(offset)
+
+    def centre(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.full_like(x, self.offset, dtype=torch.float32)
