@@ -208,7 +208,8 @@ class Candidates:
         self.approx, self.fixed = np.full(len(scale0), np.inf), np.full(len(scale0), np.inf)
         self.delta, self.scale = np.zeros_like(scale0), scale0.copy()
         self.centre0, self.centre = centre0, centre
-        self.moved, self.fixed_distance = np.zeros(len(scale0)), np.zeros(len(scale0))
+        self.moved = np.zeros(len(scale0))
+        self.distance, self.fixed_distance = np.zeros(len(scale0)), np.zeros(len(scale0))
 
     def see(self, points: torch.Tensor, scales: torch.Tensor, balls: np.ndarray) -> None:
         """Points [P, d] of the search, the scales [P, d] answered there, their balls [P]."""
@@ -235,6 +236,7 @@ class Candidates:
                     delta[row],
                     s1[row],
                 )
+                self.distance[ball] = distance[row]
 
 
 def _judge_varying(name: str, found: Candidates, balls: np.ndarray, ids: list, declared,
@@ -260,15 +262,18 @@ def _judge_varying(name: str, found: Candidates, balls: np.ndarray, ids: list, d
             # only the centre moved: the fixed scale's worst case at the least point, exact
             value = float(found.fixed[j])
             row.update(distance=float(found.fixed_distance[j]), value=value, lower=value,
-                       upper=value, max_log_scale_change=0.0,
-                       centre_deviation=float(found.moved[j]))  # fmt: skip
+                       upper=value, max_log_scale_change=0.0)  # fmt: skip
         elif np.isfinite(found.approx[j]):
             worst = worst_case(found.delta[j], found.scale0[j], found.scale[j],
                                float(found.p_lower[j]))  # fmt: skip
             change = np.abs(np.log(found.scale[j]) - np.log(found.scale0[j])).max()
-            row.update(distance=float(np.linalg.norm(found.delta[j])), value=worst.value,
+            row.update(distance=float(found.distance[j]), value=worst.value,
                        lower=worst.lower, upper=worst.upper, max_log_scale_change=float(change),
                        normal_approximation=float(found.approx[j]))  # fmt: skip
+            if found.moved[j] > SCALE_SLACK:
+                row["mean_shift"] = float(np.linalg.norm(found.delta[j]))
+        if found.moved[j] > SCALE_SLACK:
+            row["centre_deviation"] = float(found.moved[j])
         judged.append(row)
     evidence["worst_case"] = {"judged": judged}
     law = ("the Neyman–Pearson worst case of the two anisotropic Gaussians, a generalized χ² "
@@ -281,8 +286,9 @@ def _judge_varying(name: str, found: Candidates, balls: np.ndarray, ids: list, d
             name, Verdict.UNJUSTIFIED,
             f"{len(below)}/{len(balls)} balls where the scale (or the centre) varies have no valid proof, e.g. "
             f"input {r['input_id']}: at a point at distance {r['distance']:.6g} from x0, where "
-            f"the scale changes by up to e^{r['max_log_scale_change']:.4g}, a classifier with "
-            f"the certificate's p_A_lower has P(A) <= {r['upper']:.10g} < 1/2 ({law})", evidence,
+            f"the scale changes by up to e^{r['max_log_scale_change']:.4g}{_moved_by(r)}, a "
+            f"classifier with the certificate's p_A_lower has P(A) <= {r['upper']:.10g} < 1/2 "
+            f"({law})", evidence,
         )  # fmt: skip
     unshown = [r for r in judged if not r["lower"] >= 0.5]
     if unshown:
@@ -401,6 +407,16 @@ def ellipsoid_deviation(
     for row in np.argsort(gap.numpy(), kind="stable"):  # the largest last, so it stays
         best[owners[row]], axis[owners[row]] = float(gap[row]), int(where[row])
     return best, axis
+
+
+def _moved_by(row: dict) -> str:
+    """How far the noise's mean moved at a judged point, for a summary ("" where the
+    centre did not move)."""
+    if "centre_deviation" not in row:
+        return ""
+    shift = f" by {row['mean_shift']:.6g}" if "mean_shift" in row else ""
+    return (f" and the noise's mean moves{shift} (its centre by up to "
+            f"{row['centre_deviation']:.4g} of its largest entry)")  # fmt: skip
 
 
 def _moved(found: Candidates, j: int) -> str:
