@@ -21,7 +21,7 @@ def _run(tmp_path, capsys, spec_template, **overrides):
         (
             {"method": "nope"},
             "unknown method 'nope'; available: alfarra-ds, alfarra-ds-memory, ancer, ancer-memory, "
-            "anisotropic-fixed, chen-fgss, cohen",
+            "anisotropic-fixed, anisotropic-shifted, chen-fgss, cohen",
         ),
         (
             {"dataset": "nope"},

@@ -107,7 +107,7 @@ def test_spec_errors_do_not_import_a_recorded_plugin(installed, tmp_path):
     # from then on: the same error, neither the plugin nor torch imported
     for spec, message in [
         (unknown, "available: alfarra-ds, alfarra-ds-memory, ancer, ancer-memory, anisotropic-fixed, "
-                  "chen-fgss, cohen, cohen-slow,"),
+                  "anisotropic-shifted, chen-fgss, cohen, cohen-slow,"),
         (_spec(tmp_path, "cohen-slow", "{ sigma = 0.5, k = 3 }"),
          "unknown parameter(s) ['k'] for method 'cohen-slow'; known: ['sigma']"),
         (_spec(tmp_path, "cohen", "{ sigma = -1 }"),
