@@ -89,6 +89,31 @@ def test_the_samples_of_x_are_drawn_at_x_plus_the_centre():
     assert "centre" not in plain[0].draws["base"]  # a row without a centre records as before
 
 
+@pytest.mark.parametrize("rule", ["grid-place-v1", "mixture-cs-v2"])
+def test_sequential_rounds_are_drawn_around_the_centre(rule):
+    """Under sequential sampling the rounds are drawn at x + μ: every look, the bound and
+    the radius are those of the same scale drawn at the shifted inputs, and each
+    certificate records its centre."""
+    torch.manual_seed(0)
+    engine = SamplingEngine(torch.nn.Linear(4, 3).eval(), 3, torch.device("cpu"), 64)
+    x, ids = torch.rand(6, 4), list(range(6))
+    protocol = CertificationProtocol(n0=32, n=200, alpha=0.01, batch_size=64,
+                                     sampling="sequential", n_max=2_000,
+                                     grid=(0.0, 0.1, 0.2, 0.4), rule=rule)  # fmt: skip
+    scale = np.tile(np.float32([0.5, 0.25, 1.0, 0.75]), (6, 1))
+    centre = (np.arange(24, dtype=np.float32).reshape(6, 4) - 12) / 40
+    centred = list(certify_drawn(engine, protocol, AnisotropicCertifier(), x, ids, scale,
+                                 centre=centre))  # fmt: skip
+    shifted_x = x + torch.from_numpy(centre)
+    plain = list(certify_drawn(engine, protocol, AnisotropicCertifier(), shifted_x, ids, scale))
+    assert any(c.radius > 0 for c in centred) and any(c.prediction == -1 for c in centred)
+    for a, b in zip(centred, plain, strict=True):  # in the order the inputs stopped
+        assert (a.input_id, a.prediction, a.radius, a.p_lower) == (
+            b.input_id, b.prediction, b.radius, b.p_lower)  # fmt: skip
+        assert a.draws["base"]["looks"] == b.draws["base"]["looks"]
+        assert np.array_equal(recorded_centre(a.draws), centre[a.input_id])
+
+
 def test_a_centre_is_drawn_with_a_scale_and_certified_by_a_certifier_that_declares_it():
     engine = SamplingEngine(LinearModel(torch.ones(2), 0.0), 2, torch.device("cpu"), 64)
     x, centre = torch.zeros(2, 2), np.full((2, 2), 0.1, dtype=np.float32)
