@@ -14,9 +14,10 @@ from scipy.stats import binom, norm
 
 from harness import CertifierSpec, MethodSpec, SigmaProviderSpec, hookimpl
 from harness.audit.auditor import run_checks
-from harness.audit.replay import centre_deviation, judge, sigma_record
+from harness.audit.replay import judge, sigma_record
 from harness.certification.certify import certify_drawn
 from harness.engine.centre import (
+    centre_deviation,
     checked_centre,
     decode_centre,
     recorded_centre,

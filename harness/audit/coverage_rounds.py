@@ -348,21 +348,20 @@ def _together(rnd: _Round, points, ids, protocol, root: Path) -> list[Trial] | N
         parts = np.split(values, np.cumsum([len(ray.points) - 1 for _, ray in rays])[:-1])
         for (_, ray), part in zip(rays, parts, strict=True):
             ray.sigma = part
-    centred = [ray for search in searches if search is not None
-               and search.center_centre is not None for ray in search.rays]  # fmt: skip
+    centred = [(j, ray) for j, search in enumerate(searches)
+               if search is not None and search.center_centre is not None
+               for ray in search.rays]  # fmt: skip
     if centred:  # the centre at every ray's points but the center (recorded) in one query
-        asked = torch.cat([ray.points[1:] for ray in centred]).to(x0.device)
-        owners = [j for j, search in enumerate(searches) if search is not None
-                  and search.center_centre is not None
-                  for ray in search.rays for _ in range(len(ray.points) - 1)]  # fmt: skip
+        asked = torch.cat([ray.points[1:] for _, ray in centred]).to(x0.device)
+        owners = [j for j, ray in centred for _ in range(len(ray.points) - 1)]
         try:
             with _asked(rnd, routed, asked, owners), torch.no_grad():
                 values = centre_in_calls(provider, asked, batch, audit.method.sigma_provider,
                                          " inside a certified ball")  # fmt: skip
         except PlacementWithheld:
             return None
-        parts = np.split(values, np.cumsum([len(ray.points) - 1 for ray in centred])[:-1])
-        for ray, part in zip(centred, parts, strict=True):
+        parts = np.split(values, np.cumsum([len(ray.points) - 1 for _, ray in centred])[:-1])
+        for (_, ray), part in zip(centred, parts, strict=True):
             ray.centres = part
     for trial, search in zip(out, searches, strict=True):
         if search is not None:

@@ -64,7 +64,7 @@ import numpy as np
 
 from harness.audit.audit import Audit, derived_seed
 from harness.certification.certify import sigma_of, sigma_smoothing
-from harness.engine.centre import centre_of, decode_centre
+from harness.engine.centre import centre_deviation, centre_of, decode_centre
 from harness.engine.scale import decode_scale, relative_deviation, smallest_axis
 from harness.foundation.errors import IdrsError
 from harness.foundation.verdict import P_THRESHOLD, CheckResult, Verdict
@@ -76,8 +76,6 @@ SIGMA_TOLERANCE = 1e-6
 """Relative difference allowed between the stored σ, σ recomputed alone and σ in a batch
 (seen: 1 ulp for a closed form on another CPU, 3·10⁻⁹ for a σ found by gradient ascent on
 another CPU, 1.8·10⁻⁸ for that ascent alone against in a batch on an AVX-512 CPU)."""
-TINY = float(np.finfo(np.float32).tiny)
-"""The smallest normal float32: what a centre's deviation is relative to where it is 0."""
 REPLAYER = ("harness.running.redraw", "process")
 """The run memo's key of the replay process (:class:`~harness.running.redraw.Replayer`),
 started once per audit session and stopped when it ends (:func:`stop_replayer`)."""
@@ -191,16 +189,6 @@ def _deviations(
         known = kept is not None and mine is not None
         vs_stored.append(deviation(mine, kept) if known else float("inf"))
     return {"alone_vs_batch": vs_batch, "alone_vs_stored": vs_stored}
-
-
-def centre_deviation(a: np.ndarray, b: np.ndarray) -> float:
-    """max_i |a_i − b_i| / max_i |b_i| of two centres (a centre may be 0 where a scale
-    may not; 0 when both are 0; inf where their shapes differ)."""
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    if a.shape != b.shape:
-        return float("inf")
-    gap = float(np.max(np.abs(a - b))) if a.size else 0.0
-    return gap / max(float(np.max(np.abs(b))) if b.size else 0.0, TINY) if gap else 0.0
 
 
 def warm(audit: Audit) -> None:

@@ -65,7 +65,7 @@ from harness.audit.ball_rounding import inside_radius
 from harness.audit.scaled_regions import ellipsoid_axes
 from harness.audit.sigma_calls import calls_of, centre_asker, sigma_in_calls, sigma_with_graph
 from harness.certification.certify import checked_sigma, sigma_smoothing
-from harness.engine.centre import drawn_with_centre, recorded_centre
+from harness.engine.centre import centre_change, drawn_with_centre, recorded_centre
 from harness.engine.scale import recorded_scale
 from harness.foundation.certificate import ABSTAIN
 from harness.foundation.regularity import Constant
@@ -75,8 +75,6 @@ from harness.mathematics.worstcase.anisotropic import normal_worst_case, worst_c
 
 SCALE_SLACK = 1e-6
 """Relative slack on a scale (or a centre) compared with the recorded one (float32)."""
-TINY = float(np.finfo(np.float32).tiny)
-"""What a centre's change is relative to where the recorded centre is 0."""
 
 
 def check_scale_justification(audit: Audit, name: str, tolerance: float) -> CheckResult:
@@ -100,26 +98,20 @@ def check_scale_justification(audit: Audit, name: str, tolerance: float) -> Chec
     device = audit.context.device
     x0 = audit.inputs[torch.tensor(chosen)].to(device, torch.float32)
     dim = int(x0[0].numel())
-    recorded = [recorded_scale(certs[k].get("draws")) for k in chosen]
-    missing = [certs[k]["input_id"] for k, s in zip(chosen, recorded, strict=True)
-               if s is None or s.size != dim]  # fmt: skip
+    scale0, missing = _recorded(certs, chosen, recorded_scale, dim)
     if missing:
         return CheckResult(name, Verdict.ERROR,
                            f"the certificates of inputs {missing[:5]} record no scale of {dim} "
                            "axes in a row drawn at a diagonal scale: S3 cannot tell the σ their "
                            "radii rely on; the row is not verified")  # fmt: skip
-    scale0 = np.stack(recorded).astype(np.float64)
     centre0 = centre = None
     if drawn_with_centre(certs):
-        centres = [recorded_centre(certs[k].get("draws")) for k in chosen]
-        missing = [certs[k]["input_id"] for k, c in zip(chosen, centres, strict=True)
-                   if c is None or c.size != dim]  # fmt: skip
+        centre0, missing = _recorded(certs, chosen, recorded_centre, dim)
         if missing:
             return CheckResult(name, Verdict.ERROR,
                                f"the certificates of inputs {missing[:5]} record no centre of "
                                f"{dim} dimensions in a row drawn around a centre: S3 cannot tell "
                                "the noise their radii rely on; the row is not verified")  # fmt: skip
-        centre0 = np.stack(centres).astype(np.float64)
         centre = centre_asker(audit, " inside a certified ball")
         if centre is None:
             return CheckResult(name, Verdict.ERROR,
@@ -216,9 +208,8 @@ class Candidates:
         delta = points.detach().double().cpu().numpy() - self.flat[balls]
         distance = np.linalg.norm(delta, axis=1)
         if self.centre0 is not None:
-            mu0 = self.centre0[balls]
-            shift = self.centre(points.detach()) - mu0
-            change = np.abs(shift).max(axis=1) / np.maximum(np.abs(mu0).max(axis=1), TINY)
+            mu0, mu1 = self.centre0[balls], self.centre(points.detach())
+            shift, change = mu1 - mu0, centre_change(mu1, mu0)
             np.maximum.at(self.moved, balls, change)
             delta = delta + np.where((change > SCALE_SLACK)[:, None], shift, 0.0)
         s0, s1 = self.scale0[balls], scales.detach().double().cpu().numpy()
@@ -407,6 +398,15 @@ def ellipsoid_deviation(
     for row in np.argsort(gap.numpy(), kind="stable"):  # the largest last, so it stays
         best[owners[row]], axis[owners[row]] = float(gap[row]), int(where[row])
     return best, axis
+
+
+def _recorded(certs, chosen: list[int], read, dim: int) -> tuple[np.ndarray | None, list]:
+    """What ``read`` finds in the draws of the ``chosen`` certificates, as float64 [B, d];
+    or (None, the input ids of those that record none of ``dim`` entries)."""
+    values = [read(certs[k].get("draws")) for k in chosen]
+    missing = [certs[k]["input_id"] for k, v in zip(chosen, values, strict=True)
+               if v is None or v.size != dim]  # fmt: skip
+    return (None, missing) if missing else (np.stack(values).astype(np.float64), [])
 
 
 def _moved_by(row: dict) -> str:

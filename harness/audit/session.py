@@ -192,21 +192,28 @@ def stored_result(stored: StoredCheck) -> CheckResult:
                        dict(stored.evidence or {}), list(stored.flags))  # fmt: skip
 
 
-def unsupported(audit: Audit, what: str, diagonal: bool, centred: bool = False) -> str | None:
-    """Why ``what`` (a check, the attack) cannot audit ``audit``'s row, or None: its
-    certificates were drawn at a diagonal scale (:mod:`harness.engine.scale`), which
-    ``what`` does not declare it audits (``diagonal``): an ℓ2 ball at the smallest axis
-    judged at one σ, or an ellipsoid not judged at all, would pass unexamined; or around a
-    noise centre (:mod:`harness.engine.centre`) it does not declare (``centred``): a
-    smoothed classifier judged at x whose noise is drawn at x + μ(x)."""
-    if not diagonal and drawn_with_scale(audit.certificates):
-        return (f"{what} does not support a diagonal noise scale (the row's certificates were "
-                "drawn at one σ per input dimension); the row is not verified by it "
-                '(docs/soundness.md, "A diagonal scale")')  # fmt: skip
-    if not centred and drawn_with_centre(audit.certificates):
-        return (f"{what} does not support a noise centre (the row's certificates were drawn "
-                "around x + μ(x)); the row is not verified by it (docs/soundness.md, "
-                '"A noise centre")')  # fmt: skip
+NOISE_FEATURES = (
+    ("diagonal", drawn_with_scale, "diagonal scale", "a diagonal noise scale",
+     "drawn at one σ per input dimension", "A diagonal scale"),
+    ("centred", drawn_with_centre, "noise centre", "a noise centre",
+     "drawn around x + μ(x)", "A noise centre"),
+)  # fmt: skip
+"""What a check declares it audits (its attribute), how a row shows it was drawn so, and
+how a refusal names it: a diagonal scale (:mod:`harness.engine.scale`: an ℓ2 ball at the
+smallest axis judged at one σ, or an ellipsoid not judged at all, would pass unexamined)
+and a noise centre (:mod:`harness.engine.centre`: a smoothed classifier judged at x whose
+noise is drawn at x + μ(x))."""
+
+
+def unsupported(audit: Audit, check) -> tuple[str, str] | None:
+    """(the feature, why) ``check`` cannot audit ``audit``'s row, or None: its
+    certificates were drawn with a feature of :data:`NOISE_FEATURES` the check does not
+    declare it audits."""
+    for attribute, drawn, feature, named, how, section in NOISE_FEATURES:
+        if not getattr(check, attribute, False) and drawn(audit.certificates):
+            return feature, (f"check {check.name!r} does not support {named} (the row's "
+                             f"certificates were {how}); the row is not verified by it "
+                             f'(docs/soundness.md, "{section}")')  # fmt: skip
     return None
 
 
@@ -214,11 +221,10 @@ def _checked_run(check, audit: Audit, progress: Progress) -> CheckResult:
     """``check`` on ``audit``; a check that raises, or answers anything but a
     :class:`CheckResult` with a :class:`Verdict`, did not complete: ``error``; so is a
     check on a row it does not support (:func:`unsupported`)."""
-    refused = unsupported(audit, f"check {check.name!r}", getattr(check, "diagonal", False),
-                          getattr(check, "centred", False))  # fmt: skip
+    refused = unsupported(audit, check)
     if refused is not None:
-        what = "diagonal scale" if "diagonal" in refused else "noise centre"
-        return CheckResult(check.name, Verdict.ERROR, refused, {"unsupported": what})
+        feature, why = refused
+        return CheckResult(check.name, Verdict.ERROR, why, {"unsupported": feature})
     try:
         result = check.run(audit)
         if not isinstance(result, CheckResult) or result.verdict not in set(Verdict):

@@ -33,6 +33,8 @@ from harness.foundation.protocol import SIGMA_MAX
 
 encode_centre, decode_centre = encode_scale, decode_scale
 """A centre [d] as recorded (float32 bytes in base64), and back."""
+TINY = float(np.finfo(np.float32).tiny)
+"""The smallest normal float32: what a centre's change is relative to where it is 0."""
 
 
 def checked_centre(centre: Any, x: torch.Tensor, provider: str, where: str = "") -> np.ndarray:
@@ -81,6 +83,24 @@ def shifted(x: torch.Tensor, centre: np.ndarray | torch.Tensor | None) -> torch.
         return x
     centre = torch.as_tensor(centre, dtype=torch.float32).to(x.device)
     return x + centre.reshape(x.shape)
+
+
+def centre_change(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """max_i |a_i − b_i| / max_i |b_i| of each row of two centres [..., d] (a centre may be
+    0 where a scale may not: 0 where the rows are equal, relative to the smallest normal
+    float32 where b is 0)."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    gap = np.abs(a - b).max(axis=-1)
+    return np.where(gap > 0, gap / np.maximum(np.abs(b).max(axis=-1), TINY), 0.0)
+
+
+def centre_deviation(a: np.ndarray, b: np.ndarray) -> float:
+    """:func:`centre_change` of two centres [d] (inf where their shapes differ), as
+    :func:`harness.engine.scale.relative_deviation` compares two scales."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        return float("inf")
+    return float(centre_change(a, b)) if a.size else 0.0
 
 
 def recorded_centre(draws: Mapping[str, Any] | None) -> np.ndarray | None:

@@ -221,10 +221,11 @@ def _stored_or_trained(
         f"{losses[-1] if losses else float('nan'):.4g})"
     )
     if path is not None:
-        state = {f"scale.{k}": v.detach().cpu() for k, v in generator.state_dict().items()}
-        if mean is not None:
-            state |= {f"mean.{k}": v.detach().cpu() for k, v in mean.state_dict().items()}
-        save_artifact(path, state if centred else _part(state, "scale"))
+        state = {k: v.detach().cpu() for k, v in generator.state_dict().items()}
+        if mean is not None:  # both, prefixed (G2's state alone is the uncentred file)
+            state = {f"scale.{k}": v for k, v in state.items()} | {
+                f"mean.{k}": v.detach().cpu() for k, v in mean.state_dict().items()}  # fmt: skip
+        save_artifact(path, state)
     return mean, generator
 
 
