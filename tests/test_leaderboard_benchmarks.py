@@ -19,6 +19,7 @@ SHIPPED = ["fashion-mnist", "cone-2", "cone-60", "cone-400", "hidden-cost"]
 COMPANIONS = {"anisotropic": ("quick", ["model.seeds=[0, 1, 2]"]),
               "anisotropic-centred": ("quick", ["model.seeds=[0, 1, 2]"]),
               "fashion-mnist-anisotropic": ("fashion-mnist", []),
+              "fashion-mnist-anisotropic-centred": ("fashion-mnist", []),
               "fashion-mnist-sequential-anisotropic": ("fashion-mnist-sequential", [])}  # fmt: skip
 """Benchmarks published on their partner's board: their runs certify the partner's base
 models, whose cohen rows are their reference (leaderboards/README.md)."""
