@@ -26,7 +26,9 @@ function with an error bound (:mod:`harness.mathematics.worstcase.anisotropic`),
   ends of the smallest axis at R, then projected gradient ascent of
   max_i ±(log σ_i(x1) − log σ_i(x0)) when it is differentiable), against the scale
   recorded with the certificate, and so is the ellipsoid the certificate claims beyond
-  its ball (:func:`ellipsoid_deviation`);
+  its ball (:func:`ellipsoid_deviation`); where σ has no gradient, or the noise has a
+  centre (below), a derivative-free descent of the worst case itself follows
+  (:func:`harness.audit.worst_points.descend`);
 - a scale found equal to the recorded one (relative :data:`SCALE_SLACK`, the float32 it
   is drawn in) throughout the ball is judged by ξ at σ_min: ``unjustified`` at or
   above 1/2 (e.g. a radius from the largest axis);
@@ -47,9 +49,9 @@ Around a noise centre (:mod:`harness.engine.centre`: the samples of x drawn at x
 the mean of the noise moves from x0 + μ(x0) to x1 + μ(x1), by Δ = δ + μ(x1) − μ(x0)
 rather than δ, and every worst case above is that of Δ (the Neyman–Pearson worst case of
 two Gaussians depends on their means through their difference alone): the search asks
-the centre at each of its points beside the scale, and a ball where the centre moves
-(beyond the float32 it is recorded in, relative :data:`SCALE_SLACK`) is judged as one
-where the scale varies, at the point where it moves: ``unjustified`` where the fixed-scale
+the centre at each of its points beside the scale (and descends the worst case of Δ),
+and a ball where the centre moves (beyond the float32 it is recorded in, relative
+:data:`SCALE_SLACK`) is judged as one where the scale varies, at the point where it moves: ``unjustified`` where the fixed-scale
 worst case Φ(Φ⁻¹(p_A_lower) − ‖Σ0^{-1/2}Δ‖₂) (exact there) or the computed one's upper
 bound is below 1/2. A constant centre moves nothing, and changes nothing.
 """
@@ -58,23 +60,20 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from scipy.special import ndtr, ndtri
 
 from harness.audit.audit import Audit
 from harness.audit.ball_rounding import inside_radius
 from harness.audit.scaled_regions import ellipsoid_axes
 from harness.audit.sigma_calls import calls_of, centre_asker, sigma_in_calls, sigma_with_graph
+from harness.audit.worst_points import SCALE_SLACK, Candidates, descend
 from harness.certification.certify import checked_sigma, sigma_smoothing
-from harness.engine.centre import centre_change, drawn_with_centre, recorded_centre
+from harness.engine.centre import drawn_with_centre, recorded_centre
 from harness.engine.scale import recorded_scale
 from harness.foundation.certificate import ABSTAIN
 from harness.foundation.regularity import Constant
 from harness.foundation.verdict import CheckResult, Verdict
 from harness.mathematics.worstcase import xi
-from harness.mathematics.worstcase.anisotropic import normal_worst_case, worst_case
-
-SCALE_SLACK = 1e-6
-"""Relative slack on a scale (or a centre) compared with the recorded one (float32)."""
+from harness.mathematics.worstcase.anisotropic import worst_case
 
 
 def check_scale_justification(audit: Audit, name: str, tolerance: float) -> CheckResult:
@@ -124,7 +123,7 @@ def check_scale_justification(audit: Audit, name: str, tolerance: float) -> Chec
     worst = np.asarray(xi(radius, sigma_min, sigma_min, p_lower, dim), dtype=np.float64)
     gen = audit.generator(f"{name}/scale")
     candidates = Candidates(x0, scale0, p_lower, centre0, centre)
-    deviation, axis = scale_deviation(
+    deviation, axis, differentiable = scale_deviation(
         _checked(audit, dim), x0, torch.tensor(radius, dtype=torch.float32, device=device),
         torch.tensor(scale0, device=device), audit.budget.ascent_steps, gen, calls_of(audit),
         candidates.see,
@@ -137,6 +136,16 @@ def check_scale_justification(audit: Audit, name: str, tolerance: float) -> Chec
         further = wide > deviation
         deviation, axis = np.where(further, wide, deviation), np.where(further, wide_axis, axis)
         region[further] = "ellipsoid"
+    descent = None
+    if centre is not None or not differentiable:  # no gradient climbs it: worst_points.py
+        steps, change, where = descend(
+            _checked(audit, dim), candidates, radius, audit.budget.ascent_steps - 1,
+            audit.generator(f"{name}/descent"), calls_of(audit), x0,
+        )  # fmt: skip
+        further = change > deviation
+        deviation, axis = np.where(further, change, deviation), np.where(further, where, axis)
+        region[further] = "ball"
+        descent = {"steps": audit.budget.ascent_steps - 1, "lowering": steps}
     varies = (deviation > np.log1p(SCALE_SLACK)) | (candidates.moved > SCALE_SLACK)
     uncovered = ~varies & ~(worst < 0.5 + tolerance)
 
@@ -150,6 +159,7 @@ def check_scale_justification(audit: Audit, name: str, tolerance: float) -> Chec
     evidence = {"audited": len(chosen), "dim": dim, "declared": declared.describe(),
                 "inputs": [int(certs[k]["input_id"]) for k in chosen],
                 "uncovered": int(uncovered.sum()), "varying": int(varies.sum()),
+                "descent": descent,
                 "worst": example(int(np.nanargmax(np.where(varies, -np.inf, worst)))
                                  if not varies.all() else 0)}  # fmt: skip
     if uncovered.any():
@@ -180,54 +190,6 @@ def check_scale_justification(audit: Audit, name: str, tolerance: float) -> Chec
                        f"all {len(chosen)} audited balls covered at a scale constant inside each "
                        f"(worst ξ at σ_min = {evidence['worst']['xi']:.10g}, ANCER Thm 1)",
                        evidence)  # fmt: skip
-
-
-class Candidates:
-    """Per audited ball, among the points of the search: where the scale varies, the one
-    whose normal approximation of the worst case (:func:`~harness.mathematics.worstcase.
-    anisotropic.normal_worst_case`) is least, the point the computed worst case judges; where
-    it does not, the least exact fixed-scale worst case Φ(Φ⁻¹(p_A_lower) − ‖Σ0^{-1/2}δ‖₂)
-    (ANCER Thm 1, tight for a fixed Σ). Around recorded centres ``centre0`` [B, d] (asked
-    at the points by ``centre``), δ is the shift of the noise's mean δ + μ(x1) − μ(x0), and
-    ``moved`` the largest relative change of the centre seen in each ball."""
-
-    def __init__(
-        self, x0: torch.Tensor, scale0: np.ndarray, p_lower: np.ndarray,
-        centre0: np.ndarray | None = None, centre=None,
-    ) -> None:  # fmt: skip
-        self.flat = x0.flatten(1).double().cpu().numpy()
-        self.scale0, self.p_lower = scale0, p_lower
-        self.approx, self.fixed = np.full(len(scale0), np.inf), np.full(len(scale0), np.inf)
-        self.delta, self.scale = np.zeros_like(scale0), scale0.copy()
-        self.centre0, self.centre = centre0, centre
-        self.moved = np.zeros(len(scale0))
-        self.distance, self.fixed_distance = np.zeros(len(scale0)), np.zeros(len(scale0))
-
-    def see(self, points: torch.Tensor, scales: torch.Tensor, balls: np.ndarray) -> None:
-        """Points [P, d] of the search, the scales [P, d] answered there, their balls [P]."""
-        delta = points.detach().double().cpu().numpy() - self.flat[balls]
-        distance = np.linalg.norm(delta, axis=1)
-        if self.centre0 is not None:
-            mu0, mu1 = self.centre0[balls], self.centre(points.detach())
-            shift, change = mu1 - mu0, centre_change(mu1, mu0)
-            np.maximum.at(self.moved, balls, change)
-            delta = delta + np.where((change > SCALE_SLACK)[:, None], shift, 0.0)
-        s0, s1 = self.scale0[balls], scales.detach().double().cpu().numpy()
-        moved = np.abs(np.log(s1) - np.log(s0)).max(axis=1) > np.log1p(SCALE_SLACK)
-        approx = np.where(moved, normal_worst_case(delta, s0, s1, self.p_lower[balls]), np.inf)
-        fixed = ndtr(ndtri(self.p_lower[balls]) - np.linalg.norm(delta / s0, axis=1))
-        for row in np.flatnonzero(~moved & (fixed < self.fixed[balls])):
-            if fixed[row] < self.fixed[balls[row]]:
-                self.fixed[balls[row]], self.fixed_distance[balls[row]] = fixed[row], distance[row]
-        for row in np.flatnonzero(approx < self.approx[balls]):
-            ball = balls[row]
-            if approx[row] < self.approx[ball]:
-                self.approx[ball], self.delta[ball], self.scale[ball] = (
-                    approx[row],
-                    delta[row],
-                    s1[row],
-                )
-                self.distance[ball] = distance[row]
 
 
 def _judge_varying(name: str, found: Candidates, balls: np.ndarray, ids: list, declared,
@@ -301,9 +263,9 @@ def _judge_varying(name: str, found: Candidates, balls: np.ndarray, ids: list, d
 def scale_deviation(
     provider, x0: torch.Tensor, radius: torch.Tensor, scale0: torch.Tensor, steps: int,
     gen: torch.Generator, batch: int, see=None,
-) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+) -> tuple[np.ndarray, np.ndarray, bool]:  # fmt: skip
     """The largest max_i |log σ_i(x1) − log scale0_i| found in each ball B(x0_k, R_k) (x0
-    included), and the axis it was found on: random points at R, R/2 and R/4 and both ends of
+    included), the axis it was found on, and whether σ answered with a gradient: random points at R, R/2 and R/4 and both ends of
     the smallest axis of ``scale0`` at R (the fixed scale's worst points) in one query,
     then (σ differentiable) two projected ascents, of max_i ±(log σ_i − log scale0_i), in
     steps of R/4, every ball in lock-step (``steps`` − 1 queries), all inside the ball
@@ -352,7 +314,7 @@ def scale_deviation(
                 delta = x1 + sign * (reach / 4)[:, None] * g - centre
                 delta *= (reach / delta.norm(dim=1).clamp_min(1e-12)).clamp(max=1.0)[:, None]
                 x1 = centre + delta
-    return best.cpu().numpy(), axis.cpu().numpy()
+    return best.cpu().numpy(), axis.cpu().numpy(), differentiable
 
 
 def ellipsoid_deviation(
