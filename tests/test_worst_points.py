@@ -70,3 +70,18 @@ def test_the_descent_raises_no_alarm_where_the_centre_is_constant():
     """a = 0: ANCER's bound holds with equality at R, so nothing inside is below 1/2."""
     _, found, _, _, _ = _searched(0.0, steps=20)
     assert (found.least >= 0.5 - 1e-9).all()
+
+
+def test_the_search_s_candidate_is_judged_beside_the_descent_s():
+    """A lower normal approximation is not always a lower worst case: the candidate kept
+    before the descent stays among those judged, once each."""
+    x0 = torch.zeros(1, 3)
+    found = Candidates(x0, np.ones((1, 3)), np.array([0.9]))
+    varied = torch.tensor([[1.0, 1.0, 2.0]])
+    found.see(torch.tensor([[0.1, 0.0, 0.0]]), varied, np.array([0]))
+    found.keep()
+    found.see(torch.tensor([[1.0, 0.0, 0.0]]), varied, np.array([0]))
+    found.keep()  # the same candidate again: judged once
+    listed = found.candidates(0)
+    assert [np.round(c[1], 6).tolist() for c in listed] == [[0.1, 0, 0], [1, 0, 0]]
+    assert listed[1][0] < listed[0][0]  # the later one ranks lower

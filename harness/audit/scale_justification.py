@@ -138,6 +138,7 @@ def check_scale_justification(audit: Audit, name: str, tolerance: float) -> Chec
         region[further] = "ellipsoid"
     descent = None
     if centre is not None or not differentiable:  # no gradient climbs it: worst_points.py
+        candidates.keep()
         steps, change, where = descend(
             _checked(audit, dim), candidates, radius, audit.budget.ascent_steps - 1,
             audit.generator(f"{name}/descent"), calls_of(audit), x0,
@@ -196,8 +197,8 @@ def _judge_varying(name: str, found: Candidates, balls: np.ndarray, ids: list, d
                    evidence: dict, tolerance: float) -> CheckResult:  # fmt: skip
     """Balls where the scale varies (module docstring): ``unjustified`` where the exact
     fixed-scale worst case at a point whose scale did not vary, or the upper bound on the
-    computed worst case at the candidate point, is below 1/2; else ``sound`` where every
-    lower bound reaches 1/2; else ``error``."""
+    computed worst case at a candidate point (the search's, and the descent's), is below
+    1/2; else ``sound`` where every lower bound reaches 1/2; else ``error``."""
     fixed = [j for j in balls if found.fixed[j] < 0.5 - tolerance]
     if fixed:
         j = fixed[0]
@@ -217,14 +218,19 @@ def _judge_varying(name: str, found: Candidates, balls: np.ndarray, ids: list, d
             row.update(distance=float(found.fixed_distance[j]), value=value, lower=value,
                        upper=value, max_log_scale_change=0.0)  # fmt: skip
         elif np.isfinite(found.approx[j]):
-            worst = worst_case(found.delta[j], found.scale0[j], found.scale[j],
-                               float(found.p_lower[j]))  # fmt: skip
-            change = np.abs(np.log(found.scale[j]) - np.log(found.scale0[j])).max()
-            row.update(distance=float(found.distance[j]), value=worst.value,
-                       lower=worst.lower, upper=worst.upper, max_log_scale_change=float(change),
-                       normal_approximation=float(found.approx[j]))  # fmt: skip
+            judge = [(worst_case(delta, found.scale0[j], scale, float(found.p_lower[j])),
+                      approx, delta, scale, distance)
+                     for approx, delta, scale, distance in found.candidates(j)]  # fmt: skip
+            below = [w for w in judge if w[0].upper < 0.5]  # the worst: refuted, else least
+            worst, approx, delta, scale, distance = (min(below, key=lambda w: w[0].upper)
+                                                     if below else
+                                                     min(judge, key=lambda w: w[0].lower))  # fmt: skip
+            change = np.abs(np.log(scale) - np.log(found.scale0[j])).max()
+            row.update(distance=distance, value=worst.value, lower=worst.lower,
+                       upper=worst.upper, max_log_scale_change=float(change),
+                       normal_approximation=approx)  # fmt: skip
             if found.moved[j] > SCALE_SLACK:
-                row["mean_shift"] = float(np.linalg.norm(found.delta[j]))
+                row["mean_shift"] = float(np.linalg.norm(delta))
         if found.moved[j] > SCALE_SLACK:
             row["centre_deviation"] = float(found.moved[j])
         judged.append(row)

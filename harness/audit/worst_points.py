@@ -77,6 +77,25 @@ class Candidates:
         self.distance, self.fixed_distance = np.zeros(len(scale0)), np.zeros(len(scale0))
         self.least, self.point = np.full(len(scale0), np.inf), self.flat.copy()
         self.shift = np.zeros_like(scale0)
+        self.kept: list[tuple[np.ndarray, ...]] = []
+
+    def keep(self) -> None:
+        """Keep each ball's present candidate where the scale varies, to be judged beside
+        the later one (a lower normal approximation is not always a lower worst case)."""
+        self.kept.append(tuple(v.copy() for v in (self.approx, self.delta, self.scale,
+                                                   self.distance)))  # fmt: skip
+
+    def candidates(self, ball: int) -> list[tuple[float, np.ndarray, np.ndarray, float]]:
+        """The distinct points of ``ball`` to judge where the scale varies (approximation,
+        shift, scale, distance): the present candidate and those kept."""
+        found = []
+        for approx, delta, scale, distance in [*self.kept, (self.approx, self.delta,
+                                                            self.scale, self.distance)]:  # fmt: skip
+            point = (float(approx[ball]), delta[ball], scale[ball], float(distance[ball]))
+            if np.isfinite(point[0]) and not any(np.array_equal(point[1], f[1]) and
+                                                 np.array_equal(point[2], f[2]) for f in found):  # fmt: skip
+                found.append(point)
+        return found
 
     def see(self, points: torch.Tensor, scales: torch.Tensor, balls: np.ndarray) -> np.ndarray:
         """Points [P, d] of the search, the scales [P, d] answered there, their balls [P];
