@@ -52,6 +52,10 @@ PAIRS = 3
 """Antithetic probes per ball and step of :func:`descend`."""
 SLOPE_STEPS = (0.5, 1.0, 2.0)
 """Where :func:`descend` asks along the estimated slope, in steps h."""
+SETTLED = 0.25
+"""A ball whose least value is below this is left alone by :func:`descend`: a point of it
+is already far below 1/2 (where the scale varies, the computed worst case still judges
+it)."""
 
 
 class Candidates:
@@ -141,8 +145,9 @@ def descend(
 ) -> tuple[int, np.ndarray, np.ndarray]:  # fmt: skip
     """Lower each ball's least worst case from ``candidates``' least point by ``steps``
     steps of the module's descent (``scale``: the σ-provider as a scale [B, d], asked
-    without a graph in calls of ``batch`` points shaped and placed as the inputs ``like``);
-    returns how many steps found a lower point in some ball, and the largest
+    without a graph in calls of ``batch`` points shaped and placed as the inputs ``like``),
+    leaving alone the balls whose least value is already below :data:`SETTLED`; returns how
+    many steps found a lower point in some ball, and the largest
     max_i |log σ_i(x1) − log s0_i| its points found in each ball, with its axis."""
     flat = torch.from_numpy(candidates.flat)
     count, dim = flat.shape
@@ -150,10 +155,10 @@ def descend(
     step = reach / 4
     lowering, change, axis = 0, np.zeros(count), np.zeros(count, dtype=np.int64)
 
-    def ask(deltas: torch.Tensor) -> torch.Tensor:
-        """The values at x0 + the ``deltas`` [k·B, d] (k per ball, ball-major), projected
-        into the balls."""
-        owner = np.tile(np.arange(count), len(deltas) // count)
+    def ask(deltas: torch.Tensor, live: np.ndarray) -> torch.Tensor:
+        """The values at x0 + the ``deltas`` [k·L, d] of the ``live`` balls (k per ball,
+        ball-major), projected into the balls."""
+        owner = np.tile(live, len(deltas) // len(live))
         limit = reach[owner] / deltas.norm(dim=1).clamp_min(1e-300)
         points = flat[owner] + deltas * limit.clamp(max=1.0)[:, None]
         points = points.to(like.device, torch.float32)
@@ -164,20 +169,24 @@ def descend(
             if gap[row].max() > change[owner[row]]:
                 change[owner[row]], axis[owner[row]] = gap[row].max(), int(gap[row].argmax())
         value = candidates.see(points, scales, owner)
-        return torch.from_numpy(np.nan_to_num(value, posinf=1.0)).view(-1, count)
+        return torch.from_numpy(np.nan_to_num(value, posinf=1.0)).view(-1, len(live))
 
     for _ in range(steps):
+        live = np.flatnonzero(candidates.least >= SETTLED)
+        if not len(live):
+            break
         before = candidates.least.copy()
-        start = torch.from_numpy(candidates.point) - flat
-        pull = torch.from_numpy(candidates.shift / candidates.scale0**2)
-        toward = reach[:, None] * pull / pull.norm(dim=1, keepdim=True).clamp_min(1e-300)
-        u = torch.randn((pairs, count, dim), generator=gen, dtype=torch.float64)
-        u = u * (step[None, :, None] / u.norm(dim=2, keepdim=True))
-        value = ask(torch.cat([toward[None], start + u, start - u]).view(-1, dim))
+        start = torch.from_numpy(candidates.point[live] - candidates.flat[live])
+        pull = torch.from_numpy(candidates.shift[live] / candidates.scale0[live] ** 2)
+        h = step[live]
+        toward = reach[live, None] * pull / pull.norm(dim=1, keepdim=True).clamp_min(1e-300)
+        u = torch.randn((pairs, len(live), dim), generator=gen, dtype=torch.float64)
+        u = u * (h[None, :, None] / u.norm(dim=2, keepdim=True))
+        value = ask(torch.cat([toward[None], start + u, start - u]).view(-1, dim), live)
         slope = ((value[1 : 1 + pairs] - value[1 + pairs :])[:, :, None] * u).sum(dim=0)
         down = -slope / slope.norm(dim=1, keepdim=True).clamp_min(1e-300)
-        ask(torch.cat([start + t * step[:, None] * down for t in SLOPE_STEPS]))
-        lower = candidates.least < before
+        ask(torch.cat([start + t * h[:, None] * down for t in SLOPE_STEPS]), live)
+        lower = torch.from_numpy(candidates.least < before)
         lowering += bool(lower.any())
-        step = torch.where(torch.from_numpy(lower), step, step / 2)
+        step = torch.where(lower, step, step / 2)
     return lowering, change, axis
