@@ -567,3 +567,25 @@ def test_a_row_whose_input_dependent_sigma_is_one_value_says_so():
         assert (f"lipschitz-sigma-net (active\\_start=True,train\\_steps=2000; σ 0.25 · seed "
                 f"{seed}) at σ = 0.65 on all 200 inputs") in note  # fmt: skip
     assert "cohen" not in note and "sukenik" not in note
+
+
+def test_a_database_supersedes_an_exports_copy_of_its_run(db, tmp_path):
+    """A published run audited again in a results database replaces the export's copy on
+    the board, in its place; a run named twice by id is still an error."""
+    import sqlite3
+
+    from harness.foundation.errors import IdrsError
+    from harness.reports.leaderboard.source import resolve_runs
+
+    (run,) = load_runs(db)
+    export = tmp_path / "board.run.json"
+    export.write_text(export_runs([run]))
+    with sqlite3.connect(db) as con:  # the database's audit now says otherwise
+        con.execute("UPDATE checks SET verdict = 'violated', summary = 'again'")
+    (again,) = resolve_runs([str(export), str(db)], db)
+    assert again.run_id == run.run_id
+    assert {c.verdict for c in again.checks} == {"violated"} != {c.verdict for c in run.checks}
+    (kept,) = resolve_runs([str(db), str(export)], db)  # the later source wins
+    assert [c.verdict for c in kept.checks] == [c.verdict for c in run.checks]
+    with pytest.raises(IdrsError, match="named twice"):
+        resolve_runs([run.run_id[:8], run.run_id[:10]], db)

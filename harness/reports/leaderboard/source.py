@@ -71,19 +71,23 @@ def resolve_runs(names: list[str], db: Path) -> list[StoredRun]:
     """Runs in the given order, each named by an id or unique prefix in ``db``, by a run
     export (``*.json``: all its runs), or by a results database (its latest run, with the
     runs of the same benchmark: a base model each, :mod:`harness.running.model_variants`);
-    no name: ``db`` so."""
-    runs = []
+    no name: ``db`` so. A run that a later export or database holds again is that source's
+    copy, in the place of the first (a published board's run audited again in a database:
+    ``idrs-bench leaderboard NAME.run.json runs/x.sqlite``); a run named twice by id is an
+    error."""
+    runs: dict[str, StoredRun] = {}
     for name in names or [None]:
         path = None if name is None else Path(name)
         if path is not None and path.suffix == ".json":
-            runs += read_export(path)
+            found = read_export(path)
         elif path is None or path.is_file():
-            runs += _latest_benchmark(db if path is None else path)
+            found = _latest_benchmark(db if path is None else path)
         else:
-            runs += load_runs(db, [name])
-    if len({run.run_id for run in runs}) != len(runs):
-        raise IdrsError("the same run is named twice")
-    return runs
+            found = load_runs(db, [name])
+            if found[0].run_id in runs:
+                raise IdrsError(f"run {found[0].run_id[:12]} is named twice")
+        runs |= {run.run_id: run for run in found}
+    return list(runs.values())
 
 
 def _latest_benchmark(db: Path) -> list[StoredRun]:
