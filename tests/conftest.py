@@ -208,10 +208,11 @@ def spec_template() -> str:
     return SPEC_TEMPLATE
 
 
-OPT_IN = ("perf", "reproduction", "published")
+OPT_IN = ("perf", "reproduction", "published", "long")
 """Markers whose tests run only when a ``-m`` expression names them (``pytest tests/perf
 -m perf``, ``pytest -m reproduction``, ``pytest -m published``: the replay of every
-published board, which CI runs on every landing after the suite): left out here rather
+published board, and ``pytest -m long``: the tests of a minute or more, both of which CI
+runs on every landing after the suite): left out here rather
 than by ``-m`` in addopts, so that another ``-m`` (``-m "not slow"``, the fast loop) does
 not bring them back."""
 

@@ -64,6 +64,7 @@ def _untimed(evidence: dict) -> str:
                       default=str)  # fmt: skip
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_rows_side_by_side_are_audited_as_in_one_process_and_their_costs_shown(
     ball_run, manager, capsys

@@ -451,6 +451,7 @@ def test_a_board_of_a_diagonal_row_verifies_and_replays(tmp_path, manager, diago
     assert verify_board(board, notes=[]) != []
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["anisotropic-fixed", "ancer-memory"])
 def test_a_sequential_diagonal_row_is_audited_by_every_check(tmp_path, manager, method):

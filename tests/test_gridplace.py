@@ -127,6 +127,7 @@ def test_a_monte_carlo_of_the_rule_matches_the_exact_probability_and_stays_below
     assert 0.02 < false <= alpha + 3 * np.sqrt(alpha * (1 - alpha) / trials)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.parametrize("alpha", [0.1, 0.05])
 def test_the_review_monte_carlo_false_places_stay_below_alpha(alpha):

@@ -110,6 +110,7 @@ def _kill_during(spec, db, cache, marker: str, rng: random.Random, method: str |
     return False
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_sigkill_at_random_points_then_resume_equals_an_uninterrupted_run(
     tmp_path, small_benchmark

@@ -118,6 +118,7 @@ def misbehaving(install_plugin, acting_plugin, tmp_path, monkeypatch, beside_coh
     return mark, temporary, spec
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_each_misbehaving_plugin_costs_its_own_row_and_leaves_nothing(
     misbehaving, tmp_path, live_processes, capsys

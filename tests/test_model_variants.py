@@ -71,6 +71,7 @@ def test_a_checkpoint_is_one_model(tmp_path):
         load_benchmark(FIELD, ["model.checkpoint='w.pt'", "model.seeds=[0, 1]"])
 
 
+@pytest.mark.long
 def test_a_run_per_model_and_one_board_for_them(tmp_path, capsys, small_benchmark):
     text = small_benchmark({"cohen": [{"sigma": 0.25}, {"sigma": 0.5}]}, dataset="cone-2",
                            test_count=12, n=300, trainer_sigma=0.25)  # fmt: skip

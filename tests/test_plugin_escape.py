@@ -205,6 +205,7 @@ print(json.dumps({"status": status, "marked": [m for m in sys.modules if m.start
 """
 
 
+@pytest.mark.long
 def test_a_plugin_reaches_nothing_but_its_answers(
     install_plugin, half_sigma_plugin, tmp_path, monkeypatch
 ):

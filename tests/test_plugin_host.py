@@ -237,6 +237,7 @@ def _context(manager):
                         Progress(enabled=False), manager.registry, method="cohen-half")  # fmt: skip
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_builtin_methods_served_by_a_plugin_host_certify_and_audit_as_in_process(
     tmp_path, monkeypatch

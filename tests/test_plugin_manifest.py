@@ -95,6 +95,7 @@ def _spec(tmp_path, method: str, settings: str) -> str:
     return str(path)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_spec_errors_do_not_import_a_recorded_plugin(installed, tmp_path):
     _, marker, _ = installed

@@ -206,6 +206,7 @@ def _kill_a_worker_during_a_shard(db: Path, after: int, killed: list[int]) -> No
         time.sleep(0.01)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_driver_killed_then_resumed_with_a_worker_killed_mid_shard_equals_an_uninterrupted_run(
     cluster, tmp_path, slow_reference

@@ -208,6 +208,7 @@ def test_an_unmodified_board_passes_reaudit_and_plain_verify_verifies_no_row(
     assert "3 of 3 row verdicts verified" in out and "re-audited 3 row(s)" in out
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_an_edited_verdict_fails_reaudit_naming_row_check_and_both_verdicts(
     published, board, site, capsys
@@ -239,6 +240,7 @@ def test_an_edited_verdict_fails_reaudit_naming_row_check_and_both_verdicts(
     assert "does not verify (2 problem(s))" in out
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_check_reaudit_judges_a_stored_run_without_writing_to_it(
     published, site, tmp_path, monkeypatch, capsys

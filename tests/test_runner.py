@@ -36,6 +36,7 @@ def _rows(db: Path) -> list[tuple]:
         ).fetchall()
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_interrupted_run_resumes_without_loss_or_duplicates(
     tmp_path, stored_certificates, small_benchmark
@@ -117,6 +118,7 @@ def test_a_failing_method_is_reported_and_the_rest_goes_on(
     assert "certifier exploded" in out["failures"][0]["error"]
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_default_benchmark_smoke_on_a_tiny_subset(tmp_path, capsys):
     raw = tomllib.loads(DEFAULT_BENCHMARK.read_text())

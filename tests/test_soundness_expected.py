@@ -95,6 +95,7 @@ def test_sound_methods_are_never_flagged(tmp_path, manager, seed):
         assert verdict == Verdict.SOUND, (key, [(r.check, r.summary) for r in results])
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_unsound_methods_are_at_least_unjustified_on_fashion_mnist(tmp_path, manager):
     raw = {

@@ -58,6 +58,7 @@ def _naive_plugin():
     return module
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_s1_flags_cohen_at_an_input_dependent_sigma_in_the_runs_dimension(tmp_path, manager):
     manager.register(_naive_plugin(), name="naive")
@@ -87,6 +88,7 @@ def test_s1_flags_cohen_at_an_input_dependent_sigma_in_the_runs_dimension(tmp_pa
     assert verdicts["sukenik"][0] == Verdict.SOUND, verdicts
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_every_rigged_method_is_caught_on_ball2_and_no_sound_method_flagged(
     tmp_path, manager, rigged_methods
