@@ -279,6 +279,7 @@ def test_both_methods_certify_at_a_diagonal_scale_with_the_ellipsoid(
     assert all(by_id[c.input_id] == c.draws["base"]["scale"] for c in rows["ancer-memory"])
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_the_evidence_and_the_replay_of_both_methods_are_sound(tmp_path, small_benchmark):
     """S0 re-derives every certificate (ball and ellipsoid) and replay reproduces Θ(x) alone

@@ -237,6 +237,7 @@ def test_replay_needs_the_boards_weights_and_refuses_others(board, tmp_path):
     assert "have SHA-256" in str(caught.value) and digest["weights_digest"] in str(caught.value)
 
 
+@pytest.mark.long
 def test_replay_catches_what_the_export_cannot_show(
     tmp_path, manager, replay_run, engine_patch, capsys
 ):
@@ -254,6 +255,7 @@ def test_replay_catches_what_the_export_cannot_show(
     assert ", stream " in text.split("first disagreement:")[1]
 
 
+@pytest.mark.long
 def test_replay_on_another_arithmetic_uses_the_replication_test(board, tmp_path, capsys):
     def elsewhere(data):
         run = data["runs"][0]["run"]

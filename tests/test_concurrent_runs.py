@@ -180,6 +180,7 @@ def _same_as_reference(db: Path, reference: Path) -> None:
     assert len(_query(db, "SELECT 1 FROM runs WHERE finished IS NOT NULL")) == 1
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_two_processes_share_the_shards_and_equal_one_process(setup, tmp_path, monkeypatch):
     """The first process computes with 3 threads (asked for), the second with its share of

@@ -117,6 +117,7 @@ def test_mnist_trains_a_lenet_for_one_epoch(tmp_path, write_mnist):
     assert [c["input_id"] for c in certs] == [0, 20] and run["weights_digest"]
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_imagenet_cohen_on_a_resnet50_checkpoint(
     tmp_path, capsys, write_imagenet, write_cohen_checkpoint

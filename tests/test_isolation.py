@@ -136,6 +136,7 @@ def rigged(install_plugin):
     install_plugin("idrs_test_store_patch", STORE_PATCH)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_plugins_that_forge_verdicts_at_import_are_judged_by_the_harness(tmp_path, rigged):
     manager = PluginManager()

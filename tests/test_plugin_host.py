@@ -163,6 +163,7 @@ def test_a_third_party_plugin_runs_in_the_plugin_host_and_certifies_as_in_proces
     assert "idrs_test_half" not in sys.modules
 
 
+@pytest.mark.long
 def test_the_plugins_command_says_where_each_plugin_runs(install_plugin, half):
     install_plugin("idrs_test_half", half)
     out = subprocess.run([sys.executable, "-m", "harness.cli.main", "plugins", "--json"],

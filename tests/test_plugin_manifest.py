@@ -126,6 +126,7 @@ def test_spec_errors_do_not_import_a_recorded_plugin(installed, tmp_path):
     assert marker.exists()
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_an_edited_plugin_is_imported_again_and_plugins_lists_everything(installed, tmp_path):
     site, marker, _ = installed
@@ -150,6 +151,7 @@ def test_an_edited_plugin_is_imported_again_and_plugins_lists_everything(install
     assert marker.exists()  # `plugins` imports every plugin
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_restricted_or_failing_plugin_is_not_taken_from_the_manifest(installed, tmp_path):
     site, _, env = installed

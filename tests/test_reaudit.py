@@ -187,6 +187,7 @@ def _label(run_id, method) -> str:
     return f"run {run_id[:12]} {method} (default)"
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_an_unmodified_board_passes_reaudit_and_plain_verify_verifies_no_row(
     published, board, site, capsys
@@ -322,6 +323,7 @@ def test_a_board_whose_plugin_is_not_installed_names_the_package(published, boar
             f"which package provided it) (its radius formula is '{MODULE}.half_recompute')") in out  # fmt: skip
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_plugin_that_stores_every_verdict_as_sound_fails_reaudit(
     site, tmp_path, replay_run, monkeypatch, capsys
