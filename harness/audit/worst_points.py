@@ -86,19 +86,19 @@ class Candidates:
     def keep(self) -> None:
         """Keep each ball's present candidate where the scale varies, to be judged beside
         the later one (a lower normal approximation is not always a lower worst case)."""
-        self.kept.append(tuple(v.copy() for v in (self.approx, self.delta, self.scale,
-                                                   self.distance)))  # fmt: skip
+        self.kept.append((self.approx.copy(), self.delta.copy(), self.scale.copy(),
+                          self.distance.copy()))  # fmt: skip
 
     def candidates(self, ball: int) -> list[tuple[float, np.ndarray, np.ndarray, float]]:
         """The distinct points of ``ball`` to judge where the scale varies (approximation,
-        shift, scale, distance): the present candidate and those kept."""
+        shift, scale, distance): those kept and the present candidate."""
         found = []
         for approx, delta, scale, distance in [*self.kept, (self.approx, self.delta,
                                                             self.scale, self.distance)]:  # fmt: skip
-            point = (float(approx[ball]), delta[ball], scale[ball], float(distance[ball]))
-            if np.isfinite(point[0]) and not any(np.array_equal(point[1], f[1]) and
-                                                 np.array_equal(point[2], f[2]) for f in found):  # fmt: skip
-                found.append(point)
+            seen = any(np.array_equal(delta[ball], d) and np.array_equal(scale[ball], s)
+                       for _, d, s, _ in found)  # fmt: skip
+            if np.isfinite(approx[ball]) and not seen:
+                found.append((float(approx[ball]), delta[ball], scale[ball], float(distance[ball])))
         return found
 
     def see(self, points: torch.Tensor, scales: torch.Tensor, balls: np.ndarray) -> np.ndarray:
