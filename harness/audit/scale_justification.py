@@ -53,7 +53,8 @@ the centre at each of its points beside the scale (and descends the worst case o
 and a ball where the centre moves (beyond the float32 it is recorded in, relative
 :data:`SCALE_SLACK`) is judged as one where the scale varies, at the point where it
 moves: ``unjustified`` where the fixed-scale worst case Φ(Φ⁻¹(p_A_lower) − ‖Σ0^{-1/2}Δ‖₂)
-(exact there) or the computed one's upper bound is below 1/2. A constant centre moves nothing, and changes nothing.
+(exact there) or the computed one's upper bound is below 1/2. A constant centre moves
+nothing, and changes nothing.
 """
 
 from __future__ import annotations
