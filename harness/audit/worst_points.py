@@ -117,26 +117,26 @@ class Candidates:
         moved = np.abs(np.log(s1) - np.log(s0)).max(axis=1) > np.log1p(SCALE_SLACK)
         approx = np.where(moved, normal_worst_case(delta, s0, s1, self.p_lower[balls]), np.inf)
         fixed = ndtr(ndtri(self.p_lower[balls]) - np.linalg.norm(delta / s0, axis=1))
-        for row in np.flatnonzero(~moved & (fixed < self.fixed[balls])):
-            if fixed[row] < self.fixed[balls[row]]:
-                self.fixed[balls[row]], self.fixed_distance[balls[row]] = fixed[row], distance[row]
-        for row in np.flatnonzero(approx < self.approx[balls]):
+        for row in _lowest(np.where(moved, np.inf, fixed), balls, self.fixed):
+            self.fixed[balls[row]], self.fixed_distance[balls[row]] = fixed[row], distance[row]
+        for row in _lowest(approx, balls, self.approx):
             ball = balls[row]
-            if approx[row] < self.approx[ball]:
-                self.approx[ball], self.delta[ball], self.scale[ball] = (
-                    approx[row],
-                    delta[row],
-                    s1[row],
-                )
-                self.distance[ball] = distance[row]
+            self.approx[ball], self.delta[ball], self.scale[ball] = approx[row], delta[row], s1[row]
+            self.distance[ball] = distance[row]
         value = np.where(moved, approx, fixed)
-        for row in np.flatnonzero(value < self.least[balls]):
+        for row in _lowest(value, balls, self.least):
             ball = balls[row]
-            if value[row] < self.least[ball]:
-                self.least[ball], self.point[ball], self.shift[ball] = (
-                    value[row], flat[row], delta[row]
-                )  # fmt: skip
+            self.least[ball], self.point[ball], self.shift[ball] = value[row], flat[row], delta[row]
         return value
+
+
+def _lowest(values: np.ndarray, balls: np.ndarray, best: np.ndarray) -> np.ndarray:
+    """The rows of ``values`` [P] that are the lowest of their ball (``balls`` [P]; the
+    first of equals) and below that ball's ``best`` so far."""
+    order = np.argsort(values, kind="stable")
+    _, first = np.unique(balls[order], return_index=True)
+    rows = order[first]
+    return rows[values[rows] < best[balls[rows]]]
 
 
 def descend(
