@@ -20,7 +20,8 @@ COMPANIONS = {"anisotropic": ("quick", ["model.seeds=[0, 1, 2]"]),
               "anisotropic-centred": ("quick", ["model.seeds=[0, 1, 2]"]),
               "fashion-mnist-anisotropic": ("fashion-mnist", []),
               "fashion-mnist-anisotropic-centred": ("fashion-mnist", []),
-              "fashion-mnist-sequential-anisotropic": ("fashion-mnist-sequential", [])}  # fmt: skip
+              "fashion-mnist-sequential-anisotropic": ("fashion-mnist-sequential", []),
+              "fashion-mnist-sequential-anisotropic-centred": ("fashion-mnist-sequential", [])}  # fmt: skip
 """Benchmarks published on their partner's board: their runs certify the partner's base
 models, whose cohen rows are their reference (leaderboards/README.md)."""
 
