@@ -85,3 +85,20 @@ def test_the_search_s_candidate_is_judged_beside_the_descent_s():
     listed = found.candidates(0)
     assert [np.round(c[1], 6).tolist() for c in listed] == [[0.1, 0, 0], [1, 0, 0]]
     assert listed[1][0] < listed[0][0]  # the later one ranks lower
+
+
+def test_lowest_is_each_balls_first_least_value_below_its_best():
+    """``_lowest`` against a plain loop over the rows: per ball the first of its least
+    values, kept only where it is below that ball's best so far."""
+    from harness.audit.worst_points import _lowest
+
+    rng = np.random.default_rng(0)
+    values = rng.integers(0, 6, 200).astype(float)
+    values[rng.random(200) < 0.1] = np.inf
+    balls = rng.integers(0, 12, 200)
+    best = rng.integers(0, 8, 12).astype(float)
+    expected = {}
+    for row, (value, ball) in enumerate(zip(values, balls, strict=True)):
+        if value < best[ball] and (ball not in expected or value < values[expected[ball]]):
+            expected[ball] = row
+    assert sorted(_lowest(values, balls, best)) == sorted(expected.values())

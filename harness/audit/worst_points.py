@@ -83,18 +83,21 @@ class Candidates:
         self.shift = np.zeros_like(scale0)
         self.kept: list[tuple[np.ndarray, ...]] = []
 
+    def _present(self) -> tuple[np.ndarray, ...]:
+        """Each ball's present candidate where the scale varies: (approximation, shift,
+        scale, distance)."""
+        return self.approx, self.delta, self.scale, self.distance
+
     def keep(self) -> None:
         """Keep each ball's present candidate where the scale varies, to be judged beside
         the later one (a lower normal approximation is not always a lower worst case)."""
-        self.kept.append((self.approx.copy(), self.delta.copy(), self.scale.copy(),
-                          self.distance.copy()))  # fmt: skip
+        self.kept.append(tuple(v.copy() for v in self._present()))
 
     def candidates(self, ball: int) -> list[tuple[float, np.ndarray, np.ndarray, float]]:
         """The distinct points of ``ball`` to judge where the scale varies (approximation,
         shift, scale, distance): those kept and the present candidate."""
         found = []
-        for approx, delta, scale, distance in [*self.kept, (self.approx, self.delta,
-                                                            self.scale, self.distance)]:  # fmt: skip
+        for approx, delta, scale, distance in [*self.kept, self._present()]:
             seen = any(np.array_equal(delta[ball], d) and np.array_equal(scale[ball], s)
                        for _, d, s, _ in found)  # fmt: skip
             if np.isfinite(approx[ball]) and not seen:
